@@ -1,0 +1,25 @@
+# The two commands of the README: `make demo` (the main job) and `make test` (the test suite).
+# Both create or update .venv/ at the repo root by themselves; re-running them is cheap.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.kiln-installed
+
+.PHONY: demo test venv bench-protocols
+
+venv: $(STAMP)
+
+# Reinstalls when pyproject.toml changes. torch==2.13.0 resolves to the CPU wheel on disk.
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -qq --disable-pip-version-check -e .
+	@touch $(STAMP)
+
+test: venv
+	$(BIN)/python -m pytest
+
+demo: venv
+	$(BIN)/kiln demo
+
+bench-protocols: venv
+	$(BIN)/python -m launch.bench_protocols

@@ -1,0 +1,167 @@
+"""Load a Kiln config: schema defaults <- YAML preset <- dotlist overrides, then check every bound.
+
+Any mistake stops start-up with a `ConfigError` that names the key: unknown keys come with the
+nearest valid keys, out-of-range values with the bound and the field's help.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import typing
+from pathlib import Path
+from typing import Any, Iterable
+
+import yaml
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from configs.schema import KilnConfig
+
+PRESETS = Path(__file__).resolve().parent
+DEFAULT_PRESET = PRESETS / "default.yaml"
+
+
+class ConfigError(ValueError):
+    """A config could not be loaded; the message names the offending key."""
+
+
+def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -> KilnConfig:
+    """Resolve a config. `path` None means configs/default.yaml; overrides are `a.b=c` strings."""
+    preset = _read_yaml(Path(path) if path is not None else DEFAULT_PRESET)
+    dotlist = _parse_overrides(list(overrides))
+    for source, tree in ((str(path or DEFAULT_PRESET), preset), ("command line", dotlist)):
+        _check_keys(tree, KilnConfig, "", source)
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(KilnConfig), preset, dotlist)
+        cfg = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as err:
+        raise ConfigError(_omegaconf_message(err)) from None
+    _check_bounds(cfg, "")
+    _check_consistency(cfg)
+    return cfg
+
+
+def to_yaml(cfg: KilnConfig) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def to_dict(cfg) -> dict:
+    return OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
+
+
+def all_keys(cls: type = KilnConfig, prefix: str = "") -> list[str]:
+    """Every dotted key of the schema, sections included."""
+    keys = []
+    for f in dataclasses.fields(cls):
+        key = f"{prefix}{f.name}"
+        keys.append(key)
+        sub = _dataclass_type(cls, f)
+        if sub is not None:
+            keys.extend(all_keys(sub, key + "."))
+    return keys
+
+
+# ------------------------------------------------------------------------------------- helpers
+
+
+def _read_yaml(path: Path) -> dict:
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {err}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: top level must be a mapping of sections, got {type(data).__name__}")
+    return data
+
+
+def _parse_overrides(items: list[str]) -> dict:
+    tree: dict = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key or any(not part for part in key.split(".")):
+            raise ConfigError(f"override {item!r} is not of the form section.key=value")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError:
+            value = raw
+        node = tree
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {item!r} conflicts with an earlier override of {part!r}")
+        node[leaf] = value
+    return tree
+
+
+def _dataclass_type(cls: type, f: dataclasses.Field):
+    tp = typing.get_type_hints(cls)[f.name]
+    return tp if dataclasses.is_dataclass(tp) else None
+
+
+def _check_keys(tree: Any, cls: type, prefix: str, source: str) -> None:
+    if not isinstance(tree, dict):
+        raise ConfigError(f"{source}: '{prefix.rstrip('.') or '<root>'}' must be a mapping, got {tree!r}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    for key, value in tree.items():
+        dotted = f"{prefix}{key}"
+        if key not in fields:
+            raise ConfigError(f"{source}: unknown config key '{dotted}'{_nearest(str(dotted))}")
+        sub = _dataclass_type(cls, fields[key])
+        if sub is not None:
+            _check_keys(value, sub, dotted + ".", source)
+
+
+def _nearest(key: str) -> str:
+    candidates = all_keys()
+    close = difflib.get_close_matches(key, candidates, n=3, cutoff=0.5)
+    section = key.rsplit(".", 1)[0] + "." if "." in key else ""
+    if not close and section:
+        close = [k for k in candidates if k.startswith(section) and k.count(".") == key.count(".")][:6]
+    if not close:
+        close = [f.name for f in dataclasses.fields(KilnConfig)]
+    return "; nearest valid keys: " + ", ".join(close)
+
+
+def _check_bounds(obj: Any, prefix: str) -> None:
+    for f in dataclasses.fields(obj):
+        key, value, meta = f"{prefix}{f.name}", getattr(obj, f.name), f.metadata
+        if dataclasses.is_dataclass(value):
+            _check_bounds(value, key + ".")
+            continue
+        if value is None:
+            continue
+        choices = meta.get("choices")
+        if choices is not None and value not in choices:
+            if not (meta.get("dotted_ok") and isinstance(value, str) and "." in value):
+                extra = " or a dotted import path" if meta.get("dotted_ok") else ""
+                raise ConfigError(f"{key}={value!r} is not one of {choices}{extra} ({meta['help']})")
+        for op, bound, ok in (
+            (">=", meta.get("ge"), lambda v, b: v >= b),
+            (">", meta.get("gt"), lambda v, b: v > b),
+            ("<=", meta.get("le"), lambda v, b: v <= b),
+            ("<", meta.get("lt"), lambda v, b: v < b),
+        ):
+            if bound is not None and not ok(value, bound):
+                raise ConfigError(f"{key}={value!r} is out of range: must be {op} {bound} ({meta['help']})")
+
+
+def _check_consistency(cfg: KilnConfig) -> None:
+    """Rules that span several fields."""
+    m = cfg.model
+    if m.num_heads % m.num_kv_heads:
+        raise ConfigError(f"model.num_kv_heads={m.num_kv_heads} must divide model.num_heads={m.num_heads}")
+    if m.hidden_size % m.num_heads:
+        raise ConfigError(f"model.num_heads={m.num_heads} must divide model.hidden_size={m.hidden_size}")
+    if cfg.algo.early_bonus_turn2 > cfg.algo.early_bonus_turn1:
+        raise ConfigError("algo.early_bonus_turn2 must not exceed algo.early_bonus_turn1 (an earlier pass earns more)")
+
+
+def _omegaconf_message(err: OmegaConfBaseException) -> str:
+    key = getattr(err, "full_key", None) or ""
+    msg = str(err).splitlines()[0]
+    return f"config key '{key}': {msg}" if key else f"config error: {msg}"

@@ -1,0 +1,61 @@
+"""The `kiln` command. Each subcommand lives in its own module and registers here once it works.
+
+Every subcommand that reads a config takes `--config FILE` and trailing `section.key=value`
+overrides, resolved by `configs.load_config`. Errors print one line and exit non-zero.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from configs import ConfigError, load_config, to_yaml
+
+
+def add_config_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", metavar="FILE", help="YAML preset (default: configs/default.yaml)")
+    p.add_argument("overrides", nargs="*", metavar="section.key=value", help="config overrides")
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    """Print the resolved config (or the configuration reference as Markdown)."""
+    if args.markdown:
+        from launch.config_doc import render_markdown
+
+        print(render_markdown(), end="")
+        return 0
+    print(to_yaml(load_config(args.config, args.overrides)), end="")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kiln", description="Kiln: asynchronous RL for native GPU kernels")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    p = sub.add_parser("config", help="print the resolved config after presets and overrides")
+    add_config_arguments(p)
+    p.add_argument("--markdown", action="store_true", help="print the configuration reference instead")
+    p.set_defaults(func=cmd_config)
+
+    from launch.verify import add_verify_parser
+
+    add_verify_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except ConfigError as err:
+        print(f"kiln: config error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("kiln: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

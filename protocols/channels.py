@@ -1,0 +1,479 @@
+"""ZMQ channels that carry Kiln records (DESIGN.md §2).
+
+Patterns:
+* `PushChannel` -> `PullChannel`: one-way streams (metrics).
+* `RequestClient` (DEALER) -> `ReplyServer` (ROUTER): request/reply with timeout and resend. A
+  request carries a correlation id; the server keeps recent replies and answers a resent request
+  from that cache instead of handling it twice, so resends are safe for any handler.
+* `Publisher` (PUB) -> `Subscriber` (SUB): announcements with sequence numbers, a READY barrier and
+  catch-up from the publisher's history, so a late or lagging subscriber loses nothing.
+
+Every binding channel binds on an OS-chosen port (or a fresh ipc:// path) and exposes `.address`.
+Every receiving channel counts, logs and drops a frame it cannot decode, and keeps serving; a
+request/reply server also answers such a frame with an `ErrorReply` so the caller learns why.
+All sockets close with linger 0.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import os
+import struct
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import zmq
+
+from protocols.codec import decode_parts, encode_parts
+from protocols.records import ErrorReply
+from protocols.schema import ProtocolError, Record
+
+log = logging.getLogger(__name__)
+
+DEFAULT_HWM = 1000
+_SEQ = struct.Struct("<Q")
+
+
+class ChannelTimeout(TimeoutError):
+    """No reply arrived within the timeout, after every resend."""
+
+
+class RemoteError(RuntimeError):
+    """The server answered a request with an ErrorReply."""
+
+
+@dataclass
+class ChannelStats:
+    sent: int = 0
+    received: int = 0
+    dropped: int = 0  # frames that could not be decoded (or were stale/duplicate), counted and skipped
+    resent: int = 0
+    last_error: str = ""
+    errors: collections.Counter = field(default_factory=collections.Counter)
+
+    def drop(self, reason: str, detail: str) -> None:
+        self.dropped += 1
+        self.errors[reason] += 1
+        self.last_error = detail
+
+
+def bind_address(host: str = "127.0.0.1", transport: str = "tcp") -> str:
+    """A bind address on an OS-chosen port (tcp) or a fresh socket path (ipc)."""
+    if transport == "tcp":
+        return f"tcp://{host}:*"
+    if transport == "ipc":
+        return f"ipc://{tempfile.gettempdir()}/kiln-{os.getpid()}-{uuid.uuid4().hex[:12]}.sock"
+    raise ValueError(f"unknown transport {transport!r} (tcp or ipc)")
+
+
+class _Channel:
+    def __init__(self, kind: int, *, hwm: int = DEFAULT_HWM, context: zmq.Context | None = None):
+        self._ctx = context or zmq.Context.instance()
+        self.sock = self._ctx.socket(kind)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.SNDHWM, hwm)
+        self.sock.setsockopt(zmq.RCVHWM, hwm)
+        self.stats = ChannelStats()
+        self.address = ""
+
+    def _bind(self, host: str, transport: str, advertise: str | None) -> str:
+        self.sock.bind(bind_address(host, transport))
+        addr = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        if advertise and transport == "tcp":  # bound on 0.0.0.0: tell peers a reachable host
+            addr = f"tcp://{advertise}:{addr.rsplit(':', 1)[1]}"
+        self.address = addr
+        return addr
+
+    def _recv_within(self, deadline: float | None):
+        """The next multipart message, or None once the monotonic deadline passed."""
+        try:  # fast path under load: a message is already queued, skip the poll
+            return self.sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            pass
+        left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+        return self.sock.recv_multipart(copy=False) if self._poll(left) else None
+
+    def _poll(self, timeout_s: float | None) -> bool:
+        ms = None if timeout_s is None else max(int(timeout_s * 1000), 0)
+        return bool(self.sock.poll(ms, zmq.POLLIN))
+
+    def _decode(self, frames, what: str) -> Record | None:
+        try:
+            rec = decode_parts(frames)
+        except ProtocolError as err:
+            self.stats.drop("decode", str(err))
+            log.warning("%s: dropped undecodable frame: %s", what, err)
+            return None
+        self.stats.received += 1
+        return rec
+
+    def close(self) -> None:
+        if not self.sock.closed:
+            self.sock.close(linger=0)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+# --------------------------------------------------------------------------------- push / pull
+
+
+class PushChannel(_Channel):
+    def __init__(self, address: str, **kw):
+        super().__init__(zmq.PUSH, **kw)
+        self.sock.setsockopt(zmq.IMMEDIATE, 1)  # queue only to a live peer, never to a dead address
+        self.sock.connect(address)
+        self.address = address
+
+    def send(self, rec: Record, timeout_s: float | None = None) -> None:
+        """Queue a record; blocks while the high-water mark is reached (up to `timeout_s`)."""
+        parts = encode_parts(rec)
+        if timeout_s is not None and not self.sock.poll(int(timeout_s * 1000), zmq.POLLOUT):
+            raise ChannelTimeout(f"push to {self.address}: peer not taking messages")
+        self.sock.send_multipart(parts, copy=False)
+        self.stats.sent += 1
+
+
+class PullChannel(_Channel):
+    def __init__(self, host: str = "127.0.0.1", transport: str = "tcp", advertise: str | None = None, **kw):
+        super().__init__(zmq.PULL, **kw)
+        self._bind(host, transport, advertise)
+
+    def recv(self, timeout_s: float | None = None) -> Record | None:
+        """The next valid record, or None when none arrived in time. Bad frames are skipped."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            frames = self._recv_within(deadline)
+            if frames is None:
+                return None
+            rec = self._decode(frames, f"pull {self.address}")
+            if rec is not None:
+                return rec
+
+
+# ------------------------------------------------------------------------------ request / reply
+
+
+class RequestClient(_Channel):
+    """DEALER side of request/reply: `request()` sends, waits, resends, and returns the reply."""
+
+    def __init__(self, address: str, *, timeout_s: float = 5.0, retries: int = 3, **kw):
+        super().__init__(zmq.DEALER, **kw)
+        self.sock.setsockopt(zmq.IMMEDIATE, 1)  # no backlog of stale resends for a server that is down
+        self.sock.connect(address)
+        self.address = address
+        self.timeout_s = timeout_s
+        self.retries = retries
+        self._nonce = uuid.uuid4().bytes[:8]
+        self._ids = itertools.count(1)
+
+    def request(self, rec: Record, timeout_s: float | None = None, retries: int | None = None) -> Record:
+        timeout_s = self.timeout_s if timeout_s is None else timeout_s
+        retries = self.retries if retries is None else retries
+        corr = self._nonce + _SEQ.pack(next(self._ids))
+        parts = encode_parts(rec)
+        for attempt in range(retries + 1):
+            deadline = time.monotonic() + timeout_s
+            if not self._send_within([corr, *parts], timeout_s):
+                continue  # no live connection to the server within this try
+            if attempt:
+                self.stats.resent += 1
+            self.stats.sent += 1
+            while (left := deadline - time.monotonic()) > 0:
+                if not self._poll(left):
+                    break
+                frames = self.sock.recv_multipart(copy=False)
+                if len(frames) < 2 or frames[0].bytes != corr:
+                    self.stats.drop("stale", "reply to an earlier request")  # e.g. a resend's answer
+                    continue
+                reply = self._decode(frames[1:], f"request {self.address}")
+                if reply is None:
+                    continue
+                if isinstance(reply, ErrorReply):
+                    raise RemoteError(reply.message)
+                return reply
+        raise ChannelTimeout(
+            f"no reply from {self.address} to {type(rec).__name__} after {retries + 1} tries of {timeout_s:g}s"
+        )
+
+    def _send_within(self, frames: list, timeout_s: float) -> bool:
+        try:  # fast path: a live connection with room in its queue
+            self.sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+            return True
+        except zmq.Again:
+            pass
+        if not self.sock.poll(int(timeout_s * 1000), zmq.POLLOUT):
+            return False
+        self.sock.send_multipart(frames, copy=False)
+        return True
+
+
+@dataclass
+class Request:
+    """A request received by a ReplyServer; answer it with `server.reply(req, record)`."""
+
+    record: Record
+    peer: bytes
+    corr: bytes
+
+
+class ReplyServer(_Channel):
+    """ROUTER side of request/reply."""
+
+    def __init__(self, host: str = "127.0.0.1", transport: str = "tcp", advertise: str | None = None,
+                 *, reply_cache: int = 4096, **kw):
+        super().__init__(zmq.ROUTER, **kw)
+        self._bind(host, transport, advertise)
+        self._cache: collections.OrderedDict[tuple[bytes, bytes], list] = collections.OrderedDict()
+        self._cache_size = reply_cache
+
+    def recv(self, timeout_s: float | None = None) -> Request | None:
+        """The next valid request, or None when none arrived in time. Resent requests that were
+        already answered get the cached reply again and are not returned."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            frames = self._recv_within(deadline)
+            if frames is None:
+                return None
+            if len(frames) < 3:
+                self.stats.drop("framing", f"{len(frames)} frames, need identity, id, payload")
+                log.warning("reply %s: dropped malformed request (%d frames)", self.address, len(frames))
+                continue
+            peer, corr = frames[0].bytes, frames[1].bytes
+            cached = self._cache.get((peer, corr))
+            if cached is not None:
+                self.sock.send_multipart([peer, corr, *cached], copy=False)
+                self.stats.drop("duplicate", "resent request answered from cache")
+                continue
+            try:
+                rec = decode_parts(frames[2:])
+            except ProtocolError as err:
+                self.stats.drop("decode", str(err))
+                log.warning("reply %s: dropped undecodable request: %s", self.address, err)
+                self._send(peer, corr, ErrorReply(message=f"undecodable request: {err}"))
+                continue
+            self.stats.received += 1
+            return Request(rec, peer, corr)
+
+    def reply(self, req: Request, rec: Record) -> None:
+        self._send(req.peer, req.corr, rec)
+
+    def _send(self, peer: bytes, corr: bytes, rec: Record) -> None:
+        parts = encode_parts(rec)
+        self._cache[(peer, corr)] = parts
+        if len(self._cache) > self._cache_size:
+            self._cache.popitem(last=False)
+        self.sock.send_multipart([peer, corr, *parts], copy=False)
+        self.stats.sent += 1
+
+    def serve(self, handler, stop: threading.Event, poll_s: float = 0.1) -> None:
+        """Answer requests with `handler(record) -> record` until `stop` is set. A handler that raises
+        answers with an ErrorReply; the server keeps serving."""
+        while not stop.is_set():
+            req = self.recv(poll_s)
+            if req is None:
+                continue
+            try:
+                answer = handler(req.record)
+            except Exception as err:  # a handler bug must not take the server down
+                log.exception("reply %s: handler failed", self.address)
+                answer = ErrorReply(message=f"{type(err).__name__}: {err}")
+            self.reply(req, answer)
+
+
+# ------------------------------------------------------------------------------------ pub / sub
+
+_HELLO, _READY, _REPLAY, _WELCOME = b"HELLO", b"READY", b"REPLAY", b"WELCOME"
+_PING_TOPIC = b"\x00ping:"
+
+
+class Publisher:
+    """PUB socket plus a sync ROUTER. Each published record gets a sequence number and is kept in a
+    bounded history; a subscriber's HELLO is answered with everything after the sequence it has,
+    then a ping on the PUB socket confirms its subscription is live, then it says READY.
+    `wait_ready(n)` is the barrier that waits for n subscribers."""
+
+    def __init__(self, host: str = "127.0.0.1", transport: str = "tcp", advertise: str | None = None,
+                 *, history: int = 1024, hwm: int = DEFAULT_HWM, context: zmq.Context | None = None):
+        ctx = context or zmq.Context.instance()
+        self._pub = _Channel(zmq.PUB, hwm=hwm, context=ctx)
+        # Replays are bounded by `history` and must never be dropped: no high-water mark on sync.
+        self._sync = _Channel(zmq.ROUTER, hwm=0, context=ctx)
+        self.address = self._pub._bind(host, transport, advertise)
+        self.sync_address = self._sync._bind(host, transport, advertise)
+        self.stats = ChannelStats()
+        self._history: collections.deque[tuple[int, list]] = collections.deque(maxlen=history)
+        self._seq = 0
+        self._lock = threading.Lock()
+        self._ready: set[bytes] = set()
+        self._ready_cv = threading.Condition(self._lock)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve_sync, name="kiln-pub-sync", daemon=True)
+        self._thread.start()
+
+    @property
+    def ready_count(self) -> int:
+        with self._lock:
+            return len(self._ready)
+
+    def publish(self, rec: Record) -> int:
+        """Publish a record to every subscriber; returns its sequence number."""
+        parts = encode_parts(rec)
+        topic = type(rec).__name__.encode()
+        with self._lock:
+            self._seq += 1
+            self._history.append((self._seq, parts))
+            self._pub.sock.send_multipart([topic, _SEQ.pack(self._seq), *parts], copy=False)
+            self.stats.sent += 1
+            return self._seq
+
+    def wait_ready(self, n: int, timeout_s: float | None = None) -> bool:
+        """Block until at least n subscribers have completed the READY handshake."""
+        with self._ready_cv:
+            return self._ready_cv.wait_for(lambda: len(self._ready) >= n, timeout_s)
+
+    def _serve_sync(self) -> None:
+        sock = self._sync.sock
+        while not self._stop.is_set():
+            try:
+                if not sock.poll(50, zmq.POLLIN):
+                    continue
+                frames = sock.recv_multipart()
+            except zmq.ZMQError:
+                return  # closed
+            if len(frames) != 4 or frames[1] not in (_HELLO, _READY) or len(frames[3]) != 8:
+                self.stats.drop("framing", "bad sync message")
+                continue
+            peer, verb, sub_id, have = frames
+            with self._lock:
+                if verb == _READY:
+                    self._ready.add(sub_id)
+                    self._ready_cv.notify_all()
+                    continue
+                (after,) = _SEQ.unpack(have)
+                oldest = self._history[0][0] if self._history else self._seq + 1
+                for seq, parts in self._history:
+                    if seq > after:
+                        sock.send_multipart([peer, _REPLAY, _SEQ.pack(seq), *parts], copy=False)
+                # WELCOME carries the newest sequence and whether history had lost anything asked for
+                lost = b"1" if after + 1 < oldest and after < self._seq else b"0"
+                sock.send_multipart([peer, _WELCOME, _SEQ.pack(self._seq), lost])
+                self._pub.sock.send_multipart([_PING_TOPIC + sub_id, _SEQ.pack(0)])
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)
+        self._pub.close()
+        self._sync.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class Subscriber:
+    """SUB side: `connect()` performs the handshake (replaying missed history); `recv()` returns
+    records in sequence order, fetching any gap from the publisher's history."""
+
+    def __init__(self, address: str, sync_address: str, *, hwm: int = DEFAULT_HWM,
+                 context: zmq.Context | None = None):
+        ctx = context or zmq.Context.instance()
+        self.id = uuid.uuid4().hex.encode()
+        self._sub = _Channel(zmq.SUB, hwm=hwm, context=ctx)
+        self._dealer = _Channel(zmq.DEALER, hwm=0, context=ctx)  # replays must not be dropped
+        self._sub.sock.setsockopt(zmq.SUBSCRIBE, b"")  # every record: sequence gaps must be visible
+        self._sub.sock.connect(address)
+        self._dealer.sock.connect(sync_address)
+        self.stats = self._sub.stats
+        self.last_seq = 0
+        self.lost = 0  # messages the publisher's history no longer held when asked for (counted, logged)
+        self._queue: collections.deque[Record] = collections.deque()
+        self.connected = False
+
+    def connect(self, timeout_s: float = 10.0) -> None:
+        """Handshake: HELLO (replay from history) until our ping arrives on SUB, then READY."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            self._hello()
+            ping_deadline = min(time.monotonic() + 0.2, deadline)
+            while (left := ping_deadline - time.monotonic()) > 0:
+                if not self._sub.sock.poll(int(left * 1000) + 1, zmq.POLLIN):
+                    break
+                if self._take(self._sub.sock.recv_multipart(copy=False)) == "ping":
+                    self._dealer.sock.send_multipart([_READY, self.id, _SEQ.pack(self.last_seq)])
+                    self.connected = True
+                    return
+        raise ChannelTimeout("publisher did not answer the subscription handshake")
+
+    def _hello(self) -> None:
+        """Ask for everything after last_seq and wait for the WELCOME that ends the replay."""
+        self._dealer.sock.send_multipart([_HELLO, self.id, _SEQ.pack(self.last_seq)])
+        while self._dealer.sock.poll(2000, zmq.POLLIN):
+            frames = self._dealer.sock.recv_multipart(copy=False)
+            verb = frames[0].bytes
+            if verb == _REPLAY and len(frames) >= 3:
+                self._accept(_SEQ.unpack(frames[1].bytes)[0], frames[2:])
+            elif verb == _WELCOME and len(frames) == 3:
+                if frames[2].bytes == b"1":
+                    log.warning("subscriber: publisher history no longer holds messages after %d", self.last_seq)
+                # Everything up to `newest` that history still held was replayed; the rest is gone.
+                newest = _SEQ.unpack(frames[1].bytes)[0]
+                if newest > self.last_seq:
+                    self.lost += newest - self.last_seq
+                    self.last_seq = newest
+                return
+
+    def _accept(self, seq: int, parts) -> None:
+        if seq <= self.last_seq:
+            return  # already delivered (replay and live stream overlap)
+        if seq > self.last_seq + 1:  # history no longer held these: count them, never hide them
+            self.lost += seq - self.last_seq - 1
+        rec = self._sub._decode(parts, "subscriber")
+        self.last_seq = seq
+        if rec is not None:
+            self._queue.append(rec)
+
+    def _take(self, frames) -> str:
+        if len(frames) < 2 or len(frames[1].bytes) != 8:
+            self.stats.drop("framing", "bad pub frame")
+            return "bad"
+        topic, seq = frames[0].bytes, _SEQ.unpack(frames[1].bytes)[0]
+        if topic.startswith(_PING_TOPIC):
+            return "ping" if topic == _PING_TOPIC + self.id else "other-ping"
+        if seq > self.last_seq + 1:  # a gap: fetch what we missed from the publisher's history first
+            self._hello()
+        self._accept(seq, frames[2:])
+        return "data"
+
+    def recv(self, timeout_s: float | None = None) -> Record | None:
+        """The next record in publish order, or None when none arrived in time."""
+        if not self.connected:
+            self.connect()
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while not self._queue:
+            left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+            ms = None if left is None else int(left * 1000)
+            if not self._sub.sock.poll(ms, zmq.POLLIN):
+                return None
+            self._take(self._sub.sock.recv_multipart(copy=False))
+        return self._queue.popleft()
+
+    def close(self) -> None:
+        self._sub.close()
+        self._dealer.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

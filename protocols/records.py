@@ -1,0 +1,316 @@
+"""Every message that crosses an actor boundary in Kiln (DESIGN.md §2-3).
+
+One record type per message. Arrays are numpy arrays (or CPU torch tensors where noted) and travel
+out of band, so token ids and log-probabilities never pass through Python lists.
+"""
+
+from __future__ import annotations
+
+from dataclasses import field
+from typing import Literal
+
+import numpy as np
+
+from protocols.schema import FloatArray, IntArray, JsonDict, MaskArray, Record, record
+
+Backend = Literal["cuda", "cpu", "musa"]
+# Furthest verifier stage a candidate reached (each stage gates the next; "done" = all passed).
+Stage = Literal["extract", "compile", "run", "correctness", "legality", "performance", "done"]
+# Why a candidate failed; None when it passed. "infra" is the system's fault, never the policy's.
+ErrorClass = Literal["extract", "compile", "runtime", "timeout", "correctness", "cheating", "infra"]
+ERROR_CLASSES: tuple[str, ...] = ErrorClass.__args__
+
+
+# ----------------------------------------------------------------------------------------- tasks
+
+
+@record
+class KernelSpec(Record):
+    """What a `kind="kernel"` task asks for: a faster native version of a PyTorch reference."""
+
+    name: str
+    reference: str  # source of the KernelBench-format reference module (Model, get_inputs, ...)
+    backend: Backend
+    level: int
+    source_path: str = ""  # where the reference was loaded from, for humans and reports
+
+    def check(self) -> None:
+        if not self.reference.strip():
+            raise ValueError("reference source is empty")
+        if self.level < 0:
+            raise ValueError(f"level must be >= 0, got {self.level}")
+
+
+@record
+class RepairContext(Record):
+    """Buffered Dynamic Retry: a failed attempt and its feedback, served back as a repair task."""
+
+    failed_code: str
+    feedback: str
+    attempt: int  # how many times this task has been served from the retry buffer
+    origin_group: str  # group id whose samples all failed
+
+
+@record
+class Task(Record):
+    """A unit of work for a rollout actor. Only kind="kernel" carries a KernelSpec, so a task of
+    another reward actor's kind can never pose as a kernel task."""
+
+    task_id: str
+    kind: str
+    split: Literal["train", "val"] = "train"
+    kernel: KernelSpec | None = None
+    payload: JsonDict = field(default_factory=dict)  # data for non-kernel reward actors; empty for kernel tasks
+    repair: RepairContext | None = None
+
+    def check(self) -> None:
+        if not self.task_id:
+            raise ValueError("task_id is empty")
+        if not self.kind:
+            raise ValueError("kind is empty")
+        if (self.kind == "kernel") != (self.kernel is not None):
+            raise ValueError("a KernelSpec goes with kind='kernel' and only with it")
+
+
+@record
+class TaskRequest(Record):
+    """A rollout actor asks the task feed for work."""
+
+    actor_id: str
+    # "val" asks for held-out validation tasks: served outside admission control, never trained on.
+    split: Literal["train", "val"] = "train"
+
+
+@record
+class TaskReply(Record):
+    """The task feed's answer: a task to sample `group_size` times, or wait, or stop."""
+
+    status: Literal["task", "wait", "stop"]
+    task: Task | None = None
+    group_id: str = ""
+    group_size: int = 0
+    retry_after_s: float = 0.0
+
+    def check(self) -> None:
+        if (self.status == "task") != (self.task is not None):
+            raise ValueError("status 'task' goes with a task and only with it")
+        if self.status == "task" and (not self.group_id or self.group_size < 1):
+            raise ValueError("a task reply needs a group_id and group_size >= 1")
+        if self.retry_after_s < 0:
+            raise ValueError("retry_after_s must be >= 0")
+
+
+# ------------------------------------------------------------------------------------ verifier
+
+
+@record
+class VerifyRequest(Record):
+    """Verify one candidate (raw model output or plain source) against its task."""
+
+    request_id: str
+    task: Task
+    candidate: str
+    episode_id: str = ""
+    turn: int = 0
+
+
+@record
+class VerifyResult(Record):
+    """The verifier's verdict: stage reached, error class, q, speedups, MooreEval score, feedback."""
+
+    request_id: str
+    task_id: str
+    passed: bool
+    stage: Stage
+    error_class: ErrorClass | None
+    q: float  # fraction of correctness trials passed, in [0, 1]
+    score: float  # MooreEval reward s
+    speedup_eager: float | None = None
+    speedup_compile: float | None = None
+    feedback: str = ""  # short natural-language text, the next repair turn's prompt
+    diagnostics: JsonDict = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)  # seconds per stage
+    source_hash: str = ""
+    cached: bool = False
+
+    def check(self) -> None:
+        if not 0.0 <= self.q <= 1.0:
+            raise ValueError(f"q must lie in [0, 1], got {self.q}")
+        if self.passed and self.error_class is not None:
+            raise ValueError("a passed result has no error_class")
+        if not self.passed and self.error_class is None:
+            raise ValueError("a failed result names its error_class")
+
+
+# ------------------------------------------------------------------------------------ episodes
+
+
+@record
+class Turn(Record):
+    """One prompt -> response step of an episode, with exact behaviour log-probabilities."""
+
+    prompt_ids: IntArray
+    response_ids: IntArray
+    logprobs: FloatArray  # log softmax(logits / T) of each sampled token (DESIGN.md §5)
+    versions: IntArray  # weight version that produced each response token
+    finish_reason: Literal["stop", "length", "abort"]
+    text: str = ""  # decoded response, kept for repair prompts, retry buffer and episode dumps
+    result: VerifyResult | None = None
+
+    def check(self) -> None:
+        n = len(self.response_ids)
+        if len(self.logprobs) != n or len(self.versions) != n:
+            raise ValueError(
+                f"response_ids, logprobs and versions differ in length "
+                f"({n}, {len(self.logprobs)}, {len(self.versions)})"
+            )
+
+
+@record
+class Episode(Record):
+    """One sample of a group: all its turns and their per-turn rewards s_k."""
+
+    episode_id: str
+    task: Task
+    group_id: str
+    sample_index: int
+    turns: list[Turn]
+    rewards: list[float]  # per-turn scores from the verifier / reward actor
+    is_retry: bool = False
+    actor_id: str = ""
+
+    def check(self) -> None:
+        if not self.episode_id or not self.group_id:
+            raise ValueError("episode_id and group_id must be set")
+        if not self.turns:
+            raise ValueError("an episode has at least one turn")
+        if len(self.rewards) != len(self.turns):
+            raise ValueError(f"{len(self.rewards)} rewards for {len(self.turns)} turns")
+
+
+@record
+class EpisodeAck(Record):
+    """Replay's receipt for an episode, sent only after the episode is stored durably."""
+
+    episode_id: str
+    status: Literal["stored", "duplicate", "rejected"]
+    reason: str = ""
+
+
+# ------------------------------------------------------------------------------------- learner
+
+
+@record
+class BatchRequest(Record):
+    """The learner asks replay for a batch at its current weight version."""
+
+    learner_id: str
+    version: int
+
+
+@record
+class TrainBatch(Record):
+    """Sequences packed end to end; `cu_seqlens` holds the S+1 sequence boundaries."""
+
+    version: int  # learner version this batch was assembled for
+    episode_ids: list[str]
+    tokens: IntArray  # [N]
+    cu_seqlens: IntArray  # [S + 1]
+    loss_mask: MaskArray  # [N], 1 on gradient-carrying tokens
+    behaviour_logprobs: FloatArray  # [N], μ; 0 where no token was sampled
+    advantages: FloatArray  # [S], one per sequence
+    versions: IntArray  # [N], producing weight version per token; -1 on prompt tokens
+
+    def check(self) -> None:
+        n, s = len(self.tokens), len(self.advantages)
+        if len(self.cu_seqlens) != s + 1:
+            raise ValueError(f"cu_seqlens has {len(self.cu_seqlens)} entries for {s} sequences")
+        for name in ("loss_mask", "behaviour_logprobs", "versions"):
+            if len(getattr(self, name)) != n:
+                raise ValueError(f"{name} has {len(getattr(self, name))} entries for {n} tokens")
+        if s and (self.cu_seqlens[0] != 0 or self.cu_seqlens[-1] != n or np.any(np.diff(self.cu_seqlens) < 0)):
+            raise ValueError("cu_seqlens must rise from 0 to the token count")
+
+
+@record
+class BatchReply(Record):
+    status: Literal["batch", "wait", "stop"]
+    batch: TrainBatch | None = None
+    retry_after_s: float = 0.0
+
+    def check(self) -> None:
+        if (self.status == "batch") != (self.batch is not None):
+            raise ValueError("status 'batch' goes with a batch and only with it")
+
+
+# ------------------------------------------------------------------------------------- weights
+
+
+@record
+class TensorSpec(Record):
+    name: str  # HF parameter name
+    dtype: str
+    shape: list[int]
+
+
+@record
+class WeightAnnouncement(Record):
+    """A new weight version is available; `transport` says how engines fetch it."""
+
+    version: int
+    manifest: list[TensorSpec]
+    transport: Literal["nccl", "cuda_ipc", "gloo", "disk"]
+    location: str = ""  # a directory for "disk", a rendezvous address for process groups
+    bucket_bytes: int = 0
+
+
+@record
+class WeightRequest(Record):
+    """A late or restarted engine asks for the current weights before it serves."""
+
+    engine_id: str
+    have_version: int = -1
+
+
+@record
+class WeightsLoaded(Record):
+    """An engine confirms the version it now serves (or why it could not load it)."""
+
+    engine_id: str
+    version: int
+    ok: bool
+    error: str = ""
+    seconds: float = 0.0
+
+
+# ----------------------------------------------------------------------------- control, metrics
+
+
+@record
+class Heartbeat(Record):
+    actor_id: str
+    role: str
+    ts: float
+    busy: float = 0.0  # fraction of the last interval spent working
+    info: JsonDict = field(default_factory=dict)
+
+
+@record
+class Control(Record):
+    command: Literal["stop", "pause", "resume", "checkpoint", "sync"]
+    args: JsonDict = field(default_factory=dict)
+
+
+@record
+class Metrics(Record):
+    source: str
+    step: int
+    ts: float
+    values: dict[str, float]
+
+
+@record
+class ErrorReply(Record):
+    """Sent back on a request/reply channel when the request could not be decoded or handled."""
+
+    message: str
