@@ -1,0 +1,246 @@
+"""The replay actor (DESIGN.md §6): one ReplyServer that serves the task feed, episode intake and the
+learner's batches, with every state change made durable before its reply.
+
+    TaskRequest  -> TaskReply   (a task to sample G times, wait with retry_after_s, or stop)
+    Episode      -> EpisodeAck  (stored / duplicate / rejected with a reason)
+    BatchRequest -> BatchReply  (a TrainBatch for the learner's version, wait, or stop)
+    anything else -> ErrorReply
+
+The serving loop takes every request that is ready, applies them in order to the `ReplayState`,
+appends the ones that changed the state to the write-ahead log, fsyncs once (group commit), and only
+then replies. So an acknowledged episode is on disk and a handed-out group or batch is remembered,
+and a kill -9 at any point loses nothing that anyone was told about. If the disk fails, the actor
+stops accepting work (fail-stop: every request gets an ErrorReply) rather than acknowledge what it
+cannot keep; a restart recovers the last durable state.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+
+import msgpack
+import numpy as np
+
+import protocols
+from actors.base import Actor
+from actors.buffer.state import ReplayState
+from actors.buffer.storage import EntryKind, ReplayStore
+from actors.buffer.task_source import load_task_set
+from configs import AlgoConfig, ConfigError, ReplayConfig
+from protocols import BatchRequest, Episode, ErrorReply, Record, TaskRequest
+from protocols.channels import ReplyServer
+
+log = logging.getLogger(__name__)
+
+MAX_GROUP_COMMIT = 64  # requests applied per fsync at most, so one burst cannot delay replies for long
+EXPIRY_CHECK_S = 1.0  # at most this long between expiry checks (sooner for short timeouts)
+ENDPOINT_FILE = "endpoint.json"
+
+
+class ReplayActor(Actor):
+    role = "replay"
+
+    def __init__(self, replay: ReplayConfig, algo: AlgoConfig, run_dir: str | Path, backend: str = "cpu", *,
+                 host: str = "127.0.0.1", transport: str = "tcp", advertise: str | None = None,
+                 poll_s: float = 0.05) -> None:
+        super().__init__()
+        if algo.group_size < 2:
+            raise ConfigError(f"algo.group_size={algo.group_size}: group-normalised advantages need at least 2 samples per group")
+        self.replay, self.algo = replay, algo
+        self.dir = Path(run_dir) / "replay"
+        self._bind = (host, transport, advertise)
+        self._poll_s = poll_s
+        self._state = ReplayState(replay, algo, load_task_set(replay, backend))
+        self._store = ReplayStore(self.dir)
+        self._lock = threading.Lock()
+        self._server: ReplyServer | None = None
+        self.address = ""
+        self._failure = ""  # set when the disk failed: the actor then refuses all work
+        self._handler_errors = 0
+        self._ack_latency_s: collections.deque[float] = collections.deque(maxlen=20_000)
+        self._next_expiry_check = 0.0
+        self.recovered = self._recover()
+
+    # ------------------------------------------------------------------------------- lifecycle
+
+    def start(self) -> dict[str, str]:
+        host, transport, advertise = self._bind
+        self._server = ReplyServer(host, transport, advertise)
+        self.address = self._server.address
+        self._write_endpoint()
+        self.spawn(self._serve, "serve")
+        log.info("replay: serving on %s (%s)", self.address, self.recovered)
+        return {"replay": self.address}
+
+    def stop(self) -> None:
+        super().stop()
+        with self._lock:
+            if not self._failure and self._store.since_snapshot:
+                try:
+                    self._store.snapshot(self._state.dump())
+                except OSError as err:
+                    log.error("replay: final snapshot failed (the log still holds everything): %s", err)
+            self._store.close()
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+
+    def health(self) -> dict:
+        with self._lock:
+            lat = np.asarray(self._ack_latency_s) * 1e3
+            return {
+                **super().health(),
+                "address": self.address,
+                **self._state.health(),
+                "storage": {**vars(self._store.stats), "generation": self._store.generation,
+                            "since_snapshot": self._store.since_snapshot, "failure": self._failure},
+                "ack_latency_ms": {"n": int(lat.size),
+                                   "p50": float(np.percentile(lat, 50)) if lat.size else None,
+                                   "p99": float(np.percentile(lat, 99)) if lat.size else None},
+                "handler_errors": self._handler_errors,
+                "recovered": self.recovered,
+            }
+
+    def episode_ids(self) -> dict[str, list[str]]:
+        """Every stored episode id by status ('pending', 'trained', 'filtered:<reason>')."""
+        with self._lock:
+            return self._state.ledger.ids()
+
+    # --------------------------------------------------------------------------------- serving
+
+    def handle(self, rec: Record) -> Record:
+        """Answer one request durably. The serving loop does the same for groups of requests; this
+        entry point serves in-process drivers (the simulation, the throughput benchmark)."""
+        with self._lock:
+            (reply,) = self._apply_and_commit([rec], time.monotonic())
+        return reply
+
+    def _serve(self) -> None:
+        server = self._server
+        while not self.stopping:
+            first = server.recv(self._poll_s)
+            requests, received = [], []
+            while first is not None:
+                requests.append(first)
+                received.append(time.perf_counter())
+                if len(requests) >= MAX_GROUP_COMMIT:
+                    break
+                first = server.recv(0)
+            now = time.monotonic()
+            with self._lock:
+                replies = self._apply_and_commit([r.record for r in requests], now)
+                self._expire_overdue(now)
+            latencies = []
+            for req, reply, t0 in zip(requests, replies, received):
+                server.reply(req, reply)
+                if isinstance(req.record, Episode):
+                    latencies.append(time.perf_counter() - t0)
+            if latencies:
+                with self._lock:
+                    self._ack_latency_s.extend(latencies)
+
+    def _apply_and_commit(self, records: list[Record], now: float) -> list[Record]:
+        """Apply requests in order, log those that changed the state, fsync once, snapshot when due.
+        Called with the lock held."""
+        if self._failure or self._store.closed:
+            return [self._refusal() for _ in records]
+        replies = [self._apply(rec, now) for rec in records]
+        try:
+            self._store.commit()
+        except OSError as err:  # nothing of this group is known to be durable: acknowledge none of it
+            self._fail(err)
+            return [self._refusal() for _ in records]
+        if self._store.since_snapshot >= self.replay.snapshot_every:
+            try:
+                self._store.snapshot(self._state.dump())
+            except OSError as err:  # these replies are durable in the log; refuse only what comes next
+                self._fail(err)
+        return replies
+
+    def _apply(self, rec: Record, now: float) -> Record:
+        try:
+            reply, changed = self._dispatch(rec, now)
+        except Exception as err:  # a bug must not take the replay down; the request was not logged
+            self._handler_errors += 1
+            log.exception("replay: handling %s failed", type(rec).__name__)
+            return ErrorReply(message=f"replay failed to handle {type(rec).__name__}: {type(err).__name__}: {err}")
+        if changed:
+            try:
+                self._store.append(EntryKind.RECORD, protocols.encode(rec))
+            except OSError as err:
+                self._fail(err)
+                return self._refusal()
+        return reply
+
+    def _dispatch(self, rec: Record, now: float) -> tuple[Record, bool]:
+        if isinstance(rec, Episode):
+            return self._state.on_episode(rec, now)
+        if isinstance(rec, TaskRequest):
+            return self._state.on_task_request(rec, now)
+        if isinstance(rec, BatchRequest):
+            return self._state.on_batch_request(rec)
+        return ErrorReply(message=f"replay serves TaskRequest, Episode and BatchRequest, not {type(rec).__name__}"), False
+
+    def _expire_overdue(self, now: float) -> None:
+        if self._failure or now < self._next_expiry_check:
+            return
+        self._next_expiry_check = now + min(EXPIRY_CHECK_S, self.replay.group_timeout_s / 4)
+        overdue = self._state.overdue(now, self.replay.group_timeout_s)
+        if not overdue:
+            return
+        try:  # log the decision first: expiry depends on the clock, so recovery must not re-decide it
+            self._store.append(EntryKind.EXPIRE, msgpack.packb(overdue))
+            self._store.commit()
+        except OSError as err:
+            self._fail(err)
+            return
+        self._state.expire(overdue)
+
+    def _fail(self, err: OSError) -> None:
+        self._failure = f"{type(err).__name__}: {err}"
+        log.error("replay: storage failed, refusing all work until restarted: %s", self._failure)
+
+    def _refusal(self) -> ErrorReply:
+        if not self._failure:
+            return ErrorReply(message="replay is stopped")
+        return ErrorReply(message=f"replay storage failed ({self._failure}); restart the replay actor")
+
+    # -------------------------------------------------------------------------------- recovery
+
+    def _recover(self) -> dict:
+        start = time.perf_counter()
+        found = self._store.recover()
+        now = time.monotonic()
+        if found.snapshot is not None:
+            self._state.load(found.snapshot, now)
+        for kind, payload in found.entries:
+            if kind == EntryKind.EXPIRE:
+                self._state.expire(msgpack.unpackb(payload))
+                continue
+            _, changed = self._dispatch(protocols.decode(payload), now)
+            if not changed:  # the handlers are deterministic, so this means a changed task set or a bug
+                log.error("replay: logged %s changed nothing on re-apply; state may differ from before the restart",
+                          type(protocols.decode(payload)).__name__)
+        return {"snapshot": found.snapshot is not None, "log_entries": len(found.entries),
+                "truncated_bytes": found.truncated_bytes, "seconds": round(time.perf_counter() - start, 3)}
+
+    def _write_endpoint(self) -> None:
+        """Tell humans and tools (and a restarted rollout's address lookup) where replay listens."""
+        tmp = self.dir / (ENDPOINT_FILE + ".tmp")
+        tmp.write_text(json.dumps({"replay": self.address, "pid": os.getpid()}))
+        os.replace(tmp, self.dir / ENDPOINT_FILE)
+
+
+def read_endpoint(run_dir: str | Path) -> str:
+    """The replay address recorded in a run directory ('' when none is recorded yet)."""
+    path = Path(run_dir) / "replay" / ENDPOINT_FILE
+    try:
+        return json.loads(path.read_text())["replay"]
+    except (OSError, ValueError, KeyError):
+        return ""

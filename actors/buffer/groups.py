@@ -1,0 +1,103 @@
+"""GRPO groups: the G episodes sampled for one served task, and the verdict on a completed group.
+
+A group is opened when the task feed hands out a task and complete when all G sample slots hold an
+episode. `judge` turns a complete group into what the replay needs to decide its fate: whether the
+system failed it (infra), each episode's PrimeEcho reward and advantage, whether the rewards tie,
+whether any sample passed, and the best failed attempt for Buffered Dynamic Retry.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+import protocols
+from actors.buffer.formulas import group_advantages, prime_echo, rewards_tie
+from actors.buffer.retry_buffer import FailedAttempt
+from configs import AlgoConfig
+from protocols import Episode, Task, Turn
+
+
+@dataclass
+class Group:
+    group_id: str
+    task: Task  # as served: a repair task carries task.repair
+    size: int
+    last_activity: float  # monotonic time of issue or of its latest episode, for expiry
+    episodes: dict[int, Episode] = field(default_factory=dict)  # by sample_index
+    advantages: list[float] = field(default_factory=list)  # set once the group is judged trainable
+
+    @property
+    def is_retry(self) -> bool:
+        return self.task.repair is not None
+
+    @property
+    def complete(self) -> bool:
+        return len(self.episodes) == self.size
+
+    def ordered(self) -> list[Episode]:
+        return [self.episodes[i] for i in sorted(self.episodes)]
+
+    def dump(self) -> dict:
+        return {"group_id": self.group_id, "task": protocols.encode(self.task), "size": self.size,
+                "episodes": [protocols.encode(e) for e in self.ordered()], "advantages": self.advantages}
+
+    @classmethod
+    def load(cls, data: dict, now: float) -> Group:
+        episodes = [protocols.decode(b) for b in data["episodes"]]
+        return cls(group_id=data["group_id"], task=protocols.decode(data["task"]), size=data["size"],
+                   last_activity=now, episodes={e.sample_index: e for e in episodes},
+                   advantages=list(data["advantages"]))
+
+
+def turn_passed(turn: Turn) -> bool:
+    return turn.result is not None and turn.result.passed
+
+
+def turn_infra(turn: Turn) -> bool:
+    """A turn without a verdict, or with an infra error, failed through the system's fault."""
+    return turn.result is None or turn.result.error_class == "infra"
+
+
+def episode_passed(ep: Episode) -> bool:
+    return any(turn_passed(t) for t in ep.turns)
+
+
+def episode_reward(ep: Episode, algo: AlgoConfig) -> float:
+    return prime_echo(ep.rewards, [turn_passed(t) for t in ep.turns], alpha=algo.alpha,
+                      bonus_turn1=algo.early_bonus_turn1, bonus_turn2=algo.early_bonus_turn2)
+
+
+def best_failed_attempt(episodes: list[Episode]) -> FailedAttempt | None:
+    """The highest-scoring failed turn over all samples (first one on a tie)."""
+    best: FailedAttempt | None = None
+    for ep in episodes:
+        for turn, score in zip(ep.turns, ep.rewards):
+            if turn_passed(turn) or turn.result is None:
+                continue
+            if best is None or score > best.score:
+                best = FailedAttempt(code=turn.text, feedback=turn.result.feedback, score=float(score))
+    return best
+
+
+@dataclass
+class Verdict:
+    infra: bool  # some turn failed through the system's fault: the rewards are not the policy's
+    rewards: list[float]
+    advantages: list[float]
+    tied: bool
+    any_passed: bool
+    best_failed: FailedAttempt | None
+
+
+def judge(group: Group, algo: AlgoConfig) -> Verdict:
+    episodes = group.ordered()
+    if any(turn_infra(t) for ep in episodes for t in ep.turns):
+        return Verdict(infra=True, rewards=[], advantages=[], tied=False, any_passed=False, best_failed=None)
+    rewards = [episode_reward(ep, algo) for ep in episodes]
+    any_passed = any(episode_passed(ep) for ep in episodes)
+    advantages = group_advantages(rewards, std_norm=algo.adv_std_norm)
+    return Verdict(infra=False, rewards=rewards, advantages=[float(a) for a in np.asarray(advantages)],
+                   tied=rewards_tie(rewards), any_passed=any_passed,
+                   best_failed=None if any_passed else best_failed_attempt(episodes))

@@ -1,0 +1,111 @@
+"""The rollout side of the episode contract (DESIGN.md §2): keep every episode until replay
+acknowledges it, and resend what is unacknowledged after a timeout.
+
+`EpisodeSender` holds unacknowledged episodes in submission order. `pump()` offers each to replay
+once; an ack ("stored" or "duplicate") releases it, a "rejected" ack releases it into `rejected`
+(resending cannot fix it), and a timeout or an error reply keeps it for the next pump. Replay drops
+duplicates by episode id, so resending after a lost ack is always safe. The address may be a
+callable, re-read after a timeout, so a sender follows a replay that restarted on a new port.
+Single-threaded: call it from the thread that produces episodes.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from protocols import Episode, EpisodeAck
+from protocols.channels import ChannelTimeout, RemoteError, RequestClient
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SenderStats:
+    stored: int = 0
+    duplicate: int = 0
+    timeouts: int = 0
+    errors: int = 0
+    connects: int = 0
+    rejected: dict[str, str] = field(default_factory=dict)  # episode id -> replay's reason
+
+
+class EpisodeSender:
+    def __init__(self, address: str | Callable[[], str], *, timeout_s: float = 5.0) -> None:
+        self._resolve = address if callable(address) else (lambda: address)
+        self.timeout_s = timeout_s
+        self._unacked: collections.OrderedDict[str, Episode] = collections.OrderedDict()
+        self._client: RequestClient | None = None
+        self._address = ""
+        self.stats = SenderStats()
+        self.acked: list[str] = []  # ids replay confirmed holding, in ack order
+
+    @property
+    def unacked(self) -> int:
+        return len(self._unacked)
+
+    def submit(self, episode: Episode) -> None:
+        """Take responsibility for an episode until replay acknowledges it."""
+        self._unacked[episode.episode_id] = episode
+
+    def pump(self) -> int:
+        """Offer every unacknowledged episode once, oldest first; stop at the first timeout (replay is
+        down or busy: the rest would time out too). Returns how many were acknowledged."""
+        done = 0
+        for episode_id, episode in list(self._unacked.items()):
+            client = self._connect()
+            if client is None:
+                break
+            try:
+                ack = client.request(episode, timeout_s=self.timeout_s, retries=0)
+            except ChannelTimeout:
+                self.stats.timeouts += 1
+                self._drop_client()  # re-resolve the address next time: replay may have moved
+                break
+            except RemoteError as err:  # replay refused (e.g. storage failure): keep it, try later
+                self.stats.errors += 1
+                log.warning("episode %s: replay answered an error: %s", episode_id, err)
+                break
+            if not isinstance(ack, EpisodeAck) or ack.episode_id != episode_id:
+                self.stats.errors += 1
+                log.warning("episode %s: unexpected answer %r", episode_id, ack)
+                break
+            del self._unacked[episode_id]
+            done += 1
+            if ack.status == "rejected":
+                self.stats.rejected[episode_id] = ack.reason
+                log.error("episode %s rejected by replay: %s", episode_id, ack.reason)
+                continue
+            setattr(self.stats, ack.status, getattr(self.stats, ack.status) + 1)
+            self.acked.append(episode_id)
+        return done
+
+    def flush(self, timeout_s: float) -> bool:
+        """Pump until nothing is unacknowledged or `timeout_s` passes. True when all were acked."""
+        deadline = time.monotonic() + timeout_s
+        while self._unacked and time.monotonic() < deadline:
+            if not self.pump():
+                time.sleep(min(0.05, max(deadline - time.monotonic(), 0)))
+        return not self._unacked
+
+    def _connect(self) -> RequestClient | None:
+        address = self._resolve()
+        if not address:
+            return None
+        if self._client is None or address != self._address:
+            self._drop_client()
+            self._client = RequestClient(address, timeout_s=self.timeout_s, retries=0)
+            self._address = address
+            self.stats.connects += 1
+        return self._client
+
+    def _drop_client(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    def close(self) -> None:
+        self._drop_client()
