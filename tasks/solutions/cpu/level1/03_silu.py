@@ -1,0 +1,36 @@
+import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+cpp_source = r"""
+#include <cmath>
+
+torch::Tensor silu_forward(torch::Tensor x) {
+    x = x.contiguous();
+    auto out = torch::empty_like(x);
+    const float* src = x.data_ptr<float>();
+    float* dst = out.data_ptr<float>();
+    const int64_t n = x.numel();
+    for (int64_t i = 0; i < n; ++i) {
+        const float v = src[i];
+        dst[i] = v / (1.0f + std::exp(-v));
+    }
+    return out;
+}
+"""
+
+silu_ext = load_inline(
+    name="kiln_cpu_l1_silu",
+    cpp_sources=cpp_source,
+    functions=["silu_forward"],
+    verbose=False,
+    extra_cflags=["-O3"],
+)
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        return silu_ext.silu_forward(x)
