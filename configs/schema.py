@@ -64,6 +64,16 @@ class RolloutConfig:
     verify_timeout_s: float = F(600.0, "Seconds to wait for a verifier answer before resending", gt=0.0)
     verify_retries: int = F(1, "Resends before an attempt is marked 'infra' (not a policy failure)", ge=0)
     sglang_urls: List[str] = F([], "URLs of running SGLang servers (or one router) to use instead of launching engines")
+    sglang_launch_module: str = F("sglang.launch_server", "Module run as `python -m` to start one SGLang server per engine when sglang_urls is empty")
+    sglang_tp_size: int = F(1, "Tensor-parallel GPUs per launched SGLang server; actor i gets GPUs [i·tp, (i+1)·tp)", ge=1)
+    sglang_mem_fraction: float = F(0.8, "SGLang --mem-fraction-static: share of GPU memory for weights + KV cache", gt=0.0, le=1.0)
+    sglang_base_port: int = F(30000, "Port of the first launched SGLang server; actor i listens on base + i", ge=1024, le=65535)
+    sglang_start_timeout_s: float = F(600.0, "Seconds a launched SGLang server may take to answer /health", gt=0.0)
+    sglang_extra_args: List[str] = F([], "Further command-line arguments for every launched SGLang server")
+    device: str = F("auto", "Device of the embedded torch engine: 'auto' (cuda when present), 'cpu' or 'cuda[:i]'")
+    seed: int = F(0, "Seed of the engine's sampler (each actor adds its index)", ge=0)
+    task_wait_s: float = F(5.0, "Seconds to wait for the task feed to answer before asking again", gt=0.0)
+    ack_timeout_s: float = F(5.0, "Seconds to wait for replay to acknowledge an episode before resending", gt=0.0)
 
 
 @dataclass

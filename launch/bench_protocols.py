@@ -17,7 +17,7 @@ import time
 import numpy as np
 
 import protocols as P
-from protocols.channels import PullChannel, PushChannel, ReplyServer, RequestClient
+from protocols.channels import PullChannel, PushChannel, ReplyServer, RequestClient, bind_address
 
 MiB = 1 << 20
 
@@ -48,6 +48,19 @@ def _echo_server(transport: str, addr_q, stop_ev) -> None:
     ack = P.EpisodeAck(episode_id="x", status="stored")
     srv.serve(lambda rec: ack if isinstance(rec, P.TrainBatch) else rec, stop_ev, poll_s=0.05)
     srv.close()
+
+
+def _raw_echo(transport: str, addr_q, stop_ev) -> None:
+    """The floor: a bare pyzmq ROUTER echo, no Kiln codec or channel code."""
+    import zmq
+
+    sock = zmq.Context.instance().socket(zmq.ROUTER)
+    sock.bind(bind_address(transport=transport))
+    addr_q.put(sock.getsockopt_string(zmq.LAST_ENDPOINT))
+    while not stop_ev.is_set():
+        if sock.poll(50):
+            sock.send_multipart(sock.recv_multipart())
+    sock.close(0)
 
 
 def _sink(transport: str, addr_q, n: int) -> None:
@@ -112,6 +125,29 @@ def bench_request(rec: P.Record, transport: str, rounds: int) -> list[float]:
     return lat
 
 
+def bench_raw(nbytes: int, transport: str, rounds: int) -> list[float]:
+    import zmq
+
+    ctx = mp.get_context("spawn")
+    q, stop = ctx.Queue(), ctx.Event()
+    proc = ctx.Process(target=_raw_echo, args=(transport, q, stop), daemon=True)
+    proc.start()
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.connect(q.get(timeout=60))
+    payload = b"x" * nbytes
+    lat = []
+    for i in range(rounds + 200):
+        t0 = time.perf_counter()
+        sock.send_multipart([b"id", payload])
+        sock.recv_multipart()
+        if i >= 200:
+            lat.append(time.perf_counter() - t0)
+    stop.set()
+    sock.close(0)
+    proc.join(10)
+    return lat
+
+
 def _timed(fn) -> float:
     t0 = time.perf_counter()
     fn()
@@ -145,6 +181,8 @@ def main(argv=None) -> None:
     rows.append((f"REQ/REP {args.transport} 1 KiB round trip p50 us", f"{_pct(lat, 50) * 1e6:.0f}"))
     rows.append((f"REQ/REP {args.transport} 1 KiB round trip p99 us", f"{_pct(lat, 99) * 1e6:.0f}"))
     rows.append((f"REQ/REP {args.transport} 1 KiB mean us", f"{statistics.fmean(lat) * 1e6:.0f}"))
+    raw = bench_raw(1024, args.transport, args.small_rounds)
+    rows.append((f"floor: bare pyzmq DEALER/ROUTER {args.transport} 1 KiB p50 us", f"{_pct(raw, 50) * 1e6:.0f}"))
     width = max(len(r[0]) for r in rows)
     print(f"{'measure':<{width}}  value")
     for k, v in rows:

@@ -91,10 +91,6 @@ class _Channel:
 
     def _recv_within(self, deadline: float | None):
         """The next multipart message, or None once the monotonic deadline passed."""
-        try:  # fast path under load: a message is already queued, skip the poll
-            return self.sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
-        except zmq.Again:
-            pass
         left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
         return self.sock.recv_multipart(copy=False) if self._poll(left) else None
 

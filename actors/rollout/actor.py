@@ -1,0 +1,186 @@
+"""`RolloutActor` (DESIGN.md §2, §5): asks the task feed for work, runs each task group through the
+multi-turn episode loop on its engine, and sends the `Episode` records to replay, keeping each until
+replay acknowledges it.
+
+Robustness: an engine that crashes is restarted, fetches the current weights (`weights()`) before it
+serves, and the requests that were in flight are run again; an episode is never dropped before its
+ack (`EpisodeSender`), so a replay restart loses nothing. Weight updates go to the engine, which
+applies them between decode steps (policy `rollout.on_weight_update`) so every token's version is
+exact. Runs in-process and as a Ray actor (`as_ray_actor(RolloutActor)`).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable, Iterable
+
+import torch
+
+from actors.base import Actor
+from actors.buffer.sender import EpisodeSender
+from actors.rollout.engine import Engine, EngineError, GenerateRequest, Generation, SamplingParams
+from actors.rollout.engines import make_engine
+from actors.rollout.episodes import GroupRunner, Verifier
+from actors.rollout.tokenizer import load_tokenizer
+from configs import ModelConfig, RolloutConfig
+from protocols import TaskReply, TaskRequest
+from protocols.channels import ChannelTimeout, RemoteError, RequestClient
+
+log = logging.getLogger(__name__)
+
+ENGINE_RESTARTS_PER_CALL = 3
+# Where the current weights are: (version, HF checkpoint directory), or None to serve the initial ones.
+WeightSource = Callable[[], "tuple[int, str] | None"]
+
+
+class RolloutActor(Actor):
+    role = "rollout"
+
+    def __init__(self, rollout: RolloutConfig, model: ModelConfig, *, replay: str | Callable[[], str],
+                 verifier: str, actor_id: str = "rollout-0", index: int = 0,
+                 weights: WeightSource | None = None) -> None:
+        super().__init__()
+        self.cfg, self.model_cfg = rollout, model
+        self.actor_id, self.index = actor_id, index
+        self.weights = weights
+        self._replay = replay if callable(replay) else (lambda: replay)
+        self.tokenizer = load_tokenizer(model)
+        eos = getattr(self.tokenizer, "eos_token_id", None)
+        self.eos = [] if eos is None else [int(eos)]
+        self.params = SamplingParams(temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k,
+                                     max_new_tokens=rollout.max_new_tokens)
+        self.verifier = Verifier(verifier, timeout_s=rollout.verify_timeout_s, retries=rollout.verify_retries)
+        self.sender = EpisodeSender(self._replay, timeout_s=rollout.ack_timeout_s)
+        self.engine: Engine | None = None
+        self.stats = {"groups": 0, "episodes": 0, "engine_restarts": 0, "waits": 0, "feed_timeouts": 0,
+                      "group_errors": 0}
+        self._feed: RequestClient | None = None
+        self._feed_address = ""
+        self._finished = False
+
+    # ------------------------------------------------------------------------------ lifecycle
+
+    def start(self) -> dict[str, str]:
+        self.engine = self._start_engine()
+        self.spawn(self._loop, "episodes")
+        return {}
+
+    def stop(self) -> None:
+        # Close the engine first: a generation in flight fails at once instead of holding the join.
+        # A group cut short was never emitted; replay re-issues its task once the group expires.
+        self._stop.set()
+        if self.engine is not None:
+            self.engine.close()
+        super().stop()
+        for close in (self.verifier.close, self.sender.close, self._drop_feed):
+            close()
+
+    def health(self) -> dict:
+        engine = self.engine.health() if self.engine is not None else {"alive": False}
+        looping = any(t.is_alive() for t in self._threads)
+        return {**super().health(), **self.stats, "actor_id": self.actor_id, "finished": self._finished,
+                "looping": looping,
+                "unacked": self.sender.unacked, "acked": len(self.sender.acked),
+                "verify_infra": self.verifier.stats["infra"], "engine": engine}
+
+    def acked_episode_ids(self) -> list[str]:
+        return list(self.sender.acked)
+
+    # ------------------------------------------------------------------------------ weights
+
+    def update_weights_from_tensors(self, tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        self.engine.update_weights_from_tensors(tensors, version)
+
+    def update_weights_from_disk(self, path: str, version: int) -> None:
+        self.engine.update_weights_from_disk(path, version)
+
+    def weight_version(self) -> int:
+        return self.engine.weight_version
+
+    # ------------------------------------------------------------------------------ engine
+
+    def _start_engine(self) -> Engine:
+        engine = make_engine(self.cfg, self.model_cfg, index=self.index, eos_token_ids=self.eos)
+        current = self.weights() if self.weights is not None else None
+        if current is not None:  # a late or restarted engine loads the current weights before serving
+            version, path = current
+            engine.update_weights_from_disk(path, version)
+        return engine
+
+    def generate(self, requests: list[GenerateRequest]) -> list[Generation]:
+        """Generate on the engine; a crashed engine is restarted and the requests run again."""
+        for attempt in range(ENGINE_RESTARTS_PER_CALL + 1):
+            try:
+                return self.engine.generate(requests)
+            except EngineError as err:
+                if self.stopping or attempt == ENGINE_RESTARTS_PER_CALL:
+                    raise
+                log.error("%s: engine failed (%s); restarting it", self.actor_id, err)
+                self.stats["engine_restarts"] += 1
+                try:
+                    self.engine.close()
+                except Exception:
+                    log.exception("%s: closing the failed engine", self.actor_id)
+                self.engine = self._start_engine()
+        raise AssertionError("unreachable")
+
+    # ------------------------------------------------------------------------------ episodes
+
+    def _loop(self) -> None:
+        runner = GroupRunner(actor_id=self.actor_id, generate=self.generate, verifier=self.verifier,
+                             tokenizer=self.tokenizer, params=self.params, max_turns=self.cfg.max_turns,
+                             max_seq_len=self.model_cfg.max_seq_len)
+        while not self.stopping:
+            reply = self._ask_for_task()
+            if reply is None or reply.status == "wait":
+                self.stats["waits"] += 1
+                self.sender.pump()
+                self._stop.wait(reply.retry_after_s if reply else 0.2)
+                continue
+            if reply.status == "stop":
+                break
+            try:
+                episodes = runner.run(reply)
+            except Exception:
+                if self.stopping:
+                    return
+                # Nothing of this group was emitted; replay re-issues its task when the group expires.
+                log.exception("%s: group %s failed", self.actor_id, reply.group_id)
+                self.stats["group_errors"] += 1
+                self._stop.wait(1.0)
+                continue
+            for episode in episodes:
+                self.sender.submit(episode)
+            self.stats["groups"] += 1
+            self.stats["episodes"] += len(episodes)
+            self.sender.pump()
+        while not self.stopping and not self.sender.flush(timeout_s=1.0):
+            pass
+        self._finished = True
+
+    def _ask_for_task(self) -> TaskReply | None:
+        address = self._replay()
+        if not address:
+            return None
+        if self._feed is None or address != self._feed_address:
+            self._drop_feed()
+            self._feed = RequestClient(address, timeout_s=self.cfg.task_wait_s, retries=0)
+            self._feed_address = address
+        try:
+            reply = self._feed.request(TaskRequest(actor_id=self.actor_id))
+        except ChannelTimeout:
+            self.stats["feed_timeouts"] += 1
+            self._drop_feed()  # replay may be restarting on a new address
+            return None
+        except RemoteError as err:
+            log.warning("%s: task feed refused: %s", self.actor_id, err)
+            return None
+        if not isinstance(reply, TaskReply):
+            log.warning("%s: task feed answered %s", self.actor_id, type(reply).__name__)
+            return None
+        return reply
+
+    def _drop_feed(self) -> None:
+        if self._feed is not None:
+            self._feed.close()
+            self._feed = None

@@ -1,0 +1,48 @@
+"""Build the HF transformers causal LM that the embedded engine serves (and tests score against).
+
+From a local checkpoint directory (`model.path`) or, when there is none, from the `model` section's
+size fields with a seeded random init: tiny models for CPU tests, a ~0.3B Qwen3 for the GPU
+benchmark. Never touches the hub: the machines have no internet.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from configs import ModelConfig
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def hf_config(cfg: ModelConfig):
+    """The transformers config for a random-init model of `cfg.arch` with `cfg`'s sizes."""
+    from transformers import AutoConfig
+
+    if cfg.num_heads % cfg.num_kv_heads:
+        raise ValueError(f"num_kv_heads {cfg.num_kv_heads} must divide num_heads {cfg.num_heads}")
+    return AutoConfig.for_model(
+        cfg.arch,
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.hidden_size,
+        num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_kv_heads,
+        head_dim=cfg.hidden_size // cfg.num_heads,
+        intermediate_size=cfg.intermediate_size,
+        max_position_embeddings=cfg.max_seq_len,
+        tie_word_embeddings=True,
+    )
+
+
+def build_model(cfg: ModelConfig, device: str | torch.device = "cpu") -> torch.nn.Module:
+    """The model in eval mode on `device`, in `cfg.dtype`, with sdpa attention."""
+    from transformers import AutoModelForCausalLM
+
+    dtype = DTYPES[cfg.dtype]
+    if cfg.path:
+        model = AutoModelForCausalLM.from_pretrained(cfg.path, dtype=dtype, attn_implementation="sdpa",
+                                                     local_files_only=True)
+    else:
+        torch.manual_seed(cfg.seed)
+        model = AutoModelForCausalLM.from_config(hf_config(cfg), dtype=dtype, attn_implementation="sdpa")
+    return model.to(device).eval()

@@ -1,0 +1,453 @@
+"""The embedded `torch` engine (DESIGN.md §5): an HF transformers causal LM served with a static KV
+cache, batched decoding and continuous batching, on CPU or GPU.
+
+One scheduler thread owns the model. `generate()` from any thread queues requests and waits; the
+scheduler admits queued requests into free batch slots, decodes one token for every row per step,
+and finishes rows at a stop token or a length limit (flagged "length", i.e. truncated).
+
+Continuous batching by re-prefill: when rows finish while requests wait, or new weights land, the
+scheduler rebuilds the batch (the still-running rows' prompt + generated tokens, left-padded) into a
+fresh static cache. A rebuild costs one prefill; in exchange every row of a batch shares one cache
+column per step, which is what HF's StaticCache supports and what keeps the decode step's shapes
+fixed. Logprobs already emitted are never recomputed, so each token keeps the exact logprob and
+weight version it was sampled with.
+
+Weight updates run on the scheduler thread between two decode steps, so a token's version is exact.
+Policy "abort": apply at the next step boundary; running rows are re-prefilled on the new weights
+and continue (abort-and-resume). Policy "finish": new requests wait until the running ones finish on
+the old weights, then the update applies.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable
+
+import numpy as np
+import torch
+
+from actors.rollout.decode_step import DecodeStep
+from actors.rollout.engine import Engine, EngineError, GenerateRequest, Generation, RequestError
+from actors.rollout.model import build_model
+from actors.rollout.sampling import sample, token_logprobs
+from configs import ModelConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Row:
+    req: GenerateRequest
+    future: Future
+    start: float = field(default_factory=time.monotonic)
+    out: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    finish: str | None = None
+    stops: frozenset[int] = frozenset()
+
+
+@dataclass
+class _Batch:
+    """The decode state of the rows currently in the static cache."""
+
+    rows: list[_Row]
+    cache: object  # the static KV cache; None once stale (new weights, or rows to refill)
+    step: DecodeStep
+    logits: torch.Tensor  # [B, V] logits predicting each row's next token
+    temperature: torch.Tensor
+    top_p: torch.Tensor
+    top_k: torch.Tensor
+
+
+class TorchEngine(Engine):
+    def __init__(self, model_cfg: ModelConfig, *, max_batch: int = 8, device: str = "cpu",
+                 eos_token_ids: Iterable[int] = (), on_weight_update: str = "finish", seed: int = 0,
+                 version: int = 0, cuda_graphs: bool = True) -> None:
+        if on_weight_update not in ("finish", "abort"):
+            raise ValueError(f"on_weight_update must be 'finish' or 'abort', got {on_weight_update!r}")
+        self.model_cfg = model_cfg
+        self.max_batch = max_batch
+        self.device = torch.device(device)
+        self.eos = frozenset(eos_token_ids)
+        self.policy = on_weight_update
+        self.cuda_graphs = cuda_graphs  # capture the decode step on GPU (ignored on CPU)
+        self.model = build_model(model_cfg, self.device)
+        # A checkpoint's own config decides its vocabulary and longest context.
+        self.vocab_size = self.model.config.vocab_size
+        self.max_seq_len = min(model_cfg.max_seq_len, self.model.config.max_position_embeddings)
+        self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        self._version = version
+        self._cv = threading.Condition()
+        self._queue: collections.deque[_Row] = collections.deque()
+        self._updates: collections.deque[tuple[Callable[[], None], int | None, Future]] = collections.deque()
+        self._aborts: set[str] = set()
+        self._abort_all = False
+        self._paused = False
+        self._released = False
+        self._closed = False
+        self._batch: _Batch | None = None
+        self._groups: dict[str, object] = {}  # weight-broadcast groups joined, by name
+        self.stats = {"requests": 0, "tokens": 0, "rebuilds": 0, "steps": 0, "graph_steps": 0, "updates": 0,
+                      "aborted": 0}
+        self.step_hook: Callable[[int], None] | None = None  # tests: called after each decode step
+        self._thread = threading.Thread(target=self._run, name="kiln-torch-engine", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------------------ interface
+
+    def generate(self, requests: list[GenerateRequest]) -> list[Generation]:
+        rows = [self._row(r) for r in requests]
+        with self._cv:
+            if self._closed:
+                raise EngineError("engine is closed")
+            self._queue.extend(rows)
+            self.stats["requests"] += len(rows)
+            self._cv.notify_all()
+        return [row.future.result() for row in rows]
+
+    def abort(self, request_ids: Iterable[str] | None = None) -> None:
+        with self._cv:
+            if request_ids is None:
+                self._abort_all = True
+            else:
+                self._aborts.update(request_ids)
+            self._cv.notify_all()
+
+    def pause(self) -> None:
+        with self._cv:
+            self._paused = True
+
+    def resume(self) -> None:
+        with self._cv:
+            self._paused = False
+            self._cv.notify_all()
+
+    def release_memory(self) -> None:
+        self._apply_on_scheduler(self._release, None)
+
+    def resume_memory(self) -> None:
+        self._apply_on_scheduler(self._reacquire, None)
+
+    def update_weights_from_tensors(self, tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        named = list(tensors)  # materialise on the caller's thread (it may stream from a socket)
+        self._apply_on_scheduler(lambda: self._load(named), version)
+
+    def update_weights_from_disk(self, path: str, version: int) -> None:
+        from safetensors.torch import load_file
+
+        files = sorted(Path(path).glob("*.safetensors"))
+        if not files:
+            raise EngineError(f"no *.safetensors in {path}")
+        named = [item for f in files for item in load_file(str(f)).items()]
+        self._apply_on_scheduler(lambda: self._load(named), version)
+
+    def init_weights_update_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
+                                  group_name: str = "weight_update_group", backend: str = "nccl") -> None:
+        from actors.rollout.weight_group import WeightReceiver
+
+        try:
+            self._groups[group_name] = WeightReceiver(master_address, master_port, rank_offset, world_size,
+                                                      group_name=group_name, backend=backend, device=self.device)
+        except (RuntimeError, ValueError) as err:
+            raise EngineError(f"joining weight group {group_name!r} failed: {err}") from None
+
+    def update_weights_from_distributed(self, names: list[str], dtypes: list[str], shapes: list[list[int]],
+                                        version: int, group_name: str = "weight_update_group") -> None:
+        receiver = self._groups.get(group_name)
+        if receiver is None:
+            raise RequestError(f"no weight group {group_name!r}: call init_weights_update_group first")
+        try:  # receive on the caller's thread: the learner's broadcast never waits for a step boundary
+            named = receiver.receive(names, dtypes, shapes)
+        except (RuntimeError, ValueError) as err:
+            raise EngineError(f"receiving weights for version {version} failed: {err}") from None
+        self._apply_on_scheduler(lambda: self._load(named), version)
+
+    @property
+    def weight_version(self) -> int:
+        return self._version
+
+    def health(self) -> dict:
+        with self._cv:
+            running = len(self._batch.rows) if self._batch else 0
+            return {"alive": self._thread.is_alive() and not self._closed, "version": self._version,
+                    "queued": len(self._queue), "running": running, "paused": self._paused,
+                    "released": self._released, **self.stats}
+
+    def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+        self._thread.join(timeout=30)
+
+    # ------------------------------------------------------------------------------ scheduler
+
+    def _row(self, req: GenerateRequest) -> _Row:
+        if not req.prompt_ids:
+            raise RequestError(f"request {req.request_id}: empty prompt")
+        bad = [t for t in req.prompt_ids + (req.forced_response or []) if not 0 <= t < self.vocab_size]
+        if bad:
+            raise RequestError(f"request {req.request_id}: token ids out of vocabulary: {bad[:5]}")
+        if len(req.prompt_ids) >= self.max_seq_len:
+            raise RequestError(f"request {req.request_id}: prompt of {len(req.prompt_ids)} tokens "
+                              f">= max_seq_len {self.max_seq_len}")
+        stops = frozenset(req.params.stop_token_ids) | (frozenset() if req.params.ignore_eos else self.eos)
+        return _Row(req=req, future=Future(), stops=stops)
+
+    def _apply_on_scheduler(self, fn: Callable[[], None], version: int | None) -> None:
+        """Run `fn` on the scheduler thread between decode steps; `version` (None: unchanged) is served
+        from then on."""
+        done: Future = Future()
+        with self._cv:
+            if self._closed:
+                raise EngineError("engine is closed")
+            self._updates.append((fn, version, done))
+            self._cv.notify_all()
+        done.result()
+
+    def _run(self) -> None:
+        try:
+            while self._cycle():
+                pass
+        except Exception as err:  # the engine is dead: fail everything waiting so callers restart it
+            log.exception("torch engine crashed")
+            with self._cv:
+                self._closed = True
+                pending = [r.future for r in self._queue] + [u[2] for u in self._updates]
+                pending += [r.future for r in (self._batch.rows if self._batch else []) if not r.future.done()]
+            for fut in pending:
+                if not fut.done():
+                    fut.set_exception(EngineError(f"engine crashed: {err!r}"))
+
+    def _cycle(self) -> bool:
+        """One scheduling decision and at most one decode step. False once closed."""
+        with self._cv:
+            while not self._closed and not self._ready():
+                self._cv.wait(timeout=0.5)
+            if self._closed:
+                self._fail_all(EngineError("engine is closed"))
+                return False
+            update = self._updates.popleft() if self._update_due() else None
+            admitted = self._admit() if not (self._updates and self.policy == "finish") else []
+            self._take_aborts()
+            held = self._paused or self._released
+        if update is not None:
+            self._run_update(*update)
+            return True
+        self._finish_aborted()
+        if held:  # aborts are answered while paused; decoding waits for resume()
+            return True
+        forced = [r for r in admitted if r.req.forced_response is not None]
+        if forced:
+            self._score_forced(forced)
+        sampled = [r for r in admitted if r.req.forced_response is None]
+        if sampled or (self._batch and self._batch_needs_rebuild()):
+            self._rebuild(sampled)
+        if self._batch is not None:
+            self._step()
+        return True
+
+    def _ready(self) -> bool:
+        if (self._updates and self._update_due()) or self._abort_all or self._aborts:
+            return True
+        if self._paused or self._released:
+            return False
+        running = self._batch is not None and any(r.finish is None for r in self._batch.rows)
+        return running or bool(self._queue) or self._abort_all or bool(self._aborts)
+
+    def _update_due(self) -> bool:
+        if not self._updates:
+            return False
+        running = self._batch is not None and any(r.finish is None for r in self._batch.rows)
+        return self.policy == "abort" or not running
+
+    def _admit(self) -> list[_Row]:
+        live = [r for r in self._batch.rows if r.finish is None] if self._batch else []
+        free = self.max_batch - len(live)
+        if free <= 0 or not self._queue or self._paused or self._released:
+            return []
+        return [self._queue.popleft() for _ in range(min(free, len(self._queue)))]
+
+    def _take_aborts(self) -> None:
+        rows = list(self._batch.rows) if self._batch else []
+        for row in rows:
+            if row.finish is None and (self._abort_all or row.req.request_id in self._aborts):
+                row.finish = "abort"
+        for row in list(self._queue):
+            if self._abort_all or row.req.request_id in self._aborts:
+                self._queue.remove(row)
+                row.finish = "abort"
+                self._resolve(row)
+        self._aborts.clear()
+        self._abort_all = False
+
+    def _finish_aborted(self) -> None:
+        for row in self._batch.rows if self._batch else []:
+            if row.finish == "abort" and not row.future.done():
+                self.stats["aborted"] += 1
+                self._resolve(row)
+        if self._batch and all(r.finish for r in self._batch.rows):
+            self._batch = None
+
+    def _batch_needs_rebuild(self) -> bool:
+        return self._batch is not None and self._batch.cache is None
+
+    def _run_update(self, fn: Callable[[], None], version: int | None, done: Future) -> None:
+        try:
+            fn()
+        except Exception as err:  # a bad update is the caller's error; the old weights keep serving
+            done.set_exception(EngineError(f"weight update to version {version} failed: {err}"))
+            return
+        if version is not None:
+            self._version = version
+            self.stats["updates"] += 1
+        if self._batch is not None:
+            self._batch.cache = None  # the cached keys/values belong to the old weights
+        done.set_result(None)
+
+    def _fail_all(self, err: Exception) -> None:
+        for row in list(self._queue) + (self._batch.rows if self._batch else []):
+            if not row.future.done():
+                row.future.set_exception(err)
+        for _, _, fut in self._updates:
+            fut.set_exception(err)
+
+    # ---------------------------------------------------------------------------------- model
+
+    @torch.no_grad()
+    def _load(self, named: list[tuple[str, torch.Tensor]]) -> None:
+        params = self.model.state_dict()
+        unknown = [n for n, _ in named if n not in params]
+        if unknown:
+            raise KeyError(f"unknown parameter names {unknown[:3]}")
+        for name, tensor in named:
+            if tuple(tensor.shape) != tuple(params[name].shape):
+                raise ValueError(f"{name}: shape {tuple(tensor.shape)} != {tuple(params[name].shape)}")
+        for name, tensor in named:
+            params[name].copy_(tensor)
+
+    def _release(self) -> None:
+        if self._batch is not None:
+            self._batch.cache = None
+        if self.device.type == "cuda":
+            self.model.to("cpu")
+            torch.cuda.empty_cache()
+        self._released = True
+
+    def _reacquire(self) -> None:
+        self.model.to(self.device)
+        self._released = False
+
+    @torch.no_grad()
+    def _score_forced(self, rows: list[_Row]) -> None:
+        """Forced-response mode: one full forward per row gives the logprobs of the given tokens."""
+        for row in rows:
+            resp = row.req.forced_response
+            ids = torch.tensor([row.req.prompt_ids + resp], device=self.device)
+            logits = self.model(input_ids=ids).logits[0, len(row.req.prompt_ids) - 1:-1]
+            lp = token_logprobs(logits, torch.tensor(resp, device=self.device), row.req.params.temperature)
+            row.out, row.logprobs = list(resp), lp.tolist()
+            row.versions = [self._version] * len(resp)
+            row.finish = "length" if len(resp) >= row.req.params.max_new_tokens else "stop"
+            self._resolve(row)
+
+    @torch.no_grad()
+    def _rebuild(self, admitted: list[_Row]) -> None:
+        """Prefill the running rows' contexts plus the admitted rows into a fresh static cache."""
+        from transformers import StaticCache
+
+        rows = [r for r in (self._batch.rows if self._batch else []) if r.finish is None] + admitted
+        rows = [r for r in rows if not self._finish_if_full(r)]
+        if not rows:
+            self._batch = None
+            return
+        contexts = [r.req.prompt_ids + r.out for r in rows]
+        width = max(len(c) for c in contexts)
+        budget = max(self._budget(r) for r in rows)
+        B, dev = len(rows), self.device
+        ids = torch.zeros(B, width, dtype=torch.long)
+        mask = torch.zeros(B, width + budget, dtype=torch.long)
+        for i, ctx in enumerate(contexts):
+            ids[i, width - len(ctx):] = torch.tensor(ctx)
+            mask[i, width - len(ctx):width] = 1
+        ids, mask = ids.to(dev), mask.to(dev)
+        positions = (mask[:, :width].cumsum(-1) - 1).clamp(min=0)
+        cache = StaticCache(config=self.model.config, max_cache_len=width + budget)
+        # Left padding puts every row's last prompt token in the last column: keep only its logits.
+        out = self.model(input_ids=ids, attention_mask=mask[:, :width], position_ids=positions,
+                         past_key_values=cache, cache_position=torch.arange(width, device=dev), use_cache=True,
+                         logits_to_keep=1)
+        params = [r.req.params for r in rows]
+        step = DecodeStep(self.model, cache, mask, positions[:, -1:] + 1, width, cuda_graph=self.cuda_graphs)
+        self._batch = _Batch(
+            rows=rows, cache=cache, step=step, logits=out.logits[:, -1],
+            temperature=torch.tensor([p.temperature for p in params], device=dev),
+            top_p=torch.tensor([p.top_p for p in params], device=dev),
+            top_k=torch.tensor([p.top_k for p in params], device=dev),
+        )
+        self.stats["rebuilds"] += 1
+
+    def _budget(self, row: _Row) -> int:
+        context = len(row.req.prompt_ids) + len(row.out)
+        return min(row.req.params.max_new_tokens - len(row.out), self.max_seq_len - context)
+
+    def _finish_if_full(self, row: _Row) -> bool:
+        if self._budget(row) > 0:
+            return False
+        row.finish = "length"
+        self._resolve(row)
+        return True
+
+    @torch.no_grad()
+    def _step(self) -> None:
+        b = self._batch
+        tokens, logprobs = sample(b.logits, b.temperature, b.top_p, b.top_k, self.generator)
+        token_list, lp_list = tokens.tolist(), logprobs.tolist()
+        finished_any = False
+        for row, tok, lp in zip(b.rows, token_list, lp_list):
+            if row.finish is not None:
+                continue
+            row.out.append(tok)
+            row.logprobs.append(lp)
+            row.versions.append(self._version)
+            self.stats["tokens"] += 1
+            if tok in row.stops:
+                row.finish = "stop"
+            elif self._budget(row) <= 0:
+                row.finish = "length"
+            if row.finish:
+                finished_any = True
+                self._resolve(row)
+        self.stats["steps"] += 1
+        if all(r.finish for r in b.rows):
+            self._batch = None
+        elif finished_any and self._queue:
+            b.cache = None  # refill the free slots: rebuild on the next cycle
+        else:
+            self._decode(tokens)
+        if self.step_hook is not None:
+            self.step_hook(self.stats["steps"])
+
+    def _decode(self, tokens: torch.Tensor) -> None:
+        step = self._batch.step
+        self._batch.logits = step(tokens)
+        self.stats["graph_steps"] += step.graph is not None
+
+    def _resolve(self, row: _Row) -> None:
+        if row.future.done():
+            return
+        row.future.set_result(Generation(
+            request_id=row.req.request_id,
+            output_ids=np.asarray(row.out, dtype=np.int64),
+            logprobs=np.asarray(row.logprobs, dtype=np.float32),
+            versions=np.asarray(row.versions, dtype=np.int64),
+            finish_reason=row.finish or "abort",
+            prompt_tokens=len(row.req.prompt_ids),
+            seconds=time.monotonic() - row.start,
+        ))

@@ -1,0 +1,166 @@
+"""`VerifierActor`: serves VerifyRequest -> VerifyResult over a ZMQ ROUTER (DESIGN.md §2, §4).
+
+It wraps the reward actor named by `verifier.reward_actor` (the kernel verifier by default), loaded
+when the actor is constructed so a bad dotted path fails at start-up with a clear message.
+
+Concurrency: one thread owns the ROUTER socket (zmq sockets are not thread-safe). It receives
+requests into a queue that `max_inflight` worker threads drain, and it sends the replies those
+workers put into an outbox, in whatever order they finish (ROUTER replies go to the right peer
+whatever the order). With the kernel verifier, compiles of later requests (a CPU process pool) thus
+overlap the execution of earlier ones, and the GPU never waits on nvcc. A request resent by a
+client while still in flight is not verified twice.
+
+Guard: each verify() runs on its own thread under `verify_timeout_s`. An exception, a hang, or a
+return value that is not a valid VerifyResult for that request becomes an `infra` result (score 0;
+replay excludes infra results from training), and the actor keeps serving.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import queue
+import threading
+from concurrent.futures import Future
+
+from actors.base import Actor
+from actors.verifier.interface import infra_result, load_reward_actor
+from configs import VerifierConfig
+from protocols import ErrorReply, ProtocolError, VerifyRequest, VerifyResult, encode
+from protocols.channels import ReplyServer, Request
+
+log = logging.getLogger(__name__)
+
+
+class VerifierActor(Actor):
+    role = "verifier"
+
+    def __init__(self, cfg: VerifierConfig, *, host: str = "127.0.0.1", transport: str = "tcp",
+                 advertise: str | None = None) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.reward_cls = load_reward_actor(cfg.reward_actor)
+        self.host, self.transport, self.advertise = host, transport, advertise
+        self.timeout_s = cfg.verify_timeout_s or (cfg.compile_timeout_s + cfg.run_timeout_s + 120.0)
+        self.impl = None
+        self.server: ReplyServer | None = None
+        self._work: queue.Queue = queue.Queue()
+        self._outbox: queue.Queue = queue.Queue()
+        self._inflight: set[tuple[bytes, bytes]] = set()
+        self.stats = {"received": 0, "replied": 0, "infra": 0, "hung": 0, "rejected": 0}
+        self._stats_lock = threading.Lock()
+
+    # ------------------------------------------------------------------------------ lifecycle
+
+    def start(self) -> dict[str, str]:
+        self.impl = self.reward_cls(self.cfg)
+        warm = getattr(self.impl, "warm", None)
+        if callable(warm):
+            self.spawn(warm, "warm")
+        self.server = ReplyServer(self.host, self.transport, self.advertise)
+        self.spawn(self._serve_socket, "router")
+        for i in range(self.cfg.max_inflight):
+            self.spawn(self._worker, f"worker{i}")
+        return {"verifier": self.server.address}
+
+    def stop(self) -> None:
+        super().stop()
+        if self.server is not None:
+            self.server.close()
+        close = getattr(self.impl, "close", None)
+        if callable(close):
+            try:
+                close()
+            except Exception:
+                log.exception("verifier: reward actor close() failed")
+
+    def health(self) -> dict:
+        with self._stats_lock:
+            stats = dict(self.stats)
+        return {**super().health(), **stats, "queued": self._work.qsize(), "inflight": len(self._inflight),
+                "reward_actor": f"{self.reward_cls.__module__}.{self.reward_cls.__qualname__}"}
+
+    # --------------------------------------------------------------------------------- serving
+
+    def _serve_socket(self) -> None:
+        while not self.stopping:
+            req = self.server.recv(timeout_s=0.005)
+            if req is not None:
+                self._accept(req)
+            while True:
+                try:
+                    done, answer = self._outbox.get_nowait()
+                except queue.Empty:
+                    break
+                self.server.reply(done, answer)
+                self._inflight.discard((done.peer, done.corr))
+                self._count("replied")
+
+    def _accept(self, req: Request) -> None:
+        if not isinstance(req.record, VerifyRequest):
+            self._count("rejected")
+            self.server.reply(req, ErrorReply(message=f"the verifier answers VerifyRequest, not "
+                                                      f"{type(req.record).__name__}"))
+            return
+        key = (req.peer, req.corr)
+        if key in self._inflight:  # a client resent a request we are still working on
+            return
+        self._inflight.add(key)
+        self._count("received")
+        self._work.put(req)
+
+    def _worker(self) -> None:
+        while not self.stopping:
+            try:
+                req = self._work.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            self._outbox.put((req, self.verify(req.record)))
+
+    def verify(self, request: VerifyRequest) -> VerifyResult:
+        """Run the reward actor on one request under the guard (also callable directly / via Ray)."""
+        done: Future = Future()
+
+        def call() -> None:
+            try:
+                done.set_result(self.impl.verify(request))
+            except BaseException as err:  # noqa: BLE001 - any failure of a plug-in becomes infra
+                done.set_exception(err)
+
+        threading.Thread(target=call, name="kiln-verifier-call", daemon=True).start()
+        try:
+            result = done.result(timeout=self.timeout_s)
+        except TimeoutError:
+            self._count("hung")
+            return self._infra(request, f"the reward actor did not answer within {self.timeout_s:g} s")
+        except BaseException as err:  # noqa: BLE001
+            log.exception("verifier: reward actor raised on %s", request.request_id)
+            return self._infra(request, f"the reward actor raised {type(err).__name__}: {err}")
+        problem = validate_result(result, request)
+        if problem:
+            return self._infra(request, f"the reward actor returned an invalid result: {problem}")
+        return result
+
+    def _infra(self, request: VerifyRequest, message: str) -> VerifyResult:
+        self._count("infra")
+        return infra_result(request, message)
+
+    def _count(self, key: str) -> None:
+        with self._stats_lock:
+            self.stats[key] += 1
+
+
+def validate_result(result, request: VerifyRequest) -> str:
+    """'' when `result` is a valid VerifyResult answering `request`, else what is wrong with it."""
+    if not isinstance(result, VerifyResult):
+        return f"expected a VerifyResult, got {type(result).__name__}"
+    try:
+        encode(result)  # every field's type and the record's own cross-field rules
+    except ProtocolError as err:
+        return str(err)
+    if result.request_id != request.request_id or result.task_id != request.task.task_id:
+        return (f"it answers request {result.request_id!r} / task {result.task_id!r}, not "
+                f"{request.request_id!r} / {request.task.task_id!r}")
+    if not math.isfinite(result.score):
+        return f"score {result.score} is not a finite number"
+    return ""

@@ -1,0 +1,208 @@
+"""Compile-time benchmark: `python -m actors.verifier.build.bench [--backend cpu|cuda]`.
+
+Compiles a fixed mix of the shipped solutions (tasks/solutions/<backend>/), each made distinct by
+a unique comment appended to its cpp_sources (so nothing hits a cache), one candidate at a time,
+and prints p50/p90 per-candidate compile time and where the time goes, for
+  lean        BuildService, lean prelude + PCH (cold: kernel and binding TUs both compiled)
+  lean-warm   the same with a fresh comment again: kernel cold, binding from cache (the common case
+              in RL, where many samples of one task share the bound signatures)
+  full        BuildService with prelude_policy="full" (load_inline's headers, precompiled)
+  load_inline torch's own load_inline in a fresh process per candidate (fresh build dir), the baseline
+Precompiled headers are built first and reported separately: they are built once per toolchain
+and machine. `--budget-s` bounds the whole run (modes stop early and say how many they measured).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[3]
+
+# Prepended to each candidate: appends a unique comment to cpp_sources of every load_inline call,
+# so each run of each candidate is a cold compile for both Kiln and torch's own builder.
+UNIQUE_PREFIX = """
+import torch.utils.cpp_extension as _kiln_bench_ce
+_kiln_bench_orig = _kiln_bench_ce.load_inline
+def _kiln_bench_unique(name, cpp_sources, *args, **kwargs):
+    cpp = [cpp_sources] if isinstance(cpp_sources, str) else list(cpp_sources)
+    return _kiln_bench_orig(name, cpp + ["// kiln-bench {nonce}"], *args, **kwargs)
+_kiln_bench_ce.load_inline = _kiln_bench_unique
+"""
+
+BASELINE_CHILD = """
+import os, sys, time
+import torch
+src = open(sys.argv[1]).read()
+t0 = time.monotonic()
+exec(compile(src, "candidate.py", "exec"), {"__name__": "candidate"})
+print("KILN_BENCH_SECONDS", time.monotonic() - t0)
+"""
+
+
+def pick_candidates(backend: str, n: int) -> list[Path]:
+    files = sorted((REPO / "tasks" / "solutions" / backend).glob("level*/*.py"))
+    if not files:
+        raise SystemExit(f"no solutions under tasks/solutions/{backend}")
+    if n >= len(files):
+        return files
+    step = len(files) / n
+    return [files[int(i * step)] for i in range(n)]
+
+
+def unique_source(path: Path) -> str:
+    return UNIQUE_PREFIX.format(nonce=uuid.uuid4().hex) + path.read_text()
+
+
+def percentile(xs: list[float], q: float) -> float:
+    if not xs:
+        return float("nan")
+    xs = sorted(xs)
+    k = (len(xs) - 1) * q
+    lo, hi = int(k), min(int(k) + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def run_service_mode(label, files, backend, policy, pch_dir, deadline, passes=1):
+    """Returns {label: rows} for `passes` passes over `files` with one service and one cache."""
+    from actors.verifier.build import BuildService
+
+    out = {}
+    with tempfile.TemporaryDirectory(prefix="kiln-bench-") as cache:
+        svc = BuildService(Path(cache), backend, workers=1, timeout_s=600, prelude_policy=policy,
+                           pch="use", pch_dir=pch_dir)
+        try:
+            for p in range(passes):
+                rows = []
+                for f in files:
+                    if time.monotonic() > deadline:
+                        break
+                    r = svc.submit(unique_source(f)).result()
+                    rows.append({"file": str(f.relative_to(REPO)), "ok": r.ok, "seconds": r.seconds,
+                                 "phases": r.phases, "preludes": list(r.preludes.values()),
+                                 "error": r.error[:300]})
+                    print(f"  {label if p == 0 else label + '-warm':<11} {f.parent.name}/{f.name:<32} "
+                          f"{r.seconds:6.1f}s ok={r.ok} {','.join(r.preludes.values())}", flush=True)
+                out[label if p == 0 else f"{label}-warm"] = rows
+        finally:
+            svc.close()
+    return out
+
+
+def run_baseline(files, deadline):
+    rows = []
+    for f in files:
+        if time.monotonic() > deadline:
+            break
+        with tempfile.TemporaryDirectory(prefix="kiln-bench-li-") as d:
+            src = Path(d) / "candidate.py"
+            src.write_text(unique_source(f))
+            env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(Path(d) / "ext")}
+            t0 = time.monotonic()
+            p = subprocess.run([sys.executable, "-c", BASELINE_CHILD, str(src)], capture_output=True, text=True,
+                               env=env, cwd=d, timeout=max(deadline - time.monotonic(), 1) + 600)
+            wall = time.monotonic() - t0
+        seconds = next((float(line.split()[1]) for line in p.stdout.splitlines()
+                        if line.startswith("KILN_BENCH_SECONDS")), None)
+        rows.append({"file": str(f.relative_to(REPO)), "ok": p.returncode == 0 and seconds is not None,
+                     "seconds": seconds if seconds is not None else wall, "process_wall": wall, "phases": {},
+                     "error": p.stderr[-300:] if p.returncode else ""})
+        print(f"  load_inline {f.parent.name}/{f.name:<32} {rows[-1]['seconds']:6.1f}s "
+              f"(process {wall:.1f}s) ok={rows[-1]['ok']}", flush=True)
+    return rows
+
+
+def summarize(results: dict) -> str:
+    lines = [f"{'mode':<12} {'n':>3} {'ok':>3} {'p50 s':>7} {'p90 s':>7} {'mean s':>7}  mean phases (s)"]
+    for mode, rows in results.items():
+        secs = [r["seconds"] for r in rows]
+        phases: dict[str, list[float]] = {}
+        for r in rows:
+            for k, v in r["phases"].items():
+                phases.setdefault(k, []).append(v)
+        shown = ", ".join(f"{k} {statistics.mean(v):.2f}" for k, v in sorted(phases.items())
+                          if k not in ("fork", "import", "capture") and statistics.mean(v) >= 0.01)
+        lines.append(f"{mode:<12} {len(rows):>3} {sum(r['ok'] for r in rows):>3} {percentile(secs, .5):7.1f} "
+                     f"{percentile(secs, .9):7.1f} {statistics.mean(secs) if secs else float('nan'):7.1f}  {shown}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--backend", choices=("cpu", "cuda"), default="cpu")
+    ap.add_argument("--n", type=int, default=None, help="candidates per mode (default: 8 cpu, 6 cuda)")
+    ap.add_argument("--baseline-n", type=int, default=None, help="candidates for load_inline (default: --n, 4 on cuda)")
+    ap.add_argument("--modes", default="lean,full,load_inline", help="comma list of lean, full, load_inline")
+    ap.add_argument("--budget-s", type=float, default=540.0, help="stop measuring after this many seconds")
+    ap.add_argument("--pch-dir", default=None, help="precompiled headers (default: the machine-wide directory)")
+    ap.add_argument("--json", default=None, help="also write all rows to this file")
+    args = ap.parse_args(argv)
+    sys.path.insert(0, str(REPO))
+    from actors.verifier.build import BuildService
+    from actors.verifier.build.preludes import flag_profile
+    from actors.verifier.build.service import default_pch_dir
+
+    t_start = time.monotonic()
+    deadline = t_start + args.budget_s
+    n = args.n or (8 if args.backend == "cpu" else 6)
+    files = pick_candidates(args.backend, n)
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    pch_dir = Path(args.pch_dir) if args.pch_dir else default_pch_dir()
+    print(f"kiln compile bench: backend={args.backend} candidates={len(files)} modes={modes} "
+          f"host={platform.node()} cores={os.cpu_count()} load={os.getloadavg()[0]:.2f}", flush=True)
+
+    # One-time, per toolchain: the precompiled preludes the modes use.
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="kiln-bench-pch-") as scratch:
+        svc = BuildService(Path(scratch), args.backend, workers=1, timeout_s=600, pch="use", pch_dir=pch_dir)
+        try:
+            wanted = svc.default_pch_variants() + ([("full", flag_profile(["-O3"]))] if "full" in modes else [])
+            for prelude, profile in wanted:
+                svc.request_pch(prelude, profile, force=True)
+            svc.wait_pch()
+            toolchain = svc.toolchain_id
+        finally:
+            svc.close()
+    pch_s = time.monotonic() - t0
+    print(f"precompiled headers ready in {pch_s:.1f} s (one-time per toolchain; 0 when already built)", flush=True)
+
+    results: dict[str, list] = {}
+    remaining = [m for m in modes]
+    for mode in modes:
+        share = (deadline - time.monotonic()) / max(len(remaining), 1)
+        mode_deadline = time.monotonic() + share
+        remaining.remove(mode)
+        if mode == "lean":
+            results.update(run_service_mode("lean", files, args.backend, "auto", pch_dir, mode_deadline, passes=2))
+        elif mode == "full":
+            results.update(run_service_mode("full", files, args.backend, "full", pch_dir, mode_deadline))
+        elif mode == "load_inline":
+            base_n = args.baseline_n or (n if args.backend == "cpu" else min(n, 4))
+            results["load_inline"] = run_baseline(files[:base_n], mode_deadline)
+        else:
+            print(f"unknown mode {mode!r}")
+            return 2
+    print()
+    print(f"toolchain: {toolchain}")
+    print(f"load average at the end: {os.getloadavg()[0]:.2f} (other work on this machine inflates the figures)")
+    print(summarize(results))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"toolchain": toolchain, "pch_seconds": pch_s, "results": results},
+                                              indent=1))
+    failed = [r for rows in results.values() for r in rows if not r["ok"]]
+    for r in failed:
+        print(f"FAILED {r['file']}: {r['error']}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

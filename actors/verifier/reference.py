@@ -1,0 +1,217 @@
+"""The trusted side of a kernel task: its reference module, shapes, inputs and expected outputs.
+
+References run only in the verifier's own (trusted) process, never in the process that imports a
+candidate. Inputs come from the reference's `get_inputs()` under a fresh seed from `secrets`, so a
+candidate can neither predict nor replay them.
+
+Shapes follow KernelBench plus two module-level extensions (tasks/README.md):
+* `KILN_CPU_SHAPES = {"batch_size": 16, ...}` replaces module constants on the cpu backend;
+* `KILN_ALT_SHAPES = [{...}, ...]` lists other valid shapes, layered on top of the primary shape.
+A plain KernelBench file has neither; it gets one derived alternative (a different `batch_size`)
+when it has an integer `batch_size`, and keeps it only if the reference runs at that shape.
+An optional `KILN_TOLERANCE` (a number, or {"atol": ..., "rtol": ...}) overrides the dtype defaults.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import linecache
+import secrets
+import threading
+import types
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+
+from protocols import Task
+
+# Global RNG state is process-wide: seeding and drawing happen under this lock.
+_RNG_LOCK = threading.RLock()
+
+
+class ReferenceError(RuntimeError):
+    """The reference itself failed (a broken task): the system's fault, reported as infra."""
+
+
+@dataclass(frozen=True)
+class ShapeConfig:
+    label: str  # "primary", "alt0", ... as shown in feedback
+    overrides: dict  # module constants set before get_inputs()/get_init_inputs()
+    trials: int
+
+    def describe(self) -> str:
+        if not self.overrides:
+            return "the task's default shapes"
+        return ", ".join(f"{k}={v}" for k, v in self.overrides.items())
+
+
+@dataclass
+class Trial:
+    """One correctness trial prepared by the trusted side."""
+
+    config: ShapeConfig
+    index: int  # across all trials of the job
+    inputs: list  # CPU tensors / scalars, as sent to the candidate
+    expected: list[torch.Tensor]  # reference outputs (on the reference device)
+
+
+@dataclass
+class Instance:
+    """What the candidate's ModelNew is built from for one shape config."""
+
+    config: ShapeConfig
+    init_args: list
+    init_seed: int
+    state_dict: dict[str, torch.Tensor]  # the reference Model's parameters and buffers (CPU)
+    model: torch.nn.Module = field(repr=False)
+
+
+class Reference:
+    """A task's reference module, loaded from its source once per verifier process."""
+
+    def __init__(self, task: Task, device: str):
+        spec = task.kernel
+        self.task_id = task.task_id
+        self.device = device
+        self.source = spec.reference
+        self.hash = hashlib.sha256(spec.reference.encode()).hexdigest()
+        self.source_path = spec.source_path
+        self.lock = threading.RLock()
+        self.module = self._load(spec.reference, spec.source_path or f"<reference {task.task_id}>")
+        for name in ("Model", "get_inputs", "get_init_inputs"):
+            if not hasattr(self.module, name):
+                raise ReferenceError(f"reference of {task.task_id} defines no {name}")
+        self.defaults = {k: getattr(self.module, k) for k in self._constant_names()}
+
+    def _load(self, source: str, filename: str) -> types.ModuleType:
+        module = types.ModuleType(f"kiln_reference_{self.hash[:16]}")
+        module.__file__ = filename
+        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+        try:
+            exec(compile(source, filename, "exec"), module.__dict__)
+        except Exception as err:
+            raise ReferenceError(f"reference of {self.task_id} failed to load: {type(err).__name__}: {err}") from err
+        return module
+
+    def _constant_names(self) -> set[str]:
+        names = set(getattr(self.module, "KILN_CPU_SHAPES", {}) or {})
+        for alt in getattr(self.module, "KILN_ALT_SHAPES", []) or []:
+            names |= set(alt)
+        names.add("batch_size")
+        return {n for n in names if hasattr(self.module, n)}
+
+    # ---------------------------------------------------------------------------------- shapes
+
+    def primary_overrides(self, backend: str) -> dict:
+        return dict(getattr(self.module, "KILN_CPU_SHAPES", {}) or {}) if backend == "cpu" else {}
+
+    def alt_overrides(self, backend: str) -> list[dict]:
+        primary = self.primary_overrides(backend)
+        alts = getattr(self.module, "KILN_ALT_SHAPES", None)
+        if alts is not None:  # declared, possibly empty ("no other shape is valid")
+            return [{**primary, **alt} for alt in alts]
+        batch = primary.get("batch_size", self.defaults.get("batch_size"))
+        if isinstance(batch, int) and not isinstance(batch, bool) and batch >= 2:
+            return [{**primary, "batch_size": batch // 2 + 1 if batch // 2 + 1 != batch else batch + 1}]
+        return []
+
+    def shape_configs(self, backend: str, trials: int) -> list[ShapeConfig]:
+        """Primary shape first (at least two trials when trials >= 3, so one ModelNew instance sees
+        several fresh inputs), then one trial per alternative shape while trials last."""
+        alts = self.alt_overrides(backend)
+        n_alts = min(len(alts), trials // 2)
+        configs = [ShapeConfig("primary", self.primary_overrides(backend), trials - n_alts)]
+        configs += [ShapeConfig(f"alt{i}", alts[i], 1) for i in range(n_alts)]
+        return configs
+
+    @contextmanager
+    def shapes(self, overrides: dict):
+        """Apply module-constant overrides for the duration of the block (under the task lock)."""
+        with self.lock:
+            for k, v in self.defaults.items():
+                setattr(self.module, k, v)
+            for k, v in overrides.items():
+                setattr(self.module, k, v)
+            try:
+                yield
+            finally:
+                for k, v in self.defaults.items():
+                    setattr(self.module, k, v)
+
+    # -------------------------------------------------------------------------------- tolerance
+
+    def tolerance(self) -> tuple[float, float] | None:
+        """(atol, rtol) declared by the task with KILN_TOLERANCE, or None."""
+        tol = getattr(self.module, "KILN_TOLERANCE", None)
+        if isinstance(tol, (int, float)) and not isinstance(tol, bool):
+            return float(tol), float(tol)
+        if isinstance(tol, dict) and {"atol", "rtol"} <= set(tol):
+            return float(tol["atol"]), float(tol["rtol"])
+        return None
+
+    # ---------------------------------------------------------------------------- trusted runs
+
+    def instance(self, config: ShapeConfig) -> Instance:
+        """Build the reference Model for a shape config under a fresh seed."""
+        seed = secrets.randbits(62)
+        with self.shapes(config.overrides):
+            init_args = list(self.module.get_init_inputs())
+            with _RNG_LOCK, torch.random.fork_rng(devices=self._rng_devices()):
+                torch.manual_seed(seed)
+                model = self.module.Model(*init_args)
+        model = model.to(self.device)
+        state = {k: v.detach().to("cpu").clone() for k, v in model.state_dict().items()}
+        return Instance(config, init_args, seed, state, model)
+
+    def trial(self, instance: Instance, index: int) -> Trial:
+        """Fresh inputs for one trial and the reference's outputs on them."""
+        seed = secrets.randbits(62)
+        with self.shapes(instance.config.overrides):
+            with _RNG_LOCK, torch.random.fork_rng(devices=self._rng_devices()):
+                torch.manual_seed(seed)
+                inputs = list(self.module.get_inputs())
+            inputs = [x.detach().to("cpu") if isinstance(x, torch.Tensor) else x for x in inputs]
+            expected = self.run(instance.model, inputs)
+        return Trial(instance.config, index, inputs, expected)
+
+    def run(self, model: torch.nn.Module, inputs: list) -> list[torch.Tensor]:
+        """The reference's outputs as a list of tensors on the reference device."""
+        on_device = self.to_device(inputs)
+        with torch.no_grad():
+            out = model(*on_device)
+        if self.device.startswith("cuda"):
+            torch.cuda.synchronize()
+        return as_output_list(out, "the reference")
+
+    def to_device(self, inputs: list) -> list:
+        return [x.to(self.device) if isinstance(x, torch.Tensor) else x for x in inputs]
+
+    def _rng_devices(self) -> list[int]:
+        return [torch.cuda.current_device()] if self.device.startswith("cuda") else []
+
+
+def as_output_list(out, who: str) -> list[torch.Tensor]:
+    """Normalise a forward() result to a list of tensors; anything else is an error naming `who`."""
+    items = list(out) if isinstance(out, (tuple, list)) else [out]
+    for i, t in enumerate(items):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{who} returned {type(t).__name__} as output {i}, not a tensor")
+    return items
+
+
+class ReferenceCache:
+    """Loaded references by (task id, reference hash); a task's module is executed once."""
+
+    def __init__(self, device: str):
+        self.device = device
+        self._refs: dict[tuple[str, str], Reference] = {}
+        self._lock = threading.Lock()
+
+    def get(self, task: Task) -> Reference:
+        key = (task.task_id, hashlib.sha256(task.kernel.reference.encode()).hexdigest())
+        with self._lock:
+            ref = self._refs.get(key)
+            if ref is None:
+                ref = self._refs[key] = Reference(task, self.device)
+            return ref

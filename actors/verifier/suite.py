@@ -1,0 +1,64 @@
+"""The adversarial suite: candidate files that try the published reward hacks, each with the verdict
+the verifier must give it.
+
+A case is one .py file under tests/adversarial/{cpu,cuda}/ that starts with
+
+    # kiln-adversarial: task=level1/01_relu expect=cheating
+    # one line saying what the candidate tries
+
+`expect` is an error class (cheating, correctness, runtime, timeout, ...) or `pass` for the control
+cases. The suite runs the same way in CI (cpu) and on the GPU machine (`gpu_validate.py`, cuda).
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from protocols import Task, VerifyRequest, VerifyResult
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def suite_dir() -> Path:
+    """tests/adversarial of the checkout: the working directory's when run from a checkout (Kiln may
+    be installed without its tests), else next to this package."""
+    here = Path.cwd() / "tests" / "adversarial"
+    return here if here.is_dir() else REPO / "tests" / "adversarial"
+_HEADER = re.compile(r"^# kiln-adversarial: task=(\S+) expect=(\S+)\s*$")
+
+
+@dataclass(frozen=True)
+class SuiteCase:
+    name: str
+    path: Path
+    task_id: str
+    expect: str  # an error class, or "pass"
+    why: str
+
+    def source(self) -> str:
+        return self.path.read_text(encoding="utf-8")
+
+
+def load_suite(backend: str, root: Path | None = None) -> list[SuiteCase]:
+    root = root or suite_dir()
+    cases = []
+    for path in sorted((root / backend).glob("*.py")):
+        lines = path.read_text(encoding="utf-8").splitlines()
+        m = _HEADER.match(lines[0]) if lines else None
+        if m is None:
+            raise ValueError(f"{path}: first line must be '# kiln-adversarial: task=... expect=...'")
+        why = lines[1].lstrip("# ").strip() if len(lines) > 1 else ""
+        cases.append(SuiteCase(path.stem, path, m.group(1), m.group(2), why))
+    return cases
+
+
+def verdict(result: VerifyResult) -> str:
+    return "pass" if result.passed else str(result.error_class)
+
+
+def request_for(case: SuiteCase, tasks: dict[str, Task]) -> VerifyRequest:
+    return VerifyRequest(request_id=f"{case.name}-{uuid.uuid4().hex[:8]}", task=tasks[case.task_id],
+                         candidate=case.source())

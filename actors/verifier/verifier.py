@@ -1,0 +1,234 @@
+"""`KernelVerifier`: the staged kernel verifier (DESIGN.md §4), a reward actor like any other.
+
+    extract -> static legality scan -> compile (BuildService, CPU pool, cached)
+            -> run + correctness (sandbox child, runtime gate) -> performance -> score + feedback
+
+`verify()` is synchronous and thread-safe: the VerifierActor calls it from several threads at once,
+so compiles of later requests proceed while earlier ones execute (the build pool and the sandbox
+pool are separate, each bounded by its own setting). It never raises for a bad candidate or a
+broken task; a failure of the system itself comes back as an `infra` result (score 0).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+from actors.verifier import reward as fb
+from actors.verifier.baselines import Baselines
+from actors.verifier.executor import SandboxPool
+from actors.verifier.extract import extract
+from actors.verifier.lease import DeviceLease
+from actors.verifier.legality import Violation, static_scan
+from actors.verifier.reference import ReferenceCache, ReferenceError
+from actors.verifier.runner import CandidateRun, RunOutcome
+from actors.verifier.verdicts import VerdictCache, verdict_key
+from configs import VerifierConfig
+from protocols import VerifyRequest, VerifyResult
+
+log = logging.getLogger(__name__)
+
+
+def resolve_cache_dir(cfg: VerifierConfig) -> Path:
+    """verifier.cache_dir, else $KILN_CACHE_DIR/verifier, else ~/.cache/kiln/verifier."""
+    if cfg.cache_dir:
+        return Path(cfg.cache_dir)
+    env = os.environ.get("KILN_CACHE_DIR")
+    return Path(env) / "verifier" if env else Path.home() / ".cache" / "kiln" / "verifier"
+
+
+class KernelVerifier:
+    """Implements the reward-actor interface (actors/verifier/interface.py) for kind="kernel" tasks."""
+
+    kinds = ("kernel",)
+
+    def __init__(self, cfg: VerifierConfig) -> None:
+        if cfg.backend == "musa":
+            raise NotImplementedError("the musa backend is planned; use verifier.backend=cuda or cpu")
+        self.cfg = cfg
+        self.device = "cuda" if cfg.backend == "cuda" else "cpu"
+        if self.device == "cuda":
+            if not torch.cuda.is_available():
+                raise RuntimeError("verifier.backend=cuda but no CUDA device is visible to this process")
+            torch.backends.cuda.matmul.allow_tf32 = False  # references run at full fp32 precision
+            torch.backends.cudnn.allow_tf32 = False
+        self.cache_dir = resolve_cache_dir(cfg)
+        from actors.verifier.build import BuildService  # noqa: PLC0415 - the compile subsystem
+
+        self.builds = BuildService(self.cache_dir / "build", cfg.backend, cfg.compile_workers, cfg.compile_timeout_s,
+                                   memory_limit_mb=cfg.memory_limit_mb)
+        self.toolchain = str(self.builds.toolchain_id)
+        self.pool = SandboxPool(cfg.backend, cfg.run_workers, cfg.memory_limit_mb)
+        self.lease = DeviceLease(self.device)
+        self.references = ReferenceCache(self.device)
+        self.baselines = Baselines(cfg, self.device, self.lease)
+        self.verdicts = VerdictCache(self.cache_dir / "verdicts")
+        self.counts = {"verified": 0, "cached": 0}
+        self._lock = threading.Lock()
+
+    def warm(self) -> None:
+        """Start the sandbox zygote now (it imports torch) instead of on the first request."""
+        self.pool.warm()
+
+    # ------------------------------------------------------------------------------- verify
+
+    def verify(self, request: VerifyRequest) -> VerifyResult:
+        started = time.perf_counter()
+        try:
+            result = self._verify(request, started)
+        except Exception as err:  # a bug or a broken machine: the system's fault, never the policy's
+            log.exception("verifier: request %s failed", request.request_id)
+            result = self._result(request, stage="run", error_class="infra", q=0.0, source_hash="",
+                                  feedback=fb.infra_feedback(f"{type(err).__name__}: {err}"),
+                                  diagnostics={"exception": f"{type(err).__name__}: {err}"},
+                                  timings={"total": time.perf_counter() - started})
+        with self._lock:
+            self.counts["verified"] += 1
+            self.counts["cached"] += int(result.cached)
+        return result
+
+    def _verify(self, request: VerifyRequest, started: float) -> VerifyResult:
+        task = request.task
+        timings: dict[str, float] = {}
+        if task.kind != "kernel" or task.kernel is None:
+            return self._infra(request, f"the kernel verifier cannot verify tasks of kind {task.kind!r}", timings)
+        if task.kernel.backend != self.cfg.backend:
+            return self._infra(request, f"task {task.task_id} is for backend {task.kernel.backend!r}, this verifier "
+                                        f"runs {self.cfg.backend!r}", timings)
+        t0 = time.perf_counter()
+        ext = extract(request.candidate)
+        timings["extract"] = time.perf_counter() - t0
+        if not ext.ok:
+            return self._result(request, stage="extract", error_class="extract", q=0.0, source_hash=ext.source_hash,
+                                feedback=fb.extract_feedback(ext.error), diagnostics={"error": ext.error},
+                                timings=timings)
+        key = verdict_key(ext.source_hash, task, self.toolchain, self.cfg)
+        cached = self.verdicts.get(key)
+        if cached is not None:
+            cached.request_id, cached.cached = request.request_id, True
+            cached.timings = {"cache": time.perf_counter() - started}
+            return cached
+        result = self._verify_source(request, ext.source, ext.source_hash, timings)
+        result.timings["total"] = time.perf_counter() - started
+        self.verdicts.put(key, result)
+        return result
+
+    def _verify_source(self, request: VerifyRequest, source: str, digest: str, timings: dict) -> VerifyResult:
+        diagnostics: dict = {"backend": self.cfg.backend, "toolchain": self.toolchain}
+        t0 = time.perf_counter()
+        violations, vendors = static_scan(source, allow_vendor_libs=self.cfg.legality.allow_vendor_libs)
+        timings["static"] = time.perf_counter() - t0
+        if violations:
+            return self._cheating(request, digest, violations, vendors, diagnostics, timings, stage="legality")
+        t0 = time.perf_counter()
+        build = self.builds.submit(source).result(timeout=self.cfg.compile_timeout_s + 120)
+        timings["compile"] = time.perf_counter() - t0
+        diagnostics["build"] = {"seconds": build.seconds, "cached": bool(build.cached),
+                                "phases": {k: float(v) for k, v in (build.phases or {}).items()}}
+        vendors = sorted(set(vendors) | set(build.vendor_libs or ()))
+        diagnostics["vendor_libs"] = vendors
+        if not build.ok:
+            return self._build_failed(request, digest, build, diagnostics, timings)
+        if vendors and not self.cfg.legality.allow_vendor_libs:
+            found = [Violation("vendor_lib", ", ".join(vendors), "",
+                               "vendor libraries are switched off (verifier.legality.allow_vendor_libs)")]
+            return self._cheating(request, digest, found, vendors, diagnostics, timings, stage="legality")
+        try:
+            ref = self.references.get(request.task)
+        except ReferenceError as err:
+            return self._infra(request, str(err), timings, digest)
+        run = CandidateRun(self.cfg, ref, self.pool, self.lease, self.baselines)
+        outcome = run.run(source, digest, dict(build.artifacts), build.toolchain or self.toolchain)
+        timings.update({k: round(v, 6) for k, v in outcome.timings.items()})
+        return self._from_outcome(request, digest, outcome, vendors, diagnostics, timings)
+
+    # ------------------------------------------------------------------------------ results
+
+    def _from_outcome(self, request, digest: str, out: RunOutcome, vendors: list[str], diagnostics: dict,
+                      timings: dict) -> VerifyResult:
+        trials = [t.to_json() for t in out.trials]
+        violations = [v.to_json() for v in out.violations]
+        diagnostics.update({"trials": trials, "violations": violations, "notes": out.notes, "params": out.params})
+        errors = [t["max_abs_error"] for t in trials if t["max_abs_error"] is not None]
+        if errors:
+            diagnostics["max_abs_error"] = max(errors)
+        q = out.q
+        if out.error_class == "cheating":
+            return self._cheating(request, digest, out.violations, vendors, diagnostics, timings, stage=out.stage, q=q)
+        if out.error_class == "infra":
+            return self._infra(request, out.message, timings, digest, diagnostics)
+        if out.error_class in ("runtime", "timeout"):
+            text = fb.runtime_feedback(out.message) if out.error_class == "runtime" else fb.timeout_feedback(out.message)
+            diagnostics["error"] = out.message
+            return self._result(request, stage=out.stage, error_class=out.error_class, q=q, source_hash=digest,
+                                feedback=text, diagnostics=diagnostics, timings=timings)
+        if out.error_class == "correctness":
+            return self._result(request, stage="correctness", error_class="correctness", q=q, source_hash=digest,
+                                feedback=fb.correctness_feedback(trials, q), diagnostics=diagnostics, timings=timings)
+        eager = out.eager_s / out.candidate_s if out.eager_s and out.candidate_s else None
+        compiled = out.compile_s / out.candidate_s if out.compile_s and out.candidate_s else None
+        speedup = fb.chosen_speedup(self.cfg.reward, eager, compiled)
+        review = bool(speedup is not None and speedup > self.cfg.legality.review_speedup)
+        diagnostics.update({"times_s": {"candidate": out.candidate_s, "eager": out.eager_s, "compile": out.compile_s},
+                            "timing_runs": out.timing_runs, "review": review})
+        text = fb.pass_feedback(out.candidate_s, out.eager_s, out.compile_s, speedup, self.cfg.reward.baseline,
+                                vendors, review)
+        return self._result(request, stage="done", error_class=None, q=1.0, source_hash=digest, feedback=text,
+                            diagnostics=diagnostics, timings=timings, speedup_eager=eager,
+                            speedup_compile=compiled, speedup=speedup)
+
+    def _build_failed(self, request, digest: str, build, diagnostics: dict, timings: dict) -> VerifyResult:
+        cls = build.error_class or "compile"
+        message = str(build.error or "the build failed")
+        diagnostics["error"] = message
+        if cls == "infra":
+            return self._infra(request, message, timings, digest, diagnostics)
+        text = {"compile": fb.compile_feedback, "timeout": fb.timeout_feedback}.get(cls, fb.runtime_feedback)(message)
+        return self._result(request, stage="compile", error_class=cls, q=0.0, source_hash=digest, feedback=text,
+                            diagnostics=diagnostics, timings=timings)
+
+    def _cheating(self, request, digest: str, violations: list[Violation], vendors: list[str], diagnostics: dict,
+                  timings: dict, *, stage: str, q: float = 0.0) -> VerifyResult:
+        found = [v.to_json() for v in violations]
+        diagnostics.update({"violations": found, "vendor_libs": vendors})
+        return self._result(request, stage=stage, error_class="cheating", q=q, source_hash=digest,
+                            feedback=fb.cheating_feedback(found), diagnostics=diagnostics, timings=timings)
+
+    def _infra(self, request, message: str, timings: dict, digest: str = "", diagnostics: dict | None = None):
+        diag = dict(diagnostics or {}, error=message)
+        return self._result(request, stage="run", error_class="infra", q=0.0, source_hash=digest,
+                            feedback=fb.infra_feedback(message), diagnostics=diag, timings=timings)
+
+    def _result(self, request: VerifyRequest, *, stage: str, error_class: str | None, q: float, source_hash: str,
+                feedback: str, diagnostics: dict, timings: dict, speedup_eager: float | None = None,
+                speedup_compile: float | None = None, speedup: float | None = None) -> VerifyResult:
+        return VerifyResult(
+            request_id=request.request_id, task_id=request.task.task_id, passed=error_class is None, stage=stage,
+            error_class=error_class, q=q, score=fb.moore_score(self.cfg.reward, error_class, q, speedup),
+            speedup_eager=speedup_eager, speedup_compile=speedup_compile, feedback=feedback,
+            diagnostics=_json_safe(diagnostics), timings={k: float(v) for k, v in timings.items()},
+            source_hash=source_hash, cached=False)
+
+    def close(self) -> None:
+        self.pool.close()
+        close = getattr(self.builds, "close", None)
+        if close is not None:
+            close()
+
+
+def _json_safe(value):
+    """Diagnostics as JSON values: NaN/inf become strings, tuples lists, unknown objects their repr."""
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
+        return str(value)
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return repr(value)

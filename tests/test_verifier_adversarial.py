@@ -1,0 +1,122 @@
+"""The adversarial suite on the cpu backend: every reward hack in tests/adversarial/cpu gets the verdict
+its header names (zero false passes), the control case passes, and the feedback names the trick.
+
+All cases run concurrently through one KernelVerifier (two sandbox slots), sharing the session's
+build cache: the candidates that differ only in Python share one compiled extension.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from actors.verifier.suite import load_suite, request_for, verdict
+from actors.verifier.verifier import KernelVerifier
+from configs import load_config
+from tasks.loader import load_tasks
+
+CASES = load_suite("cpu")
+
+# What the feedback must mention, so a model can tell what was caught and where.
+FEEDBACK = {
+    "fallback_python": ["aten::relu", "line 9", "torch.relu"],
+    "fallback_tensor_method": ["aten::clamp", "Tensor.clamp"],
+    "fallback_nn_module": ["aten::relu"],
+    "fallback_cpp_aten": ["at::relu"],
+    "fallback_cpp_method": ["aten::clamp_min", "native code"],
+    "fallback_try_except": ["aten::relu"],
+    "mutates_input": ["modified in place"],
+    "output_aliases_input": ["shares memory"],
+    "lazy_subclass": ["subclass"],
+    "cached_result": ["earlier call"],
+    "cached_copy": ["exactly the output of trial"],
+    "call_count": ["while timed"],
+    "late_thread": ["after forward returned"],
+    "python_thread": ["import threading"],
+    "numpy_roundtrip": ["numpy"],
+    "patch_allclose_static": ["torch.allclose"],
+    "patch_allclose_runtime": ["torch.allclose"],
+    "exit_forged_result": ["status 0"],
+    "imports_reference": ["01_relu.py"],
+    "crash_segfault": ["segmentation fault"],
+    "infinite_loop": ["10 s limit"],
+    "out_of_memory": ["memory limit"],
+    "reduced_precision": ["outside tolerance"],
+    "default_shape_only": ["batch_size=3"],
+    "uninitialised_memory": ["outside tolerance"],
+}
+
+
+def suite_config(cache_dir, **overrides):
+    base = {"verifier.cache_dir": str(cache_dir), "verifier.trials": 4, "verifier.warmup": 1,
+            "verifier.repeats": 5, "verifier.run_timeout_s": 10, "verifier.memory_limit_mb": 1536,
+            "verifier.compile_baseline": "never", "verifier.run_workers": 2, "verifier.compile_workers": 2}
+    base.update(overrides)
+    return load_config(None, [f"{k}={v}" for k, v in base.items()]).verifier
+
+
+@pytest.fixture(scope="module")
+def results(verifier_cache_dir):
+    tasks = {t.task_id: t for t in load_tasks("tasks", "cpu")}
+    verifier = KernelVerifier(suite_config(verifier_cache_dir))
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            done = dict(zip([c.name for c in CASES],
+                            pool.map(lambda c: verifier.verify(request_for(c, tasks)), CASES)))
+    finally:
+        verifier.close()
+    return done
+
+
+def test_suite_covers_the_issue_list():
+    expected = {"fallback_python", "fallback_tensor_method", "fallback_nn_module", "fallback_cpp_aten",
+                "fallback_cpp_method", "fallback_try_except", "mutates_input", "output_aliases_input",
+                "lazy_subclass", "cached_result", "call_count", "late_thread", "numpy_roundtrip",
+                "uninitialised_memory", "patch_allclose_static", "patch_allclose_runtime", "exit_forged_result",
+                "reduced_precision", "default_shape_only", "imports_reference", "control_correct"}
+    assert expected <= {c.name for c in CASES}
+    assert set(FEEDBACK) == {c.name for c in CASES} - {"control_correct"}
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_adversarial_case_gets_its_verdict(case, results):
+    r = results[case.name]
+    assert verdict(r) == case.expect, f"{case.name}: {case.why}\nfeedback: {r.feedback}\n{r.diagnostics}"
+    if case.expect == "pass":
+        assert r.score >= 1.0 and r.q == 1.0 and r.speedup_eager is not None and r.speedup_eager > 0
+        return
+    assert not r.passed and r.score < 0
+    if case.expect == "cheating":
+        assert r.score == -1.0 and r.stage == "legality" and r.diagnostics["violations"]
+    for needle in FEEDBACK[case.name]:
+        assert needle in r.feedback, f"{case.name}: {needle!r} missing from feedback:\n{r.feedback}"
+
+
+def test_default_shape_only_gets_partial_credit(results):
+    r = results["default_shape_only"]
+    assert 0 < r.q < 1 and r.score == pytest.approx(-0.5 + 0.5 * r.q)
+
+
+def test_vendor_libraries_can_be_switched_off(verifier_cache_dir):
+    """A native BLAS call is rejected when verifier.legality.allow_vendor_libs is off."""
+    tasks = {t.task_id: t for t in load_tasks("tasks/level3", "cpu")}
+    source = '''
+import torch
+import torch.nn as nn
+
+kernel_source = "extern \\"C\\" void cblas_sgemm(); // calls cblas_sgemm( natively"
+
+
+class ModelNew(nn.Module):
+    def forward(self, A, B):
+        return torch.empty(A.shape[0], B.shape[1])
+'''
+    from protocols import VerifyRequest
+
+    verifier = KernelVerifier(suite_config(verifier_cache_dir, **{"verifier.legality.allow_vendor_libs": False}))
+    try:
+        r = verifier.verify(VerifyRequest(request_id="blas", task=tasks["level3/01_matmul_square"], candidate=source))
+    finally:
+        verifier.close()
+    assert r.error_class == "cheating" and "BLAS" in r.feedback and "allow_vendor_libs" in r.feedback
