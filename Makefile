@@ -18,8 +18,9 @@ $(STAMP): pyproject.toml
 test: venv
 	$(BIN)/python -m pytest
 
+# Until `kiln train` lands: verify the shipped task set's CPU solutions end to end (README).
 demo: venv
-	$(BIN)/kiln demo
+	$(BIN)/kiln verify --tasks tasks --solutions tasks/solutions/cpu --backend cpu
 
 bench-protocols: venv
 	$(BIN)/python -m launch.bench_protocols

@@ -100,7 +100,7 @@ class VerifierConfig:
     run_timeout_s: float = F(60.0, "Wall-clock limit of one candidate execution (correctness + timing)", gt=0.0)
     compile_timeout_s: float = F(300.0, "Wall-clock limit of one compile", gt=0.0)
     memory_limit_mb: int = F(8192, "Host memory limit of an execution worker (cgroup/RSS watchdog; not RLIMIT_AS, which breaks CUDA)", ge=256)
-    cache_dir: Optional[str] = F(None, "Compile and verdict cache directory; null = <run_dir>/verifier-cache")
+    cache_dir: Optional[str] = F(None, "Compile and verdict cache directory; null = $KILN_CACHE_DIR/verifier, else ~/.cache/kiln/verifier")
     warmup: int = F(3, "Untimed warm-up runs before timing", ge=0)
     repeats: int = F(20, "Timed runs; the median is reported", ge=1)
     compile_baseline: str = F("auto", "Also time torch.compile(reference) for speedup_compile: 'auto' = on cuda only (inductor's C++ build costs ~10-30 s per task on cpu), 'always', 'never'; always measured when reward.baseline is 'compile'", choices=["auto", "always", "never"])

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from actors.verifier.build import BuildService, ExtensionSpec, UnsupportedCall, install_prebuilt
-from actors.verifier.build import cxx_scan, diagnostics
+from actors.verifier.build import cxx_scan, diagnostics, nvcc
 from actors.verifier.build.preludes import flag_profile
 from actors.verifier.build.spec import spec_from_call
 
@@ -159,10 +159,12 @@ def test_parallel_submits(service, relu_result):
 
 
 def test_module_level_calls_into_the_extension_work(service):
-    src = candidate(RELU_KERNEL.format(scale="1.0f"), "t_relu_selftest",
+    # Also: an explicit #include <torch/extension.h> (common in model output) still compiles lean.
+    src = candidate("#include <torch/extension.h>\n" + RELU_KERNEL.format(scale="1.0f"), "t_relu_selftest",
                     tail="assert ext.relu_fwd(torch.tensor([-1.0, 2.0])).tolist() == [0.0, 2.0]\n")
     r = service.submit(src).result()
     assert r.ok, r.error
+    assert list(r.preludes.values()) == ["lean"]
 
 
 # ------------------------------------------------------------------------------ preludes
@@ -325,8 +327,11 @@ def test_declarations_are_read_from_cpp_sources():
 
 
 def test_static_facts():
-    assert cxx_scan.needs_full_torch("#include <torch/extension.h>\n")
-    assert not cxx_scan.needs_full_torch("#include <ATen/ATen.h>\n// #include <torch/extension.h>\n")
+    assert cxx_scan.needs_full_torch("#include <torch/csrc/autograd/function.h>\n")
+    assert not cxx_scan.needs_full_torch("#include <torch/extension.h>\n#include <ATen/ATen.h>\n")
+    assert not cxx_scan.needs_full_torch("// #include <torch/csrc/autograd/function.h>\n")
+    lean = cxx_scan.without_umbrella_includes("#include <torch/extension.h>\nint x;\n")
+    assert lean.splitlines()[0].startswith("// #include <torch/extension.h>") and lean.splitlines()[1] == "int x;"
     assert cxx_scan.uses_pybind("PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {}")
     assert cxx_scan.vendor_libs_in_sources(["#include <cublas_v2.h>\n"], ("-lcudnn",)) == {"cublas", "cudnn"}
     assert cxx_scan.vendor_libs_in_symbols(["cublasSgemm_v2"], ["_ZN7cutlass4gemmE"]) == {"cublas", "cutlass"}
@@ -382,13 +387,19 @@ def test_cuda_kernel_unit_compiles_with_the_lean_prelude(tmp_path, monkeypatch):
             return y;
         }
         """)
-    spec = spec_from_call("t_scale", "torch::Tensor scale(torch::Tensor x);", cuda_sources=cu, functions=["scale"])
-    unit = builder._cuda_unit(spec, tmp_path, builder._write_user_files(tmp_path, "cuda_source", spec.cuda_sources),
+    cpp = "torch::Tensor scale(torch::Tensor x);"
+    spec = spec_from_call("t_scale", cpp, cuda_sources="#include <torch/extension.h>\n" + cu, functions=["scale"])
+    bindable = cxx_scan.bound_declarations(cpp, ("scale",))
+    assert bindable is not None and not bindable.has_code  # no C++ kernel TU: binding + .cu only
+    cuda = builder._cuda_unit(spec, tmp_path, builder._write_user_files(tmp_path, "cuda_source", spec.cuda_sources),
                               "lean_cuda")
-    builder._run_unit(unit, tmp_path)
-    assert unit.ok, unit.output[-3000:]
-    assert (tmp_path / unit.obj).stat().st_size > 0
-    assert cxx_scan.bound_declarations("torch::Tensor scale(torch::Tensor x);", ("scale",)).has_code is False
+    thunk = builder._thunk_unit(spec, tmp_path, bindable)
+    # nvcc's host and device front ends run concurrently (nvcc.py), not as one plain nvcc call.
+    assert nvcc.plan(cuda.cmd, tmp_path, tmp_path / "dryrun") is not None
+    builder._run_all([cuda, thunk], tmp_path)
+    assert cuda.ok, cuda.output[-3000:]
+    assert thunk.ok, thunk.output[-3000:]
+    assert (tmp_path / cuda.obj).stat().st_size > 0 and (tmp_path / thunk.obj).stat().st_size > 0
 
 
 # ------------------------------------------------------------------------------ GPU machine only

@@ -28,11 +28,19 @@ How (see the modules): a warm zygote (`zygote.py`, torch imported once) forks on
 per candidate (`capture.py`), watched by the service (`service.py`, `proctree.py`: deadline,
 process count, memory). load_inline is replaced by a recorder that builds each call
 (`compiler.py`): the binding TU is generated from the bound functions' signatures
-(`cxx_scan.py`) and cached by signature; the candidate's code compiles against a lean prelude with
-a precompiled header (`preludes.py`), falling back to load_inline's full headers when it needs
-more; units compile concurrently; results are cached by content (`cache.py`).
+(`cxx_scan.py`) and cached by signature — a ~1 s thunk TU linked with one prebuilt pybind11
+module shell per toolchain (`thunks.py`), or a generated pybind11 TU for types thunks do not
+carry; the candidate's code compiles against a lean prelude with a precompiled header
+(`preludes.py`), falling back to load_inline's full headers when it needs more; units compile
+concurrently, and nvcc's host and device front ends too (`nvcc.py`); results are cached by
+content (`cache.py`). Benchmark: `bench.py`; CUDA validation
+on a GPU machine: `gpu_check.py`.
 load_inline must be called at module level (KernelBench convention); `torch.utils.cpp_extension.load`
 (building from files) is refused with a clear message.
+
+Sandbox limits: compile children run as the service's user (confine(): no network, scratch dir,
+rlimits, watchdogs), so a hostile candidate could still write into the shared cache or signal the
+zygote; the latter only fails the builds in flight ("infra") and the zygote is restarted.
 """
 
 from .prebuilt import PrebuiltMissing, install_prebuilt

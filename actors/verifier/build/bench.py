@@ -10,6 +10,9 @@ and prints p50/p90 per-candidate compile time and where the time goes, for
   load_inline torch's own load_inline in a fresh process per candidate (fresh build dir), the baseline
 Precompiled headers are built first and reported separately: they are built once per toolchain
 and machine. `--budget-s` bounds the whole run (modes stop early and say how many they measured).
+
+`python -m actors.verifier.build.bench --compare-nvcc nvcc ARGS... -c x.cu -o x.o` instead times
+plain nvcc against Kiln's parallel front-end schedule (nvcc.py) on one command.
 """
 
 from __future__ import annotations
@@ -137,6 +140,11 @@ def summarize(results: dict) -> str:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--compare-nvcc"]:  # plain nvcc vs Kiln's parallel front ends on one command
+        sys.path.insert(0, str(REPO))
+        from actors.verifier.build import nvcc
+        return nvcc.compare(argv[1:])
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--backend", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--n", type=int, default=None, help="candidates per mode (default: 8 cpu, 6 cuda)")

@@ -12,7 +12,8 @@ Plan (load_inline semantics, faster shape):
 * monolithic: when the declarations cannot be read with confidence (templates, macros, overloads,
   user-written pybind11 code, no_implicit_headers), one main TU exactly as load_inline writes it,
   against the precompiled full prelude; a binding unit that fails to compile also lands here.
-All units of one extension compile concurrently, then one g++ link against torch's libraries.
+All units of one extension compile concurrently (a CUDA unit's host and device front ends too,
+see `nvcc.py`), then one g++ link against torch's libraries.
 The result is published into the cache (atomic rename) under the spec key; the builder holds a
 per-key lock, so concurrent builders of one key compile it once.
 """
@@ -30,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import cxx_scan, diagnostics, thunks
+from . import cxx_scan, diagnostics, nvcc, thunks
 from .cache import ArtifactCache
 from .preludes import SHELL, PchStore, flag_profile
 from .spec import ExtensionSpec
@@ -248,14 +249,17 @@ class ExtensionBuilder:
         with ThreadPoolExecutor(max_workers=len(pending)) as ex:
             list(ex.map(lambda u: self._run_unit(u, bdir), pending))
 
-    @staticmethod
-    def _run_unit(unit: _Unit, bdir: Path) -> None:
+    def _run_unit(self, unit: _Unit, bdir: Path) -> None:
         t0 = time.monotonic()
         try:
-            p = subprocess.run(unit.cmd, cwd=bdir, capture_output=True, text=True, errors="replace", env=_compiler_env())
-            unit.output = p.stdout + p.stderr
-            unit.ok = p.returncode == 0
-            unit.infra = p.returncode < 0 or diagnostics.is_infra_failure(unit.output)
+            if unit.label == "cuda":
+                returncode, unit.output = nvcc.run(unit.cmd, bdir, _compiler_env(), self.tc.nvcc_parallel)
+            else:
+                p = subprocess.run(unit.cmd, cwd=bdir, capture_output=True, text=True, errors="replace",
+                                   env=_compiler_env())
+                returncode, unit.output = p.returncode, p.stdout + p.stderr
+            unit.ok = returncode == 0
+            unit.infra = returncode < 0 or diagnostics.is_infra_failure(unit.output)
         except OSError as e:
             unit.output, unit.ok, unit.infra = f"{unit.cmd[0]}: {e}", False, True
         unit.seconds = time.monotonic() - t0
@@ -322,7 +326,7 @@ class ExtensionBuilder:
         parts = [f'#include "{self.pch.header(prelude)}"'] if prelude else []
         for name, text in zip(names, sources):
             parts.append(f'#line 1 "{name}"')
-            parts.append(text)
+            parts.append(cxx_scan.without_umbrella_includes(text) if prelude in ("lean", "lean_cuda") else text)
         if tail:
             parts.append('#line 1 "kiln_binding.cpp"')
             parts.append(tail)

@@ -304,6 +304,9 @@ def bound_declarations(source: str, functions: tuple[str, ...]) -> Bindable | No
 # -------------------------------------------------------------------------------- static facts
 _INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.M)
 _HEAVY_TORCH = re.compile(r"^(torch/|pybind11/)")
+# The umbrella headers load_inline itself would include: the lean attempt stands in for them.
+_UMBRELLA = re.compile(r"^torch/(extension|types|torch|all)\.h$")
+_UMBRELLA_LINE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*[<"]torch/(extension|types|torch|all)\.h[>"].*$', re.M)
 _PYBIND_USE = re.compile(r"\bPYBIND11_|\bpybind11::|\bpy::")
 
 
@@ -312,8 +315,15 @@ def includes(source: str) -> list[str]:
 
 
 def needs_full_torch(source: str) -> bool:
-    """True when the source itself includes the torch C++ frontend (torch/...) or pybind11."""
-    return any(_HEAVY_TORCH.match(h) for h in includes(source))
+    """True when the source includes torch C++-frontend or pybind11 headers beyond the umbrella
+    headers (torch/extension.h, ...), which the lean prelude may stand in for."""
+    return any(_HEAVY_TORCH.match(h) and not _UMBRELLA.match(h) for h in includes(source))
+
+
+def without_umbrella_includes(source: str) -> str:
+    """The source with `#include <torch/extension.h>`-style lines commented out (line numbers kept),
+    for a compile against the lean prelude; the full-prelude retry uses the source as written."""
+    return _UMBRELLA_LINE.sub(lambda m: "// " + m.group(0).strip() + " (the lean prelude stands in)", source)
 
 
 def uses_pybind(source: str) -> bool:

@@ -18,7 +18,8 @@ MAX_CHARS = 2400
 _ERROR = re.compile(r"(:\d+:\d+: (fatal )?error:|\(\d+\): (catastrophic )?error:|: fatal error:|"
                     r"undefined reference to|undefined symbol|multiple definition of|^\S*ld: .*error)")
 _SNIPPET = re.compile(r"^\s*(\d+\s*\||\|)|^\s{2,}\S.*$|^\s*\^")
-_CONTEXT = re.compile(r"(required from here|In function|In instantiation of|In member function)")
+_CONTEXT = re.compile(r"(required from here|In function|In instantiation of|In member function|In file included from|"
+                      r"from [^ ]+:\d+)")
 _INFRA = re.compile(r"internal compiler error|Killed signal terminated|out of memory allocating|"
                     r"virtual memory exhausted|cannot allocate memory|No space left on device")
 # An error that more torch headers could fix: the lean prelude lacked a name or an overload.

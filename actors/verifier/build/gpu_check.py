@@ -5,6 +5,7 @@ then, one fresh process per solution, imports it via install_prebuilt (no compil
 runs ModelNew once on the GPU against the reference Model (same seed, same weights, TF32 off) and
 prints a table: build time, how it was built, vendor libraries, match and max error.
 Exit status 0 only when every solution built and matched. Needs only torch, nvcc and this repo.
+KILN_NVCC_PLAIN=1 builds with plain nvcc instead of Kiln's parallel front ends (nvcc.py), to compare.
 """
 
 from __future__ import annotations

@@ -64,7 +64,9 @@ PRELUDES: dict[str, str] = {
             + _TORCH_SPELLINGS + "#endif\n",
     "lean_cuda": "// Kiln lean prelude (CUDA)\n#ifndef KILN_LEAN_CUDA_H\n#define KILN_LEAN_CUDA_H\n#include <ATen/core/Tensor.h>\n"
                  "#include <ATen/ops/empty.h>\n#include <ATen/ops/empty_like.h>\n#include <ATen/ops/empty_strided.h>\n"
-                 "#include <ATen/ops/zeros.h>\n#include <ATen/ops/zeros_like.h>\n#include <ATen/Dispatch.h>\n"
+                 "#include <ATen/ops/zeros.h>\n#include <ATen/ops/zeros_like.h>\n#include <ATen/ops/ones.h>\n"
+                 "#include <ATen/ops/ones_like.h>\n#include <ATen/ops/full.h>\n#include <ATen/ops/full_like.h>\n"
+                 "#include <ATen/Dispatch.h>\n"
                  "#include <c10/util/Exception.h>\n#include <cuda.h>\n#include <cuda_runtime.h>\n"
                  + _TORCH_SPELLINGS + "#endif\n",
     "binding": "// Kiln binding prelude\n#include \"lean.h\"\n#include <torch/csrc/utils/pybind.h>\n"

@@ -71,8 +71,8 @@ class _Zygote:
             if "status" in msg:
                 w["status"] = msg["status"]
                 w["status_event"].set()
-        self.dead.set()
         with self._lock:
+            self.dead.set()
             for w in self._waiters.values():
                 w["pid_event"].set()
                 w["status_event"].set()
@@ -80,6 +80,10 @@ class _Zygote:
     def spawn(self, request: dict) -> dict:
         w = {"pid": None, "status": None, "pid_event": threading.Event(), "status_event": threading.Event()}
         with self._lock:
+            if self.dead.is_set():  # the reader has already released every waiter
+                w["pid_event"].set()
+                w["status_event"].set()
+                return w
             self._waiters[request["job"]] = w
             self.proc.stdin.write((json.dumps(request) + "\n").encode())
             self.proc.stdin.flush()
@@ -269,22 +273,7 @@ class BuildService:
             pid = waiter["pid"]
             self._active[request["job"]] = pid
             fork_s = time.monotonic() - t_fork
-            deadline = time.monotonic() + self.timeout_s
-            verdict = None
-            peak_procs = 0
-            while not waiter["status_event"].wait(POLL_S):
-                pids = proctree.descendants(pid, limit=self.max_processes + 1)
-                peak_procs = max(peak_procs, len(pids))
-                if time.monotonic() > deadline:
-                    verdict = "timeout"
-                elif len(pids) > self.max_processes:
-                    verdict = "processes"
-                elif proctree.tree_rss(pids) > self.memory_limit:
-                    verdict = "memory"
-                if verdict:
-                    proctree.kill_tree(pid)
-                    waiter["status_event"].wait(10)
-                    break
+            verdict = self._watch(pid, waiter["status_event"])
             try:  # leftovers of the child's session (background processes it started)
                 os.killpg(pid, 9)
             except OSError:
@@ -298,6 +287,25 @@ class BuildService:
         finally:
             self._active.pop(request["job"], None)
             zygote.forget(request["job"])
+
+    def _watch(self, pid: int, reaped: threading.Event) -> str | None:
+        """Poll the child's process tree until the zygote reaps it; kill the tree past a limit.
+        Returns what it was killed for (timeout, processes, memory), or None."""
+        deadline = time.monotonic() + self.timeout_s
+        while not reaped.wait(POLL_S):
+            pids = proctree.descendants(pid, limit=self.max_processes + 1)
+            verdict = None
+            if time.monotonic() > deadline:
+                verdict = "timeout"
+            elif len(pids) > self.max_processes:
+                verdict = "processes"
+            elif proctree.tree_rss(pids) > self.memory_limit:
+                verdict = "memory"
+            if verdict:
+                proctree.kill_tree(pid)
+                reaped.wait(10)
+                return verdict
+        return None
 
     # ------------------------------------------------------------------------------ zygote + pch
     def _zygote_env(self) -> dict[str, str]:

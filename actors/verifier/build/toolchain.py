@@ -47,6 +47,7 @@ class Toolchain:
     nvcc_common: tuple[str, ...] = ()  # torch's COMMON_NVCC_FLAGS
     ccbin: str = ""  # $CC for nvcc's host compiler, as torch honours it
     link_flags: tuple[str, ...] = ()  # e.g. -fuse-ld=gold: links against libtorch ~3x faster than bfd
+    nvcc_parallel: bool = True  # run nvcc's host and device front ends concurrently (nvcc.py)
 
     @property
     def id(self) -> str:
@@ -55,7 +56,8 @@ class Toolchain:
                  f"py{sys.version_info.major}.{sys.version_info.minor}", self.std, f"abi{self.abi}",
                  PIPELINE_VERSION, f"prelude-{PRELUDE_DIGEST}"]
         if self.backend == "cuda":
-            parts += [f"nvcc-{self.nvcc_version}", ",".join(a.split("code=")[-1] for a in self.arch_flags)]
+            parts += [f"nvcc-{self.nvcc_version}", ",".join(a.split("code=")[-1] for a in self.arch_flags),
+                      "nvcc-parallel" if self.nvcc_parallel else "nvcc-plain"]
         parts += list(self.link_flags)
         return "|".join(parts)
 
@@ -185,7 +187,8 @@ def _detect_cuda(cpp_extension) -> dict:
         libdir = os.path.join(home, "lib")
     return dict(nvcc=nvcc, nvcc_version=m.group(1) if m else "unknown", cuda_home=home,
                 cuda_libdir=libdir, arch_flags=tuple(cuda_arch_flags(nvcc)),
-                nvcc_common=tuple(cpp_extension.COMMON_NVCC_FLAGS), ccbin=os.environ.get("CC", ""))
+                nvcc_common=tuple(cpp_extension.COMMON_NVCC_FLAGS), ccbin=os.environ.get("CC", ""),
+                nvcc_parallel=not os.environ.get("KILN_NVCC_PLAIN"))
 
 
 _NAMED_ARCHES = {"Ampere": "8.0;8.6", "Ada": "8.9", "Hopper": "9.0", "Blackwell": "10.0;12.0"}
