@@ -32,6 +32,11 @@ class ClusterConfig:
     bind_host: str = F("127.0.0.1", "Host every ZMQ endpoint binds on; loopback keeps a single-node run private")
     advertise_host: Optional[str] = F(None, "Host peers use to reach endpoints bound on 0.0.0.0 (multi-node); null = bind_host")
     transport: str = F("tcp", "ZMQ transport between actors: tcp, or ipc (unix sockets, same host only)", choices=["tcp", "ipc"])
+    use_ray: bool = F(True, "Run each actor as a Ray actor (placement, supervision); false = all actors in the driver's process (debugging, tests)")
+    learner_gpus: int = F(0, "GPUs for learner ranks: a multiple of learner.tensor_parallel × pipeline_parallel (the quotient is DP); 0 = learner on CPU (torch backend)", ge=0)
+    engine_gpus: int = F(0, "GPUs per rollout engine: 1 for the torch engine, rollout.sglang_tp_size for launched SGLang servers; 0 = engines on CPU. With rollout.sglang_urls the servers run outside Kiln and this only sizes the memory estimate", ge=0)
+    verifier_gpus: int = F(0, "GPUs dedicated to cuda verifier actors (actors spread round-robin over them); 0 with the cuda backend = verifiers share the engines' GPUs (else the learner's)", ge=0)
+    gpu_memory_gb: Optional[float] = F(None, "Memory of one GPU in GiB for the placement plan's memory check; null = ask the visible GPU, no check when there is none", gt=0.0)
 
 
 @dataclass
@@ -144,6 +149,7 @@ class LearnerConfig:
     weight_sync: str = F("auto", "Weight push to engines: auto (nccl across GPUs, cuda_ipc on a shared GPU, gloo on CPU), or force one", choices=["auto", "nccl", "cuda_ipc", "gloo", "disk"])
     bucket_mb: int = F(256, "Bucket size of the weight broadcast", ge=1)
     checkpoint_every: int = F(50, "Steps between checkpoints; 0 = only at the end", ge=0)
+    device: str = F("auto", "Device of the torch learner: 'auto' (cuda when present), 'cpu' or 'cuda[:i]'")
 
 
 @dataclass
@@ -162,6 +168,10 @@ class AlgoConfig:
     is_cap: float = F(5.0, "C: truncation of the importance weight w = min(π_prox/μ, C)", gt=0.0)
     kl_coef: float = F(0.0, "KL penalty weight; 0 disables it and its reference-model pass", ge=0.0)
     sft_warmup_steps: int = F(0, "Cross-entropy warm-start steps on reference solutions before RL", ge=0)
+    sft_solutions: Optional[str] = F(None, "Solution directory of the warm start (levelN/<task file name>); null = <replay.tasks>/solutions/<verifier.backend>")
+    sft_lr: float = F(1e-3, "Learning rate of the warm-start steps (RL steps use learner.lr)", ge=0.0)
+    sft_batch_tokens: int = F(16384, "Tokens per warm-start batch", ge=16)
+    eval_samples: int = F(4, "k: samples per validation task in an evaluation (pass@k, avg@k)", ge=1)
     seed: int = F(0, "Seed of sampling and task order", ge=0)
 
 
@@ -175,6 +185,8 @@ class LoggingConfig:
     live: bool = F(True, "Show the live rich view on a terminal")
     episodes_per_step: int = F(2, "Episodes dumped as readable text per step, for spotting reward hacking", ge=0)
     eval_every: int = F(0, "Steps between validation runs; 0 = only at the end", ge=0)
+    eval_k: int = F(1, "k of the validation metrics pass@k and avg@k; a task needs at least k samples to count", ge=1)
+    live_refresh_s: float = F(0.5, "Seconds between redraws of the live view", gt=0.0)
 
 
 @dataclass

@@ -38,8 +38,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--markdown", action="store_true", help="print the configuration reference instead")
     p.set_defaults(func=cmd_config)
 
+    from launch.train import add_train_parser
     from launch.verify import add_verify_parser
 
+    add_train_parser(sub)
     add_verify_parser(sub)
     return parser
 
@@ -51,6 +53,9 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except ConfigError as err:
         print(f"kiln: config error: {err}", file=sys.stderr)
+        return 2
+    except (FileExistsError, FileNotFoundError) as err:
+        print(f"kiln: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("kiln: interrupted", file=sys.stderr)

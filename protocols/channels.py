@@ -159,12 +159,16 @@ class PullChannel(_Channel):
 
 
 class RequestClient(_Channel):
-    """DEALER side of request/reply: `request()` sends, waits, resends, and returns the reply."""
+    """DEALER side of request/reply: `request()` sends, waits, resends, and returns the reply.
+
+    `address` may list several servers separated by commas (a verifier pool): the DEALER spreads
+    requests over the connected ones, and a resend may go to another server."""
 
     def __init__(self, address: str, *, timeout_s: float = 5.0, retries: int = 3, **kw):
         super().__init__(zmq.DEALER, **kw)
         self.sock.setsockopt(zmq.IMMEDIATE, 1)  # no backlog of stale resends for a server that is down
-        self.sock.connect(address)
+        for one in filter(None, (a.strip() for a in address.split(","))):
+            self.sock.connect(one)
         self.address = address
         self.timeout_s = timeout_s
         self.retries = retries

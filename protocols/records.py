@@ -206,6 +206,13 @@ class BatchRequest(Record):
 
     learner_id: str
     version: int
+    # A learner restored from a checkpoint at version c continues at `version` > c: the versions in
+    # (discarded_above, version) were never kept, so replay drops samples they produced. -1 = none.
+    discarded_above: int = -1
+
+    def check(self) -> None:
+        if self.discarded_above >= self.version:
+            raise ValueError(f"discarded_above {self.discarded_above} must be below version {self.version}")
 
 
 @record
@@ -270,6 +277,22 @@ class WeightRequest(Record):
 
     engine_id: str
     have_version: int = -1
+    # "" = the learner's own transport (join its process group / get CUDA IPC handles); "disk" = the
+    # fallback when that failed: the current version written as an HF checkpoint directory.
+    transport: Literal["", "disk"] = ""
+
+
+@record
+class WeightHandles(Record):
+    """CUDA IPC (same GPU): the learner's answer to a WeightRequest, one handle per bucket of `version`
+    (`torch.multiprocessing.reductions.reduce_tensor` of a flat uint8 buffer, pickled). The buckets are
+    `protocols.weights.plan_buckets(manifest, bucket_bytes)` (the engine checks that the counts agree);
+    an engine rebuilds, copies and confirms."""
+
+    version: int
+    manifest: list[TensorSpec]
+    bucket_bytes: int
+    handles: list[bytes]
 
 
 @record
@@ -307,6 +330,28 @@ class Metrics(Record):
     step: int
     ts: float
     values: dict[str, float]
+
+
+@record
+class GroupReport(Record):
+    """What a rollout actor did for one task group, pushed to the driver for the live view and the
+    report (the episodes themselves go to replay; a few are sampled to the driver for dumps)."""
+
+    actor_id: str
+    group_id: str
+    task_id: str
+    is_retry: bool
+    turn_scores: list[list[float]]  # per episode, the score s_k of each turn
+    turn_passed: list[list[bool]]  # per episode, whether each turn passed
+    stages: list[str]  # stage reached by every verified attempt (all turns)
+    error_classes: list[str]  # error class of every failed attempt
+    source_hashes: list[str]  # compiled source hash of every attempt that had one
+    generated_tokens: int
+    seconds: float  # wall time of the whole group (generation + verification, all turns)
+
+    def check(self) -> None:
+        if len(self.turn_scores) != len(self.turn_passed):
+            raise ValueError("turn_scores and turn_passed differ in length")
 
 
 @record

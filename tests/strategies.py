@@ -139,8 +139,29 @@ def batch_reply(draw):
                         retry_after_s=draw(st.floats(0, 60)))
 
 
+@st.composite
+def batch_request(draw):
+    version = draw(st.integers(0, 2**31))
+    return P.BatchRequest(learner_id=draw(text), version=version,
+                          discarded_above=draw(st.integers(-1, version - 1)))
+
+
+@st.composite
+def group_report(draw):
+    n = draw(st.integers(0, 4))
+    turns = [draw(st.integers(1, 3)) for _ in range(n)]
+    return P.GroupReport(
+        actor_id=draw(text), group_id=draw(text), task_id=draw(text), is_retry=draw(st.booleans()),
+        turn_scores=[draw(st.lists(st.floats(-1, 3), min_size=t, max_size=t)) for t in turns],
+        turn_passed=[draw(st.lists(st.booleans(), min_size=t, max_size=t)) for t in turns],
+        stages=draw(st.lists(text, max_size=4)), error_classes=draw(st.lists(text, max_size=4)),
+        source_hashes=draw(st.lists(text, max_size=4)), generated_tokens=draw(st.integers(0, 2**31)),
+        seconds=draw(st.floats(0, 1e6)))
+
+
 CONSTRAINED = {P.KernelSpec: kernel_spec, P.Task: task, P.TaskReply: task_reply, P.VerifyResult: verify_result,
-               P.Turn: turn, P.Episode: episode, P.TrainBatch: train_batch, P.BatchReply: batch_reply}
+               P.Turn: turn, P.Episode: episode, P.TrainBatch: train_batch, P.BatchReply: batch_reply,
+               P.BatchRequest: batch_request, P.GroupReport: group_report}
 
 
 def record_strategy(cls):

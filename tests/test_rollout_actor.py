@@ -12,11 +12,11 @@ import time
 import numpy as np
 import pytest
 import torch
-from safetensors.torch import save_file
 
 from actors.base import as_ray_actor
 from actors.buffer import ReplayActor
 from actors.buffer.actor import read_endpoint
+from actors.learner.weight_sync import WeightServer
 from actors.rollout.actor import RolloutActor
 from actors.rollout.engine import SamplingParams
 from actors.rollout.episodes import GroupRunner, Verifier
@@ -300,14 +300,13 @@ def test_a_silent_verifier_gets_a_resend_then_the_attempt_is_marked_infra(tmp_pa
 
 
 def test_a_crashed_engine_restarts_with_the_current_weights_and_reruns_its_requests(tmp_path, text_verifier):
-    weights_dir = tmp_path / "weights"
-    weights_dir.mkdir()
     current = build_model(dataclasses.replace(TINY, seed=31))
-    save_file({k: v.contiguous() for k, v in current.state_dict().items() if k != "lm_head.weight"},
-              str(weights_dir / "model.safetensors"))
+    learner = WeightServer(tmp_path / "learner", transport="disk")
+    endpoints = learner.start()
+    learner.publish(5, current.named_parameters)
     replay = start_replay(tmp_path, G=2, B=1)
     actor = RolloutActor(rollout_cfg(max_turns=1, max_new_tokens=12), TINY, replay=replay.address,
-                         verifier=text_verifier, weights=lambda: (5, str(weights_dir)))
+                         verifier=text_verifier, learner=endpoints)
     seen = []
     actor.sender.submit = lambda ep, submit=actor.sender.submit: (seen.append(ep), submit(ep))[1]
     crashed = []
@@ -329,9 +328,12 @@ def test_a_crashed_engine_restarts_with_the_current_weights_and_reruns_its_reque
             turn = ep.turns[0]
             assert (turn.versions == 5).all()
             assert np.abs(reference_logprobs(current, turn) - turn.logprobs).mean() < 1e-4
+        assert learner.wait_confirmed(5, [actor.actor_id], timeout_s=10)
+        assert actor.health()["weights"]["bootstraps"] == 2  # at start and after the restart
     finally:
         actor.stop()
         replay.stop()
+        learner.stop()
 
 
 @pytest.fixture(scope="module")

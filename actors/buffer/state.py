@@ -20,11 +20,13 @@ import dataclasses
 import logging
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from actors.buffer import intake
 from actors.buffer.formulas import admission_limit, is_stale, may_admit
 from actors.buffer.groups import Group, judge
 from actors.buffer.ledger import EpisodeLedger
-from actors.buffer.packing import episode_lag, pack_batch
+from actors.buffer.packing import episode_lag, gradient_versions, pack_batch
 from actors.buffer.retry_buffer import RetryBuffer
 from actors.buffer.task_feed import TaskFeed
 from actors.buffer.task_source import TaskSet
@@ -91,6 +93,8 @@ class ReplayState:
         self.group_seq = 0
         self.learner_version = 0  # newest version a learner asked a batch for
         self.highest_version_seen = 0  # over learner requests and episode tokens; a restored learner starts above it
+        # Version ranges (lo, hi), exclusive, whose weights a learner restore threw away: never trained on.
+        self.discarded: list[tuple[int, int]] = []
 
     # ------------------------------------------------------------------------------- task feed
 
@@ -208,6 +212,9 @@ class ReplayState:
                 f"batch request at version {v} is below the newest version {self.learner_version} "
                 f"(versions only grow; a restored learner continues above {self.highest_version_seen})")), False
         changed = v > self.learner_version
+        if req.discarded_above >= 0 and (req.discarded_above, v) not in self.discarded:
+            self.discarded.append((req.discarded_above, v))
+            changed = True
         if changed:
             self.learner_version = v
             self.highest_version_seen = max(self.highest_version_seen, v)
@@ -217,6 +224,7 @@ class ReplayState:
         if self.served is not None:  # a repeated request for the version already served
             return BatchReply(status="batch", batch=self._pack(self.served.groups, v)), changed
         changed |= self._filter_stale(v)
+        changed |= self._filter_discarded()
         if len(self.ready) < self.algo.batch_groups:
             self.counters.batch_waits += 1
             return BatchReply(status="wait", retry_after_s=self.replay.retry_after_s), changed
@@ -241,6 +249,18 @@ class ReplayState:
             del self.ready[group.group_id]
             self._filter(group, "stale", reissue=True)
         return bool(stale)
+
+    def _filter_discarded(self) -> bool:
+        """Filter every waiting group with a sample made by weights a learner restore discarded."""
+        def discarded(ep: Episode) -> bool:
+            versions = gradient_versions(ep, self.algo.train_turns)
+            return any(bool(np.any((versions > lo) & (versions < hi))) for lo, hi in self.discarded)
+
+        bad = [g for g in self.ready.values() if any(discarded(ep) for ep in g.episodes.values())]
+        for group in bad:
+            del self.ready[group.group_id]
+            self._filter(group, "discarded", reissue=True)
+        return bool(bad)
 
     def _pack(self, groups: list[Group], version: int):
         episodes = [ep for g in groups for ep in g.ordered()]
@@ -280,6 +300,7 @@ class ReplayState:
             "group_seq": self.group_seq,
             "learner_version": self.learner_version,
             "highest_version_seen": self.highest_version_seen,
+            "discarded": [list(r) for r in self.discarded],
             "running": [g.dump() for g in self.running.values()],
             "ready": [g.dump() for g in self.ready.values()],
             "served": None if self.served is None else {
@@ -297,6 +318,7 @@ class ReplayState:
         self.group_seq = data["group_seq"]
         self.learner_version = data["learner_version"]
         self.highest_version_seen = data["highest_version_seen"]
+        self.discarded = [tuple(r) for r in data.get("discarded", [])]
         # a restart gives every running group a fresh timeout: nobody could deliver while replay was down
         self.running = {g.group_id: g for g in (Group.load(d, now) for d in data["running"])}
         self.ready = {g.group_id: g for g in (Group.load(d, now) for d in data["ready"])}

@@ -2,17 +2,25 @@
 multi-turn episode loop on its engine, and sends the `Episode` records to replay, keeping each until
 replay acknowledges it.
 
-Robustness: an engine that crashes is restarted, fetches the current weights (`weights()`) before it
-serves, and the requests that were in flight are run again; an episode is never dropped before its
-ack (`EpisodeSender`), so a replay restart loses nothing. Weight updates go to the engine, which
-applies them between decode steps (policy `rollout.on_weight_update`) so every token's version is
-exact. Runs in-process and as a Ray actor (`as_ray_actor(RolloutActor)`).
+Weights: given the learner's weight endpoints (`learner`, as `WeightServer.start()` returns them), a
+`WeightClient` brings the engine to the learner's current version before it serves and then applies
+every announced version; the engine applies each between decode steps (policy
+`rollout.on_weight_update`), so every token's version is exact. Without `learner` the engine serves
+its initial weights (rollout-only mode).
+
+Robustness: an engine that crashes is restarted, fetches the current weights before it serves, and
+the requests that were in flight are run again; an episode is never dropped before its ack
+(`EpisodeSender`), so a replay restart loses nothing. Runs in-process and as a Ray actor
+(`as_ray_actor(RolloutActor)`).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Callable, Iterable
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, Iterable, Mapping
 
 import torch
 
@@ -21,16 +29,17 @@ from actors.buffer.sender import EpisodeSender
 from actors.rollout.engine import Engine, EngineError, GenerateRequest, Generation, SamplingParams
 from actors.rollout.engines import make_engine
 from actors.rollout.episodes import GroupRunner, Verifier
+from actors.rollout.reporting import Reporter, group_report
 from actors.rollout.tokenizer import load_tokenizer
+from actors.rollout.weight_client import WeightClient
 from configs import ModelConfig, RolloutConfig
-from protocols import TaskReply, TaskRequest
+from protocols import Task, TaskReply, TaskRequest, VerifyResult
 from protocols.channels import ChannelTimeout, RemoteError, RequestClient
 
 log = logging.getLogger(__name__)
 
 ENGINE_RESTARTS_PER_CALL = 3
-# Where the current weights are: (version, HF checkpoint directory), or None to serve the initial ones.
-WeightSource = Callable[[], "tuple[int, str] | None"]
+EVAL_CONCURRENCY = 4  # validation tasks in flight at once (their samples batch together in the engine)
 
 
 class RolloutActor(Actor):
@@ -38,11 +47,14 @@ class RolloutActor(Actor):
 
     def __init__(self, rollout: RolloutConfig, model: ModelConfig, *, replay: str | Callable[[], str],
                  verifier: str, actor_id: str = "rollout-0", index: int = 0,
-                 weights: WeightSource | None = None) -> None:
+                 learner: Mapping[str, str] | Callable[[], Mapping[str, str]] | None = None,
+                 metrics: str | None = None, episodes_to_driver: int = 0, episode_log: str | None = None) -> None:
         super().__init__()
         self.cfg, self.model_cfg = rollout, model
         self.actor_id, self.index = actor_id, index
-        self.weights = weights
+        # The learner's weight endpoints ("weights", "announce", "announce_sync"), or a callable that
+        # returns them (a restarted learner binds new ports); None serves the initial weights.
+        self.weights = WeightClient(actor_id, learner) if learner is not None else None
         self._replay = replay if callable(replay) else (lambda: replay)
         self.tokenizer = load_tokenizer(model)
         eos = getattr(self.tokenizer, "eos_token_id", None)
@@ -57,11 +69,19 @@ class RolloutActor(Actor):
         self._feed: RequestClient | None = None
         self._feed_address = ""
         self._finished = False
+        # Group reports (and a sampled episode per group) to the driver; every episode to disk in
+        # rollout-only mode.
+        self.reporter = Reporter(metrics, sample_episodes=episodes_to_driver > 0, episode_log=episode_log,
+                                 seed=rollout.seed + index)
+        self.busy_s = 0.0
+        self._runner: GroupRunner | None = None
 
     # ------------------------------------------------------------------------------ lifecycle
 
     def start(self) -> dict[str, str]:
         self.engine = self._start_engine()
+        if self.weights is not None:
+            self.spawn(lambda: self.weights.run(self._stop), "weights")
         self.spawn(self._loop, "episodes")
         return {}
 
@@ -72,16 +92,20 @@ class RolloutActor(Actor):
         if self.engine is not None:
             self.engine.close()
         super().stop()
-        for close in (self.verifier.close, self.sender.close, self._drop_feed):
+        for close in (self.verifier.close, self.sender.close, self._drop_feed, self.reporter.close):
             close()
+        if self.weights is not None:
+            self.weights.close()
 
     def health(self) -> dict:
         engine = self.engine.health() if self.engine is not None else {"alive": False}
         looping = any(t.is_alive() for t in self._threads)
-        return {**super().health(), **self.stats, "actor_id": self.actor_id, "finished": self._finished,
+        return {**super().health(), **self.stats, "busy_s": self.busy_s, "actor_id": self.actor_id,
+                "finished": self._finished,
                 "looping": looping,
                 "unacked": self.sender.unacked, "acked": len(self.sender.acked),
-                "verify_infra": self.verifier.stats["infra"], "engine": engine}
+                "verify_infra": self.verifier.stats["infra"], "engine": engine,
+                "weights": self.weights.health() if self.weights is not None else None}
 
     def acked_episode_ids(self) -> list[str]:
         return list(self.sender.acked)
@@ -101,10 +125,12 @@ class RolloutActor(Actor):
 
     def _start_engine(self) -> Engine:
         engine = make_engine(self.cfg, self.model_cfg, index=self.index, eos_token_ids=self.eos)
-        current = self.weights() if self.weights is not None else None
-        if current is not None:  # a late or restarted engine loads the current weights before serving
-            version, path = current
-            engine.update_weights_from_disk(path, version)
+        if self.weights is not None:  # a late or restarted engine loads the current weights before serving
+            try:
+                self.weights.bootstrap(engine)
+            except Exception:
+                engine.close()
+                raise
         return engine
 
     def generate(self, requests: list[GenerateRequest]) -> list[Generation]:
@@ -126,10 +152,35 @@ class RolloutActor(Actor):
 
     # ------------------------------------------------------------------------------ episodes
 
+    def _group_runner(self, max_turns: int) -> GroupRunner:
+        return GroupRunner(actor_id=self.actor_id, generate=self.generate, verifier=self.verifier,
+                           tokenizer=self.tokenizer, params=self.params, max_turns=max_turns,
+                           max_seq_len=self.model_cfg.max_seq_len)
+
+    def rewire_verifier(self, address: str) -> None:
+        """Point verification at a restarted verifier pool (new addresses); in-flight requests on the
+        old client finish or time out as infra."""
+        old, self.verifier = self.verifier, Verifier(address, timeout_s=self.cfg.verify_timeout_s,
+                                                     retries=self.cfg.verify_retries)
+        if self._runner is not None:
+            self._runner.verifier = self.verifier
+        threading.Thread(target=old.close, daemon=True).start()
+
+    def evaluate(self, tasks: list[Task], samples: int) -> dict[str, list[VerifyResult]]:
+        """First-turn attempts at each task (`samples` each) with the current weights, verified by the
+        same verifier as training; nothing goes to replay. For pass@k / avg@k / fast_1."""
+        runner = self._group_runner(max_turns=1)
+
+        def one(item: tuple[int, Task]) -> tuple[str, list[VerifyResult]]:
+            i, task = item
+            reply = TaskReply(status="task", task=task, group_id=f"eval-{i}", group_size=samples)
+            return task.task_id, [ep.turns[0].result for ep in runner.run(reply) if ep.turns[0].result]
+
+        with ThreadPoolExecutor(max_workers=EVAL_CONCURRENCY, thread_name_prefix="kiln-rollout-eval") as pool:
+            return dict(pool.map(one, enumerate(tasks)))
+
     def _loop(self) -> None:
-        runner = GroupRunner(actor_id=self.actor_id, generate=self.generate, verifier=self.verifier,
-                             tokenizer=self.tokenizer, params=self.params, max_turns=self.cfg.max_turns,
-                             max_seq_len=self.model_cfg.max_seq_len)
+        runner = self._runner = self._group_runner(self.cfg.max_turns)
         while not self.stopping:
             reply = self._ask_for_task()
             if reply is None or reply.status == "wait":
@@ -139,6 +190,7 @@ class RolloutActor(Actor):
                 continue
             if reply.status == "stop":
                 break
+            started = time.monotonic()
             try:
                 episodes = runner.run(reply)
             except Exception:
@@ -151,6 +203,9 @@ class RolloutActor(Actor):
                 continue
             for episode in episodes:
                 self.sender.submit(episode)
+            seconds = time.monotonic() - started
+            self.busy_s += seconds
+            self.reporter.group(group_report(self.actor_id, reply, episodes, seconds), episodes)
             self.stats["groups"] += 1
             self.stats["episodes"] += len(episodes)
             self.sender.pump()

@@ -39,8 +39,10 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
-def bench_engine(cfg: ModelConfig, prompts: list[list[int]], new_tokens: int, graphs: bool):
-    engine = TorchEngine(cfg, max_batch=len(prompts), device=DEVICE, cuda_graphs=graphs, seed=0)
+def bench_engine(cfg: ModelConfig, prompts: list[list[int]], new_tokens: int, graphs: bool, pipeline: bool = True,
+                 gqa_decode: bool = True):
+    engine = TorchEngine(cfg, max_batch=len(prompts), device=DEVICE, cuda_graphs=graphs, seed=0, pipeline=pipeline,
+                         gqa_decode=gqa_decode)
     params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
     warm = SamplingParams(max_new_tokens=4, ignore_eos=True)
     engine.generate([GenerateRequest(f"w{i}", p, warm) for i, p in enumerate(prompts)])
@@ -104,6 +106,9 @@ def main() -> None:
     ap.add_argument("--hf-new-tokens", type=int, default=512, help="HF generate's length (lower it to save time)")
     ap.add_argument("--hbm-tbps", type=float, default=None, help="HBM bandwidth; default from the GPU name")
     ap.add_argument("--no-graphs", action="store_true", help="decode eagerly (to see what the graphs buy)")
+    ap.add_argument("--no-pipeline", action="store_true", help="read each step's tokens before the next decode")
+    ap.add_argument("--hf-attention", action="store_true", help="decode with HF's sdpa (repeat_kv) attention")
+    ap.add_argument("--engine-only", action="store_true", help="skip HF generate and the logprob checks")
     ap.add_argument("--cpu-smoke", action="store_true", help="a tiny fp32 model on CPU: checks the script runs")
     args = ap.parse_args()
     global DEVICE
@@ -120,12 +125,21 @@ def main() -> None:
     g = torch.Generator().manual_seed(0)
     prompts = torch.randint(0, cfg.vocab_size, (args.batch, args.prompt), generator=g).tolist()
 
-    engine, gens, eng_s = bench_engine(cfg, prompts, args.new_tokens, graphs=not args.no_graphs)
+    engine, gens, eng_s = bench_engine(cfg, prompts, args.new_tokens, graphs=not args.no_graphs,
+                                       pipeline=not args.no_pipeline, gqa_decode=not args.hf_attention)
     model = engine.model
     graph_steps, steps = engine.stats["graph_steps"], engine.stats["steps"]
     n_params = sum(p.numel() for p in model.parameters())
     eng_tps = args.batch * args.new_tokens / eng_s
     assert all(len(x.output_ids) == args.new_tokens for x in gens)
+    step_ms = 1e3 * eng_s / args.new_tokens  # the timed run's steps, its one prefill included
+    attn = model.config._attn_implementation
+    print(f"engine: {eng_s:.2f} s, {eng_tps:,.0f} tok/s, {step_ms:.2f} ms per decode step (prefill included); "
+          f"attention {attn!r}, pipeline {'off' if args.no_pipeline else 'on'}, graph steps {graph_steps}/{steps}",
+          flush=True)
+    if args.engine_only:
+        engine.close()
+        return
     same = logprob_mismatch(model, prompts, gens)
     engine.close()
     hf_s = bench_hf(model, prompts, args.hf_new_tokens)

@@ -30,6 +30,11 @@ class DecodeStep:
         self.graph: torch.cuda.CUDAGraph | None = None
         self.logits: torch.Tensor | None = None
 
+    @property
+    def cache_len(self) -> int:
+        """Columns of the static cache: a step may run only while `column` is below this."""
+        return self.mask.shape[-1]
+
     def _forward(self) -> torch.Tensor:
         out = self.model(input_ids=self.tokens, attention_mask=self.mask, position_ids=self.positions,
                          past_key_values=self.cache, cache_position=self.cache_position, use_cache=True)

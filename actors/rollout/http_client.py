@@ -5,9 +5,11 @@ engine behind `http_server.EngineServer` — the same code for all three. Reques
 prompt, concurrently, so a router spreads them over its workers. Only the standard library is used.
 
 Per-token weight versions: the embedded engine reports them (meta_info["kiln_token_versions"]);
-SGLang reports one `weight_version` per response, which is exact only when no update landed during
-the request. The rollout actor keeps versions exact with SGLang by updating weights only while
-generation is paused (or after aborting in-flight requests and resubmitting them).
+SGLang reports one `weight_version` per response (meta_info["weight_version"], the string the last
+update set), which is exact only when no update landed during the request. A multi-bucket update runs
+between /pause_generation (mode in_place) and /continue_generation, so no token is sampled from a
+half-loaded model; a response that spans an update still carries only the newer version, so exact
+per-token versions with SGLang need pause mode "abort" (in-flight requests aborted and resubmitted).
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ class SGLangClient(Engine):
         self.timeout_s = timeout_s
         self._pool = ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="kiln-sglang-client")
         self._version = -1
+        self._updating = False  # generation paused for a multi-bucket update in progress
+        self._staging: bool | None = None  # the server stages buckets (Kiln's engine); asked once
 
     # --------------------------------------------------------------------------------- HTTP
 
@@ -109,12 +113,40 @@ class SGLangClient(Engine):
             "world_size": world_size, "group_name": group_name, "backend": backend})
 
     def update_weights_from_distributed(self, names: list[str], dtypes: list[str], shapes: list[list[int]],
-                                        version: int, group_name: str = "weight_update_group") -> None:
-        # Body fields: SGLang's UpdateWeightsFromDistributedReqInput (weight_version is a string there).
-        self._expect_success("/update_weights_from_distributed", {
-            "names": names, "dtypes": dtypes, "shapes": shapes, "group_name": group_name,
-            "flush_cache": True, "weight_version": str(version)})
-        self._version = version
+                                        version: int, group_name: str = "weight_update_group", *,
+                                        last: bool = True) -> None:
+        # Body fields: SGLang's UpdateWeightsFromDistributedReqInput. SGLang loads each bucket into the
+        # live model at once, so a multi-bucket version runs with generation paused in place (from the
+        # first bucket until the last one has loaded), and only the last bucket carries weight_version
+        # (a string there) and flush_cache=true. Kiln's own server stages buckets instead (flush_cache=
+        # false = more follow) and must not be paused: its 'finish' policy waits for running requests.
+        pause = not last and not self._updating and not self._stages_buckets()
+        if pause:
+            self.pause()
+        self._updating = self._updating or pause
+        body = {"names": names, "dtypes": dtypes, "shapes": shapes, "group_name": group_name, "flush_cache": last}
+        if last:
+            body["weight_version"] = str(version)
+        try:
+            self._expect_success("/update_weights_from_distributed", body)
+        except EngineError:
+            self._end_update()
+            raise
+        if last:
+            self._end_update()
+            self._version = version
+
+    def _end_update(self) -> None:
+        if self._updating:
+            self._updating = False
+            self.resume()
+
+    def _stages_buckets(self) -> bool:
+        """Whether the server is Kiln's torch engine, which applies a multi-bucket version atomically."""
+        if self._staging is None:
+            info = self.call("GET", "/server_info", timeout_s=10)
+            self._staging = isinstance(info, dict) and str(info.get("version", "")).startswith("kiln")
+        return self._staging
 
     def _expect_success(self, path: str, body: dict) -> None:
         out = self.call("POST", path, body)

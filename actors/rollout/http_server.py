@@ -13,7 +13,8 @@ POST /pause_generation {"mode": "abort" | "in_place"}, /continue_generation
 POST /release_memory_occupation, /resume_memory_occupation
 POST /update_weights_from_disk         {"model_path", "weight_version"}
 POST /init_weights_update_group        {"master_address", "master_port", "rank_offset", "world_size", "group_name", "backend"}
-POST /update_weights_from_distributed  {"names", "dtypes", "shapes", "group_name", "weight_version"}
+POST /update_weights_from_distributed  {"names", "dtypes", "shapes", "group_name", "weight_version", "flush_cache"}
+                                       (flush_cache=false: a bucket of a multi-bucket version; staged)
 GET  /get_weight_version               {"weight_version"} (older SGLang; newer ones use /model_info)
 
 Kiln extensions, ignored by SGLang clients: meta_info["kiln_token_versions"] (the weight version of
@@ -184,9 +185,15 @@ class EngineServer:
                     str(body.get("backend", "nccl"))), "joined the weight group")
             if path == "/update_weights_from_distributed":
                 version = int(body.get("weight_version", e.weight_version + 1))
+                # SGLang's flush_cache=false says more buckets of this version follow: the torch engine
+                # stages them and applies the version whole with the bucket that flushes.
+                last = body.get("flush_cache", True)
+                if not isinstance(last, bool):
+                    raise BadRequest("flush_cache must be a boolean")
                 return _weights_result(lambda: e.update_weights_from_distributed(
                     list(body["names"]), list(body["dtypes"]), [list(x) for x in body["shapes"]], version,
-                    str(body.get("group_name", "weight_update_group"))), f"loaded version {version}")
+                    str(body.get("group_name", "weight_update_group")), last=last),
+                    f"loaded version {version}" if last else f"staged a bucket of version {version}")
             if path == "/pause_generation":
                 mode = body.get("mode", "abort")  # SGLang's default mode
                 if mode not in ("abort", "in_place"):

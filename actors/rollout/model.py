@@ -34,15 +34,16 @@ def hf_config(cfg: ModelConfig):
     )
 
 
-def build_model(cfg: ModelConfig, device: str | torch.device = "cpu") -> torch.nn.Module:
-    """The model in eval mode on `device`, in `cfg.dtype`, with sdpa attention."""
+def build_model(cfg: ModelConfig, device: str | torch.device = "cpu", attention: str = "sdpa") -> torch.nn.Module:
+    """The model in eval mode on `device`, in `cfg.dtype`, with `attention` as its transformers
+    `attn_implementation` ("sdpa", or a name registered by actors/rollout/attention.py)."""
     from transformers import AutoModelForCausalLM
 
     dtype = DTYPES[cfg.dtype]
     if cfg.path:
-        model = AutoModelForCausalLM.from_pretrained(cfg.path, dtype=dtype, attn_implementation="sdpa",
+        model = AutoModelForCausalLM.from_pretrained(cfg.path, dtype=dtype, attn_implementation=attention,
                                                      local_files_only=True)
     else:
         torch.manual_seed(cfg.seed)
-        model = AutoModelForCausalLM.from_config(hf_config(cfg), dtype=dtype, attn_implementation="sdpa")
+        model = AutoModelForCausalLM.from_config(hf_config(cfg), dtype=dtype, attn_implementation=attention)
     return model.to(device).eval()

@@ -11,12 +11,16 @@ import torch
 
 
 def sample(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor, top_k: torch.Tensor,
-           generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+           generator: torch.Generator | None = None, *, filtered: bool | None = None
+           ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-row sampling. logits [B, V]; temperature, top_p [B] float; top_k [B] long (0 = off).
-    Returns (token ids [B], logprobs [B] float32)."""
+    `filtered`: whether any row uses top-p or top-k, if the caller knows it from the requests (None:
+    read it from the tensors, a host sync on GPU). Returns (token ids [B], logprobs [B] float32)."""
     logp = torch.log_softmax(logits.float() / temperature[:, None], dim=-1)
     probs = logp.exp()
-    if bool(((top_p < 1) | (top_k > 0)).any()):
+    if filtered is None:
+        filtered = bool(((top_p < 1) | (top_k > 0)).any())
+    if filtered:
         probs = _filter(probs, top_p, top_k)
     # Exponential-race sampling (argmax of p / Exp(1)) equals multinomial and has no host sync.
     noise = torch.empty_like(probs).exponential_(1.0, generator=generator)

@@ -12,6 +12,10 @@ column per step, which is what HF's StaticCache supports and what keeps the deco
 fixed. Logprobs already emitted are never recomputed, so each token keeps the exact logprob and
 weight version it was sampled with.
 
+Decode speed: the step is pipelined (step t+1's decode is queued on the GPU before the host reads
+step t's tokens, so bookkeeping overlaps the GPU), and decoding attends over the un-repeated KV heads
+(actors/rollout/attention.py). Both leave every recorded token, logprob and version unchanged.
+
 Weight updates run on the scheduler thread between two decode steps, so a token's version is exact.
 Policy "abort": apply at the next step boundary; running rows are re-prefilled on the new weights
 and continue (abort-and-resume). Policy "finish": new requests wait until the running ones finish on
@@ -32,6 +36,7 @@ from typing import Callable, Iterable
 import numpy as np
 import torch
 
+from actors.rollout import attention
 from actors.rollout.decode_step import DecodeStep
 from actors.rollout.engine import Engine, EngineError, GenerateRequest, Generation, RequestError
 from actors.rollout.model import build_model
@@ -64,12 +69,15 @@ class _Batch:
     temperature: torch.Tensor
     top_p: torch.Tensor
     top_k: torch.Tensor
+    filtered: bool  # some row uses top-p or top-k (known from the requests: no host sync per step)
+    sampled: tuple[torch.Tensor, torch.Tensor]  # host buffers the step's tokens and logprobs land in
 
 
 class TorchEngine(Engine):
     def __init__(self, model_cfg: ModelConfig, *, max_batch: int = 8, device: str = "cpu",
                  eos_token_ids: Iterable[int] = (), on_weight_update: str = "finish", seed: int = 0,
-                 version: int = 0, cuda_graphs: bool = True) -> None:
+                 version: int = 0, cuda_graphs: bool = True, pipeline: bool = True,
+                 gqa_decode: bool = True) -> None:
         if on_weight_update not in ("finish", "abort"):
             raise ValueError(f"on_weight_update must be 'finish' or 'abort', got {on_weight_update!r}")
         self.model_cfg = model_cfg
@@ -78,7 +86,9 @@ class TorchEngine(Engine):
         self.eos = frozenset(eos_token_ids)
         self.policy = on_weight_update
         self.cuda_graphs = cuda_graphs  # capture the decode step on GPU (ignored on CPU)
-        self.model = build_model(model_cfg, self.device)
+        self.pipeline = pipeline  # launch step t+1's decode before reading step t's tokens (see _step)
+        # gqa_decode: attend over the un-repeated KV heads when decoding (actors/rollout/attention.py)
+        self.model = build_model(model_cfg, self.device, attention=attention.register() if gqa_decode else "sdpa")
         # A checkpoint's own config decides its vocabulary and longest context.
         self.vocab_size = self.model.config.vocab_size
         self.max_seq_len = min(model_cfg.max_seq_len, self.model.config.max_position_embeddings)
@@ -94,6 +104,7 @@ class TorchEngine(Engine):
         self._closed = False
         self._batch: _Batch | None = None
         self._groups: dict[str, object] = {}  # weight-broadcast groups joined, by name
+        self._staged: dict[str, list[tuple[str, torch.Tensor]]] = {}  # received buckets of a version, by group
         self.stats = {"requests": 0, "tokens": 0, "rebuilds": 0, "steps": 0, "graph_steps": 0, "updates": 0,
                       "aborted": 0}
         self.step_hook: Callable[[int], None] | None = None  # tests: called after each decode step
@@ -152,6 +163,7 @@ class TorchEngine(Engine):
                                   group_name: str = "weight_update_group", backend: str = "nccl") -> None:
         from actors.rollout.weight_group import WeightReceiver
 
+        self._staged.pop(group_name, None)
         try:
             self._groups[group_name] = WeightReceiver(master_address, master_port, rank_offset, world_size,
                                                       group_name=group_name, backend=backend, device=self.device)
@@ -159,15 +171,24 @@ class TorchEngine(Engine):
             raise EngineError(f"joining weight group {group_name!r} failed: {err}") from None
 
     def update_weights_from_distributed(self, names: list[str], dtypes: list[str], shapes: list[list[int]],
-                                        version: int, group_name: str = "weight_update_group") -> None:
+                                        version: int, group_name: str = "weight_update_group", *,
+                                        last: bool = True) -> None:
         receiver = self._groups.get(group_name)
         if receiver is None:
             raise RequestError(f"no weight group {group_name!r}: call init_weights_update_group first")
         try:  # receive on the caller's thread: the learner's broadcast never waits for a step boundary
             named = receiver.receive(names, dtypes, shapes)
         except (RuntimeError, ValueError) as err:
+            self._staged.pop(group_name, None)  # a version cut short is never applied in part
             raise EngineError(f"receiving weights for version {version} failed: {err}") from None
-        self._apply_on_scheduler(lambda: self._load(named), version)
+        # Buckets of one version are staged and applied in one scheduler update, so no decode step ever
+        # runs on a half-updated model (the cost: one extra copy of the weights while staging).
+        staged = self._staged.setdefault(group_name, [])
+        staged.extend(named)
+        if not last:
+            return
+        del self._staged[group_name]
+        self._apply_on_scheduler(lambda: self._load(staged), version)
 
     @property
     def weight_version(self) -> int:
@@ -385,11 +406,15 @@ class TorchEngine(Engine):
                          logits_to_keep=1)
         params = [r.req.params for r in rows]
         step = DecodeStep(self.model, cache, mask, positions[:, -1:] + 1, width, cuda_graph=self.cuda_graphs)
+        pinned = dev.type == "cuda"  # lets the step's results come to the host without blocking the stream
         self._batch = _Batch(
             rows=rows, cache=cache, step=step, logits=out.logits[:, -1],
             temperature=torch.tensor([p.temperature for p in params], device=dev),
             top_p=torch.tensor([p.top_p for p in params], device=dev),
             top_k=torch.tensor([p.top_k for p in params], device=dev),
+            filtered=any(p.top_p < 1 or p.top_k > 0 for p in params),
+            sampled=(torch.empty(B, dtype=torch.long, pin_memory=pinned),
+                     torch.empty(B, dtype=torch.float32, pin_memory=pinned)),
         )
         self.stats["rebuilds"] += 1
 
@@ -406,9 +431,25 @@ class TorchEngine(Engine):
 
     @torch.no_grad()
     def _step(self) -> None:
+        """Sample one token for every row, record it, finish rows. Pipelined: the next decode is queued
+        on the GPU before this step's tokens are read on the host, so the GPU computes step t+1 while
+        Python does step t's bookkeeping. If a row then finishes and the batch is rebuilt or dropped,
+        that decode's logits are discarded unread (nothing of it is recorded; the RNG is only drawn
+        by sample(), so the tokens are the same with pipelining on or off)."""
         b = self._batch
-        tokens, logprobs = sample(b.logits, b.temperature, b.top_p, b.top_k, self.generator)
-        token_list, lp_list = tokens.tolist(), logprobs.tolist()
+        tokens, logprobs = sample(b.logits, b.temperature, b.top_p, b.top_k, self.generator, filtered=b.filtered)
+        host_tokens, host_lps = b.sampled
+        host_tokens.copy_(tokens, non_blocking=True)
+        host_lps.copy_(logprobs, non_blocking=True)
+        ready = torch.cuda.Event() if self.device.type == "cuda" else None
+        if ready is not None:
+            ready.record()
+        ahead = self.pipeline and self._decode_ahead_useful(b)
+        if ahead:
+            self._decode(tokens)
+        if ready is not None:
+            ready.synchronize()
+        token_list, lp_list = host_tokens.tolist(), host_lps.tolist()
         finished_any = False
         for row, tok, lp in zip(b.rows, token_list, lp_list):
             if row.finish is not None:
@@ -429,10 +470,20 @@ class TorchEngine(Engine):
             self._batch = None
         elif finished_any and self._queue:
             b.cache = None  # refill the free slots: rebuild on the next cycle
-        else:
+        elif not ahead:
             self._decode(tokens)
         if self.step_hook is not None:
             self.step_hook(self.stats["steps"])
+
+    def _decode_ahead_useful(self, b: _Batch) -> bool:
+        """Whether to decode before this step's tokens are known: not when the host already knows the
+        batch ends after this step (every live row at its length limit, or one at it while requests
+        wait for its slot), and never past the static cache's last column."""
+        live = [r for r in b.rows if r.finish is None]
+        at_limit = [r for r in live if self._budget(r) <= 1]
+        if len(at_limit) == len(live) or (at_limit and self._queue):
+            return False
+        return b.step.column < b.step.cache_len
 
     def _decode(self, tokens: torch.Tensor) -> None:
         step = self._batch.step

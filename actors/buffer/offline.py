@@ -1,0 +1,148 @@
+"""Offline replay for `kiln train --train-only`: train on episodes saved by `--rollout-only`.
+
+The episode log is what rollout actors write with `episode_log=` set: one file per actor, each a
+sequence of length-prefixed `protocols.encode(Episode)` frames (`EpisodeLog`). `OfflineReplayActor`
+reads them, groups the episodes by group id, judges every complete group with the same rules as the
+live replay (PrimeEcho rewards, group advantages, tied and infra groups filtered), and serves the
+learner's `BatchRequest`s with `batch_groups` groups per batch, in order, over the same
+request/reply channel as `ReplayActor`. Staleness does not apply: every sample is from the saved
+weights, which is the point of the mode (exercise the learner alone on a fixed input).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import struct
+import threading
+from pathlib import Path
+
+import protocols
+from actors.base import Actor
+from actors.buffer.actor import ENDPOINT_FILE
+from actors.buffer.groups import Group, judge
+from actors.buffer.packing import pack_batch
+from configs import AlgoConfig
+from protocols import BatchReply, BatchRequest, Episode, ErrorReply, Record
+from protocols.channels import ReplyServer
+
+log = logging.getLogger(__name__)
+
+_LEN = struct.Struct("<Q")
+
+
+class EpisodeLog:
+    """Append-only file of encoded episodes (a torn last frame, from a kill, is ignored on read)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._file = open(self.path, "ab")
+        self._lock = threading.Lock()
+
+    def append(self, episode: Episode) -> None:
+        frame = protocols.encode(episode)
+        with self._lock:
+            self._file.write(_LEN.pack(len(frame)) + frame)
+            self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+    @staticmethod
+    def read(path: str | Path) -> list[Episode]:
+        data = Path(path).read_bytes()
+        out, pos = [], 0
+        while pos + _LEN.size <= len(data):
+            (n,) = _LEN.unpack_from(data, pos)
+            frame = data[pos + _LEN.size: pos + _LEN.size + n]
+            if len(frame) < n:
+                log.warning("%s: torn last frame ignored", path)
+                break
+            try:
+                rec = protocols.decode(frame)
+            except protocols.ProtocolError as err:
+                log.warning("%s: undecodable frame skipped: %s", path, err)
+            else:
+                if isinstance(rec, Episode):
+                    out.append(rec)
+            pos += _LEN.size + n
+        return out
+
+
+def offline_batches(episodes: list[Episode], algo: AlgoConfig) -> tuple[list[list[Group]], dict[str, int]]:
+    """Complete, trainable groups in batches of `algo.batch_groups`, and counts of what was dropped."""
+    groups: dict[str, Group] = {}
+    for ep in episodes:
+        g = groups.setdefault(ep.group_id, Group(group_id=ep.group_id, task=ep.task, size=algo.group_size,
+                                                 last_activity=0.0))
+        g.episodes.setdefault(ep.sample_index, ep)
+    dropped = {"incomplete": 0, "infra": 0, "tied": 0}
+    ready = []
+    for g in groups.values():
+        if not g.complete:
+            dropped["incomplete"] += 1
+            continue
+        verdict = judge(g, algo)
+        if verdict.infra or verdict.tied:
+            dropped["infra" if verdict.infra else "tied"] += 1
+            continue
+        g.advantages = verdict.advantages
+        ready.append(g)
+    batches = [ready[i:i + algo.batch_groups] for i in range(0, len(ready) - algo.batch_groups + 1,
+                                                              algo.batch_groups)]
+    return batches, dropped
+
+
+class OfflineReplayActor(Actor):
+    role = "replay"
+
+    def __init__(self, episodes: str | Path, algo: AlgoConfig, run_dir: str | Path, *, host: str = "127.0.0.1",
+                 transport: str = "tcp", advertise: str | None = None) -> None:
+        super().__init__()
+        self.algo = algo
+        self.dir = Path(run_dir) / "replay"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        files = sorted(Path(episodes).glob("*.kiln")) if Path(episodes).is_dir() else [Path(episodes)]
+        eps = [ep for f in files for ep in EpisodeLog.read(f)]
+        self.batches, self.dropped = offline_batches(eps, algo)
+        if not self.batches:
+            raise ValueError(f"{episodes}: no complete, untied group of {algo.group_size} episodes to train on "
+                             f"({len(eps)} episodes read; dropped groups {self.dropped})")
+        self.episodes = len(eps)
+        self.served = 0
+        self._bind = (host, transport, advertise)
+        self._server: ReplyServer | None = None
+        log.info("offline replay: %d episodes, %d batches, dropped groups %s", len(eps), len(self.batches),
+                 self.dropped)
+
+    def start(self) -> dict[str, str]:
+        self._server = ReplyServer(*self._bind)
+        (self.dir / ENDPOINT_FILE).write_text(json.dumps({"replay": self._server.address, "pid": os.getpid()}))
+        self.spawn(lambda: self._server.serve(self.handle, self._stop), "serve")
+        return {"replay": self._server.address}
+
+    def stop(self) -> None:
+        super().stop()
+        if self._server is not None:
+            self._server.close()
+
+    def handle(self, rec: Record) -> Record:
+        if not isinstance(rec, BatchRequest):
+            return ErrorReply(message=f"offline replay serves BatchRequest only, not {type(rec).__name__}")
+        index = rec.version % len(self.batches)  # more steps than batches: go round again
+        if rec.version >= self.algo.total_steps:
+            return BatchReply(status="stop")
+        self.served += 1
+        groups = self.batches[index]
+        episodes = [ep for g in groups for ep in g.ordered()]
+        return BatchReply(status="batch", batch=pack_batch(episodes, [a for g in groups for a in g.advantages],
+                                                           rec.version, self.algo.train_turns))
+
+    def health(self) -> dict:
+        n = self.episodes
+        return {**super().health(), "episodes": n, "batches": len(self.batches), "served": self.served,
+                "dropped_groups": self.dropped, "highest_version_seen": 0, "emitted": n, "trained": 0,
+                "filtered_total": 0, "pending": n, "invariant_ok": True,
+                "trained_lag": {"max": None, "histogram": {}},
+                "groups": {"trained": 0, "ready": len(self.batches), "filtered": {}}}

@@ -1,0 +1,64 @@
+"""The learner-backend interface (DESIGN.md §7): what `LearnerActor` needs from a training backend.
+
+A backend owns the policy model and its optimizer. It recomputes log π_prox for a `TrainBatch`,
+takes one off-policy-corrected step (losses in `actors.learner.losses`, backend-free), and exports
+HF-named full tensors for the weight push and for checkpoints that transformers loads. Backends:
+`torch` (HF transformers model; CPU and GPU) and `megatron` (megatron-core GPTModel; GPU). Only the
+backend modules import their training library.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import torch
+
+from protocols import TrainBatch
+
+
+@dataclass
+class StepResult:
+    """What one learner step did, for the metrics stream (every value a plain float)."""
+
+    loss: float
+    grad_norm: float
+    tokens: int  # tokens in the batch (prompt + response)
+    trained_tokens: int  # gradient-carrying tokens that MirrorPop kept
+    seconds: float
+    metrics: dict[str, float] = field(default_factory=dict)  # kept_fraction, clip_fraction, is-weight stats, ...
+
+
+class LearnerBackend(abc.ABC):
+    """One rank group's model + optimizer. Constructed from (ModelConfig, LearnerConfig, AlgoConfig)."""
+
+    @abc.abstractmethod
+    def train_step(self, batch: TrainBatch) -> StepResult:
+        """Recompute log π_prox with the current weights, apply MirrorPop, take one optimizer step."""
+
+    @abc.abstractmethod
+    def sft_step(self, batch: TrainBatch, lr: float | None = None) -> StepResult:
+        """One cross-entropy step on the batch's loss-masked tokens (warm starts), at learning rate
+        `lr` for this step when given (the optimizer's own otherwise)."""
+
+    @abc.abstractmethod
+    def logprobs(self, batch: TrainBatch, temperature: float) -> torch.Tensor:
+        """log softmax(logits / T) of every token given its prefix within its sequence: float32 [N];
+        position 0 of each sequence (no prefix) is 0."""
+
+    @abc.abstractmethod
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """HF-named full tensors (TP shards gathered), in a fixed order, on the training device."""
+
+    @abc.abstractmethod
+    def save_checkpoint(self, path: Path) -> None:
+        """Model, optimizer and RNG state under `path` (a directory this call creates)."""
+
+    @abc.abstractmethod
+    def load_checkpoint(self, path: Path) -> None: ...
+
+    @abc.abstractmethod
+    def export_hf(self, path: Path) -> None:
+        """An HF checkpoint (config.json + *.safetensors) that transformers' from_pretrained loads."""

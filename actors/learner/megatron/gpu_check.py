@@ -1,0 +1,335 @@
+"""GPU acceptance check of the megatron backend: prints one table, writes JSON to $OUT when set.
+
+    torchrun --nproc-per-node 2 -m actors.learner.megatron.gpu_check [--quick]   # all checks
+    python -m actors.learner.megatron.gpu_check [--quick]                        # 1 GPU: TP/DP rows SKIP
+
+Rows: HF -> megatron -> HF round trip through the live model (bit-exact), export_hf reloads in
+transformers (bit-exact), TP=1 logits/logprobs vs the HF model (bf16), a training step (finite loss,
+weights move, MirrorPop drops the drifted sequence), checkpoint save/load restores the weights,
+TP=2 vs TP=1 logits/logprobs, one train step under (TP=1, DP=2) vs (TP=2, DP=1) from the same weights
+(same loss, grad norm and updated weights), and throughput of a ~1.1B Qwen3-style model at 8192
+tokens per GPU per step (MFU = 6·N·tokens / (seconds · 989e12) for the SFT step; the RL step also
+runs the no-grad π_prox pass, so it is counted 8·N). Each row runs in its own try/except.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gc
+import json
+import math
+import os
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from actors.learner.megatron.backend import MegatronBackend
+from actors.learner.megatron.model import packed_forward
+from actors.learner.megatron.parallel import init_distributed
+from actors.rollout.model import build_model
+from configs import AlgoConfig, LearnerConfig, ModelConfig
+from protocols import TrainBatch
+
+H100_BF16_FLOPS = 989e12
+T = 0.8
+SMALL = ModelConfig(arch="qwen3", vocab_size=1000, hidden_size=256, num_layers=4, num_heads=8, num_kv_heads=4,
+                    intermediate_size=512, max_seq_len=2048, dtype="bfloat16", seed=3)
+LARGE = ModelConfig(arch="qwen3", vocab_size=151936, hidden_size=2048, num_layers=16, num_heads=16, num_kv_heads=8,
+                    intermediate_size=6144, max_seq_len=8192, dtype="bfloat16", seed=0)
+ROWS: list[dict] = []
+
+
+def rank0() -> bool:
+    return dist.get_rank() == 0
+
+
+def row(name: str, ok: bool | None, detail: str, **values) -> None:
+    status = "SKIP" if ok is None else ("PASS" if ok else "FAIL")
+    ROWS.append({"check": name, "status": status, "detail": detail, **values})
+    if rank0():
+        print(f"[gpu_check] {status:4s} {name}: {detail}", flush=True)
+
+
+def check(name: str):
+    """Run the decorated check at once; an exception becomes a FAIL row and the next check runs."""
+    def run(fn):
+        try:
+            fn()
+        except Exception as err:  # noqa: BLE001 - one failure must not hide the other rows
+            row(name, False, f"{type(err).__name__}: {err}".splitlines()[0][:300])
+            if rank0():
+                traceback.print_exc()
+        gc.collect()
+        torch.cuda.empty_cache()
+        return fn
+    return run
+
+
+def make_batch(cfg: ModelConfig, lengths: list[int], seed: int) -> TrainBatch:
+    rng = np.random.default_rng(seed)
+    n = sum(lengths)
+    mask = np.concatenate([np.arange(length) >= length // 5 for length in lengths])
+    return TrainBatch(version=0, episode_ids=[f"s{i}" for i in range(len(lengths))],
+                      tokens=rng.integers(0, cfg.vocab_size, n).astype(np.int64),
+                      cu_seqlens=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64), loss_mask=mask,
+                      behaviour_logprobs=np.zeros(n, np.float32),
+                      advantages=rng.standard_normal(len(lengths)).astype(np.float32),
+                      versions=np.where(mask, 0, -1).astype(np.int64))
+
+
+def with_behaviour(batch: TrainBatch, logprobs: np.ndarray, drifted: int | None, seed: int) -> TrainBatch:
+    """μ = the given logprobs + small noise; sequence `drifted` gets noise far beyond MirrorPop's δ."""
+    rng = np.random.default_rng(seed)
+    noise = rng.normal(0, 0.02, logprobs.shape)
+    if drifted is not None:
+        a, b = batch.cu_seqlens[drifted], batch.cu_seqlens[drifted + 1]
+        noise[a:b] += 2.0
+    mu = np.where(batch.loss_mask, logprobs + noise, 0).astype(np.float32)
+    return dataclasses.replace(batch, behaviour_logprobs=mu)
+
+
+def weights(backend: MegatronBackend) -> dict[str, torch.Tensor]:
+    return {n: t.detach().float().cpu() for n, t in backend.named_weights()}
+
+
+def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    return max(float((a[n] - b[n]).abs().max()) for n in a)
+
+
+def shared_tmpdir() -> Path:
+    name = [tempfile.mkdtemp(prefix="kiln-megatron-") if rank0() else None]
+    dist.broadcast_object_list(name, src=0)
+    return Path(name[0])
+
+
+def megatron_logits(backend: MegatronBackend, batch: TrainBatch) -> torch.Tensor:
+    """Full-vocabulary logits [N, V] (TP slices all-gathered), float32, one packed row."""
+    tokens = torch.as_tensor(batch.tokens, device=backend.device)
+    cu = batch.cu_seqlens
+    pos = torch.as_tensor(np.concatenate([np.arange(b - a) for a, b in zip(cu, cu[1:])]), device=backend.device)
+    backend.model.eval()
+    with torch.no_grad():
+        local = packed_forward(backend.model, tokens, pos, [int(x) for x in cu], backend.rope).float()
+    tp = backend.layout.tp
+    if tp > 1:
+        from megatron.core import parallel_state
+
+        parts = [torch.empty_like(local) for _ in range(tp)]
+        dist.all_gather(parts, local.contiguous(), group=parallel_state.get_tensor_model_parallel_group())
+        local = torch.cat(parts, dim=-1)
+    return local[:, : backend.shape.vocab_size]
+
+
+def hf_logits(cfg: ModelConfig, batch: TrainBatch, device) -> torch.Tensor:
+    model = build_model(cfg, device)
+    out = []
+    with torch.no_grad():
+        for a, b in zip(batch.cu_seqlens, batch.cu_seqlens[1:]):
+            ids = torch.as_tensor(batch.tokens[a:b], device=device)[None]
+            out.append(model(input_ids=ids, use_cache=False).logits[0].float())
+    del model
+    return torch.cat(out)
+
+
+def token_logprobs(logits: torch.Tensor, batch: TrainBatch, temperature: float) -> torch.Tensor:
+    """Token-aligned log softmax(logits / T) of each next token, 0 at sequence starts (the backend's
+    `logprobs` convention), from full logits [N, V]."""
+    lp = torch.log_softmax(logits / temperature, dim=-1)
+    tokens = torch.as_tensor(batch.tokens, device=logits.device)
+    out = torch.zeros(len(tokens), device=logits.device)
+    for a, b in zip(batch.cu_seqlens, batch.cu_seqlens[1:]):
+        if b - a > 1:
+            out[a + 1:b] = lp[a:b - 1].gather(1, tokens[a + 1:b, None])[:, 0]
+    return out.cpu()
+
+
+def diff_stats(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
+    d = (a.float() - b.float()).abs()
+    return float(d.max()), float(d.mean())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer timed steps")
+    args = parser.parse_args()
+    device = init_distributed("cuda")
+    world = dist.get_world_size()
+    started = time.perf_counter()
+    learner = LearnerConfig(backend="megatron", lr=1e-3, micro_batch_tokens=1024, grad_clip=1.0)
+    algo = AlgoConfig()
+    batch = make_batch(SMALL, [300, 517, 128, 700, 64, 911, 400], seed=1)
+    state: dict = {}
+
+    def small_backend(tp: int) -> MegatronBackend:
+        return MegatronBackend(SMALL, dataclasses.replace(learner, tensor_parallel=tp), algo, temperature=T,
+                               device=device)
+
+    # ---------------------------------------------------------------- TP = 1 (DP = world)
+    b1 = None
+
+    @check("build TP=1")
+    def _():
+        nonlocal b1
+        b1 = small_backend(1)
+        row("build TP=1", True, f"dp={b1.layout.dp} padded_vocab={b1.shape.padded_vocab_size}")
+
+    @check("HF->Megatron->HF round trip")
+    def _():
+        ref = build_model(SMALL, "cpu").state_dict()
+        got = weights(b1) if b1 else {}
+        expected = [n for n in ref if not (n == "lm_head.weight" and b1.shape.tied_embeddings)]
+        exact = set(got) == set(expected) and all(torch.equal(got[n], ref[n].float()) for n in expected)
+        row("HF->Megatron->HF round trip", exact, f"{len(got)} tensors, bit-exact={exact}")
+
+    @check("TP=1 vs HF logits")
+    def _():
+        mg = megatron_logits(b1, batch)
+        hf = hf_logits(SMALL, batch, device)
+        lmax, lmean = diff_stats(mg, hf)
+        lp_mg = b1.logprobs(batch, T)
+        pmax, pmean = diff_stats(lp_mg, token_logprobs(hf, batch, T))
+        state["lp_tp1"], state["logits_tp1"] = lp_mg, mg.cpu()
+        ok = lmean < 2e-2 and pmean < 2e-2
+        row("TP=1 vs HF logits", ok, f"logits max {lmax:.3g} mean {lmean:.3g}; logprobs(T={T}) max {pmax:.3g} "
+            f"mean {pmean:.3g} (bf16)", logits_max=lmax, logits_mean=lmean, logprobs_max=pmax, logprobs_mean=pmean)
+
+    @check("export_hf reloads in transformers")
+    def _():
+        from transformers import AutoModelForCausalLM
+
+        path = shared_tmpdir() / "export"
+        b1.export_hf(path)
+        exact = True
+        if rank0():
+            reloaded = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).state_dict()
+            ref = build_model(SMALL, "cpu").state_dict()
+            exact = set(reloaded) == set(ref) and all(torch.equal(reloaded[n], ref[n]) for n in ref)
+        row("export_hf reloads in transformers", exact, f"bit-exact={exact}")
+
+    @check("train step TP=1")
+    def _():
+        state["batch"] = train_batch = with_behaviour(batch, state["lp_tp1"].numpy(), drifted=2, seed=5)
+        before = weights(b1)
+        result = b1.train_step(train_batch)
+        after = weights(b1)
+        moved = max_diff(before, after)
+        state["step_tp1"], state["weights_tp1"] = result, after
+        ok = (math.isfinite(result.loss) and moved > 0 and result.trained_tokens > 0
+              and result.metrics["kept_fraction"] < 1)
+        row("train step TP=1", ok, f"loss {result.loss:.4g} grad_norm {result.grad_norm:.4g} "
+            f"kept {result.metrics['kept_fraction']:.2f} trained_tokens {result.trained_tokens} "
+            f"max|Δw| {moved:.3g} {result.seconds:.2f}s", loss=result.loss, grad_norm=result.grad_norm)
+
+    @check("checkpoint save/load")
+    def _():
+        path = shared_tmpdir() / "ckpt"
+        saved = weights(b1)
+        b1.save_checkpoint(path)
+        b1.train_step(state["batch"])
+        changed = max_diff(saved, weights(b1))
+        b1.load_checkpoint(path)
+        restored = max_diff(saved, weights(b1))
+        again = b1.train_step(state["batch"])  # same step from the restored optimizer state
+        ok = changed > 0 and restored == 0 and math.isfinite(again.loss)
+        row("checkpoint save/load", ok, f"moved {changed:.3g} after save, restored diff {restored:.3g}")
+
+    del b1
+    gc.collect()
+    torch.cuda.empty_cache()
+
+    # ---------------------------------------------------------------- TP = 2
+    if world >= 2 and world % 2 == 0:
+        b2 = None
+
+        @check("TP=2 vs TP=1 logits")
+        def _():
+            nonlocal b2
+            b2 = small_backend(2)
+            mg = megatron_logits(b2, batch).cpu()
+            lmax, lmean = diff_stats(mg, state["logits_tp1"])
+            pmax, pmean = diff_stats(b2.logprobs(batch, T), state["lp_tp1"])
+            row("TP=2 vs TP=1 logits", lmean < 1e-2 and pmean < 1e-2,
+                f"logits max {lmax:.3g} mean {lmean:.3g}; logprobs max {pmax:.3g} mean {pmean:.3g}",
+                logits_max=lmax, logits_mean=lmean, logprobs_max=pmax, logprobs_mean=pmean)
+
+        @check("train step DP vs TP layout")
+        def _():
+            result = b2.train_step(state["batch"])
+            ref = state["step_tp1"]
+            wdiff = max_diff(weights(b2), state["weights_tp1"])
+            rel = abs(result.loss - ref.loss) / max(abs(ref.loss), 1e-6)
+            # bf16 layouts differ by rounding only; the first Adam step moves each weight by ~lr·sign(g),
+            # so a few near-zero gradients of opposite sign give weight differences up to ~2·lr.
+            ok = abs(result.loss - ref.loss) <= 2e-2 * abs(ref.loss) + 1e-3 \
+                and abs(result.grad_norm - ref.grad_norm) <= 5e-2 * ref.grad_norm \
+                and result.trained_tokens == ref.trained_tokens
+            row("train step DP vs TP layout", ok,
+                f"(tp1,dp{world}) loss {ref.loss:.5g} gn {ref.grad_norm:.4g} vs (tp2,dp{world // 2}) loss "
+                f"{result.loss:.5g} gn {result.grad_norm:.4g}; max|Δw| between layouts {wdiff:.3g}",
+                loss_rel_diff=rel, weight_diff=wdiff)
+        del b2
+        gc.collect()
+        torch.cuda.empty_cache()
+    else:
+        row("TP=2 vs TP=1 logits", None, "needs 2 GPUs (torchrun --nproc-per-node 2)")
+        row("train step DP vs TP layout", None, "needs 2 GPUs")
+
+    # ---------------------------------------------------------------- throughput
+    @check("throughput ~1B")
+    def _():
+        # lr = 0: the same arithmetic, but the weights stay put, so μ stays on-policy and MirrorPop keeps
+        # every sequence in every timed RL step (a moving policy would make it drop them all).
+        big = MegatronBackend(LARGE, dataclasses.replace(learner, micro_batch_tokens=8192, lr=0.0), algo,
+                              temperature=1.0, device=device)
+        n_params = sum(t.numel() for _, t in big.named_weights())
+        per_gpu = 8192
+        dp = big.layout.dp
+        tokens_batch = make_batch(LARGE, [2048] * (4 * dp), seed=7)
+        rl_batch = with_behaviour(tokens_batch, big.logprobs(tokens_batch, 1.0).numpy(), drifted=None, seed=8)
+        steps = 2 if args.quick else 4
+
+        def timed(fn) -> float:
+            fn(rl_batch)  # warm-up
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(steps):
+                fn(rl_batch)
+            torch.cuda.synchronize()
+            return (time.perf_counter() - start) / steps
+
+        torch.cuda.reset_peak_memory_stats()
+        sft_s = timed(big.sft_step)
+        rl_s = timed(big.train_step)
+        kept = big.train_step(rl_batch).metrics["kept_fraction"]
+        if kept < 1.0:
+            raise RuntimeError(f"MirrorPop kept only {kept:.2f} of the timed RL batch: the RL time is not a full step")
+        mfu_sft = 6 * n_params * per_gpu / (sft_s * H100_BF16_FLOPS)
+        mfu_rl = 8 * n_params * per_gpu / (rl_s * H100_BF16_FLOPS)
+        peak = torch.cuda.max_memory_allocated() / 2**30
+        row("throughput ~1B", True,
+            f"N={n_params / 1e9:.2f}B, {per_gpu} tok/GPU/step, dp={dp}: SFT step {sft_s:.3f}s "
+            f"{per_gpu / sft_s:,.0f} tok/s/GPU MFU {mfu_sft:.1%}; RL step {rl_s:.3f}s {per_gpu / rl_s:,.0f} tok/s/GPU "
+            f"MFU(8N) {mfu_rl:.1%}; peak mem {peak:.1f} GiB",
+            params=n_params, sft_seconds=sft_s, rl_seconds=rl_s, mfu_sft=mfu_sft, mfu_rl=mfu_rl, peak_gib=peak,
+            device=torch.cuda.get_device_name())
+
+    if rank0():
+        print(f"\n{'check':36s} {'status':6s} detail")
+        for r in ROWS:
+            print(f"{r['check']:36s} {r['status']:6s} {r['detail']}")
+        print(f"total {time.perf_counter() - started:.0f}s on {world} x {torch.cuda.get_device_name()}")
+        out = os.environ.get("OUT")
+        if out:
+            Path(out, "megatron_gpu_check.json").write_text(json.dumps(ROWS, indent=1))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,84 @@
+"""Process groups for the megatron backend: torch.distributed and megatron's TP x DP layout.
+
+Under torchrun or Ray the standard env vars (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_RANK)
+name the job and env:// initialises it; without them the process is a world of one on a free
+loopback port. PP and CP are always 1 (the backend refuses pipeline parallelism). Also here: the
+token-balanced split of micro-batches over DP ranks, which every rank computes identically.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state, tensor_parallel
+
+from actors.learner.batch import MicroBatch
+
+
+@dataclass(frozen=True)
+class Layout:
+    """This rank's place in the TP x DP grid."""
+
+    tp: int
+    dp: int
+    tp_rank: int
+    dp_rank: int
+    rank: int  # global
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_distributed(device: str | torch.device) -> torch.device:
+    """Initialise torch.distributed (NCCL) once per process and bind this process to its GPU."""
+    if not torch.cuda.is_available():
+        raise RuntimeError("the megatron backend needs CUDA (megatron-core does not run on CPU)")
+    device = torch.device(device)
+    if "LOCAL_RANK" in os.environ:
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+    elif device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        if "RANK" not in os.environ:
+            os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                              MASTER_PORT=os.environ.get("MASTER_PORT", str(_free_port())))
+        dist.init_process_group("nccl", init_method="env://", timeout=timedelta(minutes=10), device_id=device)
+    return device
+
+
+def init_model_parallel(tp: int, seed: int) -> Layout:
+    """megatron's TP x DP groups (PP = 1) over the whole world; re-initialised if a different TP
+    size is asked for (one process may build several backends, as gpu_check does)."""
+    world = dist.get_world_size()
+    if world % tp:
+        raise ValueError(f"tensor_parallel={tp} does not divide the world size {world}")
+    if parallel_state.model_parallel_is_initialized():
+        if parallel_state.get_tensor_model_parallel_world_size() != tp:
+            parallel_state.destroy_model_parallel()
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=1)
+    tensor_parallel.model_parallel_cuda_manual_seed(seed)
+    return Layout(tp=tp, dp=parallel_state.get_data_parallel_world_size(),
+                  tp_rank=parallel_state.get_tensor_model_parallel_rank(),
+                  dp_rank=parallel_state.get_data_parallel_rank(), rank=dist.get_rank())
+
+
+def assign_micro_batches(micros: list[MicroBatch], dp: int, dp_rank: int) -> list[MicroBatch]:
+    """This DP rank's micro-batches: largest first to the least-loaded rank (ties: lowest rank), so
+    every rank derives the same split from the same batch. Order within a rank follows the batch."""
+    loads = [0] * dp
+    owner: dict[int, int] = {}
+    for i in sorted(range(len(micros)), key=lambda i: (-(micros[i].stop - micros[i].start), i)):
+        r = min(range(dp), key=lambda r: (loads[r], r))
+        owner[i] = r
+        loads[r] += micros[i].stop - micros[i].start
+    return [mb for i, mb in enumerate(micros) if owner[i] == dp_rank]

@@ -1,0 +1,84 @@
+"""Supervised warm-start data (DESIGN.md §7, the SFT path): (prompt, reference solution) pairs turned
+into `TrainBatch`es for `LearnerBackend.sft_step`.
+
+Each sequence is exactly what the policy will see and say in RL: the task's first prompt through the
+rollout's prompt builder and tokenizer, then the solution file in a ```python fenced block (what the
+verifier's extract stage reads) and EOS. Only the response tokens carry loss. Only training-split
+tasks with a solution file are used, so the warm start never sees a validation task's answer.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from actors.rollout.prompts import first_prompt
+from protocols import Task, TrainBatch
+
+
+def solution_pairs(tasks: list[Task], solutions: str | Path) -> list[tuple[Task, str]]:
+    """(task, solution source) for every kernel task with a solution file under `solutions`
+    (`solutions/levelN/<name>.py` or `solutions/<name>.py`)."""
+    root = Path(solutions)
+    pairs = []
+    for task in tasks:
+        if task.kind != "kernel" or task.kernel is None:
+            continue
+        name = Path(task.kernel.source_path or task.kernel.name).name
+        if not name.endswith(".py"):
+            name += ".py"
+        for candidate in (root / f"level{task.kernel.level}" / name, root / name):
+            if candidate.is_file():
+                pairs.append((task, candidate.read_text(encoding="utf-8")))
+                break
+    return pairs
+
+
+def response_text(solution: str) -> str:
+    return f"```python\n{solution.rstrip()}\n```\n"
+
+
+def sft_batches(pairs: list[tuple[Task, str]], tokenizer, *, max_seq_len: int,
+                batch_tokens: int) -> list[TrainBatch]:
+    """Pack the pairs into batches of at most `batch_tokens` tokens (one sequence per pair; a pair
+    longer than `max_seq_len` is cut at the end of its response and still trains on its start)."""
+    eos = getattr(tokenizer, "eos_token_id", None)
+    sequences = []
+    for task, solution in pairs:
+        prompt = tokenizer.prompt_ids(first_prompt(task))
+        response = tokenizer.encode(response_text(solution)) + ([int(eos)] if eos is not None else [])
+        keep = max_seq_len - len(prompt)
+        if keep < 1:
+            continue
+        sequences.append((prompt, response[:keep]))
+    batches, current, size = [], [], 0
+    for prompt, response in sequences:
+        n = len(prompt) + len(response)
+        if current and size + n > batch_tokens:
+            batches.append(_pack(current))
+            current, size = [], 0
+        current.append((prompt, response))
+        size += n
+    if current:
+        batches.append(_pack(current))
+    return batches
+
+
+def _pack(sequences: list[tuple[list[int], list[int]]]) -> TrainBatch:
+    tokens, mask, lengths = [], [], []
+    for prompt, response in sequences:
+        tokens += prompt + response
+        mask += [False] * len(prompt) + [True] * len(response)
+        lengths.append(len(prompt) + len(response))
+    n = len(tokens)
+    return TrainBatch(
+        version=0,
+        episode_ids=[f"sft/{i}" for i in range(len(sequences))],
+        tokens=np.asarray(tokens, dtype=np.int64),
+        cu_seqlens=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
+        loss_mask=np.asarray(mask, dtype=bool),
+        behaviour_logprobs=np.zeros(n, dtype=np.float32),
+        advantages=np.zeros(len(sequences), dtype=np.float32),
+        versions=np.full(n, -1, dtype=np.int64),
+    )

@@ -1,0 +1,487 @@
+"""The placement plan: which GPU every learner rank, rollout engine and verifier actor gets, and
+whether the model fits. `kiln train --dry-run` prints it; the driver builds its Ray placement groups
+from it. An infeasible config fails here, before any actor starts, with a `PlanError` that says why.
+
+GPU ids are logical (0 .. N-1 over the whole Ray cluster); Ray maps them to nodes. Sharing a GPU is
+expressed as a fractional Ray GPU share (`gpu_fraction`: 1 / residents of that GPU).
+
+Layouts: `cpu` (nothing needs a GPU: torch learner and engines on CPU, cpu verifier backend);
+`disaggregated` (engines on GPUs 0.., learner after them, dedicated verifier GPUs last);
+`colocated` (engines on the learner's GPUs, which they release around learner steps).
+
+Memory model (GiB = 2^30 bytes; an estimate to catch configs that cannot fit, not a promise):
+* parameters: counted from the model section (random init, tied embeddings) or from
+  `model.path/config.json` (biases of qwen2, the q/k norms of qwen3, untied heads where stated);
+* learner, per GPU, P = params / (TP·PP):
+  megatron (bf16 mixed precision, distributed optimizer): P × (2 weights + 2 grads + 12/DP fp32
+  master weights and Adam moments); torch: P × 4 × b (weights, grads, two AdamW moments, all in the
+  model dtype of b bytes). Activations: a·h·L·b/2 bytes per token / TP, a = 34 for megatron
+  (Korthikanti et al. 2022, no recompute, flash attention) and 56 for torch (measured, see
+  ACTIVATION_BYTES) — the first 1F1B pipeline stage holds PP micro-batches of L/PP layers, so PP
+  does not divide it — plus fp32 logits and their gradient (8·V bytes per token / TP), for
+  `learner.micro_batch_tokens` tokens;
+* engine, per GPU of an engine with tp GPUs: params·b / tp + KV cache
+  2·L·ceil(kv_heads/tp)·head_dim·b × max_batch × max_seq_len; a launched SGLang server may use only
+  `rollout.sglang_mem_fraction` of its GPU;
+* verifier: a fixed reserve per execution worker (CUDA context + task tensors), see
+  VERIFIER_GIB_PER_WORKER;
+* colocated GPUs need max(learner, engine) since the engine releases its memory during learner
+  steps; every other resident adds up.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from configs import KilnConfig, ModelConfig
+
+GIB = 2**30
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+# A KernelBench candidate's execution worker: ~0.5 GiB CUDA context plus its inputs, outputs and
+# the reference's; level-3 tasks stay well below this.
+VERIFIER_GIB_PER_WORKER = 2.0
+# Activation bytes per token, hidden unit and layer at 2-byte activations, without recompute.
+# megatron: Korthikanti et al. 2022 (fused kernels, flash attention); not measured here.
+# torch: the HF transformers model (sdpa attention, unfused MLP and norms), measured on an H100 on
+# 2026-11-22 at 56.1-56.2 for the single_gpu and four_gpu preset models (ffn = 3·hidden);
+# tests/test_launch_plan.py::test_torch_learner_memory_matches_the_estimate (gpu) re-measures it.
+ACTIVATION_BYTES = {"megatron": 34, "torch": 56}
+
+
+class PlanError(ValueError):
+    """The config cannot be placed on the given GPUs; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The sizes that decide memory and parallelism."""
+
+    params: int
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    tied_embeddings: bool
+    source: str  # "model section" or the config.json it was read from
+
+
+@dataclass(frozen=True)
+class LearnerRank:
+    rank: int  # global rank; Megatron's order: tp fastest, then dp, then pp
+    tp: int
+    pp: int
+    dp: int
+    gpu: int | None  # None = CPU
+    gpu_fraction: float
+
+
+@dataclass(frozen=True)
+class EngineSlot:
+    index: int
+    gpus: tuple[int, ...]  # empty = CPU or external
+    gpu_fraction: float
+    external_url: str = ""  # served outside Kiln (rollout.sglang_urls)
+
+
+@dataclass(frozen=True)
+class VerifierSlot:
+    index: int
+    gpu: int | None  # None = cpu backend
+    gpu_fraction: float
+    shared: bool  # on a GPU that also hosts engines or learner ranks
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """GiB per GPU of each role, with the parts that make it up."""
+
+    learner_parts: dict[str, float]
+    engine_parts: dict[str, float]
+    engine_budget_fraction: float  # share of the GPU an engine may use (SGLang's mem fraction)
+    verifier_gib: float
+
+    @property
+    def learner_gib(self) -> float:
+        return sum(self.learner_parts.values())
+
+    @property
+    def engine_gib(self) -> float:
+        return sum(self.engine_parts.values())
+
+
+@dataclass(frozen=True)
+class GpuLoad:
+    gpu: int
+    residents: tuple[str, ...]
+    need_gib: float
+    how: str  # how need_gib was summed
+
+
+@dataclass(frozen=True)
+class PlacementPlan:
+    layout: Literal["cpu", "colocated", "disaggregated"]
+    model: ModelShape
+    learner_backend: str
+    learner: tuple[LearnerRank, ...]
+    engines: tuple[EngineSlot, ...]
+    verifiers: tuple[VerifierSlot, ...]
+    gpus_needed: int
+    gpus_available: int | None
+    gpu_memory_gb: float | None
+    memory: MemoryEstimate
+    gpus: tuple[GpuLoad, ...]
+
+
+# ------------------------------------------------------------------------------------ the model
+
+
+def model_shape(m: ModelConfig) -> ModelShape:
+    """Sizes from `m.path/config.json` when the checkpoint is present here, else the model section."""
+    config_json = Path(m.path) / "config.json" if m.path else None
+    if config_json is not None and config_json.is_file():
+        try:
+            hf = json.loads(config_json.read_text())
+            hidden, heads = int(hf["hidden_size"]), int(hf["num_attention_heads"])
+            return _count(
+                arch=str(hf.get("model_type", m.arch)), hidden=hidden, layers=int(hf["num_hidden_layers"]),
+                heads=heads, kv_heads=int(hf.get("num_key_value_heads") or heads),
+                head_dim=int(hf.get("head_dim") or hidden // heads), intermediate=int(hf["intermediate_size"]),
+                vocab=int(hf["vocab_size"]), tied=bool(hf.get("tie_word_embeddings", False)), source=str(config_json),
+            )
+        except (ValueError, KeyError, TypeError) as err:
+            raise PlanError(f"cannot read the model sizes from {config_json}: {err!r}") from None
+    return _count(arch=m.arch, hidden=m.hidden_size, layers=m.num_layers, heads=m.num_heads,
+                  kv_heads=m.num_kv_heads, head_dim=m.hidden_size // m.num_heads,
+                  intermediate=m.intermediate_size, vocab=m.vocab_size, tied=True, source="model section")
+
+
+def _count(*, arch, hidden, layers, heads, kv_heads, head_dim, intermediate, vocab, tied, source) -> ModelShape:
+    q, kv = heads * head_dim, kv_heads * head_dim
+    attention = hidden * q + 2 * hidden * kv + q * hidden
+    if arch == "qwen2":
+        attention += q + 2 * kv  # q/k/v biases
+    if arch == "qwen3":
+        attention += 2 * head_dim  # q_norm, k_norm
+    per_layer = attention + 3 * hidden * intermediate + 2 * hidden  # + gate/up/down MLP, two norms
+    params = layers * per_layer + vocab * hidden * (1 if tied else 2) + hidden
+    return ModelShape(params=params, hidden=hidden, layers=layers, heads=heads, kv_heads=kv_heads,
+                      head_dim=head_dim, intermediate=intermediate, vocab=vocab, tied_embeddings=tied, source=source)
+
+
+# ------------------------------------------------------------------------------------- the plan
+
+
+def plan(cfg: KilnConfig, *, gpus_available: int | None = None, gpu_memory_gb: float | None = None) -> PlacementPlan:
+    """Place every actor of `cfg` on logical GPUs and check that it fits. `gpus_available` and
+    `gpu_memory_gb` default to cluster.num_gpus and cluster.gpu_memory_gb; None skips that check."""
+    if gpus_available is None:
+        gpus_available = cfg.cluster.num_gpus
+    if gpu_memory_gb is None:
+        gpu_memory_gb = cfg.cluster.gpu_memory_gb
+    shape = model_shape(cfg.model)
+    tp, pp, dp = _check_learner(cfg, shape)
+    engine_gpus = _check_engines(cfg, shape)
+    _check_verifier(cfg)
+    c = cfg.cluster
+    external = bool(cfg.rollout.engine == "sglang" and cfg.rollout.sglang_urls)
+    uses_gpus = c.learner_gpus or c.verifier_gpus or (engine_gpus and not external) or cfg.verifier.backend != "cpu"
+    layout = "cpu" if not uses_gpus else c.layout
+
+    learner_ids, engine_ids, verifier_ids = _assign_gpus(cfg, layout, engine_gpus, external)
+    needed = len(set(learner_ids) | {g for ids in engine_ids for g in ids} | set(verifier_ids))
+    if gpus_available is not None and needed > gpus_available:
+        raise PlanError(
+            f"this config needs {needed} GPUs ({_gpu_count_story(cfg, layout, engine_gpus, external)}) "
+            f"but {gpus_available} are available; lower cluster.learner_gpus / rollout.num_actors / "
+            f"cluster.verifier_gpus, or use cluster.layout=colocated")
+    verifier_gpu = _verifier_gpus(cfg, layout, learner_ids, engine_ids, verifier_ids)
+    residents = _residents(learner_ids, engine_ids, verifier_gpu)
+    learner, engines, verifiers = _slots(cfg, (tp, pp, dp), residents, learner_ids, engine_ids, verifier_gpu,
+                                         verifier_ids, external)
+
+    memory = _memory(cfg, shape, tp, pp, dp, engine_gpus)
+    loads = tuple(_gpu_load(gpu, tuple(residents[gpu]), memory, layout) for gpu in sorted(residents))
+    result = PlacementPlan(layout=layout, model=shape, learner_backend=cfg.learner.backend, learner=learner,
+                           engines=engines, verifiers=verifiers, gpus_needed=needed,
+                           gpus_available=gpus_available, gpu_memory_gb=gpu_memory_gb, memory=memory, gpus=loads)
+    if gpu_memory_gb is not None:
+        _check_memory(result, gpu_memory_gb)
+    return result
+
+
+def local_gpus() -> tuple[int, float | None]:
+    """GPUs visible to this process and the memory of the first, in GiB (0, None without CUDA)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return 0, None
+    return torch.cuda.device_count(), torch.cuda.get_device_properties(0).total_memory / GIB
+
+
+# ------------------------------------------------------------------------------------ checks
+
+
+def _check_learner(cfg: KilnConfig, shape: ModelShape) -> tuple[int, int, int]:
+    lc, gpus = cfg.learner, cfg.cluster.learner_gpus
+    tp, pp = lc.tensor_parallel, lc.pipeline_parallel
+    if lc.backend == "torch":
+        if tp > 1 or pp > 1:
+            raise PlanError(f"learner.tensor_parallel={tp} / pipeline_parallel={pp} need learner.backend=megatron; "
+                            "the torch learner trains on one device")
+        if gpus > 1:
+            raise PlanError(f"cluster.learner_gpus={gpus} needs learner.backend=megatron; "
+                            "the torch learner trains on one device (use 0 for CPU or 1)")
+        return 1, 1, 1
+    if gpus == 0:
+        raise PlanError(f"learner.backend=megatron needs GPUs: set cluster.learner_gpus to a multiple of "
+                        f"TP×PP = {tp * pp}")
+    if gpus % (tp * pp):
+        raise PlanError(f"cluster.learner_gpus={gpus} is not divisible by learner.tensor_parallel × "
+                        f"pipeline_parallel = {tp}×{pp} = {tp * pp} (DP = learner_gpus / (TP·PP))")
+    for what, heads in (("num_heads", shape.heads), ("num_kv_heads", shape.kv_heads)):
+        if heads % tp:
+            raise PlanError(f"learner.tensor_parallel={tp} must divide the model's {what}={heads} "
+                            f"(attention heads are split across TP ranks)")
+    if shape.layers % pp:
+        raise PlanError(f"learner.pipeline_parallel={pp} must divide the model's num_layers={shape.layers}")
+    return tp, pp, gpus // (tp * pp)
+
+
+def _check_engines(cfg: KilnConfig, shape: ModelShape) -> int:
+    """GPUs per engine (0 = CPU or external servers)."""
+    ro, per_engine = cfg.rollout, cfg.cluster.engine_gpus
+    if ro.engine == "torch" and per_engine > 1:
+        raise PlanError(f"cluster.engine_gpus={per_engine}: the embedded torch engine runs on one device; "
+                        "use rollout.engine=sglang for tensor-parallel engines")
+    if ro.engine == "sglang" and not ro.sglang_urls:
+        if per_engine == 0:
+            raise PlanError("rollout.engine=sglang launches SGLang servers, which need GPUs: set "
+                            f"cluster.engine_gpus={ro.sglang_tp_size} (= rollout.sglang_tp_size), or give "
+                            "rollout.sglang_urls of running servers")
+        if per_engine != ro.sglang_tp_size:
+            raise PlanError(f"cluster.engine_gpus={per_engine} must equal rollout.sglang_tp_size="
+                            f"{ro.sglang_tp_size}: each launched SGLang server spans its engine's GPUs")
+    if per_engine and shape.heads % per_engine:
+        raise PlanError(f"cluster.engine_gpus={per_engine} (engine TP) must divide the model's "
+                        f"num_heads={shape.heads}")
+    return per_engine
+
+
+def _check_verifier(cfg: KilnConfig) -> None:
+    c = cfg.cluster
+    if cfg.verifier.backend == "cpu":
+        if c.verifier_gpus:
+            raise PlanError(f"verifier.backend=cpu needs no GPUs; set cluster.verifier_gpus=0 "
+                            f"(it is {c.verifier_gpus}) or verifier.backend=cuda")
+        return
+    if c.verifier_gpus > cfg.verifier.num_actors:
+        raise PlanError(f"cluster.verifier_gpus={c.verifier_gpus} exceeds verifier.num_actors="
+                        f"{cfg.verifier.num_actors}: a GPU without a verifier actor would sit idle")
+    has_other = c.learner_gpus or (c.engine_gpus and not cfg.rollout.sglang_urls)
+    if c.verifier_gpus == 0 and not has_other:
+        raise PlanError(f"verifier.backend={cfg.verifier.backend} runs candidates on a GPU: set "
+                        "cluster.verifier_gpus, or give the engines or the learner GPUs to share")
+
+
+def _assign_gpus(cfg: KilnConfig, layout: str, engine_gpus: int, external: bool):
+    """Logical GPU ids: (learner ids per rank, engine ids per engine, dedicated verifier ids)."""
+    c, n_engines = cfg.cluster, cfg.rollout.num_actors
+    if layout == "cpu":
+        return [], [], []
+    engine_total = 0 if external else n_engines * engine_gpus
+    if layout == "colocated" and engine_total:
+        if c.learner_gpus == 0:
+            raise PlanError("cluster.layout=colocated puts engines on the learner's GPUs, but "
+                            "cluster.learner_gpus=0; give the learner GPUs or use disaggregated")
+        if engine_total > c.learner_gpus:
+            raise PlanError(f"cluster.layout=colocated: {n_engines} engines × {engine_gpus} GPUs = {engine_total} "
+                            f"do not fit on the learner's {c.learner_gpus} GPUs")
+        learner_ids = list(range(c.learner_gpus))
+        engine_ids = [list(range(i * engine_gpus, (i + 1) * engine_gpus)) for i in range(n_engines)]
+        first_free = c.learner_gpus
+    else:
+        engine_ids = [list(range(i * engine_gpus, (i + 1) * engine_gpus)) for i in range(n_engines)] if engine_total else []
+        learner_ids = list(range(engine_total, engine_total + c.learner_gpus))
+        first_free = engine_total + c.learner_gpus
+    verifier_ids = list(range(first_free, first_free + c.verifier_gpus)) if cfg.verifier.backend != "cpu" else []
+    return learner_ids, engine_ids, verifier_ids
+
+
+def _verifier_gpus(cfg, layout, learner_ids, engine_ids, verifier_ids) -> list[int | None]:
+    """The GPU of each verifier actor: round-robin over dedicated GPUs, else over the engines' GPUs,
+    else over the learner's."""
+    n = cfg.verifier.num_actors
+    if cfg.verifier.backend == "cpu" or layout == "cpu":
+        return [None] * n
+    pool = verifier_ids or sorted({g for ids in engine_ids for g in ids}) or learner_ids
+    return [pool[i % len(pool)] for i in range(n)]
+
+
+def _residents(learner_ids, engine_ids, verifier_gpu) -> dict[int, list[str]]:
+    """Who lives on each GPU, in placement order."""
+    residents: dict[int, list[str]] = {}
+    for rank, gpu in enumerate(learner_ids):
+        residents.setdefault(gpu, []).append(f"learner rank {rank}")
+    for index, ids in enumerate(engine_ids):
+        for gpu in ids:
+            residents.setdefault(gpu, []).append(f"engine {index}")
+    for index, gpu in enumerate(verifier_gpu):
+        if gpu is not None:
+            residents.setdefault(gpu, []).append(f"verifier {index}")
+    return residents
+
+
+def _slots(cfg, parallel, residents, learner_ids, engine_ids, verifier_gpu, verifier_ids, external):
+    """The typed placements; each resident of a GPU gets an equal fractional Ray share of it."""
+    tp, pp, dp = parallel
+
+    def share(gpu: int | None) -> float:
+        return 0.0 if gpu is None else 1.0 / len(residents[gpu])
+
+    learner = tuple(
+        LearnerRank(rank=r, tp=r % tp, dp=(r // tp) % dp, pp=r // (tp * dp),
+                    gpu=learner_ids[r] if learner_ids else None,
+                    gpu_fraction=share(learner_ids[r]) if learner_ids else 0.0)
+        for r in range(tp * pp * dp))
+    urls = cfg.rollout.sglang_urls
+    engines = tuple(
+        EngineSlot(index=i, gpus=tuple(engine_ids[i]) if engine_ids else (),
+                   gpu_fraction=share(engine_ids[i][0]) if engine_ids and engine_ids[i] else 0.0,
+                   external_url=urls[i % len(urls)] if external else "")
+        for i in range(cfg.rollout.num_actors))
+    verifiers = tuple(
+        VerifierSlot(index=i, gpu=g, gpu_fraction=share(g), shared=g is not None and g not in verifier_ids)
+        for i, g in enumerate(verifier_gpu))
+    return learner, engines, verifiers
+
+
+def _gpu_count_story(cfg, layout, engine_gpus, external) -> str:
+    c = cfg.cluster
+    engines = "external" if external else f"{cfg.rollout.num_actors}×{engine_gpus}"
+    joiner = " sharing " if layout == "colocated" else " + "
+    return f"learner {c.learner_gpus}{joiner}engines {engines} + verifiers {c.verifier_gpus} dedicated"
+
+
+# ------------------------------------------------------------------------------------ memory
+
+
+def _memory(cfg: KilnConfig, s: ModelShape, tp: int, pp: int, dp: int, engine_gpus: int) -> MemoryEstimate:
+    b = DTYPE_BYTES[cfg.model.dtype]
+    shard = s.params / (tp * pp)
+    tokens = cfg.learner.micro_batch_tokens
+    if cfg.learner.backend == "megatron":
+        learner = {"weights": shard * 2, "grads": shard * 2, "optimizer": shard * 12 / dp}
+        act_bytes = 2
+    else:
+        learner = {"weights": shard * b, "grads": shard * b, "optimizer": shard * 2 * b}
+        act_bytes = b
+    per_token = ACTIVATION_BYTES[cfg.learner.backend] * s.hidden * s.layers * act_bytes / 2
+    learner["activations"] = tokens * per_token / tp
+    learner["logits"] = tokens * s.vocab * 8 / tp
+    etp = max(engine_gpus, 1)
+    kv = 2 * s.layers * math.ceil(s.kv_heads / etp) * s.head_dim * b * cfg.rollout.max_batch * cfg.model.max_seq_len
+    engine = {"weights": s.params * b / etp, "kv_cache": kv}
+    launched_sglang = cfg.rollout.engine == "sglang" and not cfg.rollout.sglang_urls
+    verifier = VERIFIER_GIB_PER_WORKER * cfg.verifier.run_workers if cfg.verifier.backend != "cpu" else 0.0
+    return MemoryEstimate(
+        learner_parts={k: v / GIB for k, v in learner.items()},
+        engine_parts={k: v / GIB for k, v in engine.items()},
+        engine_budget_fraction=cfg.rollout.sglang_mem_fraction if launched_sglang else 1.0,
+        verifier_gib=verifier)
+
+
+def _gpu_load(gpu: int, residents: tuple[str, ...], mem: MemoryEstimate, layout: str) -> GpuLoad:
+    learner = any(r.startswith("learner") for r in residents)
+    engine = any(r.startswith("engine") for r in residents)
+    verifiers = sum(r.startswith("verifier") for r in residents)
+    # An engine's budget is its share of the GPU (SGLang preallocates mem_fraction of it).
+    engine_gib = mem.engine_gib / mem.engine_budget_fraction
+    parts, how = [], []
+    if learner and engine and layout == "colocated":
+        parts.append(max(mem.learner_gib, engine_gib))
+        how.append(f"max(learner {mem.learner_gib:.1f}, engine {engine_gib:.1f})")
+    else:
+        if learner:
+            parts.append(mem.learner_gib)
+            how.append(f"learner {mem.learner_gib:.1f}")
+        if engine:
+            parts.append(engine_gib)
+            how.append(f"engine {engine_gib:.1f}")
+    if verifiers:
+        parts.append(verifiers * mem.verifier_gib)
+        how.append(f"{verifiers} verifier × {mem.verifier_gib:.1f}")
+    return GpuLoad(gpu=gpu, residents=residents, need_gib=sum(parts), how=" + ".join(how))
+
+
+def _check_memory(p: PlacementPlan, gpu_memory_gb: float) -> None:
+    for load in p.gpus:
+        if load.need_gib > gpu_memory_gb:
+            mem = p.memory
+            detail = ", ".join(f"{k} {v:.1f}" for k, v in
+                               (mem.learner_parts if "learner" in load.how else mem.engine_parts).items())
+            raise PlanError(
+                f"GPU {load.gpu} ({', '.join(load.residents)}) needs ~{load.need_gib:.1f} GiB = {load.how} "
+                f"[{detail} GiB] but has {gpu_memory_gb:.1f} GiB; raise learner.tensor_parallel / "
+                f"pipeline_parallel / cluster.learner_gpus (DP), lower learner.micro_batch_tokens, "
+                f"rollout.max_batch or model.max_seq_len, or spread the roles over more GPUs")
+
+
+# ------------------------------------------------------------------------------------ render
+
+
+def render(p: PlacementPlan) -> str:
+    """The plan as a plain-text table (for `kiln train --dry-run` and the run log)."""
+    m = p.model
+    avail = "?" if p.gpus_available is None else str(p.gpus_available)
+    size = "unknown size" if p.gpu_memory_gb is None else f"{p.gpu_memory_gb:.0f} GiB each"
+    lines = [
+        f"placement plan: layout {p.layout}, {p.gpus_needed} GPUs needed of {avail} ({size})",
+        f"model: {m.params / 1e9:.3f}B parameters (h={m.hidden}, L={m.layers}, heads={m.heads}/{m.kv_heads} kv, "
+        f"head_dim={m.head_dim}, ffn={m.intermediate}, vocab={m.vocab}; from {m.source})",
+        "",
+    ]
+    if p.gpus:
+        lines += _table(["GPU", "residents", "need GiB", "how"],
+                        [[str(g.gpu), ", ".join(g.residents), f"{g.need_gib:.1f}", g.how] for g in p.gpus])
+        lines.append("")
+    ranks = [[str(r.rank), str(r.tp), str(r.pp), str(r.dp), _where(r.gpu), _frac(r.gpu_fraction)] for r in p.learner]
+    lines += [f"learner ({p.learner_backend}):"] + _table(["rank", "tp", "pp", "dp", "device", "GPU share"], ranks)
+    engines = [[str(e.index), e.external_url or ("gpu " + ",".join(map(str, e.gpus)) if e.gpus else "cpu"),
+                _frac(e.gpu_fraction)] for e in p.engines]
+    lines += ["", "engines:"] + _table(["engine", "device", "GPU share"], engines)
+    verifiers = [[str(v.index), _where(v.gpu), _frac(v.gpu_fraction), "shared" if v.shared else "dedicated" if v.gpu is not None else "-"]
+                 for v in p.verifiers]
+    lines += ["", "verifiers:"] + _table(["verifier", "device", "GPU share", "GPU use"], verifiers)
+    mem = p.memory
+    lines += ["", "memory estimate per device (GiB):",
+              "  learner  " + _parts(mem.learner_parts) + f" = {mem.learner_gib:.2f}",
+              "  engine   " + _parts(mem.engine_parts) + f" = {mem.engine_gib:.2f}"
+              + (f" (within {mem.engine_budget_fraction:.0%} of the GPU)" if mem.engine_budget_fraction < 1 else ""),
+              f"  verifier {mem.verifier_gib:.2f} per actor"]
+    return "\n".join(lines)
+
+
+def _where(gpu: int | None) -> str:
+    return "cpu" if gpu is None else f"gpu {gpu}"
+
+
+def _frac(f: float) -> str:
+    return "-" if f == 0 else f"{f:.2f}"
+
+
+def _parts(parts: dict[str, float]) -> str:
+    return " + ".join(f"{k} {v:.2f}" for k, v in parts.items())
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    widths = [max(len(x) for x in col) for col in zip(header, *rows)]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    return ["  " + fmt.format(*header).rstrip(), "  " + "  ".join("-" * w for w in widths)] + \
+           ["  " + fmt.format(*row).rstrip() for row in rows]

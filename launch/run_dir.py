@@ -1,0 +1,53 @@
+"""A run's directory: where everything a run writes lives, so it can be inspected and resumed.
+
+    RUN_DIR/config.yaml        the resolved config (what `--resume` reloads)
+    RUN_DIR/metrics.jsonl      one row per learner step (+ eval rows); tb/ TensorBoard events
+    RUN_DIR/episodes/          sampled episodes as readable text, one file per step
+    RUN_DIR/replay/            replay's write-ahead log, snapshots and endpoint
+    RUN_DIR/learner/           the learner's endpoint and highest announced version
+    RUN_DIR/checkpoints/       learner checkpoints; weights/ the disk weight transport
+    RUN_DIR/final/             the final model as an HF checkpoint
+    RUN_DIR/report.md          the report, with plots/
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from configs import KilnConfig, to_yaml
+
+
+@dataclass(frozen=True)
+class RunDirectory:
+    path: Path
+
+    @classmethod
+    def create(cls, cfg: KilnConfig) -> "RunDirectory":
+        name = cfg.logging.run_name or time.strftime("%Y%m%d-%H%M%S")
+        path = Path(cfg.logging.root) / name
+        if (path / "config.yaml").exists():
+            raise FileExistsError(f"{path} already holds a run; use `kiln train --resume {path}` or another "
+                                  "logging.run_name")
+        path.mkdir(parents=True, exist_ok=True)
+        (path / "config.yaml").write_text(to_yaml(cfg))
+        return cls(path)
+
+    @classmethod
+    def open(cls, path: Path) -> "RunDirectory":
+        if not (path / "config.yaml").is_file():
+            raise FileNotFoundError(f"{path} is not a Kiln run directory (no config.yaml)")
+        return cls(path)
+
+    @property
+    def config_path(self) -> Path:
+        return self.path / "config.yaml"
+
+    @property
+    def episode_log(self) -> Path:
+        return self.path / "episodes_log"
+
+    @property
+    def final_model(self) -> Path:
+        return self.path / "final"

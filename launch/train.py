@@ -1,0 +1,135 @@
+"""`kiln train`: the asynchronous training run end to end (DESIGN.md §2, §8).
+
+    kiln train [--config F] [section.key=value ...]      a new run
+    kiln train --resume RUN_DIR                          continue a run (config from RUN_DIR)
+    kiln train --dry-run ...                             print the placement plan, start nothing
+    kiln train --rollout-only ...                        episodes to disk, no learner
+    kiln train --train-only EPISODES_DIR ...             train on saved episodes, no rollouts
+
+The driver starts the actors (Ray, or in-process with `cluster.backend=inline`), then only watches:
+the actors do the work (rollouts pull tasks from replay, the learner pulls batches and pushes
+weights). Synchronous (η = 0) and asynchronous (η ≥ 1) runs are the same code; `replay.max_staleness`
+chooses. Ctrl-C checkpoints the learner and stops cleanly; `--resume` continues from there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from pathlib import Path
+
+from configs import KilnConfig, load_config
+from launch.run_dir import RunDirectory
+from launch.session import Session
+
+log = logging.getLogger(__name__)
+
+
+def train(cfg: KilnConfig, run: RunDirectory, *, resume: bool = False) -> Path:
+    """Run until `algo.total_steps` learner steps; returns the report's path."""
+    with Session(cfg, run) as s:
+        s.start_replay_and_verifiers()
+        s.start_learner(resume=resume)
+        if not resume:
+            s.warm_start()
+        s.start_rollouts()
+        s.run_learner()
+        try:
+            while not s.learner_finished():
+                for step, values in s.monitor.poll(timeout_s=1.0):
+                    s.record_step(step, values)
+                    if s.evaluation_due(step):
+                        s.evaluate(step)
+                s.supervise()
+        except KeyboardInterrupt:
+            log.warning("interrupted: checkpointing the learner; `kiln train --resume %s` continues", run.path)
+            s.checkpoint()
+            raise
+        s.drain_metrics()
+        s.export_final()
+        s.evaluate(s.last_step, final=True)
+        return s.write_report()
+
+
+def rollout_only(cfg: KilnConfig, run: RunDirectory) -> Path:
+    """Generate and verify `total_steps · batch_groups` groups with the initial weights and save every
+    episode under RUN_DIR/episodes_log/ (for `--train-only`)."""
+    with Session(cfg, run) as s:
+        s.start_replay_and_verifiers(admit_everything=True)
+        s.start_rollouts(with_learner=False, episode_log=run.episode_log)
+        while not s.rollouts_done(cfg.algo.total_steps * cfg.algo.batch_groups):
+            s.monitor.poll(timeout_s=1.0)
+            s.supervise()
+        return run.episode_log
+
+
+def train_only(cfg: KilnConfig, run: RunDirectory, episodes: Path) -> Path:
+    """Train on episodes saved by `--rollout-only`: an offline replay serves their batches."""
+    with Session(cfg, run) as s:
+        s.start_offline_replay(episodes)
+        s.start_learner(resume=False)
+        s.run_learner()
+        while not s.learner_finished():
+            for step, values in s.monitor.poll(timeout_s=1.0):
+                s.record_step(step, values)
+            s.supervise()
+        s.drain_metrics()
+        s.export_final()
+        return s.write_report()
+
+
+# ------------------------------------------------------------------------------------------ CLI
+
+
+def add_train_parser(sub) -> None:
+    from launch.cli import add_config_arguments
+
+    p = sub.add_parser("train", help="run asynchronous RL training (the product's main job)",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_config_arguments(p)
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR")
+    p.add_argument("--dry-run", action="store_true", help="resolve the config and placement plan, print, exit")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--rollout-only", action="store_true", help="write episodes to disk; no learner")
+    mode.add_argument("--train-only", metavar="EPISODES_DIR", help="train on episodes saved by --rollout-only")
+    p.set_defaults(func=cmd_train)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    if args.resume:
+        run = RunDirectory.open(Path(args.resume))
+        cfg = load_config(run.config_path, args.overrides)
+    else:
+        cfg = load_config(args.config, args.overrides)
+        run = None
+    logging.basicConfig(level=cfg.logging.level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from launch.plan import PlanError, plan, render
+
+    gpus, memory = cfg.cluster.num_gpus, cfg.cluster.gpu_memory_gb
+    if not args.dry_run and cfg.cluster.address is None:  # a local run: check against this machine
+        from launch.plan import local_gpus
+
+        visible, visible_gb = local_gpus()
+        gpus = visible if gpus is None else gpus
+        memory = visible_gb if memory is None else memory
+    try:  # an infeasible layout fails here, before anything starts
+        placement = plan(cfg, gpus_available=gpus, gpu_memory_gb=memory)
+    except PlanError as err:
+        print(f"kiln: infeasible placement: {err}", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        print(render(placement))
+        return 0
+    run = run or RunDirectory.create(cfg)
+    print(f"kiln: run directory {run.path}")
+    if args.rollout_only:
+        print(f"kiln: episodes in {rollout_only(cfg, run)}")
+    elif args.train_only:
+        print(f"kiln: report {train_only(cfg, run, Path(args.train_only))}")
+    else:
+        started = time.monotonic()
+        report = train(cfg, run, resume=bool(args.resume))
+        print(f"kiln: finished in {time.monotonic() - started:.0f} s; report {report}")
+    return 0

@@ -1,0 +1,151 @@
+"""The learner's loss functions against numbers computed by hand (actors/learner/losses.py)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from actors.learner.losses import (
+    PolicyStats,
+    filter_stats,
+    kl_penalty,
+    mirrorpop_mask,
+    policy_loss,
+    sft_loss,
+    token_logprobs_from_logits,
+)
+
+
+def t(values, dtype=torch.float32):
+    return torch.tensor(values, dtype=dtype)
+
+
+# ------------------------------------------------------------------------------------ MirrorPop
+
+# Four sequences, δ = 0.25 (all values exact in binary floating point):
+#  seq 0: drifts +0.5 then -0.5: signed mean 0, mean |·| = 0.5 > δ -> dropped
+#  seq 1: drifts 0.125, -0.25 on gradient tokens (and 4.0 on a masked one): mean |·| = 0.1875 -> kept
+#  seq 2: no gradient-carrying token -> not kept, deviation 0
+#  seq 3: drift exactly δ -> kept (the rule is D <= δ)
+PROX = [-1.0, -2.0, -1.0, -1.0, -1.0, -3.0, -0.25]
+BEHAVIOUR = [-1.5, -1.5, -1.125, -0.75, -5.0, -1.0, -0.5]
+MASK = [1, 1, 1, 1, 0, 0, 1]
+SEQ = [0, 0, 1, 1, 1, 2, 3]
+
+
+def test_mirrorpop_uses_absolute_deviation_and_keeps_on_equality():
+    keep, deviation = mirrorpop_mask(t(PROX), t(BEHAVIOUR), t(MASK, torch.bool), t(SEQ, torch.int64),
+                                     num_seqs=4, delta=0.25)
+    assert keep.tolist() == [False, True, False, True]
+    assert deviation.tolist() == [0.5, 0.1875, 0.0, 0.25]
+
+
+def test_mirrorpop_keeps_everything_on_policy_and_drops_all_past_a_small_delta():
+    seq = t(SEQ, torch.int64)
+    keep, deviation = mirrorpop_mask(t(PROX), t(PROX), t(MASK, torch.bool), seq, num_seqs=4, delta=1e-6)
+    assert keep.tolist() == [True, True, False, True] and deviation.abs().max() == 0
+    keep, _ = mirrorpop_mask(t(PROX), t(BEHAVIOUR), t(MASK, torch.bool), seq, num_seqs=4, delta=0.1)
+    assert not keep.any()
+
+
+def test_filter_stats_counts_before_filtering():
+    mask, seq = t(MASK, torch.bool), t(SEQ, torch.int64)
+    keep, deviation = mirrorpop_mask(t(PROX), t(BEHAVIOUR), mask, seq, num_seqs=4, delta=0.25)
+    stats = filter_stats(t(PROX), t(BEHAVIOUR), mask, keep, deviation, seq)
+    # sequences with gradient tokens: 0, 1, 3; kept: 1, 3; |log ρ| over the 5 gradient tokens
+    assert (stats.sequences, stats.kept_sequences, stats.tokens) == (3, 2, 5)
+    assert stats.abs_log_rho_sum == pytest.approx(0.5 + 0.5 + 0.125 + 0.25 + 0.25)
+    assert stats.metrics()["kept_fraction"] == pytest.approx(2 / 3)
+    assert stats.metrics()["abs_log_rho_mean"] == pytest.approx(1.625 / 5)
+
+
+# ---------------------------------------------------------------------------------- policy loss
+
+EPS_LOW, EPS_HIGH, CAP = 0.2, 0.28, 2.0
+# token: (log r, log ρ = log π_prox - log μ, advantage, mask) and its hand-computed term -w·min(rA, clip(r)A)
+#  a: r = 1.5, ρ = 0.5, A = +1: min(1.5, 1.28) = 1.28 (clipped high), w = 0.5  -> -0.64
+#  b: r = 0.5, ρ = 3,   A = -1: min(-0.5, -0.8) = -0.8 (clipped low), w = min(3, 2) = 2 (truncated) -> +1.6
+#  c: r = 1.5, ρ = 1,   A = -1: min(-1.5, -1.28) = -1.5 (unclipped: a negative advantage is not clipped
+#     above), w = 1 -> +1.5
+#  d: r = 0.5, ρ = 1,   A = +1: min(0.5, 0.8) = 0.5 (unclipped), w = 1 -> -0.5
+#  e: masked out; its huge values must not matter
+LOG_R = [math.log(1.5), math.log(0.5), math.log(1.5), math.log(0.5), 30.0]
+LOG_RHO = [math.log(0.5), math.log(3.0), 0.0, 0.0, -30.0]
+ADV = [1.0, -1.0, -1.0, 1.0, 100.0]
+PMASK = [1, 1, 1, 1, 0]
+NORMALIZER = 8.0
+EXPECTED_LOSS = (-0.64 + 1.6 + 1.5 - 0.5) / NORMALIZER
+
+
+def policy_inputs():
+    prox = t([-1.0, -2.0, -0.5, -3.0, -1.0])
+    logprobs = (prox + t(LOG_R)).requires_grad_(True)
+    behaviour = prox - t(LOG_RHO)
+    return logprobs, prox, behaviour, t(ADV), t(PMASK, torch.bool)
+
+
+def test_policy_loss_matches_hand_computation():
+    logprobs, prox, behaviour, adv, mask = policy_inputs()
+    loss, stats = policy_loss(logprobs, prox, behaviour, adv, mask, eps_low=EPS_LOW, eps_high=EPS_HIGH,
+                              is_cap=CAP, normalizer=NORMALIZER)
+    assert float(loss.detach()) == pytest.approx(EXPECTED_LOSS, abs=1e-6)
+    loss.backward()
+    # Clipped tokens (a, b) get no gradient; c: d/dlogπ of -w·r·A = -1·1.5·(-1) = 1.5; d: -1·0.5·1 = -0.5.
+    assert logprobs.grad.tolist() == pytest.approx([0.0, 0.0, 1.5 / NORMALIZER, -0.5 / NORMALIZER, 0.0], abs=1e-7)
+    assert (stats.kept_tokens, stats.clipped, stats.truncated) == (4, 2, 1)
+    assert stats.is_weight_sum == pytest.approx(0.5 + 2.0 + 1.0 + 1.0)
+    assert (stats.is_weight_max, stats.is_weight_min) == pytest.approx((2.0, 0.5))
+    assert stats.kept_abs_log_rho_sum == pytest.approx(math.log(2) + math.log(3), abs=1e-6)
+    m = stats.metrics()
+    assert m["clip_fraction"] == 0.5 and m["is_weight_mean"] == pytest.approx(4.5 / 4)
+
+
+def test_is_weight_carries_no_gradient_into_the_proximal_logprobs():
+    logprobs, prox, behaviour, adv, mask = policy_inputs()
+    prox.requires_grad_(True)
+    loss, _ = policy_loss(logprobs, prox, behaviour, adv, mask, eps_low=EPS_LOW, eps_high=EPS_HIGH,
+                          is_cap=CAP, normalizer=NORMALIZER)
+    loss.backward()
+    assert prox.grad is None
+
+
+def test_micro_batch_losses_and_stats_add_up_to_the_whole():
+    logprobs, prox, behaviour, adv, mask = policy_inputs()
+    kw = dict(eps_low=EPS_LOW, eps_high=EPS_HIGH, is_cap=CAP, normalizer=NORMALIZER)
+    whole, whole_stats = policy_loss(logprobs, prox, behaviour, adv, mask, **kw)
+    parts = [policy_loss(logprobs[s], prox[s], behaviour[s], adv[s], mask[s], **kw) for s in (slice(0, 2), slice(2, 5))]
+    assert float((parts[0][0] + parts[1][0]).detach()) == pytest.approx(float(whole.detach()), abs=1e-7)
+    assert parts[0][1] + parts[1][1] == whole_stats
+
+
+def test_empty_stats_report_zeros():
+    metrics = PolicyStats().metrics()
+    assert set(metrics.values()) == {0.0}
+    _, stats = policy_loss(t([0.0]), t([0.0]), t([0.0]), t([1.0]), t([0], torch.bool), eps_low=0.2,
+                           eps_high=0.2, is_cap=2.0, normalizer=1.0)
+    assert stats.metrics()["is_weight_max"] == 0.0
+
+
+# ------------------------------------------------------------------------------ SFT, KL, logits
+
+
+def test_sft_loss_is_masked_cross_entropy():
+    logprobs = t([-1.0, -2.0, -4.0])
+    assert float(sft_loss(logprobs, t([1, 0, 1], torch.bool), normalizer=2.0)) == pytest.approx(2.5)
+
+
+def test_kl_penalty_is_k3():
+    # x = log π_ref - log π_θ = log 0.25 - log 0.5 = -ln 2: e^x - x - 1 = 0.5 + ln 2 - 1
+    logprobs, ref = t([math.log(0.5), math.log(0.5), 0.0]), t([math.log(0.25), math.log(0.5), -9.0])
+    value = kl_penalty(logprobs, ref, t([1, 1, 0], torch.bool), normalizer=2.0)
+    assert float(value) == pytest.approx((math.log(2) - 0.5) / 2, abs=1e-7)
+    assert float(kl_penalty(ref, ref, t([1, 1, 1], torch.bool), normalizer=1.0)) == 0.0
+
+
+def test_token_logprobs_from_logits_applies_temperature():
+    logits = t([[0.0, 0.7, 1.4]])
+    # softmax of [0, 1, 2] (logits / 0.7): log p(token 2) = 2 - log(1 + e + e²)
+    expected = 2.0 - math.log(1 + math.e + math.e ** 2)
+    assert float(token_logprobs_from_logits(logits, t([2], torch.int64), 0.7)[0]) == pytest.approx(expected, abs=1e-6)

@@ -1,0 +1,159 @@
+"""The torch engine's decode fast paths on CPU: the grouped-query decode attention gives the logits of
+HF's sdpa path without taking it, and the pipelined step (next decode queued before the host reads
+this step's tokens) records exactly the tokens, logprobs and versions of the unpipelined one, with
+rows finishing at different steps, refills, and a weight update mid-generation."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+import transformers.integrations.sdpa_attention as hf_sdpa
+from actors.rollout import attention
+from actors.rollout.decode_step import DecodeStep
+from actors.rollout.engine import GenerateRequest, SamplingParams
+from actors.rollout.model import build_model
+from actors.rollout.torch_engine import TorchEngine
+from configs import ModelConfig
+
+# 4 query heads over 2 KV heads: the grouped-query case the decode attention re-lays out.
+TINY = ModelConfig(num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, intermediate_size=128,
+                   max_seq_len=256)
+EOS = 257
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def decode_logits(model, contexts: list[list[int]], feeds: list[list[int]], device: str = "cpu") -> list[torch.Tensor]:
+    """Left-padded prefill of `contexts` into a static cache, then one DecodeStep per column of
+    `feeds` ([B] tokens per step); returns the logits [B, V] of every step."""
+    from transformers import StaticCache
+
+    width, steps = max(map(len, contexts)), len(feeds)
+    ids = torch.zeros(len(contexts), width, dtype=torch.long)
+    mask = torch.zeros(len(contexts), width + steps, dtype=torch.long)
+    for i, ctx in enumerate(contexts):
+        ids[i, width - len(ctx):] = torch.tensor(ctx)
+        mask[i, width - len(ctx):width] = 1
+    ids, mask = ids.to(device), mask.to(device)
+    positions = (mask[:, :width].cumsum(-1) - 1).clamp(min=0)
+    cache = StaticCache(config=model.config, max_cache_len=width + steps)
+    with torch.no_grad():
+        model(input_ids=ids, attention_mask=mask[:, :width], position_ids=positions, past_key_values=cache,
+              cache_position=torch.arange(width, device=device), use_cache=True, logits_to_keep=1)
+    step = DecodeStep(model, cache, mask, positions[:, -1:] + 1, width, cuda_graph=device == "cuda")
+    return [step(torch.tensor(tokens, device=device)).float().clone() for tokens in feeds]
+
+
+def test_grouped_query_decode_attention_matches_hf_sdpa_without_repeating_kv(monkeypatch):
+    check_decode_attention(monkeypatch, "cpu")
+
+
+@pytest.mark.gpu
+def test_grouped_query_decode_attention_on_gpu_in_a_cuda_graph(monkeypatch):
+    check_decode_attention(monkeypatch, "cuda")
+
+
+def check_decode_attention(monkeypatch, device: str) -> None:
+    name = attention.register()
+    assert name == attention.KILN_ATTENTION
+    hf_model = build_model(TINY, device)
+    kiln_model = build_model(TINY, device, attention=name)
+    assert kiln_model.config._attn_implementation == name
+    g = torch.Generator().manual_seed(3)
+    contexts = [torch.randint(0, 256, (n,), generator=g).tolist() for n in (3, 9, 6)]
+    feeds = torch.randint(0, 256, (5, 3), generator=g).tolist()
+    ref = decode_logits(hf_model, contexts, feeds, device)
+
+    plain_calls = []  # HF's own sdpa function: taken by the prefill (q_len > 1), never by a decode step
+    real = hf_sdpa.sdpa_attention_forward
+    monkeypatch.setattr(hf_sdpa, "sdpa_attention_forward",
+                        lambda module, query, *a, **kw: plain_calls.append(query.shape[2]) or real(module, query,
+                                                                                                  *a, **kw))
+    got = decode_logits(kiln_model, contexts, feeds, device)
+    assert plain_calls and all(q_len > 1 for q_len in plain_calls)
+    assert len(plain_calls) == TINY.num_layers  # the prefill only
+    tolerance = 1e-5 if device == "cpu" else 1e-4  # GPU: different SDPA kernels, fp32 accumulation order
+    for a, b in zip(ref, got):
+        torch.testing.assert_close(b, a, atol=tolerance, rtol=0)
+    # sanity: the steps' logits differ from each other (the comparison is not of constants)
+    assert not torch.allclose(ref[0], ref[-1])
+
+
+def run_engine(pipeline: bool, update_at: int | None = None, device: str = "cpu") -> tuple[list, dict]:
+    """7 requests through 3 slots with different lengths, temperatures and stop sets (rows end at
+    different steps, by stop and by length; finished rows are refilled), optionally new weights
+    (version 1) applied after decode step `update_at`; same seed whatever `pipeline` is."""
+    engine = TorchEngine(TINY, max_batch=3, eos_token_ids=[EOS], on_weight_update="abort", seed=5,
+                         pipeline=pipeline, device=device)
+    g = torch.Generator().manual_seed(0)
+    reqs = []
+    for i in range(7):
+        prompt = [256] + torch.randint(0, 256, (2 + 3 * i,), generator=g).tolist()
+        stops = tuple(range(0, 256, 7)) if i % 3 == 0 else ()  # some rows stop early, at varying steps
+        params = SamplingParams(temperature=(0.8, 1.0, 1.3)[i % 3], top_p=0.95 if i == 4 else 1.0,
+                                max_new_tokens=3 + 4 * i, stop_token_ids=stops)
+        reqs.append(GenerateRequest(str(i), prompt, params))
+    try:
+        if update_at is None:
+            return engine.generate(reqs), dict(engine.stats)
+        reached = threading.Event()
+
+        def hook(step: int) -> None:
+            if step == update_at:
+                engine.pause()
+                reached.set()
+
+        engine.step_hook = hook
+        out = {}
+        worker = threading.Thread(target=lambda: out.setdefault("gens", engine.generate(reqs)))
+        worker.start()
+        assert reached.wait(30)
+        new = build_model(dataclasses.replace(TINY, seed=11))
+        engine.update_weights_from_tensors(list(new.state_dict().items()), version=1)
+        engine.resume()
+        worker.join(30)
+        return out["gens"], dict(engine.stats)
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("update_at", [None, 6])
+def test_pipelined_decode_records_the_same_tokens_logprobs_and_versions(update_at):
+    check_pipelined_against_plain(update_at, "cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("update_at", [None, 6])
+def test_pipelined_decode_on_gpu_with_cuda_graphs_records_the_same_tokens(update_at):
+    check_pipelined_against_plain(update_at, "cuda")
+
+
+def check_pipelined_against_plain(update_at: int | None, device: str) -> None:
+    plain, plain_stats = run_engine(pipeline=False, update_at=update_at, device=device)
+    piped, piped_stats = run_engine(pipeline=True, update_at=update_at, device=device)
+    if device == "cuda":
+        assert piped_stats["graph_steps"] > 0
+    assert plain_stats["rebuilds"] >= 3  # refills happened
+    reasons = {g.finish_reason for g in plain}
+    assert reasons == {"stop", "length"}  # rows ended both ways
+    assert len({len(g.output_ids) for g in plain}) >= 4  # ... at different steps
+    if update_at is not None:
+        assert plain_stats["updates"] == piped_stats["updates"] == 1
+        assert any(set(g.versions.tolist()) == {0, 1} for g in plain)  # a row spans the update
+    for a, b in zip(plain, piped):
+        assert a.request_id == b.request_id and a.finish_reason == b.finish_reason
+        np.testing.assert_array_equal(a.output_ids, b.output_ids)
+        np.testing.assert_array_equal(a.logprobs, b.logprobs)
+        np.testing.assert_array_equal(a.versions, b.versions)
+    assert piped_stats["tokens"] == plain_stats["tokens"] == sum(len(g.output_ids) for g in plain)
