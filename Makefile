@@ -19,8 +19,10 @@ test: venv
 	$(BIN)/python -m pytest
 
 # Until `kiln train` lands: verify the shipped task set's CPU solutions end to end (README).
+# A short training run with configs/default.yaml; the run directory (report.md, plots, metrics,
+# episode dumps, the final model) is printed at the end.
 demo: venv
-	$(BIN)/kiln verify --tasks tasks --solutions tasks/solutions/cpu --backend cpu
+	$(BIN)/kiln train --config configs/default.yaml
 
 bench-protocols: venv
 	$(BIN)/python -m launch.bench_protocols

@@ -79,6 +79,7 @@ class RolloutConfig:
     seed: int = F(0, "Seed of the engine's sampler (each actor adds its index)", ge=0)
     task_wait_s: float = F(5.0, "Seconds to wait for the task feed to answer before asking again", gt=0.0)
     ack_timeout_s: float = F(5.0, "Seconds to wait for replay to acknowledge an episode before resending", gt=0.0)
+    forced_candidates: Optional[str] = F(None, "Benchmarks and the CPU demo only: a solutions directory; attempts are drawn from candidates built from it (the solution, compile-broken, wrong-result, fallback and cut-off variants) and scored by the engine instead of sampled; null = sample (the default)")
 
 
 @dataclass

@@ -8,6 +8,7 @@ model, writes the report and stops everything in order (rollouts, learner, verif
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from pathlib import Path
@@ -165,6 +166,10 @@ class Session:
             return []
         self._last_supervise = now
         restarted = self.supervisor.check()
+        if any(name.startswith("verifier-") for name in restarted):  # new addresses: re-point rollouts
+            pool = ",".join(h.endpoints["verifier"] for h in self.supervisor.role("verifier-"))
+            for rollout in self.supervisor.role("rollout-"):
+                rollout.call("rewire_verifier", pool)
         if restarted:
             wiring.write_endpoints(self.run.path, self.supervisor.handles)
             self.metrics.log(self.last_step, {"run/restarts": float(len(self.supervisor.restarts))})
@@ -236,6 +241,22 @@ class Session:
 
     def export_final(self) -> Path:
         return Path(self.supervisor["learner"].call("export_hf", str(self.run.final_model)))
+
+    def write_summary(self) -> dict:
+        """RUN_DIR/summary.json: replay's ledger (the episode-id invariant), versions, restarts."""
+        replay = self.supervisor["replay"].call("health")
+        learner = self.supervisor["learner"].call("health")
+        summary = {
+            "episodes": {k: replay[k] for k in ("emitted", "trained", "filtered", "filtered_total", "pending",
+                                                "invariant_ok")},
+            "groups": replay["groups"],
+            "highest_version_seen": replay["highest_version_seen"],
+            "learner": {"version": learner["version"], "step": learner["step"],
+                        "restored_from": learner["restored_from"]},
+            "restarts": [{"time": t, "actor": name} for t, name in self.supervisor.restarts],
+        }
+        (self.run.path / "summary.json").write_text(json.dumps(summary, indent=1))
+        return summary
 
     def write_report(self) -> Path:
         return write_report(self.run.path)

@@ -96,6 +96,8 @@ class Supervisor:
         except Exception as err:  # RayActorError, a timeout: the actor is gone or wedged
             log.warning("%s: health check failed: %s", handle.spec.name, err)
             return False
+        if health.get("finished"):  # done with its work, not dead
+            return True
         return bool(health.get("alive", False)) and health.get("looping", True) is not False
 
     def check(self, on_restart: Callable[[str], None] | None = None) -> list[str]:

@@ -19,6 +19,7 @@ import logging
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 from configs import KilnConfig, load_config
 from launch.run_dir import RunDirectory
@@ -27,8 +28,10 @@ from launch.session import Session
 log = logging.getLogger(__name__)
 
 
-def train(cfg: KilnConfig, run: RunDirectory, *, resume: bool = False) -> Path:
-    """Run until `algo.total_steps` learner steps; returns the report's path."""
+def train(cfg: KilnConfig, run: RunDirectory, *, resume: bool = False,
+          on_step: Callable[[Session, int], None] | None = None) -> Path:
+    """Run until `algo.total_steps` learner steps; returns the report's path. `on_step(session, step)`
+    runs after each recorded step (custom logic: extra logging, fault injection in tests)."""
     with Session(cfg, run) as s:
         s.start_replay_and_verifiers()
         s.start_learner(resume=resume)
@@ -42,6 +45,8 @@ def train(cfg: KilnConfig, run: RunDirectory, *, resume: bool = False) -> Path:
                     s.record_step(step, values)
                     if s.evaluation_due(step):
                         s.evaluate(step)
+                    if on_step is not None:
+                        on_step(s, step)
                 s.supervise()
         except KeyboardInterrupt:
             log.warning("interrupted: checkpointing the learner; `kiln train --resume %s` continues", run.path)
@@ -50,6 +55,7 @@ def train(cfg: KilnConfig, run: RunDirectory, *, resume: bool = False) -> Path:
         s.drain_metrics()
         s.export_final()
         s.evaluate(s.last_step, final=True)
+        s.write_summary()
         return s.write_report()
 
 

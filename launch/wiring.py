@@ -27,12 +27,16 @@ def gpu_share(cfg: KilnConfig, role: str) -> float:
     if not cfg.cluster.num_gpus and cfg.cluster.num_gpus is not None:
         return 0.0
     colocated = cfg.cluster.layout == "colocated"
+    cuda_verifier = cfg.verifier.backend == "cuda"
+    # Colocated: learner, engine (and a cuda verifier) share one GPU; Ray must still make it visible
+    # to each of them, so each holds a fraction.
+    share = (1 / 3 if cuda_verifier else 0.5) if colocated else 1.0
     if role == "verifier":
-        return 1.0 if cfg.verifier.backend == "cuda" and not colocated else 0.0
+        return share if cuda_verifier else 0.0
     if role == "learner":
-        return 0.0 if resolve_device(cfg.learner.device) == "cpu" else (0.5 if colocated else 1.0)
+        return 0.0 if resolve_device(cfg.learner.device) == "cpu" else share
     if role == "rollout":
-        return 0.0 if resolve_device(cfg.rollout.device) == "cpu" else (0.5 if colocated else 1.0)
+        return 0.0 if resolve_device(cfg.rollout.device) == "cpu" else share
     return 0.0
 
 

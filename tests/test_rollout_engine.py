@@ -169,6 +169,28 @@ def test_finish_policy_completes_in_flight_requests_on_the_old_weights():
         engine.close()
 
 
+def test_requests_that_arrive_with_an_update_are_served_after_it():
+    """The race behind a hang seen in `kiln train`: an idle engine finds a weight update and new
+    requests in the same scheduling cycle. The update runs; the requests must still be served."""
+    from concurrent.futures import Future
+
+    engine = TorchEngine(TINY, max_batch=2, eos_token_ids=[EOS], on_weight_update="finish")
+    try:
+        rows = [engine._row(GenerateRequest(str(i), [256, 3 + i], SamplingParams(max_new_tokens=3,
+                                                                                 ignore_eos=True)))
+                for i in range(2)]
+        applied: Future = Future()
+        with engine._cv:  # both land before the scheduler looks again
+            engine._queue.extend(rows)
+            engine._updates.append((lambda: None, 1, applied))
+            engine._cv.notify_all()
+        applied.result(timeout=30)
+        gens = [row.future.result(timeout=30) for row in rows]
+        assert [g.versions.tolist() for g in gens] == [[1, 1, 1]] * 2
+    finally:
+        engine.close()
+
+
 def test_update_from_disk_and_refusal_of_bad_weights(engine, tmp_path):
     new, tensors = new_weights(seed=11)
     save_file({k: v.contiguous() for k, v in tensors if k != "lm_head.weight"}, str(tmp_path / "model.safetensors"))

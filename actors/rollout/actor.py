@@ -29,6 +29,7 @@ from actors.buffer.sender import EpisodeSender
 from actors.rollout.engine import Engine, EngineError, GenerateRequest, Generation, SamplingParams
 from actors.rollout.engines import make_engine
 from actors.rollout.episodes import GroupRunner, Verifier
+from actors.rollout.forced import CandidatePool
 from actors.rollout.reporting import Reporter, group_report
 from actors.rollout.tokenizer import load_tokenizer
 from actors.rollout.weight_client import WeightClient
@@ -75,6 +76,8 @@ class RolloutActor(Actor):
                                  seed=rollout.seed + index)
         self.busy_s = 0.0
         self._runner: GroupRunner | None = None
+        self.pool = (CandidatePool(rollout.forced_candidates, seed=rollout.seed + index)
+                     if rollout.forced_candidates else None)
 
     # ------------------------------------------------------------------------------ lifecycle
 
@@ -155,7 +158,8 @@ class RolloutActor(Actor):
     def _group_runner(self, max_turns: int) -> GroupRunner:
         return GroupRunner(actor_id=self.actor_id, generate=self.generate, verifier=self.verifier,
                            tokenizer=self.tokenizer, params=self.params, max_turns=max_turns,
-                           max_seq_len=self.model_cfg.max_seq_len)
+                           max_seq_len=self.model_cfg.max_seq_len,
+                           force=self.pool.draw if self.pool is not None else None)
 
     def rewire_verifier(self, address: str) -> None:
         """Point verification at a restarted verifier pool (new addresses); in-flight requests on the

@@ -81,8 +81,11 @@ class GroupRunner:
     """Runs one task group: generation through `generate`, verification through `verifier`."""
 
     def __init__(self, *, actor_id: str, generate: Callable[[list[GenerateRequest]], list[Generation]],
-                 verifier: Verifier, tokenizer, params: SamplingParams, max_turns: int, max_seq_len: int) -> None:
+                 verifier: Verifier, tokenizer, params: SamplingParams, max_turns: int, max_seq_len: int,
+                 force: Callable[[Task], str | None] | None = None) -> None:
         self.actor_id, self.generate, self.verifier = actor_id, generate, verifier
+        # Forced-response mode (benchmarks, the CPU demo): the text to score instead of sampling.
+        self.force = force
         self.tokenizer, self.params, self.max_turns = tokenizer, params, max_turns
         self.max_prompt_tokens = max_seq_len - 1  # room for at least one response token
 
@@ -113,6 +116,12 @@ class GroupRunner:
         return Episode(episode_id=episode_id, task=reply.task, group_id=reply.group_id, sample_index=index,
                        turns=[turn], rewards=[0.0], is_retry=reply.task.repair is not None, actor_id=self.actor_id)
 
+    def _forced(self, task: Task, prompt_len: int) -> list[int] | None:
+        text = self.force(task) if self.force is not None else None
+        if text is None:
+            return None
+        return _forced_ids(self.tokenizer, text, self.max_prompt_tokens + 1 - prompt_len, self.params.max_new_tokens)
+
     def _turn(self, task: Task, turn: int, live: list[_Attempt], last: bool) -> None:
         prompts = [self.tokenizer.prompt_ids(a.prompt) for a in live]
         requests = [VerifyRequest(request_id=f"{a.episode_id}/t{turn}", task=task, candidate="",
@@ -120,7 +129,7 @@ class GroupRunner:
         fits = [len(p) <= self.max_prompt_tokens for p in prompts]
         gens = iter(self.generate([
             GenerateRequest(request_id=f"{a.episode_id}/t{turn}/{uuid.uuid4().hex[:8]}", prompt_ids=p,
-                            params=self.params)
+                            params=self.params, forced_response=self._forced(task, len(p)))
             for a, p, ok in zip(live, prompts, fits) if ok]))
         gens = [next(gens) if ok else None for ok in fits]
         texts = [self.tokenizer.decode(g.output_ids) if g else "" for g in gens]
@@ -143,6 +152,12 @@ class GroupRunner:
                 a.done = True
             else:
                 a.prompt = repair_prompt(task, text, result.feedback)
+
+
+def _forced_ids(tokenizer, text: str, room: int, max_new_tokens: int) -> list[int]:
+    eos = getattr(tokenizer, "eos_token_id", None)
+    ids = tokenizer.encode(text) + ([int(eos)] if eos is not None else [])
+    return ids[:max(1, min(room, max_new_tokens))]
 
 
 def _empty(request_id: str) -> Generation:

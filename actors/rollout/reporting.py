@@ -28,7 +28,8 @@ def group_report(actor_id: str, reply: TaskReply, episodes: list[Episode], secon
         turn_passed=[[bool(t.result is not None and t.result.passed) for t in ep.turns] for ep in episodes],
         stages=[r.stage for r in results],
         error_classes=[r.error_class for r in results if r.error_class],
-        source_hashes=[r.source_hash for r in results if r.source_hash],
+        # Compiled sources: attempts that got past extraction into the compile stage.
+        source_hashes=[r.source_hash for r in results if r.source_hash and r.stage != "extract"],
         generated_tokens=sum(len(t.response_ids) for ep in episodes for t in ep.turns),
         seconds=seconds)
 

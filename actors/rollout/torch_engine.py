@@ -255,7 +255,10 @@ class TorchEngine(Engine):
                 self._fail_all(EngineError("engine is closed"))
                 return False
             update = self._updates.popleft() if self._update_due() else None
-            admitted = self._admit() if not (self._updates and self.policy == "finish") else []
+            # Nothing is admitted in a cycle that runs an update (that cycle ends after the update, so
+            # rows taken off the queue here would be lost), nor while an update waits under "finish".
+            hold = update is not None or (self._updates and self.policy == "finish")
+            admitted = [] if hold else self._admit()
             self._take_aborts()
             held = self._paused or self._released
         if update is not None:

@@ -29,6 +29,7 @@ from protocols.weights import bucket_layout, group_name, parse_location, plan_bu
 
 log = logging.getLogger(__name__)
 
+LEARNER_CHECK_S = 2.0  # how often the endpoints are re-read to follow a restarted learner
 LearnerEndpoints = Mapping[str, str]  # WeightServer.start(): "weights", "announce", "announce_sync"
 
 
@@ -71,6 +72,7 @@ class WeightClient:
                       "last_seconds": 0.0}
         self.last_error = ""
         self._endpoints: dict[str, str] = {}
+        self._joined: dict[str, str] = {}  # the endpoints of the learner whose weights we last joined
         self._sub: Subscriber | None = None
         self._req: RequestClient | None = None
         self._lock = threading.RLock()  # one weight operation at a time, bootstrap included
@@ -84,11 +86,17 @@ class WeightClient:
             self.engine, self.group = engine, None
             self._connect()
             self._join()
+            self._joined = dict(self._endpoints)
             self.stats["bootstraps"] += 1
 
     def run(self, stop: threading.Event) -> None:
-        """Apply announcements until `stop` is set (the rollout actor runs this on a thread)."""
+        """Apply announcements until `stop` is set (the rollout actor runs this on a thread). A learner
+        that restarted (new endpoints) is joined again, which brings the engine to its version."""
+        next_check = time.monotonic() + LEARNER_CHECK_S
         while not stop.is_set():
+            if time.monotonic() >= next_check:
+                next_check = time.monotonic() + LEARNER_CHECK_S
+                self._follow_learner()
             sub = self._sub
             if sub is None:  # between a close and the next bootstrap
                 stop.wait(self.poll_s)
@@ -112,6 +120,22 @@ class WeightClient:
                 except Exception:  # a bug here must not end weight updates for the engine's life
                     log.exception("%s: applying version %d failed", self.engine_id, ann.version)
                     self.stats["failures"] += 1
+
+    def _follow_learner(self) -> None:
+        try:
+            endpoints = dict(self._learner())
+        except Exception as err:
+            log.warning("%s: reading the learner's endpoints: %s", self.engine_id, err)
+            return
+        if not endpoints or endpoints == self._joined or self.engine is None:
+            return
+        log.warning("%s: the learner moved to %s; joining it again", self.engine_id, endpoints.get("weights"))
+        try:
+            self.bootstrap(self.engine)
+        except Exception as err:  # the new learner may still be starting: try again at the next check
+            self.stats["failures"] += 1
+            self.last_error = f"rejoining the learner: {err}"
+            log.warning("%s: %s", self.engine_id, self.last_error)
 
     def close(self) -> None:
         with self._lock:

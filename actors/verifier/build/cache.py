@@ -20,6 +20,7 @@ import json
 import os
 import shutil
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -73,7 +74,8 @@ class ArtifactCache:
 
     def publish_binding(self, key: str, obj: Path) -> Path:
         final = self.binding_object(key)
-        tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
+        # Unique per writer: two threads of one process may store the same source's capture at once.
+        tmp = final.with_name(f".{final.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         shutil.copy2(obj, tmp)
         os.replace(tmp, final)
         return final
@@ -91,7 +93,8 @@ class ArtifactCache:
 
     def store_capture(self, source_key: str, data: dict) -> None:
         final = self.capture_path(source_key)
-        tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
+        # Unique per writer: two threads of one process may store the same source's capture at once.
+        tmp = final.with_name(f".{final.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         tmp.write_text(json.dumps(data))
         os.replace(tmp, final)
 
