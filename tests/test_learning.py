@@ -26,9 +26,10 @@ def reward_change(tmp_path: Path, name: str, seed: int, lr: float) -> float:
         # a stationary task mix: no repair tasks from the retry buffer
         "replay.retry.probability=0.0",
         f"model.seed={seed}", f"rollout.seed={seed}", f"algo.seed={seed}", f"replay.split_seed={seed}"])
-    train(cfg, RunDirectory.create(cfg))
-    rewards = [r["reward/mean"] for r in read_metrics(cfg_path := Path(tmp_path) / name) if "reward/mean" in r]
-    assert len(rewards) >= STEPS - 2, cfg_path
+    run = RunDirectory.create(cfg)
+    train(cfg, run)
+    rewards = [r["reward/mean"] for r in read_metrics(run.path) if "reward/mean" in r]
+    assert len(rewards) >= STEPS - 2, run.path
     return float(np.mean(rewards[-WINDOW:]) - np.mean(rewards[:WINDOW]))
 
 
