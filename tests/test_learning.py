@@ -39,4 +39,5 @@ def test_reward_rises_with_learning_and_stays_flat_without(tmp_path):
     control = reward_change(tmp_path, "control", 0, lr=0.0)
     assert abs(control) < 0.03, f"lr=0 must stay flat, moved {control:+.3f}"
     for rise in rises:
-        assert rise > 0.04 and rise > control + 0.03, f"reward rise {rises} vs control {control:+.3f}"
+        # measured 2026-11-22: rises +0.051 and +0.083, control -0.001
+        assert rise > 0.03 and rise > control + 0.03, f"reward rise {rises} vs control {control:+.3f}"

@@ -437,3 +437,24 @@ def test_kiln_server_stages_buckets_sent_over_http_without_pausing(tmp_path):
         http.stop()
         engine.close()
         sender.close()
+
+
+def test_colocated_engines_release_memory_for_the_step_and_take_it_back(tmp_path):
+    model = build_model(TINY)
+    server = WeightServer(tmp_path, transport="gloo", bucket_mb=1, timeout_s=30, join_timeout_s=20)
+    endpoints = server.start()
+    actor = rollout_actor(endpoints, "colocated")
+    actor.start()
+    try:
+        server.release_engines()  # what the learner does before each step in colocated mode
+        wait_for(lambda: actor.engine.health()["released"], 30, "the engine to release its memory")
+        train_a_little(model)
+        server.publish(1, model.named_parameters)
+        wait_for(lambda: actor.engine.weight_version == 1 and not actor.engine.health()["released"], 30,
+                 "the engine to take its memory back and load version 1")
+        (gen,) = actor.generate(forced())
+        assert gen.versions.tolist() == [1] * len(RESPONSE)
+        assert np.abs(gen.logprobs - learner_logprobs(model)).max() <= 1e-5
+    finally:
+        actor.stop()
+        server.stop()

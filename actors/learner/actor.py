@@ -130,6 +130,8 @@ class LearnerActor(Actor):
             if batch is None:
                 continue
             t = time.perf_counter()
+            if self.shares_gpu:  # colocated: the engines give the GPU back for the step
+                self.weights.release_engines()
             with self.weights.updating():  # an engine joining now must not read a half-stepped model
                 result = self.backend.train_step(batch)
             self.version += 1

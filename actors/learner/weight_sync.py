@@ -44,7 +44,7 @@ from typing import Callable, Iterable, Iterator
 import torch
 
 from actors.rollout.weight_group import WeightBroadcaster
-from protocols import ErrorReply, TensorSpec, WeightAnnouncement, WeightHandles, WeightRequest, WeightsLoaded
+from protocols import Control, ErrorReply, TensorSpec, WeightAnnouncement, WeightHandles, WeightRequest, WeightsLoaded
 from protocols.channels import Publisher, ReplyServer, Request
 from protocols.weights import bucket_layout, group_name, manifest_bytes, plan_buckets
 
@@ -242,6 +242,12 @@ class WeightServer:
             yield
 
     # ------------------------------------------------------------------------------ publish
+
+    def release_engines(self) -> None:
+        """Colocated mode: ask every engine to give its accelerator memory back before a learner step;
+        the next announcement brings it back. Best effort and unconfirmed (an engine that misses it
+        keeps its memory)."""
+        self._publisher.publish(Control(command="pause"))
 
     def publish(self, version: int, named_tensors: NamedTensors) -> PushReport:
         """Announce `version` and push it to every engine; returns once every live engine received it

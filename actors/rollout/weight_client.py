@@ -22,7 +22,7 @@ from typing import Callable, Mapping
 import torch
 
 from actors.rollout.engine import Engine, EngineError
-from protocols import ErrorReply, WeightAnnouncement, WeightHandles, WeightRequest, WeightsLoaded
+from protocols import Control, ErrorReply, WeightAnnouncement, WeightHandles, WeightRequest, WeightsLoaded
 from protocols.channels import ChannelTimeout, RemoteError, RequestClient, Subscriber
 from protocols.schema import Record
 from protocols.weights import bucket_layout, group_name, parse_location, plan_buckets
@@ -68,7 +68,7 @@ class WeightClient:
         # Newest version the learner pushed (or chose not to push) into that group: every later
         # announcement is pushed into it, whatever version the engine serves, and must be received.
         self.group_version = -1
-        self.stats = {"bootstraps": 0, "loaded": 0, "skipped": 0, "failures": 0, "disk_fallbacks": 0,
+        self.stats = {"releases": 0, "bootstraps": 0, "loaded": 0, "skipped": 0, "failures": 0, "disk_fallbacks": 0,
                       "last_seconds": 0.0}
         self.last_error = ""
         self._endpoints: dict[str, str] = {}
@@ -111,15 +111,35 @@ class WeightClient:
                 continue
             if ann is None:
                 continue
+            if isinstance(ann, Control):
+                self._memory(ann.command)
+                continue
             if not isinstance(ann, WeightAnnouncement):
                 log.warning("%s: ignored %s on the announcement channel", self.engine_id, type(ann).__name__)
                 continue
             with self._lock:
                 try:
+                    self._memory("resume")  # colocated: the learner's step is over once it announces
                     self._apply(ann)
                 except Exception:  # a bug here must not end weight updates for the engine's life
                     log.exception("%s: applying version %d failed", self.engine_id, ann.version)
                     self.stats["failures"] += 1
+
+    def _memory(self, command: str) -> None:
+        """Colocated mode: "pause" gives the engine's accelerator memory back for the learner's step,
+        "resume" takes it again (the next announcement resumes too, so a lost "resume" costs nothing)."""
+        engine = self.engine
+        if engine is None or command not in ("pause", "resume"):
+            return
+        released = bool(engine.health().get("released", False))
+        try:
+            if command == "pause" and not released:
+                engine.release_memory()
+                self.stats["releases"] += 1
+            elif command == "resume" and released:
+                engine.resume_memory()
+        except Exception as err:  # the engine keeps its memory: slower for the learner, never wrong
+            log.warning("%s: %s memory failed: %s", self.engine_id, command, err)
 
     def _follow_learner(self) -> None:
         try:
