@@ -165,7 +165,7 @@ class Session:
         if now - self._last_supervise < SUPERVISE_EVERY_S:
             return []
         self._last_supervise = now
-        restarted = self.supervisor.check()
+        restarted = self.supervisor.check(on_restart=self._release_groups)
         if any(name.startswith("verifier-") for name in restarted):  # new addresses: re-point rollouts
             pool = ",".join(h.endpoints["verifier"] for h in self.supervisor.role("verifier-"))
             for rollout in self.supervisor.role("rollout-"):
@@ -174,6 +174,16 @@ class Session:
             wiring.write_endpoints(self.run.path, self.supervisor.handles)
             self.metrics.log(self.last_step, {"run/restarts": float(len(self.supervisor.restarts))})
         return restarted
+
+    def _release_groups(self, name: str) -> None:
+        """A restarted rollout actor's in-flight groups are re-issued at once, not at their timeout."""
+        if not name.startswith("rollout-") or "replay" not in self.supervisor.handles:
+            return
+        try:
+            released = self.supervisor["replay"].call("release_actor", name, timeout_s=30.0)
+            log.info("%s restarted: %d in-flight group(s) re-issued", name, released)
+        except Exception:
+            log.exception("releasing the groups of %s failed (they re-issue when they expire)", name)
 
     def record_step(self, step: int, values: dict[str, float]) -> None:
         self.last_step = step

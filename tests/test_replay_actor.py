@@ -177,6 +177,27 @@ def test_an_abandoned_group_expires_and_late_samples_are_counted(tmp_path):
         a.stop()
 
 
+def test_a_dead_rollouts_groups_are_released_at_once_and_survive_a_restart(tmp_path):
+    a = make(tmp_path, eta=1, B=2)  # the default hour-long group timeout: only the release can free them
+    client = RequestClient(a.start()["replay"], timeout_s=5.0, retries=0)
+    try:
+        mine = client.request(TaskRequest(actor_id="rollout-0"))
+        other = client.request(TaskRequest(actor_id="rollout-1"))
+        first, _ = episodes(mine)
+        assert client.request(first).status == "stored"
+        assert a.release_actor("rollout-0") == 1 and a.release_actor("rollout-0") == 0
+        h = a.health()
+        assert h["groups"]["running"] == 1 and h["filtered"] == {"expired": 1} and h["invariant_ok"]
+        assert client.request(TaskRequest(actor_id="rollout-2")).task == mine.task  # re-issued first
+        assert other.group_id in a._state.running
+    finally:
+        client.close()
+        a.stop()
+    b = make(tmp_path, eta=1, B=2)  # the release was logged: a restart makes the same decision
+    assert b.health()["filtered"] == {"expired": 1}
+    b.stop()
+
+
 # -------------------------------------------------------------------------------------- recovery
 
 

@@ -187,6 +187,25 @@ class ReplayActor(Actor):
             return self._state.on_batch_request(rec)
         return ErrorReply(message=f"replay serves TaskRequest, Episode and BatchRequest, not {type(rec).__name__}"), False
 
+    def release_actor(self, actor_id: str) -> int:
+        """A rollout actor died: expire the groups it was working on now (their tasks are re-issued,
+        late samples from them are stored but never trained). Logged like a timeout expiry, so a
+        restart replays the same decision. Returns how many groups were released."""
+        with self._lock:
+            if self._failure:
+                return 0
+            held = self._state.held_by(actor_id)
+            if not held:
+                return 0
+            try:
+                self._store.append(EntryKind.EXPIRE, msgpack.packb(held))
+                self._store.commit()
+            except OSError as err:
+                self._fail(err)
+                return 0
+            self._state.expire(held)
+            return len(held)
+
     def _expire_overdue(self, now: float) -> None:
         if self._failure or now < self._next_expiry_check:
             return

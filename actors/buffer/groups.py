@@ -27,6 +27,7 @@ class Group:
     last_activity: float  # monotonic time of issue or of its latest episode, for expiry
     episodes: dict[int, Episode] = field(default_factory=dict)  # by sample_index
     advantages: list[float] = field(default_factory=list)  # set once the group is judged trainable
+    actor_id: str = ""  # the rollout actor working on it (its groups are released if it dies)
 
     @property
     def is_retry(self) -> bool:
@@ -41,14 +42,15 @@ class Group:
 
     def dump(self) -> dict:
         return {"group_id": self.group_id, "task": protocols.encode(self.task), "size": self.size,
-                "episodes": [protocols.encode(e) for e in self.ordered()], "advantages": self.advantages}
+                "episodes": [protocols.encode(e) for e in self.ordered()], "advantages": self.advantages,
+                "actor_id": self.actor_id}
 
     @classmethod
     def load(cls, data: dict, now: float) -> Group:
         episodes = [protocols.decode(b) for b in data["episodes"]]
         return cls(group_id=data["group_id"], task=protocols.decode(data["task"]), size=data["size"],
                    last_activity=now, episodes={e.sample_index: e for e in episodes},
-                   advantages=list(data["advantages"]))
+                   advantages=list(data["advantages"]), actor_id=data.get("actor_id", ""))
 
 
 def turn_passed(turn: Turn) -> bool:

@@ -117,7 +117,8 @@ class ReplayState:
             self.counters.admission_waits += 1
             return TaskReply(status="wait", retry_after_s=self.replay.retry_after_s), False
         task, _source = self.feed.next_train()
-        group = Group(group_id=f"g{self.group_seq:07d}", task=task, size=self.algo.group_size, last_activity=now)
+        group = Group(group_id=f"g{self.group_seq:07d}", task=task, size=self.algo.group_size, last_activity=now,
+                      actor_id=req.actor_id)
         self.group_seq += 1
         self.running[group.group_id] = group
         self.counters.groups_issued += 1
@@ -192,6 +193,10 @@ class ReplayState:
     def overdue(self, now: float, timeout_s: float) -> list[str]:
         """Running groups with no sign of life for `timeout_s` (a rollout died or lost its task)."""
         return [gid for gid, g in self.running.items() if now - g.last_activity > timeout_s]
+
+    def held_by(self, actor_id: str) -> list[str]:
+        """Running groups handed to `actor_id` (a rollout actor that died: release them now)."""
+        return [gid for gid, g in self.running.items() if g.actor_id == actor_id]
 
     def expire(self, group_ids: list[str]) -> None:
         for gid in group_ids:
