@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import time
 from pathlib import Path
 
@@ -250,7 +251,20 @@ class Session:
         return values
 
     def export_final(self) -> Path:
-        return Path(self.supervisor["learner"].call("export_hf", str(self.run.final_model)))
+        """RUN_DIR/final/ as an HF checkpoint; a resumed run replaces the earlier export only once the
+        new one is complete."""
+        final = self.run.final_model
+        fresh = final.with_name(f"{final.name}.new-{int(time.time())}")
+        self.supervisor["learner"].call("export_hf", str(fresh))
+        if final.exists():
+            old = final.with_name(f"{final.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            final.rename(old)
+            fresh.rename(final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            fresh.rename(final)
+        return final
 
     def write_summary(self) -> dict:
         """RUN_DIR/summary.json: replay's ledger (the episode-id invariant), versions, restarts."""

@@ -80,6 +80,20 @@ def test_killing_a_rollout_and_the_learner_mid_run_loses_nothing(tmp_path, ray_s
     assert ep["invariant_ok"] and ep["emitted"] == ep["trained"] + ep["filtered_total"] + ep["pending"]
 
 
+def test_resume_continues_a_run_above_its_versions(tmp_path):
+    cfg, run = text_match(tmp_path, "resume", "cluster.use_ray=false", "algo.total_steps=3",
+                          "learner.checkpoint_every=1")
+    train(cfg, run)
+    first = versions(run)
+    assert first == [1, 2, 3]
+    more = load_config(run.config_path, ["algo.total_steps=6"])  # what `kiln train --resume` loads
+    train(more, RunDirectory.open(run.path), resume=True)
+    seen = versions(run)
+    assert seen[:3] == first and seen == sorted(set(seen)) and seen[-1] >= 6, seen
+    summary = json.loads((run.path / "summary.json").read_text())
+    assert summary["learner"]["restored_from"] == 3 and summary["episodes"]["invariant_ok"]
+
+
 def test_rollout_only_then_train_only(tmp_path):
     cfg, run = text_match(tmp_path, "rollout", "cluster.use_ray=false", "algo.total_steps=2")
     episodes = rollout_only(cfg, run)
