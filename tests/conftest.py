@@ -10,3 +10,28 @@ def verifier_cache_dir(tmp_path_factory):
     """One verifier cache (builds + verdicts) for the whole session: each distinct candidate source
     compiles once per test run, whichever test module asks first."""
     return tmp_path_factory.mktemp("verifier-cache")
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """One local Ray instance for every test that needs Ray actors (started on first use, shut down at
+    the end of the session; an instance already running is shared and left running)."""
+    ray = pytest.importorskip("ray")
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    if started:
+        ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Tiny models decode fastest on one thread, and a shared CI core makes OpenMP's spinning threads
+    stall each other; modules opt in with `pytestmark`, and the setting is restored after them."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

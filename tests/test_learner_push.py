@@ -7,8 +7,6 @@ temperature other than 1."""
 from __future__ import annotations
 
 import numpy as np
-import pytest
-import torch
 
 from actors.base import as_ray_actor
 from actors.learner.torch_backend import TorchBackend
@@ -23,18 +21,6 @@ T = 0.7
 PROMPT = [256, 75, 105, 108, 110, 58, 32]
 GOOD = [107, 101, 114, 110, 101, 108, 10]
 BAD = [120, 120, 120, 120, 120, 120, 10]
-
-
-@pytest.fixture(scope="module")
-def ray_session():
-    import ray
-
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray
-    if started:
-        ray.shutdown()
 
 
 def score(ray, actor, response):

@@ -290,17 +290,6 @@ def test_disk_failure_stops_acknowledging(tmp_path, monkeypatch):
 # ------------------------------------------------------------------------------------------- Ray
 
 
-@pytest.fixture(scope="session")
-def ray_session():
-    ray = pytest.importorskip("ray")
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray
-    if started:
-        ray.shutdown()
-
-
 def test_runs_as_a_ray_actor(ray_session, tmp_path):
     ray = ray_session
     cfg = ReplayConfig(task_source=TEXT, val_fraction=0.0)

@@ -33,15 +33,7 @@ TEXT_REWARD = "actors.verifier.examples.TextMatchReward"
 TINY = ModelConfig(num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, intermediate_size=128,
                    max_seq_len=1024)
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """Tiny models decode fastest on one thread, and a shared CI core makes OpenMP's spinning
-    threads stall each other; restore the setting for the other test modules."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def rollout_cfg(**kw) -> RolloutConfig:
@@ -334,18 +326,6 @@ def test_a_crashed_engine_restarts_with_the_current_weights_and_reruns_its_reque
         actor.stop()
         replay.stop()
         learner.stop()
-
-
-@pytest.fixture(scope="module")
-def ray_session():
-    import ray
-
-    started = not ray.is_initialized()  # share an instance another module left running
-    if started:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray
-    if started:
-        ray.shutdown()
 
 
 def test_rollout_actor_runs_as_a_ray_actor(tmp_path, text_verifier, ray_session):

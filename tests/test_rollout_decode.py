@@ -26,12 +26,7 @@ TINY = ModelConfig(num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, in
 EOS = 257
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def decode_logits(model, contexts: list[list[int]], feeds: list[list[int]], device: str = "cpu") -> list[torch.Tensor]:

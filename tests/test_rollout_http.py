@@ -29,14 +29,7 @@ from configs import ModelConfig
 TINY = ModelConfig(num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, intermediate_size=128,
                    max_seq_len=256)
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """Tiny models decode fastest on one thread, and a shared CI core makes OpenMP's spinning
-    threads stall each other; restore the setting for the other test modules."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 # A /generate response in SGLang's shape (python/sglang/srt/managers/tokenizer_manager.py and

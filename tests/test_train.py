@@ -12,7 +12,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
 from configs import load_config
 from launch.metrics import read_metrics
@@ -112,15 +111,3 @@ def test_dry_run_prints_the_plan_and_refuses_infeasible_ones():
     bad = subprocess.run(cmd + ["--config", "configs/eight_gpu.yaml", "cluster.num_gpus=4"], cwd=ROOT,
                          capture_output=True, text=True)
     assert bad.returncode == 2 and "infeasible placement" in bad.stderr
-
-
-@pytest.fixture(scope="module")
-def ray_session():
-    import ray
-
-    started = not ray.is_initialized()  # share an instance another module left running
-    if started:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    if started:
-        ray.shutdown()

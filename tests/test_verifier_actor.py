@@ -179,17 +179,6 @@ def test_kernel_verifier_behind_the_actor(running, verifier_cache_dir):
 # ------------------------------------------------------------------------------------------ Ray
 
 
-@pytest.fixture(scope="session")
-def ray_session():
-    ray = pytest.importorskip("ray")
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray
-    if started:
-        ray.shutdown()
-
-
 def test_runs_as_a_ray_actor(ray_session, verifier_cache_dir):
     ray = ray_session
     task = next(t for t in load_tasks("tasks/level1", "cpu") if t.task_id == "level1/01_relu")

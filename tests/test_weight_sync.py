@@ -35,24 +35,7 @@ RESPONSE = [119, 111, 114, 108, 100, 33, 10, 65, 66]
 T = 0.7
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def ray_session():
-    import ray
-
-    started = not ray.is_initialized()  # share an instance another module left running
-    if started:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray
-    if started:
-        ray.shutdown()
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def rollout_cfg(**kw) -> RolloutConfig:
