@@ -64,6 +64,7 @@ class RolloutConfig:
     temperature: float = F(1.0, "Sampling temperature T; behaviour logprobs are log softmax(logits / T)", gt=0.0)
     top_p: float = F(1.0, "Nucleus sampling; 1.0 keeps the logprob convention exact (no renormalisation)", gt=0.0, le=1.0)
     top_k: int = F(0, "Top-k sampling; 0 disables it", ge=0)
+    concurrent_groups: int = F(1, "Task groups a rollout actor works on at once: the engine batches their samples while other groups wait on the verifier (raise it until the engine's batch is full)", ge=1)
     max_turns: int = F(3, "Turns T per episode: the first attempt plus up to T-1 repair turns with verifier feedback", ge=1)
     on_weight_update: str = F("finish", "A weight update mid-generation: 'finish' in-flight requests on the old weights, or 'abort' and resume them on the new", choices=["finish", "abort"])
     verify_timeout_s: float = F(600.0, "Seconds to wait for a verifier answer before resending", gt=0.0)
@@ -80,6 +81,7 @@ class RolloutConfig:
     task_wait_s: float = F(5.0, "Seconds to wait for the task feed to answer before asking again", gt=0.0)
     ack_timeout_s: float = F(5.0, "Seconds to wait for replay to acknowledge an episode before resending", gt=0.0)
     forced_candidates: Optional[str] = F(None, "Benchmarks and the CPU demo only: a solutions directory; attempts are drawn from candidates built from it (the solution, compile-broken, wrong-result, fallback and cut-off variants) and scored by the engine instead of sampled; null = sample (the default)")
+    forced_fraction: float = F(1.0, "With forced_candidates: the share of attempts drawn from the pool; the others are sampled (benchmarks that also need real decoding)", ge=0.0, le=1.0)
 
 
 @dataclass
@@ -151,6 +153,7 @@ class LearnerConfig:
     bucket_mb: int = F(256, "Bucket size of the weight broadcast", ge=1)
     checkpoint_every: int = F(50, "Steps between checkpoints; 0 = only at the end", ge=0)
     device: str = F("auto", "Device of the torch learner: 'auto' (cuda when present), 'cpu' or 'cuda[:i]'")
+    cpu_ranks: int = F(1, "Data-parallel ranks of a CPU learner (torch backend over gloo, one process and full replica each; needs Ray); a GPU learner has one rank per cluster.learner_gpus", ge=1)
 
 
 @dataclass

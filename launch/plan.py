@@ -178,12 +178,14 @@ def _count(*, arch, hidden, layers, heads, kv_heads, head_dim, intermediate, voc
 # ------------------------------------------------------------------------------------- the plan
 
 
-def plan(cfg: KilnConfig, *, gpus_available: int | None = None, gpu_memory_gb: float | None = None) -> PlacementPlan:
+def plan(cfg: KilnConfig, *, gpus_available: int | None = None, gpu_memory_gb: float | None = None,
+         check_fit: bool = True) -> PlacementPlan:
     """Place every actor of `cfg` on logical GPUs and check that it fits. `gpus_available` and
-    `gpu_memory_gb` default to cluster.num_gpus and cluster.gpu_memory_gb; None skips that check."""
-    if gpus_available is None:
+    `gpu_memory_gb` default to cluster.num_gpus and cluster.gpu_memory_gb; None skips that check, and
+    so does check_fit=False (the driver's GPU shares, read from a plan already checked)."""
+    if gpus_available is None and check_fit:
         gpus_available = cfg.cluster.num_gpus
-    if gpu_memory_gb is None:
+    if gpu_memory_gb is None and check_fit:
         gpu_memory_gb = cfg.cluster.gpu_memory_gb
     shape = model_shape(cfg.model)
     tp, pp, dp = _check_learner(cfg, shape)
@@ -228,17 +230,28 @@ def local_gpus() -> tuple[int, float | None]:
 # ------------------------------------------------------------------------------------ checks
 
 
+def learner_ranks(cfg: KilnConfig) -> int:
+    """Processes the learner runs as: one per learner GPU, else `learner.cpu_ranks` (CPU, gloo)."""
+    return cfg.cluster.learner_gpus or cfg.learner.cpu_ranks
+
+
 def _check_learner(cfg: KilnConfig, shape: ModelShape) -> tuple[int, int, int]:
     lc, gpus = cfg.learner, cfg.cluster.learner_gpus
     tp, pp = lc.tensor_parallel, lc.pipeline_parallel
+    ranks = learner_ranks(cfg)
+    if ranks > 1 and not cfg.cluster.use_ray:
+        raise PlanError(f"a learner of {ranks} ranks runs one process per rank: it needs cluster.use_ray=true")
+    if ranks > 1 and cfg.cluster.layout == "colocated":
+        raise PlanError(f"cluster.layout=colocated runs one learner rank, got {ranks}: Ray may pack two ranks' "
+                        "fractional GPU shares onto one GPU, where NCCL refuses two ranks; use disaggregated")
+    if gpus and lc.cpu_ranks > 1:
+        raise PlanError(f"learner.cpu_ranks={lc.cpu_ranks} is for a CPU learner; with cluster.learner_gpus={gpus} "
+                        "the learner has one rank per GPU")
     if lc.backend == "torch":
         if tp > 1 or pp > 1:
             raise PlanError(f"learner.tensor_parallel={tp} / pipeline_parallel={pp} need learner.backend=megatron; "
-                            "the torch learner trains on one device")
-        if gpus > 1:
-            raise PlanError(f"cluster.learner_gpus={gpus} needs learner.backend=megatron; "
-                            "the torch learner trains on one device (use 0 for CPU or 1)")
-        return 1, 1, 1
+                            "the torch learner is data-parallel only (one full replica per rank)")
+        return 1, 1, ranks
     if gpus == 0:
         raise PlanError(f"learner.backend=megatron needs GPUs: set cluster.learner_gpus to a multiple of "
                         f"TP×PP = {tp * pp}")

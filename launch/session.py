@@ -107,8 +107,8 @@ class Session:
 
     def start_learner(self, *, resume: bool) -> None:
         """Build (or restore) the learner and serve its weights; its loop starts with run_learner()."""
-        spec = wiring.learner_spec(self.cfg, self.run.path, self.supervisor, self.monitor.address, resume=resume)
-        self._launch(spec)
+        self.supervisor.launch_group(wiring.learner_specs(self.cfg, self.run.path, self.supervisor,
+                                                          self.monitor.address, resume=resume))
 
     def run_learner(self) -> None:
         learner = self.supervisor["learner"]
@@ -166,7 +166,7 @@ class Session:
         if now - self._last_supervise < SUPERVISE_EVERY_S:
             return []
         self._last_supervise = now
-        restarted = self.supervisor.check(on_restart=self._release_groups)
+        restarted = self.supervisor.check(on_restart=self._release_groups, on_death=self._forget_engine)
         if any(name.startswith("verifier-") for name in restarted):  # new addresses: re-point rollouts
             pool = ",".join(h.endpoints["verifier"] for h in self.supervisor.role("verifier-"))
             for rollout in self.supervisor.role("rollout-"):
@@ -175,6 +175,16 @@ class Session:
             wiring.write_endpoints(self.run.path, self.supervisor.handles)
             self.metrics.log(self.last_step, {"run/restarts": float(len(self.supervisor.restarts))})
         return restarted
+
+    def _forget_engine(self, name: str) -> None:
+        """The learner stops pushing to a dead rollout actor's engine at once: a dead NCCL peer would
+        stall its broadcast (and so the learner) until the push timeout."""
+        if not name.startswith("rollout-") or "learner" not in self.supervisor.handles:
+            return
+        try:
+            self.supervisor["learner"].call("drop_engine", name, timeout_s=30.0)
+        except Exception:
+            log.exception("telling the learner that %s died failed", name)
 
     def _release_groups(self, name: str) -> None:
         """A restarted rollout actor's in-flight groups are re-issued at once, not at their timeout."""

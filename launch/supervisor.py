@@ -6,6 +6,10 @@ its endpoints. `Supervisor.check` finds the dead ones (a Ray actor that died, or
 whose threads stopped) and starts them again from the same spec; the factory runs again, so a
 restarted actor is wired to the current endpoints of its peers. Ray places and supervises; records
 move over the actors' own ZMQ channels, never through Ray.
+
+Actors that only work together (the ranks of one learner: each `start()` blocks until all have
+joined, and a dead rank stalls the others' collectives) share a `group`: `launch_group` builds them
+all before starting any, and when one dies `check` restarts the whole group.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ class ActorSpec:
     num_gpus: float = 0.0
     restartable: bool = True
     after_start: Callable[["Handle"], None] | None = None  # e.g. start the learner's loop
+    group: str | None = None  # actors that start, die and restart together (a learner's ranks)
 
 
 @dataclass
@@ -68,21 +73,34 @@ class Supervisor:
         self.restarts: list[tuple[float, str]] = []
 
     def launch(self, spec: ActorSpec) -> Handle:
+        return self.launch_group([spec])[0]
+
+    def launch_group(self, specs: list[ActorSpec]) -> list[Handle]:
+        """Build every actor, then start them all at once (in-process: one after the other) and wait."""
+        handles = [Handle(spec=spec, ref=self._build(spec), ray=self.use_ray) for spec in specs]
+        if self.use_ray and len(handles) > 1:
+            import ray
+
+            replies = ray.get([h.ref.start.remote() for h in handles], timeout=CALL_TIMEOUT_S)
+        else:
+            replies = [h.call("start") for h in handles]
+        for handle, endpoints in zip(handles, replies):
+            handle.endpoints = endpoints or {}
+            previous = self.handles.get(handle.spec.name)
+            if previous is not None:
+                handle.restarts = previous.restarts + 1
+            self.handles[handle.spec.name] = handle
+            log.info("started %s %s", handle.spec.name, handle.endpoints)
+        for handle in handles:
+            if handle.spec.after_start is not None:
+                handle.spec.after_start(handle)
+        return handles
+
+    def _build(self, spec: ActorSpec):
         if self.use_ray:
             cls = as_ray_actor(spec.cls, num_cpus=spec.num_cpus, num_gpus=spec.num_gpus, max_concurrency=8)
-            ref = cls.options(name=None).remote(**spec.kwargs())
-        else:
-            ref = spec.cls(**spec.kwargs())
-        handle = Handle(spec=spec, ref=ref, ray=self.use_ray)
-        handle.endpoints = handle.call("start") or {}
-        if spec.after_start is not None:
-            spec.after_start(handle)
-        previous = self.handles.get(spec.name)
-        if previous is not None:
-            handle.restarts = previous.restarts + 1
-        self.handles[spec.name] = handle
-        log.info("started %s %s", spec.name, handle.endpoints)
-        return handle
+            return cls.options(name=None).remote(**spec.kwargs())
+        return spec.cls(**spec.kwargs())
 
     def __getitem__(self, name: str) -> Handle:
         return self.handles[name]
@@ -100,20 +118,33 @@ class Supervisor:
             return True
         return bool(health.get("alive", False)) and health.get("looping", True) is not False
 
-    def check(self, on_restart: Callable[[str], None] | None = None) -> list[str]:
-        """Restart every dead restartable actor; returns their names."""
+    def check(self, on_restart: Callable[[str], None] | None = None,
+              on_death: Callable[[str], None] | None = None) -> list[str]:
+        """Restart every dead restartable actor; returns their names. `on_death(name)` runs once the dead
+        actor is gone and before its replacement starts, `on_restart(name)` after."""
         restarted = []
         for name, handle in list(self.handles.items()):
-            if not handle.spec.restartable or self.alive(handle):
+            if name in restarted or not handle.spec.restartable or self.alive(handle):
                 continue
-            log.error("%s died; restarting it", name)
-            self._discard(handle)
-            self.launch(handle.spec)
-            self.restarts.append((time.time(), name))
-            restarted.append(name)
-            if on_restart is not None:
-                on_restart(name)
+            group = self.group_of(handle)
+            log.error("%s died; restarting %s", name, ", ".join(h.spec.name for h in group))
+            for member in group:  # live ranks would wait in collectives with the dead one: kill them too
+                self._discard(member)
+                if on_death is not None:
+                    on_death(member.spec.name)
+            self.launch_group([h.spec for h in group])
+            for member in group:
+                self.restarts.append((time.time(), member.spec.name))
+                restarted.append(member.spec.name)
+                if on_restart is not None:
+                    on_restart(member.spec.name)
         return restarted
+
+    def group_of(self, handle: Handle) -> list[Handle]:
+        """`handle` and the actors it starts and restarts with, in launch order."""
+        if handle.spec.group is None:
+            return [handle]
+        return [h for h in self.handles.values() if h.spec.group == handle.spec.group]
 
     def stop_all(self, order: list[str]) -> None:
         """Stop actors by role prefix in `order`, then any left."""

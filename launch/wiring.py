@@ -17,26 +17,28 @@ from actors.buffer.actor import ReplayActor, read_endpoint
 from actors.learner.actor import LearnerActor, read_learner_endpoints
 from actors.rollout.actor import RolloutActor
 from actors.rollout.engines import resolve_device
+from actors.rollout.weight_group import free_port
 from actors.verifier.actor import VerifierActor
 from configs import KilnConfig
+from launch.plan import learner_ranks, plan
 from launch.supervisor import ActorSpec, Handle, Supervisor
 
 
-def gpu_share(cfg: KilnConfig, role: str) -> float:
-    """GPUs Ray reserves for one actor of `role` (0 on a CPU-only run)."""
-    if not cfg.cluster.num_gpus and cfg.cluster.num_gpus is not None:
+def gpu_share(cfg: KilnConfig, role: str, index: int = 0) -> float:
+    """GPUs Ray reserves for actor `index` of `role`: its share of each GPU the placement plan gives it
+    (colocated residents split a GPU equally, as do verifier actors on one dedicated GPU), 0 on CPU."""
+    if role == "learner" and resolve_device(cfg.learner.device) == "cpu":
         return 0.0
-    colocated = cfg.cluster.layout == "colocated"
-    cuda_verifier = cfg.verifier.backend == "cuda"
-    # Colocated: learner, engine (and a cuda verifier) share one GPU; Ray must still make it visible
-    # to each of them, so each holds a fraction.
-    share = (1 / 3 if cuda_verifier else 0.5) if colocated else 1.0
-    if role == "verifier":
-        return share if cuda_verifier else 0.0
+    if role == "rollout" and resolve_device(cfg.rollout.device) == "cpu":
+        return 0.0
+    p = plan(cfg, check_fit=False)
     if role == "learner":
-        return 0.0 if resolve_device(cfg.learner.device) == "cpu" else share
+        return p.learner[index].gpu_fraction
     if role == "rollout":
-        return 0.0 if resolve_device(cfg.rollout.device) == "cpu" else share
+        slot = p.engines[index]
+        return 0.0 if slot.external_url else slot.gpu_fraction * len(slot.gpus)
+    if role == "verifier":
+        return p.verifiers[index].gpu_fraction
     return 0.0
 
 
@@ -50,28 +52,39 @@ def replay_spec(cfg: KilnConfig, run_dir: Path, *, max_staleness: int | None = N
 
 def verifier_specs(cfg: KilnConfig) -> list[ActorSpec]:
     c = cfg.cluster
-    return [ActorSpec(name=f"verifier-{i}", cls=VerifierActor, num_cpus=0, num_gpus=gpu_share(cfg, "verifier"),
+    return [ActorSpec(name=f"verifier-{i}", cls=VerifierActor, num_cpus=0, num_gpus=gpu_share(cfg, "verifier", i),
                       kwargs=lambda: dict(cfg=cfg.verifier, host=c.bind_host, transport=c.transport,
                                           advertise=c.advertise_host))
             for i in range(cfg.verifier.num_actors)]
 
 
-def learner_spec(cfg: KilnConfig, run_dir: Path, supervisor: Supervisor, monitor: str, *,
-                 resume: bool) -> ActorSpec:
-    def kwargs() -> dict:
+def learner_specs(cfg: KilnConfig, run_dir: Path, supervisor: Supervisor, monitor: str, *,
+                  resume: bool) -> list[ActorSpec]:
+    """One spec per learner rank: "learner" (rank 0, the one peers talk to), then "learner-1", ...
+    They start and restart together (`group`); each (re)start gets a fresh rendezvous port."""
+    world = learner_ranks(cfg)
+    rendezvous = {"master": ""}
+
+    def kwargs(rank: int) -> dict:
+        if rank == 0:  # called first at every (re)start of the group
+            host = cfg.cluster.advertise_host or cfg.cluster.bind_host
+            rendezvous["master"] = f"{host}:{free_port(cfg.cluster.bind_host)}"
         # A restart (or --resume) continues from the last checkpoint, above every version replay saw.
         restarting = resume or "learner" in supervisor.handles
         min_version = 0
-        if restarting and "replay" in supervisor.handles:
+        if rank == 0 and restarting and "replay" in supervisor.handles:
             min_version = supervisor["replay"].call("health")["highest_version_seen"] + 1
         return dict(model=cfg.model, learner=cfg.learner, algo=cfg.algo, temperature=cfg.rollout.temperature,
                     run_dir=str(run_dir), replay=functools.partial(read_endpoint, str(run_dir)), metrics=monitor,
                     device=resolve_device(cfg.learner.device), host=cfg.cluster.bind_host, resume=restarting,
                     min_version=min_version, confirm_before_next=cfg.replay.max_staleness == 0,
-                    shares_gpu=cfg.cluster.layout == "colocated")
+                    shares_gpu=cfg.cluster.layout == "colocated", rank=rank, world_size=world,
+                    master=rendezvous["master"], learner_id="learner-0" if rank == 0 else f"learner-0.rank{rank}")
 
-    return ActorSpec(name="learner", cls=LearnerActor, num_cpus=0, num_gpus=gpu_share(cfg, "learner"),
-                     kwargs=kwargs)
+    return [ActorSpec(name="learner" if rank == 0 else f"learner-{rank}", cls=LearnerActor, num_cpus=0,
+                      num_gpus=gpu_share(cfg, "learner", rank), kwargs=functools.partial(kwargs, rank),
+                      group="learner" if world > 1 else None)
+            for rank in range(world)]
 
 
 def rollout_specs(cfg: KilnConfig, run_dir: Path, supervisor: Supervisor, monitor: str, *,
@@ -84,7 +97,7 @@ def rollout_specs(cfg: KilnConfig, run_dir: Path, supervisor: Supervisor, monito
                     metrics=monitor, episodes_to_driver=cfg.logging.episodes_per_step,
                     episode_log=None if episode_log is None else str(episode_log / f"rollout-{i}.kiln"))
 
-    return [ActorSpec(name=f"rollout-{i}", cls=RolloutActor, num_cpus=0, num_gpus=gpu_share(cfg, "rollout"),
+    return [ActorSpec(name=f"rollout-{i}", cls=RolloutActor, num_cpus=0, num_gpus=gpu_share(cfg, "rollout", i),
                       kwargs=functools.partial(kwargs, i))
             for i in range(cfg.rollout.num_actors)]
 

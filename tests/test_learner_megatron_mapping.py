@@ -205,7 +205,7 @@ def test_sdpa_attention_keeps_packed_sequences_apart():
 
 def test_micro_batches_split_over_dp_ranks_by_tokens():
     from actors.learner.batch import micro_batches
-    from actors.learner.megatron.parallel import assign_micro_batches
+    from actors.learner.data_parallel import assign_micro_batches
 
     cu = np.concatenate([[0], np.cumsum([300, 517, 128, 700, 64, 911, 400])])
     micros = micro_batches(cu, 1024)

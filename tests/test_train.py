@@ -56,7 +56,7 @@ def test_a_run_in_process_trains_pushes_weights_and_reports(tmp_path):
 
 def test_killing_a_rollout_and_the_learner_mid_run_loses_nothing(tmp_path, ray_session):
     cfg, run = text_match(tmp_path, "faults", "cluster.use_ray=true", "algo.total_steps=12",
-                          "learner.checkpoint_every=2")  # the dead rollout's groups are released, not timed out
+                          "learner.checkpoint_every=2", "rollout.concurrent_groups=3")  # the dead rollout's groups are released, not timed out
     killed: dict[str, int] = {}
 
     def inject(session, step: int) -> None:
@@ -77,6 +77,31 @@ def test_killing_a_rollout_and_the_learner_mid_run_loses_nothing(tmp_path, ray_s
     assert summary["learner"]["restored_from"] >= 0  # the new learner came from a checkpoint
     ep = summary["episodes"]
     assert ep["invariant_ok"] and ep["emitted"] == ep["trained"] + ep["filtered_total"] + ep["pending"]
+
+
+def test_a_two_rank_learner_trains_and_restarts_as_a_group_when_a_rank_dies(tmp_path, ray_session):
+    cfg, run = text_match(tmp_path, "ranks", "cluster.use_ray=true", "learner.cpu_ranks=2", "algo.total_steps=8",
+                          "learner.checkpoint_every=2")
+    killed: list[int] = []
+
+    def inject(session, step: int) -> None:
+        if step == 3 and not killed:
+            killed.append(step)
+            session.supervisor["learner-1"].kill()  # a follower: the leader is stuck in its collectives
+
+    train(cfg, run, on_step=inject)
+    assert killed == [3]
+    summary = json.loads((run.path / "summary.json").read_text())
+    assert {r["actor"] for r in summary["restarts"]} == {"learner", "learner-1"}  # the group, nothing else
+    seen = versions(run)
+    assert seen == sorted(set(seen)) and seen[-1] >= cfg.algo.total_steps
+    assert summary["learner"]["restored_from"] >= 2
+    ep = summary["episodes"]
+    assert ep["invariant_ok"] and ep["emitted"] == ep["trained"] + ep["filtered_total"] + ep["pending"]
+    assert (run.final_model / "config.json").exists()
+    # rank 1 did its share of the steps (the driver reads its busy time like any actor's)
+    rows = read_metrics(run.path)
+    assert any(r.get("busy/learner-1", 0) > 0 for r in rows)
 
 
 def test_resume_continues_a_run_above_its_versions(tmp_path):

@@ -6,6 +6,10 @@ learner restored from its last checkpoint continues at a version above every ver
 before (the highest it recorded, and the highest replay has seen, which the driver passes as
 `min_version`), pushes its weights at once, and tells replay which versions the restore discarded
 so samples they produced are dropped, never trained on. Runs in-process and as a Ray actor.
+
+A learner of several ranks (megatron TP x DP, or torch data parallelism) is one LearnerActor per rank
+(`rank`, `world_size`, `master`); rank 0 is the learner above and the others follow its backend calls
+(`actors.learner.ranks`). Several ranks need one process each, hence Ray.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from actors.base import Actor
 from actors.learner.backend import LearnerBackend, StepResult
 from actors.learner.backends import make_backend
 from actors.learner.checkpoint import CheckpointMeta, read_latest, write_checkpoint
+from actors.learner.ranks import LeaderBackend, RankSpec, follow, join
 from actors.learner.weight_sync import WeightServer, choose_transport
 from configs import AlgoConfig, LearnerConfig, ModelConfig
 from protocols import BatchReply, BatchRequest, Metrics, TrainBatch
@@ -40,7 +45,7 @@ class LearnerActor(Actor):
                  run_dir: str | Path, replay: str | Callable[[], str], metrics: str | None = None,
                  learner_id: str = "learner-0", device: str = "cpu", host: str = "127.0.0.1",
                  resume: bool = False, min_version: int = 0, confirm_before_next: bool = False,
-                 shares_gpu: bool = False,
+                 shares_gpu: bool = False, rank: int = 0, world_size: int = 1, master: str = "",
                  request_timeout_s: float = 30.0) -> None:
         super().__init__()
         self.model_cfg, self.cfg, self.algo = model, learner, algo
@@ -57,6 +62,7 @@ class LearnerActor(Actor):
         self.confirm_before_next = confirm_before_next
         self.busy_s = 0.0
         self.shares_gpu = shares_gpu  # colocated with its engines: CUDA IPC instead of NCCL
+        self.ranks = RankSpec(rank, world_size, master) if world_size > 1 else None
         self.version = 0
         self.step = 0  # optimizer steps taken (RL), across restores
         self.discarded_above = -1  # a restore discarded the versions in (discarded_above, version)
@@ -73,9 +79,16 @@ class LearnerActor(Actor):
 
     def start(self) -> dict[str, str]:
         """Build (or restore) the model, serve its weights, and return the weight endpoints. The
-        training loop starts with `run()`, so a driver can warm-start and wire engines first."""
-        self.backend = make_backend(self.model_cfg, self.cfg, self.algo, temperature=self.temperature,
-                                    device=self.device)
+        training loop starts with `run()`, so a driver can warm-start and wire engines first. A follower
+        rank joins its group, follows its leader's calls and returns no endpoints."""
+        channel = join(self.ranks, self.device) if self.ranks is not None else None
+        backend = make_backend(self.model_cfg, self.cfg, self.algo, temperature=self.temperature,
+                               device=self.device)
+        if not self.is_leader:
+            self.backend = backend
+            self.spawn(lambda: follow(backend, channel, self._count_call), "follow")
+            return {}
+        self.backend = LeaderBackend(backend, channel) if channel is not None else backend
         if self._resume:
             self._restore()
         transport = choose_transport(self.cfg.weight_sync, self.device, self.shares_gpu)
@@ -88,10 +101,22 @@ class LearnerActor(Actor):
         return endpoints
 
     def run(self) -> None:
-        """Start the training loop on its own thread (returns at once)."""
-        self.spawn(self._loop, "train")
+        """Start the training loop on its own thread (returns at once); a follower is already running."""
+        if self.is_leader:
+            self.spawn(self._loop, "train")
+
+    @property
+    def is_leader(self) -> bool:
+        return self.ranks is None or self.ranks.rank == 0
+
+    def _count_call(self, method: str, seconds: float) -> None:
+        if method in ("train_step", "sft_step"):
+            self.busy_s += seconds
+            self.stats["steps"] += method == "train_step"
 
     def stop(self) -> None:
+        if isinstance(self.backend, LeaderBackend):
+            self.backend.stop_followers()
         super().stop()
         if self._replay_client is not None:
             self._replay_client.close()
@@ -104,6 +129,7 @@ class LearnerActor(Actor):
         weights = self.weights.health() if self.weights is not None else {}
         looping = any(t.is_alive() for t in self._threads)
         return {**super().health(), **self.stats, "busy_s": self.busy_s, "learner_id": self.learner_id,
+                "rank": self.ranks.rank if self.ranks else 0,
                 "version": self.version,
                 "step": self.step, "finished": self._finished, "looping": looping,
                 "discarded_above": self.discarded_above, "weights": weights}
@@ -210,6 +236,10 @@ class LearnerActor(Actor):
         seconds = time.perf_counter() - t
         self.stats["push_s"] = seconds
         return seconds
+
+    def drop_engine(self, engine_id: str) -> bool:
+        """The driver saw this engine's actor die: stop pushing to it (a push blocked on it fails now)."""
+        return self.weights.drop(engine_id, "its actor died") if self.weights is not None else False
 
     def wait_confirmed(self, engines: list[str], timeout_s: float) -> bool:
         """True once every named engine confirmed the current version (synchronous mode, tests)."""

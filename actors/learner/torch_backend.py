@@ -2,6 +2,10 @@
 
 For tests and small runs. The model is the one the embedded engine serves (`build_model`), held in
 fp32 master weights; on CUDA with `model.dtype = bfloat16` forward passes run under bf16 autocast.
+When torch.distributed is initialised (a learner of several ranks), every rank holds a full replica
+and the ranks are data-parallel: each trains its share of the batch's micro-batches and the
+gradients are summed before the step (`actors.learner.data_parallel`), so the replicas stay equal;
+rank 0 alone writes checkpoints and exports.
 One `train_step` (DESIGN.md §7):
   (a) a no-grad pass over every micro-batch recomputes log π_prox with the weights of this step;
   (b) MirrorPop drops the sequences that drifted from μ by more than δ;
@@ -24,10 +28,12 @@ from pathlib import Path
 from typing import Iterator
 
 import torch
+import torch.distributed as dist
 
 from actors.learner.backend import LearnerBackend, StepResult
 from actors.learner.batch import MicroBatch, PackedBatch, micro_batches, pack
 from actors.learner.checkpoint import atomic_directory, load_rng, save_rng
+from actors.learner.data_parallel import DataParallel, assign_micro_batches, owned_positions
 from actors.learner.losses import (
     filter_stats,
     kl_penalty,
@@ -56,6 +62,9 @@ class TorchBackend(LearnerBackend):
         self.model = build_model(model_cfg, self.device).float().train()
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=learner_cfg.lr,
                                            weight_decay=learner_cfg.weight_decay)
+        distributed = dist.is_available() and dist.is_initialized()
+        self.dp = (DataParallel(dist.get_world_size(), dist.get_rank(), None, self.device) if distributed
+                   else DataParallel(1, 0))
         self.reference = None
         if algo_cfg.kl_coef > 0:  # the initial policy, frozen, in the engines' dtype
             self.reference = build_model(model_cfg, self.device).requires_grad_(False)
@@ -66,14 +75,15 @@ class TorchBackend(LearnerBackend):
         start = time.perf_counter()
         algo = self.algo_cfg
         packed = self._pack(batch)
-        micros = micro_batches(packed.cu_seqlens, self.learner_cfg.micro_batch_tokens)
+        micros = self._my_micro_batches(packed)
         prox = self._predicted_logprobs(self.model, packed, micros, self.temperature)
         ref = self._predicted_logprobs(self.reference, packed, micros, self.temperature) if self.reference else None
-        keep, deviation = mirrorpop_mask(prox, packed.behaviour_logprobs, packed.grad_mask, packed.seq_index,
+        grad_mask = packed.grad_mask & owned_positions(packed.num_tokens, micros, self.device)
+        keep, deviation = mirrorpop_mask(prox, packed.behaviour_logprobs, grad_mask, packed.seq_index,
                                          packed.num_seqs, algo.mirrorpop_delta)
-        kept_mask = packed.grad_mask & keep[packed.seq_index]
-        stats = filter_stats(prox, packed.behaviour_logprobs, packed.grad_mask, keep, deviation, packed.seq_index)
-        normalizer = float(kept_mask.sum())
+        kept_mask = grad_mask & keep[packed.seq_index]
+        stats = filter_stats(prox, packed.behaviour_logprobs, grad_mask, keep, deviation, packed.seq_index)
+        normalizer = self.dp.sum(float(kept_mask.sum()))  # the whole batch's, on every rank
 
         self.optimizer.zero_grad(set_to_none=True)
         loss_total, kl_total = 0.0, 0.0
@@ -94,28 +104,28 @@ class TorchBackend(LearnerBackend):
             stats = stats + mb_stats
         grad_norm = self._clip_and_step() if normalizer > 0 else 0.0
 
-        metrics = stats.metrics()
-        metrics["deviation_mean"] = float(deviation.mean()) if deviation.numel() else 0.0
+        metrics = self.dp.stats(stats).metrics()
+        metrics["deviation_mean"] = self.dp.sum(float(deviation.sum())) / max(packed.num_seqs, 1)
         metrics["skipped"] = float(normalizer == 0)
         if ref is not None:
-            metrics["kl"] = kl_total
-        return StepResult(loss=loss_total, grad_norm=grad_norm, tokens=packed.num_tokens,
+            metrics["kl"] = self.dp.sum(kl_total)
+        return StepResult(loss=self.dp.sum(loss_total), grad_norm=grad_norm, tokens=packed.num_tokens,
                           trained_tokens=int(normalizer), seconds=time.perf_counter() - start, metrics=metrics)
 
     def sft_step(self, batch: TrainBatch, lr: float | None = None) -> StepResult:
         start = time.perf_counter()
         packed = self._pack(batch)
-        normalizer = float(packed.grad_mask.sum())
+        normalizer = float(packed.grad_mask.sum())  # the whole batch's: every rank sees it
         self.optimizer.zero_grad(set_to_none=True)
         loss_total = 0.0
-        for mb in micro_batches(packed.cu_seqlens, self.learner_cfg.micro_batch_tokens) if normalizer else []:
+        for mb in self._my_micro_batches(packed) if normalizer else []:
             p = mb.positions
             logprobs = self._micro_logprobs(self.model, packed, p, 1.0)
             loss = sft_loss(logprobs, packed.grad_mask[p], normalizer)
             loss.backward()
             loss_total += float(loss.detach())
         grad_norm = self._clip_and_step(lr) if normalizer > 0 else 0.0
-        return StepResult(loss=loss_total, grad_norm=grad_norm, tokens=packed.num_tokens,
+        return StepResult(loss=self.dp.sum(loss_total), grad_norm=grad_norm, tokens=packed.num_tokens,
                           trained_tokens=int(normalizer), seconds=time.perf_counter() - start,
                           metrics={"skipped": float(normalizer == 0)})
 
@@ -123,8 +133,8 @@ class TorchBackend(LearnerBackend):
         if temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {temperature}")
         packed = self._pack(batch)
-        micros = micro_batches(packed.cu_seqlens, self.learner_cfg.micro_batch_tokens)
-        predicted = self._predicted_logprobs(self.model, packed, micros, temperature)
+        predicted = self._predicted_logprobs(self.model, packed, self._my_micro_batches(packed), temperature)
+        self.dp.sum_tensor(predicted)  # each position was computed by exactly one rank, zeros elsewhere
         return packed.to_token_aligned(predicted).cpu()
 
     # ------------------------------------------------------------------------------ forward
@@ -132,6 +142,10 @@ class TorchBackend(LearnerBackend):
     def _pack(self, batch: TrainBatch) -> PackedBatch:
         return pack(batch, self.device, vocab_size=self.model.config.vocab_size,
                     max_seq_len=self.model_cfg.max_seq_len)
+
+    def _my_micro_batches(self, packed: PackedBatch) -> list[MicroBatch]:
+        micros = micro_batches(packed.cu_seqlens, self.learner_cfg.micro_batch_tokens)
+        return assign_micro_batches(micros, self.dp.size, self.dp.rank)
 
     def _autocast(self):
         if self.device.type == "cuda" and self.model_cfg.dtype == "bfloat16":
@@ -159,6 +173,7 @@ class TorchBackend(LearnerBackend):
     def _clip_and_step(self, lr: float | None = None) -> float:
         """Clip the global gradient norm (returns it, before clipping) and step, at `lr` for this
         step only when given."""
+        self.dp.sum_gradients(list(self.model.parameters()))
         clip = self.learner_cfg.grad_clip if self.learner_cfg.grad_clip > 0 else math.inf
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip))
         groups = self.optimizer.param_groups
@@ -183,6 +198,8 @@ class TorchBackend(LearnerBackend):
             yield name, tensor.detach().to(dtype)
 
     def export_hf(self, path: Path) -> None:
+        if self.dp.rank:  # the replicas are equal: rank 0 writes
+            return
         state = dict(self.named_weights())
         config = copy.deepcopy(self.model.config)
         config.dtype = DTYPES[self.model_cfg.dtype]  # the tensors' dtype, not the fp32 master copy's
@@ -191,6 +208,8 @@ class TorchBackend(LearnerBackend):
             config.save_pretrained(staging)  # replaces the config.json written above
 
     def save_checkpoint(self, path: Path) -> None:
+        if self.dp.rank:
+            return
         with atomic_directory(Path(path)) as staging:
             torch.save(self.model.state_dict(), staging / MODEL_FILE)
             torch.save(self.optimizer.state_dict(), staging / OPTIMIZER_FILE)

@@ -299,7 +299,10 @@ class WeightServer:
 
         def push(state: EngineState) -> None:
             for bucket in buckets:
-                state.group.broadcast(bucket)
+                group = state.group
+                if group is None:  # dropped meanwhile (drop())
+                    raise RuntimeError("the engine was dropped")
+                group.broadcast(bucket)
             _settle(named)
 
         with ThreadPoolExecutor(max_workers=len(targets), thread_name_prefix="kiln-weight-push") as pool:
@@ -311,6 +314,21 @@ class WeightServer:
             else:
                 self._drop(state, f"push of version {report.version} failed: {err}")
                 report.dropped.append(state.engine_id)
+
+    def drop(self, engine_id: str, why: str) -> bool:
+        """Forget a dead engine now (the driver saw it die): its group is aborted, so a push blocked
+        on it fails at once instead of at `timeout_s`, and wait_confirmed stops waiting for it. Not
+        under the publish lock, which a push blocked on this engine holds. True if it was live."""
+        state = self.engines.get(engine_id)
+        if state is None or not state.live:
+            return False
+        group, state.group = state.group, None
+        self._drop(state, why)
+        if group is not None:
+            # NCCL's abort ends a broadcast blocked on the dead peer; gloo's waits for it to time out,
+            # so it runs off the caller's thread either way.
+            threading.Thread(target=group.close, name="kiln-weight-abort", daemon=True).start()
+        return True
 
     def _drop(self, state: EngineState, why: str) -> None:
         log.warning("weights: dropping engine %s: %s", state.engine_id, why)

@@ -76,7 +76,15 @@ class RolloutActor(Actor):
                                  seed=rollout.seed + index)
         self.busy_s = 0.0
         self._runner: GroupRunner | None = None
-        self.pool = (CandidatePool(rollout.forced_candidates, seed=rollout.seed + index)
+        # Groups run on `rollout.concurrent_groups` threads, so the engine batches several groups'
+        # samples while others wait on the verifier; the feed, the sender and the reporter are shared
+        # and taken under this lock.
+        self._io = threading.Lock()
+        self._engine_lock = threading.Lock()
+        self._workers = 0
+        self._in_flight, self._busy_since = 0, 0.0
+        self.pool = (CandidatePool(rollout.forced_candidates, seed=rollout.seed + index,
+                                   fraction=rollout.forced_fraction)
                      if rollout.forced_candidates else None)
 
     # ------------------------------------------------------------------------------ lifecycle
@@ -85,7 +93,10 @@ class RolloutActor(Actor):
         self.engine = self._start_engine()
         if self.weights is not None:
             self.spawn(lambda: self.weights.run(self._stop), "weights")
-        self.spawn(self._loop, "episodes")
+        self._runner = self._group_runner(self.cfg.max_turns)
+        self._workers = self.cfg.concurrent_groups
+        for i in range(self.cfg.concurrent_groups):
+            self.spawn(self._loop, f"episodes-{i}")
         return {}
 
     def stop(self) -> None:
@@ -139,18 +150,22 @@ class RolloutActor(Actor):
     def generate(self, requests: list[GenerateRequest]) -> list[Generation]:
         """Generate on the engine; a crashed engine is restarted and the requests run again."""
         for attempt in range(ENGINE_RESTARTS_PER_CALL + 1):
+            engine = self.engine
             try:
-                return self.engine.generate(requests)
+                return engine.generate(requests)
             except EngineError as err:
                 if self.stopping or attempt == ENGINE_RESTARTS_PER_CALL:
                     raise
-                log.error("%s: engine failed (%s); restarting it", self.actor_id, err)
-                self.stats["engine_restarts"] += 1
-                try:
-                    self.engine.close()
-                except Exception:
-                    log.exception("%s: closing the failed engine", self.actor_id)
-                self.engine = self._start_engine()
+                with self._engine_lock:
+                    if self.engine is not engine:  # another group's thread restarted it already
+                        continue
+                    log.error("%s: engine failed (%s); restarting it", self.actor_id, err)
+                    self.stats["engine_restarts"] += 1
+                    try:
+                        engine.close()
+                    except Exception:
+                        log.exception("%s: closing the failed engine", self.actor_id)
+                    self.engine = self._start_engine()
         raise AssertionError("unreachable")
 
     # ------------------------------------------------------------------------------ episodes
@@ -184,17 +199,21 @@ class RolloutActor(Actor):
             return dict(pool.map(one, enumerate(tasks)))
 
     def _loop(self) -> None:
-        runner = self._runner = self._group_runner(self.cfg.max_turns)
+        """One group at a time on this thread; `rollout.concurrent_groups` threads run this loop."""
+        runner = self._runner
         while not self.stopping:
-            reply = self._ask_for_task()
+            with self._io:
+                reply = self._ask_for_task()
+                if reply is None or reply.status == "wait":
+                    self.stats["waits"] += 1
+                    self.sender.pump()
             if reply is None or reply.status == "wait":
-                self.stats["waits"] += 1
-                self.sender.pump()
                 self._stop.wait(reply.retry_after_s if reply else 0.2)
                 continue
             if reply.status == "stop":
                 break
             started = time.monotonic()
+            self._busy(+1)
             try:
                 episodes = runner.run(reply)
             except Exception:
@@ -202,20 +221,37 @@ class RolloutActor(Actor):
                     return
                 # Nothing of this group was emitted; replay re-issues its task when the group expires.
                 log.exception("%s: group %s failed", self.actor_id, reply.group_id)
-                self.stats["group_errors"] += 1
+                with self._io:
+                    self.stats["group_errors"] += 1
                 self._stop.wait(1.0)
                 continue
-            for episode in episodes:
-                self.sender.submit(episode)
-            seconds = time.monotonic() - started
-            self.busy_s += seconds
-            self.reporter.group(group_report(self.actor_id, reply, episodes, seconds), episodes)
-            self.stats["groups"] += 1
-            self.stats["episodes"] += len(episodes)
-            self.sender.pump()
-        while not self.stopping and not self.sender.flush(timeout_s=1.0):
-            pass
-        self._finished = True
+            finally:
+                self._busy(-1)
+            with self._io:
+                for episode in episodes:
+                    self.sender.submit(episode)
+                self.reporter.group(group_report(self.actor_id, reply, episodes, time.monotonic() - started),
+                                    episodes)
+                self.stats["groups"] += 1
+                self.stats["episodes"] += len(episodes)
+                self.sender.pump()
+        with self._io:
+            self._workers -= 1
+            if self._workers:
+                return
+            while not self.stopping and not self.sender.flush(timeout_s=1.0):
+                pass
+            # A stopped actor is not finished: the supervisor must see it dead (an in-process kill is a stop).
+            self._finished = not self.stopping
+
+    def _busy(self, delta: int) -> None:
+        """busy_s counts the time with at least one group in flight (not the sum over threads)."""
+        with self._io:
+            now = time.monotonic()
+            if self._in_flight:
+                self.busy_s += now - self._busy_since
+            self._busy_since = now
+            self._in_flight += delta
 
     def _ask_for_task(self) -> TaskReply | None:
         address = self._replay()

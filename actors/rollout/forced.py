@@ -13,7 +13,10 @@ a realistic mix of work when the policy is too small to write kernels:
   scores it as cheating);
 * the solution cut off half-way (nothing to extract).
 
-The variants are mechanical and deterministic, so each distinct source compiles once per run.
+The variants are mechanical and deterministic, so each distinct source compiles once per run. With
+`rollout.forced_fraction` < 1 the other attempts are sampled as usual, so the engine also does real
+decoding work (throughput benchmarks of a random-init policy: its samples score as extraction
+failures, the forced ones give the verifier its compiles, runs and timings).
 """
 
 from __future__ import annotations
@@ -83,14 +86,18 @@ def candidates(task: Task, solutions: Path) -> list[str]:
 class CandidatePool:
     """Draws forced responses for a rollout actor, seeded per actor."""
 
-    def __init__(self, solutions: str | Path, seed: int) -> None:
+    def __init__(self, solutions: str | Path, seed: int, fraction: float = 1.0) -> None:
         self.solutions = Path(solutions)
         self.rng = random.Random(seed)
+        self.fraction = fraction  # share of attempts forced; the rest are sampled by the engine
         self._cache: dict[str, list[str]] = {}
 
     def draw(self, task: Task) -> str | None:
-        """One candidate text for `task`, or None when the task has no pool (then it is sampled)."""
+        """One candidate text for `task`, or None when this attempt is to be sampled (by the fraction,
+        or because the task has no pool)."""
         pool = self._cache.get(task.task_id)
         if pool is None:
             pool = self._cache[task.task_id] = candidates(task, self.solutions)
-        return self.rng.choice(pool) if pool else None
+        if not pool or (self.fraction < 1 and self.rng.random() >= self.fraction):
+            return None
+        return self.rng.choice(pool)

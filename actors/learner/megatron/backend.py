@@ -36,7 +36,8 @@ from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from actors.learner.backend import LearnerBackend, StepResult
 from actors.learner.batch import MicroBatch, PackedBatch, micro_batches, pack
 from actors.learner.checkpoint import atomic_directory, rng_state, set_rng_state
-from actors.learner.losses import PolicyStats, filter_stats, mirrorpop_mask, policy_loss, sft_loss
+from actors.learner.data_parallel import DataParallel, assign_micro_batches, owned_positions
+from actors.learner.losses import filter_stats, mirrorpop_mask, policy_loss, sft_loss
 from actors.learner.megatron import hf_mapping as hm
 from actors.learner.megatron.model import (
     build_gpt,
@@ -46,7 +47,7 @@ from actors.learner.megatron.model import (
     rotary_tables,
     vocab_parallel_logprobs,
 )
-from actors.learner.megatron.parallel import Layout, assign_micro_batches, init_distributed, init_model_parallel
+from actors.learner.megatron.parallel import Layout, init_distributed, init_model_parallel
 from actors.rollout.model import DTYPES, build_model
 from configs import AlgoConfig, ConfigError, LearnerConfig, ModelConfig
 from protocols import TrainBatch
@@ -76,6 +77,7 @@ class MegatronBackend(LearnerBackend):
         self.device = init_distributed(device)
         self.layout: Layout = init_model_parallel(learner_cfg.tensor_parallel, model_cfg.seed)
         self.dp_group = parallel_state.get_data_parallel_group()
+        self.dp = DataParallel(self.layout.dp, self.layout.dp_rank, self.dp_group, self.device)
 
         hf_model = build_model(model_cfg, "cpu")  # the engines' weights: checkpoint or seeded init
         self.hf_config = hf_model.config
@@ -112,7 +114,7 @@ class MegatronBackend(LearnerBackend):
         algo = self.algo_cfg
         packed = self._pack(batch)
         mine = self._my_micro_batches(packed)
-        own = self._owned_positions(packed, mine)
+        own = owned_positions(packed.num_tokens, mine, self.device)
         self.model.eval()
         prox = self._predicted_logprobs(packed, mine, self.temperature)
         grad_mask = packed.grad_mask & own
@@ -120,7 +122,7 @@ class MegatronBackend(LearnerBackend):
                                          packed.num_seqs, algo.mirrorpop_delta)
         kept_mask = grad_mask & keep[packed.seq_index]
         stats = filter_stats(prox, packed.behaviour_logprobs, grad_mask, keep, deviation, packed.seq_index)
-        normalizer = self._dp_sum(float(kept_mask.sum()))
+        normalizer = self.dp.sum(float(kept_mask.sum()))
 
         self._zero_grad()
         self.model.train()
@@ -138,14 +140,14 @@ class MegatronBackend(LearnerBackend):
             stats = stats + mb_stats
         grad_norm = self._sync_and_step() if normalizer > 0 else 0.0
 
-        stats = self._dp_stats(stats)
+        stats = self.dp.stats(stats)
         metrics = stats.metrics()
-        metrics["deviation_mean"] = self._dp_sum(float(deviation.sum())) / max(packed.num_seqs, 1)
+        metrics["deviation_mean"] = self.dp.sum(float(deviation.sum())) / max(packed.num_seqs, 1)
         metrics["skipped"] = float(normalizer == 0)
-        return StepResult(loss=self._dp_sum(loss_total), grad_norm=grad_norm, tokens=packed.num_tokens,
+        return StepResult(loss=self.dp.sum(loss_total), grad_norm=grad_norm, tokens=packed.num_tokens,
                           trained_tokens=int(normalizer), seconds=time.perf_counter() - start, metrics=metrics)
 
-    def sft_step(self, batch: TrainBatch) -> StepResult:
+    def sft_step(self, batch: TrainBatch, lr: float | None = None) -> StepResult:
         start = time.perf_counter()
         packed = self._pack(batch)
         mine = self._my_micro_batches(packed)
@@ -158,8 +160,8 @@ class MegatronBackend(LearnerBackend):
             loss = sft_loss(logprobs, packed.grad_mask[mb.positions], normalizer)
             loss.backward()
             loss_total += float(loss.detach())
-        grad_norm = self._sync_and_step() if normalizer > 0 else 0.0
-        return StepResult(loss=self._dp_sum(loss_total), grad_norm=grad_norm, tokens=packed.num_tokens,
+        grad_norm = self._sync_and_step(lr) if normalizer > 0 else 0.0
+        return StepResult(loss=self.dp.sum(loss_total), grad_norm=grad_norm, tokens=packed.num_tokens,
                           trained_tokens=int(normalizer), seconds=time.perf_counter() - start,
                           metrics={"skipped": float(normalizer == 0)})
 
@@ -169,8 +171,7 @@ class MegatronBackend(LearnerBackend):
         packed = self._pack(batch)
         self.model.eval()
         predicted = self._predicted_logprobs(packed, self._my_micro_batches(packed), temperature)
-        if self.layout.dp > 1:  # each position was computed by exactly one DP rank, zeros elsewhere
-            dist.all_reduce(predicted, group=self.dp_group)
+        self.dp.sum_tensor(predicted)  # each position was computed by exactly one DP rank, zeros elsewhere
         return packed.to_token_aligned(predicted).cpu()
 
     # ------------------------------------------------------------------------------ forward
@@ -181,12 +182,6 @@ class MegatronBackend(LearnerBackend):
     def _my_micro_batches(self, packed: PackedBatch) -> list[MicroBatch]:
         micros = micro_batches(packed.cu_seqlens, self.learner_cfg.micro_batch_tokens)
         return assign_micro_batches(micros, self.layout.dp, self.layout.dp_rank)
-
-    def _owned_positions(self, packed: PackedBatch, mine: list[MicroBatch]) -> torch.Tensor:
-        own = torch.zeros(packed.num_tokens, dtype=torch.bool, device=self.device)
-        for mb in mine:
-            own[mb.positions] = True
-        return own
 
     def _micro_logprobs(self, packed: PackedBatch, mb: MicroBatch, temperature: float) -> torch.Tensor:
         """Position-aligned logprobs of one micro-batch's targets (its sequences as one packed row)."""
@@ -206,35 +201,24 @@ class MegatronBackend(LearnerBackend):
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
 
-    def _sync_and_step(self) -> float:
+    def _sync_and_step(self, lr: float | None = None) -> float:
+        """Reduce the gradients and step (at `lr` for this step only when given); the grad norm."""
         # Reduce-scatter of the fp32 grad buffers over DP, then the sum over TP of the q/k-norm grads
         # (each TP rank normalises only its own heads, so those grads are partial).
         finalize_model_grads([self.model])
-        ok, grad_norm, _ = self.optimizer.step()
+        groups = [g for o in self._torch_optimizers() for g in o.param_groups]
+        saved = [g["lr"] for g in groups]
+        if lr is not None:
+            for g in groups:
+                g["lr"] = lr
+        try:
+            ok, grad_norm, _ = self.optimizer.step()
+        finally:
+            for g, old in zip(groups, saved):
+                g["lr"] = old
         if not ok:
             raise RuntimeError("megatron optimizer step failed (non-finite gradients)")
         return float(grad_norm) if grad_norm is not None else 0.0
-
-    # -------------------------------------------------------------------------- reductions
-
-    def _dp_sum(self, value: float) -> float:
-        if self.layout.dp == 1:
-            return value
-        t = torch.tensor([value], dtype=torch.float64, device=self.device)
-        dist.all_reduce(t, group=self.dp_group)
-        return float(t.item())
-
-    def _dp_stats(self, stats: PolicyStats) -> PolicyStats:
-        if self.layout.dp == 1:
-            return stats
-        names = ["sequences", "kept_sequences", "tokens", "abs_log_rho_sum", "kept_tokens",
-                 "kept_abs_log_rho_sum", "clipped", "is_weight_sum", "truncated"]
-        sums = torch.tensor([float(getattr(stats, n)) for n in names], dtype=torch.float64, device=self.device)
-        extremes = torch.tensor([stats.is_weight_max, -stats.is_weight_min], dtype=torch.float64, device=self.device)
-        dist.all_reduce(sums, group=self.dp_group)
-        dist.all_reduce(extremes, op=dist.ReduceOp.MAX, group=self.dp_group)
-        merged = {n: (int(v) if isinstance(getattr(stats, n), int) else float(v)) for n, v in zip(names, sums.tolist())}
-        return PolicyStats(**merged, is_weight_max=float(extremes[0]), is_weight_min=-float(extremes[1]))
 
     def _torch_optimizers(self) -> list[torch.optim.Optimizer]:
         """The torch AdamW instances over this rank's fp32 shards (megatron chains one per group of

@@ -2,8 +2,7 @@
 
 Under torchrun or Ray the standard env vars (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_RANK)
 name the job and env:// initialises it; without them the process is a world of one on a free
-loopback port. PP and CP are always 1 (the backend refuses pipeline parallelism). Also here: the
-token-balanced split of micro-batches over DP ranks, which every rank computes identically.
+loopback port. PP and CP are always 1 (the backend refuses pipeline parallelism).
 """
 
 from __future__ import annotations
@@ -17,7 +16,6 @@ import torch
 import torch.distributed as dist
 from megatron.core import parallel_state, tensor_parallel
 
-from actors.learner.batch import MicroBatch
 
 
 @dataclass(frozen=True)
@@ -71,14 +69,3 @@ def init_model_parallel(tp: int, seed: int) -> Layout:
                   tp_rank=parallel_state.get_tensor_model_parallel_rank(),
                   dp_rank=parallel_state.get_data_parallel_rank(), rank=dist.get_rank())
 
-
-def assign_micro_batches(micros: list[MicroBatch], dp: int, dp_rank: int) -> list[MicroBatch]:
-    """This DP rank's micro-batches: largest first to the least-loaded rank (ties: lowest rank), so
-    every rank derives the same split from the same batch. Order within a rank follows the batch."""
-    loads = [0] * dp
-    owner: dict[int, int] = {}
-    for i in sorted(range(len(micros)), key=lambda i: (-(micros[i].stop - micros[i].start), i)):
-        r = min(range(dp), key=lambda r: (loads[r], r))
-        owner[i] = r
-        loads[r] += micros[i].stop - micros[i].start
-    return [mb for i, mb in enumerate(micros) if owner[i] == dp_rank]

@@ -1,0 +1,167 @@
+"""A learner of several ranks (DESIGN.md §7): rank 0 leads, the other ranks follow it.
+
+Every backend method is collective across the ranks (TP all-gathers, DP gradient sums, checkpoint
+barriers), so every rank must make the same calls in the same order. Only rank 0 is the learner the
+rest of Kiln sees: it asks replay for batches, pushes weights to the engines and answers the driver.
+Before each backend call it sends the call (method name and arguments, the batch included) to the
+other ranks on a gloo control group; each of them makes the same call on its own backend. A
+follower therefore has no logic of its own and cannot drift from its leader.
+
+Ranks find each other through the standard env:// rendezvous (RANK, WORLD_SIZE, MASTER_ADDR,
+MASTER_PORT), set by `join` from a `RankSpec`; each rank process sees one accelerator (Ray gives each
+rank actor one GPU), so LOCAL_RANK is 0. If any rank dies the others block or fail in a collective:
+the driver restarts the whole group, which resumes from the last checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import torch
+import torch.distributed as dist
+
+from actors.learner.backend import LearnerBackend, StepResult
+from protocols import TrainBatch
+
+log = logging.getLogger(__name__)
+
+STOP = "stop"
+# The calls a leader may send: the LearnerBackend interface, nothing else.
+CALLS = frozenset({"train_step", "sft_step", "logprobs", "named_weights", "save_checkpoint", "load_checkpoint",
+                   "export_hf"})
+COLLECTIVE_TIMEOUT = timedelta(minutes=10)  # a collective a peer never joins fails after this
+# A follower waits for its leader's next call through every wait for a batch, so its control group
+# never times out; a dead leader closes the sockets, which ends the wait with an error at once.
+CONTROL_TIMEOUT = timedelta(days=7)
+
+
+@dataclass(frozen=True)
+class RankSpec:
+    rank: int
+    world_size: int
+    master: str  # "host:port" where rank 0 hosts the rendezvous store
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank {self.rank} is outside a world of {self.world_size}")
+        host, _, port = self.master.rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"master must be 'host:port', got {self.master!r}")
+
+
+class ControlChannel:
+    """The leader's calls to its followers, over a gloo group of the whole world."""
+
+    def __init__(self, group) -> None:
+        self.group = group
+
+    def send(self, call: tuple[str, tuple, dict]) -> None:
+        dist.broadcast_object_list([call], src=0, group=self.group)
+
+    def receive(self) -> tuple[str, tuple, dict]:
+        box: list[Any] = [None]
+        dist.broadcast_object_list(box, src=0, group=self.group)
+        return box[0]
+
+
+def join(spec: RankSpec, device: str | torch.device) -> ControlChannel:
+    """Join the rank group (blocks until every rank joined) and return its control channel. The default
+    process group is NCCL on GPUs, gloo on CPU; a backend's own groups (megatron's TP and DP) are
+    built on it afterwards, by every rank in the same order."""
+    device = torch.device(device)
+    host, _, port = spec.master.rpartition(":")
+    os.environ.update(RANK=str(spec.rank), WORLD_SIZE=str(spec.world_size), MASTER_ADDR=host, MASTER_PORT=port,
+                      LOCAL_RANK=str(device.index or 0))
+    if device.type == "cuda":
+        device = torch.device("cuda", device.index or 0)
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", init_method="env://", timeout=COLLECTIVE_TIMEOUT, device_id=device)
+    else:
+        dist.init_process_group("gloo", init_method="env://", timeout=COLLECTIVE_TIMEOUT)
+    return ControlChannel(dist.new_group(backend="gloo", timeout=CONTROL_TIMEOUT))
+
+
+class LeaderBackend(LearnerBackend):
+    """Rank 0's backend: every call goes to the followers first, then runs here. Calls are serialised
+    (a lock), so a call made from another thread cannot interleave with a step's collectives."""
+
+    def __init__(self, local: LearnerBackend, channel: ControlChannel) -> None:
+        self.local, self.channel = local, channel
+        self._lock = threading.Lock()
+
+    def _everywhere(self, method: str, *args, **kwargs):
+        with self._lock:
+            self.channel.send((method, args, kwargs))
+            return getattr(self.local, method)(*args, **kwargs)
+
+    def train_step(self, batch: TrainBatch) -> StepResult:
+        return self._everywhere("train_step", batch)
+
+    def sft_step(self, batch: TrainBatch, lr: float | None = None) -> StepResult:
+        return self._everywhere("sft_step", batch, lr=lr)
+
+    def logprobs(self, batch: TrainBatch, temperature: float) -> torch.Tensor:
+        return self._everywhere("logprobs", batch, temperature)
+
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        # Gathered in full while the lock is held: a lazily consumed generator could leave the
+        # followers' all-gathers ahead of the leader's when the consumer stops early.
+        with self._lock:
+            self.channel.send(("named_weights", (), {}))
+            return iter(list(self.local.named_weights()))
+
+    def save_checkpoint(self, path: Path) -> None:
+        self._everywhere("save_checkpoint", Path(path))
+
+    def load_checkpoint(self, path: Path) -> None:
+        self._everywhere("load_checkpoint", Path(path))
+
+    def export_hf(self, path: Path) -> None:
+        self._everywhere("export_hf", Path(path))
+
+    def stop_followers(self, timeout_s: float = 10.0) -> bool:
+        """Tell the followers to return; False if the leader is mid-call or a follower is gone (the
+        driver then kills the rank actors)."""
+        if not self._lock.acquire(timeout=timeout_s):
+            return False
+        sent = threading.Event()
+
+        def send() -> None:
+            try:
+                self.channel.send((STOP, (), {}))
+                sent.set()
+            except Exception as err:  # a follower died first
+                log.warning("learner ranks: stop not delivered: %s", err)
+
+        try:
+            t = threading.Thread(target=send, name="kiln-rank-stop", daemon=True)
+            t.start()
+            t.join(timeout_s)
+            return sent.is_set()
+        finally:
+            self._lock.release()
+
+
+def follow(backend: LearnerBackend, channel: ControlChannel, on_call: Callable[[str, float], None] | None = None) -> None:
+    """A follower's whole life: make each call its leader sends, until told to stop. A call that is not
+    part of the backend interface is a protocol error and ends the follower (the group restarts)."""
+    while True:
+        method, args, kwargs = channel.receive()
+        if method == STOP:
+            return
+        if method not in CALLS:
+            raise RuntimeError(f"learner rank {dist.get_rank()}: unknown call {method!r} from the leader")
+        started = time.perf_counter()
+        result = getattr(backend, method)(*args, **kwargs)
+        if method == "named_weights":
+            for _ in result:  # the TP all-gathers happen as the generator runs
+                pass
+        if on_call is not None:
+            on_call(method, time.perf_counter() - started)
