@@ -215,7 +215,8 @@ def test_the_single_gpu_preset_fits_this_gpu():
 @pytest.mark.gpu
 @pytest.mark.parametrize("preset, overrides", [
     ("single_gpu.yaml", []),
-    ("four_gpu.yaml", ["learner.backend=torch", "learner.tensor_parallel=1", "cluster.learner_gpus=1"]),
+    ("four_gpu.yaml", ["learner.backend=torch", "learner.tensor_parallel=1", "cluster.learner_gpus=1",
+                       "model.hidden_size=1536", "model.num_layers=24", "model.intermediate_size=4608"]),
 ])
 def test_torch_learner_memory_matches_the_estimate(preset, overrides):
     """One AdamW step of the HF model at learner.micro_batch_tokens: the peak stays within 15% of

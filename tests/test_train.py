@@ -136,3 +136,20 @@ def test_dry_run_prints_the_plan_and_refuses_infeasible_ones():
     bad = subprocess.run(cmd + ["--config", "configs/eight_gpu.yaml", "cluster.num_gpus=4"], cwd=ROOT,
                          capture_output=True, text=True)
     assert bad.returncode == 2 and "infeasible placement" in bad.stderr
+
+
+def test_bench_train_measures_a_run_and_its_recovery_from_a_kill(tmp_path):
+    from launch.bench_train import main
+
+    out = tmp_path / "bench.json"
+    assert main(["--config", str(TEXT_MATCH), "--kill", "rollout-0@2", "--json", str(out),
+                 f"logging.root={tmp_path}", "cluster.use_ray=false", "algo.total_steps=8"]) == 0
+    result = json.loads(out.read_text())
+    # (enough steps after the kill for the driver's 5-second supervision tick to see the death)
+    assert result["steps"] == 8 and result["restarts"] == ["rollout-0"] and result["versions_monotonic"]
+    assert result["recovery_s"] is not None and result["recovery_s"] < 60  # no wait for a push timeout
+    assert result["sync_s_max"] < 60
+    assert result["samples_per_s"] > 0 and result["generated_tokens_per_s"] > 0 and result["trained_tokens_per_s"] > 0
+    assert set(result["busy"]) == {"learner", "rollout-0"}
+    ep = result["episodes"]
+    assert ep["invariant_ok"] and ep["emitted"] == ep["trained"] + ep["filtered_total"] + ep["pending"]

@@ -36,7 +36,6 @@ import queue
 import shutil
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
@@ -49,6 +48,8 @@ from protocols.channels import Publisher, ReplyServer, Request
 from protocols.weights import bucket_layout, group_name, manifest_bytes, plan_buckets
 
 log = logging.getLogger(__name__)
+
+DROP_POLL_S = 0.05  # how soon a publish notices that drop() took an engine away mid-push
 
 NamedTensors = Callable[[], Iterable[tuple[str, torch.Tensor]]]
 TRANSPORTS = ("gloo", "nccl", "cuda_ipc", "disk")
@@ -305,15 +306,34 @@ class WeightServer:
                 group.broadcast(bucket)
             _settle(named)
 
-        with ThreadPoolExecutor(max_workers=len(targets), thread_name_prefix="kiln-weight-push") as pool:
-            futures = {state.engine_id: pool.submit(push, state) for state in targets}
+        # One daemon thread per group, and no join on a group that drop() took away meanwhile: a gloo
+        # broadcast to a dead peer cannot be aborted and would hold the publish until its timeout.
+        outcome: dict[str, BaseException | None] = {}
+        finished = threading.Condition()
+
+        def run(state: EngineState) -> None:
+            try:
+                push(state)
+                err = None
+            except BaseException as e:  # recorded; the publishing thread drops the engine
+                err = e
+            with finished:
+                outcome[state.engine_id] = err
+                finished.notify_all()
+
         for state in targets:
-            err = futures[state.engine_id].exception()
+            threading.Thread(target=run, args=(state,), name=f"kiln-weight-push-{state.engine_id}", daemon=True).start()
+        with finished:
+            while any(s.engine_id not in outcome and s.live for s in targets):
+                finished.wait(DROP_POLL_S)
+        for state in targets:
+            err = outcome.get(state.engine_id, RuntimeError("dropped during the push"))
             if err is None:
                 report.engines += 1
-            else:
+                continue
+            if state.live:
                 self._drop(state, f"push of version {report.version} failed: {err}")
-                report.dropped.append(state.engine_id)
+            report.dropped.append(state.engine_id)
 
     def drop(self, engine_id: str, why: str) -> bool:
         """Forget a dead engine now (the driver saw it die): its group is aborted, so a push blocked
