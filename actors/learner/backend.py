@@ -10,12 +10,16 @@ backend modules import their training library.
 from __future__ import annotations
 
 import abc
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 
+from actors.learner.batch import MicroBatch, PackedBatch
+from actors.learner.data_parallel import DataParallel
+from actors.learner.losses import sft_loss
 from protocols import TrainBatch
 
 
@@ -62,3 +66,21 @@ class LearnerBackend(abc.ABC):
     @abc.abstractmethod
     def export_hf(self, path: Path) -> None:
         """An HF checkpoint (config.json + *.safetensors) that transformers' from_pretrained loads."""
+
+
+def sft_step_over(packed: PackedBatch, mine: list[MicroBatch], logprobs_of: Callable[[MicroBatch], torch.Tensor],
+                  step: Callable[[], float], dp: DataParallel, started: float) -> StepResult:
+    """The warm-start step of every backend, once its gradients are zeroed: cross-entropy on this rank's
+    micro-batches (`logprobs_of` at T = 1), normalised by the whole batch's loss-masked token count
+    (every rank sees the whole batch), then `step()` (reduce, clip, step; returns the grad norm).
+    A batch without loss-masked tokens takes no step."""
+    normalizer = float(packed.grad_mask.sum())
+    loss_total = 0.0
+    for mb in mine if normalizer else []:
+        loss = sft_loss(logprobs_of(mb), packed.grad_mask[mb.positions], normalizer)
+        loss.backward()
+        loss_total += float(loss.detach())
+    grad_norm = step() if normalizer > 0 else 0.0
+    return StepResult(loss=dp.sum(loss_total), grad_norm=grad_norm, tokens=packed.num_tokens,
+                      trained_tokens=int(normalizer), seconds=time.perf_counter() - started,
+                      metrics={"skipped": float(normalizer == 0)})

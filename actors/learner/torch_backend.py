@@ -30,7 +30,7 @@ from typing import Iterator
 import torch
 import torch.distributed as dist
 
-from actors.learner.backend import LearnerBackend, StepResult
+from actors.learner.backend import LearnerBackend, StepResult, sft_step_over
 from actors.learner.batch import MicroBatch, PackedBatch, micro_batches, pack
 from actors.learner.checkpoint import atomic_directory, load_rng, save_rng
 from actors.learner.data_parallel import DataParallel, assign_micro_batches, owned_positions
@@ -39,7 +39,6 @@ from actors.learner.losses import (
     kl_penalty,
     mirrorpop_mask,
     policy_loss,
-    sft_loss,
     token_logprobs_from_logits,
 )
 from actors.rollout.model import DTYPES, build_model
@@ -113,21 +112,12 @@ class TorchBackend(LearnerBackend):
                           trained_tokens=int(normalizer), seconds=time.perf_counter() - start, metrics=metrics)
 
     def sft_step(self, batch: TrainBatch, lr: float | None = None) -> StepResult:
-        start = time.perf_counter()
+        started = time.perf_counter()
         packed = self._pack(batch)
-        normalizer = float(packed.grad_mask.sum())  # the whole batch's: every rank sees it
         self.optimizer.zero_grad(set_to_none=True)
-        loss_total = 0.0
-        for mb in self._my_micro_batches(packed) if normalizer else []:
-            p = mb.positions
-            logprobs = self._micro_logprobs(self.model, packed, p, 1.0)
-            loss = sft_loss(logprobs, packed.grad_mask[p], normalizer)
-            loss.backward()
-            loss_total += float(loss.detach())
-        grad_norm = self._clip_and_step(lr) if normalizer > 0 else 0.0
-        return StepResult(loss=self.dp.sum(loss_total), grad_norm=grad_norm, tokens=packed.num_tokens,
-                          trained_tokens=int(normalizer), seconds=time.perf_counter() - start,
-                          metrics={"skipped": float(normalizer == 0)})
+        return sft_step_over(packed, self._my_micro_batches(packed),
+                             lambda mb: self._micro_logprobs(self.model, packed, mb.positions, 1.0),
+                             lambda: self._clip_and_step(lr), self.dp, started)
 
     def logprobs(self, batch: TrainBatch, temperature: float) -> torch.Tensor:
         if temperature <= 0:

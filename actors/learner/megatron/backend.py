@@ -33,11 +33,11 @@ from megatron.core import parallel_state
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
-from actors.learner.backend import LearnerBackend, StepResult
+from actors.learner.backend import LearnerBackend, StepResult, sft_step_over
 from actors.learner.batch import MicroBatch, PackedBatch, micro_batches, pack
 from actors.learner.checkpoint import atomic_directory, rng_state, set_rng_state
 from actors.learner.data_parallel import DataParallel, assign_micro_batches, owned_positions
-from actors.learner.losses import filter_stats, mirrorpop_mask, policy_loss, sft_loss
+from actors.learner.losses import filter_stats, mirrorpop_mask, policy_loss
 from actors.learner.megatron import hf_mapping as hm
 from actors.learner.megatron.model import (
     build_gpt,
@@ -148,22 +148,12 @@ class MegatronBackend(LearnerBackend):
                           trained_tokens=int(normalizer), seconds=time.perf_counter() - start, metrics=metrics)
 
     def sft_step(self, batch: TrainBatch, lr: float | None = None) -> StepResult:
-        start = time.perf_counter()
+        started = time.perf_counter()
         packed = self._pack(batch)
-        mine = self._my_micro_batches(packed)
-        normalizer = float(packed.grad_mask.sum())  # the whole batch's: every rank sees it
         self._zero_grad()
         self.model.train()
-        loss_total = 0.0
-        for mb in mine if normalizer else []:
-            logprobs = self._micro_logprobs(packed, mb, 1.0)
-            loss = sft_loss(logprobs, packed.grad_mask[mb.positions], normalizer)
-            loss.backward()
-            loss_total += float(loss.detach())
-        grad_norm = self._sync_and_step(lr) if normalizer > 0 else 0.0
-        return StepResult(loss=self.dp.sum(loss_total), grad_norm=grad_norm, tokens=packed.num_tokens,
-                          trained_tokens=int(normalizer), seconds=time.perf_counter() - start,
-                          metrics={"skipped": float(normalizer == 0)})
+        return sft_step_over(packed, self._my_micro_batches(packed), lambda mb: self._micro_logprobs(packed, mb, 1.0),
+                             lambda: self._sync_and_step(lr), self.dp, started)
 
     def logprobs(self, batch: TrainBatch, temperature: float) -> torch.Tensor:
         if temperature <= 0:
