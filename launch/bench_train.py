@@ -14,6 +14,11 @@ summary.json. Rates are over the steady window, from the first recorded learner 
   busy             each actor's share of the window spent working (its busy_s counter)
 
 Run it once with replay.max_staleness=0 and once with η ≥ 1 for the async/sync ratio.
+
+`--stop-after S` ends the run at the first step recorded S seconds or more after the start (and not
+before step 2, so that there is a window), for benchmarks under a wall-clock budget: the table then
+covers the steps recorded so far and says that the run was stopped. The learner is not checkpointed
+and no final export is written.
 """
 
 from __future__ import annotations
@@ -32,11 +37,16 @@ from launch.run_dir import RunDirectory
 from launch.train import train
 
 
+class StopRun(Exception):
+    """Raised from the step hook to end the run at `--stop-after`; the summary is already written."""
+
+
 @dataclass
 class Probe:
     """What the driver sees after each recorded step: time, decoded tokens, the kill to inject."""
 
     kill: tuple[str, int] | None
+    stop_at: float | None = None  # monotonic time after which the next recorded step ends the run
     marks: list[tuple[float, int, int]] = field(default_factory=list)  # (monotonic s, step, decoded tokens)
     killed_at: float | None = None
     _decoded: dict[str, tuple[int, int]] = field(default_factory=dict)  # actor -> (last seen, total)
@@ -46,6 +56,9 @@ class Probe:
         if self.kill is not None and step >= self.kill[1] and self.killed_at is None:
             session.supervisor[self.kill[0]].kill()
             self.killed_at = time.monotonic()
+        if self.stop_at is not None and time.monotonic() >= self.stop_at and len(self.marks) >= 2:
+            session.write_summary()  # the ledger as of this step; train() will not reach its own
+            raise StopRun
 
     def _decoded_tokens(self, session) -> int:
         """Tokens decoded by all engines so far; a restarted engine's counter starts again at 0."""
@@ -79,9 +92,11 @@ class BenchResult:
     episodes: dict
     killed: str | None
     recovery_s: float | None  # kill -> the next learner step recorded
+    finished: bool  # False when --stop-after ended the run before algo.total_steps
 
 
-def summarise(run: RunDirectory, probe: Probe, wall_s: float, kill: tuple[str, int] | None) -> BenchResult:
+def summarise(run: RunDirectory, probe: Probe, wall_s: float, kill: tuple[str, int] | None,
+              finished: bool = True) -> BenchResult:
     rows = [r for r in read_metrics(run.path) if "train/loss" in r]
     summary = json.loads((run.path / "summary.json").read_text())
     (t0, first, tok0), (t1, last, tok1) = probe.marks[0], probe.marks[-1]
@@ -110,13 +125,14 @@ def summarise(run: RunDirectory, probe: Probe, wall_s: float, kill: tuple[str, i
         versions_monotonic=versions == sorted(set(versions)),
         episodes=summary["episodes"],
         killed=f"{kill[0]} at step {kill[1]}" if kill else None,
-        recovery_s=recovery)
+        recovery_s=recovery, finished=finished)
 
 
 def render(r: BenchResult) -> str:
     lines = [f"| metric | value |", "| --- | --- |"]
     for name, value in [
-        ("learner steps", r.steps), ("wall s (whole run)", f"{r.wall_s:.0f}"),
+        ("learner steps", r.steps if r.finished else f"{r.steps} (stopped by --stop-after)"),
+        ("wall s (whole run)", f"{r.wall_s:.0f}"),
         ("steady window s", f"{r.window_s:.1f}"), ("samples/s (trained)", f"{r.samples_per_s:.2f}"),
         ("generated tok/s", f"{r.generated_tokens_per_s:,.0f}"), ("trained tok/s", f"{r.trained_tokens_per_s:,.0f}"),
         ("gradient tok/s", f"{r.grad_tokens_per_s:,.0f}"), ("learner step s (median)", f"{r.learner_step_s_median:.2f}"),
@@ -140,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", required=True)
     p.add_argument("--kill", metavar="ACTOR@STEP", help="kill this actor once the learner recorded STEP")
     p.add_argument("--json", metavar="FILE", help="also write the result as JSON")
+    p.add_argument("--stop-after", metavar="S", type=float,
+                   help="end the run at the first step recorded S seconds after the start (from step 2)")
     p.add_argument("overrides", nargs="*", help="section.key=value")
     args = p.parse_intermixed_args(argv)
     kill = None
@@ -153,10 +171,14 @@ def main(argv: list[str] | None = None) -> int:
 
     logging.basicConfig(level=cfg.logging.level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     run = RunDirectory.create(cfg)
-    probe = Probe(kill=kill)
     started = time.monotonic()
-    train(cfg, run, on_step=probe)
-    result = summarise(run, probe, time.monotonic() - started, kill)
+    probe = Probe(kill=kill, stop_at=None if args.stop_after is None else started + args.stop_after)
+    try:
+        train(cfg, run, on_step=probe)
+        finished = True
+    except StopRun:
+        finished = False
+    result = summarise(run, probe, time.monotonic() - started, kill, finished)
     print(render(result))
     if args.json:
         Path(args.json).write_text(json.dumps(asdict(result), indent=1))

@@ -105,10 +105,12 @@ class Session:
             episodes=str(episodes), algo=self.cfg.algo, run_dir=str(self.run.path), host=c.bind_host,
             transport=c.transport, advertise=c.advertise_host)))
 
-    def start_learner(self, *, resume: bool) -> None:
-        """Build (or restore) the learner and serve its weights; its loop starts with run_learner()."""
+    def start_learner(self, *, resume: bool, warm_start: bool = False) -> None:
+        """Build (or restore) the learner and serve its weights; its loop starts with run_learner().
+        With `warm_start`, version 0 is published by warm_start(), which must come next."""
         self.supervisor.launch_group(wiring.learner_specs(self.cfg, self.run.path, self.supervisor,
-                                                          self.monitor.address, resume=resume))
+                                                          self.monitor.address, resume=resume,
+                                                          warm_start=warm_start))
 
     def run_learner(self) -> None:
         learner = self.supervisor["learner"]
@@ -116,19 +118,23 @@ class Session:
         learner.spec.after_start = lambda h: h.call("run")  # a restarted learner trains at once
 
     def warm_start(self) -> None:
+        """`algo.sft_warmup_steps` cross-entropy steps on the shipped solutions; the learner publishes
+        the result as version 0 (or its initial weights, when no solution fits) before engines join."""
         a = self.cfg.algo
         if not a.sft_warmup_steps:
             return
         tasks = load_task_set(self.cfg.replay, self.cfg.verifier.backend).train
         solutions = a.sft_solutions or str(Path(self.cfg.replay.tasks) / "solutions" / self.cfg.verifier.backend)
         pairs = solution_pairs(tasks, solutions)
-        if not pairs:
-            log.warning("warm start: no solutions for the training tasks in %s; skipped", solutions)
-            return
         batches = sft_batches(pairs, self.tokenizer, max_seq_len=self.cfg.model.max_seq_len,
                               batch_tokens=a.sft_batch_tokens)
+        if not batches:
+            log.warning("warm start: no solution in %s fits a training task and model.max_seq_len; skipped",
+                        solutions)
         started = time.monotonic()
         losses = self.supervisor["learner"].call("warm_start", batches, a.sft_warmup_steps, a.sft_lr)
+        if not losses:
+            return
         log.info("warm start: %d steps on %d solutions in %.0f s, loss %.3f -> %.3f", len(losses), len(pairs),
                  time.monotonic() - started, losses[0], losses[-1])
         self.metrics.log(0, {"sft/first_loss": losses[0], "sft/final_loss": losses[-1],

@@ -34,7 +34,7 @@ def train(cfg: KilnConfig, run: RunDirectory, *, resume: bool = False,
     runs after each recorded step (custom logic: extra logging, fault injection in tests)."""
     with Session(cfg, run) as s:
         s.start_replay_and_verifiers()
-        s.start_learner(resume=resume)
+        s.start_learner(resume=resume, warm_start=not resume)
         if not resume:
             s.warm_start()
         s.start_rollouts()

@@ -59,9 +59,10 @@ def verifier_specs(cfg: KilnConfig) -> list[ActorSpec]:
 
 
 def learner_specs(cfg: KilnConfig, run_dir: Path, supervisor: Supervisor, monitor: str, *,
-                  resume: bool) -> list[ActorSpec]:
+                  resume: bool, warm_start: bool = False) -> list[ActorSpec]:
     """One spec per learner rank: "learner" (rank 0, the one peers talk to), then "learner-1", ...
-    They start and restart together (`group`); each (re)start gets a fresh rendezvous port."""
+    They start and restart together (`group`); each (re)start gets a fresh rendezvous port. With
+    `warm_start` (and algo.sft_warmup_steps) the first start leaves version 0 to the driver's warm start."""
     world = learner_ranks(cfg)
     rendezvous = {"master": ""}
 
@@ -79,7 +80,8 @@ def learner_specs(cfg: KilnConfig, run_dir: Path, supervisor: Supervisor, monito
                     device=resolve_device(cfg.learner.device), host=cfg.cluster.bind_host, resume=restarting,
                     min_version=min_version, confirm_before_next=cfg.replay.max_staleness == 0,
                     shares_gpu=cfg.cluster.layout == "colocated", rank=rank, world_size=world,
-                    master=rendezvous["master"], learner_id="learner-0" if rank == 0 else f"learner-0.rank{rank}")
+                    master=rendezvous["master"], learner_id="learner-0" if rank == 0 else f"learner-0.rank{rank}",
+                    warm_start_follows=warm_start and not restarting and cfg.algo.sft_warmup_steps > 0)
 
     return [ActorSpec(name="learner" if rank == 0 else f"learner-{rank}", cls=LearnerActor, num_cpus=0,
                       num_gpus=gpu_share(cfg, "learner", rank), kwargs=functools.partial(kwargs, rank),
@@ -111,7 +113,9 @@ def busy_fractions(supervisor: Supervisor, previous: dict[str, float], seconds: 
         except Exception:
             continue
         if busy == busy and name in previous and seconds > 0:
-            out[f"busy/{name}"] = min(1.0, max(0.0, (busy - previous[name]) / seconds))
+            # A counter that went down belongs to a restarted actor: all of it is since the last reading.
+            worked = busy - previous[name] if busy >= previous[name] else busy
+            out[f"busy/{name}"] = min(1.0, worked / seconds)
         previous[name] = busy
     return out
 

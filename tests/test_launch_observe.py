@@ -291,3 +291,23 @@ def test_report_of_an_empty_run(tmp_path):
     text = write_report(tmp_path).read_text()
     assert "No metrics were recorded" in text
     assert list((tmp_path / "plots").iterdir()) == []
+
+
+# ------------------------------------------------------------------------------------ busy fractions
+
+
+def test_busy_fractions_count_a_restarted_actors_counter_from_zero():
+    from types import SimpleNamespace
+
+    from launch.wiring import busy_fractions
+
+    counters = {"learner": 10.0, "rollout-0": 50.0}
+    handle = lambda name: SimpleNamespace(call=lambda method, timeout_s: {"busy_s": counters[name]})  # noqa: E731
+    supervisor = SimpleNamespace(handles={name: handle(name) for name in counters})
+    previous: dict[str, float] = {}
+    assert busy_fractions(supervisor, previous, 10.0) == {}  # the first reading only sets the baseline
+    counters.update({"learner": 12.0, "rollout-0": 6.0})  # rollout-0 was restarted: its counter began again
+    assert busy_fractions(supervisor, previous, 10.0) == {"busy/learner": pytest.approx(0.2),
+                                                          "busy/rollout-0": pytest.approx(0.6)}
+    counters.update({"learner": 30.0, "rollout-0": 11.0})
+    assert busy_fractions(supervisor, previous, 10.0) == {"busy/learner": 1.0, "busy/rollout-0": pytest.approx(0.5)}

@@ -153,3 +153,15 @@ def test_bench_train_measures_a_run_and_its_recovery_from_a_kill(tmp_path):
     assert set(result["busy"]) == {"learner", "rollout-0"}
     ep = result["episodes"]
     assert ep["invariant_ok"] and ep["emitted"] == ep["trained"] + ep["filtered_total"] + ep["pending"]
+
+
+def test_bench_train_stop_after_ends_the_run_at_a_step_and_summarises_it(tmp_path, capsys):
+    from launch.bench_train import main
+
+    out = tmp_path / "bench.json"
+    assert main(["--config", str(TEXT_MATCH), "--stop-after", "0", "--json", str(out), f"logging.root={tmp_path}",
+                 "cluster.use_ray=false", "algo.total_steps=50"]) == 0
+    result = json.loads(out.read_text())
+    assert result["steps"] == 2 and not result["finished"]  # step 2 is the first with a window
+    assert result["samples_per_s"] > 0 and result["episodes"]["invariant_ok"]
+    assert "2 (stopped by --stop-after)" in capsys.readouterr().out

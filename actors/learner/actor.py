@@ -46,7 +46,7 @@ class LearnerActor(Actor):
                  learner_id: str = "learner-0", device: str = "cpu", host: str = "127.0.0.1",
                  resume: bool = False, min_version: int = 0, confirm_before_next: bool = False,
                  shares_gpu: bool = False, rank: int = 0, world_size: int = 1, master: str = "",
-                 request_timeout_s: float = 30.0) -> None:
+                 warm_start_follows: bool = False, request_timeout_s: float = 30.0) -> None:
         super().__init__()
         self.model_cfg, self.cfg, self.algo = model, learner, algo
         self.temperature = temperature
@@ -56,6 +56,9 @@ class LearnerActor(Actor):
         self._replay = replay if callable(replay) else (lambda: replay)
         self._metrics_address = metrics
         self._resume, self._min_version = resume, min_version
+        # The driver warm-starts this learner before any engine joins: version 0 is then the warm-started
+        # weights, published by warm_start() rather than by start().
+        self._warm_start_follows = warm_start_follows
         self._timeout_s = request_timeout_s
         # Synchronous mode (η = 0): engines confirm each version before the next batch is asked for,
         # so no sample is made with weights one version old (it could never be trained on).
@@ -97,7 +100,8 @@ class LearnerActor(Actor):
         _write_json(self.dir / "learner" / ENDPOINT_FILE, endpoints)
         if self._metrics_address:
             self._metrics = PushChannel(self._metrics_address)
-        self._push()  # late engines and a restored run get the current weights at once
+        if not self._warm_start_follows:
+            self._push()  # late engines and a restored run get the current weights at once
         return endpoints
 
     def run(self) -> None:
@@ -137,14 +141,21 @@ class LearnerActor(Actor):
     # --------------------------------------------------------------------------- warm start
 
     def warm_start(self, batches: list[TrainBatch], steps: int, lr: float | None = None) -> list[float]:
-        """Cross-entropy steps on reference solutions before RL (they stay version 0's weights);
-        returns the losses. Call between start() and run()."""
+        """Cross-entropy steps on reference solutions before RL; returns the losses. Their result is
+        version 0: saved (with checkpointing on, so that a restart resumes from it rather than from the
+        initial weights), then published. Call between start() and run() on a learner built with
+        `warm_start_follows`; without batches no step is taken and the initial weights are published."""
+        if self.weights.version >= 0:
+            raise RuntimeError("warm_start: version 0 is published already; build the learner with "
+                               "warm_start_follows=True")
         losses = []
-        for i in range(steps):
+        for i in range(steps if batches else 0):
             with self.weights.updating():
                 result = self.backend.sft_step(batches[i % len(batches)], lr=lr)
             losses.append(result.loss)
             self._emit(-1, {"sft/loss": result.loss, "sft/step_s": result.seconds})
+        if losses and self.cfg.checkpoint_every:
+            self.checkpoint()
         self._push()
         return losses
 

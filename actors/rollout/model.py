@@ -44,6 +44,11 @@ def build_model(cfg: ModelConfig, device: str | torch.device = "cpu", attention:
         model = AutoModelForCausalLM.from_pretrained(cfg.path, dtype=dtype, attn_implementation=attention,
                                                      local_files_only=True)
     else:
+        # Initialised where it will live: a 1.1B model's init takes ~16 s on one CPU core (a Ray actor's
+        # thread budget) and well under a second on a GPU. The seeded values depend on the device type:
+        # the learner and the engines build on the same type, and engines load the learner's weights
+        # once it has published any.
         torch.manual_seed(cfg.seed)
-        model = AutoModelForCausalLM.from_config(hf_config(cfg), dtype=dtype, attn_implementation=attention)
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(hf_config(cfg), dtype=dtype, attn_implementation=attention)
     return model.to(device).eval()

@@ -2,13 +2,14 @@
 `actors.learner.weight_sync.WeightServer`).
 
 `bootstrap(engine)` runs before the engine serves (at start and after every engine restart): it
-subscribes to the learner's announcements first, then asks for the current weights (`WeightRequest`)
-and loads them — joining a fresh 2-rank process group and receiving the buckets (gloo/nccl), copying
-from CUDA IPC handles (cuda_ipc), or loading a directory (disk) — and confirms (`WeightsLoaded`). If
-the group path fails it falls back to disk. `run(stop)` then applies announcements in order and
-confirms each; announcements at or below the version served are skipped (the learner pushed those
-before this engine joined). An engine without a group (its push failed) rejoins, which also brings
-it to the current version.
+subscribes to the learner's announcements first, then asks for the current weights (`WeightRequest`,
+as an engine holding none: its own initial weights need not be the learner's version 0, which a
+warm start changes) and loads them — joining a fresh 2-rank process group and receiving the buckets
+(gloo/nccl), copying from CUDA IPC handles (cuda_ipc), or loading a directory (disk) — and confirms
+(`WeightsLoaded`). If the group path fails it falls back to disk. `run(stop)` then applies
+announcements in order and confirms each; announcements at or below the version served are skipped
+(the learner pushed those before this engine joined). An engine without a group (its push failed)
+rejoins, which also brings it to the current version.
 """
 
 from __future__ import annotations
@@ -85,7 +86,7 @@ class WeightClient:
         with self._lock:
             self.engine, self.group = engine, None
             self._connect()
-            self._join()
+            self._join(fresh=True)
             self._joined = dict(self._endpoints)
             self.stats["bootstraps"] += 1
 
@@ -196,10 +197,13 @@ class WeightClient:
             raise WeightSyncError(reply.message)
         return reply
 
-    def _join(self) -> None:
-        """Ask for the current weights and load them (falling back to disk if the group path fails)."""
+    def _join(self, fresh: bool = False) -> None:
+        """Ask for the current weights and load them (falling back to disk if the group path fails).
+        A `fresh` engine (just built) holds its own initial weights whatever version it reports, so it
+        asks as one holding none: the learner then sends even version 0, whose weights a warm start
+        has changed."""
         engine = self.engine
-        have = engine.weight_version
+        have = -1 if fresh else engine.weight_version
         reply = self._request(WeightRequest(engine_id=self.engine_id, have_version=have))
         try:
             if isinstance(reply, WeightHandles):
@@ -208,7 +212,7 @@ class WeightClient:
             elif reply.transport in ("gloo", "nccl"):
                 self._join_group(reply, have)
             else:
-                self._load_disk(reply)
+                self._load_disk(reply, have)
         except (EngineError, ValueError, RuntimeError) as err:
             if not isinstance(reply, WeightAnnouncement) or reply.transport not in ("gloo", "nccl"):
                 raise WeightSyncError(f"loading version {reply.version} failed: {err}") from None
@@ -216,7 +220,7 @@ class WeightClient:
             self.group = None
             self.stats["disk_fallbacks"] += 1
             self._load_disk(self._request(WeightRequest(engine_id=self.engine_id, have_version=have,
-                                                        transport="disk")))
+                                                        transport="disk")), have)
 
     def _join_group(self, ann: WeightAnnouncement, have: int) -> None:
         host, port = parse_location(ann.location)
@@ -233,8 +237,8 @@ class WeightClient:
                 [s.name for s in bucket], [s.dtype for s in bucket], [list(s.shape) for s in bucket], ann.version,
                 group_name=self.group, last=i == len(buckets) - 1)
 
-    def _load_disk(self, ann: WeightAnnouncement) -> None:
-        if ann.version > self.engine.weight_version:
+    def _load_disk(self, ann: WeightAnnouncement, have: int | None = None) -> None:
+        if ann.version > (self.engine.weight_version if have is None else have):
             self._load(ann.version, lambda: self.engine.update_weights_from_disk(ann.location, ann.version))
 
     def _load(self, version: int, load: Callable[[], None]) -> None:

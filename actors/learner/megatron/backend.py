@@ -79,7 +79,7 @@ class MegatronBackend(LearnerBackend):
         self.dp_group = parallel_state.get_data_parallel_group()
         self.dp = DataParallel(self.layout.dp, self.layout.dp_rank, self.dp_group, self.device)
 
-        hf_model = build_model(model_cfg, "cpu")  # the engines' weights: checkpoint or seeded init
+        hf_model = build_model(model_cfg, self.device)  # the engines' weights: checkpoint or seeded init
         self.hf_config = hf_model.config
         try:
             self.shape = hm.ModelShape.from_hf_config(self.hf_config, learner_cfg.tensor_parallel)
@@ -91,6 +91,8 @@ class MegatronBackend(LearnerBackend):
                              dtype=model_cfg.dtype, max_seq_len=model_cfg.max_seq_len)
         load_hf_weights(self.gpt, hf_model.state_dict(), self.shape)
         del hf_model
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()  # the full HF copy is gone; give its blocks back before the optimizer
 
         ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
                                                    use_distributed_optimizer=True)

@@ -126,6 +126,12 @@ def megatron_logits(backend: MegatronBackend, batch: TrainBatch) -> torch.Tensor
     return local[:, : backend.shape.vocab_size]
 
 
+def initial_weights(device) -> dict[str, torch.Tensor]:
+    """SMALL's seeded init as the backend saw it: built on the backend's device (the values depend on
+    the device type), then brought to the CPU."""
+    return {n: t.cpu() for n, t in build_model(SMALL, device).state_dict().items()}
+
+
 def hf_logits(cfg: ModelConfig, batch: TrainBatch, device) -> torch.Tensor:
     model = build_model(cfg, device)
     out = []
@@ -181,7 +187,7 @@ def main() -> None:
 
     @check("HF->Megatron->HF round trip")
     def _():
-        ref = build_model(SMALL, "cpu").state_dict()
+        ref = initial_weights(device)
         got = weights(b1) if b1 else {}
         expected = [n for n in ref if not (n == "lm_head.weight" and b1.shape.tied_embeddings)]
         exact = set(got) == set(expected) and all(torch.equal(got[n], ref[n].float()) for n in expected)
@@ -208,7 +214,7 @@ def main() -> None:
         exact = True
         if rank0():
             reloaded = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).state_dict()
-            ref = build_model(SMALL, "cpu").state_dict()
+            ref = initial_weights(device)
             exact = set(reloaded) == set(ref) and all(torch.equal(reloaded[n], ref[n]) for n in ref)
         row("export_hf reloads in transformers", exact, f"bit-exact={exact}")
 
