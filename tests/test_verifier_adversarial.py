@@ -38,7 +38,7 @@ FEEDBACK = {
     "patch_allclose_static": ["torch.allclose"],
     "patch_allclose_runtime": ["torch.allclose"],
     "exit_forged_result": ["status 0"],
-    "imports_reference": ["01_relu.py"],
+    "imports_reference": ["tasks.level1", "the reference"],
     "crash_segfault": ["segmentation fault"],
     "infinite_loop": ["10 s limit"],
     "out_of_memory": ["memory limit"],

@@ -23,6 +23,7 @@ import torch
 
 _LEN = struct.Struct("<Q")
 _TB = torch._C.TensorBase
+_numpy = _TB.numpy  # captured at import, before the sandbox's compute fence wraps Tensor.numpy
 MAX_HEADER = 16 << 20  # header bytes (tracebacks, op lists); tensors travel as buffers
 MAX_DEPTH = 16
 
@@ -80,7 +81,7 @@ def _pack_tensor(t: torch.Tensor, buffers: list) -> dict:
     # Methods of the C base class: a candidate in the sending process cannot patch these.
     flat = _TB.reshape(_TB.contiguous(_TB.to(_TB.detach(t), "cpu")), (-1,))
     raw = _TB.view(flat, torch.uint8) if _TB.numel(flat) else torch.empty(0, dtype=torch.uint8)
-    buffers.append(memoryview(_TB.numpy(raw)))
+    buffers.append(memoryview(_numpy(raw)))
     return {"__tensor__": len(buffers) - 1, "dtype": name, "shape": list(t.shape)}
 
 

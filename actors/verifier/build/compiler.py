@@ -14,8 +14,9 @@ Plan (load_inline semantics, faster shape):
   against the precompiled full prelude; a binding unit that fails to compile also lands here.
 All units of one extension compile concurrently (a CUDA unit's host and device front ends too,
 see `nvcc.py`), then one g++ link against torch's libraries.
-The result is published into the cache (atomic rename) under the spec key; the builder holds a
-per-key lock, so concurrent builders of one key compile it once.
+`compile()` runs in a jailed build process (worker.py) and writes only into its build directory;
+it reads cached binding objects and precompiled headers. Publishing into the cache (after the
+symbol check) is the trusted service's job (service.py), so nothing a compiler does can reach it.
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ class Built:
     cached: bool
     notes: list[str] = field(default_factory=list)
     pch_wanted: list[tuple[str, tuple[str, ...]]] = field(default_factory=list)
+    binding: tuple[str, str] | None = None  # (binding key, object file in the build dir) to publish
 
 
 @dataclass
@@ -122,33 +124,10 @@ class ExtensionBuilder:
         self.policy = prelude_policy
 
     # ------------------------------------------------------------------------------ entry
-    def build(self, spec: ExtensionSpec) -> Built:
+    def compile(self, spec: ExtensionSpec, bdir: Path) -> Built:
+        """Build `spec` into `bdir` (raises CompileFailed). The .so and a newly compiled binding
+        object stay in `bdir`; the caller checks and publishes them."""
         key = spec.key(self.tc.id)
-        t0 = time.monotonic()
-        hit = self._hit(key, t0)
-        if hit:
-            return hit
-        with self.cache.lock(key):
-            hit = self._hit(key, t0)
-            if hit:
-                return hit
-            bdir = self.cache.build_dir(f"{key[:12]}.")
-            try:
-                return self._build(spec, key, bdir)
-            finally:
-                shutil.rmtree(bdir, ignore_errors=True)
-
-    def _hit(self, key: str, t0: float) -> Built | None:
-        found = self.cache.lookup(key)
-        if not found:
-            return None
-        so, meta = found
-        return Built(key=key, so_path=str(so), prelude=str(meta.get("prelude", "cache")),
-                     phases={"cache": time.monotonic() - t0}, vendor_libs=list(meta.get("vendor_libs", [])),
-                     cached=True)
-
-    # ------------------------------------------------------------------------------ plan + run
-    def _build(self, spec: ExtensionSpec, key: str, bdir: Path) -> Built:
         plan = self._plan(spec, bdir)
         phases: dict[str, float] = {}
         t_compile = time.monotonic()
@@ -158,32 +137,30 @@ class ExtensionBuilder:
             phases[f"{u.label}_compile"] = phases.get(f"{u.label}_compile", 0.0) + u.seconds
         self._raise_first_failure(plan, bdir, phases)
 
+        binding = None
         if plan.bindable is not None and plan.binding_obj is None:
             unit = next(u for u in plan.units if u.label == "binding")
-            plan.binding_obj = self.cache.publish_binding(self._binding_key(spec, plan.bindable, unit.how),
-                                                          bdir / unit.obj)
+            plan.binding_obj = bdir / unit.obj
+            binding = (self._binding_key(spec, plan.bindable, unit.how), unit.obj)
         so_name = f"{SPLIT_MODULE}.so" if plan.bindable is not None else f"{spec.name}.so"
         objs = [str(bdir / u.obj) for u in plan.units if u.label != "binding"]
         if plan.binding_obj is not None:
             objs.append(str(plan.binding_obj))
-            if plan.binding_obj.name.startswith("thunk-"):
+            if plan.binding_obj.name.startswith("thunk"):
                 objs.append(str(self.pch.shell_object()))
         phases["link"] = self._link(spec, bdir, objs, so_name, plan, phases)
 
         vendor = cxx_scan.vendor_libs_in_sources(list(spec.cpp_sources + spec.cuda_sources), spec.extra_ldflags)
-        vendor |= _vendor_libs_in_binary(bdir / so_name)
         how = "+".join(sorted({u.how for u in plan.units if u.label in ("kernel", "cuda", "main")})) or "binding-only"
         if plan.bindable is None:
             how = f"monolithic({how})"
-        meta = {"prelude": how, "vendor_libs": sorted(vendor), "notes": plan.notes, "phases": phases}
-        so = self.cache.publish(key, bdir, so_name, meta)
         wanted = plan.wanted + [(u.prelude, u.profile) for u in plan.units
                                 if u.profile is not None and not self.pch.has(u.prelude, u.profile)]
-        binding = next((u.how for u in plan.units if u.label == "binding"), "")
-        if binding:
-            plan.notes.append(f"binding: compiled ({binding})")
-        return Built(key=key, so_path=str(so), prelude=how, phases=phases, vendor_libs=sorted(vendor),
-                     cached=False, notes=plan.notes, pch_wanted=wanted)
+        compiled = next((u.how for u in plan.units if u.label == "binding"), "")
+        if compiled:
+            plan.notes.append(f"binding: compiled ({compiled})")
+        return Built(key=key, so_path=str(bdir / so_name), prelude=how, phases=phases, vendor_libs=sorted(vendor),
+                     cached=False, notes=plan.notes, pch_wanted=wanted, binding=binding)
 
     def _plan(self, spec: ExtensionSpec, bdir: Path) -> "_Plan":
         """Which translation units to compile (see the module docstring)."""
@@ -419,21 +396,3 @@ def _first_line(output: str) -> str:
         if "error" in line:
             return line.split("error:", 1)[-1].strip()[:120]
     return ""
-
-
-def _vendor_libs_in_binary(so: Path) -> set[str]:
-    nm = shutil.which("nm")
-    if nm is None:
-        return set()
-    try:
-        p = subprocess.run([nm, "-D", str(so)], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return set()
-    undefined, defined = [], []
-    for line in p.stdout.splitlines():
-        parts = line.split()
-        if len(parts) == 2 and parts[0] == "U":
-            undefined.append(parts[1])
-        elif len(parts) == 3:
-            defined.append(parts[2])
-    return cxx_scan.vendor_libs_in_symbols(undefined, defined)

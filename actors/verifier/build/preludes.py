@@ -31,6 +31,7 @@ import threading
 import time
 from pathlib import Path
 
+from .fence_lib import SOURCE as FENCE_SOURCE
 from .thunks import SHELL_SOURCE, THUNK_HEADER
 
 _TORCH_SPELLINGS = """
@@ -91,6 +92,7 @@ sys.exit(subprocess.call(sys.argv[3:]))
 """
 PRELUDE_DIGEST = hashlib.sha256(("".join(PRELUDES[k] for k in sorted(PRELUDES)) + SHELL_SOURCE).encode()).hexdigest()[:10]
 SHELL = "shell"  # the thunk module shell object, built next to the PCH variants
+FENCE = "fence"  # the compute fence's native library (fence_lib.py), built next to them too
 
 # Flags that decide whether gcc accepts a PCH, and that are safe to run outside the sandbox.
 _PROFILE_FLAG = re.compile(r"^(-ffast-math|-funroll-loops|-march=native|-mtune=native|-fopenmp|-g|-g[0-3]|"
@@ -123,16 +125,20 @@ def profile_name(profile: tuple[str, ...]) -> str:
 class PchStore:
     """Prelude headers and their precompiled variants for one toolchain, under `root`."""
 
-    def __init__(self, root: Path, toolchain) -> None:
+    def __init__(self, root: Path, toolchain, *, create: bool = True) -> None:
+        """`create=False` (a jailed build process): use what the service wrote, write nothing."""
         self.toolchain = toolchain
         self._lock = threading.Lock()
         self._proc: subprocess.Popen | None = None
         self._aborted = False
         self.root = Path(root) / toolchain.digest
+        if not create:
+            return
         self.root.mkdir(parents=True, exist_ok=True)
         for name, text in PRELUDES.items():
             _write_once(self.root / f"{name}.h", text)
         _write_once(self.root / f"{SHELL}.cpp", SHELL_SOURCE)
+        _write_once(self.root / f"{FENCE}.cpp", FENCE_SOURCE)
 
     def header(self, prelude: str) -> Path:
         return self.root / f"{prelude}.h"
@@ -151,6 +157,8 @@ class PchStore:
         """
         if prelude == SHELL:
             return self._build_once(self.shell_object(), self._shell_cmd, nice)
+        if prelude == FENCE:
+            return self._build_once(self.fence_library(), self._fence_cmd, nice)
         if prelude not in PCH_PRELUDES or not self.toolchain.cxx_is_gcc:
             return 0.0
         if any(not (_PROFILE_FLAG.match(f) or re.fullmatch(r"-O[0-3sg]?", f)) for f in profile):
@@ -165,6 +173,14 @@ class PchStore:
     def _shell_cmd(self, tmp: Path) -> list[str]:
         return [self.toolchain.cxx, *self.toolchain.cxx_flags(), *self.toolchain.common_flags("kiln_ext"),
                 "-O2", "-c", str(self.root / f"{SHELL}.cpp"), "-o", str(tmp)]
+
+    def fence_library(self) -> Path:
+        return self.root / "libkiln_fence.so"
+
+    def _fence_cmd(self, tmp: Path) -> list[str]:
+        tc = self.toolchain
+        return [tc.cxx, *tc.cxx_flags(), *tc.common_flags(None), "-O2", "-shared", str(self.root / f"{FENCE}.cpp"),
+                "-o", str(tmp), f"-L{tc.torch_libdir}", "-lc10", "-ltorch_cpu"]
 
     def _build_once(self, out: Path, make_cmd, nice: int) -> float:
         if out.exists():
