@@ -30,6 +30,7 @@ from actors.learner.weight_sync import WeightServer, choose_transport
 from configs import AlgoConfig, LearnerConfig, ModelConfig
 from protocols import BatchReply, BatchRequest, Metrics, TrainBatch
 from protocols.channels import ChannelTimeout, PushChannel, RemoteError, RequestClient
+from protocols.lease import DeviceLease
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,7 @@ class LearnerActor(Actor):
         # so no sample is made with weights one version old (it could never be trained on).
         self.confirm_before_next = confirm_before_next
         self.busy_s = 0.0
+        self.lease = DeviceLease(device)
         self.shares_gpu = shares_gpu  # colocated with its engines: CUDA IPC instead of NCCL
         self.ranks = RankSpec(rank, world_size, master) if world_size > 1 else None
         self.version = 0
@@ -169,7 +171,9 @@ class LearnerActor(Actor):
             t = time.perf_counter()
             if self.shares_gpu:  # colocated: the engines give the GPU back for the step
                 self.weights.release_engines()
-            with self.weights.updating():  # an engine joining now must not read a half-stepped model
+            # The step holds the shared device lease: a verifier timing a kernel on this device holds
+            # it exclusively, and the learner waits (between steps, never inside one) until it is done.
+            with self.weights.updating(), self.lease.shared():  # no engine may read a half-stepped model
                 result = self.backend.train_step(batch)
             self.version += 1
             self.step += 1

@@ -15,9 +15,9 @@ import threading
 import torch
 
 from actors.verifier import timing
-from actors.verifier.lease import DeviceLease
 from actors.verifier.reference import Instance, Reference, ShapeConfig
 from configs import VerifierConfig
+from protocols.lease import DeviceLease
 
 log = logging.getLogger(__name__)
 

@@ -299,6 +299,7 @@ class AuditMonitor:
     def __init__(self, findings: Findings, candidate_file: str, reference_paths: list[str]) -> None:
         self.findings = findings
         self.candidate_file = candidate_file
+        self.scratch = os.path.dirname(os.path.realpath(candidate_file)) + os.sep if candidate_file else ""
         self.reference_paths = tuple(os.path.realpath(p) for p in reference_paths if p)
         self.reference_dirs = tuple({os.path.dirname(p) + os.sep for p in self.reference_paths})
         self.armed = False
@@ -308,16 +309,20 @@ class AuditMonitor:
         sys.addaudithook(self._hook)
 
     def _hook(self, event: str, args: tuple) -> None:
-        if not self.armed or getattr(self._busy, "on", False):
+        if getattr(self._busy, "on", False):
             return
         kind = _ALWAYS_FLAGGED.get(event)
+        # Processes and sockets count whenever the candidate's code asks (a destructor or a thread
+        # runs outside any armed phase); the rest only while candidate code is running.
+        if not self.armed and kind not in ("process", "network"):
+            return
         if kind is None and event not in ("open", "import"):
             return
         self._busy.on = True
         try:
             if event in ("open", "import"):
                 self._check_reference_access(event, args)
-            elif self._caller_is_candidate():
+            elif self._caller_is_candidate(2):
                 detail = f"{event}{_brief(args)}"
                 self.findings.add(Violation(kind, detail, candidate_site(self.candidate_file), "runtime audit"))
         finally:
@@ -334,6 +339,11 @@ class AuditMonitor:
         if not isinstance(path, (str, bytes, os.PathLike)):
             return
         real = os.path.realpath(os.fsdecode(path))
+        if event == "open" and _writes(args) and self.scratch and not real.startswith(self.scratch) \
+                and not real.startswith("/dev/") and self._caller_is_candidate(3):
+            self.findings.add(Violation("fs_escape", f"open {real} for writing", candidate_site(self.candidate_file),
+                                        "writing outside the sandbox's scratch directory"))
+            return
         if real in self.reference_paths or (real.endswith(".py") and real.startswith(self.reference_dirs)):
             self.findings.add(Violation("reference_access", f"{event} {real}", candidate_site(self.candidate_file),
                                         "reading or importing the reference"))
@@ -341,11 +351,22 @@ class AuditMonitor:
             self.findings.add(Violation("memory_access", f"open {real}", candidate_site(self.candidate_file),
                                         "reading or patching process memory"))
 
-    def _caller_is_candidate(self) -> bool:
-        frame = _getframe(2)  # 0: this method, 1: _hook, 2: the code that raised the event
+    def _caller_is_candidate(self, depth: int) -> bool:
+        """Whether the code that raised the event (`depth` frames up from here) is the candidate's,
+        looking through standard-library frames (os.fork called via subprocess, say)."""
+        frame = _getframe(depth)
         while frame is not None and _is_stdlib(frame.f_code.co_filename):
             frame = frame.f_back
         return frame is not None and frame.f_code.co_filename == self.candidate_file
+
+
+def _writes(args: tuple) -> bool:
+    """An `open` audit event that asks for writing (builtins.open's mode, or os.open's flags)."""
+    mode = args[1] if len(args) > 1 else None
+    if isinstance(mode, str):
+        return any(c in mode for c in "wax+")
+    flags = args[2] if len(args) > 2 and isinstance(args[2], int) else (mode if isinstance(mode, int) else 0)
+    return bool(flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC))
 
 
 def _brief(args: tuple) -> str:

@@ -211,19 +211,17 @@ def handle_stage(st: ChildState, req: dict) -> dict:
 
 def handle_run(st: ChildState, req: dict) -> dict:
     """One timed forward, measured by this process's clock (the verifier measures the round trip with
-    its own). `null` runs the same path without calling forward: the verifier's measure of the
-    overhead around it."""
-    if req.get("null"):
-        session = GateSession(st.findings, st.candidate_file, st.device_type, detailed=False).watch_threads()
-        with torch.no_grad(), session:
-            _, seconds = st.clock.measure(lambda: st.last)
-        session.new_threads(native_too=False)
-        [_storage_range(t) for t in st.last]
-        return {"ok": True, "seconds": seconds}
+    its own). `null` runs the same path with a call that returns the last outputs instead of forward:
+    the verifier's measure of the overhead around a call."""
+    null = bool(req.get("null"))
+    call = (lambda: st.last) if null else (lambda: st.model(*st.feed))
     session = GateSession(st.findings, st.candidate_file, st.device_type, detailed=False).watch_threads()
     with torch.no_grad(), st.armed(), session:
-        raw, seconds = st.clock.measure(lambda: st.model(*st.feed))
-    outs, failure = check_outputs(st, raw, st.feed)
+        raw, seconds = st.clock.measure(call)
+    outs, failure = check_outputs(st, raw, st.feed, record=not null)
+    if null:
+        session.new_threads(native_too=st.calls > 0)
+        return {"ok": True, "seconds": seconds}
     if failure is None:
         _thread_check(st, session)
     st.calls += 1
@@ -236,29 +234,32 @@ def handle_outputs(st: ChildState, req: dict) -> dict:
     return {"ok": True, "outputs": st.last}
 
 
-def check_outputs(st: ChildState, out, inputs: list):
+def check_outputs(st: ChildState, out, inputs: list, *, record: bool = True):
+    """Outputs must be plain, dense tensors on the device in memory of their own. `record=False`
+    (the null run) goes through the same checks without adding findings."""
+    findings = st.findings if record else Findings()
     items = list(out) if isinstance(out, (tuple, list)) else [out]
     for i, t in enumerate(items):
         if not isinstance(t, torch.Tensor):
             return [], f"forward returned {type(t).__name__} as output {i}, not a tensor"
         if type(t) is not torch.Tensor:
-            st.findings.add(Violation("output_type", f"output {i} is a {type(t).__qualname__}", "",
+            findings.add(Violation("output_type", f"output {i} is a {type(t).__qualname__}", "",
                                       "outputs must be plain torch.Tensor objects, not subclasses"))
             return [], f"output {i} is a tensor subclass"
         if t.layout != torch.strided or t.device.type != st.device_type:
             return [], f"output {i} is a {t.layout} tensor on {t.device}, expected a dense tensor on {st.device_type}"
         if gate.foreign_memory(t):
-            st.findings.add(Violation("host_roundtrip", f"output {i} lives in memory torch did not allocate", "",
+            findings.add(Violation("host_roundtrip", f"output {i} lives in memory torch did not allocate", "",
                                       "torch.from_numpy / frombuffer: computed outside torch"))
     taken = [_storage_range(x) for x in inputs if isinstance(x, torch.Tensor)]
     earlier = [_storage_range(p) for p in st.previous]
     for i, t in enumerate(items):
         r = _storage_range(t)
         if any(_overlaps(r, o) for o in taken) or any(_overlaps(r, o) for o in st.owned):
-            st.findings.add(Violation("output_alias", f"output {i} shares memory with an input or parameter", "",
+            findings.add(Violation("output_alias", f"output {i} shares memory with an input or parameter", "",
                                       "outputs must be fresh tensors"))
         elif any(_overlaps(r, o) for o in earlier):
-            st.findings.add(Violation("output_reuse", f"output {i} reuses the memory of an earlier call's output",
+            findings.add(Violation("output_reuse", f"output {i} reuses the memory of an earlier call's output",
                                       "", "outputs must be fresh tensors, not a cached result"))
     return items, None
 

@@ -10,9 +10,8 @@ baselines (in the verifier):
 A sandbox's clock is the candidate's clock: it runs in the candidate's process. So every timed run
 is also measured by the verifier, around the round trip of the request that made it (`run`), and
 so is the same request without the forward (`null`) in between. `trusted_seconds` uses the
-sandbox's median only while it agrees with the verifier's (round trip minus overhead); when the
-sandbox claims less, the verifier's figure counts and the diagnostics say so. A forged clock
-therefore gains nothing beyond the noise of one round trip.
+sandbox's median only while it is not clearly below the verifier's floor (fastest round trip minus
+fastest null); when the sandbox claims less, the floor counts and the diagnostics say so.
 
 `Bandwidth` is the physical plausibility bound: calibrated once per device at start-up (the fastest
 copy this device achieves, at cache and at memory sizes), it gives the shortest time a call that
@@ -96,18 +95,28 @@ def median(times: list[float]) -> float:
     return statistics.median(times) if times else float("nan")
 
 
+# The sandbox's clock is distrusted when the verifier's floor exceeds its median by more than this
+# ratio and slack: the run and null request paths differ by a Python call or two.
+CLOCK_RATIO = 1.25
+CLOCK_SLACK_S = 50e-6
+
+
 def trusted_seconds(reported: list[float], round_trips: list[float], nulls: list[float]) -> tuple[float, str]:
     """The candidate's time per call, and whose clock it is ("sandbox" or "verifier").
 
     `reported`: the sandbox's own measurement of each timed run; `round_trips`: the verifier's clock
     around the same requests; `nulls`: the verifier's clock around the same request path without the
-    forward. The sandbox's median counts unless it is smaller than what the verifier saw."""
+    forward. Scheduling noise on a shared host only ever adds time to a round trip, so the fastest
+    round trip minus the fastest null is a floor under what one forward took, measured from outside
+    the sandbox. The sandbox's median counts while it is not clearly below that floor; otherwise the
+    floor counts. A forged sandbox clock therefore gains at most the gap between a forward's fastest
+    run and its median, plus the band."""
     own = median(reported)
-    seen = median(round_trips) - median(nulls)
+    floor = max(min(round_trips) - min(nulls), 1e-9) if round_trips and nulls else 1e-9
     if not reported or own != own or own <= 0:
-        return max(seen, 1e-9), "verifier"
-    if seen > own:
-        return seen, "verifier"
+        return floor, "verifier"
+    if floor > own * CLOCK_RATIO + CLOCK_SLACK_S:
+        return floor, "verifier"
     return own, "sandbox"
 
 

@@ -30,7 +30,6 @@ from actors.verifier import timing
 from actors.verifier.baselines import Baselines
 from actors.verifier.executor import SandboxPool
 from actors.verifier.extract import extract
-from actors.verifier.lease import DeviceLease
 from actors.verifier.legality import Violation, static_scan
 from actors.verifier.reference import ReferenceCache, ReferenceError
 from actors.verifier.runner import CandidateRun, RunOutcome
@@ -38,6 +37,7 @@ from actors.verifier.verdicts import VerdictCache, verdict_key
 from actors.verifier.zygote import Zygote
 from configs import VerifierConfig
 from protocols import VerifyRequest, VerifyResult
+from protocols.lease import DeviceLease
 
 log = logging.getLogger(__name__)
 

@@ -78,8 +78,11 @@ def _pack_tensor(t: torch.Tensor, buffers: list) -> dict:
     name = DTYPE_NAMES.get(t.dtype)
     if name is None:
         raise WireError(f"tensors of dtype {t.dtype} cannot be sent")
-    # Methods of the C base class: a candidate in the sending process cannot patch these.
+    # Methods of the C base class: a candidate in the sending process cannot patch these. A copy on
+    # the cpu: numpy() marks the storage it shares as not resizable, and the tensor is the candidate's.
     flat = _TB.reshape(_TB.contiguous(_TB.to(_TB.detach(t), "cpu")), (-1,))
+    if t.device.type == "cpu":
+        flat = _TB.clone(flat)
     raw = _TB.view(flat, torch.uint8) if _TB.numel(flat) else torch.empty(0, dtype=torch.uint8)
     buffers.append(memoryview(_numpy(raw)))
     return {"__tensor__": len(buffers) - 1, "dtype": name, "shape": list(t.shape)}
