@@ -1,4 +1,4 @@
-"""Compile-time benchmark: `python -m actors.verifier.build.bench [--backend cpu|cuda]`.
+"""Compile-time benchmark: `python -m launch.bench.compile [--backend cpu|cuda]`.
 
 Compiles a fixed mix of the shipped solutions (tasks/solutions/<backend>/), each made distinct by
 a unique comment appended to its cpp_sources (so nothing hits a cache), one candidate at a time,
@@ -11,7 +11,7 @@ and prints p50/p90 per-candidate compile time and where the time goes, for
 Precompiled headers are built first and reported separately: they are built once per toolchain
 and machine. `--budget-s` bounds the whole run (modes stop early and say how many they measured).
 
-`python -m actors.verifier.build.bench --compare-nvcc nvcc ARGS... -c x.cu -o x.o` instead times
+`python -m launch.bench.compile --compare-nvcc nvcc ARGS... -c x.cu -o x.o` instead times
 plain nvcc against Kiln's parallel front-end schedule (nvcc.py) on one command.
 """
 
@@ -29,7 +29,7 @@ import time
 import uuid
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 
 # Prepended to each candidate: appends a unique comment to cpp_sources of every load_inline call,
 # so each run of each candidate is a cold compile for both Kiln and torch's own builder.

@@ -1,4 +1,4 @@
-"""Validate the CUDA compile path on a GPU machine: `python -m actors.verifier.build.gpu_check`.
+"""Validate the CUDA compile path on a GPU machine: `python -m launch.bench.gpu_compile`.
 
 Builds every tasks/solutions/cuda/** solution through BuildService (backend "cuda", all at once),
 then, one fresh process per solution, imports it via install_prebuilt (no compiler runs there),
@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 TOLERANCE = {1: 1e-4, 2: 1e-4, 3: 1e-3, 4: 1e-3}
 
 RUNNER = r"""
@@ -81,7 +81,7 @@ def main(argv=None) -> int:
     from actors.verifier.build import BuildService
 
     if not torch.cuda.is_available():
-        print("gpu_check needs a CUDA GPU (torch.cuda.is_available() is False)")
+        print("gpu_compile needs a CUDA GPU (torch.cuda.is_available() is False)")
         return 2
     files = sorted((REPO / "tasks" / "solutions" / "cuda").glob("level*/*.py"))
     files = [f for f in files if args.only is None or args.only in f"{f.parent.name}/{f.stem}"]
@@ -89,7 +89,7 @@ def main(argv=None) -> int:
         print("no CUDA solutions found under tasks/solutions/cuda")
         return 2
     cache = Path(args.cache_dir) if args.cache_dir else Path(tempfile.mkdtemp(prefix="kiln-gpu-check-"))
-    print(f"gpu_check: {len(files)} solutions, {args.workers} compile workers, {torch.cuda.get_device_name(0)}, "
+    print(f"gpu_compile: {len(files)} solutions, {args.workers} compile workers, {torch.cuda.get_device_name(0)}, "
           f"torch {torch.__version__}, cache {cache}", flush=True)
 
     t0 = time.monotonic()
