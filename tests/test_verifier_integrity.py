@@ -285,3 +285,122 @@ def test_feedback_quotes_no_host_file_or_environment(verifier, relu_task, case):
     text = r.feedback + json.dumps(r.diagnostics)
     leaked = [ln for ln in _host_lines() if ln in text]
     assert leaked == [] and SECRET not in text, leaked
+
+
+# ------------------------------------------------------------------------ what a sandbox sees
+
+PROBE = '''
+import json
+import torch
+import torch.nn as nn
+
+load = getattr(__builtins__, "__imp" + "ort__") if not isinstance(__builtins__, dict) else __builtins__["__imp" + "ort__"]
+os = load("o" + "s")
+socket = load("soc" + "ket")
+
+
+def observe():
+    seen = {"pid": os.getpid(), "uid": os.getuid(), "procs": sorted(p for p in os.listdir("/proc") if p.isdigit()),
+            "root": sorted(os.listdir("/")), "etc": sorted(os.listdir("/etc"))}
+    for name, path in (("write_usr", "/usr/kiln-probe"), ("write_tmp", "/tmp/kiln-probe"),
+                       ("write_scratch", os.path.join(os.getcwd(), "kiln-probe"))):
+        try:
+            with open(path, "w") as f:
+                f.write("x")
+            seen[name] = "ok"
+        except OSError as err:
+            seen[name] = err.strerror
+    try:
+        socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        seen["inet"] = "ok"
+    except OSError as err:
+        seen["inet"] = err.strerror
+    seen["exec"] = getattr(os, "sys" + "tem")("true")
+    seen["kiln_tree"] = os.path.exists(%r)
+    return seen
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        raise ValueError("PROBE" + json.dumps(observe()) + "PROBE")
+'''
+
+
+def test_a_sandbox_sees_only_what_it_needs(verifier, relu_task):
+    r = verify(verifier, relu_task, PROBE % str(REPO / "actors"))
+    assert r.error_class in ("runtime", "cheating"), r.feedback
+    message = r.diagnostics.get("error", "") or r.feedback
+    seen = json.loads(message.split("PROBE")[-2])  # the last pair (the quoted line holds the word too)
+    assert seen["pid"] == 1 and seen["procs"] == ["1"]  # its own PID namespace: nothing else to see or signal
+    assert seen["uid"] >= jail.SANDBOX_UID_BASE  # an unprivileged uid of its own
+    assert seen["write_usr"] == "Read-only file system" and seen["write_tmp"] == "Read-only file system"
+    assert seen["write_scratch"] == "ok"
+    assert seen["inet"] == "Operation not permitted" and seen["exec"] != 0  # no network, no programs
+    assert seen["kiln_tree"] is False and set(seen["etc"]) <= set(jail.ETC_VISIBLE)
+    assert not {"home", "root", "var", "run", "mnt"} & set(seen["root"]) - {"root"}
+
+
+# --------------------------------------------------------------------------- the device lease
+
+
+def test_an_exclusive_lease_is_not_starved_by_shared_holders(tmp_path):
+    """Shared holders that overlap without pause cannot keep a timing window waiting: once it asks,
+    new shared holders queue behind it."""
+    import threading
+    import time
+
+    from protocols.lease import DeviceLease
+
+    lease = DeviceLease("cpu", lock_dir=str(tmp_path))
+    stop = threading.Event()
+
+    def busy_engine():
+        while not stop.is_set():
+            with lease.shared():
+                time.sleep(0.01)
+
+    engines = [threading.Thread(target=busy_engine) for _ in range(3)]
+    for t in engines:
+        t.start()
+    time.sleep(0.05)
+    t0 = time.monotonic()
+    with lease.exclusive():
+        waited = time.monotonic() - t0
+    stop.set()
+    for t in engines:
+        t.join()
+    assert waited < 1.0, waited
+
+
+def test_the_engine_pauses_between_steps_while_a_kernel_is_timed(tmp_path, monkeypatch):
+    """The embedded engine holds the shared lease per step: while a verifier holds the exclusive one,
+    it takes no step; when the window closes, it finishes the request."""
+    import threading
+    import time
+
+    from actors.rollout.engine import GenerateRequest, SamplingParams
+    from actors.rollout.torch_engine import TorchEngine
+    from configs import ModelConfig
+    from protocols import lease as lease_module
+
+    monkeypatch.setattr(lease_module.tempfile, "gettempdir", lambda: str(tmp_path))
+    tiny = ModelConfig(num_layers=1, hidden_size=32, num_heads=2, num_kv_heads=1, intermediate_size=64,
+                       max_seq_len=64)
+    engine = TorchEngine(tiny, max_batch=1, seed=0)
+    steps = []
+    engine.step_hook = lambda n: steps.append(time.monotonic())
+    try:
+        window = lease_module.DeviceLease("cpu")
+        done = []
+        with window.exclusive():
+            t = threading.Thread(target=lambda: done.append(engine.generate(
+                [GenerateRequest("r", [1, 2, 3], SamplingParams(max_new_tokens=8))])))
+            t.start()
+            time.sleep(0.5)
+            held_steps = len(steps)
+        closed_at = time.monotonic()
+        t.join(timeout=60)
+        assert held_steps == 0 and done and len(done[0][0].output_ids) >= 1
+        assert steps and steps[0] >= closed_at
+    finally:
+        engine.close()

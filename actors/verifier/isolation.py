@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from pathlib import Path
 
 from actors.verifier import proctree
@@ -104,8 +103,3 @@ class RssWatchdog:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=1)
-
-
-def wait_deadline(deadline: float) -> float:
-    """Seconds left until a monotonic deadline (never negative)."""
-    return max(deadline - time.monotonic(), 0.0)

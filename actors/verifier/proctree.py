@@ -12,7 +12,6 @@ import signal
 import time
 
 
-
 def rss_bytes(pid: int) -> int:
     """Resident set of a process (0 when it is gone)."""
     try:

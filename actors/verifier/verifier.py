@@ -186,6 +186,8 @@ class KernelVerifier:
             diagnostics["max_abs_error"] = max(errors)
         q = out.q
         if out.error_class == "cheating":
+            if out.message:
+                diagnostics["error"] = out.message
             return self._cheating(request, digest, out.violations, vendors, diagnostics, timings, stage=out.stage, q=q)
         if out.error_class == "infra":
             return self._infra(request, out.message, timings, digest, diagnostics)

@@ -25,7 +25,6 @@ import hashlib
 import json
 import os
 import shlex
-import shutil
 import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor

@@ -12,7 +12,6 @@ Error classes: "compile" (the candidate's C++/CUDA or load_inline arguments), "t
 from __future__ import annotations
 
 import functools
-import json
 import signal
 from dataclasses import asdict, dataclass, field
 from pathlib import Path

@@ -1,7 +1,7 @@
 """The compilers, flags and library paths one backend builds with, and the id that names them.
 
 `Toolchain.detect(backend)` runs once in the trusted service process (compile children get the
-resolved paths in their job request, because `confine()` clears their environment). Nothing here
+resolved paths in their job request, because the jail gives them an environment of its own). Nothing here
 is hard-coded to a machine: torch's include/library paths come from `torch.utils.cpp_extension`,
 the C++ standard from what this torch's own extension builder passes, the CUDA arch from
 TORCH_CUDA_ARCH_LIST or `nvidia-smi` (never from torch.cuda, which would create a CUDA context).
