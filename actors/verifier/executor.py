@@ -101,6 +101,7 @@ class ChildSession:
         finally:
             theirs.close()
             os.close(ev_w)
+        self.spawned = spawned
         self.pid = spawned.pid
         self.sandbox_pid = spawned.sandbox or spawned.pid
         self.sock = ours
@@ -145,8 +146,9 @@ class ChildSession:
         return reply
 
     def drain_evidence(self) -> None:
-        """Read what the compute fence wrote to the evidence pipe (never blocks)."""
-        while len(self.evidence) < 200:
+        """Read what the compute fence wrote to the evidence pipe (never blocks; nothing once closed:
+        a closed descriptor's number may already belong to another session's socket)."""
+        while self._evidence_fd >= 0 and len(self.evidence) < 200:
             try:
                 chunk = os.read(self._evidence_fd, 65536)
             except (BlockingIOError, OSError):
@@ -189,13 +191,8 @@ class ChildSession:
             return ""
 
     def kill(self) -> None:
-        if not self.alive:
-            return
-        for pid in (self.sandbox_pid, self.pid):  # the sandbox is PID 1 of its namespace: all of it goes
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+        if self.alive:
+            self.spawned.kill()
 
     def _reap(self) -> None:
         if not self.alive:
@@ -220,9 +217,11 @@ class ChildSession:
                 time.sleep(0.005)
             self._reap()
         self.watchdog.stop()
+        self.spawned.close()
         self.drain_evidence()
         self.sock.close()
         os.close(self._evidence_fd)
+        self._evidence_fd = -1
         shutil.rmtree(self.scratch, ignore_errors=True)
         shutil.rmtree(f"{self.scratch}/work.root", ignore_errors=True)
 

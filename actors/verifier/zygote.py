@@ -273,10 +273,35 @@ class ExitStatus:
         return {"code": self.code, "signal": self.signal, "text": self.describe()}
 
 
-@dataclass(frozen=True)
+@dataclass
 class Spawned:
+    """A jailed process and its warden, with pidfds: a signal sent through them can never reach a
+    process that reused a pid after the jailed one exited."""
+
     pid: int  # the warden (reap and kill this one)
     sandbox: int | None  # the jailed process itself (watch its memory and process tree)
+    _fds: list = None
+
+    def __post_init__(self) -> None:
+        self._fds = []
+        for p in {self.pid, self.sandbox or self.pid}:
+            try:
+                self._fds.append(os.pidfd_open(p))
+            except OSError:  # already gone
+                pass
+
+    def kill(self) -> None:
+        """SIGKILL the jailed process (PID 1 of its namespace: all of it goes) and its warden."""
+        for fd in self._fds:
+            try:
+                signal.pidfd_send_signal(fd, signal.SIGKILL)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        for fd in self._fds:
+            os.close(fd)
+        self._fds = []
 
 
 class Zygote:

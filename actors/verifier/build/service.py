@@ -80,7 +80,7 @@ class BuildService:
         self.gpu_visible = gpu_visible
         self.allowlist = symbols.Allowlist.from_torch()
         self._closed = False
-        self._active: dict[str, int] = {}  # job -> warden pid of its running process, for close()
+        self._active: dict = {}  # job -> its running capture process (zygote.Spawned), for close()
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kiln-build")
         self._key_locks: dict[str, threading.Lock] = {}
         self._key_guard = threading.Lock()
@@ -129,8 +129,8 @@ class BuildService:
         if self._closed:
             return
         self._closed = True
-        for pid in list(self._active.values()):  # running jobs end now, as "service closed"
-            proctree.kill_tree(pid)
+        for spawned in list(self._active.values()):  # running jobs end now, as "service closed"
+            spawned.kill()
         self._pool.shutdown(wait=True, cancel_futures=True)
         self.pch.abort()
         self._pch_queue.put(None)
@@ -243,7 +243,7 @@ class BuildService:
             return [], {"infra": f"the compile zygote could not start a capture process: {err}"}
         finally:
             theirs.close()
-        self._active[job] = spawned.pid
+        self._active[job] = spawned
         fork_s = time.monotonic() - t_fork
         deadline = time.monotonic() + self.timeout_s
         watch = _Watch(spawned.sandbox or spawned.pid, deadline, self.max_processes, self.memory_limit,
@@ -279,6 +279,7 @@ class BuildService:
                 return events, {"infra": f"the compile zygote died: {err}"}
             finally:
                 self._active.pop(job, None)
+                spawned.close()
         if self._closed and watch.verdict is None and status.signal == 9 and not any(
                 e["event"] == "done" for e in events):
             return events, {"infra": "the build service was closed while this candidate was building"}
@@ -287,11 +288,7 @@ class BuildService:
                         "jail": jail, "limits": {"memory_bytes": self.memory_limit, "processes": self.max_processes}}
 
     def _kill(self, spawned) -> None:
-        proctree.kill_tree(spawned.sandbox or spawned.pid, timeout_s=0.5)
-        try:
-            os.kill(spawned.pid, 9)
-        except OSError:
-            pass
+        spawned.kill()
 
     # ------------------------------------------------------------------------------ builds
     def _serve_build(self, raw_spec, job_dir: Path, deadline: float, events: list[dict]) -> dict:
@@ -414,6 +411,7 @@ class BuildService:
                 status = self.zygote.reap(spawned.pid).to_json()
             except ZygoteError:
                 status = {}
+            spawned.close()
         return reply, status
 
     # ------------------------------------------------------------------------------ pch
