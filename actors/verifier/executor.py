@@ -75,7 +75,7 @@ class SandboxInfra(SandboxFailure):
 class ChildSession:
     """One jailed sandbox serving one candidate."""
 
-    def __init__(self, pool: "SandboxPool", memory_limit_bytes: int) -> None:
+    def __init__(self, pool: "SandboxPool", memory_limit_bytes: int, check_cuda: bool = False) -> None:
         self.pool = pool
         self.scratch = Path(tempfile.mkdtemp(prefix="kiln-sandbox-", dir=pool.scratch_root))
         self.alive = False
@@ -84,6 +84,7 @@ class ChildSession:
         self.waited_s = 0.0
         self.evidence: list[Violation] = []
         self.jail: dict = {}
+        self.cuda_error: str | None = None
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         ev_r, ev_w = os.pipe()
         fcntl.fcntl(ev_r, fcntl.F_SETFL, os.O_NONBLOCK)
@@ -108,7 +109,9 @@ class ChildSession:
         self.alive = True
         self.watchdog = RssWatchdog(self.sandbox_pid, memory_limit_bytes, self.kill)
         try:
-            self.jail = self.request("hello", {}, 60).get("jail") or {}
+            hello = self.request("hello", {"check_cuda": check_cuda}, 120)
+            self.jail = hello.get("jail") or {}
+            self.cuda_error = hello.get("cuda")
         except SandboxFailure as err:
             tail = self.output_tail()
             self.close()
@@ -272,9 +275,19 @@ class SandboxPool:
         self.zygote.start()
 
     def probe(self) -> dict:
-        """The jail report of a sandbox on this machine (start-up check): which layers hold."""
-        with self.session() as child:
-            return dict(child.jail)
+        """The jail report of a sandbox on this machine (start-up check): which layers hold. On cuda,
+        a sandbox must also be able to create a CUDA context; if it cannot, the verifier cannot work
+        here at all, and says why (SandboxInfra)."""
+        with self._slots:
+            child = ChildSession(self, self.memory_limit_bytes, check_cuda=self.device_type == "cuda")
+            try:
+                if child.cuda_error:
+                    raise SandboxInfra(f"CUDA does not initialise inside the sandbox ({child.cuda_error}); "
+                                       f"its jail shows /dev/nvidia*, /sys, /usr and the library path: is the "
+                                       f"driver library elsewhere?")
+                return dict(child.jail)
+            finally:
+                child.close()
 
     @contextmanager
     def session(self):

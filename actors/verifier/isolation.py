@@ -49,8 +49,11 @@ def _env(names: tuple[str, ...], base: dict[str, str]) -> tuple[tuple[str, str],
 
 def run_jail(scratch: str, *, cuda: bool, uid: int, hidden: tuple[str, ...] = (), visible: tuple[str, ...] = (),
              nproc: int = 256) -> JailSpec:
-    """The view of a process that runs candidate code (execution or compile-time capture)."""
+    """The view of a process that runs candidate code (execution or compile-time capture). On cuda it
+    also sees the driver: /dev/nvidia* and the directories of the loader's library path."""
     hide = kiln_hidden(hidden)
+    if cuda:
+        visible = tuple(visible) + library_path()
     return JailSpec(scratch=scratch, hidden=hide, visible=python_paths(hide) + tuple(visible), cuda=cuda,
                     exec_allowed=False, uid=uid, nproc=nproc,
                     env=_env(_RUN_ENV, {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}))
@@ -60,9 +63,16 @@ def build_jail(scratch: str, *, uid: int, toolchain_paths: tuple[str, ...], hidd
                visible: tuple[str, ...] = (), nproc: int = 512) -> JailSpec:
     """The view of the compilers: the toolchain, headers and read-only caches they need."""
     hide = kiln_hidden(hidden)
-    return JailSpec(scratch=scratch, hidden=hide, visible=python_paths(hide) + toolchain_paths + tuple(visible),
+    return JailSpec(scratch=scratch, hidden=hide,
+                    visible=python_paths(hide) + toolchain_paths + tuple(visible) + library_path(),
                     cuda=False, exec_allowed=True, uid=uid, nproc=nproc,
                     env=_env(_BUILD_ENV, {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C", "LC_ALL": "C"}))
+
+
+def library_path() -> tuple[str, ...]:
+    """Existing directories of LD_LIBRARY_PATH (where a container may keep the CUDA driver's libraries)."""
+    dirs = [d for d in os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep) if d and os.path.isdir(d)]
+    return tuple(os.path.realpath(d) for d in dirs)
 
 
 def hide_kiln_modules() -> None:

@@ -203,7 +203,10 @@ def enter(spec: JailSpec, report_pid) -> JailReport:
             _enter_user_namespace()
             report.ok("user")
         except JailError as err:
-            report.fail("user", str(err))
+            if err.filename is None and "unshare" in str(err):  # no user namespaces here: layer missing
+                report.fail("user", str(err))
+            else:
+                raise
     try:
         _check(_libc.unshare(flags), "unshare")
     except JailError as err:
@@ -245,7 +248,11 @@ def _warden(pid: int, report_pid) -> None:
 
 
 def _enter_user_namespace() -> None:
+    """A user namespace in which this process is uid 0, mapped to the user it runs as. Once in it,
+    a failure to write the maps leaves a process that can create no file: that is fatal (JailError
+    from here propagates, and the sandbox does not start), not a missing layer."""
     uid, gid = os.geteuid(), os.getegid()
+    _prctl(PR_SET_DUMPABLE, 1)  # /proc/self/*_map belong to root in a non-dumpable process
     _check(_libc.unshare(CLONE_NEWUSER), "unshare(CLONE_NEWUSER)")
     for path, text in (("/proc/self/setgroups", "deny"), ("/proc/self/uid_map", f"0 {uid} 1"),
                        ("/proc/self/gid_map", f"0 {gid} 1")):
@@ -253,7 +260,7 @@ def _enter_user_namespace() -> None:
             with open(path, "w") as f:
                 f.write(text)
         except OSError as err:
-            raise JailError(err.errno, f"writing {path}: {err.strerror}") from None
+            raise JailError(err.errno, f"writing {path}: {err.strerror}", path) from None
 
 
 # ----------------------------------------------------------------------------- the sandbox

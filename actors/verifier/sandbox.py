@@ -119,7 +119,18 @@ class _Armed:
 
 
 def handle_hello(st: ChildState, req: dict) -> dict:
-    return {"ok": True, "jail": st.jail.to_json(), "pid": os.getpid()}
+    """The jail's report, before any candidate code exists. With `check_cuda` (the verifier's start-up
+    probe on cuda), also whether a CUDA context can be created inside the jail."""
+    reply = {"ok": True, "jail": st.jail.to_json(), "pid": os.getpid()}
+    if req.get("check_cuda"):
+        try:
+            torch.cuda.set_device(0)
+            torch.empty(1, device="cuda")
+            timing.device_sync()
+            reply["cuda"] = ""
+        except Exception as err:  # noqa: BLE001 - reported to the verifier, which refuses to start
+            reply["cuda"] = f"{type(err).__name__}: {err}"[:600]
+    return reply
 
 
 def handle_prepare(st: ChildState, req: dict) -> dict:

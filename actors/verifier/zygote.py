@@ -23,6 +23,7 @@ whole PID namespace.
 from __future__ import annotations
 
 import ctypes
+import itertools
 import json
 import os
 import select
@@ -38,6 +39,8 @@ from pathlib import Path
 PR_SET_CHILD_SUBREAPER = 36
 _MAX_MSG = 256 * 1024
 KINDS = ("run", "capture", "build")
+# One sequence per verifier process (every Zygote in it): two sandboxes alive at once never share a uid.
+_JOBS = itertools.count(1)
 
 
 # ----------------------------------------------------------------------------------- the server
@@ -314,7 +317,6 @@ class Zygote:
         self._proc: subprocess.Popen | None = None
         self._ctrl: socket.socket | None = None
         self.starts = 0
-        self.sequence = 0  # one sandbox uid per job (jail.sandbox_uid)
 
     def _ensure(self) -> socket.socket:
         if self._proc is not None and self._proc.poll() is None and self._ctrl is not None:
@@ -369,11 +371,10 @@ class Zygote:
         return self._proc is not None
 
     def next_uid(self) -> int:
+        """A fresh sandbox uid (jail.sandbox_uid) for the next job of this verifier process."""
         from actors.verifier.jail import sandbox_uid
 
-        with self._lock:
-            self.sequence += 1
-            return sandbox_uid(self.sequence + os.getpid())
+        return sandbox_uid(next(_JOBS) + 7919 * os.getpid())
 
     def spawn(self, kind: str, jail_spec, fds: list[int], log: str, args: dict | None = None) -> Spawned:
         reply = self._ask({"op": "fork", "kind": kind, "jail": jail_spec.to_json(), "log": log,
