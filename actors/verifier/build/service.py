@@ -39,7 +39,7 @@ from .toolchain import Toolchain
 
 log = logging.getLogger(__name__)
 
-POLL_S = 0.02
+POLL_S = 0.1  # how often a capture or build process tree is checked against its limits
 MAX_PCH_VARIANTS = 6  # per prelude and service
 
 
