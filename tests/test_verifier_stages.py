@@ -287,4 +287,4 @@ def test_the_seccomp_filter_is_well_formed():
     for exec_allowed in (False, True):
         prog = seccomp_program(exec_allowed)
         assert len(prog) % 8 == 0 and 40 < len(prog) // 8 < 255
-    assert len(seccomp_program(False)) == len(seccomp_program(True)) + 16  # execve and execveat
+    assert len(seccomp_program(False)) == len(seccomp_program(True)) + 24  # execve, execveat, personality

@@ -18,7 +18,8 @@ syscalls through ctypes, so nothing but libc is needed):
     ipc        its own System V IPC / POSIX message queues
     nproc      RLIMIT_NPROC on its private uid: a bounded number of processes and threads
     seccomp    no ptrace, process_vm_*, mount, namespaces, kernel modules, bpf, perf, keyrings,
-               io_uring, pidfd_getfd; no execve where no program must run (execution, capture);
+               io_uring, pidfd_getfd; no execve or personality where no program must run (execution,
+               capture);
                only AF_UNIX sockets; no_new_privs
     files      core dumps off, file size and open-file limits
     fence      (execution sandboxes, reported by sandbox.py) ATen compute kernels refuse to run inside
@@ -162,7 +163,7 @@ _DENIED = ("ptrace", "process_vm_readv", "process_vm_writev", "kexec_load", "kex
            "name_to_handle_at", "quotactl", "iopl", "ioperm", "vhangup", "io_uring_setup", "io_uring_enter",
            "io_uring_register", "fsopen", "fsconfig", "fsmount", "fspick", "open_tree", "move_mount", "chroot",
            "pidfd_getfd", "process_madvise", "kcmp", "lookup_dcookie", "fanotify_init", "mknod", "mknodat",
-           "personality", "pivot_root", "mount_setattr")
+           "pivot_root", "mount_setattr")
 AUDIT_ARCH_X86_64 = 0xC000003E
 AF_UNIX = 1
 
@@ -489,7 +490,9 @@ def seccomp_program(exec_allowed: bool) -> bytes:
     allow, kill = 0x7FFF0000, 0x80000000
     deny = 0x00050000 | errno.EPERM
     nosys = 0x00050000 | errno.ENOSYS
-    denied = list(_DENIED) + ([] if exec_allowed else ["execve", "execveat"])
+    # Compilers may run programs, and gcc turns address-space randomisation off (personality) to map a
+    # precompiled header where it was built; candidate code needs neither.
+    denied = list(_DENIED) + ([] if exec_allowed else ["execve", "execveat", "personality"])
     # Layout: [arch check][x32 check][clone3 -> ENOSYS][clone flags][socket domain][denied...] [ALLOW][DENY][NOSYS][KILL]
     body: list[tuple] = [("ld", 4), ("jeq_else_kill", AUDIT_ARCH_X86_64), ("ld", 0), ("jge_deny", 0x40000000),
                          ("jeq_nosys", _SYSCALLS_X86_64["clone3"]), ("clone",), ("socket",)]
