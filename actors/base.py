@@ -9,9 +9,13 @@ counters. Ray only places and supervises actors; records move over the actors' Z
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import logging
 import threading
 from typing import Callable
+
+from configs import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -61,3 +65,52 @@ def as_ray_actor(cls: type, **ray_options):
     import ray
 
     return ray.remote(**ray_options)(cls) if ray_options else ray.remote(cls)
+
+
+class PluginError(ConfigError):
+    """A dotted path in the config does not name a usable plug-in; the message says why, in one line."""
+
+
+def load_plugin(path: str, interface: type, *, key: str) -> type:
+    """The class named by `path` ("package.module.Class") for config field `key`, checked against
+    `interface`: every public method `interface` declares must be callable on the class. Optional hooks
+    are declared in the interface with a default body, so a plug-in gets them by subclassing it;
+    nothing is looked up by `getattr` later. Raises `PluginError` naming `key` and the problem."""
+    module_name, _, attr = path.rpartition(".")
+    if not module_name or not attr:
+        raise PluginError(f"{key}={path!r} is not a dotted path of the form package.module.ClassName")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as err:  # ImportError, or the module itself failed while importing
+        raise PluginError(f"{key}={path!r}: cannot import module {module_name!r}: "
+                          f"{type(err).__name__}: {err}") from None
+    cls = getattr(module, attr, None)
+    if cls is None:
+        raise PluginError(f"{key}={path!r}: module {module_name!r} has no attribute {attr!r}")
+    if not isinstance(cls, type):
+        raise PluginError(f"{key}={path!r} names a {type(cls).__name__}, not a class")
+    missing = [name for name in interface_methods(interface) if not _provides(cls, name)]
+    if missing:
+        raise PluginError(f"{key}={path!r}: {attr} lacks {', '.join(m + '()' for m in missing)} of "
+                          f"{interface.__name__} (subclass {interface.__module__}.{interface.__name__} "
+                          "to inherit its optional hooks)")
+    return cls
+
+
+def _provides(cls: type, name: str) -> bool:
+    value = inspect.getattr_static(cls, name, None)
+    return isinstance(value, property) or callable(getattr(cls, name, None))
+
+
+def interface_methods(interface: type) -> list[str]:
+    """The public methods (properties included) that `interface` and its bases declare."""
+    names = []
+    for base in interface.__mro__:
+        if base is object or base.__module__ in ("typing", "abc", "typing_extensions"):
+            continue
+        for name, value in vars(base).items():
+            if name.startswith("_") or name in names:
+                continue
+            if inspect.isfunction(value) or isinstance(value, (property, staticmethod, classmethod)):
+                names.append(name)
+    return names

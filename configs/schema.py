@@ -99,7 +99,7 @@ class LegalityConfig:
 
 @dataclass
 class VerifierConfig:
-    backend: str = F("cpu", "Kernel backend: 'cuda' (production), 'cpu' (C++ kernels; CI and the embedded default), 'musa' (planned)", choices=["cuda", "cpu", "musa"])
+    backend: str = F("cpu", "Kernel backend: 'cuda' (production) or 'cpu' (C++ kernels; CI and the embedded default)", choices=["cuda", "cpu"])
     reward_actor: Optional[str] = F(None, "Dotted path of a reward-actor class that replaces the kernel verifier; null = the verifier")
     num_actors: int = F(1, "Verifier actors (one per GPU for cuda)", ge=1)
     compile_workers: int = F(2, "Parallel compile processes per verifier actor", ge=1)

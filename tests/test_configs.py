@@ -36,7 +36,7 @@ def test_overrides_apply_after_the_preset():
     ("algo.group_size=0", r"algo.group_size=0 is out of range: must be >= 1"),
     ("algo.alpha=1.5", r"algo.alpha=1.5 is out of range: must be <= 1.0"),
     ("replay.retry.probability=-0.1", "replay.retry.probability=-0.1 is out of range"),
-    ("verifier.backend=rocm", r"verifier.backend='rocm' is not one of \['cuda', 'cpu', 'musa'\]"),
+    ("verifier.backend=rocm", r"verifier.backend='rocm' is not one of \['cuda', 'cpu'\]"),
     ("algo.group_size=many", "config key 'algo.group_size'"),
     ("algo=3", "'algo' must be a mapping"),
     ("group_size", "not of the form section.key=value"),

@@ -21,6 +21,9 @@ class RaisingSource:
     def __init__(self, cfg, backend):
         raise RuntimeError("no credentials for the task store")
 
+    def tasks(self):
+        return []
+
 
 class DictSource:
     def __init__(self, cfg, backend):

@@ -13,11 +13,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from actors.base import as_ray_actor
+from actors.base import PluginError, as_ray_actor, load_plugin
 from actors.buffer.examples import TextMatchTasks
 from actors.verifier.actor import VerifierActor
 from actors.verifier.examples import TextMatchReward
-from actors.verifier.interface import RewardActorError, load_reward_actor
+from actors.verifier.interface import RewardActor
 from configs import ReplayConfig, VerifierConfig, load_config
 from protocols import Task, TaskRequest, VerifyRequest, VerifyResult
 from protocols.channels import RemoteError, RequestClient
@@ -26,7 +26,7 @@ from tasks.loader import load_tasks
 TEXT_TASK = Task(task_id="text/reverse/abc", kind="text_match", payload={"prompt": "Reverse: abc\n", "answer": "cba"})
 
 
-class Misbehaving:
+class Misbehaving(RewardActor):
     """Reward actor that does what the candidate text says."""
 
     def __init__(self, cfg: VerifierConfig) -> None:
@@ -49,7 +49,7 @@ class Misbehaving:
         return self.good.verify(request)
 
 
-class Slow:
+class Slow(RewardActor):
     """Sleeps for the number of seconds the candidate names, then answers."""
 
     def __init__(self, cfg: VerifierConfig) -> None:
@@ -88,7 +88,7 @@ def running():
 
 
 def test_example_reward_actor_loads_by_dotted_path_and_scores():
-    cls = load_reward_actor("actors.verifier.examples.TextMatchReward")
+    cls = load_plugin("actors.verifier.examples.TextMatchReward", RewardActor, key="verifier.reward_actor")
     actor = cls(VerifierConfig())
     exact = actor.verify(request("cba\nbecause reversing"))
     assert exact.passed and exact.score == 1.0 and exact.error_class is None
@@ -106,14 +106,14 @@ def test_example_reward_actor_scores_the_example_task_source():
 
 
 @pytest.mark.parametrize("path, message", [
-    ("no_such_module.Reward", "cannot import no_such_module"),
-    ("actors.verifier.examples.Missing", "has no 'Missing'"),
+    ("no_such_module.Reward", "cannot import module 'no_such_module'"),
+    ("actors.verifier.examples.Missing", "has no attribute 'Missing'"),
     ("actors.verifier.examples.KIND", "not a class"),
     ("Reward", "not a dotted path"),
-    ("actors.base.Actor", r"no verify\(request\) method"),
+    ("actors.base.Actor", r"lacks verify\(\), warm\(\), close\(\) of RewardActor"),
 ])
 def test_bad_dotted_path_fails_at_start_up(path, message):
-    with pytest.raises(RewardActorError, match=message):
+    with pytest.raises(PluginError, match=message):
         VerifierActor(cfg_with(path))
 
 

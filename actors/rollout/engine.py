@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import Iterable, Literal
+from typing import TYPE_CHECKING, Iterable, Literal
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    from configs import ModelConfig, RolloutConfig
 
 FinishReason = Literal["stop", "length", "abort"]
 
@@ -72,7 +75,18 @@ class RequestError(EngineError):
 
 
 class Engine(abc.ABC):
-    """What the rollout actor needs from an inference engine."""
+    """What the rollout actor needs from an inference engine.
+
+    An engine plug-in (`rollout.engine: package.module.Class`) subclasses this. The rollout actor
+    builds it with `from_config`, whose default calls `cls(rollout, model, index=..., eos_token_ids=...)`;
+    an engine whose constructor takes other arguments overrides `from_config` (the torch engine does).
+    """
+
+    @classmethod
+    def from_config(cls, rollout: "RolloutConfig", model: "ModelConfig", *, index: int,
+                    eos_token_ids: list[int]) -> "Engine":
+        """The engine of rollout actor `index`, stopping at `eos_token_ids`."""
+        return cls(rollout, model, index=index, eos_token_ids=eos_token_ids)
 
     @abc.abstractmethod
     def generate(self, requests: list[GenerateRequest]) -> list[Generation]:

@@ -111,6 +111,13 @@ class TorchEngine(Engine):
         self._thread = threading.Thread(target=self._run, name="kiln-torch-engine", daemon=True)
         self._thread.start()
 
+    @classmethod
+    def from_config(cls, rollout, model, *, index: int, eos_token_ids: list[int]) -> "TorchEngine":
+        from actors.rollout.engines import resolve_device
+
+        return cls(model, max_batch=rollout.max_batch, device=resolve_device(rollout.device),
+                   eos_token_ids=eos_token_ids, on_weight_update=rollout.on_weight_update, seed=rollout.seed + index)
+
     # ------------------------------------------------------------------------------ interface
 
     def generate(self, requests: list[GenerateRequest]) -> list[Generation]:

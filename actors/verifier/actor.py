@@ -23,8 +23,8 @@ import queue
 import threading
 from concurrent.futures import Future
 
-from actors.base import Actor
-from actors.verifier.interface import infra_result, load_reward_actor
+from actors.base import Actor, load_plugin
+from actors.verifier.interface import DEFAULT_REWARD_ACTOR, RewardActor, infra_result
 from configs import VerifierConfig
 from protocols import ErrorReply, ProtocolError, VerifyRequest, VerifyResult, encode
 from protocols.channels import ReplyServer, Request
@@ -39,7 +39,8 @@ class VerifierActor(Actor):
                  advertise: str | None = None) -> None:
         super().__init__()
         self.cfg = cfg
-        self.reward_cls = load_reward_actor(cfg.reward_actor)
+        self.reward_cls = load_plugin(cfg.reward_actor or DEFAULT_REWARD_ACTOR, RewardActor,
+                                      key="verifier.reward_actor")
         self.host, self.transport, self.advertise = host, transport, advertise
         self.timeout_s = cfg.verify_timeout_s or (cfg.compile_timeout_s + cfg.run_timeout_s + 120.0)
         self.impl = None
@@ -54,9 +55,7 @@ class VerifierActor(Actor):
 
     def start(self) -> dict[str, str]:
         self.impl = self.reward_cls(self.cfg)
-        warm = getattr(self.impl, "warm", None)
-        if callable(warm):
-            self.spawn(warm, "warm")
+        self.spawn(self.impl.warm, "warm")
         self.server = ReplyServer(self.host, self.transport, self.advertise)
         self.spawn(self._serve_socket, "router")
         for i in range(self.cfg.max_inflight):
@@ -67,10 +66,9 @@ class VerifierActor(Actor):
         super().stop()
         if self.server is not None:
             self.server.close()
-        close = getattr(self.impl, "close", None)
-        if callable(close):
+        if self.impl is not None:
             try:
-                close()
+                self.impl.close()
             except Exception:
                 log.exception("verifier: reward actor close() failed")
 

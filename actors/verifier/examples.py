@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import difflib
 
+from actors.verifier.interface import RewardActor
 from configs import VerifierConfig
 from protocols import VerifyRequest, VerifyResult
 
 KIND = "text_match"
 
 
-class TextMatchReward:
-    kinds = (KIND,)
+class TextMatchReward(RewardActor):
 
     def __init__(self, cfg: VerifierConfig) -> None:
         self.cfg = cfg
