@@ -4,8 +4,8 @@ Owns: the TransformerConfig for Qwen3/Qwen2/Llama (RMSNorm, SwiGLU, GQA, Qwen3's
 qkv bias; no other biases, no dropout), the local layer spec with `SDPAAttention` as core attention
 (which also applies RoPE, so the GPTModel has position_embedding_type "none"; Transformer Engine is
 not required), copying HF weights into this rank's TP shards, gathering full tensors back from the
-TP group, the packed-sequence forward, and vocab-parallel token logprobs at a temperature. Megatron
-is imported here and in the other modules of this package only.
+TP group, the packed-sequence forward, and vocab-parallel token logprobs and entropies at a
+temperature. Megatron is imported here and in the other modules of this package only.
 """
 
 from __future__ import annotations
@@ -185,3 +185,24 @@ def vocab_parallel_logprobs(logits: torch.Tensor, targets: torch.Tensor, tempera
         scaled = scaled.masked_fill(pad, float("-inf"))
     nll = tensor_parallel.vocab_parallel_cross_entropy(scaled[:, None, :], targets[:, None])
     return -nll[:, 0]
+
+
+@torch.no_grad()
+def vocab_parallel_entropy(logits: torch.Tensor, temperature: float, vocab_size: int) -> torch.Tensor:
+    """float32 entropy of softmax(logits / T) over the full vocabulary [t], from this rank's vocab slice
+    of the logits [t, V/tp] (three all-reduces over TP: the max, Σ e^z and Σ e^z·z). A metric, so no
+    gradient; padding rows of the vocabulary are left out, as in `vocab_parallel_logprobs`.
+    With z = logits / T - max: H = log Σ e^z - Σ e^z·z / Σ e^z."""
+    local = logits.shape[-1]
+    start = parallel_state.get_tensor_model_parallel_rank() * local
+    group = parallel_state.get_tensor_model_parallel_group()
+    scaled = logits.float() / temperature
+    real = torch.arange(start, start + local, device=logits.device) < vocab_size
+    scaled = scaled.masked_fill(~real, float("-inf"))
+    top = scaled.max(dim=-1).values
+    torch.distributed.all_reduce(top, op=torch.distributed.ReduceOp.MAX, group=group)
+    z = (scaled - top[:, None]).masked_fill(~real, 0.0)
+    e = torch.exp(z).masked_fill(~real, 0.0)
+    sums = torch.stack([e.sum(-1), (e * z).sum(-1)])
+    torch.distributed.all_reduce(sums, group=group)
+    return torch.log(sums[0]) - sums[1] / sums[0]
