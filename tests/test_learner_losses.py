@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from actors.learner.losses import (
+    ENTROPY_ROWS,
     ClipStats,
     filter_stats,
     kl_penalty,
@@ -156,6 +157,12 @@ def test_token_entropy_applies_temperature():
     logits = t([[0.0, 0.5 * math.log(3.0)], [1.0, 1.0]])
     expected = [-(0.25 * math.log(0.25) + 0.75 * math.log(0.75)), math.log(2.0)]
     assert token_entropy(logits, 0.5).tolist() == pytest.approx(expected, abs=1e-6)
+
+
+def test_token_entropy_in_chunks_equals_the_whole():
+    logits = torch.randn(2 * ENTROPY_ROWS + 5, 7, generator=torch.Generator().manual_seed(0))
+    logp = torch.log_softmax(logits / 0.9, dim=-1)
+    torch.testing.assert_close(token_entropy(logits, 0.9), -(logp.exp() * logp).sum(-1))
 
 
 def test_token_logprobs_from_logits_applies_temperature():

@@ -267,6 +267,7 @@ def _parity_worker(rank: int, world: int, tp: int, port: int, arch: str, tied: b
     from actors.learner.batch import micro_batches, pack
     from actors.learner.losses import token_entropy
     from actors.learner.megatron.backend import MegatronBackend
+    from actors.learner.megatron import model as megatron_model
     from actors.learner.megatron.model import build_gpt, hf_tensors, load_hf_weights, rotary_tables
     from actors.rollout.model import build_model
     from configs import ModelConfig
@@ -301,7 +302,8 @@ def _parity_worker(rank: int, world: int, tp: int, port: int, arch: str, tied: b
     def loss_fn(mb, out):
         return (out.logprobs * weights[mb.positions]).sum(), (out.logprobs.detach(), out.entropy())
 
-    with mock.patch("torch.zeros", _schedule_counter_on_cpu()):
+    # entropy rows in chunks of 16: the 25- and 15-row micro-batches take several all-reduce rounds
+    with mock.patch("torch.zeros", _schedule_counter_on_cpu()), mock.patch.object(megatron_model, "ENTROPY_ROWS", 16):
         reports = backend.forward_backward(packed, micros, loss_fn, temperature=0.7)
     ours = torch.cat([lp for lp, _ in reports])
     entropy = torch.cat([h for _, h in reports])

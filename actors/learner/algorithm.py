@@ -63,7 +63,8 @@ class StepResult:
 
 
 def rl_step(backend: LearnerBackend, batch: TrainBatch, algo: AlgoConfig, *, temperature: float) -> StepResult:
-    """One batch: π_prox and MirrorPop once, then ppo_epochs × ppo_minibatches optimizer updates."""
+    """One batch: π_prox and MirrorPop once, then ppo_epochs × ppo_minibatches optimizer updates
+    (fewer mini-batches when fewer sequences were kept)."""
     started = time.perf_counter()
     fixed, filtered, entropy = _proximal(backend, backend.pack(batch), algo, temperature)
     minis = mini_batches(fixed.kept_per_seq, algo.ppo_minibatches)
@@ -74,7 +75,7 @@ def rl_step(backend: LearnerBackend, batch: TrainBatch, algo: AlgoConfig, *, tem
     loss_sum, kl_sum, drift, *counts = backend.dp.sum_all(
         [sum(u.loss for u in updates), sum(u.kl for u in updates), drift, clip.tokens, clip.clipped_low,
          clip.clipped_high])
-    clip = ClipStats(*(int(c) for c in counts))
+    clip = ClipStats(*(round(c) for c in counts))
     n = max(len(updates), 1)
     grad_norms = [u.grad_norm for u in updates] or [0.0]
     packed = fixed.packed

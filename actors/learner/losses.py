@@ -30,12 +30,18 @@ def token_logprobs_from_logits(logits: torch.Tensor, targets: torch.Tensor, temp
     return token_logprobs(logits, targets, temperature)
 
 
+ENTROPY_ROWS = 1024  # rows per chunk: float32 copies of a whole long micro-batch's logits would be GBs
+
+
 @torch.no_grad()
 def token_entropy(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """float32 entropy of softmax(logits / T) at every position: logits [N, V] -> [N]. A metric (how
-    sure the policy is where it sampled), so it carries no gradient."""
-    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
-    return -(logp.exp() * logp).sum(-1)
+    sure the policy is where it sampled), so it carries no gradient; computed in row chunks."""
+    out = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
+    for start in range(0, logits.shape[0], ENTROPY_ROWS):
+        logp = torch.log_softmax(logits[start:start + ENTROPY_ROWS].float() / temperature, dim=-1)
+        out[start:start + ENTROPY_ROWS] = -(logp.exp() * logp).sum(-1)
+    return out
 
 
 def mirrorpop_mask(prox_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, loss_mask: torch.Tensor,
