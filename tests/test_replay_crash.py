@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from actors.buffer import EpisodeSender, ReplayActor, read_endpoint
-from actors.buffer.synthetic import TurnSpec, make_episode
+from helpers.synthetic import TurnSpec, make_episode
 from configs import load_config
 from protocols import BatchRequest, TaskRequest
 from protocols.channels import ChannelTimeout, RequestClient

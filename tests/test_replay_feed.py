@@ -7,7 +7,7 @@ import pytest
 
 from actors.buffer import ReplayActor
 from actors.buffer.examples import TextMatchTasks
-from actors.buffer.synthetic import TurnSpec, make_episode
+from helpers.synthetic import TurnSpec, make_episode
 from actors.buffer.task_source import is_validation, load_task_set
 from configs import AlgoConfig, ConfigError, ReplayConfig, load_config
 from protocols import BatchRequest, ErrorReply, Task, TaskRequest

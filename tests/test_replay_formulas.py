@@ -9,7 +9,7 @@ from actors.buffer.formulas import (admission_limit, early_bonus, group_advantag
                                     prime_echo, rewards_tie, sample_lag)
 from actors.buffer.groups import Group, best_failed_attempt, judge
 from actors.buffer.packing import episode_lag, gradient_versions, pack_batch
-from actors.buffer.synthetic import TurnSpec, make_episode
+from helpers.synthetic import TurnSpec, make_episode
 from configs import AlgoConfig
 from protocols import Task, Turn
 

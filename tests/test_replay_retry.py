@@ -9,7 +9,7 @@ import pytest
 
 from actors.buffer import ReplayActor
 from actors.buffer.retry_buffer import FailedAttempt, RetryBuffer
-from actors.buffer.synthetic import TurnSpec, make_episode
+from helpers.synthetic import TurnSpec, make_episode
 from actors.buffer.task_feed import TaskFeed
 from actors.buffer.task_source import TaskSet
 from configs import AlgoConfig, ReplayConfig

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from actors.buffer.simulation import SimConfig, simulate
+from helpers.simulation import SimConfig, simulate
 
 STEPS = 20
 

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from actors.learner.bench_weight_sync import EngineProcess
+from launch.bench.weight_sync import EngineProcess
 from actors.learner.weight_sync import WeightServer
-from actors.rollout.model import build_model
+from actors.policy.model import build_model
 from configs import ModelConfig
 
 pytestmark = pytest.mark.gpu

@@ -10,6 +10,6 @@ the episode contract), `synthetic` (valid fake episodes), `simulation` (the stal
 """
 
 from actors.buffer.actor import ReplayActor, read_endpoint
-from actors.buffer.sender import EpisodeSender
+from protocols.episodes import EpisodeSender
 
 __all__ = ["EpisodeSender", "ReplayActor", "read_endpoint"]

@@ -42,7 +42,7 @@ from typing import Callable, Iterable, Iterator
 
 import torch
 
-from actors.rollout.weight_group import WeightBroadcaster
+from actors.policy.weights.group import WeightBroadcaster
 from protocols import Control, ErrorReply, TensorSpec, WeightAnnouncement, WeightHandles, WeightRequest, WeightsLoaded
 from protocols.channels import Publisher, ReplyServer, Request
 from protocols.weights import bucket_layout, group_name, manifest_bytes, plan_buckets

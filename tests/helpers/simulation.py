@@ -30,7 +30,7 @@ from typing import Callable
 import numpy as np
 
 from actors.buffer.actor import ReplayActor
-from actors.buffer.synthetic import TurnSpec, make_episode
+from .synthetic import TurnSpec, make_episode
 from configs import AlgoConfig, ReplayConfig
 from configs.schema import RetryConfig
 from protocols import BatchReply, BatchRequest, Task, TaskReply, TaskRequest

@@ -1,0 +1,1 @@
+"""Weight transport from the learner to the engines."""
