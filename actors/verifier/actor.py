@@ -24,9 +24,9 @@ import threading
 from concurrent.futures import Future
 
 from actors.base import Actor
-from actors.verifier.interface import infra_result, load_reward_actor
+from actors.verifier.interface import load_reward_actor
 from configs import VerifierConfig
-from protocols import ErrorReply, ProtocolError, VerifyRequest, VerifyResult, encode
+from protocols import ErrorReply, ProtocolError, VerifyRequest, VerifyResult, encode, infra_result
 from protocols.channels import ReplyServer, Request
 
 log = logging.getLogger(__name__)
