@@ -7,7 +7,7 @@ out of band, so token ids and log-probabilities never pass through Python lists.
 from __future__ import annotations
 
 from dataclasses import field
-from typing import Literal
+from typing import ClassVar, Literal
 
 import numpy as np
 
@@ -303,6 +303,8 @@ class WeightHandles(Record):
     manifest: list[TensorSpec]
     bucket_bytes: int
     handles: list[bytes]
+
+    transport: ClassVar[str] = "cuda_ipc"  # the transport that answers with handles (implied, not sent)
 
 
 @record

@@ -1,20 +1,39 @@
-"""Weights over a process group (the separate-GPU path of DESIGN.md §7): the learner is rank 0 and
-broadcasts HF-named tensors; each engine joins at its rank and receives them in the announced order.
+"""Weights over a process group, the code the `gloo` (CPU) and `nccl` (GPU) transports share.
 
-The group is built directly on a TCPStore (`ProcessGroupGloo` on CPU, `ProcessGroupNCCL` on GPU), never
-through `torch.distributed.init_process_group`, so it does not touch the process's default group (a
-learner or an engine may have its own). This is the contract of SGLang's `/init_weights_update_group`
-and `/update_weights_from_distributed`: the same learner code feeds an SGLang server or this engine.
+The mechanics: the learner is rank 0 (`WeightBroadcaster`) and broadcasts HF-named tensors; an engine
+joins at its rank (`WeightReceiver`) and receives them in the announced order. The group is built
+directly on a TCPStore (`ProcessGroupGloo` on CPU, `ProcessGroupNCCL` on GPU), never through
+`torch.distributed.init_process_group`, so it does not touch the process's default group (a learner or
+an engine may have its own). This is the contract of SGLang's `/init_weights_update_group` and
+`/update_weights_from_distributed`: the same learner code feeds an SGLang server or Kiln's engine.
+
+The transport (`GroupSender`, `GroupLoader`): one 2-rank group per engine (learner rank 0, engine
+rank 1), formed when the engine sends a `WeightRequest`. The answer announces the current version and
+a fresh rendezvous "host:port"; the learner then forms the group and broadcasts that version's
+buckets. A group per engine, not one N-rank group, because a collective with a dead rank hangs or
+fails for all: a restarted or dead engine must never stall the pushes to the others. The price: the
+learner sends each version once per engine (concurrently, one thread per group) instead of one
+tree/ring broadcast, so its outgoing link carries N copies; with few engines per learner that is cheap
+next to a training step, and it keeps every failure local to one engine. An engine whose join fails
+falls back to disk.
 """
 
 from __future__ import annotations
 
 import datetime
 import socket
-from typing import Iterable
+import threading
+from typing import Callable, Iterable
 
 import torch
 import torch.distributed as dist
+
+from actors.policy.weights.base import EngineWeights, Load, Loader, Published, Sender, SenderSettings, unique_tensors
+from protocols import ErrorReply, Record, WeightAnnouncement, WeightHandles, WeightRequest
+from protocols.weights import group_name as unique_group_name
+from protocols.weights import parse_location, plan_buckets
+
+DROP_POLL_S = 0.05  # how soon a push notices that the server took an engine away mid-push
 
 
 def _dtype(name: str) -> torch.dtype:
@@ -128,3 +147,132 @@ def manifest(tensors: list[tuple[str, torch.Tensor]]) -> tuple[list[str], list[s
     """(names, dtypes, shapes) of a bucket, as announced before its broadcast."""
     return ([n for n, _ in tensors], [str(t.dtype).removeprefix("torch.") for _, t in tensors],
             [list(t.shape) for _, t in tensors])
+
+
+def settle(named: list[tuple[str, torch.Tensor]]) -> None:
+    """Wait until queued GPU broadcasts have read the tensors (NCCL's wait() only orders streams): the
+    learner may change its weights as soon as a push returns."""
+    if named and named[0][1].is_cuda:
+        torch.cuda.synchronize(named[0][1].device)
+
+
+class GroupSender(Sender):
+    """The learner's end: a `WeightBroadcaster` per engine; `name` is the process-group backend."""
+
+    def __init__(self, settings: SenderSettings) -> None:
+        self.settings = settings
+        self.groups: dict[str, WeightBroadcaster] = {}  # engine id -> its group
+
+    def push(self, current: Published, named: list[tuple[str, torch.Tensor]]) -> dict[str, BaseException | None]:
+        """Every group receives the version's buckets, concurrently. One daemon thread per group, and no
+        join on a group that `forget` took away meanwhile: a gloo broadcast to a dead peer cannot be
+        aborted and would hold the publish until its timeout."""
+        targets = dict(self.groups)
+        if not targets:
+            return {}
+        tensors = dict(named)
+        buckets = [[(s.name, tensors[s.name]) for s in b] for b in plan_buckets(current.manifest, current.bucket_bytes)]
+        outcome: dict[str, BaseException | None] = {}
+        finished = threading.Condition()
+
+        def run(engine_id: str, group: WeightBroadcaster) -> None:
+            try:
+                for bucket in buckets:
+                    if self.groups.get(engine_id) is not group:  # forgotten meanwhile (the engine died)
+                        raise RuntimeError("the engine was dropped")
+                    group.broadcast(bucket)
+                settle(named)
+                err = None
+            except BaseException as e:  # reported; the server drops the engine
+                err = e
+            with finished:
+                outcome[engine_id] = err
+                finished.notify_all()
+
+        for engine_id, group in targets.items():
+            threading.Thread(target=run, args=(engine_id, group), name=f"kiln-weight-push-{engine_id}",
+                             daemon=True).start()
+        with finished:
+            while any(e not in outcome and self.groups.get(e) is g for e, g in targets.items()):
+                finished.wait(DROP_POLL_S)
+        return {e: outcome.get(e, RuntimeError("dropped during the push")) for e in targets}
+
+    def answer(self, request: WeightRequest, current: Published, reply: Callable[[Record], None]) -> bool:
+        """Name a fresh rendezvous, form the engine's group there and push it `current` if it is newer
+        than what the engine has."""
+        self.forget(request.engine_id)  # an earlier life of this engine
+        s = self.settings
+        try:
+            group = WeightBroadcaster(s.host, 0, 2, backend=self.name, timeout_s=s.timeout_s,
+                                      join_timeout_s=s.join_timeout_s, form=False)
+        except Exception as err:
+            reply(ErrorReply(message=f"no rendezvous for a weight group: {err}"))
+            raise
+        location = f"{s.advertise}:{group.port}"
+        reply(WeightAnnouncement(version=current.version, manifest=current.manifest, transport=self.name,
+                                 location=location, bucket_bytes=current.bucket_bytes))
+        try:
+            group.form(unique_group_name(request.engine_id, location))
+            if current.version > request.have_version:
+                tensors = dict(unique_tensors(current.named()))
+                for bucket in plan_buckets(current.manifest, current.bucket_bytes):
+                    group.broadcast([(b.name, tensors[b.name]) for b in bucket])
+                settle(list(tensors.items()))
+        except Exception:
+            group.close()
+            raise
+        self.groups[request.engine_id] = group
+        return True
+
+    def forget(self, engine_id: str, wait: bool = True) -> None:
+        group = self.groups.pop(engine_id, None)
+        if group is None:
+            return
+        if wait:
+            group.close()
+        else:
+            # NCCL's abort ends a broadcast blocked on the dead peer; gloo's waits for it to time out,
+            # so it runs off the caller's thread either way.
+            threading.Thread(target=group.close, name="kiln-weight-abort", daemon=True).start()
+
+    def close(self) -> None:
+        for engine_id in list(self.groups):
+            self.forget(engine_id)
+
+
+class GroupLoader(Loader):
+    """An engine's end: it joins the group its `WeightRequest` was answered with and receives every
+    later version pushed into it."""
+
+    fallback = "disk"
+
+    def __init__(self) -> None:
+        super().__init__()
+        # Newest version the learner pushed (or chose not to push) into the group: every later
+        # announcement is pushed into it, whatever version the engine serves, and must be received.
+        self.version = -1
+
+    def join(self, engine: EngineWeights, engine_id: str, reply: WeightAnnouncement | WeightHandles,
+             have: int) -> Load | None:
+        host, port = parse_location(reply.location)
+        name = unique_group_name(engine_id, reply.location)
+        engine.init_weights_update_group(host, port, 1, 2, group_name=name, backend=self.name)
+        self.link, self.version = name, reply.version
+        # the learner pushes exactly when the version is newer than ours
+        return (lambda: self._receive(engine, reply)) if reply.version > have else None
+
+    def newest(self, engine: EngineWeights) -> int:
+        return self.version if self.link is not None else engine.weight_version
+
+    def receive(self, engine: EngineWeights, announcement: WeightAnnouncement) -> Load | None:
+        if self.link is None:  # no group (its push failed, or the join fell back to disk): join again
+            return None
+        self.version = announcement.version
+        return lambda: self._receive(engine, announcement)
+
+    def _receive(self, engine: EngineWeights, announcement: WeightAnnouncement) -> None:
+        buckets = plan_buckets(announcement.manifest, announcement.bucket_bytes)
+        for i, bucket in enumerate(buckets):
+            engine.update_weights_from_distributed(
+                [s.name for s in bucket], [s.dtype for s in bucket], [list(s.shape) for s in bucket],
+                announcement.version, group_name=self.link, last=i == len(buckets) - 1)
