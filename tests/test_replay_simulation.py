@@ -1,4 +1,4 @@
-"""The seeded staleness simulation (actors/buffer/simulation.py): a fast producer and a slow learner
+"""The seeded staleness simulation (tests/helpers/simulation.py): a fast producer and a slow learner
 around the real ReplayActor. The lag is measured on the TrainBatches the learner receives."""
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ Starts a ReplayActor whose run directory is on DIR's disk (default: the system t
 has C client threads, each with its own socket, ask for tasks and send the G episodes of each group
 one at a time, timing each round trip. Prints a Markdown table: p50/p99 client round trip, the
 server's receive-to-reply time, and acks per second. Concurrent senders share fsyncs (group commit).
+Run it from the repository root: the episodes are the tests' synthetic ones (tests/helpers).
 """
 
 from __future__ import annotations
