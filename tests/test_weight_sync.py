@@ -19,9 +19,9 @@ from hypothesis import strategies as st
 
 from actors.base import as_ray_actor
 from actors.learner.weight_sync import WeightServer
+from actors.policy.model import build_model
 from actors.rollout.actor import RolloutActor
 from actors.rollout.engine import EngineError, GenerateRequest, SamplingParams
-from actors.policy.model import build_model
 from configs import ModelConfig, RolloutConfig
 from protocols import ErrorReply, TaskRequest, TensorSpec, WeightRequest, WeightsLoaded, decode_parts, encode_parts
 from protocols.channels import RequestClient

@@ -18,8 +18,8 @@ from typing import Callable
 
 import numpy as np
 
-from actors.rollout.engine import GenerateRequest, Generation, SamplingParams
 from actors.policy.prompts import first_prompt, repair_prompt
+from actors.rollout.engine import GenerateRequest, Generation, SamplingParams
 from protocols import Episode, Task, TaskReply, Turn, VerifyRequest, VerifyResult, infra_result
 from protocols.channels import ChannelTimeout, RemoteError, RequestClient
 

@@ -36,11 +36,11 @@ from typing import Callable, Iterable
 import numpy as np
 import torch
 
+from actors.policy.model import build_model
+from actors.policy.sampling import sample, token_logprobs
 from actors.rollout import attention
 from actors.rollout.decode_step import DecodeStep
 from actors.rollout.engine import Engine, EngineError, GenerateRequest, Generation, RequestError
-from actors.policy.model import build_model
-from actors.policy.sampling import sample, token_logprobs
 from configs import ModelConfig
 
 log = logging.getLogger(__name__)

@@ -20,10 +20,10 @@ from pathlib import Path
 import numpy as np
 
 from actors.buffer.actor import ReplayActor
-from tests.helpers.synthetic import TurnSpec, make_episode
 from configs import AlgoConfig, ReplayConfig
 from protocols import TaskRequest
 from protocols.channels import RequestClient
+from tests.helpers.synthetic import TurnSpec, make_episode
 
 GROUP = 8
 
