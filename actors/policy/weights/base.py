@@ -72,8 +72,9 @@ def specs(named: list[tuple[str, torch.Tensor]]) -> list[TensorSpec]:
 
 
 class Sender(abc.ABC):
-    """The learner's end of a transport. `WeightServer` calls every method under its ordering lock,
-    except `retire` and `forget(wait=False)`, which it calls from whichever thread saw the cause."""
+    """The learner's end of a transport. `WeightServer` calls its methods under the ordering lock,
+    except `retire` after a confirmation and `forget(wait=False)` from `drop`: those two must be safe
+    without it (a push may hold the lock for as long as a broadcast to a dead engine takes)."""
 
     name: ClassVar[str]
     # True when `answer` may wait (a disk write, a group forming): the server then answers on a thread
