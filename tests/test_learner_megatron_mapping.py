@@ -250,7 +250,7 @@ def _parity_worker(rank: int, world: int, tp: int, port: int, arch: str, tied: b
 
     from actors.learner.megatron.model import (build_gpt, hf_tensors, load_hf_weights, packed_forward, rotary_tables,
                                                vocab_parallel_logprobs)
-    from actors.rollout.model import build_model
+    from actors.policy.model import build_model
     from configs import ModelConfig
 
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=1)

@@ -18,7 +18,7 @@ from actors.learner.batch import BatchError, micro_batches, pack
 from actors.learner.backends import make_backend
 from actors.learner.checkpoint import CheckpointMeta, read_latest, write_checkpoint
 from actors.learner.torch_backend import TorchBackend
-from actors.rollout.model import build_model
+from actors.policy.model import build_model
 from configs import AlgoConfig, ConfigError, LearnerConfig, ModelConfig
 from protocols import TrainBatch
 

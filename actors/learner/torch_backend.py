@@ -41,7 +41,7 @@ from actors.learner.losses import (
     policy_loss,
     token_logprobs_from_logits,
 )
-from actors.rollout.model import DTYPES, build_model
+from actors.policy.model import DTYPES, build_model
 from configs import AlgoConfig, LearnerConfig, ModelConfig
 from protocols import TrainBatch
 

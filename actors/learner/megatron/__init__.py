@@ -5,7 +5,9 @@
   model       GPTModel from an HF config; weight load/gather; packed forward; vocab-parallel logprobs
   parallel    torch.distributed + megatron TP x DP groups; micro-batch split over DP ranks
   backend     MegatronBackend (LearnerBackend): train/SFT steps, logprobs, weights, checkpoints
-  gpu_check   the GPU acceptance table (`torchrun --nproc-per-node 2 -m actors.learner.megatron.gpu_check`)
+
+The GPU acceptance table lives with the tools:
+`torchrun --nproc-per-node 2 -m launch.bench.gpu_megatron`.
 
 Importing this package imports nothing from megatron; its modules other than hf_mapping do.
 """
