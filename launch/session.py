@@ -16,7 +16,7 @@ from pathlib import Path
 
 from actors.buffer.task_source import load_task_set
 from actors.learner.warm_start import sft_batches, solution_pairs
-from actors.rollout.tokenizer import load_tokenizer
+from actors.policy.tokenizer import load_tokenizer
 from configs import KilnConfig
 from launch import wiring
 from launch.episode_dump import dump_episodes

@@ -15,9 +15,9 @@ from pathlib import Path
 
 from actors.buffer.actor import ReplayActor, read_endpoint
 from actors.learner.actor import LearnerActor, read_learner_endpoints
+from actors.policy.weights.group import free_port
 from actors.rollout.actor import RolloutActor
 from actors.rollout.engines import resolve_device
-from actors.rollout.weight_group import free_port
 from actors.verifier.actor import VerifierActor
 from configs import KilnConfig
 from launch.plan import learner_ranks, plan

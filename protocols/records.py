@@ -7,7 +7,7 @@ out of band, so token ids and log-probabilities never pass through Python lists.
 from __future__ import annotations
 
 from dataclasses import field
-from typing import Literal
+from typing import ClassVar, Literal
 
 import numpy as np
 
@@ -140,6 +140,16 @@ class VerifyResult(Record):
             raise ValueError("a passed result has no error_class")
         if not self.passed and self.error_class is None:
             raise ValueError("a failed result names its error_class")
+
+
+def infra_result(request: VerifyRequest, message: str) -> VerifyResult:
+    """The answer when the system failed, not the candidate (the verifier did not answer, a reward actor
+    raised or hung): score 0 and error class "infra", so replay excludes it from training. The verifier
+    builds it, and so does a rollout actor whose verifier never answered."""
+    return VerifyResult(request_id=request.request_id, task_id=request.task.task_id, passed=False, stage="run",
+                        error_class="infra", q=0.0, score=0.0,
+                        feedback=f"Verifier infrastructure error (not caused by the candidate): {message}",
+                        diagnostics={"error": message})
 
 
 # ------------------------------------------------------------------------------------ episodes
@@ -293,6 +303,8 @@ class WeightHandles(Record):
     manifest: list[TensorSpec]
     bucket_bytes: int
     handles: list[bytes]
+
+    transport: ClassVar[str] = "cuda_ipc"  # the transport that answers with handles (implied, not sent)
 
 
 @record

@@ -35,3 +35,13 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def tiny_chat_model(tmp_path_factory):
+    """The tiny real-format chat checkpoint (BPE tokenizer, chat template, safetensors), built once per
+    test run; tests that need the road a user's checkpoint takes use this directory as model.path."""
+    from launch.tiny_checkpoint import TinyChatSpec, tiny_chat_checkpoint
+
+    return tiny_chat_checkpoint(tmp_path_factory.mktemp("models"),
+                                TinyChatSpec(hidden_size=64, num_layers=2, intermediate_size=128, max_seq_len=4096))

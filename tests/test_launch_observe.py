@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from actors.rollout.tokenizer import ByteTokenizer
+from actors.policy.tokenizer import ByteTokenizer
 from configs import LoggingConfig
 from launch.episode_dump import dump_episodes
 from launch.evaluation import eval_metrics, fast_p, pass_at_k

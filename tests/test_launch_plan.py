@@ -109,7 +109,7 @@ def test_megatron_memory_follows_the_stated_formula():
 def test_parameter_count_matches_transformers(tmp_path, arch, tied):
     from transformers import AutoModelForCausalLM
 
-    from actors.rollout.model import hf_config
+    from actors.policy.model import hf_config
 
     cfg = load_config(None, [f"model.arch={arch}", "model.hidden_size=64", "model.num_heads=4",
                              "model.num_kv_heads=2", "model.num_layers=2", "model.intermediate_size=96"])
@@ -224,7 +224,7 @@ def test_torch_learner_memory_matches_the_estimate(preset, overrides):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from actors.rollout.model import hf_config
+    from actors.policy.model import hf_config
 
     cfg = load_config(PRESETS / preset, overrides)
     estimate = plan(cfg).memory.learner_gib

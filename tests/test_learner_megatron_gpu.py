@@ -1,7 +1,7 @@
 """The megatron backend on one GPU (`pytest -m gpu tests/test_learner_megatron_gpu.py`): weights go
 HF -> megatron -> HF bit-exactly, logprobs match the HF model, a train step moves the weights and
 MirrorPop drops a drifted sequence, export_hf reloads in transformers, checkpoints restore. The
-TP/DP layouts need two GPUs: `torchrun --nproc-per-node 2 -m actors.learner.megatron.gpu_check`."""
+TP/DP layouts need two GPUs: `torchrun --nproc-per-node 2 -m launch.bench.gpu_megatron`."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def backend():
     pytest.importorskip("megatron.core")
     from actors.learner.algorithm import Trainer
     from actors.learner.megatron.backend import MegatronBackend
-    from actors.learner.megatron.gpu_check import SMALL, T
+    from launch.bench.gpu_megatron import SMALL, T
     from configs import AlgoConfig, LearnerConfig
 
     megatron = MegatronBackend(SMALL, LearnerConfig(backend="megatron", lr=1e-3, micro_batch_tokens=1024), device="cuda")
@@ -30,13 +30,13 @@ def backend():
 
 @pytest.fixture(scope="module")
 def batch():
-    from actors.learner.megatron.gpu_check import SMALL, make_batch
+    from launch.bench.gpu_megatron import SMALL, make_batch
 
     return make_batch(SMALL, [300, 517, 128, 700, 64], seed=1)
 
 
 def test_weights_round_trip_bit_exact(backend):
-    from actors.learner.megatron.gpu_check import initial_weights, weights
+    from launch.bench.gpu_megatron import initial_weights, weights
 
     ref = initial_weights(backend.backend.device)
     got = weights(backend)
@@ -46,7 +46,7 @@ def test_weights_round_trip_bit_exact(backend):
 
 
 def test_logprobs_match_the_hf_model(backend, batch):
-    from actors.learner.megatron.gpu_check import SMALL, T, hf_logits, token_logprobs
+    from launch.bench.gpu_megatron import SMALL, T, hf_logits, token_logprobs
 
     ours = backend.logprobs(batch, T)
     theirs = token_logprobs(hf_logits(SMALL, batch, backend.backend.device), batch, T)
@@ -57,7 +57,7 @@ def test_logprobs_match_the_hf_model(backend, batch):
 def test_export_reloads_in_transformers(backend, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from actors.learner.megatron.gpu_check import weights
+    from launch.bench.gpu_megatron import weights
 
     backend.export_hf(tmp_path / "hf")
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.bfloat16).state_dict()
@@ -66,7 +66,7 @@ def test_export_reloads_in_transformers(backend, tmp_path):
 
 
 def test_train_step_moves_weights_and_checkpoint_restores(backend, batch, tmp_path):
-    from actors.learner.megatron.gpu_check import T, max_diff, weights, with_behaviour
+    from launch.bench.gpu_megatron import T, max_diff, weights, with_behaviour
 
     train = with_behaviour(batch, backend.logprobs(batch, T).numpy(), drifted=2, seed=5)
     before = weights(backend)

@@ -269,7 +269,7 @@ def _parity_worker(rank: int, world: int, tp: int, port: int, arch: str, tied: b
     from actors.learner.megatron import model as megatron_model
     from actors.learner.megatron.backend import MegatronBackend
     from actors.learner.megatron.model import build_gpt, hf_tensors, load_hf_weights, rotary_tables
-    from actors.rollout.model import build_model
+    from actors.policy.model import build_model
     from configs import ModelConfig
     from protocols import TrainBatch
 

@@ -20,7 +20,7 @@ from actors.learner.algorithm import Trainer
 from actors.learner.backends import make_backend, make_trainer
 from actors.learner.checkpoint import CheckpointMeta, read_latest, write_checkpoint
 from actors.learner.torch_backend import TorchBackend
-from actors.rollout.model import build_model
+from actors.policy.model import build_model
 from configs import AlgoConfig, ConfigError, LearnerConfig, ModelConfig
 from protocols import TrainBatch
 

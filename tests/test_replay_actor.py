@@ -14,11 +14,11 @@ import zmq
 from actors.base import as_ray_actor
 from actors.buffer import ReplayActor
 from actors.buffer.storage import StorageError
-from actors.buffer.synthetic import TurnSpec, make_episode
 from configs import AlgoConfig, ReplayConfig
 from configs.schema import RetryConfig
 from protocols import BatchRequest, ErrorReply, Heartbeat, TaskRequest, decode_parts, encode_parts
 from protocols.channels import RemoteError, RequestClient
+from helpers.synthetic import TurnSpec, make_episode
 
 TEXT = "actors.buffer.examples.TextMatchTasks"
 

@@ -24,11 +24,12 @@ from pathlib import Path
 
 import numpy as np
 
-from actors.buffer import EpisodeSender, ReplayActor, read_endpoint
-from actors.buffer.synthetic import TurnSpec, make_episode
+from actors.buffer import ReplayActor, read_endpoint
 from configs import load_config
 from protocols import BatchRequest, TaskRequest
 from protocols.channels import ChannelTimeout, RequestClient
+from protocols.episodes import EpisodeSender
+from helpers.synthetic import TurnSpec, make_episode
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS, G, B = 10, 4, 2

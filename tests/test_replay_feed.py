@@ -7,11 +7,11 @@ import pytest
 
 from actors.buffer import ReplayActor
 from actors.buffer.examples import TextMatchTasks
-from actors.buffer.synthetic import TurnSpec, make_episode
 from actors.buffer.task_source import is_validation, load_task_set
 from configs import AlgoConfig, ConfigError, ReplayConfig, load_config
 from protocols import BatchRequest, ErrorReply, Task, TaskRequest
 from tasks.loader import SHIPPED, discover
+from helpers.synthetic import TurnSpec, make_episode
 
 TEXT = "actors.buffer.examples.TextMatchTasks"
 

@@ -17,12 +17,12 @@ from actors.base import as_ray_actor
 from actors.buffer import ReplayActor
 from actors.buffer.actor import read_endpoint
 from actors.learner.weight_sync import WeightServer
+from actors.policy.model import build_model
+from actors.policy.prompts import shape_summary
+from actors.policy.tokenizer import ByteTokenizer
 from actors.rollout.actor import RolloutActor
 from actors.rollout.engine import SamplingParams
 from actors.rollout.episodes import GroupRunner, Verifier
-from actors.rollout.model import build_model
-from actors.rollout.prompts import shape_summary
-from actors.rollout.tokenizer import ByteTokenizer
 from actors.verifier.actor import VerifierActor
 from configs import AlgoConfig, ModelConfig, ReplayConfig, RolloutConfig, VerifierConfig
 from protocols import Task, TaskReply, VerifyRequest, VerifyResult, decode, encode

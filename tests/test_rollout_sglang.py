@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 import torch
 
+from actors.policy.model import build_model
 from actors.rollout.engine import EngineError, GenerateRequest, SamplingParams
 from actors.rollout.engines import make_engine
-from actors.rollout.model import build_model
 from actors.rollout.sglang_engine import SGLangEngine, launch_spec
 from configs import ModelConfig, RolloutConfig
 

@@ -19,9 +19,9 @@ from hypothesis import strategies as st
 
 from actors.base import as_ray_actor
 from actors.learner.weight_sync import WeightServer
+from actors.policy.model import build_model
 from actors.rollout.actor import RolloutActor
 from actors.rollout.engine import EngineError, GenerateRequest, SamplingParams
-from actors.rollout.model import build_model
 from configs import ModelConfig, RolloutConfig
 from protocols import ErrorReply, TaskRequest, TensorSpec, WeightRequest, WeightsLoaded, decode_parts, encode_parts
 from protocols.channels import RequestClient
@@ -394,7 +394,7 @@ def test_kiln_server_stages_buckets_sent_over_http_without_pausing(tmp_path):
     from actors.rollout.http_client import SGLangClient
     from actors.rollout.http_server import EngineServer
     from actors.rollout.torch_engine import TorchEngine
-    from actors.rollout.weight_group import WeightBroadcaster
+    from actors.policy.weights.group import WeightBroadcaster
 
     engine = TorchEngine(TINY, max_batch=2)
     http = EngineServer(engine)

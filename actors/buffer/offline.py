@@ -1,7 +1,7 @@
 """Offline replay for `kiln train --train-only`: train on episodes saved by `--rollout-only`.
 
 The episode log is what rollout actors write with `episode_log=` set: one file per actor, each a
-sequence of length-prefixed `protocols.encode(Episode)` frames (`EpisodeLog`). `OfflineReplayActor`
+sequence of length-prefixed `protocols.encode(Episode)` frames (`protocols.episodes.EpisodeLog`). `OfflineReplayActor`
 reads them, groups the episodes by group id, judges every complete group with the same rules as the
 live replay (PrimeEcho rewards, group advantages, tied and infra groups filtered), and serves the
 learner's `BatchRequest`s with `batch_groups` groups per batch, in order, over the same
@@ -14,11 +14,8 @@ from __future__ import annotations
 import json
 import logging
 import os
-import struct
-import threading
 from pathlib import Path
 
-import protocols
 from actors.base import Actor
 from actors.buffer.actor import ENDPOINT_FILE
 from actors.buffer.groups import Group, judge
@@ -26,49 +23,9 @@ from actors.buffer.packing import pack_batch
 from configs import AlgoConfig
 from protocols import BatchReply, BatchRequest, Episode, ErrorReply, Record
 from protocols.channels import ReplyServer
+from protocols.episodes import EpisodeLog
 
 log = logging.getLogger(__name__)
-
-_LEN = struct.Struct("<Q")
-
-
-class EpisodeLog:
-    """Append-only file of encoded episodes (a torn last frame, from a kill, is ignored on read)."""
-
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
-        self._file = open(self.path, "ab")
-        self._lock = threading.Lock()
-
-    def append(self, episode: Episode) -> None:
-        frame = protocols.encode(episode)
-        with self._lock:
-            self._file.write(_LEN.pack(len(frame)) + frame)
-            self._file.flush()
-
-    def close(self) -> None:
-        self._file.close()
-
-    @staticmethod
-    def read(path: str | Path) -> list[Episode]:
-        data = Path(path).read_bytes()
-        out, pos = [], 0
-        while pos + _LEN.size <= len(data):
-            (n,) = _LEN.unpack_from(data, pos)
-            frame = data[pos + _LEN.size: pos + _LEN.size + n]
-            if len(frame) < n:
-                log.warning("%s: torn last frame ignored", path)
-                break
-            try:
-                rec = protocols.decode(frame)
-            except protocols.ProtocolError as err:
-                log.warning("%s: undecodable frame skipped: %s", path, err)
-            else:
-                if isinstance(rec, Episode):
-                    out.append(rec)
-            pos += _LEN.size + n
-        return out
-
 
 def offline_batches(episodes: list[Episode], algo: AlgoConfig) -> tuple[list[list[Group]], dict[str, int]]:
     """Complete, trainable groups in batches of `algo.batch_groups`, and counts of what was dropped."""

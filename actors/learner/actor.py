@@ -27,7 +27,8 @@ from actors.learner.algorithm import StepResult, Trainer
 from actors.learner.backends import make_trainer
 from actors.learner.checkpoint import CheckpointMeta, read_latest, write_checkpoint
 from actors.learner.ranks import LeaderBackend, RankSpec, follow, join
-from actors.learner.weight_sync import WeightServer, choose_transport
+from actors.learner.weight_sync import WeightServer
+from actors.policy.weights import choose_transport
 from configs import AlgoConfig, LearnerConfig, ModelConfig
 from protocols import BatchReply, BatchRequest, Metrics, TrainBatch
 from protocols.channels import ChannelTimeout, PushChannel, RemoteError, RequestClient

@@ -21,12 +21,12 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from actors.rollout.sampling import token_logprobs
+from actors.policy.sampling import token_logprobs
 
 
 def token_logprobs_from_logits(logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
     """float32 log softmax(logits / T) of `targets`: logits [N, V] predict targets [N]. The engines'
-    logprob convention (actors.rollout.sampling), so learner and engine numbers are comparable."""
+    logprob convention (actors.policy.sampling), so learner and engine numbers are comparable."""
     return token_logprobs(logits, targets, temperature)
 
 

@@ -26,7 +26,7 @@ from actors.learner.batch import MicroBatch, PackedBatch, pack
 from actors.learner.checkpoint import atomic_directory, load_rng, save_rng
 from actors.learner.data_parallel import DataParallel
 from actors.learner.losses import token_entropy, token_logprobs_from_logits
-from actors.rollout.model import DTYPES, build_model
+from actors.policy.model import DTYPES, build_model
 from configs import LearnerConfig, ModelConfig
 from protocols import TrainBatch
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from actors.rollout.prompts import first_prompt
+from actors.policy.prompts import first_prompt
 from protocols import Task, TrainBatch
 
 

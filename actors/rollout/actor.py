@@ -25,17 +25,17 @@ from typing import Callable, Iterable, Mapping
 import torch
 
 from actors.base import Actor
-from actors.buffer.sender import EpisodeSender
+from actors.policy.tokenizer import load_tokenizer
 from actors.rollout.engine import Engine, EngineError, GenerateRequest, Generation, SamplingParams
 from actors.rollout.engines import make_engine
 from actors.rollout.episodes import GroupRunner, Verifier
 from actors.rollout.forced import CandidatePool
 from actors.rollout.reporting import Reporter, group_report
-from actors.rollout.tokenizer import load_tokenizer
 from actors.rollout.weight_client import WeightClient
 from configs import ModelConfig, RolloutConfig
 from protocols import Task, TaskReply, TaskRequest, VerifyResult
 from protocols.channels import ChannelTimeout, RemoteError, RequestClient
+from protocols.episodes import EpisodeSender
 
 log = logging.getLogger(__name__)
 

@@ -18,10 +18,9 @@ from typing import Callable
 
 import numpy as np
 
+from actors.policy.prompts import first_prompt, repair_prompt
 from actors.rollout.engine import GenerateRequest, Generation, SamplingParams
-from actors.rollout.prompts import first_prompt, repair_prompt
-from actors.verifier.interface import infra_result
-from protocols import Episode, Task, TaskReply, Turn, VerifyRequest, VerifyResult
+from protocols import Episode, Task, TaskReply, Turn, VerifyRequest, VerifyResult, infra_result
 from protocols.channels import ChannelTimeout, RemoteError, RequestClient
 
 log = logging.getLogger(__name__)

@@ -36,11 +36,11 @@ from typing import Callable, Iterable
 import numpy as np
 import torch
 
+from actors.policy.model import build_model
+from actors.policy.sampling import sample, token_logprobs
 from actors.rollout import attention
 from actors.rollout.decode_step import DecodeStep
 from actors.rollout.engine import Engine, EngineError, GenerateRequest, Generation, RequestError
-from actors.rollout.model import build_model
-from actors.rollout.sampling import sample, token_logprobs
 from configs import ModelConfig
 
 log = logging.getLogger(__name__)
@@ -168,7 +168,7 @@ class TorchEngine(Engine):
 
     def init_weights_update_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
                                   group_name: str = "weight_update_group", backend: str = "nccl") -> None:
-        from actors.rollout.weight_group import WeightReceiver
+        from actors.policy.weights.group import WeightReceiver
 
         self._staged.pop(group_name, None)
         try:

@@ -24,9 +24,9 @@ import threading
 from concurrent.futures import Future
 
 from actors.base import Actor, load_plugin
-from actors.verifier.interface import DEFAULT_REWARD_ACTOR, RewardActor, infra_result
+from actors.verifier.interface import DEFAULT_REWARD_ACTOR, RewardActor
 from configs import VerifierConfig
-from protocols import ErrorReply, ProtocolError, VerifyRequest, VerifyResult, encode
+from protocols import ErrorReply, ProtocolError, VerifyRequest, VerifyResult, encode, infra_result
 from protocols.channels import ReplyServer, Request
 
 log = logging.getLogger(__name__)

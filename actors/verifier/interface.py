@@ -47,10 +47,3 @@ class RewardActor(Protocol):
     def close(self) -> None:
         """Release processes, files and devices when the actor stops."""
 
-
-def infra_result(request: VerifyRequest, message: str) -> VerifyResult:
-    """The answer when the system failed (not the candidate): score 0, excluded from training."""
-    return VerifyResult(request_id=request.request_id, task_id=request.task.task_id, passed=False, stage="run",
-                        error_class="infra", q=0.0, score=0.0,
-                        feedback=f"Verifier infrastructure error (not caused by the candidate): {message}",
-                        diagnostics={"error": message})

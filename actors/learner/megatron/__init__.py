@@ -6,7 +6,9 @@
   parallel    torch.distributed + megatron TP x DP groups
   backend     MegatronBackend (LearnerBackend): forward_backward on megatron's schedule, optimizer
               step, weights, checkpoints (the RL and SFT steps are actors.learner.algorithm's)
-  gpu_check   the GPU acceptance table (`torchrun --nproc-per-node 2 -m actors.learner.megatron.gpu_check`)
+
+The GPU acceptance table lives with the tools:
+`torchrun --nproc-per-node 2 -m launch.bench.gpu_megatron`.
 
 Importing this package imports nothing from megatron; its modules other than hf_mapping do.
 """

@@ -49,7 +49,7 @@ from actors.learner.megatron.model import (
     vocab_parallel_logprobs,
 )
 from actors.learner.megatron.parallel import Layout, init_distributed, init_model_parallel
-from actors.rollout.model import DTYPES, build_model
+from actors.policy.model import DTYPES, build_model
 from configs import ConfigError, LearnerConfig, ModelConfig
 from protocols import TrainBatch
 

@@ -4,7 +4,8 @@ A kernel task's first prompt holds the reference code, its shapes and dtypes (re
 the reference's module constants, never by running it), the backend, the `ModelNew` requirement and
 the no-fallback rule. A repair turn repeats the task and adds the failed code and its verifier
 feedback. A served Buffered-Dynamic-Retry task (`task.repair`) starts from its repair context. A
-non-kernel task's prompt is its payload's "prompt".
+non-kernel task's prompt is its payload's "prompt". The learner's warm start builds its
+supervised examples on the same first prompt.
 """
 
 from __future__ import annotations

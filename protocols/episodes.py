@@ -1,5 +1,6 @@
-"""The rollout side of the episode contract (DESIGN.md §2): keep every episode until replay
-acknowledges it, and resend what is unacknowledged after a timeout.
+"""An episode's ways out of a rollout actor: to replay, resent until acknowledged (`EpisodeSender`, the
+rollout side of the episode contract), and to disk in rollout-only mode (`EpisodeLog`, which offline
+replay reads back).
 
 `EpisodeSender` holds unacknowledged episodes in submission order. `pump()` offers each to replay
 once; an ack ("stored" or "duplicate") releases it, a "rejected" ack releases it into `rejected`
@@ -7,18 +8,26 @@ once; an ack ("stored" or "duplicate") releases it, a "rejected" ack releases it
 duplicates by episode id, so resending after a lost ack is always safe. The address may be a
 callable, re-read after a timeout, so a sender follows a replay that restarted on a new port.
 Single-threaded: call it from the thread that produces episodes.
+
+`EpisodeLog` is an append-only file: a sequence of length-prefixed `encode(Episode)` frames, one file
+per actor.
 """
 
 from __future__ import annotations
 
 import collections
 import logging
+import struct
+import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
-from protocols import Episode, EpisodeAck
 from protocols.channels import ChannelTimeout, RemoteError, RequestClient
+from protocols.codec import decode, encode
+from protocols.records import Episode, EpisodeAck
+from protocols.schema import ProtocolError
 
 log = logging.getLogger(__name__)
 
@@ -109,3 +118,44 @@ class EpisodeSender:
 
     def close(self) -> None:
         self._drop_client()
+
+
+_LEN = struct.Struct("<Q")
+
+
+class EpisodeLog:
+    """Append-only file of encoded episodes (a torn last frame, from a kill, is ignored on read)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._file = open(self.path, "ab")
+        self._lock = threading.Lock()
+
+    def append(self, episode: Episode) -> None:
+        frame = encode(episode)
+        with self._lock:
+            self._file.write(_LEN.pack(len(frame)) + frame)
+            self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+    @staticmethod
+    def read(path: str | Path) -> list[Episode]:
+        data = Path(path).read_bytes()
+        out, pos = [], 0
+        while pos + _LEN.size <= len(data):
+            (n,) = _LEN.unpack_from(data, pos)
+            frame = data[pos + _LEN.size: pos + _LEN.size + n]
+            if len(frame) < n:
+                log.warning("%s: torn last frame ignored", path)
+                break
+            try:
+                rec = decode(frame)
+            except ProtocolError as err:
+                log.warning("%s: undecodable frame skipped: %s", path, err)
+            else:
+                if isinstance(rec, Episode):
+                    out.append(rec)
+            pos += _LEN.size + n
+        return out

@@ -2,7 +2,8 @@
 
 From a local checkpoint directory (`model.path`) or, when there is none, from the `model` section's
 size fields with a seeded random init: tiny models for CPU tests, a ~0.3B Qwen3 for the GPU
-benchmark. Never touches the hub: the machines have no internet.
+benchmark. Never touches the hub: the machines have no internet. The learner's backends build the
+same model, so learner and engines start from identical weights.
 """
 
 from __future__ import annotations

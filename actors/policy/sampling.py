@@ -3,6 +3,10 @@
 The reported behaviour logprob is log softmax(logits / T) of the sampled token. Top-k and top-p only
 restrict which tokens may be drawn; the logprob is never renormalised over the kept set, so with the
 training default top_p = 1, top_k = 0 it is exactly the learner's log π(y_t).
+
+Both sides of the convention live here: `sample` is the engine's draw, `token_logprobs` the
+learner's recompute of the same quantity. `sample` stays beside it, though only the torch engine
+draws, so the one formula both numbers come from is written in one place.
 """
 
 from __future__ import annotations

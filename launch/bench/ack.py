@@ -1,11 +1,12 @@
 """Measure the price of durability: episode ack latency (send -> fsync'ed -> ack) over real ZMQ.
 
-    python -m actors.buffer.bench_ack [--dir DIR] [--episodes N] [--clients 1 8] [--response-tokens 1024]
+    python -m launch.bench.ack [--dir DIR] [--episodes N] [--clients 1 8] [--response-tokens 1024]
 
 Starts a ReplayActor whose run directory is on DIR's disk (default: the system temp directory), and
 has C client threads, each with its own socket, ask for tasks and send the G episodes of each group
 one at a time, timing each round trip. Prints a Markdown table: p50/p99 client round trip, the
 server's receive-to-reply time, and acks per second. Concurrent senders share fsyncs (group commit).
+Run it from the repository root: the episodes are the tests' synthetic ones (tests/helpers).
 """
 
 from __future__ import annotations
@@ -19,10 +20,10 @@ from pathlib import Path
 import numpy as np
 
 from actors.buffer.actor import ReplayActor
-from actors.buffer.synthetic import TurnSpec, make_episode
 from configs import AlgoConfig, ReplayConfig
 from protocols import TaskRequest
 from protocols.channels import RequestClient
+from tests.helpers.synthetic import TurnSpec, make_episode
 
 GROUP = 8
 

@@ -1,6 +1,6 @@
 """Throughput of a whole `kiln train` run, for async-RL systems benchmarks (docs/BENCHMARKS.md).
 
-    python -m launch.bench_train --config configs/four_gpu.yaml [--kill rollout-0@5] [--json F] [k=v ...]
+    python -m launch.bench.train --config configs/four_gpu.yaml [--kill rollout-0@5] [--json F] [k=v ...]
 
 Runs `launch.train.train` as `kiln train` does, optionally kills an actor (a Ray actor dies without a
 clean stop) once the learner has recorded a given step, and summarises the run from its metrics and
@@ -151,7 +151,7 @@ def render(r: BenchResult) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m launch.bench_train", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m launch.bench.train", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", required=True)
     p.add_argument("--kill", metavar="ACTOR@STEP", help="kill this actor once the learner recorded STEP")

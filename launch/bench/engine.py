@@ -1,6 +1,6 @@
 """GPU benchmark of the embedded torch engine (DESIGN.md §5 targets), run on the GPU machine:
 
-    python -m actors.rollout.bench_engine            # ~0.3B Qwen3-style model, random init, bf16
+    python -m launch.bench.engine            # ~0.3B Qwen3-style model, random init, bf16
 
 1. Decode throughput: the engine vs HF `generate` on the same model and device in the same run,
    batch 64, prompt 512, 512 generated tokens (EOS ignored), logprobs on for both.

@@ -12,7 +12,7 @@ Model (virtual time; the replay itself is real, with its log on disk, driven thr
   version; each worker's engine loads it after its own random delay.
 * Each task has a hidden pass rate; a failed first turn gets one repair turn.
 
-Run `python -m actors.buffer.simulation` for the table in docs/replay.md.
+Run `python -m tests.helpers.simulation` from the repository root for the table in docs/replay.md.
 """
 
 from __future__ import annotations
@@ -30,10 +30,11 @@ from typing import Callable
 import numpy as np
 
 from actors.buffer.actor import ReplayActor
-from actors.buffer.synthetic import TurnSpec, make_episode
 from configs import AlgoConfig, ReplayConfig
 from configs.schema import RetryConfig
 from protocols import BatchReply, BatchRequest, Task, TaskReply, TaskRequest
+
+from .synthetic import TurnSpec, make_episode
 
 TEXT_TASKS = "actors.buffer.examples.TextMatchTasks"
 

@@ -1,6 +1,6 @@
 """Benchmark of Kiln's wire layer: codec MB/s, ZMQ loopback throughput and request/reply latency.
 
-    python -m launch.bench_protocols [--transport tcp|ipc] [--big-mib 64] [--rounds 20]
+    python -m launch.bench.protocols [--transport tcp|ipc] [--big-mib 64] [--rounds 20]
 
 Servers run in a separate process (spawned), so the figures include real inter-process transfer.
 The payload is a realistic record: a packed `TrainBatch` whose arrays add up to `--big-mib` MiB.

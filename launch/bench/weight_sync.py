@@ -1,6 +1,6 @@
 """GPU benchmark of the learner -> engine weight push (DESIGN.md §7), one command on a 2-GPU machine:
 
-    python -m actors.learner.bench_weight_sync          # ~1.1B Qwen3-style model, random init, bf16
+    python -m launch.bench.weight_sync          # ~1.1B Qwen3-style model, random init, bf16
 
 The learner process holds the model on cuda:0; it spawns an engine process (TorchEngine + WeightClient,
 the rollout side) and measures, for the same model:
@@ -118,7 +118,7 @@ class EngineProcess:
 
 
 def _raw_receiver(port: int, nbytes: int, repeats: int, device: str) -> None:
-    from actors.rollout.weight_group import WeightReceiver
+    from actors.policy.weights.group import WeightReceiver
 
     torch.cuda.set_device(device)
     receiver = WeightReceiver("127.0.0.1", port, 1, 2, group_name="raw", backend="nccl", device=device)
@@ -129,7 +129,7 @@ def _raw_receiver(port: int, nbytes: int, repeats: int, device: str) -> None:
 
 def raw_nccl_seconds(nbytes: int, repeats: int = 5) -> list[float]:
     """Seconds of one broadcast of `nbytes` from cuda:0 to a process on cuda:1 (after one warm-up)."""
-    from actors.rollout.weight_group import WeightBroadcaster
+    from actors.policy.weights.group import WeightBroadcaster
 
     ctx = mp.get_context("spawn")
     sender = WeightBroadcaster("127.0.0.1", 0, 2, group_name="raw", backend="nccl", timeout_s=120, form=False)
@@ -195,7 +195,7 @@ def main() -> None:
     parser.add_argument("--versions", type=int, default=3, help="timed pushes per configuration")
     args = parser.parse_args()
     cfg = dataclasses.replace(QWEN3_1B, num_layers=args.layers)
-    from actors.rollout.model import build_model
+    from actors.policy.model import build_model
 
     torch.cuda.set_device(0)
     model = build_model(cfg, "cuda:0")

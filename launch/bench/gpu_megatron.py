@@ -1,7 +1,7 @@
 """GPU acceptance check of the megatron backend: prints one table, writes JSON to $OUT when set.
 
-    torchrun --nproc-per-node 2 -m actors.learner.megatron.gpu_check [--quick]   # all checks
-    python -m actors.learner.megatron.gpu_check [--quick]                        # 1 GPU: TP/DP rows SKIP
+    torchrun --nproc-per-node 2 -m launch.bench.gpu_megatron [--quick]   # all checks
+    python -m launch.bench.gpu_megatron [--quick]                        # 1 GPU: TP/DP rows SKIP
 
 Rows: HF -> megatron -> HF round trip through the live model (bit-exact), export_hf reloads in
 transformers (bit-exact), TP=1 logits/logprobs vs the HF model (bf16), a training step (finite loss,
@@ -34,7 +34,7 @@ from actors.learner.algorithm import Trainer
 from actors.learner.megatron.backend import MegatronBackend
 from actors.learner.megatron.model import packed_forward
 from actors.learner.megatron.parallel import init_distributed
-from actors.rollout.model import build_model
+from actors.policy.model import build_model
 from configs import AlgoConfig, LearnerConfig, ModelConfig
 from protocols import TrainBatch
 
