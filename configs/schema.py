@@ -158,7 +158,7 @@ class LearnerConfig:
 
 @dataclass
 class AlgoConfig:
-    total_steps: int = F(100, "Learner steps to run", ge=1)
+    total_steps: int = F(100, "Learner steps to run; a step is one batch with all its updates (ppo_minibatches × ppo_epochs) and makes one weight version", ge=1)
     group_size: int = F(8, "G: samples per task (GRPO group)", ge=1)
     batch_groups: int = F(4, "B: groups per learner step", ge=1)
     alpha: float = F(0.75, "PrimeEcho α: R = α·s_first + (1-α)·max_k s_k + b_early", ge=0.0, le=1.0)
@@ -170,6 +170,8 @@ class AlgoConfig:
     eps_low: float = F(0.2, "PPO clip ε_low (ratio floor 1 - ε_low)", ge=0.0, lt=1.0)
     eps_high: float = F(0.28, "PPO clip ε_high (ratio ceiling 1 + ε_high)", ge=0.0)
     is_cap: float = F(5.0, "C: truncation of the importance weight w = min(π_prox/μ, C)", gt=0.0)
+    ppo_minibatches: int = F(4, "Optimizer updates per pass over a batch: the sequences MirrorPop kept split into this many mini-batches of consecutive sequences with about equal token counts, one step each, each loss a token mean over its own mini-batch. π_prox and MirrorPop are computed once per batch, so from the second update on r_t leaves 1 and the ε clip bounds how far the batch moves the policy (with 1 it never acts). Why 4: AReaL's PPO actor defaults to four mini-batches and keeps four in its asynchronous decoupled-loss recipe (boba_grpo); slime takes a single update per rollout unless asked, and its large-model scripts (DeepSeek-R1, Kimi-K2, GLM-4.7) ask for four", ge=1)
+    ppo_epochs: int = F(1, "Passes over the batch's mini-batches; updates per batch = ppo_minibatches × ppo_epochs, all against the same π_prox. Why 1: neither AReaL nor slime offers a second pass for this objective; each sample trains once, being off-policy by up to η versions already, and a second pass would drive r_t further past the clip on the same samples", ge=1)
     kl_coef: float = F(0.0, "KL penalty weight; 0 disables it and its reference-model pass", ge=0.0)
     sft_warmup_steps: int = F(0, "Cross-entropy warm-start steps on reference solutions before RL", ge=0)
     sft_solutions: Optional[str] = F(None, "Solution directory of the warm start (levelN/<task file name>); null = <replay.tasks>/solutions/<verifier.backend>")

@@ -248,7 +248,9 @@ def test_report_from_a_full_run(tmp_path):
     with MetricsLog(tmp_path, LoggingConfig(tensorboard=False)) as metrics:
         for step in range(1, 5):
             metrics.log(step, {
-                "train/loss": 1.0 / step, "train/kept_fraction": 0.9, "train/clip_fraction": 0.1,
+                "train/loss": 1.0 / step, "train/kept_fraction": 0.9, "train/clip_low_fraction": 0.05,
+                "train/clip_high_fraction": 0.1, "train/is_truncated_fraction": 0.01, "train/grad_norm": 0.5,
+                "train/entropy": 2.0 - 0.1 * step, "train/response_length": 40.0 + step,
                 "train/tokens_per_s": 900.0, "weights/version": step, "rollout/samples_per_s": 2.0 * step,
                 "rollout/tokens_per_s": 500.0 * step, "reward/mean": -1 + 0.25 * step, "reward/pass_rate": 0.1 * step,
                 "verifier/compile": 4 - step, "verifier/done": step, "verifier/passed": step,

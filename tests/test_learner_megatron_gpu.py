@@ -19,12 +19,13 @@ def backend():
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
     pytest.importorskip("megatron.core")
+    from actors.learner.algorithm import Trainer
     from actors.learner.megatron.backend import MegatronBackend
     from launch.bench.gpu_megatron import SMALL, T
     from configs import AlgoConfig, LearnerConfig
 
-    return MegatronBackend(SMALL, LearnerConfig(backend="megatron", lr=1e-3, micro_batch_tokens=1024), AlgoConfig(),
-                           temperature=T, device="cuda")
+    megatron = MegatronBackend(SMALL, LearnerConfig(backend="megatron", lr=1e-3, micro_batch_tokens=1024), device="cuda")
+    return Trainer(megatron, AlgoConfig(), temperature=T)
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +38,7 @@ def batch():
 def test_weights_round_trip_bit_exact(backend):
     from launch.bench.gpu_megatron import initial_weights, weights
 
-    ref = initial_weights(backend.device)
+    ref = initial_weights(backend.backend.device)
     got = weights(backend)
     assert set(got) == set(ref) - {"lm_head.weight"}
     for name, t in got.items():
@@ -48,7 +49,7 @@ def test_logprobs_match_the_hf_model(backend, batch):
     from launch.bench.gpu_megatron import SMALL, T, hf_logits, token_logprobs
 
     ours = backend.logprobs(batch, T)
-    theirs = token_logprobs(hf_logits(SMALL, batch, backend.device), batch, T)
+    theirs = token_logprobs(hf_logits(SMALL, batch, backend.backend.device), batch, T)
     assert ours.shape == theirs.shape and ours.dtype == torch.float32
     assert float((ours - theirs).abs().mean()) < 2e-2
 

@@ -217,24 +217,38 @@ def test_micro_batches_split_over_dp_ranks_by_tokens():
         assert all(p == sorted(p, key=lambda m: m.start) for p in parts)
 
 
-@pytest.mark.parametrize("model_kw,learner_kw,algo_kw,match", [
-    ({}, {"pipeline_parallel": 2}, {}, "pipeline_parallel"),
-    ({"dtype": "float16"}, {}, {}, "float16"),
-    ({}, {}, {"kl_coef": 0.1}, "kl_coef"),
+@pytest.mark.parametrize("model_kw,learner_kw,match", [
+    ({}, {"pipeline_parallel": 2}, "pipeline_parallel"),
+    ({"dtype": "float16"}, {}, "float16"),
 ])
-def test_backend_refuses_what_it_cannot_train(model_kw, learner_kw, algo_kw, match):
+def test_backend_refuses_what_it_cannot_train(model_kw, learner_kw, match):
     """Unsupported settings fail with a one-line ConfigError before any GPU or process group is touched."""
     from actors.learner.megatron.backend import MegatronBackend
-    from configs import AlgoConfig, ConfigError, LearnerConfig, ModelConfig
+    from configs import ConfigError, LearnerConfig, ModelConfig
 
     with pytest.raises(ConfigError, match=match):
-        MegatronBackend(ModelConfig(**model_kw), LearnerConfig(backend="megatron", **learner_kw), AlgoConfig(**algo_kw))
+        MegatronBackend(ModelConfig(**model_kw), LearnerConfig(backend="megatron", **learner_kw), reference=True)
 
 
 # ------------------------------------------------------------------ the real GPTModel on CPU, TP over gloo
 #
-# megatron-core's local GPTModel (with Kiln's SDPAAttention doing RoPE) runs on CPU. Each worker is a
-# separate process (this file run as a script), so the gloo group never touches the pytest process.
+# megatron-core's local GPTModel (with Kiln's SDPAAttention doing RoPE) runs on CPU, and so does
+# `MegatronBackend.forward_backward` on megatron-core's own schedule, once the schedule's one CUDA
+# allocation (its token counter) is sent to the CPU. Each worker is a separate process (this file run
+# as a script), so the gloo group and that redirection never touch the pytest process.
+
+
+def _schedule_counter_on_cpu():
+    """torch.zeros, except that device="cuda" (megatron's no-pipelining schedule creates its token
+    counter there; nothing else on its path touches CUDA) gives a CPU tensor on this CPU-only torch."""
+    real = torch.zeros
+
+    def zeros(*args, **kwargs):
+        if kwargs.get("device") == "cuda":
+            kwargs["device"] = "cpu"
+        return real(*args, **kwargs)
+
+    return zeros
 
 
 def _parity_worker(rank: int, world: int, tp: int, port: int, arch: str, tied: bool) -> None:
@@ -246,12 +260,18 @@ def _parity_worker(rank: int, world: int, tp: int, port: int, arch: str, tied: b
 
     warnings.filterwarnings("ignore")
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    from unittest import mock
+
     from megatron.core import parallel_state
 
-    from actors.learner.megatron.model import (build_gpt, hf_tensors, load_hf_weights, packed_forward, rotary_tables,
-                                               vocab_parallel_logprobs)
+    from actors.learner.batch import micro_batches, pack
+    from actors.learner.losses import token_entropy
+    from actors.learner.megatron import model as megatron_model
+    from actors.learner.megatron.backend import MegatronBackend
+    from actors.learner.megatron.model import build_gpt, hf_tensors, load_hf_weights, rotary_tables
     from actors.policy.model import build_model
     from configs import ModelConfig
+    from protocols import TrainBatch
 
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=1)
     cfg = ModelConfig(arch=arch, vocab_size=300, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
@@ -265,15 +285,31 @@ def _parity_worker(rank: int, world: int, tp: int, port: int, arch: str, tied: b
     load_hf_weights(gpt, hf.state_dict(), shape)
     torch.manual_seed(1)
     tokens = torch.randint(0, 300, (40,))
-    bounds = [0, 25, 25, 40]
-    positions = torch.cat([torch.arange(25), torch.arange(15)])
-    targets = torch.cat([tokens[1:25], tokens[:1], tokens[26:], tokens[:1]])  # last position of a sequence: dummy
-    logits = packed_forward(gpt, tokens, positions, bounds, rotary_tables(hf.config, shape))
-    ours = vocab_parallel_logprobs(logits, targets, 0.7, shape.vocab_size)
-    ref_logits = torch.cat([hf(input_ids=tokens[None, :25]).logits[0], hf(input_ids=tokens[None, 25:]).logits[0]])
-    ref = torch.log_softmax(ref_logits / 0.7, -1).gather(1, targets[:, None])[:, 0]
+    # sequences of 25, 0 and 15 tokens; two micro-batches: [seq 0 + the empty seq 1], [seq 2]
+    batch = TrainBatch(version=0, episode_ids=["a", "b", "c"], tokens=tokens.numpy(),
+                       cu_seqlens=np.array([0, 25, 25, 40]), loss_mask=np.ones(40, bool), behaviour_logprobs=np.zeros(40, np.float32),
+                       advantages=np.zeros(3, np.float32), versions=np.zeros(40, np.int64))
+    packed = pack(batch, "cpu", vocab_size=300, max_seq_len=128)
+    micros = micro_batches(packed.cu_seqlens, 30)
+    assert len(micros) == 2
+    # The backend's model code without its GPU set-up (megatron's DDP buffers and distributed optimizer
+    # need CUDA): forward_backward needs only the model, the shape and the RoPE tables.
+    backend = object.__new__(MegatronBackend)
+    backend.model, backend.reference, backend.shape = gpt, None, shape
+    backend.rope = rotary_tables(hf.config, shape)
     weights = torch.linspace(-1, 1, len(tokens))  # a loss that weighs tokens differently, as the policy loss does
-    (ours * weights).sum().backward()
+
+    def loss_fn(mb, out):
+        return (out.logprobs * weights[mb.positions]).sum(), (out.logprobs.detach(), out.entropy())
+
+    # entropy rows in chunks of 16: the 25- and 15-row micro-batches take several all-reduce rounds
+    with mock.patch("torch.zeros", _schedule_counter_on_cpu()), mock.patch.object(megatron_model, "ENTROPY_ROWS", 16):
+        reports = backend.forward_backward(packed, micros, loss_fn, temperature=0.7)
+    ours = torch.cat([lp for lp, _ in reports])
+    entropy = torch.cat([h for _, h in reports])
+    ref_logits = torch.cat([hf(input_ids=tokens[None, :25]).logits[0], hf(input_ids=tokens[None, 25:]).logits[0]])
+    ref = torch.log_softmax(ref_logits / 0.7, -1).gather(1, packed.targets[:, None])[:, 0]
+    ref_entropy = token_entropy(ref_logits, 0.7)
     (ref * weights).sum().backward()
     # Backward: every rank's gradient is its shard of HF's gradient, except q/k norms, whose per-rank
     # gradients cover only that rank's heads and add up over TP (megatron's finalize_model_grads).
@@ -296,7 +332,8 @@ def _parity_worker(rank: int, world: int, tp: int, port: int, arch: str, tied: b
     tp_tags = all(bool(getattr(p, "tensor_model_parallel", False)) == (hm.parallel_kind(n) != "replicated")
                   for n, p in gpt.named_parameters())  # megatron's grad norm counts untagged weights once
     print(json.dumps({"rank": rank, "max_diff": float((ours - ref).abs().max()), "round_trip_exact": exact,
-                      "grad_rel_err": grad_err, "tp_tags": tp_tags}))
+                      "entropy_diff": float((entropy - ref_entropy).abs().max()), "grad_rel_err": grad_err,
+                      "tp_tags": tp_tags}))
     dist.destroy_process_group()
     os._exit(0)
 
@@ -326,11 +363,13 @@ def _run_workers(world: int, tp: int, arch: str, tied: bool) -> list[dict]:
                                           ("llama", False, 2)])
 def test_megatron_gpt_matches_hf_logprobs_under_tp(arch, tied, tp):
     """The real megatron-core GPTModel (local spec + SDPAAttention, packed sequences, vocab-parallel
-    logprobs with padded vocabulary) built from HF weights gives HF's logprobs and, per TP rank, its
-    shard of HF's gradients; gathering its TP shards gives back HF's tensors bit-exactly."""
+    logprobs and entropies with padded vocabulary) built from HF weights, run through
+    MegatronBackend.forward_backward on megatron-core's schedule (two micro-batches), gives HF's
+    logprobs and entropies and, per TP rank, its shard of HF's gradients; gathering its TP shards
+    gives back HF's tensors bit-exactly."""
     for result in _run_workers(tp, tp, arch, tied):
         assert result["round_trip_exact"], result
-        assert result["max_diff"] < 1e-4, result
+        assert result["max_diff"] < 1e-4 and result["entropy_diff"] < 1e-4, result
         assert result["grad_rel_err"] < 1e-4, result
         assert result["tp_tags"], result
 

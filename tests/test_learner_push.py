@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from actors.base import as_ray_actor
+from actors.learner.algorithm import Trainer
 from actors.learner.torch_backend import TorchBackend
 from actors.learner.weight_sync import WeightServer
 from actors.rollout.actor import RolloutActor
@@ -45,14 +46,14 @@ def batch_from(gens, advantages) -> TrainBatch:
                       advantages=np.asarray(advantages, np.float32), versions=np.asarray(versions, np.int64))
 
 
-def response_logprobs(backend: TorchBackend, batch: TrainBatch) -> np.ndarray:
+def response_logprobs(backend: Trainer, batch: TrainBatch) -> np.ndarray:
     return backend.logprobs(batch, T).numpy()[batch.loss_mask]
 
 
 def test_torch_backend_steps_pushed_over_gloo_match_the_engine(tmp_path, ray_session):
     ray = ray_session
-    backend = TorchBackend(TINY, LearnerConfig(lr=3e-3, micro_batch_tokens=64), AlgoConfig(mirrorpop_delta=1.0),
-                           temperature=T, device="cpu")
+    backend = Trainer(TorchBackend(TINY, LearnerConfig(lr=3e-3, micro_batch_tokens=64), device="cpu"),
+                      AlgoConfig(mirrorpop_delta=1.0), temperature=T)
     server = WeightServer(tmp_path, transport="gloo", bucket_mb=0.05, timeout_s=30, join_timeout_s=20)
     endpoints = server.start()
     rollout = RolloutConfig(max_new_tokens=8, max_turns=1, max_batch=4, temperature=T, device="cpu")

@@ -1,5 +1,6 @@
 """`LearnerActor` (DESIGN.md §2, §7): asks replay for a batch at its weight version, takes one
-off-policy-corrected step, pushes the new weights to the engines and announces the version.
+off-policy-corrected step on it (its mini-batch updates: actors.learner.algorithm), pushes the new
+weights to the engines and announces the version. One batch is one weight version.
 
 Versions only grow. A fresh learner serves version 0 (the initial, or warm-started, weights). A
 learner restored from its last checkpoint continues at a version above every version announced
@@ -22,8 +23,8 @@ from pathlib import Path
 from typing import Callable
 
 from actors.base import Actor
-from actors.learner.backend import LearnerBackend, StepResult
-from actors.learner.backends import make_backend
+from actors.learner.algorithm import StepResult, Trainer
+from actors.learner.backends import make_trainer
 from actors.learner.checkpoint import CheckpointMeta, read_latest, write_checkpoint
 from actors.learner.ranks import LeaderBackend, RankSpec, follow, join
 from actors.learner.weight_sync import WeightServer
@@ -68,9 +69,9 @@ class LearnerActor(Actor):
         self.shares_gpu = shares_gpu  # colocated with its engines: CUDA IPC instead of NCCL
         self.ranks = RankSpec(rank, world_size, master) if world_size > 1 else None
         self.version = 0
-        self.step = 0  # optimizer steps taken (RL), across restores
+        self.step = 0  # RL steps taken (batches, each of several optimizer updates), across restores
         self.discarded_above = -1  # a restore discarded the versions in (discarded_above, version)
-        self.backend: LearnerBackend | None = None
+        self.backend: Trainer | LeaderBackend | None = None
         self.weights: WeightServer | None = None
         self._replay_client: RequestClient | None = None
         self._replay_address = ""
@@ -86,7 +87,7 @@ class LearnerActor(Actor):
         training loop starts with `run()`, so a driver can warm-start and wire engines first. A follower
         rank joins its group, follows its leader's calls and returns no endpoints."""
         channel = join(self.ranks, self.device) if self.ranks is not None else None
-        backend = make_backend(self.model_cfg, self.cfg, self.algo, temperature=self.temperature,
+        backend = make_trainer(self.model_cfg, self.cfg, self.algo, temperature=self.temperature,
                                device=self.device)
         if not self.is_leader:
             self.backend = backend

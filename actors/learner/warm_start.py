@@ -1,5 +1,5 @@
 """Supervised warm-start data (DESIGN.md §7, the SFT path): (prompt, reference solution) pairs turned
-into `TrainBatch`es for `LearnerBackend.sft_step`.
+into `TrainBatch`es for `Trainer.sft_step`.
 
 Each sequence is exactly what the policy will see and say in RL: the task's first prompt through the
 rollout's prompt builder and tokenizer, then the solution file in a ```python fenced block (what the

@@ -9,7 +9,8 @@ weights move, MirrorPop drops the drifted sequence), checkpoint save/load restor
 TP=2 vs TP=1 logits/logprobs, one train step under (TP=1, DP=2) vs (TP=2, DP=1) from the same weights
 (same loss, grad norm and updated weights), and throughput of a ~1.1B Qwen3-style model at 8192
 tokens per GPU per step (MFU = 6·N·tokens / (seconds · 989e12) for the SFT step; the RL step also
-runs the no-grad π_prox pass, so it is counted 8·N). Each row runs in its own try/except.
+runs the no-grad π_prox pass before its updates and the no-grad drift pass after them, so it is
+counted 10·N). Each row runs in its own try/except.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from actors.learner.algorithm import Trainer
 from actors.learner.megatron.backend import MegatronBackend
 from actors.learner.megatron.model import packed_forward
 from actors.learner.megatron.parallel import init_distributed
@@ -94,7 +96,7 @@ def with_behaviour(batch: TrainBatch, logprobs: np.ndarray, drifted: int | None,
     return dataclasses.replace(batch, behaviour_logprobs=mu)
 
 
-def weights(backend: MegatronBackend) -> dict[str, torch.Tensor]:
+def weights(backend: Trainer | MegatronBackend) -> dict[str, torch.Tensor]:
     return {n: t.detach().float().cpu() for n, t in backend.named_weights()}
 
 
@@ -172,9 +174,9 @@ def main() -> None:
     batch = make_batch(SMALL, [300, 517, 128, 700, 64, 911, 400], seed=1)
     state: dict = {}
 
-    def small_backend(tp: int) -> MegatronBackend:
-        return MegatronBackend(SMALL, dataclasses.replace(learner, tensor_parallel=tp), algo, temperature=T,
-                               device=device)
+    def small_backend(tp: int) -> Trainer:
+        return Trainer(MegatronBackend(SMALL, dataclasses.replace(learner, tensor_parallel=tp), device=device), algo,
+                       temperature=T)
 
     # ---------------------------------------------------------------- TP = 1 (DP = world)
     b1 = None
@@ -183,19 +185,19 @@ def main() -> None:
     def _():
         nonlocal b1
         b1 = small_backend(1)
-        row("build TP=1", True, f"dp={b1.layout.dp} padded_vocab={b1.shape.padded_vocab_size}")
+        row("build TP=1", True, f"dp={b1.backend.layout.dp} padded_vocab={b1.backend.shape.padded_vocab_size}")
 
     @check("HF->Megatron->HF round trip")
     def _():
         ref = initial_weights(device)
         got = weights(b1) if b1 else {}
-        expected = [n for n in ref if not (n == "lm_head.weight" and b1.shape.tied_embeddings)]
+        expected = [n for n in ref if not (n == "lm_head.weight" and b1.backend.shape.tied_embeddings)]
         exact = set(got) == set(expected) and all(torch.equal(got[n], ref[n].float()) for n in expected)
         row("HF->Megatron->HF round trip", exact, f"{len(got)} tensors, bit-exact={exact}")
 
     @check("TP=1 vs HF logits")
     def _():
-        mg = megatron_logits(b1, batch)
+        mg = megatron_logits(b1.backend, batch)
         hf = hf_logits(SMALL, batch, device)
         lmax, lmean = diff_stats(mg, hf)
         lp_mg = b1.logprobs(batch, T)
@@ -257,7 +259,7 @@ def main() -> None:
         def _():
             nonlocal b2
             b2 = small_backend(2)
-            mg = megatron_logits(b2, batch).cpu()
+            mg = megatron_logits(b2.backend, batch).cpu()
             lmax, lmean = diff_stats(mg, state["logits_tp1"])
             pmax, pmean = diff_stats(b2.logprobs(batch, T), state["lp_tp1"])
             row("TP=2 vs TP=1 logits", lmean < 1e-2 and pmean < 1e-2,
@@ -291,11 +293,11 @@ def main() -> None:
     def _():
         # lr = 0: the same arithmetic, but the weights stay put, so μ stays on-policy and MirrorPop keeps
         # every sequence in every timed RL step (a moving policy would make it drop them all).
-        big = MegatronBackend(LARGE, dataclasses.replace(learner, micro_batch_tokens=8192, lr=0.0), algo,
-                              temperature=1.0, device=device)
+        big = Trainer(MegatronBackend(LARGE, dataclasses.replace(learner, micro_batch_tokens=8192, lr=0.0),
+                                      device=device), algo, temperature=1.0)
         n_params = sum(t.numel() for _, t in big.named_weights())
         per_gpu = 8192
-        dp = big.layout.dp
+        dp = big.backend.layout.dp
         tokens_batch = make_batch(LARGE, [2048] * (4 * dp), seed=7)
         rl_batch = with_behaviour(tokens_batch, big.logprobs(tokens_batch, 1.0).numpy(), drifted=None, seed=8)
         steps = 2 if args.quick else 4
@@ -316,12 +318,12 @@ def main() -> None:
         if kept < 1.0:
             raise RuntimeError(f"MirrorPop kept only {kept:.2f} of the timed RL batch: the RL time is not a full step")
         mfu_sft = 6 * n_params * per_gpu / (sft_s * H100_BF16_FLOPS)
-        mfu_rl = 8 * n_params * per_gpu / (rl_s * H100_BF16_FLOPS)
+        mfu_rl = 10 * n_params * per_gpu / (rl_s * H100_BF16_FLOPS)
         peak = torch.cuda.max_memory_allocated() / 2**30
         row("throughput ~1B", True,
             f"N={n_params / 1e9:.2f}B, {per_gpu} tok/GPU/step, dp={dp}: SFT step {sft_s:.3f}s "
             f"{per_gpu / sft_s:,.0f} tok/s/GPU MFU {mfu_sft:.1%}; RL step {rl_s:.3f}s {per_gpu / rl_s:,.0f} tok/s/GPU "
-            f"MFU(8N) {mfu_rl:.1%}; peak mem {peak:.1f} GiB",
+            f"MFU(10N) {mfu_rl:.1%}; peak mem {peak:.1f} GiB",
             params=n_params, sft_seconds=sft_s, rl_seconds=rl_s, mfu_sft=mfu_sft, mfu_rl=mfu_rl, peak_gib=peak,
             device=torch.cuda.get_device_name())
 

@@ -4,8 +4,8 @@ Owns: the TransformerConfig for Qwen3/Qwen2/Llama (RMSNorm, SwiGLU, GQA, Qwen3's
 qkv bias; no other biases, no dropout), the local layer spec with `SDPAAttention` as core attention
 (which also applies RoPE, so the GPTModel has position_embedding_type "none"; Transformer Engine is
 not required), copying HF weights into this rank's TP shards, gathering full tensors back from the
-TP group, the packed-sequence forward, and vocab-parallel token logprobs at a temperature. Megatron
-is imported here and in the other modules of this package only.
+TP group, the packed-sequence forward, and vocab-parallel token logprobs and entropies at a
+temperature. Megatron is imported here and in the other modules of this package only.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.transformer.transformer_config import TransformerConfig
 
+from actors.learner.losses import ENTROPY_ROWS
 from actors.learner.megatron import hf_mapping as hm
 from actors.learner.megatron.attention import PackedSequences, RotaryTables, SDPAAttention
 
@@ -185,3 +186,27 @@ def vocab_parallel_logprobs(logits: torch.Tensor, targets: torch.Tensor, tempera
         scaled = scaled.masked_fill(pad, float("-inf"))
     nll = tensor_parallel.vocab_parallel_cross_entropy(scaled[:, None, :], targets[:, None])
     return -nll[:, 0]
+
+
+@torch.no_grad()
+def vocab_parallel_entropy(logits: torch.Tensor, temperature: float, vocab_size: int) -> torch.Tensor:
+    """float32 entropy of softmax(logits / T) over the full vocabulary [t], from this rank's vocab slice
+    of the logits [t, V/tp]. A metric, so no gradient; padding rows of the vocabulary are left out, as
+    in `vocab_parallel_logprobs`. Row chunks of ENTROPY_ROWS bound the float32 temporaries; every TP
+    rank has the same t, so they make the same all-reduces: per chunk, the max, Σ e^z and Σ e^z·z.
+    With z = logits / T - max: H = log Σ e^z - Σ e^z·z / Σ e^z."""
+    local = logits.shape[-1]
+    start = parallel_state.get_tensor_model_parallel_rank() * local
+    group = parallel_state.get_tensor_model_parallel_group()
+    real = torch.arange(start, start + local, device=logits.device) < vocab_size
+    out = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
+    for row in range(0, logits.shape[0], ENTROPY_ROWS):
+        scaled = (logits[row:row + ENTROPY_ROWS].float() / temperature).masked_fill(~real, float("-inf"))
+        top = scaled.max(dim=-1).values
+        torch.distributed.all_reduce(top, op=torch.distributed.ReduceOp.MAX, group=group)
+        z = (scaled - top[:, None]).masked_fill(~real, 0.0)
+        e = torch.exp(z).masked_fill(~real, 0.0)
+        sums = torch.stack([e.sum(-1), (e * z).sum(-1)])
+        torch.distributed.all_reduce(sums, group=group)
+        out[row:row + ENTROPY_ROWS] = torch.log(sums[0]) - sums[1] / sums[0]
+    return out
