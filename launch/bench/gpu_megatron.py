@@ -239,7 +239,9 @@ def main() -> None:
         path = shared_tmpdir() / "ckpt"
         saved = weights(b1)
         b1.save_checkpoint(path)
-        b1.train_step(state["batch"])
+        # Behaviour logprobs from the current weights: the earlier step's updates moved the policy
+        # past MirrorPop's δ for the original batch, which would then train nothing.
+        b1.train_step(with_behaviour(state["batch"], b1.logprobs(state["batch"], T).numpy(), drifted=None, seed=6))
         changed = max_diff(saved, weights(b1))
         b1.load_checkpoint(path)
         restored = max_diff(saved, weights(b1))

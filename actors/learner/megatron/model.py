@@ -104,7 +104,10 @@ def build_gpt(hf_config, shape: hm.ModelShape, *, tensor_parallel: int, dtype: s
     )
     # The local spec's norms are torch.nn.RMSNorm, created in float32 whatever params_dtype says
     # (Megatron-LM's Float16Module casts the same way); mixed dtypes would break the next matmul.
-    return model.to(dtype=config.params_dtype)
+    # torch's RMSNorm is also created on the default device: move it to where megatron's layers live (the
+    # DDP wrapper re-homes the trained model's parameters, but a frozen reference model has no wrapper).
+    device = torch.device("cpu") if on_cpu else torch.device("cuda", torch.cuda.current_device())
+    return model.to(device=device, dtype=config.params_dtype)
 
 
 # ------------------------------------------------------------------------------ weights
