@@ -9,7 +9,7 @@ the episode contract), `synthetic` (valid fake episodes), `simulation` (the stal
 `examples` (an example task-source plug-in).
 """
 
-from actors.buffer.actor import ReplayActor, read_endpoint
+from actors.buffer.actor import ReplayActor
 from actors.buffer.sender import EpisodeSender
 
-__all__ = ["EpisodeSender", "ReplayActor", "read_endpoint"]
+__all__ = ["EpisodeSender", "ReplayActor"]
