@@ -518,7 +518,8 @@ def render(p: PlacementPlan) -> str:
     if p.gpus:
         lines += _table(["GPU", "residents", "need GiB", "how"],
                         [[str(g.gpu), ", ".join(g.residents), f"{g.need_gib:.1f}", g.how] for g in p.gpus])
-        lines.append("")
+        lines += ["", "Ray placement group bundles: " + ", ".join(
+            f"[{b.index}] GPU {','.join(map(str, b.gpus))}" for b in bundles(p)), ""]
     ranks = [[str(r.rank), str(r.tp), str(r.pp), str(r.dp), _where(r.gpu), _frac(r.gpu_fraction)] for r in p.learner]
     lines += [f"learner ({p.learner_backend}):"] + _table(["rank", "tp", "pp", "dp", "device", "GPU share"], ranks)
     engines = [[str(e.index), e.external_url or ("gpu " + ",".join(map(str, e.gpus)) if e.gpus else "cpu"),

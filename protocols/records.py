@@ -274,7 +274,7 @@ class VersionsSeenRequest(Record):
 
 @record
 class VersionsSeen(Record):
-    highest: int  # over learner batch requests and episode tokens; -1 = none
+    highest: int  # over learner batch requests and episode tokens (0 before any)
 
 
 # ------------------------------------------------------------------------------------- weights

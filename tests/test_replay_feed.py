@@ -12,7 +12,8 @@ from actors.buffer.examples import TextMatchTasks
 from actors.buffer.synthetic import TurnSpec, make_episode
 from actors.buffer.task_source import is_validation, load_task_set
 from configs import AlgoConfig, ConfigError, ReplayConfig, load_config
-from protocols import BatchRequest, ErrorReply, Task, TaskRequest
+from protocols import (BatchRequest, ErrorReply, Task, TaskList, TaskListRequest, TaskRequest, VersionsSeen,
+                       VersionsSeenRequest)
 from tasks.loader import SHIPPED, discover
 
 TEXT = "actors.buffer.examples.TextMatchTasks"
@@ -163,6 +164,27 @@ def test_admission_bound_counts_groups_and_opens_with_the_learner_version(make_a
     assert a.handle(TaskRequest(actor_id="r")).status == "wait"  # trained groups stay accepted
     assert a.handle(BatchRequest(learner_id="l", version=1)).status == "wait"
     assert [a.handle(TaskRequest(actor_id="r")).status for _ in range(3)] == ["task", "task", "wait"]
+
+
+def test_whole_run_admission_hands_out_the_run_without_a_learner(make_actor):
+    # rollout-only runs: no learner advances v, so the bound is the run's total_steps·B groups, not η
+    a = make_actor(max_staleness=0, admission="whole_run", algo={"total_steps": 3, "batch_groups": 2})
+    assert [a.handle(TaskRequest(actor_id="r")).status for _ in range(7)] == ["task"] * 6 + ["wait"]
+    assert a.health().admission == Admission(admitted=6, limit=6, waits=1)
+
+
+def test_task_lists_and_versions_seen_answer_without_changing_the_state(make_actor):
+    a = make_actor(val_fraction=0.25)
+    train, val = a.handle(TaskListRequest(split="train")), a.handle(TaskListRequest(split="val"))
+    assert isinstance(train, TaskList) and isinstance(val, TaskList) and train.tasks and val.tasks
+    assert {t.split for t in train.tasks} == {"train"} and {t.split for t in val.tasks} == {"val"}
+    assert not {t.task_id for t in train.tasks} & {t.task_id for t in val.tasks}
+    assert a.handle(VersionsSeenRequest(learner_id="l")) == VersionsSeen(highest=0)
+    r = a.handle(TaskRequest(actor_id="r"))
+    fill(a, r, version=0)
+    a.handle(BatchRequest(learner_id="l", version=2))
+    assert a.handle(VersionsSeenRequest(learner_id="l")).highest == 2
+    assert a.health().groups.issued == 1  # the lists handed out no group
 
 
 def test_tied_groups_free_their_slot_without_reissue(make_actor):

@@ -301,6 +301,27 @@ def test_a_silent_verifier_gets_a_resend_then_the_attempt_is_marked_infra(tmp_pa
         verifier.close()
 
 
+def test_a_restarted_verifier_is_found_through_the_registry(tmp_path):
+    first = ScriptedVerifier()
+    replay = start_replay(tmp_path, G=2, B=2)
+    actor = rollout_actor(tmp_path, rollout_cfg(max_turns=1, verify_reply_timeout_s=0.5, verify_retries=2),
+                          verifier=first.address)
+    second = None
+    try:
+        actor.start()
+        wait_for(lambda: len(first.received) >= 2, what="requests to the first verifier", actor=actor)
+        first.close()  # the verifier dies; its replacement registers under the same name, on a new port
+        second = ScriptedVerifier()
+        Registry(tmp_path).register("verifier-0", "verifier", {"verifier": second.address})
+        wait_for(lambda: len(second.received) >= 2, what="requests to the restarted verifier", actor=actor)
+        wait_for(lambda: actor.health().acked >= 4, what="episodes verified by the new verifier", actor=actor)
+    finally:
+        actor.stop()
+        replay.stop()
+        if second is not None:
+            second.close()
+
+
 def test_a_crashed_engine_restarts_with_the_current_weights_and_reruns_its_requests(tmp_path, text_verifier):
     current = build_model(dataclasses.replace(TINY, seed=31))
     learner = WeightServer(tmp_path / "learner", transport="disk")

@@ -37,7 +37,8 @@ from actors.learner.warm_start import warm_start_batches
 from actors.learner.weight_sync import WeightServer, choose_transport
 from actors.rollout.weight_group import free_port
 from configs import AlgoConfig, LearnerConfig, ModelConfig, WarmStartConfig
-from protocols import BatchReply, BatchRequest, Metrics, TaskList, TaskListRequest, VersionsSeen, VersionsSeenRequest
+from protocols import (BatchReply, BatchRequest, Metrics, TaskList, TaskListRequest, TrainBatch, VersionsSeen,
+                       VersionsSeenRequest)
 from protocols.channels import ChannelTimeout, NoServer, PushChannel, ReconnectingClient, RemoteError
 
 log = logging.getLogger(__name__)
