@@ -4,7 +4,8 @@ See docs/replay.md.
 
 Modules: `formulas` (pure formulas), `task_source` (task sources and the split), `task_feed`,
 `retry_buffer`, `groups`, `intake`, `ledger`, `packing`, `state` (the deterministic state machine),
-`storage` (write-ahead log and snapshots), `actor` (the ReplayActor), `sender` (the rollout side of
+`storage` (write-ahead log and snapshots), `actor` (the ReplayActor), `health` (its typed health
+record), `offline` (the train-only replay), `sender` (the rollout side of
 the episode contract), `synthetic` (valid fake episodes), `simulation` (the staleness simulation),
 `examples` (an example task-source plug-in).
 """
