@@ -6,7 +6,8 @@ replay reads back).
 once; an ack ("stored" or "duplicate") releases it, a "rejected" ack releases it into `rejected`
 (resending cannot fix it), and a timeout or an error reply keeps it for the next pump. Replay drops
 duplicates by episode id, so resending after a lost ack is always safe. The address may be a
-callable, re-read after a timeout, so a sender follows a replay that restarted on a new port.
+callable (a registry lookup), which the `ReconnectingClient` re-reads after a timeout, so a sender
+follows a replay that restarted on a new port.
 Single-threaded: call it from the thread that produces episodes.
 
 `EpisodeLog` is an append-only file: a sequence of length-prefixed `encode(Episode)` frames, one file
@@ -24,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from protocols.channels import ChannelTimeout, RemoteError, RequestClient
+from protocols.channels import ChannelTimeout, NoServer, ReconnectingClient, RemoteError
 from protocols.codec import decode, encode
 from protocols.records import Episode, EpisodeAck
 from protocols.schema import ProtocolError
@@ -38,17 +39,14 @@ class SenderStats:
     duplicate: int = 0
     timeouts: int = 0
     errors: int = 0
-    connects: int = 0
     rejected: dict[str, str] = field(default_factory=dict)  # episode id -> replay's reason
 
 
 class EpisodeSender:
     def __init__(self, address: str | Callable[[], str], *, timeout_s: float = 5.0) -> None:
-        self._resolve = address if callable(address) else (lambda: address)
         self.timeout_s = timeout_s
         self._unacked: collections.OrderedDict[str, Episode] = collections.OrderedDict()
-        self._client: RequestClient | None = None
-        self._address = ""
+        self.client = ReconnectingClient(address, timeout_s=timeout_s, retries=0)
         self.stats = SenderStats()
         self.acked: list[str] = []  # ids replay confirmed holding, in ack order
 
@@ -65,14 +63,12 @@ class EpisodeSender:
         down or busy: the rest would time out too). Returns how many were acknowledged."""
         done = 0
         for episode_id, episode in list(self._unacked.items()):
-            client = self._connect()
-            if client is None:
-                break
             try:
-                ack = client.request(episode, timeout_s=self.timeout_s, retries=0)
-            except ChannelTimeout:
+                ack = self.client.request(episode)
+            except NoServer:  # replay has not registered (yet)
+                break
+            except ChannelTimeout:  # the client looks replay up again next time: it may have moved
                 self.stats.timeouts += 1
-                self._drop_client()  # re-resolve the address next time: replay may have moved
                 break
             except RemoteError as err:  # replay refused (e.g. storage failure): keep it, try later
                 self.stats.errors += 1
@@ -100,24 +96,8 @@ class EpisodeSender:
                 time.sleep(min(0.05, max(deadline - time.monotonic(), 0)))
         return not self._unacked
 
-    def _connect(self) -> RequestClient | None:
-        address = self._resolve()
-        if not address:
-            return None
-        if self._client is None or address != self._address:
-            self._drop_client()
-            self._client = RequestClient(address, timeout_s=self.timeout_s, retries=0)
-            self._address = address
-            self.stats.connects += 1
-        return self._client
-
-    def _drop_client(self) -> None:
-        if self._client is not None:
-            self._client.close()
-            self._client = None
-
     def close(self) -> None:
-        self._drop_client()
+        self.client.close()
 
 
 _LEN = struct.Struct("<Q")

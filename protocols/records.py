@@ -100,6 +100,21 @@ class TaskReply(Record):
             raise ValueError("retry_after_s must be >= 0")
 
 
+@record
+class TaskListRequest(Record):
+    """Ask replay for a whole split of its task set: the learner's warm start reads the training
+    tasks, an evaluation the validation tasks. Replay owns the task set and its split, so every actor
+    sees the same one."""
+
+    split: Literal["train", "val"]
+
+
+@record
+class TaskList(Record):
+    split: Literal["train", "val"]
+    tasks: list[Task]
+
+
 # ------------------------------------------------------------------------------------ verifier
 
 
@@ -258,6 +273,18 @@ class BatchReply(Record):
     def check(self) -> None:
         if (self.status == "batch") != (self.batch is not None):
             raise ValueError("status 'batch' goes with a batch and only with it")
+
+
+@record
+class VersionsSeenRequest(Record):
+    """A restored learner asks replay for the highest weight version it has seen, to continue above it."""
+
+    learner_id: str
+
+
+@record
+class VersionsSeen(Record):
+    highest: int  # over learner batch requests and episode tokens (0 before any)
 
 
 # ------------------------------------------------------------------------------------- weights

@@ -23,7 +23,7 @@ def test_demo_warm_starts_then_trains_on_verified_kernels(tmp_path, verifier_cac
     cfg = load_config(ROOT / "configs" / "default.yaml", [
         f"logging.root={tmp_path}", "logging.run_name=demo", "logging.live=false", "logging.tensorboard=false",
         "cluster.use_ray=false", f"verifier.cache_dir={verifier_cache_dir}", "verifier.compile_baseline=never",
-        "algo.total_steps=2", "algo.sft_warmup_steps=3", "algo.sft_lr=1e-3", "algo.eval_samples=1"])
+        "algo.total_steps=2", "warm_start.steps=3", "warm_start.lr=1e-3", "eval.samples=1"])
     run = RunDirectory.create(cfg)
     train(cfg, run)
 

@@ -17,7 +17,7 @@ from rich.console import Console
 from actors.policy.tokenizer import ByteTokenizer
 from configs import LoggingConfig
 from launch.episode_dump import dump_episodes
-from launch.evaluation import eval_metrics, fast_p, pass_at_k
+from actors.rollout.evaluation import eval_metrics, fast_p, pass_at_k
 from launch.live import LiveView
 from launch.metrics import MetricsLog, read_metrics
 from launch.report import write_report
@@ -298,18 +298,18 @@ def test_report_of_an_empty_run(tmp_path):
 # ------------------------------------------------------------------------------------ busy fractions
 
 
-def test_busy_fractions_count_a_restarted_actors_counter_from_zero():
+def test_busy_shares_count_a_restarted_actors_counter_from_zero():
     from types import SimpleNamespace
 
-    from launch.wiring import busy_fractions
+    from launch.monitor import busy_shares
 
     counters = {"learner": 10.0, "rollout-0": 50.0}
-    handle = lambda name: SimpleNamespace(call=lambda method, timeout_s: {"busy_s": counters[name]})  # noqa: E731
-    supervisor = SimpleNamespace(handles={name: handle(name) for name in counters})
+    handles = [SimpleNamespace(name=name, health=lambda timeout_s, name=name: SimpleNamespace(busy_s=counters[name]))
+               for name in counters]
     previous: dict[str, float] = {}
-    assert busy_fractions(supervisor, previous, 10.0) == {}  # the first reading only sets the baseline
+    assert busy_shares(handles, previous, 10.0) == {}  # the first reading only sets the baseline
     counters.update({"learner": 12.0, "rollout-0": 6.0})  # rollout-0 was restarted: its counter began again
-    assert busy_fractions(supervisor, previous, 10.0) == {"busy/learner": pytest.approx(0.2),
-                                                          "busy/rollout-0": pytest.approx(0.6)}
+    assert busy_shares(handles, previous, 10.0) == {"busy/learner": pytest.approx(0.2),
+                                                    "busy/rollout-0": pytest.approx(0.6)}
     counters.update({"learner": 30.0, "rollout-0": 11.0})
-    assert busy_fractions(supervisor, previous, 10.0) == {"busy/learner": 1.0, "busy/rollout-0": pytest.approx(0.5)}
+    assert busy_shares(handles, previous, 10.0) == {"busy/learner": 1.0, "busy/rollout-0": pytest.approx(0.5)}

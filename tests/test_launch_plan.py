@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from configs import load_config
 from configs.loader import PRESETS
-from launch.plan import PlanError, local_gpus, model_shape, plan, render
+from actors.base import Slot
+from launch.plan import PlanError, actor_slot, bundles, local_gpus, model_shape, plan, render
 
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTER = ROOT / "launch" / "cluster"
@@ -90,7 +93,7 @@ def test_layouts_put_each_role_where_the_preset_says():
 
     big = _plan("musacoder_27b.yaml")
     assert 26e9 < big.model.params < 28e9
-    assert [(r.tp, r.pp) for r in big.learner[7:9]] == [(7, 0), (0, 1)]
+    assert [(r.tp, r.dp, r.pp) for r in big.learner[7:9]] == [(7, 0, 0), (0, 1, 0)]  # TP fastest, then DP
     assert all(e.external_url and not e.gpus for e in big.engines)
 
 
@@ -134,8 +137,6 @@ def test_parameter_count_matches_transformers(tmp_path, arch, tied):
      "learner.tensor_parallel=4 must divide the model's num_kv_heads=2"),
     ("four_gpu.yaml", ["cluster.learner_gpus=3"], None, None,
      r"cluster.learner_gpus=3 is not divisible by learner.tensor_parallel × pipeline_parallel = 2×1 = 2"),
-    ("four_gpu.yaml", ["learner.pipeline_parallel=5", "cluster.learner_gpus=10"], None, None,
-     "learner.pipeline_parallel=5 must divide the model's num_layers=22"),
     ("eight_gpu.yaml", [], 8, 40.0, r"GPU 0 \(engine 0\) needs ~46.1 GiB = engine 46.1 \[weights 2.1, kv_cache 44.0 GiB\] "
                                     r"but has 40.0 GiB"),
     ("musacoder_27b.yaml", ["learner.tensor_parallel=4", "learner.pipeline_parallel=1", "cluster.learner_gpus=4"], 16, 80.0,
@@ -148,8 +149,8 @@ def test_parameter_count_matches_transformers(tmp_path, arch, tied):
     ("four_gpu.yaml", ["learner.cpu_ranks=2"], None, None, "one rank per GPU"),
     ("default.yaml", ["cluster.engine_gpus=2"], None, None, "the embedded torch engine runs on one device"),
     ("default.yaml", ["rollout.engine=sglang"], None, None, "SGLang servers, which need GPUs"),
-    ("default.yaml", ["rollout.engine=sglang", "cluster.engine_gpus=1", "rollout.sglang_tp_size=2"], None, None,
-     "must equal rollout.sglang_tp_size=2"),
+    ("default.yaml", ["rollout.engine=sglang", "cluster.engine_gpus=1", "rollout.sglang.tp_size=2"], None, None,
+     "must equal rollout.sglang.tp_size=2"),
     ("default.yaml", ["cluster.verifier_gpus=1"], None, None, "verifier.backend=cpu needs no GPUs"),
     ("default.yaml", ["verifier.backend=cuda"], None, None, "verifier.backend=cuda runs candidates on a GPU"),
     ("single_gpu.yaml", ["rollout.num_actors=2"], None, None, r"2 engines × 1 GPUs = 2 do not fit on the learner's 1"),
@@ -160,6 +161,14 @@ def test_parameter_count_matches_transformers(tmp_path, arch, tied):
 def test_infeasible_plans_say_why(preset, overrides, gpus, memory, message):
     with pytest.raises(PlanError, match=message):
         _plan(preset, *overrides, gpus=gpus, memory=memory)
+
+
+def test_the_plan_checks_pipeline_parallel_against_the_layers():
+    # The schema refuses pipeline_parallel > 1 (no backend runs it yet); the plan's check stands ready.
+    cfg = load_config(PRESETS / "four_gpu.yaml", ["cluster.learner_gpus=10"])
+    cfg = dataclasses.replace(cfg, learner=dataclasses.replace(cfg.learner, pipeline_parallel=5))
+    with pytest.raises(PlanError, match="learner.pipeline_parallel=5 must divide the model's num_layers=22"):
+        plan(cfg)
 
 
 def test_unreadable_checkpoint_config_is_a_plan_error(tmp_path):
@@ -177,6 +186,60 @@ def test_render_shows_the_table_and_the_numbers():
         assert expected in text, expected
     external = render(_plan("musacoder_27b.yaml"))
     assert "http://router:30000" in external and "of 24" in external
+
+
+# ------------------------------------------------------------------------------ Ray placement groups
+
+
+def test_bundles_follow_the_gpu_slots_of_the_plan():
+    four = _plan("four_gpu.yaml")
+    assert [b.gpus for b in bundles(four)] == [(0,), (1,), (2,), (3,)]
+    assert [actor_slot(four, "learner", r).bundle for r in range(2)] == [1, 2]
+    assert actor_slot(four, "rollout", 0).bundle == 0
+    assert {actor_slot(four, "verifier", i) for i in range(2)} == {Slot(gpus=(3,), num_gpus=0.5, bundle=3)}
+    # a tensor-parallel SGLang engine is one bundle of its GPUs; the verifier sharing its GPUs joins it
+    sglang = _plan("default.yaml", "rollout.engine=sglang", "cluster.engine_gpus=2", "rollout.sglang.tp_size=2",
+                   "rollout.num_actors=2", "cluster.learner_gpus=1", "verifier.backend=cuda")
+    assert [b.gpus for b in bundles(sglang)] == [(0, 1), (2, 3), (4,)]
+    assert actor_slot(sglang, "rollout", 1) == Slot(gpus=(2, 3), num_gpus=2.0, bundle=1)
+    assert actor_slot(sglang, "verifier", 0) == Slot(gpus=(0,), num_gpus=0.5, bundle=0)
+    assert actor_slot(sglang, "rollout", 0) == Slot(gpus=(0, 1), num_gpus=1.0, bundle=0)
+    assert actor_slot(sglang, "learner", 0).bundle == 2
+    single = _plan("single_gpu.yaml")
+    assert [b.gpus for b in bundles(single)] == [(0,)] and actor_slot(single, "learner", 0).colocated
+    assert bundles(_plan("default.yaml")) == () and actor_slot(_plan("default.yaml"), "learner", 0) == Slot()
+    external = _plan("musacoder_27b.yaml")  # the SGLang servers run outside Kiln: no bundle, no GPU share
+    assert len(bundles(external)) == 24 and actor_slot(external, "rollout", 0) == Slot()
+
+
+def test_the_placement_group_on_a_four_gpu_ray_is_the_plan():
+    """A Ray instance with 4 fake GPUs (`ray.init(num_cpus=8, num_gpus=4)`, in a process of its own):
+    the run's placement group has one bundle per GPU slot of the plan, and every actor scheduled the
+    way a run schedules it lands on its planned GPU (a shared GPU is one device for all its residents)."""
+    presets = ["four_gpu.yaml", "two_gpu.yaml"]
+    out = subprocess.run([sys.executable, str(ROOT / "tests" / "placement_probe.py"), *presets], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    for preset in presets:
+        p, got = _plan(preset), seen[preset]
+        assert got["group_bundles"] == got["plan_bundles"] == [b.resources for b in bundles(p)]
+        assert got["plan_bundle_gpus"] == [list(b.gpus) for b in bundles(p)]
+        assert got["free_gpus"] == 4 - p.gpus_needed  # the group holds exactly the plan's GPUs
+        device_of_bundle = [ids[0] for ids in got["gpu_of_bundle"]]
+        assert len(set(device_of_bundle)) == len(device_of_bundle)  # one device per bundle
+        planned = {f"learner-{r.rank}": r.gpu for r in p.learner} | {f"rollout-{e.index}": e.gpus[0] for e in p.engines} \
+            | {f"verifier-{v.index}": v.gpu for v in p.verifiers}
+        assert set(got["actors"]) == set(planned)
+        for name, actor in got["actors"].items():
+            assert actor["planned_gpus"] == [planned[name]]
+            # on its bundle's device, which it also hands to a process it launches (an SGLang server)
+            assert actor["gpus"] == actor["device_ids"] == [device_of_bundle[actor["bundle"]]], name
+        by_gpu: dict[int, set[str]] = {}
+        for name, actor in got["actors"].items():
+            by_gpu.setdefault(planned[name], set()).add(actor["gpus"][0])
+        assert all(len(devices) == 1 for devices in by_gpu.values())  # residents of a GPU share one device
+        assert len({d for devices in by_gpu.values() for d in devices}) == p.gpus_needed
 
 
 # ------------------------------------------------------------------------------------ cluster scripts

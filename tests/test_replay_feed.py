@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import pytest
 
+from actors.base import RunContext
 from actors.buffer import ReplayActor
+from actors.buffer.health import Admission
 from actors.buffer.examples import TextMatchTasks
 from actors.buffer.task_source import is_validation, load_task_set
 from configs import AlgoConfig, ConfigError, ReplayConfig, load_config
-from protocols import BatchRequest, ErrorReply, Task, TaskRequest
+from protocols import (BatchRequest, ErrorReply, Task, TaskList, TaskListRequest, TaskRequest, VersionsSeen,
+                       VersionsSeenRequest)
 from tasks.loader import SHIPPED, discover
 from helpers.synthetic import TurnSpec, make_episode
 
@@ -86,7 +89,7 @@ def test_example_plugin_loads_by_dotted_path():
 ])
 def test_bad_task_sources_are_config_errors_at_startup(path, message, tmp_path):
     with pytest.raises(ConfigError, match=message):
-        ReplayActor(ReplayConfig(task_source=path), AlgoConfig(), tmp_path)
+        ReplayActor(ReplayConfig(task_source=path), AlgoConfig(), RunContext(run_dir=str(tmp_path)))
 
 
 def test_bad_task_directory_is_a_config_error(tmp_path):
@@ -99,7 +102,7 @@ def test_bad_task_directory_is_a_config_error(tmp_path):
 
 def test_group_size_one_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="group_size"):
-        ReplayActor(ReplayConfig(task_source=TEXT), AlgoConfig(group_size=1), tmp_path)
+        ReplayActor(ReplayConfig(task_source=TEXT), AlgoConfig(group_size=1), RunContext(run_dir=str(tmp_path)))
 
 
 def test_schema_accepts_a_dotted_task_source():
@@ -137,7 +140,7 @@ def make_actor(tmp_path):
 
     def make(**kw):
         algo = AlgoConfig(**{"group_size": 2, "batch_groups": 2, "total_steps": 3, **kw.pop("algo", {})})
-        a = ReplayActor(ReplayConfig(task_source=TEXT, **kw), algo, tmp_path / f"run{len(made)}")
+        a = ReplayActor(ReplayConfig(task_source=TEXT, **kw), algo, RunContext(run_dir=str(tmp_path / f"run{len(made)}")))
         made.append(a)
         return a
 
@@ -157,7 +160,7 @@ def test_admission_bound_counts_groups_and_opens_with_the_learner_version(make_a
     replies = [a.handle(TaskRequest(actor_id="r")) for _ in range(5)]
     assert [r.status for r in replies] == ["task"] * 4 + ["wait"]
     assert replies[4].retry_after_s == 0.3
-    assert a.health()["admission"] == {"admitted": 4, "limit": 4, "waits": 1}
+    assert a.health().admission == Admission(admitted=4, limit=4, waits=1)
     for r in replies[:2]:
         fill(a, r)
     assert a.handle(BatchRequest(learner_id="l", version=0)).status == "batch"
@@ -166,13 +169,34 @@ def test_admission_bound_counts_groups_and_opens_with_the_learner_version(make_a
     assert [a.handle(TaskRequest(actor_id="r")).status for _ in range(3)] == ["task", "task", "wait"]
 
 
+def test_whole_run_admission_hands_out_the_run_without_a_learner(make_actor):
+    # rollout-only runs: no learner advances v, so the bound is the run's total_steps·B groups, not η
+    a = make_actor(max_staleness=0, admission="whole_run", algo={"total_steps": 3, "batch_groups": 2})
+    assert [a.handle(TaskRequest(actor_id="r")).status for _ in range(7)] == ["task"] * 6 + ["wait"]
+    assert a.health().admission == Admission(admitted=6, limit=6, waits=1)
+
+
+def test_task_lists_and_versions_seen_answer_without_changing_the_state(make_actor):
+    a = make_actor(val_fraction=0.25)
+    train, val = a.handle(TaskListRequest(split="train")), a.handle(TaskListRequest(split="val"))
+    assert isinstance(train, TaskList) and isinstance(val, TaskList) and train.tasks and val.tasks
+    assert {t.split for t in train.tasks} == {"train"} and {t.split for t in val.tasks} == {"val"}
+    assert not {t.task_id for t in train.tasks} & {t.task_id for t in val.tasks}
+    assert a.handle(VersionsSeenRequest(learner_id="l")) == VersionsSeen(highest=0)
+    r = a.handle(TaskRequest(actor_id="r"))
+    fill(a, r, version=0)
+    a.handle(BatchRequest(learner_id="l", version=2))
+    assert a.handle(VersionsSeenRequest(learner_id="l")).highest == 2
+    assert a.health().groups.issued == 1  # the lists handed out no group
+
+
 def test_tied_groups_free_their_slot_without_reissue(make_actor):
     a = make_actor(max_staleness=0)
     r1, r2 = a.handle(TaskRequest(actor_id="r")), a.handle(TaskRequest(actor_id="r"))
     assert a.handle(TaskRequest(actor_id="r")).status == "wait"
     fill(a, r1, scores=(-1.0, -1.0))  # all tie: no learning signal
     h = a.health()
-    assert h["filtered"] == {"tied": 2} and h["groups"]["filtered"] == {"tied": 1}
+    assert h.filtered == {"tied": 2} and h.groups.filtered == {"tied": 1}
     r3 = a.handle(TaskRequest(actor_id="r"))
     assert r3.status == "task" and r3.task.task_id not in (r1.task.task_id, r2.task.task_id)
 
@@ -183,7 +207,7 @@ def test_validation_tasks_only_on_request_and_outside_admission(make_actor):
     assert all(r.status == "task" and r.task.split == "val" for r in val)
     train = [a.handle(TaskRequest(actor_id="r")) for _ in range(2)]
     assert all(r.task.split == "train" for r in train)
-    assert a.health()["admission"]["admitted"] == 2
+    assert a.health().admission.admitted == 2
     assert a.handle(TaskRequest(actor_id="eval", split="val")).status == "task"  # even when training waits
     ep = make_episode(val[0].task, val[0].group_id, 0, [TurnSpec()])
     ack = a.handle(ep)

@@ -125,11 +125,11 @@ def test_actor_serves_the_example_reward_actor_named_in_the_config(running):
     with RequestClient(address, timeout_s=10.0, retries=0) as client:
         r = client.request(request("cba"))
     assert r.passed and r.score == 1.0 and r.task_id == TEXT_TASK.task_id
-    assert actor.health()["reward_actor"] == "actors.verifier.examples.TextMatchReward"
+    assert actor.health().reward_actor == "actors.verifier.examples.TextMatchReward"
 
 
 def test_misbehaving_reward_actor_yields_infra_and_the_actor_keeps_serving(running):
-    actor, address = running(cfg_with("test_verifier_actor.Misbehaving", **{"verifier.verify_timeout_s": 1.0}))
+    actor, address = running(cfg_with("test_verifier_actor.Misbehaving", **{"verifier.reward_timeout_s": 1.0}))
     with RequestClient(address, timeout_s=10.0, retries=0) as client:
         for what, needle in [("raise", "raised RuntimeError: plug-in bug"), ("hang", "did not answer within 1 s"),
                              ("garbage", "expected a VerifyResult, got dict"), ("wrong-id", "someone-else"),
@@ -142,7 +142,7 @@ def test_misbehaving_reward_actor_yields_infra_and_the_actor_keeps_serving(runni
         with pytest.raises(RemoteError, match="answers VerifyRequest"):
             client.request(TaskRequest(actor_id="confused"))
     health = actor.health()
-    assert health["infra"] == 5 and health["hung"] == 1 and health["rejected"] == 1 and health["replied"] == 6
+    assert health.infra == 5 and health.hung == 1 and health.rejected == 1 and health.replied == 6
 
 
 def test_replies_leave_in_completion_order(running):
@@ -173,7 +173,7 @@ def test_kernel_verifier_behind_the_actor(running, verifier_cache_dir):
         misrouted = client.request(request("cba"))
     assert r.error_class == "cheating" and "aten::relu" in r.feedback
     assert misrouted.error_class == "infra" and "cannot verify tasks of kind 'text_match'" in misrouted.feedback
-    assert actor.health()["reward_actor"] == "actors.verifier.verifier.KernelVerifier"
+    assert actor.health().reward_actor == "actors.verifier.verifier.KernelVerifier"
 
 
 # ------------------------------------------------------------------------------------------ Ray
@@ -190,7 +190,7 @@ def test_runs_as_a_ray_actor(ray_session, verifier_cache_dir):
         with RequestClient(address, timeout_s=120.0, retries=0) as client:
             r = client.request(request(source, task))
         assert r.error_class == "cheating" and "aten::abs" in r.feedback
-        assert ray.get(handle.health.remote(), timeout=30)["replied"] == 1
+        assert ray.get(handle.health.remote(), timeout=30).replied == 1
         ray.get(handle.stop.remote(), timeout=60)
     finally:
         ray.kill(handle)

@@ -17,14 +17,15 @@ import zmq
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from actors.base import as_ray_actor
+from actors.base import RunContext, as_ray_actor
 from actors.learner.weight_sync import WeightServer
 from actors.policy.model import build_model
 from actors.rollout.actor import RolloutActor
 from actors.rollout.engine import EngineError, GenerateRequest, SamplingParams
-from configs import ModelConfig, RolloutConfig
+from configs import EvalConfig, ModelConfig, RolloutConfig
 from protocols import ErrorReply, TaskRequest, TensorSpec, WeightRequest, WeightsLoaded, decode_parts, encode_parts
 from protocols.channels import RequestClient
+from protocols.registry import Registry
 from protocols.weights import ITEMSIZE, bucket_layout, nbytes, plan_buckets
 
 TINY = ModelConfig(num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, intermediate_size=128,
@@ -43,8 +44,18 @@ def rollout_cfg(**kw) -> RolloutConfig:
                                    task_wait_s=0.5), **kw})
 
 
-def rollout_actor(endpoints, actor_id: str, **kw) -> RolloutActor:
-    return RolloutActor(rollout_cfg(**kw), TINY, replay="", verifier=NOWHERE, actor_id=actor_id, learner=endpoints)
+def register_learner(run_dir, endpoints) -> RunContext:
+    """A run in `run_dir` whose registry holds the learner's weight endpoints and a verifier nobody serves
+    (and no replay: these engines only generate on request)."""
+    registry = Registry(run_dir)
+    registry.register("learner", "learner", endpoints)
+    registry.register("verifier-0", "verifier", {"verifier": NOWHERE})
+    return RunContext(run_dir=str(run_dir))
+
+
+def rollout_actor(run_dir, endpoints, actor_id: str, **kw) -> RolloutActor:
+    ctx = dataclasses.replace(register_learner(run_dir, endpoints), name=actor_id)
+    return RolloutActor(rollout_cfg(**kw), TINY, EvalConfig(), ctx)
 
 
 def forced(prompt=PROMPT, response=RESPONSE) -> list[GenerateRequest]:
@@ -116,8 +127,9 @@ def test_gloo_push_to_engines_in_other_processes_matches_the_learner(tmp_path, r
     server = WeightServer(tmp_path, transport="gloo", bucket_mb=0.05, timeout_s=30, join_timeout_s=20)
     endpoints = server.start()
     remote = as_ray_actor(RolloutActor, num_cpus=0)
-    actors = {name: remote.remote(rollout_cfg(), TINY, replay="", verifier=NOWHERE, actor_id=name,
-                                  learner=endpoints) for name in ("ray-a", "ray-b")}
+    ctx = register_learner(tmp_path, endpoints)
+    actors = {name: remote.remote(rollout_cfg(), TINY, EvalConfig(), dataclasses.replace(ctx, name=name))
+              for name in ("ray-a", "ray-b")}
     late = None
     try:
         ray.get([a.start.remote() for a in actors.values()], timeout=120)
@@ -153,7 +165,7 @@ def test_gloo_push_to_engines_in_other_processes_matches_the_learner(tmp_path, r
         assert after.versions.tolist() == [2] * len(RESPONSE)
         assert np.abs(after.logprobs - learner_logprobs(learner)).max() <= 1e-5
 
-        late = rollout_actor(endpoints, "late")  # joins after version 2: gets it before serving
+        late = rollout_actor(tmp_path, endpoints, "late")  # joins after version 2: gets it before serving
         late.start()
         assert late.engine.weight_version == 2
         (gen,) = late.generate(forced())
@@ -174,7 +186,7 @@ def test_gloo_push_to_engines_in_other_processes_matches_the_learner(tmp_path, r
 def test_a_multi_bucket_version_lands_whole_under_a_running_generation(tmp_path):
     server = WeightServer(tmp_path, transport="gloo", bucket_mb=0.02, timeout_s=30)
     endpoints = server.start()
-    actor = rollout_actor(endpoints, "atomic", on_weight_update="abort", max_batch=2)
+    actor = rollout_actor(tmp_path, endpoints, "atomic", on_weight_update="abort", max_batch=2)
     old, new = build_model(TINY), build_model(dataclasses.replace(TINY, seed=5))
     try:
         actor.start()
@@ -217,7 +229,7 @@ def test_a_restarted_engine_rejoins_over_gloo_and_keeps_receiving(tmp_path):
     server = WeightServer(tmp_path, transport="gloo", bucket_mb=0.05, timeout_s=30)
     endpoints = server.start()
     server.publish(1, model.named_parameters)
-    actor = rollout_actor(endpoints, "phoenix")
+    actor = rollout_actor(tmp_path, endpoints, "phoenix")
     try:
         actor.start()
         first = actor.engine
@@ -230,7 +242,7 @@ def test_a_restarted_engine_rejoins_over_gloo_and_keeps_receiving(tmp_path):
         params = SamplingParams(temperature=T, max_new_tokens=4, ignore_eos=True)
         (gen,) = actor.generate([GenerateRequest("again", PROMPT, params)])  # restarted, re-bootstrapped
         assert actor.engine is not first and gen.versions.tolist() == [1] * 4
-        assert actor.health()["weights"]["bootstraps"] == 2 and server.stats["joins"] == 2
+        assert actor.health().weights.bootstraps == 2 and server.stats["joins"] == 2
         with torch.no_grad():
             model.model.norm.weight.mul_(1.5)
         report = server.publish(2, model.named_parameters)  # reaches the new engine's group only
@@ -250,7 +262,7 @@ def test_disk_transport_writes_atomic_versions_and_engines_load_them(tmp_path):
     model = build_model(dataclasses.replace(TINY, seed=3))
     server = WeightServer(tmp_path, transport="disk", hf_config=model.config)
     endpoints = server.start()
-    actor = rollout_actor(endpoints, "disk-engine")
+    actor = rollout_actor(tmp_path, endpoints, "disk-engine")
     try:
         actor.start()
         assert actor.engine.weight_version == 0  # nothing published yet: the initial weights serve
@@ -283,11 +295,11 @@ def test_a_failed_group_join_falls_back_to_disk(tmp_path, monkeypatch):
     from actors.rollout.torch_engine import TorchEngine
 
     monkeypatch.setattr(TorchEngine, "init_weights_update_group", refuse)
-    actor = rollout_actor(endpoints, "fallback")
+    actor = rollout_actor(tmp_path, endpoints, "fallback")
     try:
         actor.start()
         assert actor.engine.weight_version == 7
-        assert actor.health()["weights"]["disk_fallbacks"] == 1 and server.stats["disk_fallbacks"] == 1
+        assert actor.health().weights.disk_fallbacks == 1 and server.stats["disk_fallbacks"] == 1
         assert (tmp_path / "weights" / "v7" / "model.safetensors").exists()
         (gen,) = actor.generate(forced())
         assert np.abs(gen.logprobs - learner_logprobs(model)).max() <= 1e-5
@@ -426,7 +438,7 @@ def test_colocated_engines_release_memory_for_the_step_and_take_it_back(tmp_path
     model = build_model(TINY)
     server = WeightServer(tmp_path, transport="gloo", bucket_mb=1, timeout_s=30, join_timeout_s=20)
     endpoints = server.start()
-    actor = rollout_actor(endpoints, "colocated")
+    actor = rollout_actor(tmp_path, endpoints, "colocated")
     actor.start()
     try:
         server.release_engines()  # what the learner does before each step in colocated mode

@@ -4,11 +4,11 @@ See docs/replay.md.
 
 Modules: `formulas` (pure formulas), `task_source` (task sources and the split), `task_feed`,
 `retry_buffer`, `groups`, `intake`, `ledger`, `packing`, `state` (the deterministic state machine),
-`storage` (write-ahead log and snapshots), `actor` (the ReplayActor), `offline` (replay from saved
-episodes), `examples` (an example task-source plug-in). The rollout side of the episode contract,
-`EpisodeSender`, lives in `protocols.episodes`.
+`storage` (write-ahead log and snapshots), `actor` (the ReplayActor), `health` (its typed health
+record), `offline` (the train-only replay), `examples` (an example task-source plug-in). The rollout
+side of the episode contract, `EpisodeSender`, lives in `protocols.episodes`.
 """
 
-from actors.buffer.actor import ReplayActor, read_endpoint
+from actors.buffer.actor import ReplayActor
 
-__all__ = ["ReplayActor", "read_endpoint"]
+__all__ = ["ReplayActor"]

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from actors.buffer import intake
-from actors.buffer.formulas import admission_limit, is_stale, may_admit
+from actors.buffer.formulas import admission_limit, is_stale
 from actors.buffer.groups import Group, judge
 from actors.buffer.ledger import EpisodeLedger
 from actors.buffer.packing import episode_lag, gradient_versions, pack_batch
@@ -31,8 +31,8 @@ from actors.buffer.retry_buffer import RetryBuffer
 from actors.buffer.task_feed import TaskFeed
 from actors.buffer.task_source import TaskSet
 from configs import AlgoConfig, ReplayConfig
-from protocols import (BatchReply, BatchRequest, Episode, EpisodeAck, ErrorReply, Record, TaskReply,
-                       TaskRequest)
+from protocols import (BatchReply, BatchRequest, Episode, EpisodeAck, ErrorReply, Record, TaskList,
+                       TaskListRequest, TaskReply, TaskRequest, VersionsSeen)
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +105,10 @@ class ReplayState:
 
     @property
     def admission_bound(self) -> int:
+        """Groups that may be accepted or running now: (η + v + 1)·B, or the whole run's total_steps·B
+        with `replay.admission=whole_run` (rollout-only runs: no learner advances v)."""
+        if self.replay.admission == "whole_run":
+            return self.algo.total_steps * self.algo.batch_groups
         return admission_limit(self.eta, self.learner_version, self.algo.batch_groups, self.algo.total_steps)
 
     def on_task_request(self, req: TaskRequest, now: float) -> tuple[Record, bool]:
@@ -112,8 +116,7 @@ class ReplayState:
             return self._val_task(), False
         if self.learner_version >= self.algo.total_steps:
             return TaskReply(status="stop"), False
-        if not may_admit(self.admitted, self.eta, self.learner_version, self.algo.batch_groups,
-                         self.algo.total_steps):
+        if self.admitted >= self.admission_bound:
             self.counters.admission_waits += 1
             return TaskReply(status="wait", retry_after_s=self.replay.retry_after_s), False
         task, _source = self.feed.next_train()
@@ -123,6 +126,13 @@ class ReplayState:
         self.running[group.group_id] = group
         self.counters.groups_issued += 1
         return TaskReply(status="task", task=task, group_id=group.group_id, group_size=group.size), True
+
+    def on_task_list(self, req: TaskListRequest) -> TaskList:
+        """A whole split of the task set (for a warm start or an evaluation); changes nothing."""
+        return TaskList(split=req.split, tasks=list(self.feed.train if req.split == "train" else self.feed.val))
+
+    def versions_seen(self) -> VersionsSeen:
+        return VersionsSeen(highest=self.highest_version_seen)
 
     def _val_task(self) -> Record:
         task = self.feed.next_val()
@@ -273,29 +283,6 @@ class ReplayState:
         return pack_batch(episodes, advantages, version, self.algo.train_turns)
 
     # ---------------------------------------------------------------------------------- report
-
-    def health(self) -> dict:
-        c = self.counters
-        lags = c.trained_lag
-        return {
-            **self.ledger.summary(),
-            "learner_version": self.learner_version,
-            "highest_version_seen": self.highest_version_seen,
-            "groups": {"issued": c.groups_issued, "running": len(self.running), "ready": len(self.ready),
-                       "trained": c.groups_trained, "filtered": dict(c.groups_filtered)},
-            "admission": {"admitted": self.admitted, "limit": self.admission_bound, "waits": c.admission_waits},
-            "batches": c.batches,
-            "batch_waits": c.batch_waits,
-            "trained_lag": {"max": max(lags) if lags else None, "histogram": dict(sorted(lags.items()))},
-            "duplicates": c.duplicates,
-            "rejected": sum(c.rejected.values()),
-            "rejected_by_reason": dict(c.rejected),
-            "retry": self.retry.metrics(groups_served=c.groups_issued),
-            "feed": {"train_tasks": len(self.feed.train), "val_tasks": len(self.feed.val),
-                     "epoch": self.feed.epoch, "index": self.feed.index,
-                     "reissue_queue": len(self.feed.reissued), "served": dict(self.feed.served),
-                     "val_served": c.val_served},
-        }
 
     # -------------------------------------------------------------------------------- snapshot
 

@@ -4,7 +4,8 @@ into `TrainBatch`es for `Trainer.sft_step`.
 Each sequence is exactly what the policy will see and say in RL: the task's first prompt through the
 rollout's prompt builder and tokenizer, then the solution file in a ```python fenced block (what the
 verifier's extract stage reads) and EOS. Only the response tokens carry loss. Only training-split
-tasks with a solution file are used, so the warm start never sees a validation task's answer.
+tasks with a solution file are used, so the warm start never sees a validation task's answer: the
+learner asks replay, which owns the split, for the training tasks (`warm_start_batches`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,19 @@ from pathlib import Path
 import numpy as np
 
 from actors.policy.prompts import first_prompt
+from actors.policy.tokenizer import load_tokenizer
+from configs import ModelConfig, WarmStartConfig
 from protocols import Task, TrainBatch
+
+
+def warm_start_batches(tasks: list[Task], cfg: WarmStartConfig, model: ModelConfig) -> tuple[list[TrainBatch], int]:
+    """The warm start's batches from the training tasks and `cfg.solutions`, and how many solutions
+    they hold."""
+    if not cfg.solutions:
+        raise ValueError("warm_start.solutions names no directory (the driver fills in its default)")
+    pairs = solution_pairs(tasks, cfg.solutions)
+    batches = sft_batches(pairs, load_tokenizer(model), max_seq_len=model.max_seq_len, batch_tokens=cfg.batch_tokens)
+    return batches, len(pairs)
 
 
 def solution_pairs(tasks: list[Task], solutions: str | Path) -> list[tuple[Task, str]]:

@@ -78,15 +78,17 @@ class Engine(abc.ABC):
     """What the rollout actor needs from an inference engine.
 
     An engine plug-in (`rollout.engine: package.module.Class`) subclasses this. The rollout actor
-    builds it with `from_config`, whose default calls `cls(rollout, model, index=..., eos_token_ids=...)`;
-    an engine whose constructor takes other arguments overrides `from_config` (the torch engine does).
+    builds it with `from_config`, whose default calls
+    `cls(rollout, model, index=..., eos_token_ids=..., gpu_ids=...)`; an engine whose constructor takes
+    other arguments overrides `from_config` (the torch engine does).
     """
 
     @classmethod
     def from_config(cls, rollout: "RolloutConfig", model: "ModelConfig", *, index: int,
-                    eos_token_ids: list[int]) -> "Engine":
-        """The engine of rollout actor `index`, stopping at `eos_token_ids`."""
-        return cls(rollout, model, index=index, eos_token_ids=eos_token_ids)
+                    eos_token_ids: list[int], gpu_ids: tuple[str, ...] = ()) -> "Engine":
+        """The engine of rollout actor `index`, stopping at `eos_token_ids`, on the placement plan's
+        `gpu_ids` (() = the devices this process sees)."""
+        return cls(rollout, model, index=index, eos_token_ids=eos_token_ids, gpu_ids=gpu_ids)
 
     @abc.abstractmethod
     def generate(self, requests: list[GenerateRequest]) -> list[Generation]:

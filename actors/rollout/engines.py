@@ -1,7 +1,7 @@
 """Pick and build the engine a rollout actor drives, from `rollout.engine`: 'torch' (the embedded
-engine), 'sglang' (SGLang servers launched per actor, or reached at given URLs), or the dotted path of
-any `actors.rollout.engine.Engine` subclass, loaded by the one plug-in loader (`actors.base.load_plugin`)
-and built with `Engine.from_config`.
+engine), 'sglang' (SGLang servers launched per actor on the GPUs the placement plan gives it, or
+reached at `rollout.sglang.urls`), or the dotted path of any `actors.rollout.engine.Engine` subclass,
+loaded by the one plug-in loader (`actors.base.load_plugin`) and built with `Engine.from_config`.
 """
 
 from __future__ import annotations
@@ -29,5 +29,9 @@ def engine_class(name: str) -> type[Engine]:
     return load_plugin(BUILT_IN.get(name, name), Engine, key="rollout.engine")
 
 
-def make_engine(rollout: RolloutConfig, model: ModelConfig, *, index: int, eos_token_ids: list[int]) -> Engine:
-    return engine_class(rollout.engine).from_config(rollout, model, index=index, eos_token_ids=eos_token_ids)
+def make_engine(rollout: RolloutConfig, model: ModelConfig, *, index: int, eos_token_ids: list[int],
+                gpu_ids: tuple[str, ...] = ()) -> Engine:
+    """`gpu_ids`: the actor's GPUs from the placement plan (`Slot.device_ids()`), where a launched
+    SGLang server runs; () leaves the engine the devices this process sees."""
+    return engine_class(rollout.engine).from_config(rollout, model, index=index, eos_token_ids=eos_token_ids,
+                                                     gpu_ids=gpu_ids)

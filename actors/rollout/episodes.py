@@ -21,18 +21,21 @@ import numpy as np
 from actors.policy.prompts import first_prompt, repair_prompt
 from actors.rollout.engine import GenerateRequest, Generation, SamplingParams
 from protocols import Episode, Task, TaskReply, Turn, VerifyRequest, VerifyResult, infra_result
-from protocols.channels import ChannelTimeout, RemoteError, RequestClient
+from protocols.channels import ChannelTimeout, ReconnectingClient, RemoteError
 
 log = logging.getLogger(__name__)
 
 
 class Verifier:
-    """Concurrent VerifyRequests over one DEALER per worker thread (zmq sockets are not thread-safe)."""
+    """Concurrent VerifyRequests over one DEALER per worker thread (zmq sockets are not thread-safe).
+    `address` is the verifier pool ("a,b,..."), or a function that looks it up in the run's registry:
+    each thread's client then follows restarted verifiers to their new addresses."""
 
-    def __init__(self, address: str, *, timeout_s: float, retries: int, concurrency: int = 16) -> None:
+    def __init__(self, address: str | Callable[[], str], *, timeout_s: float, retries: int,
+                 concurrency: int = 16) -> None:
         self.address, self.timeout_s, self.retries = address, timeout_s, retries
         self._local = threading.local()
-        self._clients: list[RequestClient] = []
+        self._clients: list[ReconnectingClient] = []
         self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="kiln-rollout-verify")
         self.stats = {"sent": 0, "infra": 0}
 
@@ -42,7 +45,8 @@ class Verifier:
     def verify(self, request: VerifyRequest) -> VerifyResult:
         client = getattr(self._local, "client", None)
         if client is None:
-            client = self._local.client = RequestClient(self.address, timeout_s=self.timeout_s, retries=self.retries)
+            client = self._local.client = ReconnectingClient(self.address, timeout_s=self.timeout_s,
+                                                             retries=self.retries)
             self._clients.append(client)
         self.stats["sent"] += 1
         try:

@@ -112,7 +112,9 @@ class TorchEngine(Engine):
         self._thread.start()
 
     @classmethod
-    def from_config(cls, rollout, model, *, index: int, eos_token_ids: list[int]) -> "TorchEngine":
+    def from_config(cls, rollout, model, *, index: int, eos_token_ids: list[int],
+                    gpu_ids: tuple[str, ...] = ()) -> "TorchEngine":
+        # In a Ray actor the placement already restricts the visible devices to `gpu_ids`.
         from actors.rollout.engines import resolve_device
 
         return cls(model, max_batch=rollout.max_batch, device=resolve_device(rollout.device),

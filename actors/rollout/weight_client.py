@@ -24,7 +24,7 @@ from typing import Callable, Mapping
 from actors.policy.weights import Loader, loader
 from actors.rollout.engine import Engine, EngineError
 from protocols import Control, ErrorReply, WeightAnnouncement, WeightRequest, WeightsLoaded
-from protocols.channels import ChannelTimeout, RemoteError, RequestClient, Subscriber
+from protocols.channels import ChannelTimeout, ReconnectingClient, RemoteError, Subscriber
 from protocols.schema import Record
 
 log = logging.getLogger(__name__)
@@ -42,6 +42,9 @@ class WeightClient:
                  request_timeout_s: float = 120.0, confirm_timeout_s: float = 10.0, poll_s: float = 0.2) -> None:
         self.engine_id = engine_id
         self._learner = learner if callable(learner) else (lambda: learner)
+        # Requests follow the learner's registered "weights" address across restarts.
+        self._req = ReconnectingClient(lambda: dict(self._learner()).get("weights", ""),
+                                       timeout_s=request_timeout_s, retries=0)
         self.request_timeout_s, self.confirm_timeout_s, self.poll_s = request_timeout_s, confirm_timeout_s, poll_s
         self.engine: Engine | None = None
         self.loaders: dict[str, Loader] = {}  # the engine's end of each transport it was answered through
@@ -51,7 +54,6 @@ class WeightClient:
         self._endpoints: dict[str, str] = {}
         self._joined: dict[str, str] = {}  # the endpoints of the learner whose weights we last joined
         self._sub: Subscriber | None = None
-        self._req: RequestClient | None = None
         self._lock = threading.RLock()  # one weight operation at a time, bootstrap included
 
     # ------------------------------------------------------------------------------ lifecycle
@@ -136,10 +138,10 @@ class WeightClient:
 
     def close(self) -> None:
         with self._lock:
-            for channel in (self._sub, self._req):
-                if channel is not None:
-                    channel.close()
-            self._sub = self._req = None
+            if self._sub is not None:
+                self._sub.close()
+            self._sub = None
+            self._req.close()
 
     def health(self) -> dict:
         return {**self.stats, "group": self.group, "error": self.last_error,
@@ -151,6 +153,8 @@ class WeightClient:
         """(Re)connect to the learner's endpoints; subscribe BEFORE asking for weights, so no
         announcement after the join can be missed."""
         endpoints = dict(self._learner())
+        if not endpoints:
+            raise WeightSyncError("the learner has not registered its weight endpoints")
         if endpoints == self._endpoints and self._sub is not None:
             return
         self.close()
@@ -161,7 +165,6 @@ class WeightClient:
             sub.close()
             raise WeightSyncError(f"the learner's announcements at {endpoints['announce']} did not answer") from None
         self._sub = sub
-        self._req = RequestClient(endpoints["weights"], timeout_s=self.request_timeout_s, retries=0)
         self._endpoints = endpoints
 
     def _request(self, rec: Record, timeout_s: float | None = None) -> Record:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from actors.base import RunContext
 from actors.buffer.actor import ReplayActor
 from configs import AlgoConfig, ReplayConfig
 from protocols import TaskRequest
@@ -48,7 +49,7 @@ def run(directory: Path, clients: int, episodes: int, spec: TurnSpec) -> dict:
     with tempfile.TemporaryDirectory(dir=directory) as tmp:
         replay = ReplayConfig(task_source="actors.buffer.examples.TextMatchTasks", max_staleness=1_000_000,
                               snapshot_every=100_000)
-        actor = ReplayActor(replay, AlgoConfig(group_size=GROUP, total_steps=1_000_000), tmp)
+        actor = ReplayActor(replay, AlgoConfig(group_size=GROUP, total_steps=1_000_000), RunContext(run_dir=tmp))
         address = actor.start()["replay"]
         lat: list[list[float]] = [[] for _ in range(clients)]
         threads = [threading.Thread(target=client_loop, args=(address, episodes // clients, spec, lat[c], c))
@@ -63,8 +64,8 @@ def run(directory: Path, clients: int, episodes: int, spec: TurnSpec) -> dict:
         actor.stop()
     ms = np.concatenate([np.asarray(x) for x in lat]) * 1e3
     return {"clients": clients, "episodes": ms.size, "p50": np.percentile(ms, 50), "p99": np.percentile(ms, 99),
-            "server_p50": h["ack_latency_ms"]["p50"], "server_p99": h["ack_latency_ms"]["p99"],
-            "acks_per_s": ms.size / wall, "commits": h["storage"]["commits"]}
+            "server_p50": h.ack_latency_ms.p50, "server_p99": h.ack_latency_ms.p99,
+            "acks_per_s": ms.size / wall, "commits": h.storage.commits}
 
 
 def main() -> None:

@@ -62,14 +62,14 @@ class Probe:
 
     def _decoded_tokens(self, session) -> int:
         """Tokens decoded by all engines so far; a restarted engine's counter starts again at 0."""
-        for handle in session.supervisor.role("rollout-"):
+        for handle in session.rollouts:
             try:
-                now = int(handle.call("health", timeout_s=10.0)["engine"].get("tokens", 0))
+                now = handle.health(timeout_s=10.0).decoded_tokens
             except Exception:
                 continue
-            last, total = self._decoded.get(handle.spec.name, (0, 0))
+            last, total = self._decoded.get(handle.name, (0, 0))
             total += now - last if now >= last else now
-            self._decoded[handle.spec.name] = (now, total)
+            self._decoded[handle.name] = (now, total)
         return sum(total for _, total in self._decoded.values())
 
 

@@ -29,7 +29,9 @@ from typing import Callable
 
 import numpy as np
 
+from actors.base import RunContext
 from actors.buffer.actor import ReplayActor
+from actors.buffer.health import ReplayHealth
 from configs import AlgoConfig, ReplayConfig
 from configs.schema import RetryConfig
 from protocols import BatchReply, BatchRequest, Task, TaskReply, TaskRequest
@@ -66,7 +68,7 @@ class SimResult:
     admission_waits: int
     learner_wait_time: float
     invariant_ok: bool
-    health: dict = field(repr=False, default_factory=dict)
+    health: ReplayHealth | None = field(repr=False, default=None)
 
     @property
     def samples_per_time(self) -> float:
@@ -85,7 +87,7 @@ class Simulation:
                               retry=RetryConfig(capacity=16, probability=0.25, max_retries=2))
         algo = AlgoConfig(group_size=cfg.group_size, batch_groups=cfg.batch_groups, total_steps=cfg.steps,
                           seed=cfg.seed)
-        self.actor = ReplayActor(replay, algo, run_dir)
+        self.actor = ReplayActor(replay, algo, RunContext(run_dir=str(run_dir), name="replay"))
         self.now = 0.0
         self._events: list = []
         self._seq = itertools.count()
@@ -112,8 +114,8 @@ class Simulation:
         return SimResult(eta=self.cfg.eta, steps=self.version, end_time=self.now,
                          trained_samples=len(self.lags), max_lag=max(self.lags, default=0),
                          mean_lag=float(np.mean(self.lags)) if self.lags else 0.0, lag_histogram=hist,
-                         filtered=health["filtered"], admission_waits=health["admission"]["waits"],
-                         learner_wait_time=self.learner_wait, invariant_ok=health["invariant_ok"], health=health)
+                         filtered=health.filtered, admission_waits=health.admission.waits,
+                         learner_wait_time=self.learner_wait, invariant_ok=health.invariant_ok, health=health)
 
     # ------------------------------------------------------------------------------- engines
 
@@ -206,7 +208,7 @@ def table(results: list[SimResult]) -> str:
             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in results:
         hist = ", ".join(f"{k}: {v}" for k, v in r.lag_histogram.items())
-        filt = ", ".join(f"{k} {v}" for k, v in sorted(r.health["groups"]["filtered"].items())) or "-"
+        filt = ", ".join(f"{k} {v}" for k, v in sorted(r.health.groups.filtered.items())) or "-"
         rows.append(f"| {r.eta} | {r.steps} | {r.trained_samples} | {r.max_lag} | {r.mean_lag:.2f} | {hist} | "
                     f"{filt} | {r.admission_waits} | {r.samples_per_time:.2f} | {r.learner_busy:.0%} |")
     return "\n".join(rows)

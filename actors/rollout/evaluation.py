@@ -1,7 +1,8 @@
 """Validation metrics: the columns of the MusaCoder model card, computed from verifier verdicts.
 
-The driver samples every validation task n times through rollout and verifies each sample with the
-same verifier as training; `eval_metrics` turns those verdicts into numbers. Definitions (per task,
+A rollout actor samples every validation task n times (`eval.samples`, first turn only) and verifies
+each sample with the same verifier as training (`RolloutActor.evaluate`); `eval_metrics` turns those
+verdicts into numbers. Definitions (per task,
 then averaged with equal weight over tasks):
 
 * pass@k  — the unbiased estimator of Chen et al. (2021) from n samples of which c passed:
