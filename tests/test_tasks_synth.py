@@ -23,6 +23,7 @@ from tasks.synth import SynthConfig, synthesize
 from tasks.synth.builder import Builder
 from tasks.synth.canonical import canonical_hash
 from tasks.synth.checks import constants, load_source
+from tasks.synth.decontam import source_signature
 from tasks.synth.dims import evaluate
 from tasks.synth.emit import TaskHeader, emit, size_names
 from tasks.synth.generate import MANIFEST
@@ -102,24 +103,24 @@ def test_every_task_loads_and_runs_through_loader_task_source_and_reference(seed
 
 
 def test_same_seed_writes_identical_bytes_other_seed_other_files(seed0, tmp_path):
-    again = synthesize(SynthConfig(out=tmp_path / "again", count=8, seed=0))
-    first8 = {t.file for t in seed0.tasks[:8]}
-    original = {k: v for k, v in py_files(seed0.config.out).items() if k in first8}
+    again = synthesize(SynthConfig(out=tmp_path / "again", count=6, seed=0))
+    first = {t.file for t in seed0.tasks[:6]}
+    original = {k: v for k, v in py_files(seed0.config.out).items() if k in first}
     assert py_files(again.config.out) == original  # attempts draw from (seed, attempt) streams
-    twice = synthesize(SynthConfig(out=tmp_path / "twice", count=8, seed=0))
+    twice = synthesize(SynthConfig(out=tmp_path / "twice", count=6, seed=0))
     assert py_files(twice.config.out) == py_files(again.config.out)
     assert (twice.config.out / MANIFEST).read_bytes() == (again.config.out / MANIFEST).read_bytes()
-    other = synthesize(SynthConfig(out=tmp_path / "other", count=8, seed=1))
+    other = synthesize(SynthConfig(out=tmp_path / "other", count=6, seed=1))
     assert not set(py_files(other.config.out).values()) & set(original.values())
-    assert not {t.graph_hash for t in other.tasks} & {t.graph_hash for t in seed0.tasks[:8]}
+    assert not {t.graph_hash for t in other.tasks} & {t.graph_hash for t in seed0.tasks[:6]}
 
 
 def test_shape_rules_hold_on_many_random_graphs():
-    """The shape rules are sound: for 150 sampled graphs of up to 10 ops, the emitted file runs at its
+    """The shape rules are sound: for 120 sampled graphs of up to 10 ops, the emitted file runs at its
     cpu and alt shapes and yields the shape the rules predicted (the generator's own checks would count
     a violation as `run`/`shape`; here no graph may violate them)."""
     ops = resolve_ops(None)
-    for attempt in range(150):
+    for attempt in range(120):
         graph = sample_graph(Random(f"shape-rules:{attempt}"), ops, 10)
         if graph is None or not fit_sizes(graph):
             continue
@@ -177,6 +178,20 @@ def test_exclude_drops_a_hand_written_task_with_the_same_op_structure(tmp_path):
     assert all(t.ops == ("gelu",) for t in report.tasks)
     manifest = json.loads((tmp_path / "out" / MANIFEST).read_text())
     assert manifest["excluded"] == {"structure": report.excluded["structure"]}
+
+
+def test_structure_signature_matches_a_hand_written_fused_task_with_other_attributes():
+    """A generated conv2d (5x5, padding 2) -> relu -> bias_add has the op structure of the shipped
+    level4/04_conv_relu_bias (3x3, no padding), and a gelu in place of the relu does not."""
+    def generated(activation: str) -> str:
+        b = Builder(Random(1))
+        x = REGISTRY["conv2d"].build(b, b.input_of_layout("image"))
+        out = REGISTRY["bias_add"].build(b, REGISTRY[activation].build(b, x))
+        return emit(prune(b.graph, out.id), TaskHeader(0, "-", level_of([])))
+
+    shipped = (REPO / "tasks/level4/04_conv_relu_bias.py").read_text()
+    assert source_signature(generated("relu"), "a.py") == source_signature(shipped, "b.py")
+    assert source_signature(generated("gelu"), "c.py") != source_signature(shipped, "b.py")
 
 
 def test_exclude_drops_tasks_of_an_earlier_synth_run(seed0, tmp_path):
