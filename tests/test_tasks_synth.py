@@ -255,3 +255,13 @@ def test_kiln_verify_runs_a_synthesized_reference(seed0, verifier_cache_dir, tmp
     result = json.loads(p.stdout)
     assert result["task_id"] == task.file.removesuffix(".py")
     assert result["q"] == 1.0 and result["error_class"] == "cheating", result["feedback"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_seed0_references_run_on_the_gpu_within_the_primary_budget(seed0):
+    """At their primary (cuda) shapes, every seed-0 reference runs finite on the GPU with an eager
+    forward under 50 ms and 2 GB (the table goes to stdout: run with -s to see it)."""
+    from tasks.synth.gpu_check import main
+
+    assert main([str(seed0.config.out)]) == 0

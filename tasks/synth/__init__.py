@@ -7,6 +7,7 @@
     canonical.py   the canonical graph hash (dedup); levels.py  the level rule
     emit.py        the task file; checks.py  the CPU checks; decontam.py  --exclude matching
     generate.py    the loop that ties them together and writes the output directory
+    gpu_check.py   maintainer tool: time the references at their primary shapes on a GPU
 """
 
 from tasks.synth.generate import SynthConfig, SynthError, SynthReport, WrittenTask, synthesize
