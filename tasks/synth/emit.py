@@ -59,7 +59,7 @@ class Names:
         return f"({', '.join(self.dim(d) for d in v.shape)}) {v.dtype}"
 
 
-def _dict_literal(items: dict[str, int], indent: str = "") -> str:
+def _dict_literal(items: dict[str, int]) -> str:
     return "{" + ", ".join(f'"{k}": {v}' for k, v in items.items()) + "}"
 
 

@@ -26,7 +26,6 @@ from tasks.synth import emit as emitter
 from tasks.synth.canonical import canonical_hash
 from tasks.synth.checks import PRIMARY_RUN, check_task
 from tasks.synth.decontam import ExcludeIndex, build_index
-from tasks.synth.graph import Graph
 from tasks.synth.levels import level_of
 from tasks.synth.ops import FAMILIES, REGISTRY, resolve_ops
 from tasks.synth.sampler import fit_sizes, sample_graph
@@ -188,9 +187,3 @@ def _slug(op_names: tuple[str, ...]) -> str:
 
 def _check_seed(seed: int, attempt: int) -> int:
     return Random(f"kiln-tasks-synth-check:{seed}:{attempt}").randrange(2**31)
-
-
-def graph_of(cfg: SynthConfig, attempt: int) -> Graph | None:
-    """The graph attempt `attempt` of a run samples (before sizing and filtering): for tests and
-    debugging."""
-    return sample_graph(Random(f"kiln-tasks-synth:{cfg.seed}:{attempt}"), resolve_ops(cfg.ops), cfg.max_ops)
