@@ -151,6 +151,7 @@ class ReplayConfig:
 class ProcessGroupSyncConfig:
     push_timeout_s: float = F(120.0, "Seconds one version's broadcast to one engine may take; a slower engine is dropped from the push and rejoins with its next request", gt=0.0)
     join_timeout_s: float = F(30.0, "Seconds an engine told where to join the learner's process group has to arrive before the join is abandoned", gt=0.0)
+    flat_buckets: bool = F(True, "Each bucket holds one dtype and travels as one flat broadcast, packed while the previous one is on the wire (SGLang: /update_weights_from_distributed with load_format flattened_bucket); false = one broadcast per tensor, for SGLang servers without that format")
 
 
 @dataclass
