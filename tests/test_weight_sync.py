@@ -520,3 +520,41 @@ def test_colocated_engines_release_memory_for_the_step_and_take_it_back(tmp_path
     finally:
         actor.stop()
         server.stop()
+
+
+# ------------------------------------------------------------------ the GPU bench's smoke run on CPU
+
+
+def test_the_weight_sync_bench_runs_both_forms_on_cpu(tmp_path):
+    """launch/bench/weight_sync.py's two forms on the CPU over gloo with a toy model: torchrun with two
+    ranks (raw broadcast, the transport flat and per tensor, the whole WeightServer path) and the
+    one-process form (packing and applying against a raw copy), each row timed over 10 pushes; the
+    GPU runs use the same code with NCCL."""
+    import json
+    import os
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "OUT": str(tmp_path), "PYTHONPATH": str(root)}
+    bench = ["-m", "launch.bench.weight_sync", "--cpu", "--bucket-mb", "0.25", "--pushes", "10"]
+    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+                          str(port), *bench], cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert two.returncode == 0, two.stderr[-3000:]
+    rows = {r["path"]: r for r in json.loads((tmp_path / "weight_sync.json").read_text())}
+    flat = rows["transport, flat single-dtype buckets, packed ahead, 0.25 MiB buckets (12)"]
+    assert flat["pushes"] == 10 and flat["of_raw"] > 0 and flat["GB"] == rows[
+        "raw gloo broadcast, one flat buffer of the version's bytes"]["GB"]
+    assert {"WeightServer.publish, gloo, flat, 0.25 MiB (received)", "publish -> WeightsLoaded, gloo, per tensor",
+            "transport, one broadcast per tensor, 0.25 MiB buckets (12)"} <= set(rows)
+    one = subprocess.run([sys.executable, *bench], cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert one.returncode == 0, one.stderr[-3000:]
+    rows = [r["path"] for r in json.loads((tmp_path / "weight_sync.json").read_text())]
+    assert rows == ["raw device-to-device copy of the version's bytes",
+                    "learner: pack into flat buckets, 0.25 MiB (12)",
+                    "engine: apply a version (copy every tensor into the model)"]
