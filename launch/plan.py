@@ -478,6 +478,11 @@ def _memory(cfg: KilnConfig, s: ModelShape, tp: int, pp: int, dp: int, engine_gp
 def megatron_learner_memory(s: ModelShape, learner: LearnerConfig, *, tp: int, pp: int, dp: int) -> dict[str, float]:
     """Bytes per GPU of the megatron learner on its most loaded pipeline stage (the module docstring
     states the model), by part: weights, grads, optimizer, activations, logits."""
+    return max(megatron_stage_memory(s, learner, tp=tp, pp=pp, dp=dp), key=lambda parts: sum(parts.values()))
+
+
+def megatron_stage_memory(s: ModelShape, learner: LearnerConfig, *, tp: int, pp: int, dp: int) -> list[dict[str, float]]:
+    """`megatron_learner_memory`'s parts for each pipeline stage in order (first, then last)."""
     tokens, kernels = learner.micro_batch_tokens, learner.megatron
     embedding = s.vocab * s.hidden
     per_layer = (s.params - embedding * (1 if s.tied_embeddings else 2) - s.hidden) / s.layers
@@ -499,8 +504,7 @@ def megatron_learner_memory(s: ModelShape, learner: LearnerConfig, *, tp: int, p
         return {"weights": shard * 2, "grads": shard * 4, "optimizer": shard * 12 / dp,
                 "activations": in_flight * layers * act_per_layer, "logits": logits if last else 0.0}
 
-    stages = [stage(True, pp == 1)] + ([stage(False, True)] if pp > 1 else [])
-    return max(stages, key=lambda parts: sum(parts.values()))
+    return [stage(True, pp == 1)] + ([stage(False, True)] if pp > 1 else [])
 
 
 def _gpu_load(gpu: int, residents: tuple[str, ...], mem: MemoryEstimate, layout: str) -> GpuLoad:
