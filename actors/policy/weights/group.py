@@ -193,9 +193,9 @@ def _finished(work, flat: torch.Tensor) -> None:
     """Wait for a broadcast to be done with its packed bucket (NCCL's wait() only orders the streams:
     the host waits too, which is what bounds the packed buckets alive)."""
     work.wait()
-    if flat.is_cuda:
+    if flat.is_cuda:  # the push runs on a thread of its own: name the device's stream, not the thread's default
         done = torch.cuda.Event()
-        done.record()
+        done.record(torch.cuda.current_stream(flat.device))
         done.synchronize()
 
 
