@@ -151,6 +151,7 @@ class ReplayConfig:
 class ProcessGroupSyncConfig:
     push_timeout_s: float = F(120.0, "Seconds one version's broadcast to one engine may take; a slower engine is dropped from the push and rejoins with its next request", gt=0.0)
     join_timeout_s: float = F(30.0, "Seconds an engine told where to join the learner's process group has to arrive before the join is abandoned", gt=0.0)
+    flat_buckets: bool = F(True, "Each bucket holds one dtype and travels as one flat broadcast, packed while the previous one is on the wire (SGLang: /update_weights_from_distributed with load_format flattened_bucket); false = one broadcast per tensor, for SGLang servers without that format")
 
 
 @dataclass
@@ -167,6 +168,14 @@ class WeightSyncConfig:
 
 
 @dataclass
+class MegatronKernelsConfig:
+    fused_logprobs: bool = F(True, "Token logprobs and entropies in row chunks by torch.compile'd kernels: no fp32 copy of the logits over the whole vocabulary, the backward writes into the logits' storage; false = fp32 log-softmax over all logits at once (megatron's vocab-parallel cross entropy)")
+    logprob_chunk_rows: int = F(2048, "Rows per chunk of fused_logprobs", ge=1)
+    fused_swiglu: bool = F(True, "SwiGLU as megatron's torch.compile'd kernel (forward and backward), keeping only its input for the backward; false = silu and mul apart")
+    fused_rope: bool = F(True, "RoPE of q and k as one torch.compile'd kernel each; false = eager cat, mul and add")
+
+
+@dataclass
 class LearnerConfig:
     backend: str = F("torch", "'torch' (HF model; CPU/GPU) or 'megatron' (megatron-core; GPU)", choices=["torch", "megatron"])
     lr: float = F(1e-6, "AdamW learning rate", ge=0.0)
@@ -174,7 +183,8 @@ class LearnerConfig:
     grad_clip: float = F(1.0, "Global gradient-norm clip; 0 disables", ge=0.0)
     micro_batch_tokens: int = F(8192, "Tokens per packed micro-batch (gradient accumulation across micro-batches)", ge=16)
     tensor_parallel: int = F(1, "Megatron tensor-parallel size", ge=1)
-    pipeline_parallel: int = F(1, "Megatron pipeline-parallel size; only 1 runs today (neither backend has a pipeline schedule), the placement plan already sizes memory for more", ge=1, le=1)
+    pipeline_parallel: int = F(1, "Megatron pipeline-parallel size: the decoder layers split evenly over this many stages (it must divide num_layers), micro-batches run through megatron's 1F1B schedule", ge=1)
+    megatron: MegatronKernelsConfig = F(MegatronKernelsConfig(), "Kernels of the megatron backend (each switchable, to measure it)")
     weight_sync: WeightSyncConfig = F(WeightSyncConfig(), "How new weights reach the rollout engines")
     checkpoint_every: int = F(50, "Steps between checkpoints; 0 = only at the end", ge=0)
     device: str = F("auto", "Device of the torch learner: 'auto' (cuda when present), 'cpu' or 'cuda[:i]'")

@@ -306,6 +306,10 @@ class WeightAnnouncement(Record):
     transport: Literal["nccl", "cuda_ipc", "gloo", "disk"]
     location: str = ""  # a directory for "disk", a rendezvous address for process groups
     bucket_bytes: int = 0
+    # Process groups: every bucket holds one dtype and travels as one flat tensor, its tensors
+    # concatenated in order (protocols.weights.plan_buckets(..., by_dtype=True)); False: one broadcast
+    # per tensor.
+    flat: bool = False
 
 
 @record

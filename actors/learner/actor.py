@@ -105,7 +105,8 @@ class LearnerActor(Actor):
         transport = choose_transport(ws.transport, self.device, self.shares_gpu)
         self.weights = WeightServer(self.dir, transport, ws.bucket_mb, host=self.ctx.bind.host,
                                     timeout_s=ws.process_group.push_timeout_s,
-                                    join_timeout_s=ws.process_group.join_timeout_s, keep_disk=ws.disk.keep_versions)
+                                    join_timeout_s=ws.process_group.join_timeout_s, keep_disk=ws.disk.keep_versions,
+                                    flat_buckets=ws.process_group.flat_buckets)
         if self._read_announced() >= 0:  # this run's learner announced before: continue above it
             self._restore()
         else:
