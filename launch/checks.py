@@ -123,12 +123,19 @@ def check_tasks(replay: ReplayConfig, backend: str, model: ModelConfig | None = 
     return findings
 
 
-def check_reward_actor(verifier: VerifierConfig) -> list[Finding]:
+def check_reward_actor(verifier: VerifierConfig, *, dry_run: bool = False) -> list[Finding]:
     """The reward actor imports and constructs with its arguments (the kernel verifier: its backend's
-    device and toolchain are there), then is closed again."""
+    device and toolchain are there), then is closed again. A dry run plans GPU presets on machines
+    without a GPU: there, a cuda verifier without a visible device is a warning."""
     from actors.base import PluginError, load_plugin
     from actors.verifier.interface import DEFAULT_REWARD_ACTOR, RewardActor
 
+    if dry_run and verifier.reward_actor is None and verifier.backend == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            return [Finding("warning", "verifier.backend=cuda: no CUDA device is visible on this machine; the "
+                                       "verifiers must run where there is one")]
     name = verifier.reward_actor or DEFAULT_REWARD_ACTOR
     try:
         cls = load_plugin(name, RewardActor, key="verifier.reward_actor")
@@ -184,7 +191,7 @@ def local_checks(cfg: KilnConfig, *, dry_run: bool, with_components: bool = True
         findings += check_model(cfg.model, dry_run=dry_run)
         findings += check_tasks(cfg.replay, cfg.verifier.backend, cfg.model if not errors(findings) else None,
                                 cfg.rollout)
-        findings += check_reward_actor(cfg.verifier)
+        findings += check_reward_actor(cfg.verifier, dry_run=dry_run)
     return findings
 
 

@@ -150,3 +150,15 @@ def test_on_a_ray_cluster_each_component_is_checked_where_it_runs(ray_session):
     assert findings == [Finding("note", "replay: tasks: 300 from actors.buffer.examples.TextMatchTasks "
                                         "(text_match: 300); 275 train, 25 validation"),
                         Finding("error", "learner: model.path=/only/on/the/gpu/nodes: no such directory")]
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the machine without CUDA")
+def test_a_gpu_preset_plans_anywhere_but_runs_only_where_its_verifier_can(tmp_path, capsys):
+    preset = str(ROOT / "configs" / "eight_gpu.yaml")
+    code, out, err = run(capsys, *train_args(tmp_path, dry_run=True, config=preset))
+    assert code == 0 and "engines" in out
+    assert err == ["kiln: warning: verifier.backend=cuda: no CUDA device is visible on this machine; the verifiers "
+                   "must run where there is one"]
+    code, _, err = run(capsys, *train_args(tmp_path, config=preset))
+    assert code == 2 and err == ["kiln: error: verifier.backend=cuda is not available here: constructing KernelVerifier "
+                                 "raised RuntimeError: verifier.backend=cuda but no CUDA device is visible to this process"]
