@@ -25,4 +25,4 @@ demo: venv
 	$(BIN)/kiln train --config configs/default.yaml
 
 bench-protocols: venv
-	$(BIN)/python -m launch.bench_protocols
+	$(BIN)/python -m launch.bench.protocols

@@ -4,16 +4,21 @@ from configs.loader import ConfigError, load_config, to_dict, to_yaml
 from configs.schema import (
     AlgoConfig,
     ClusterConfig,
+    EvalConfig,
     KilnConfig,
     LearnerConfig,
     LoggingConfig,
     ModelConfig,
     ReplayConfig,
     RolloutConfig,
+    SGLangConfig,
     VerifierConfig,
+    WarmStartConfig,
+    WeightSyncConfig,
 )
 
 __all__ = [
-    "AlgoConfig", "ClusterConfig", "ConfigError", "KilnConfig", "LearnerConfig", "LoggingConfig",
-    "ModelConfig", "ReplayConfig", "RolloutConfig", "VerifierConfig", "load_config", "to_dict", "to_yaml",
+    "AlgoConfig", "ClusterConfig", "ConfigError", "EvalConfig", "KilnConfig", "LearnerConfig", "LoggingConfig",
+    "ModelConfig", "ReplayConfig", "RolloutConfig", "SGLangConfig", "VerifierConfig", "WarmStartConfig",
+    "WeightSyncConfig", "load_config", "to_dict", "to_yaml",
 ]

@@ -1,7 +1,8 @@
 """Load a Kiln config: schema defaults <- YAML preset <- dotlist overrides, then check every bound.
 
 Any mistake stops start-up with a `ConfigError` that names the key: unknown keys come with the
-nearest valid keys, out-of-range values with the bound and the field's help.
+nearest valid keys, out-of-range values with the bound and the field's help, and a key of an earlier
+layout (`RENAMED`) with its new name.
 """
 
 from __future__ import annotations
@@ -24,6 +25,30 @@ DEFAULT_PRESET = PRESETS / "default.yaml"
 
 class ConfigError(ValueError):
     """A config could not be loaded; the message names the offending key."""
+
+
+# Keys of earlier layouts and their names now. A YAML file or override that uses one is refused with
+# "X was renamed to Y" (a silent alias would leave two spellings of one setting in circulation).
+RENAMED = {
+    "rollout.sglang_urls": "rollout.sglang.urls",
+    "rollout.sglang_launch_module": "rollout.sglang.launch_module",
+    "rollout.sglang_tp_size": "rollout.sglang.tp_size",
+    "rollout.sglang_mem_fraction": "rollout.sglang.mem_fraction",
+    "rollout.sglang_base_port": "rollout.sglang.base_port",
+    "rollout.sglang_start_timeout_s": "rollout.sglang.start_timeout_s",
+    "rollout.sglang_extra_args": "rollout.sglang.extra_args",
+    "rollout.verify_timeout_s": "rollout.verify_reply_timeout_s",
+    "verifier.verify_timeout_s": "verifier.reward_timeout_s",
+    "learner.weight_sync": "learner.weight_sync.transport",
+    "learner.bucket_mb": "learner.weight_sync.bucket_mb",
+    "algo.sft_warmup_steps": "warm_start.steps",
+    "algo.sft_solutions": "warm_start.solutions",
+    "algo.sft_lr": "warm_start.lr",
+    "algo.sft_batch_tokens": "warm_start.batch_tokens",
+    "algo.eval_samples": "eval.samples",
+    "logging.eval_every": "eval.every",
+    "logging.eval_k": "eval.k",
+}
 
 
 def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -> KilnConfig:
@@ -69,9 +94,16 @@ def _read_yaml(path: Path) -> dict:
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: not a text file (byte {err.start} is not UTF-8); a config is a YAML file") from None
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read it: {err.strerror}") from None
+    try:
+        data = yaml.safe_load(text) or {}
     except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML: {err}") from None
+        problem = " ".join(str(err).split())
+        raise ConfigError(f"{path}: not valid YAML: {problem}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: top level must be a mapping of sections, got {type(data).__name__}")
     return data
@@ -109,9 +141,12 @@ def _check_keys(tree: Any, cls: type, prefix: str, source: str) -> None:
     fields = {f.name: f for f in dataclasses.fields(cls)}
     for key, value in tree.items():
         dotted = f"{prefix}{key}"
+        sub = _dataclass_type(cls, fields[key]) if key in fields else None
+        # A renamed key: gone, or now a section where the old layout had a value (learner.weight_sync).
+        if dotted in RENAMED and (key not in fields or (sub is not None and not isinstance(value, dict))):
+            raise ConfigError(f"{source}: {dotted} was renamed to {RENAMED[dotted]}")
         if key not in fields:
             raise ConfigError(f"{source}: unknown config key '{dotted}'{_nearest(str(dotted))}")
-        sub = _dataclass_type(cls, fields[key])
         if sub is not None:
             _check_keys(value, sub, dotted + ".", source)
 
@@ -157,8 +192,26 @@ def _check_consistency(cfg: KilnConfig) -> None:
         raise ConfigError(f"model.num_kv_heads={m.num_kv_heads} must divide model.num_heads={m.num_heads}")
     if m.hidden_size % m.num_heads:
         raise ConfigError(f"model.num_heads={m.num_heads} must divide model.hidden_size={m.hidden_size}")
+    if m.tokenizer == "bytes" and not m.path and m.vocab_size < 259:
+        raise ConfigError(f"model.vocab_size={m.vocab_size}: the byte tokenizer needs at least 259 "
+                          "(256 bytes + 3 specials)")
+    if cfg.verifier.reward_actor_args and not cfg.verifier.reward_actor:
+        raise ConfigError("verifier.reward_actor_args are the constructor arguments of a plug-in reward actor; "
+                          "set verifier.reward_actor, or leave them empty for the kernel verifier")
+    if cfg.replay.task_source_args and not cfg.replay.task_source:
+        raise ConfigError("replay.task_source_args are the constructor arguments of a plug-in task source; "
+                          "set replay.task_source, or leave them empty for replay.tasks")
     if cfg.algo.early_bonus_turn2 > cfg.algo.early_bonus_turn1:
         raise ConfigError("algo.early_bonus_turn2 must not exceed algo.early_bonus_turn1 (an earlier pass earns more)")
+    if cfg.eval.k > cfg.eval.samples:
+        raise ConfigError(f"eval.k={cfg.eval.k} exceeds eval.samples={cfg.eval.samples}: pass@k needs k samples "
+                          "per task")
+    if cfg.learner.backend == "megatron":  # what the megatron backend refuses at start-up
+        if m.dtype == "float16":
+            raise ConfigError("model.dtype=float16: the megatron backend trains in bfloat16 or float32")
+        if cfg.algo.kl_coef > 0:
+            raise ConfigError(f"algo.kl_coef={cfg.algo.kl_coef}: the megatron backend has no reference-model "
+                              "pass; use 0 or learner.backend=torch")
 
 
 def _omegaconf_message(err: OmegaConfBaseException) -> str:

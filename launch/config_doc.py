@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import typing
 
+from configs.loader import RENAMED
 from configs.schema import KilnConfig
 
 
@@ -60,4 +61,8 @@ def render_markdown() -> str:
         out += ["", f"## `{f.name}` — {f.metadata['help']}", "",
                 "| key | type | default | allowed | meaning |", "| --- | --- | --- | --- | --- |"]
         _rows(typing.get_type_hints(KilnConfig)[f.name], f"{f.name}.", out)
+    out += ["", "## Renamed keys", "",
+            "A key of an earlier layout is refused with one line, \"X was renamed to Y\" (YAML and overrides alike).",
+            "", "| old key | new key |", "| --- | --- |"]
+    out += [f"| `{old}` | `{new}` |" for old, new in RENAMED.items()]
     return "\n".join(out) + "\n"

@@ -1,5 +1,6 @@
 """The driver's view of a run: one PULL socket that every actor pushes to (DESIGN.md §2, "metrics
-PUSH to the driver"), turned into one row of metrics per learner step.
+PUSH to the driver"), turned into one row of metrics per learner step; and each actor's share of
+time spent working, from the busy counters in their health records (`busy_shares`).
 
 Actors push `Metrics` (the learner, once per step), `GroupReport` (a rollout actor, once per task
 group) and a few sampled `Episode` records (for the readable dumps). Between two learner steps the
@@ -11,13 +12,17 @@ counts (distinct compiled sources, groups whose rewards are not all tied).
 from __future__ import annotations
 
 import collections
+import logging
 import time
 from dataclasses import dataclass, field
+from typing import Iterable
 
 from actors.buffer.formulas import prime_echo, rewards_tie
 from configs import AlgoConfig
 from protocols import Episode, GroupReport, Metrics, Record
 from protocols.channels import PullChannel
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -46,7 +51,6 @@ class RunMonitor:
         self.untied_groups = 0
         self.total_groups = 0
         self.episodes: list[Episode] = []  # sampled since the last step, for the dump
-        self.sft: list[dict[str, float]] = []
         self.last_step = 0
         self.last_values: dict[str, float] = {}
 
@@ -71,8 +75,7 @@ class RunMonitor:
         elif isinstance(rec, Episode):
             self.episodes.append(rec)
         elif isinstance(rec, Metrics):
-            if rec.step < 0:  # warm-start steps
-                self.sft.append(dict(rec.values))
+            if rec.step < 0:  # a warm-start step: the learner's warm-start report sums them up
                 return None
             return self._close_step(rec)
         return None
@@ -126,3 +129,25 @@ class RunMonitor:
         self.window = _Window(start=now)
         self.last_step, self.last_values = m.step, values
         return m.step, values
+
+
+def busy_shares(handles: Iterable, previous: dict[str, float], seconds: float) -> dict[str, float]:
+    """Per-actor share of the last `seconds` spent working, from the `busy_s` of the actors' health
+    records (handles: anything with `.name` and `.health(timeout_s)`). `previous` holds the last
+    reading per actor and is updated."""
+    out = {}
+    for handle in handles:
+        try:
+            busy = handle.health(timeout_s=10.0).busy_s
+        except Exception as err:  # a dead actor: the supervisor deals with it
+            log.debug("%s: no health for its busy share: %s", handle.name, err)
+            continue
+        if busy is None:  # an actor that does not count its busy time
+            continue
+        name = handle.name
+        if name in previous and seconds > 0:
+            # A counter that went down belongs to a restarted actor: all of it is since the last reading.
+            worked = busy - previous[name] if busy >= previous[name] else busy
+            out[f"busy/{name}"] = min(1.0, worked / seconds)
+        previous[name] = busy
+    return out

@@ -1,9 +1,13 @@
 """The placement plan: which GPU every learner rank, rollout engine and verifier actor gets, and
-whether the model fits. `kiln train --dry-run` prints it; the driver builds its Ray placement groups
-from it. An infeasible config fails here, before any actor starts, with a `PlanError` that says why.
+whether the model fits. `kiln train --dry-run` prints it; the driver computes it once and builds its
+Ray placement group from it. An infeasible config fails here, before any actor starts, with a
+`PlanError` that says why.
 
-GPU ids are logical (0 .. N-1 over the whole Ray cluster); Ray maps them to nodes. Sharing a GPU is
-expressed as a fractional Ray GPU share (`gpu_fraction`: 1 / residents of that GPU).
+GPU ids are logical (0 .. N-1 over the whole Ray cluster). The plan's GPU slots become the bundles of
+one Ray placement group (`bundles`: one bundle per GPU, or per engine when a tensor-parallel engine
+spans several), and every actor is scheduled into the bundle of its GPUs (`actor_slot`), so Ray maps
+the plan's GPUs to nodes and devices and nothing else chooses. Sharing a GPU is a fractional share
+of its bundle (`gpu_fraction`: 1 / residents of that GPU).
 
 Layouts: `cpu` (nothing needs a GPU: torch learner and engines on CPU, cpu verifier backend);
 `disaggregated` (engines on GPUs 0.., learner after them, dedicated verifier GPUs last);
@@ -12,17 +16,23 @@ Layouts: `cpu` (nothing needs a GPU: torch learner and engines on CPU, cpu verif
 Memory model (GiB = 2^30 bytes; an estimate to catch configs that cannot fit, not a promise):
 * parameters: counted from the model section (random init, tied embeddings) or from
   `model.path/config.json` (biases of qwen2, the q/k norms of qwen3, untied heads where stated);
-* learner, per GPU, P = params / (TP·PP):
-  megatron (bf16 mixed precision, distributed optimizer): P × (2 weights + 2 grads + 12/DP fp32
-  master weights and Adam moments); torch: P × 4 × b (weights, grads, two AdamW moments, all in the
-  model dtype of b bytes). Activations: a·h·L·b/2 bytes per token / TP, a = 34 for megatron
-  (Korthikanti et al. 2022, no recompute, flash attention) and 56 for torch (measured, see
-  ACTIVATION_BYTES) — the first 1F1B pipeline stage holds PP micro-batches of L/PP layers, so PP
-  does not divide it — plus fp32 logits and their gradient (8·V bytes per token / TP), for
-  `learner.micro_batch_tokens` tokens;
+* learner, megatron (bf16 mixed precision, fp32 grad buffers, distributed optimizer), per GPU of the
+  pipeline stage that needs most (`megatron_learner_memory`): the stage's parameters P / TP — L/PP
+  decoder layers, plus the embedding on the first stage and the final norm and output layer on the
+  last (a tied embedding has a copy there when PP > 1) — × (2 weights + 4 grads + 12/DP fp32 master
+  weights and Adam moments); activations of `learner.micro_batch_tokens` tokens per micro-batch,
+  per token and layer 8·h bytes that TP does not split (norm and linear inputs) plus
+  (16·h + s·ffn) / TP (s = 10, or 6 with the fused SwiGLU), see MEGATRON_ACTIVATIONS; 1F1B keeps
+  PP micro-batches of L/PP layers in flight on the first stage and one on the last, so PP does not
+  shrink the first stage's share; and on the last stage the logits: 10·V bytes per token / TP on
+  the plain fp32 path (bf16 logits, the fp32 softmax the cross entropy keeps, its fp32 gradient), 2
+  with the chunked logprobs (bf16 logits whose storage takes the gradient) plus one chunk's fp32
+  rows. torch learner: P × 4 × b (weights, grads, two AdamW moments, all in the model dtype of b
+  bytes) and 56·h·L·b/2 bytes of activations per token (measured, see ACTIVATION_BYTES), plus 8·V
+  bytes of fp32 logits and their gradient per token;
 * engine, per GPU of an engine with tp GPUs: params·b / tp + KV cache
   2·L·ceil(kv_heads/tp)·head_dim·b × max_batch × max_seq_len; a launched SGLang server may use only
-  `rollout.sglang_mem_fraction` of its GPU;
+  `rollout.sglang.mem_fraction` of its GPU;
 * verifier: a fixed reserve per execution worker (CUDA context + task tensors), see
   VERIFIER_GIB_PER_WORKER;
 * colocated GPUs need max(learner, engine) since the engine releases its memory during learner
@@ -37,19 +47,28 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from configs import KilnConfig, ModelConfig
+from actors.base import Slot
+from configs import KilnConfig, LearnerConfig, ModelConfig
 
 GIB = 2**30
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 # A KernelBench candidate's execution worker: ~0.5 GiB CUDA context plus its inputs, outputs and
 # the reference's; level-3 tasks stay well below this.
 VERIFIER_GIB_PER_WORKER = 2.0
-# Activation bytes per token, hidden unit and layer at 2-byte activations, without recompute.
-# megatron: Korthikanti et al. 2022 (fused kernels, flash attention); not measured here.
-# torch: the HF transformers model (sdpa attention, unfused MLP and norms), measured on an H100 on
-# 2026-11-22 at 56.1-56.2 for the single_gpu and four_gpu preset models (ffn = 3·hidden);
+# Activation bytes per token, hidden unit and layer at 2-byte activations, without recompute, of the
+# torch learner: the HF transformers model (sdpa attention, unfused MLP and norms), measured on an
+# H100 on 2026-11-22 at 56.1-56.2 for the single_gpu and four_gpu preset models (ffn = 3·hidden);
 # tests/test_launch_plan.py::test_torch_learner_memory_matches_the_estimate (gpu) re-measures it.
-ACTIVATION_BYTES = {"megatron": 34, "torch": 56}
+ACTIVATION_BYTES = {"torch": 56}
+# The megatron learner's activations per token and decoder layer, in bytes: replicated·h + (split·h +
+# swiglu·ffn) / TP. Counted on CPU with saved-tensor hooks over megatron's local layer spec with
+# Kiln's SDPA attention (Qwen3 shape: q = h, kv = h/2; bf16): 44·h + 10·ffn, of which 28·h are the
+# fp32 copies that torch's composite CPU RMSNorm keeps and CUDA's fused RMSNorm does not (it keeps
+# its bf16 input: + 8·h), so 24·h + 10·ffn on the GPU; the fused SwiGLU keeps only its input and
+# output (6·ffn). `launch.bench.gpu_megatron` prints this estimate next to max_memory_allocated.
+MEGATRON_ACTIVATIONS = {"replicated": 8, "split": 16, "swiglu": 10, "swiglu_fused": 6}
+# Logits bytes per token and vocabulary entry (/ TP) on the last pipeline stage, by logprob path.
+MEGATRON_LOGITS = {"plain": 10, "chunked": 2}
 
 
 class PlanError(ValueError):
@@ -87,7 +106,7 @@ class EngineSlot:
     index: int
     gpus: tuple[int, ...]  # empty = CPU or external
     gpu_fraction: float
-    external_url: str = ""  # served outside Kiln (rollout.sglang_urls)
+    external_url: str = ""  # served outside Kiln (rollout.sglang.urls)
 
 
 @dataclass(frozen=True)
@@ -122,6 +141,18 @@ class GpuLoad:
     residents: tuple[str, ...]
     need_gib: float
     how: str  # how need_gib was summed
+
+
+@dataclass(frozen=True)
+class GpuBundle:
+    """One bundle of the run's Ray placement group: the logical GPUs of one GPU slot, reserved together."""
+
+    index: int
+    gpus: tuple[int, ...]  # one GPU, or all GPUs of an engine that spans several (SGLang TP)
+
+    @property
+    def resources(self) -> dict[str, float]:
+        return {"GPU": float(len(self.gpus))}
 
 
 @dataclass(frozen=True)
@@ -192,7 +223,7 @@ def plan(cfg: KilnConfig, *, gpus_available: int | None = None, gpu_memory_gb: f
     engine_gpus = _check_engines(cfg, shape)
     _check_verifier(cfg)
     c = cfg.cluster
-    external = bool(cfg.rollout.engine == "sglang" and cfg.rollout.sglang_urls)
+    external = bool(cfg.rollout.engine == "sglang" and cfg.rollout.sglang.urls)
     uses_gpus = c.learner_gpus or c.verifier_gpus or (engine_gpus and not external) or cfg.verifier.backend != "cpu"
     layout = "cpu" if not uses_gpus else c.layout
 
@@ -225,6 +256,44 @@ def local_gpus() -> tuple[int, float | None]:
     if not torch.cuda.is_available():
         return 0, None
     return torch.cuda.device_count(), torch.cuda.get_device_properties(0).total_memory / GIB
+
+
+# --------------------------------------------------------------------------- Ray placement
+
+
+def bundles(p: PlacementPlan) -> tuple[GpuBundle, ...]:
+    """The placement group's bundles: the GPUs of the plan, grouped so that the GPUs of one engine
+    (tensor parallel) are one bundle and every other GPU is a bundle of its own, in GPU order."""
+    groups: list[set[int]] = [{g} for g in sorted(load.gpu for load in p.gpus)]
+    for engine in p.engines:
+        if len(engine.gpus) > 1:
+            joined = [g for g in groups if g & set(engine.gpus)]
+            groups = [g for g in groups if not g & set(engine.gpus)] + [set().union(*joined)]
+    ordered = sorted(groups, key=min)
+    return tuple(GpuBundle(index=i, gpus=tuple(sorted(g))) for i, g in enumerate(ordered))
+
+
+def actor_slot(p: PlacementPlan, role: str, index: int) -> Slot:
+    """Where actor `index` of `role` ("learner" rank, "rollout" engine, "verifier") runs: its GPUs, its
+    share of them, and its bundle (None without a GPU: CPU, or an external SGLang server)."""
+    if role == "learner":
+        r = p.learner[index]
+        gpus, share = (() if r.gpu is None else (r.gpu,)), r.gpu_fraction
+    elif role == "rollout":
+        e = p.engines[index]
+        gpus, share = (() if e.external_url else e.gpus), e.gpu_fraction
+    elif role == "verifier":
+        v = p.verifiers[index]
+        gpus, share = (() if v.gpu is None else (v.gpu,)), v.gpu_fraction
+    else:
+        return Slot()
+    if not gpus:
+        return Slot()
+    bundle = next(b.index for b in bundles(p) if gpus[0] in b.gpus)
+    residents = next(load.residents for load in p.gpus if load.gpu == gpus[0])
+    colocated = p.layout == "colocated" and any(r.startswith("learner") for r in residents) \
+        and any(r.startswith("engine") for r in residents)
+    return Slot(gpus=tuple(gpus), num_gpus=share * len(gpus), bundle=bundle, colocated=colocated)
 
 
 # ------------------------------------------------------------------------------------ checks
@@ -273,14 +342,14 @@ def _check_engines(cfg: KilnConfig, shape: ModelShape) -> int:
     if ro.engine == "torch" and per_engine > 1:
         raise PlanError(f"cluster.engine_gpus={per_engine}: the embedded torch engine runs on one device; "
                         "use rollout.engine=sglang for tensor-parallel engines")
-    if ro.engine == "sglang" and not ro.sglang_urls:
+    if ro.engine == "sglang" and not ro.sglang.urls:
         if per_engine == 0:
             raise PlanError("rollout.engine=sglang launches SGLang servers, which need GPUs: set "
-                            f"cluster.engine_gpus={ro.sglang_tp_size} (= rollout.sglang_tp_size), or give "
-                            "rollout.sglang_urls of running servers")
-        if per_engine != ro.sglang_tp_size:
-            raise PlanError(f"cluster.engine_gpus={per_engine} must equal rollout.sglang_tp_size="
-                            f"{ro.sglang_tp_size}: each launched SGLang server spans its engine's GPUs")
+                            f"cluster.engine_gpus={ro.sglang.tp_size} (= rollout.sglang.tp_size), or give "
+                            "rollout.sglang.urls of running servers")
+        if per_engine != ro.sglang.tp_size:
+            raise PlanError(f"cluster.engine_gpus={per_engine} must equal rollout.sglang.tp_size="
+                            f"{ro.sglang.tp_size}: each launched SGLang server spans its engine's GPUs")
     if per_engine and shape.heads % per_engine:
         raise PlanError(f"cluster.engine_gpus={per_engine} (engine TP) must divide the model's "
                         f"num_heads={shape.heads}")
@@ -297,7 +366,7 @@ def _check_verifier(cfg: KilnConfig) -> None:
     if c.verifier_gpus > cfg.verifier.num_actors:
         raise PlanError(f"cluster.verifier_gpus={c.verifier_gpus} exceeds verifier.num_actors="
                         f"{cfg.verifier.num_actors}: a GPU without a verifier actor would sit idle")
-    has_other = c.learner_gpus or (c.engine_gpus and not cfg.rollout.sglang_urls)
+    has_other = c.learner_gpus or (c.engine_gpus and not cfg.rollout.sglang.urls)
     if c.verifier_gpus == 0 and not has_other:
         raise PlanError(f"verifier.backend={cfg.verifier.backend} runs candidates on a GPU: set "
                         "cluster.verifier_gpus, or give the engines or the learner GPUs to share")
@@ -363,7 +432,7 @@ def _slots(cfg, parallel, residents, learner_ids, engine_ids, verifier_gpu, veri
                     gpu=learner_ids[r] if learner_ids else None,
                     gpu_fraction=share(learner_ids[r]) if learner_ids else 0.0)
         for r in range(tp * pp * dp))
-    urls = cfg.rollout.sglang_urls
+    urls = cfg.rollout.sglang.urls
     engines = tuple(
         EngineSlot(index=i, gpus=tuple(engine_ids[i]) if engine_ids else (),
                    gpu_fraction=share(engine_ids[i][0]) if engine_ids and engine_ids[i] else 0.0,
@@ -387,27 +456,55 @@ def _gpu_count_story(cfg, layout, engine_gpus, external) -> str:
 
 def _memory(cfg: KilnConfig, s: ModelShape, tp: int, pp: int, dp: int, engine_gpus: int) -> MemoryEstimate:
     b = DTYPE_BYTES[cfg.model.dtype]
-    shard = s.params / (tp * pp)
-    tokens = cfg.learner.micro_batch_tokens
     if cfg.learner.backend == "megatron":
-        learner = {"weights": shard * 2, "grads": shard * 2, "optimizer": shard * 12 / dp}
-        act_bytes = 2
+        learner = megatron_learner_memory(s, cfg.learner, tp=tp, pp=pp, dp=dp)
     else:
-        learner = {"weights": shard * b, "grads": shard * b, "optimizer": shard * 2 * b}
-        act_bytes = b
-    per_token = ACTIVATION_BYTES[cfg.learner.backend] * s.hidden * s.layers * act_bytes / 2
-    learner["activations"] = tokens * per_token / tp
-    learner["logits"] = tokens * s.vocab * 8 / tp
+        tokens, shard = cfg.learner.micro_batch_tokens, s.params / (tp * pp)
+        learner = {"weights": shard * b, "grads": shard * b, "optimizer": shard * 2 * b,
+                   "activations": tokens * ACTIVATION_BYTES["torch"] * s.hidden * s.layers * b / 2 / tp,
+                   "logits": tokens * s.vocab * 8 / tp}
     etp = max(engine_gpus, 1)
     kv = 2 * s.layers * math.ceil(s.kv_heads / etp) * s.head_dim * b * cfg.rollout.max_batch * cfg.model.max_seq_len
     engine = {"weights": s.params * b / etp, "kv_cache": kv}
-    launched_sglang = cfg.rollout.engine == "sglang" and not cfg.rollout.sglang_urls
+    launched_sglang = cfg.rollout.engine == "sglang" and not cfg.rollout.sglang.urls
     verifier = VERIFIER_GIB_PER_WORKER * cfg.verifier.run_workers if cfg.verifier.backend != "cpu" else 0.0
     return MemoryEstimate(
         learner_parts={k: v / GIB for k, v in learner.items()},
         engine_parts={k: v / GIB for k, v in engine.items()},
-        engine_budget_fraction=cfg.rollout.sglang_mem_fraction if launched_sglang else 1.0,
+        engine_budget_fraction=cfg.rollout.sglang.mem_fraction if launched_sglang else 1.0,
         verifier_gib=verifier)
+
+
+def megatron_learner_memory(s: ModelShape, learner: LearnerConfig, *, tp: int, pp: int, dp: int) -> dict[str, float]:
+    """Bytes per GPU of the megatron learner on its most loaded pipeline stage (the module docstring
+    states the model), by part: weights, grads, optimizer, activations, logits."""
+    return max(megatron_stage_memory(s, learner, tp=tp, pp=pp, dp=dp), key=lambda parts: sum(parts.values()))
+
+
+def megatron_stage_memory(s: ModelShape, learner: LearnerConfig, *, tp: int, pp: int, dp: int) -> list[dict[str, float]]:
+    """`megatron_learner_memory`'s parts for each pipeline stage in order (first, then last)."""
+    tokens, kernels = learner.micro_batch_tokens, learner.megatron
+    embedding = s.vocab * s.hidden
+    per_layer = (s.params - embedding * (1 if s.tied_embeddings else 2) - s.hidden) / s.layers
+    layers = s.layers / pp
+    a = MEGATRON_ACTIVATIONS
+    act_per_layer = tokens * (a["replicated"] * s.hidden + (a["split"] * s.hidden + (
+        a["swiglu_fused"] if kernels.fused_swiglu else a["swiglu"]) * s.intermediate) / tp)
+    if kernels.fused_logprobs:
+        logits = tokens * s.vocab * MEGATRON_LOGITS["chunked"] / tp + min(tokens, kernels.logprob_chunk_rows) * s.vocab * 4 / tp
+    else:
+        logits = tokens * s.vocab * MEGATRON_LOGITS["plain"] / tp
+
+    def stage(first: bool, last: bool) -> dict[str, float]:
+        params = layers * per_layer + (embedding if first else 0) + (s.hidden if last else 0)
+        if last and (not s.tied_embeddings or not first):
+            params += embedding  # the output layer (or, tied with PP > 1, the last stage's copy of the embedding)
+        in_flight = pp if first else 1  # 1F1B: stage k keeps PP - k micro-batches' activations
+        shard = params / tp
+        return {"weights": shard * 2, "grads": shard * 4, "optimizer": shard * 12 / dp,
+                "activations": in_flight * layers * act_per_layer, "logits": logits if last else 0.0}
+
+    return [stage(True, pp == 1)] + ([stage(False, True)] if pp > 1 else [])
 
 
 def _gpu_load(gpu: int, residents: tuple[str, ...], mem: MemoryEstimate, layout: str) -> GpuLoad:
@@ -463,7 +560,8 @@ def render(p: PlacementPlan) -> str:
     if p.gpus:
         lines += _table(["GPU", "residents", "need GiB", "how"],
                         [[str(g.gpu), ", ".join(g.residents), f"{g.need_gib:.1f}", g.how] for g in p.gpus])
-        lines.append("")
+        lines += ["", "Ray placement group bundles: " + ", ".join(
+            f"[{b.index}] GPU {','.join(map(str, b.gpus))}" for b in bundles(p)), ""]
     ranks = [[str(r.rank), str(r.tp), str(r.pp), str(r.dp), _where(r.gpu), _frac(r.gpu_fraction)] for r in p.learner]
     lines += [f"learner ({p.learner_backend}):"] + _table(["rank", "tp", "pp", "dp", "device", "GPU share"], ranks)
     engines = [[str(e.index), e.external_url or ("gpu " + ",".join(map(str, e.gpus)) if e.gpus else "cpu"),

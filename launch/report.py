@@ -176,8 +176,12 @@ def _plot_reward(series: Series, plots_dir: Path):
 def _plot_training(series: Series, plots_dir: Path):
     return _line_plot(series, plots_dir, "training", [
         [("train/loss", "loss")],
-        [("train/kept_fraction", "MirrorPop kept"), ("train/clip_fraction", "clipped"),
-         ("replay/bdr_share", "BDR share")]])
+        [("train/grad_norm", "grad norm (before clipping)")],
+        [("train/kept_fraction", "MirrorPop kept"), ("train/clip_low_fraction", "clipped low"),
+         ("train/clip_high_fraction", "clipped high"), ("train/is_truncated_fraction", "IS weight truncated"),
+         ("replay/bdr_share", "BDR share")],
+        [("train/entropy", "entropy of sampled positions")],
+        [("train/response_length", "response tokens per sequence")]])
 
 
 def _plot_throughput(series: Series, plots_dir: Path):

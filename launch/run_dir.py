@@ -3,8 +3,9 @@
     RUN_DIR/config.yaml        the resolved config (what `--resume` reloads)
     RUN_DIR/metrics.jsonl      one row per learner step (+ eval rows); tb/ TensorBoard events
     RUN_DIR/episodes/          sampled episodes as readable text, one file per step
-    RUN_DIR/replay/            replay's write-ahead log, snapshots and endpoint
-    RUN_DIR/learner/           the learner's endpoint and highest announced version
+    RUN_DIR/registry.json      every running actor's endpoints (the address registry)
+    RUN_DIR/replay/            replay's write-ahead log and snapshots
+    RUN_DIR/learner/           the learner's highest announced version
     RUN_DIR/checkpoints/       learner checkpoints; weights/ the disk weight transport
     RUN_DIR/final/             the final model as an HF checkpoint
     RUN_DIR/report.md          the report, with plots/

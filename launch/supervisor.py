@@ -1,11 +1,13 @@
 """Start Kiln's actors in-process or as Ray actors, and keep them alive.
 
-The driver describes each actor by an `ActorSpec` (its class, a factory for its constructor
-arguments, and its Ray resources). `Supervisor.launch` builds it and calls `start()`, which returns
-its endpoints. `Supervisor.check` finds the dead ones (a Ray actor that died, or an in-process actor
-whose threads stopped) and starts them again from the same spec; the factory runs again, so a
-restarted actor is wired to the current endpoints of its peers. Ray places and supervises; records
-move over the actors' own ZMQ channels, never through Ray.
+The driver describes each actor by an `ActorSpec`: its class, the config sections it is built from,
+its place in the run (name, rank, placement slot) and its handle type. `Supervisor.launch` builds the
+actor from those and a `RunContext`, calls `start()` (the actor registers its endpoints in the run's
+registry) and returns the typed handle. `Supervisor.check` finds the dead ones (a Ray actor that died,
+or an actor whose work threads stopped), removes them from the registry and starts them again from
+the same spec; the new actor registers its new addresses and its peers look them up. Ray places
+(each actor into its bundle of the run's placement group) and supervises; records move over the
+actors' own ZMQ channels, never through Ray.
 
 Actors that only work together (the ranks of one learner: each `start()` blocks until all have
 joined, and a dead rank stalls the others' collectives) share a `group`: `launch_group` builds them
@@ -14,133 +16,121 @@ all before starting any, and when one dies `check` restarts the whole group.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
-from actors.base import as_ray_actor
+from actors.base import Bind, RunContext, Slot, as_ray_actor
+from launch.handles import CALL_TIMEOUT_S, ActorHandle
+from protocols.registry import Registry
 
 log = logging.getLogger(__name__)
 
-CALL_TIMEOUT_S = 600.0
-HEALTH_TIMEOUT_S = 30.0
 
-
-@dataclass
+@dataclass(frozen=True)
 class ActorSpec:
-    name: str  # unique, e.g. "rollout-1"
+    name: str  # unique, e.g. "rollout-1"; also its registry name
     cls: type
-    kwargs: Callable[[], dict[str, Any]]  # constructor arguments, built at each (re)start
-    num_cpus: float = 1.0
-    num_gpus: float = 0.0
+    handle: type[ActorHandle]
+    args: tuple = ()  # the config sections the constructor takes before the context
+    kwargs: dict[str, Any] = field(default_factory=dict)  # its keyword settings
+    rank: int = 0  # index among its role's actors
+    world_size: int = 1
+    slot: Slot = field(default_factory=Slot)
     restartable: bool = True
-    after_start: Callable[["Handle"], None] | None = None  # e.g. start the learner's loop
     group: str | None = None  # actors that start, die and restart together (a learner's ranks)
 
 
-@dataclass
-class Handle:
-    """One running actor, whichever way it runs."""
-
-    spec: ActorSpec
-    ref: Any  # the in-process object, or the Ray actor handle
-    ray: bool
-    endpoints: dict[str, str] = field(default_factory=dict)
-    restarts: int = 0
-
-    def call(self, method: str, *args, timeout_s: float = CALL_TIMEOUT_S, **kwargs):
-        if not self.ray:
-            return getattr(self.ref, method)(*args, **kwargs)
-        import ray
-
-        return ray.get(getattr(self.ref, method).remote(*args, **kwargs), timeout=timeout_s)
-
-    def kill(self) -> None:
-        """Kill the actor without a clean stop (fault-injection tests; a Ctrl-C uses stop)."""
-        if self.ray:
-            import ray
-
-            ray.kill(self.ref, no_restart=True)
-        else:
-            self.ref.stop()
-
-
 class Supervisor:
-    def __init__(self, use_ray: bool) -> None:
-        self.use_ray = use_ray
-        self.handles: dict[str, Handle] = {}
+    def __init__(self, run_dir: Path, *, use_ray: bool, bind: Bind = Bind(), placement_group=None) -> None:
+        self.run_dir, self.use_ray, self.bind = run_dir, use_ray, bind
+        self.registry = Registry(run_dir)
+        self.placement_group = placement_group  # the plan's GPU bundles (Ray with GPUs), else None
+        self.handles: dict[str, ActorHandle] = {}
         self.restarts: list[tuple[float, str]] = []
 
-    def launch(self, spec: ActorSpec) -> Handle:
+    def launch(self, spec: ActorSpec) -> ActorHandle:
         return self.launch_group([spec])[0]
 
-    def launch_group(self, specs: list[ActorSpec]) -> list[Handle]:
+    def launch_group(self, specs: list[ActorSpec]) -> list[ActorHandle]:
         """Build every actor, then start them all at once (in-process: one after the other) and wait."""
-        handles = [Handle(spec=spec, ref=self._build(spec), ray=self.use_ray) for spec in specs]
+        handles = [spec.handle(spec=spec, ref=self._build(spec), ray=self.use_ray) for spec in specs]
         if self.use_ray and len(handles) > 1:
             import ray
 
             replies = ray.get([h.ref.start.remote() for h in handles], timeout=CALL_TIMEOUT_S)
         else:
-            replies = [h.call("start") for h in handles]
+            replies = [h.start() for h in handles]
         for handle, endpoints in zip(handles, replies):
             handle.endpoints = endpoints or {}
-            previous = self.handles.get(handle.spec.name)
+            previous = self.handles.get(handle.name)
             if previous is not None:
                 handle.restarts = previous.restarts + 1
-            self.handles[handle.spec.name] = handle
-            log.info("started %s %s", handle.spec.name, handle.endpoints)
-        for handle in handles:
-            if handle.spec.after_start is not None:
-                handle.spec.after_start(handle)
+            self.handles[handle.name] = handle
+            log.info("started %s %s", handle.name, handle.endpoints)
         return handles
 
-    def _build(self, spec: ActorSpec):
-        if self.use_ray:
-            cls = as_ray_actor(spec.cls, num_cpus=spec.num_cpus, num_gpus=spec.num_gpus, max_concurrency=8)
-            return cls.options(name=None).remote(**spec.kwargs())
-        return spec.cls(**spec.kwargs())
+    def context(self, spec: ActorSpec) -> RunContext:
+        return RunContext(run_dir=str(self.run_dir), name=spec.name, rank=spec.rank, world_size=spec.world_size,
+                          slot=dataclasses.replace(spec.slot, isolated=self.use_ray and spec.slot.num_gpus > 0),
+                          bind=self.bind)
 
-    def __getitem__(self, name: str) -> Handle:
+    def _build(self, spec: ActorSpec):
+        ctx = self.context(spec)
+        if not self.use_ray:
+            return spec.cls(*spec.args, ctx, **spec.kwargs)
+        cls = as_ray_actor(spec.cls, num_cpus=0, num_gpus=spec.slot.num_gpus, max_concurrency=8)
+        return cls.options(**self.ray_options(spec.slot)).remote(*spec.args, ctx, **spec.kwargs)
+
+    def ray_options(self, slot: Slot) -> dict[str, Any]:
+        """Schedule an actor into its bundle of the run's placement group (nothing for one without a GPU)."""
+        if slot.bundle is None or self.placement_group is None:
+            return {}
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        return {"scheduling_strategy": PlacementGroupSchedulingStrategy(
+            placement_group=self.placement_group, placement_group_bundle_index=slot.bundle)}
+
+    def __getitem__(self, name: str) -> ActorHandle:
         return self.handles[name]
 
-    def role(self, prefix: str) -> list[Handle]:
+    def role(self, prefix: str) -> list[ActorHandle]:
         return [h for name, h in self.handles.items() if name.startswith(prefix)]
 
-    def alive(self, handle: Handle) -> bool:
+    def alive(self, handle: ActorHandle) -> bool:
         try:
-            health = handle.call("health", timeout_s=HEALTH_TIMEOUT_S)
+            return handle.health().healthy
         except Exception as err:  # RayActorError, a timeout: the actor is gone or wedged
-            log.warning("%s: health check failed: %s", handle.spec.name, err)
+            log.warning("%s: health check failed: %s", handle.name, err)
             return False
-        if health.get("finished"):  # done with its work, not dead
-            return True
-        return bool(health.get("alive", False)) and health.get("looping", True) is not False
 
     def check(self, on_restart: Callable[[str], None] | None = None,
               on_death: Callable[[str], None] | None = None) -> list[str]:
         """Restart every dead restartable actor; returns their names. `on_death(name)` runs once the dead
-        actor is gone and before its replacement starts, `on_restart(name)` after."""
+        actor is gone (and unregistered) and before its replacement starts, `on_restart(name)` after."""
         restarted = []
         for name, handle in list(self.handles.items()):
             if name in restarted or not handle.spec.restartable or self.alive(handle):
                 continue
             group = self.group_of(handle)
-            log.error("%s died; restarting %s", name, ", ".join(h.spec.name for h in group))
+            log.error("%s died; restarting %s", name, ", ".join(h.name for h in group))
             for member in group:  # live ranks would wait in collectives with the dead one: kill them too
-                self._discard(member)
+                member.discard()
+                self.registry.unregister(member.name)
                 if on_death is not None:
-                    on_death(member.spec.name)
+                    on_death(member.name)
             self.launch_group([h.spec for h in group])
             for member in group:
-                self.restarts.append((time.time(), member.spec.name))
-                restarted.append(member.spec.name)
+                self.restarts.append((time.time(), member.name))
+                restarted.append(member.name)
                 if on_restart is not None:
-                    on_restart(member.spec.name)
+                    on_restart(member.name)
         return restarted
 
-    def group_of(self, handle: Handle) -> list[Handle]:
+    def group_of(self, handle: ActorHandle) -> list[ActorHandle]:
         """`handle` and the actors it starts and restarts with, in launch order."""
         if handle.spec.group is None:
             return [handle]
@@ -153,17 +143,9 @@ class Supervisor:
         for name in names:
             handle = self.handles[name]
             try:
-                handle.call("stop", timeout_s=60.0)
+                handle.stop()
             except Exception as err:
                 log.warning("%s: stop failed: %s", name, err)
-            self._discard(handle)
+            handle.discard()
+            self.registry.unregister(name)
         self.handles.clear()
-
-    def _discard(self, handle: Handle) -> None:
-        if handle.ray:
-            import ray
-
-            try:
-                ray.kill(handle.ref, no_restart=True)
-            except Exception:
-                pass

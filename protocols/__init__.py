@@ -17,5 +17,6 @@ __all__ = [
     "decode_parts",
     "encode",
     "encode_parts",
+    "infra_result",
     *REGISTRY,
 ]

@@ -5,6 +5,8 @@ Patterns:
 * `RequestClient` (DEALER) -> `ReplyServer` (ROUTER): request/reply with timeout and resend. A
   request carries a correlation id; the server keeps recent replies and answers a resent request
   from that cache instead of handling it twice, so resends are safe for any handler.
+  `ReconnectingClient` is the client every actor uses to reach a peer that may restart: it looks the
+  address up (in the run's registry) and follows the peer to its new address.
 * `Publisher` (PUB) -> `Subscriber` (SUB): announcements with sequence numbers, a READY barrier and
   catch-up from the publisher's history, so a late or lagging subscriber loses nothing.
 
@@ -26,6 +28,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
+from typing import Callable
 
 import zmq
 
@@ -45,6 +48,10 @@ class ChannelTimeout(TimeoutError):
 
 class RemoteError(RuntimeError):
     """The server answered a request with an ErrorReply."""
+
+
+class NoServer(ChannelTimeout):
+    """No server address is known yet (the peer has not registered); a caller treats it as a timeout."""
 
 
 @dataclass
@@ -214,6 +221,66 @@ class RequestClient(_Channel):
             return False
         self.sock.send_multipart(frames, copy=False)
         return True
+
+
+class ReconnectingClient:
+    """A request/reply client that follows its server across restarts.
+
+    The address comes from `resolve()` (a registry lookup; '' while the server is not registered).
+    It is looked up again after every timeout, and otherwise at most every `recheck_s` seconds; a
+    changed address closes the old connection and opens one to the new. `request` raises
+    `ChannelTimeout` (`NoServer` when no address is known) and `RemoteError` like `RequestClient`;
+    the caller decides what a timeout means for it. One thread at a time, like the socket beneath."""
+
+    def __init__(self, resolve: str | Callable[[], str], *, timeout_s: float = 5.0, retries: int = 0,
+                 recheck_s: float = 1.0) -> None:
+        self._resolve = resolve if callable(resolve) else (lambda: resolve)
+        self.timeout_s, self.retries, self.recheck_s = timeout_s, retries, recheck_s
+        self._client: RequestClient | None = None
+        self.address = ""  # the address connected to ('' when none)
+        self._checked = 0.0
+        self.connects = 0
+
+    def request(self, rec: Record, timeout_s: float | None = None, retries: int | None = None) -> Record:
+        client = self._connected()
+        try:
+            return client.request(rec, timeout_s=timeout_s, retries=retries)
+        except ChannelTimeout:
+            self.close()  # the server may be restarting on a new address: look it up again next time
+            raise
+
+    def moved(self) -> bool:
+        """Look the address up now: True when it names a server other than the one connected to."""
+        address = self._lookup()
+        return bool(address) and address != self.address
+
+    def _connected(self) -> RequestClient:
+        now = time.monotonic()
+        if self._client is None or now >= self._checked + self.recheck_s:
+            self._checked = now
+            address = self._lookup()
+            if not address:
+                self.close()
+                raise NoServer("no server address is registered yet")
+            if address != self.address or self._client is None:
+                self.close()
+                self._client = RequestClient(address, timeout_s=self.timeout_s, retries=self.retries)
+                self.address = address
+                self.connects += 1
+        return self._client
+
+    def _lookup(self) -> str:
+        try:
+            return self._resolve() or ""
+        except Exception as err:  # a lookup that fails reads as "not registered yet"
+            log.warning("looking up a server address failed: %s", err)
+            return ""
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+        self._client = None
+        self.address = ""
 
 
 @dataclass

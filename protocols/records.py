@@ -7,7 +7,7 @@ out of band, so token ids and log-probabilities never pass through Python lists.
 from __future__ import annotations
 
 from dataclasses import field
-from typing import Literal
+from typing import ClassVar, Literal
 
 import numpy as np
 
@@ -100,6 +100,21 @@ class TaskReply(Record):
             raise ValueError("retry_after_s must be >= 0")
 
 
+@record
+class TaskListRequest(Record):
+    """Ask replay for a whole split of its task set: the learner's warm start reads the training
+    tasks, an evaluation the validation tasks. Replay owns the task set and its split, so every actor
+    sees the same one."""
+
+    split: Literal["train", "val"]
+
+
+@record
+class TaskList(Record):
+    split: Literal["train", "val"]
+    tasks: list[Task]
+
+
 # ------------------------------------------------------------------------------------ verifier
 
 
@@ -142,10 +157,25 @@ class VerifyResult(Record):
             raise ValueError("a failed result names its error_class")
 
 
+def infra_result(request: VerifyRequest, message: str) -> VerifyResult:
+    """The answer when the system failed, not the candidate (the verifier did not answer, a reward actor
+    raised or hung): score 0 and error class "infra", so replay excludes it from training. The verifier
+    builds it, and so does a rollout actor whose verifier never answered."""
+    return VerifyResult(request_id=request.request_id, task_id=request.task.task_id, passed=False, stage="run",
+                        error_class="infra", q=0.0, score=0.0,
+                        feedback=f"Verifier infrastructure error (not caused by the candidate): {message}",
+                        diagnostics={"error": message})
+
+
 # ------------------------------------------------------------------------------------ episodes
 
 
-@record
+# What a turn's prompt asked: the task, a repair after a failed verdict, or a faster version of a
+# kernel that passed but was slow (a performance turn).
+TurnKind = Literal["first", "repair", "optimize"]
+
+
+@record(schema=2)
 class Turn(Record):
     """One prompt -> response step of an episode, with exact behaviour log-probabilities."""
 
@@ -154,7 +184,11 @@ class Turn(Record):
     logprobs: FloatArray  # log softmax(logits / T) of each sampled token (DESIGN.md §5)
     versions: IntArray  # weight version that produced each response token
     finish_reason: Literal["stop", "length", "abort"]
-    text: str = ""  # decoded response, kept for repair prompts, retry buffer and episode dumps
+    # The decoded answer without its thinking: what the verifier saw, what later turns show as the
+    # assistant's message, what the retry buffer keeps.
+    text: str = ""
+    reasoning: str = ""  # the response's thinking text (a thinking model's <think> block); never verified
+    kind: TurnKind = "first"
     result: VerifyResult | None = None
 
     def check(self) -> None:
@@ -166,7 +200,7 @@ class Turn(Record):
             )
 
 
-@record
+@record(schema=2)
 class Episode(Record):
     """One sample of a group: all its turns and their per-turn rewards s_k."""
 
@@ -178,6 +212,9 @@ class Episode(Record):
     rewards: list[float]  # per-turn scores from the verifier / reward actor
     is_retry: bool = False
     actor_id: str = ""
+    # Why the rollout could not pose this task at all (its first prompt alone does not fit
+    # model.max_seq_len, or it has no prompt); "" = served. Replay takes such a task out of the feed.
+    unservable: str = ""
 
     def check(self) -> None:
         if not self.episode_id or not self.group_id:
@@ -250,6 +287,18 @@ class BatchReply(Record):
             raise ValueError("status 'batch' goes with a batch and only with it")
 
 
+@record
+class VersionsSeenRequest(Record):
+    """A restored learner asks replay for the highest weight version it has seen, to continue above it."""
+
+    learner_id: str
+
+
+@record
+class VersionsSeen(Record):
+    highest: int  # over learner batch requests and episode tokens (0 before any)
+
+
 # ------------------------------------------------------------------------------------- weights
 
 
@@ -269,6 +318,10 @@ class WeightAnnouncement(Record):
     transport: Literal["nccl", "cuda_ipc", "gloo", "disk"]
     location: str = ""  # a directory for "disk", a rendezvous address for process groups
     bucket_bytes: int = 0
+    # Process groups: every bucket holds one dtype and travels as one flat tensor, its tensors
+    # concatenated in order (protocols.weights.plan_buckets(..., by_dtype=True)); False: one broadcast
+    # per tensor.
+    flat: bool = False
 
 
 @record
@@ -293,6 +346,8 @@ class WeightHandles(Record):
     manifest: list[TensorSpec]
     bucket_bytes: int
     handles: list[bytes]
+
+    transport: ClassVar[str] = "cuda_ipc"  # the transport that answers with handles (implied, not sent)
 
 
 @record

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from actors.rollout.tokenizer import ByteTokenizer
+from actors.policy.tokenizer import ByteTokenizer, Message
 from configs import LoggingConfig
 from launch.episode_dump import dump_episodes
-from launch.evaluation import eval_metrics, fast_p, pass_at_k
+from actors.rollout.evaluation import eval_metrics, fast_p, pass_at_k
 from launch.live import LiveView
 from launch.metrics import MetricsLog, read_metrics
 from launch.report import write_report
@@ -59,6 +59,21 @@ def test_tensorboard_off_and_wandb_missing_warns_once(tmp_path, caplog):
         assert len(warnings) == 1
     assert not (tmp_path / "tb").exists()
     assert [r["reward/mean"] for r in read_metrics(tmp_path)] == [0.0, 1.0, 2.0]
+
+
+def test_wandb_project_entity_and_run_name_come_from_the_config(tmp_path, monkeypatch):
+    import types
+
+    calls = []
+    fake = types.SimpleNamespace(init=lambda **kw: calls.append(kw) or types.SimpleNamespace(
+        log=lambda *a, **k: None, finish=lambda: None))
+    monkeypatch.setitem(__import__("sys").modules, "wandb", fake)  # wandb is not installed here
+    cfg = LoggingConfig(tensorboard=False, wandb=True, wandb_project="kernels", wandb_entity="lab",
+                        wandb_run_name="relu-sweep-3")
+    MetricsLog(tmp_path, cfg).close()
+    MetricsLog(tmp_path, LoggingConfig(tensorboard=False, wandb=True, run_name="r7")).close()
+    assert calls == [{"project": "kernels", "entity": "lab", "name": "relu-sweep-3", "dir": str(tmp_path)},
+                     {"project": "kiln", "entity": None, "name": "r7", "dir": str(tmp_path)}]
 
 
 def test_read_metrics_tolerates_a_torn_last_line_and_garbage(tmp_path):
@@ -129,7 +144,7 @@ def _task(task_id="L1_relu", repair=None):
 
 
 def _turn(prompt, response, result, version=3):
-    ids = np.array(TOK.prompt_ids(prompt), dtype=np.int64)
+    ids = np.array(TOK.render([Message("user", prompt)]), dtype=np.int64)
     resp = np.array(TOK.encode(response), dtype=np.int64)
     return Turn(prompt_ids=ids, response_ids=resp, logprobs=np.zeros(len(resp), np.float32),
                 versions=np.full(len(resp), version, np.int64), finish_reason="stop", text=response, result=result)
@@ -248,7 +263,9 @@ def test_report_from_a_full_run(tmp_path):
     with MetricsLog(tmp_path, LoggingConfig(tensorboard=False)) as metrics:
         for step in range(1, 5):
             metrics.log(step, {
-                "train/loss": 1.0 / step, "train/kept_fraction": 0.9, "train/clip_fraction": 0.1,
+                "train/loss": 1.0 / step, "train/kept_fraction": 0.9, "train/clip_low_fraction": 0.05,
+                "train/clip_high_fraction": 0.1, "train/is_truncated_fraction": 0.01, "train/grad_norm": 0.5,
+                "train/entropy": 2.0 - 0.1 * step, "train/response_length": 40.0 + step,
                 "train/tokens_per_s": 900.0, "weights/version": step, "rollout/samples_per_s": 2.0 * step,
                 "rollout/tokens_per_s": 500.0 * step, "reward/mean": -1 + 0.25 * step, "reward/pass_rate": 0.1 * step,
                 "verifier/compile": 4 - step, "verifier/done": step, "verifier/passed": step,
@@ -296,18 +313,18 @@ def test_report_of_an_empty_run(tmp_path):
 # ------------------------------------------------------------------------------------ busy fractions
 
 
-def test_busy_fractions_count_a_restarted_actors_counter_from_zero():
+def test_busy_shares_count_a_restarted_actors_counter_from_zero():
     from types import SimpleNamespace
 
-    from launch.wiring import busy_fractions
+    from launch.monitor import busy_shares
 
     counters = {"learner": 10.0, "rollout-0": 50.0}
-    handle = lambda name: SimpleNamespace(call=lambda method, timeout_s: {"busy_s": counters[name]})  # noqa: E731
-    supervisor = SimpleNamespace(handles={name: handle(name) for name in counters})
+    handles = [SimpleNamespace(name=name, health=lambda timeout_s, name=name: SimpleNamespace(busy_s=counters[name]))
+               for name in counters]
     previous: dict[str, float] = {}
-    assert busy_fractions(supervisor, previous, 10.0) == {}  # the first reading only sets the baseline
+    assert busy_shares(handles, previous, 10.0) == {}  # the first reading only sets the baseline
     counters.update({"learner": 12.0, "rollout-0": 6.0})  # rollout-0 was restarted: its counter began again
-    assert busy_fractions(supervisor, previous, 10.0) == {"busy/learner": pytest.approx(0.2),
-                                                          "busy/rollout-0": pytest.approx(0.6)}
+    assert busy_shares(handles, previous, 10.0) == {"busy/learner": pytest.approx(0.2),
+                                                    "busy/rollout-0": pytest.approx(0.6)}
     counters.update({"learner": 30.0, "rollout-0": 11.0})
-    assert busy_fractions(supervisor, previous, 10.0) == {"busy/learner": 1.0, "busy/rollout-0": pytest.approx(0.5)}
+    assert busy_shares(handles, previous, 10.0) == {"busy/learner": 1.0, "busy/rollout-0": pytest.approx(0.5)}

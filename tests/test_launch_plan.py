@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from configs import load_config
 from configs.loader import PRESETS
-from launch.plan import PlanError, local_gpus, model_shape, plan, render
+from actors.base import Slot
+from launch.plan import PlanError, actor_slot, bundles, local_gpus, model_shape, plan, render
 
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTER = ROOT / "launch" / "cluster"
@@ -90,7 +93,7 @@ def test_layouts_put_each_role_where_the_preset_says():
 
     big = _plan("musacoder_27b.yaml")
     assert 26e9 < big.model.params < 28e9
-    assert [(r.tp, r.pp) for r in big.learner[7:9]] == [(7, 0), (0, 1)]
+    assert [(r.tp, r.dp, r.pp) for r in big.learner[7:9]] == [(7, 0, 0), (0, 0, 1)]  # TP fastest, (DP = 1), then PP
     assert all(e.external_url and not e.gpus for e in big.engines)
 
 
@@ -99,6 +102,7 @@ def test_megatron_memory_follows_the_stated_formula():
     shard = p.model.params / 2  # TP=2, PP=1, DP=1
     parts = p.memory.learner_parts
     assert parts["weights"] == pytest.approx(shard * 2 / 2**30)
+    assert parts["grads"] == pytest.approx(shard * 4 / 2**30)  # fp32 grad buffers
     assert parts["optimizer"] == pytest.approx(shard * 12 / 2**30)
     dp2 = _plan("four_gpu.yaml", "cluster.learner_gpus=4", "cluster.num_gpus=6").memory.learner_parts
     assert dp2["optimizer"] == pytest.approx(parts["optimizer"] / 2)  # the distributed optimizer's share
@@ -109,7 +113,7 @@ def test_megatron_memory_follows_the_stated_formula():
 def test_parameter_count_matches_transformers(tmp_path, arch, tied):
     from transformers import AutoModelForCausalLM
 
-    from actors.rollout.model import hf_config
+    from actors.policy.model import hf_config
 
     cfg = load_config(None, [f"model.arch={arch}", "model.hidden_size=64", "model.num_heads=4",
                              "model.num_kv_heads=2", "model.num_layers=2", "model.intermediate_size=96"])
@@ -134,8 +138,6 @@ def test_parameter_count_matches_transformers(tmp_path, arch, tied):
      "learner.tensor_parallel=4 must divide the model's num_kv_heads=2"),
     ("four_gpu.yaml", ["cluster.learner_gpus=3"], None, None,
      r"cluster.learner_gpus=3 is not divisible by learner.tensor_parallel × pipeline_parallel = 2×1 = 2"),
-    ("four_gpu.yaml", ["learner.pipeline_parallel=5", "cluster.learner_gpus=10"], None, None,
-     "learner.pipeline_parallel=5 must divide the model's num_layers=22"),
     ("eight_gpu.yaml", [], 8, 40.0, r"GPU 0 \(engine 0\) needs ~46.1 GiB = engine 46.1 \[weights 2.1, kv_cache 44.0 GiB\] "
                                     r"but has 40.0 GiB"),
     ("musacoder_27b.yaml", ["learner.tensor_parallel=4", "learner.pipeline_parallel=1", "cluster.learner_gpus=4"], 16, 80.0,
@@ -148,8 +150,8 @@ def test_parameter_count_matches_transformers(tmp_path, arch, tied):
     ("four_gpu.yaml", ["learner.cpu_ranks=2"], None, None, "one rank per GPU"),
     ("default.yaml", ["cluster.engine_gpus=2"], None, None, "the embedded torch engine runs on one device"),
     ("default.yaml", ["rollout.engine=sglang"], None, None, "SGLang servers, which need GPUs"),
-    ("default.yaml", ["rollout.engine=sglang", "cluster.engine_gpus=1", "rollout.sglang_tp_size=2"], None, None,
-     "must equal rollout.sglang_tp_size=2"),
+    ("default.yaml", ["rollout.engine=sglang", "cluster.engine_gpus=1", "rollout.sglang.tp_size=2"], None, None,
+     "must equal rollout.sglang.tp_size=2"),
     ("default.yaml", ["cluster.verifier_gpus=1"], None, None, "verifier.backend=cpu needs no GPUs"),
     ("default.yaml", ["verifier.backend=cuda"], None, None, "verifier.backend=cuda runs candidates on a GPU"),
     ("single_gpu.yaml", ["rollout.num_actors=2"], None, None, r"2 engines × 1 GPUs = 2 do not fit on the learner's 1"),
@@ -160,6 +162,38 @@ def test_parameter_count_matches_transformers(tmp_path, arch, tied):
 def test_infeasible_plans_say_why(preset, overrides, gpus, memory, message):
     with pytest.raises(PlanError, match=message):
         _plan(preset, *overrides, gpus=gpus, memory=memory)
+
+
+def test_the_plan_checks_pipeline_parallel_against_the_layers():
+    cfg = load_config(PRESETS / "four_gpu.yaml", ["cluster.learner_gpus=10", "learner.pipeline_parallel=5"])
+    with pytest.raises(PlanError, match="learner.pipeline_parallel=5 must divide the model's num_layers=22"):
+        plan(cfg)
+
+
+def test_megatron_memory_of_a_pipeline_is_its_most_loaded_stage():
+    """PP = 2 halves the layers' parameters per GPU but not the first stage's activations (1F1B keeps
+    two micro-batches in flight there); the logits live on the last stage, and the fused kernels
+    shrink activations and logits."""
+    one = _plan("four_gpu.yaml", "learner.tensor_parallel=1", "cluster.learner_gpus=2", "cluster.num_gpus=4")
+    two = _plan("four_gpu.yaml", "learner.tensor_parallel=1", "learner.pipeline_parallel=2",
+                "cluster.learner_gpus=2", "cluster.num_gpus=4")
+    assert [(r.pp, r.dp) for r in two.learner] == [(0, 0), (1, 0)]
+    p1, p2 = one.memory.learner_parts, two.memory.learner_parts
+    assert p2["weights"] < 0.75 * p1["weights"]
+    m = two.model
+    per_layer = (m.params - m.vocab * m.hidden - m.hidden) / m.layers
+    first = m.layers / 2 * per_layer + m.vocab * m.hidden
+    last = m.layers / 2 * per_layer + m.hidden + m.vocab * m.hidden  # the tied embedding's copy
+    stage = first if p2["logits"] == 0 else last
+    assert p2["weights"] == pytest.approx(stage * 2 / 2**30)
+    if p2["logits"] == 0:  # the first stage: both micro-batches' activations of half the layers
+        assert p2["activations"] == pytest.approx(p1["activations"])
+    else:
+        assert p2["activations"] == pytest.approx(p1["activations"] / 2) and p2["logits"] == p1["logits"]
+    plain = _plan("four_gpu.yaml", "learner.megatron.fused_logprobs=false", "learner.megatron.fused_swiglu=false",
+                  gpus=4).memory.learner_parts
+    fused = _plan("four_gpu.yaml", gpus=4).memory.learner_parts
+    assert plain["activations"] > fused["activations"] and plain["logits"] > 3 * fused["logits"]
 
 
 def test_unreadable_checkpoint_config_is_a_plan_error(tmp_path):
@@ -177,6 +211,60 @@ def test_render_shows_the_table_and_the_numbers():
         assert expected in text, expected
     external = render(_plan("musacoder_27b.yaml"))
     assert "http://router:30000" in external and "of 24" in external
+
+
+# ------------------------------------------------------------------------------ Ray placement groups
+
+
+def test_bundles_follow_the_gpu_slots_of_the_plan():
+    four = _plan("four_gpu.yaml")
+    assert [b.gpus for b in bundles(four)] == [(0,), (1,), (2,), (3,)]
+    assert [actor_slot(four, "learner", r).bundle for r in range(2)] == [1, 2]
+    assert actor_slot(four, "rollout", 0).bundle == 0
+    assert {actor_slot(four, "verifier", i) for i in range(2)} == {Slot(gpus=(3,), num_gpus=0.5, bundle=3)}
+    # a tensor-parallel SGLang engine is one bundle of its GPUs; the verifier sharing its GPUs joins it
+    sglang = _plan("default.yaml", "rollout.engine=sglang", "cluster.engine_gpus=2", "rollout.sglang.tp_size=2",
+                   "rollout.num_actors=2", "cluster.learner_gpus=1", "verifier.backend=cuda")
+    assert [b.gpus for b in bundles(sglang)] == [(0, 1), (2, 3), (4,)]
+    assert actor_slot(sglang, "rollout", 1) == Slot(gpus=(2, 3), num_gpus=2.0, bundle=1)
+    assert actor_slot(sglang, "verifier", 0) == Slot(gpus=(0,), num_gpus=0.5, bundle=0)
+    assert actor_slot(sglang, "rollout", 0) == Slot(gpus=(0, 1), num_gpus=1.0, bundle=0)
+    assert actor_slot(sglang, "learner", 0).bundle == 2
+    single = _plan("single_gpu.yaml")
+    assert [b.gpus for b in bundles(single)] == [(0,)] and actor_slot(single, "learner", 0).colocated
+    assert bundles(_plan("default.yaml")) == () and actor_slot(_plan("default.yaml"), "learner", 0) == Slot()
+    external = _plan("musacoder_27b.yaml")  # the SGLang servers run outside Kiln: no bundle, no GPU share
+    assert len(bundles(external)) == 24 and actor_slot(external, "rollout", 0) == Slot()
+
+
+def test_the_placement_group_on_a_four_gpu_ray_is_the_plan():
+    """A Ray instance with 4 fake GPUs (`ray.init(num_cpus=8, num_gpus=4)`, in a process of its own):
+    the run's placement group has one bundle per GPU slot of the plan, and every actor scheduled the
+    way a run schedules it lands on its planned GPU (a shared GPU is one device for all its residents)."""
+    presets = ["four_gpu.yaml", "two_gpu.yaml"]
+    out = subprocess.run([sys.executable, str(ROOT / "tests" / "placement_probe.py"), *presets], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    for preset in presets:
+        p, got = _plan(preset), seen[preset]
+        assert got["group_bundles"] == got["plan_bundles"] == [b.resources for b in bundles(p)]
+        assert got["plan_bundle_gpus"] == [list(b.gpus) for b in bundles(p)]
+        assert got["free_gpus"] == 4 - p.gpus_needed  # the group holds exactly the plan's GPUs
+        device_of_bundle = [ids[0] for ids in got["gpu_of_bundle"]]
+        assert len(set(device_of_bundle)) == len(device_of_bundle)  # one device per bundle
+        planned = {f"learner-{r.rank}": r.gpu for r in p.learner} | {f"rollout-{e.index}": e.gpus[0] for e in p.engines} \
+            | {f"verifier-{v.index}": v.gpu for v in p.verifiers}
+        assert set(got["actors"]) == set(planned)
+        for name, actor in got["actors"].items():
+            assert actor["planned_gpus"] == [planned[name]]
+            # on its bundle's device, which it also hands to a process it launches (an SGLang server)
+            assert actor["gpus"] == actor["device_ids"] == [device_of_bundle[actor["bundle"]]], name
+        by_gpu: dict[int, set[str]] = {}
+        for name, actor in got["actors"].items():
+            by_gpu.setdefault(planned[name], set()).add(actor["gpus"][0])
+        assert all(len(devices) == 1 for devices in by_gpu.values())  # residents of a GPU share one device
+        assert len({d for devices in by_gpu.values() for d in devices}) == p.gpus_needed
 
 
 # ------------------------------------------------------------------------------------ cluster scripts
@@ -224,7 +312,7 @@ def test_torch_learner_memory_matches_the_estimate(preset, overrides):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from actors.rollout.model import hf_config
+    from actors.policy.model import hf_config
 
     cfg = load_config(PRESETS / preset, overrides)
     estimate = plan(cfg).memory.learner_gib
@@ -244,3 +332,16 @@ def test_torch_learner_memory_matches_the_estimate(preset, overrides):
     del model, optimizer
     torch.cuda.empty_cache()
     assert abs(peak - estimate) <= 0.15 * peak
+
+
+def test_the_27b_preset_passes_a_dry_run_with_a_pipeline():
+    """`kiln train --config configs/musacoder_27b.yaml --dry-run`: the dense qwen3 stand-in on TP=8 × PP=2,
+    the first stage's estimate within an 80 GB GPU."""
+    root = PRESETS.parent
+    out = subprocess.run([sys.executable, "-m", "launch.cli", "train", "--dry-run", "--config",
+                          "configs/musacoder_27b.yaml"], cwd=root, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "27.2" in out.stdout and "learner (megatron):" in out.stdout
+    p = _plan("musacoder_27b.yaml")
+    assert {(r.pp, r.tp) for r in p.learner} == {(pp, tp) for pp in (0, 1) for tp in range(8)}
+    assert p.memory.learner_gib < 79

@@ -8,12 +8,14 @@ import pytest
 import torch
 
 from actors.learner.losses import (
-    PolicyStats,
+    ENTROPY_ROWS,
+    ClipStats,
     filter_stats,
     kl_penalty,
     mirrorpop_mask,
     policy_loss,
     sft_loss,
+    token_entropy,
     token_logprobs_from_logits,
 )
 
@@ -50,15 +52,22 @@ def test_mirrorpop_keeps_everything_on_policy_and_drops_all_past_a_small_delta()
     assert not keep.any()
 
 
-def test_filter_stats_counts_before_filtering():
+def test_filter_stats_count_before_and_after_filtering():
     mask, seq = t(MASK, torch.bool), t(SEQ, torch.int64)
     keep, deviation = mirrorpop_mask(t(PROX), t(BEHAVIOUR), mask, seq, num_seqs=4, delta=0.25)
-    stats = filter_stats(t(PROX), t(BEHAVIOUR), mask, keep, deviation, seq)
+    stats = filter_stats(t(PROX), t(BEHAVIOUR), mask, keep, deviation, seq, is_cap=1.25)
     # sequences with gradient tokens: 0, 1, 3; kept: 1, 3; |log ρ| over the 5 gradient tokens
-    assert (stats.sequences, stats.kept_sequences, stats.tokens) == (3, 2, 5)
+    assert (stats.sequences, stats.kept_sequences, stats.tokens, stats.kept_tokens) == (3, 2, 5, 3)
     assert stats.abs_log_rho_sum == pytest.approx(0.5 + 0.5 + 0.125 + 0.25 + 0.25)
-    assert stats.metrics()["kept_fraction"] == pytest.approx(2 / 3)
-    assert stats.metrics()["abs_log_rho_mean"] == pytest.approx(1.625 / 5)
+    m = stats.metrics()
+    assert m["kept_fraction"] == pytest.approx(2 / 3) and m["kept_token_fraction"] == pytest.approx(3 / 5)
+    assert m["abs_log_rho_mean"] == pytest.approx(1.625 / 5)
+    assert m["deviation_mean"] == pytest.approx((0.5 + 0.1875 + 0.25) / 3)  # seq 2 has no gradient token
+    # kept tokens' log ρ: 0.125, -0.25, 0.25; w = min(e^log ρ, 1.25): e^0.25 = 1.284 is truncated
+    assert m["kept_abs_log_rho_mean"] == pytest.approx(0.625 / 3)
+    assert m["is_weight_mean"] == pytest.approx((math.exp(0.125) + math.exp(-0.25) + 1.25) / 3)
+    assert (m["is_weight_max"], m["is_weight_min"]) == pytest.approx((1.25, math.exp(-0.25)))
+    assert m["is_truncated_fraction"] == pytest.approx(1 / 3)
 
 
 # ---------------------------------------------------------------------------------- policy loss
@@ -94,12 +103,8 @@ def test_policy_loss_matches_hand_computation():
     loss.backward()
     # Clipped tokens (a, b) get no gradient; c: d/dlogπ of -w·r·A = -1·1.5·(-1) = 1.5; d: -1·0.5·1 = -0.5.
     assert logprobs.grad.tolist() == pytest.approx([0.0, 0.0, 1.5 / NORMALIZER, -0.5 / NORMALIZER, 0.0], abs=1e-7)
-    assert (stats.kept_tokens, stats.clipped, stats.truncated) == (4, 2, 1)
-    assert stats.is_weight_sum == pytest.approx(0.5 + 2.0 + 1.0 + 1.0)
-    assert (stats.is_weight_max, stats.is_weight_min) == pytest.approx((2.0, 0.5))
-    assert stats.kept_abs_log_rho_sum == pytest.approx(math.log(2) + math.log(3), abs=1e-6)
-    m = stats.metrics()
-    assert m["clip_fraction"] == 0.5 and m["is_weight_mean"] == pytest.approx(4.5 / 4)
+    assert stats == ClipStats(tokens=4, clipped_low=1, clipped_high=1)  # b below, a above
+    assert stats.metrics() == {"clip_fraction": 0.5, "clip_low_fraction": 0.25, "clip_high_fraction": 0.25}
 
 
 def test_is_weight_carries_no_gradient_into_the_proximal_logprobs():
@@ -121,11 +126,14 @@ def test_micro_batch_losses_and_stats_add_up_to_the_whole():
 
 
 def test_empty_stats_report_zeros():
-    metrics = PolicyStats().metrics()
-    assert set(metrics.values()) == {0.0}
+    assert set(ClipStats().metrics().values()) == {0.0}
     _, stats = policy_loss(t([0.0]), t([0.0]), t([0.0]), t([1.0]), t([0], torch.bool), eps_low=0.2,
                            eps_high=0.2, is_cap=2.0, normalizer=1.0)
-    assert stats.metrics()["is_weight_max"] == 0.0
+    assert stats == ClipStats()
+    mask, seq = t([0, 0], torch.bool), t([0, 0], torch.int64)
+    keep, deviation = mirrorpop_mask(t([0.0, 0.0]), t([0.0, 0.0]), mask, seq, num_seqs=1, delta=0.1)
+    empty = filter_stats(t([0.0, 0.0]), t([0.0, 0.0]), mask, keep, deviation, seq, is_cap=2.0)
+    assert set(empty.metrics().values()) == {0.0}
 
 
 # ------------------------------------------------------------------------------ SFT, KL, logits
@@ -142,6 +150,19 @@ def test_kl_penalty_is_k3():
     value = kl_penalty(logprobs, ref, t([1, 1, 0], torch.bool), normalizer=2.0)
     assert float(value) == pytest.approx((math.log(2) - 0.5) / 2, abs=1e-7)
     assert float(kl_penalty(ref, ref, t([1, 1, 1], torch.bool), normalizer=1.0)) == 0.0
+
+
+def test_token_entropy_applies_temperature():
+    # row 1: logits / 0.5 = [0, ln 3] -> softmax (1/4, 3/4); row 2: uniform over two -> ln 2
+    logits = t([[0.0, 0.5 * math.log(3.0)], [1.0, 1.0]])
+    expected = [-(0.25 * math.log(0.25) + 0.75 * math.log(0.75)), math.log(2.0)]
+    assert token_entropy(logits, 0.5).tolist() == pytest.approx(expected, abs=1e-6)
+
+
+def test_token_entropy_in_chunks_equals_the_whole():
+    logits = torch.randn(2 * ENTROPY_ROWS + 5, 7, generator=torch.Generator().manual_seed(0))
+    logp = torch.log_softmax(logits / 0.9, dim=-1)
+    torch.testing.assert_close(token_entropy(logits, 0.9), -(logp.exp() * logp).sum(-1))
 
 
 def test_token_logprobs_from_logits_applies_temperature():

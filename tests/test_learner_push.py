@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from actors.base import as_ray_actor
+from actors.base import RunContext, as_ray_actor
+from actors.learner.algorithm import Trainer
 from actors.learner.torch_backend import TorchBackend
 from actors.learner.weight_sync import WeightServer
 from actors.rollout.actor import RolloutActor
 from actors.rollout.engine import GenerateRequest, SamplingParams
-from configs import AlgoConfig, LearnerConfig, ModelConfig, RolloutConfig
+from configs import AlgoConfig, EvalConfig, LearnerConfig, ModelConfig, RolloutConfig
 from protocols import TrainBatch
+from protocols.registry import Registry
 
 TINY = ModelConfig(num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, intermediate_size=128, max_seq_len=256)
 T = 0.7
@@ -45,19 +47,22 @@ def batch_from(gens, advantages) -> TrainBatch:
                       advantages=np.asarray(advantages, np.float32), versions=np.asarray(versions, np.int64))
 
 
-def response_logprobs(backend: TorchBackend, batch: TrainBatch) -> np.ndarray:
+def response_logprobs(backend: Trainer, batch: TrainBatch) -> np.ndarray:
     return backend.logprobs(batch, T).numpy()[batch.loss_mask]
 
 
 def test_torch_backend_steps_pushed_over_gloo_match_the_engine(tmp_path, ray_session):
     ray = ray_session
-    backend = TorchBackend(TINY, LearnerConfig(lr=3e-3, micro_batch_tokens=64), AlgoConfig(mirrorpop_delta=1.0),
-                           temperature=T, device="cpu")
+    backend = Trainer(TorchBackend(TINY, LearnerConfig(lr=3e-3, micro_batch_tokens=64), device="cpu"),
+                      AlgoConfig(mirrorpop_delta=1.0), temperature=T)
     server = WeightServer(tmp_path, transport="gloo", bucket_mb=0.05, timeout_s=30, join_timeout_s=20)
     endpoints = server.start()
     rollout = RolloutConfig(max_new_tokens=8, max_turns=1, max_batch=4, temperature=T, device="cpu")
-    engine = as_ray_actor(RolloutActor, num_cpus=0).remote(rollout, TINY, replay="", verifier="tcp://127.0.0.1:9",
-                                                            actor_id="engine", learner=endpoints)
+    registry = Registry(tmp_path)  # the engine finds the learner's weights here (and no replay: it generates on request)
+    registry.register("learner", "learner", endpoints)
+    registry.register("verifier-0", "verifier", {"verifier": "tcp://127.0.0.1:9"})
+    engine = as_ray_actor(RolloutActor, num_cpus=0).remote(rollout, TINY, EvalConfig(),
+                                                            RunContext(run_dir=str(tmp_path), name="engine"))
     try:
         ray.get(engine.start.remote(), timeout=120)
         gens = [score(ray, engine, GOOD), score(ray, engine, BAD)]

@@ -1,5 +1,6 @@
 """A learner of several ranks on CPU: rank 0 leads (`LeaderBackend`), rank 1 follows its calls
-(`follow`), both over gloo in separate processes; the torch backend is data-parallel across them.
+(`follow`), both over gloo in separate processes; the torch backend is data-parallel across them,
+the ranks sharing the π_prox pass and each mini-batch update of the RL step (four per batch).
 
 The two-rank learner must take exactly the step one rank takes on the whole batch (same weights to
 float tolerance, same loss, kept-token count and grad norm), its replicas must stay equal, and a
@@ -28,6 +29,7 @@ TINY = ModelConfig(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, in
 T = 0.7
 # Small micro-batches so the batch splits into several and each rank gets a different share.
 LEARNER = LearnerConfig(lr=1e-2, micro_batch_tokens=24)
+ALGO = AlgoConfig(mirrorpop_delta=0.15, ppo_minibatches=4)
 
 
 def batch(seed: int = 0) -> TrainBatch:
@@ -76,12 +78,13 @@ def _free_port() -> int:
 def _rank(rank: int, world: int, port: int, out: str) -> None:
     import torch.distributed as dist
 
+    from actors.learner.algorithm import Trainer
     from actors.learner.ranks import LeaderBackend, follow, join
     from actors.learner.torch_backend import TorchBackend
 
     torch.set_num_threads(1)
     channel = join(RankSpec(rank, world, f"127.0.0.1:{port}"), "cpu")
-    local = TorchBackend(TINY, LEARNER, AlgoConfig(mirrorpop_delta=0.15), temperature=T)
+    local = Trainer(TorchBackend(TINY, LEARNER), ALGO, temperature=T)
     if rank == 0:
         leader = LeaderBackend(local, channel)
         results = script(leader, Path(out))
@@ -103,10 +106,11 @@ def two_ranks(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def one_rank():
+    from actors.learner.algorithm import Trainer
     from actors.learner.torch_backend import TorchBackend
 
     torch.set_num_threads(1)
-    return script(TorchBackend(TINY, LEARNER, AlgoConfig(mirrorpop_delta=0.15), temperature=T), None)
+    return script(Trainer(TorchBackend(TINY, LEARNER), ALGO, temperature=T), None)
 
 
 def test_two_data_parallel_ranks_take_the_one_rank_step(two_ranks, one_rank):
@@ -121,9 +125,11 @@ def test_two_data_parallel_ranks_take_the_one_rank_step(two_ranks, one_rank):
     # the second RL batch is far enough off-policy that MirrorPop drops some sequences on both
     assert 0 < led["rl2"].metrics["kept_fraction"] < 1
     torch.testing.assert_close(led["logprobs"], one_rank["logprobs"], rtol=1e-5, atol=1e-6)
-    # rank 0 saved, stepped again and restored: it must hold the one-rank run's weights
+    # rank 0 saved, stepped again and restored: it must hold the one-rank run's weights. Nine Adam updates
+    # (SFT + 2 batches x 4) lie behind them, and Adam divides each gradient by its own running RMS, so on
+    # near-zero gradients the ranks' different summation order shows up as ~1e-6 in the weights.
     for name, t in one_rank["weights"].items():
-        torch.testing.assert_close(led["weights"][name], t, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(led["weights"][name], t, rtol=1e-5, atol=1e-5)
 
 
 def test_replicas_stay_equal(two_ranks):

@@ -1,5 +1,6 @@
-"""The torch learner backend on a tiny model: batch alignment, micro-batching, logprobs, steps,
-checkpoints and HF export (actors/learner/{batch,torch_backend,checkpoint,backends}.py)."""
+"""The torch learner backend on a tiny model, through the one RL step: batch alignment,
+micro-batching, logprobs, steps, mini-batch normalisation, KL, checkpoints and HF export
+(actors/learner/{batch,algorithm,torch_backend,checkpoint,backends}.py)."""
 
 from __future__ import annotations
 
@@ -15,10 +16,11 @@ import torch
 from actors.learner import checkpoint as ckpt
 from actors.learner import torch_backend
 from actors.learner.batch import BatchError, micro_batches, pack
-from actors.learner.backends import make_backend
+from actors.learner.algorithm import Trainer
+from actors.learner.backends import make_backend, make_trainer
 from actors.learner.checkpoint import CheckpointMeta, read_latest, write_checkpoint
 from actors.learner.torch_backend import TorchBackend
-from actors.rollout.model import build_model
+from actors.policy.model import build_model
 from configs import AlgoConfig, ConfigError, LearnerConfig, ModelConfig
 from protocols import TrainBatch
 
@@ -38,11 +40,12 @@ def train_batch(lengths, prompt_lengths, advantages, seed=0, behaviour=None) -> 
                       advantages=np.asarray(advantages, np.float32), versions=np.where(mask, 0, -1).astype(np.int64))
 
 
-def backend(**learner) -> TorchBackend:
-    return TorchBackend(TINY, LearnerConfig(**{"lr": 1e-3, **learner}), AlgoConfig(), temperature=T)
+def backend(algo: AlgoConfig | None = None, **learner) -> Trainer:
+    """The torch backend under the RL step (the default algorithm unless `algo`)."""
+    return Trainer(TorchBackend(TINY, LearnerConfig(**{"lr": 1e-3, **learner})), algo or AlgoConfig(), temperature=T)
 
 
-def on_policy(b: TorchBackend, batch: TrainBatch, noise=None) -> TrainBatch:
+def on_policy(b: Trainer, batch: TrainBatch, noise=None) -> TrainBatch:
     """The batch with μ = the backend's current logprobs (+ noise) on its gradient-carrying tokens."""
     lp = b.logprobs(batch, T).numpy() + (0 if noise is None else noise)
     return dataclasses.replace(batch, behaviour_logprobs=np.where(batch.loss_mask, lp, 0).astype(np.float32))
@@ -115,18 +118,49 @@ def test_micro_batching_does_not_change_the_gradient():
     rng = np.random.default_rng(1)
     noise = rng.normal(0, 0.1, len(batch.tokens)).astype(np.float32)
     noise[batch.cu_seqlens[4]:batch.cu_seqlens[5]] += 2.0  # sequence 4 drifts: MirrorPop drops it
-    small, large = backend(micro_batch_tokens=16, grad_clip=0.0), backend(micro_batch_tokens=4096, grad_clip=0.0)
+    one_update = AlgoConfig(ppo_minibatches=1)
+    small = backend(one_update, micro_batch_tokens=16, grad_clip=0.0)
+    large = backend(one_update, micro_batch_tokens=4096, grad_clip=0.0)
     batch = on_policy(small, batch, noise)
     assert len(micro_batches(batch.cu_seqlens, 16)) > 3
     r_small, r_large = small.train_step(batch), large.train_step(batch)
     assert r_small.trained_tokens == r_large.trained_tokens == len(batch.tokens) - 17 - 9
     assert r_small.metrics["kept_fraction"] == pytest.approx(5 / 6)
     assert r_small.loss == pytest.approx(r_large.loss, abs=1e-6)
-    for (name, p_small), p_large in zip(small.model.named_parameters(), large.model.parameters()):
+    for (name, p_small), p_large in zip(small.backend.model.named_parameters(), large.backend.model.parameters()):
         torch.testing.assert_close(p_small.grad, p_large.grad, atol=1e-6, rtol=0, msg=name)
 
 
-def response_logprob(b: TorchBackend, batch: TrainBatch, seq: int) -> float:
+def subset(batch: TrainBatch, seqs: list[int]) -> TrainBatch:
+    """The batch of only the sequences `seqs`."""
+    cu = batch.cu_seqlens
+    take = lambda a: np.concatenate([a[cu[s]:cu[s + 1]] for s in seqs])
+    return TrainBatch(version=0, episode_ids=[batch.episode_ids[s] for s in seqs], tokens=take(batch.tokens),
+                      cu_seqlens=np.concatenate([[0], np.cumsum([cu[s + 1] - cu[s] for s in seqs])]).astype(np.int64),
+                      loss_mask=take(batch.loss_mask), behaviour_logprobs=take(batch.behaviour_logprobs),
+                      advantages=batch.advantages[seqs], versions=take(batch.versions))
+
+
+def test_each_update_is_a_token_mean_over_its_own_mini_batch():
+    """Normalisation is per mini-batch: with two mini-batches (5 + 3 and 4 + 6 response tokens) the
+    step's loss is the mean of the two token means, and the last update's gradient is the one a
+    single update on the second mini-batch alone takes. lr = 0 keeps π_θ = π_prox = μ throughout, so
+    w = r = 1 and each update's loss is minus its mini-batch's mean token advantage."""
+    batch = train_batch([8, 6, 7, 9], [3, 3, 3, 3], [1.0, -0.5, 2.0, -1.0])
+    two = backend(AlgoConfig(ppo_minibatches=2), lr=0.0, grad_clip=0.0)
+    batch = on_policy(two, batch)
+    result = two.train_step(batch)
+    assert result.metrics["updates"] == 2 and result.trained_tokens == 18
+    # -(5·1 + 3·(-0.5))/8 = -0.4375 and -(4·2 + 6·(-1))/10 = -0.2; over the whole batch it would be -5.5/18
+    assert result.loss == pytest.approx((-0.4375 - 0.2) / 2, abs=1e-6)
+    alone = [backend(AlgoConfig(ppo_minibatches=1), lr=0.0, grad_clip=0.0) for _ in range(2)]
+    losses = [b.train_step(subset(batch, seqs)).loss for b, seqs in zip(alone, ([0, 1], [2, 3]))]
+    assert losses == pytest.approx([-0.4375, -0.2], abs=1e-6)
+    for (name, p_two), p_alone in zip(two.backend.model.named_parameters(), alone[1].backend.model.parameters()):
+        torch.testing.assert_close(p_two.grad, p_alone.grad, atol=1e-7, rtol=1e-5, msg=name)
+
+
+def response_logprob(b: Trainer, batch: TrainBatch, seq: int) -> float:
     lp, cu = b.logprobs(batch, T), batch.cu_seqlens
     return float((lp * torch.from_numpy(batch.loss_mask))[cu[seq]:cu[seq + 1]].sum())
 
@@ -142,19 +176,19 @@ def test_positive_advantage_raises_the_sequence_logprob_and_lr_zero_changes_noth
     assert after[0] > before[0] + 0.1 and after[1] < before[1] - 0.1
 
     frozen = backend(lr=0.0)
-    weights = {k: v.clone() for k, v in frozen.model.state_dict().items()}
+    weights = {k: v.clone() for k, v in frozen.backend.model.state_dict().items()}
     frozen.train_step(on_policy(frozen, batch))
-    assert all(torch.equal(weights[k], v) for k, v in frozen.model.state_dict().items())
+    assert all(torch.equal(weights[k], v) for k, v in frozen.backend.model.state_dict().items())
 
 
 def test_a_batch_mirrorpop_empties_takes_no_step():
     b = backend()
     batch = train_batch([8], [3], [1.0])
     batch = on_policy(b, batch, np.full(8, 5.0, np.float32))
-    weights = {k: v.clone() for k, v in b.model.state_dict().items()}
+    weights = {k: v.clone() for k, v in b.backend.model.state_dict().items()}
     result = b.train_step(batch)
     assert (result.trained_tokens, result.metrics["skipped"], result.metrics["kept_fraction"]) == (0, 1.0, 0.0)
-    assert all(torch.equal(weights[k], v) for k, v in b.model.state_dict().items())
+    assert all(torch.equal(weights[k], v) for k, v in b.backend.model.state_dict().items())
 
 
 def test_sft_steps_lower_the_cross_entropy_at_the_given_lr():
@@ -162,18 +196,23 @@ def test_sft_steps_lower_the_cross_entropy_at_the_given_lr():
     b = backend(lr=0.0)  # the optimizer's own lr is 0: only the per-step lr moves the weights
     losses = [b.sft_step(batch, lr=1e-2).loss for _ in range(5)]
     assert losses[-1] < losses[0] - 0.1
-    assert all(g["lr"] == 0.0 for g in b.optimizer.param_groups)
-    weights = {k: v.clone() for k, v in b.model.state_dict().items()}
+    assert all(g["lr"] == 0.0 for g in b.backend.optimizer.param_groups)
+    weights = {k: v.clone() for k, v in b.backend.model.state_dict().items()}
     b.sft_step(batch)
-    assert all(torch.equal(weights[k], v) for k, v in b.model.state_dict().items())
+    assert all(torch.equal(weights[k], v) for k, v in b.backend.model.state_dict().items())
 
 
 def test_kl_term_runs_against_the_initial_model():
-    b = TorchBackend(TINY, LearnerConfig(lr=1e-2), AlgoConfig(kl_coef=0.1), temperature=T)
+    b = make_trainer(TINY, LearnerConfig(lr=1e-2), AlgoConfig(kl_coef=0.1, ppo_minibatches=1), temperature=T,
+                     device="cpu")
     batch = train_batch([8], [3], [1.0])
     first = b.train_step(on_policy(b, batch))
     second = b.train_step(on_policy(b, batch))
     assert first.metrics["kl"] == pytest.approx(0.0, abs=1e-9) and second.metrics["kl"] > 0
+    # several updates in one batch: the second and later ones see a policy the first moved
+    many = make_trainer(TINY, LearnerConfig(lr=1e-2), AlgoConfig(kl_coef=0.1, ppo_minibatches=2), temperature=T,
+                        device="cpu")
+    assert many.train_step(on_policy(many, train_batch([8, 9], [3, 3], [1.0, -1.0]))).metrics["kl"] > 0
 
 
 # ------------------------------------------------------------------------ weights and checkpoints
@@ -194,7 +233,7 @@ def test_export_hf_loads_in_transformers_with_equal_weights(tmp_path):
     b.export_hf(tmp_path / "hf")
     assert list((tmp_path / "hf").glob("*.safetensors"))
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", local_files_only=True)
-    ours = b.model.state_dict()
+    ours = b.backend.model.state_dict()
     for name, tensor in loaded.state_dict().items():
         assert torch.equal(tensor, ours[name]), name
 
@@ -216,7 +255,7 @@ def test_checkpoint_round_trip_restores_model_optimizer_and_rng(tmp_path):
     b_draws = (torch.rand(3), np.random.rand(3), random.random())
 
     assert b_next.loss == a_next.loss and b_next.grad_norm == a_next.grad_norm
-    assert all(torch.equal(v, a.model.state_dict()[k]) for k, v in b.model.state_dict().items())
+    assert all(torch.equal(v, a.backend.model.state_dict()[k]) for k, v in b.backend.model.state_dict().items())
     assert torch.equal(a_draws[0], b_draws[0]) and np.array_equal(a_draws[1], b_draws[1]) and a_draws[2] == b_draws[2]
 
 
@@ -258,10 +297,13 @@ def test_a_crash_mid_checkpoint_never_moves_latest(tmp_path, monkeypatch):
 
 
 def test_make_backend_picks_torch_and_refuses_unknown_names():
-    made = make_backend(TINY, LearnerConfig(), AlgoConfig(), temperature=T, device="cpu")
-    assert isinstance(made, TorchBackend) and made.temperature == T
+    made = make_backend(TINY, LearnerConfig(), device="cpu")
+    assert isinstance(made, TorchBackend) and made.reference is None
+    trainer = make_trainer(TINY, LearnerConfig(), AlgoConfig(kl_coef=0.1), temperature=T, device="cpu")
+    assert isinstance(trainer.backend, TorchBackend) and trainer.backend.reference is not None
+    assert trainer.temperature == T
     with pytest.raises(ConfigError, match="unknown backend"):
-        make_backend(TINY, LearnerConfig(backend="jax"), AlgoConfig(), temperature=T, device="cpu")
+        make_backend(TINY, LearnerConfig(backend="jax"), device="cpu")
 
 
 # ------------------------------------------------------------------------------------------ GPU
@@ -270,9 +312,11 @@ def test_make_backend_picks_torch_and_refuses_unknown_names():
 @pytest.mark.gpu
 def test_bf16_autocast_training_on_cuda(tmp_path):
     bf16 = dataclasses.replace(TINY, dtype="bfloat16")
-    gpu = TorchBackend(bf16, LearnerConfig(lr=3e-3), AlgoConfig(), temperature=T, device="cuda")
-    cpu = TorchBackend(bf16, LearnerConfig(lr=3e-3), AlgoConfig(), temperature=T)  # same init, fp32 compute
-    assert all(p.dtype == torch.float32 and p.is_cuda for p in gpu.model.parameters())  # fp32 master weights
+    gpu = make_trainer(bf16, LearnerConfig(lr=3e-3), AlgoConfig(), temperature=T, device="cuda")
+    cpu = make_trainer(bf16, LearnerConfig(lr=3e-3), AlgoConfig(), temperature=T, device="cpu")
+    # A seeded init depends on the device it runs on: start both from the CPU model's weights.
+    gpu.backend.model.load_state_dict(cpu.backend.model.state_dict())
+    assert all(p.dtype == torch.float32 and p.is_cuda for p in gpu.backend.model.parameters())  # fp32 master weights
     batch = train_batch([40, 25, 60], [10, 5, 20], [1.0, -1.0, 0.5])
     torch.testing.assert_close(gpu.logprobs(batch, T), cpu.logprobs(batch, T), atol=0.1, rtol=0)
 
@@ -285,7 +329,7 @@ def test_bf16_autocast_training_on_cuda(tmp_path):
 
     write_checkpoint(tmp_path, gpu, CheckpointMeta(version=3, step=3, time=0.0))
     expected = gpu.train_step(on_policy(gpu, batch)), torch.rand(4, device="cuda")
-    restored = TorchBackend(bf16, LearnerConfig(lr=3e-3), AlgoConfig(), temperature=T, device="cuda")
+    restored = make_trainer(bf16, LearnerConfig(lr=3e-3), AlgoConfig(), temperature=T, device="cuda")
     restored.load_checkpoint(read_latest(tmp_path)[0])
     got = restored.train_step(on_policy(restored, batch)), torch.rand(4, device="cuda")
     assert got[0].loss == expected[0].loss and torch.equal(got[1], expected[1])

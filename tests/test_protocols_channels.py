@@ -22,11 +22,11 @@ def announcement(v):
 
 # ----------------------------------------------------------------------------- child processes
 
-def _pusher(address, n):
+def _pusher(address, n, received):
     with PushChannel(address) as push:
         for i in range(n):
             push.send(P.Metrics(source="child", step=i, ts=time.time(), values={"i": float(i)}))
-        time.sleep(0.5)  # linger 0: give the last frames time to leave before the socket closes
+        received.wait(60)  # linger 0: the socket stays open until the test has every frame
 
 
 def _server(q, stop, slow_first):
@@ -45,25 +45,27 @@ def _server(q, stop, slow_first):
         srv.serve(handle, stop)
 
 
-def _publisher(q, go, n_before, n_after):
+def _publisher(q, go, received, n_before, n_after):
     with Publisher() as pub:
-        q.put((pub.address, pub.sync_address))
         for v in range(n_before):
             pub.publish(announcement(v))
+        q.put((pub.address, pub.sync_address))  # only now: these were published before anyone subscribed
         go.wait(30)
         assert pub.wait_ready(1, timeout_s=30)
         for v in range(n_before, n_before + n_after):
             pub.publish(announcement(v))
-        time.sleep(2)
+        received.wait(60)  # keep serving catch-up until the subscriber has everything
 
 
 # ----------------------------------------------------------------------------------- tests
 
 def test_push_pull_across_processes():
+    received = CTX.Event()
     with PullChannel() as pull:
-        p = CTX.Process(target=_pusher, args=(pull.address, 200))
+        p = CTX.Process(target=_pusher, args=(pull.address, 200, received))
         p.start()
         steps = [pull.recv(timeout_s=30).step for _ in range(200)]
+        received.set()
         p.join(30)
     assert steps == list(range(200))
 
@@ -98,15 +100,15 @@ def test_request_times_out_without_a_server():
 
 
 def test_late_subscriber_loses_nothing():
-    q, go = CTX.Queue(), CTX.Event()
-    proc = CTX.Process(target=_publisher, args=(q, go, 5, 5))
+    q, go, received = CTX.Queue(), CTX.Event(), CTX.Event()
+    proc = CTX.Process(target=_publisher, args=(q, go, received, 5, 5))
     proc.start()
     address, sync = q.get(timeout=60)
-    time.sleep(0.5)  # the first five were published before anyone subscribed
     with Subscriber(address, sync) as sub:
         sub.connect(timeout_s=30)
         go.set()
         versions = [sub.recv(timeout_s=30).version for _ in range(10)]
+    received.set()
     proc.join(30)
     assert versions == list(range(10))
 

@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 import zmq
 
-from actors.base import as_ray_actor
+from actors.base import RunContext, as_ray_actor
 from actors.buffer import ReplayActor
 from actors.buffer.storage import StorageError
-from actors.buffer.synthetic import TurnSpec, make_episode
 from configs import AlgoConfig, ReplayConfig
 from configs.schema import RetryConfig
 from protocols import BatchRequest, ErrorReply, Heartbeat, TaskRequest, decode_parts, encode_parts
 from protocols.channels import RemoteError, RequestClient
+from helpers.synthetic import TurnSpec, make_episode
 
 TEXT = "actors.buffer.examples.TextMatchTasks"
 
@@ -27,7 +27,7 @@ def make(run_dir, *, eta=1, G=2, B=1, steps=20, train_turns="first", retry=None,
     cfg = ReplayConfig(task_source=TEXT, max_staleness=eta, val_fraction=0.0, retry=RetryConfig(**(retry or {})),
                        **replay)
     return ReplayActor(cfg, AlgoConfig(group_size=G, batch_groups=B, total_steps=steps, train_turns=train_turns,
-                                       seed=3), run_dir)
+                                       seed=3), RunContext(run_dir=str(run_dir)))
 
 
 def episodes(reply, scores=(1.0, -1.0), version=0, **spec):
@@ -72,10 +72,10 @@ def test_intake_over_sockets_stores_once_and_rejects_inconsistent_episodes(serve
     assert client.request(bad_lp).status == "rejected"
     assert client.request(ep1).status == "stored"  # the real sample 1 still fits its slot
     h = actor.health()
-    assert h["rejected_by_reason"] == {"unknown_group": 1, "sample_index": 1, "slot_taken": 1,
+    assert h.rejected_by_reason == {"unknown_group": 1, "sample_index": 1, "slot_taken": 1,
                                        "task_mismatch": 1, "non_finite": 2}
-    assert (h["emitted"], h["duplicates"], h["groups"]["ready"], h["invariant_ok"]) == (2, 1, 1, True)
-    assert h["ack_latency_ms"]["n"] >= 2 and h["ack_latency_ms"]["p50"] > 0
+    assert (h.emitted, h.duplicates, h.groups.ready, h.invariant_ok) == (2, 1, 1, True)
+    assert h.ack_latency_ms.n >= 2 and h.ack_latency_ms.p50 > 0
 
 
 def test_garbage_and_unknown_records_get_error_replies_and_service_continues(served):
@@ -95,7 +95,7 @@ def test_garbage_and_unknown_records_get_error_replies_and_service_continues(ser
     with pytest.raises(RemoteError, match="versions only grow"):
         client.request(BatchRequest(learner_id="l", version=4))
     assert client.request(TaskRequest(actor_id="r")).status == "task"
-    assert actor.health()["handler_errors"] == 0
+    assert actor.health().handler_errors == 0
 
 
 # ------------------------------------------------------------------------------ staleness, infra
@@ -110,10 +110,10 @@ def test_stale_group_is_filtered_counted_and_its_task_reissued_first(tmp_path):
     assert reply.status == "batch"
     assert set(reply.batch.episode_ids) == set(a.episode_ids()["trained"])
     h = a.health()
-    assert h["filtered"] == {"stale": 2} and h["trained"] == 2 and h["trained_lag"]["max"] == 0
+    assert h.filtered == {"stale": 2} and h.trained == 2 and h.trained_lag.max == 0
     again = a.handle(TaskRequest(actor_id="r"))
     assert again.task == old.task and again.group_id != old.group_id  # a fresh group of the same task
-    assert h["invariant_ok"]
+    assert h.invariant_ok
     a.stop()
 
 
@@ -127,7 +127,7 @@ def test_staleness_looks_only_at_gradient_carrying_turns(tmp_path, train_turns, 
         a.handle(make_episode(r.task, r.group_id, i, turns))
     reply = a.handle(BatchRequest(learner_id="l", version=5))
     assert reply.status == ("wait" if stale else "batch")
-    assert a.health()["filtered"] == ({"stale": 2} if stale else {})
+    assert a.health().filtered == ({"stale": 2} if stale else {})
     a.stop()
 
 
@@ -137,7 +137,7 @@ def test_infra_failures_are_filtered_reissued_and_never_buffered_for_retry(tmp_p
     a.handle(make_episode(r.task, r.group_id, 0, [TurnSpec(score=-1.0)]))
     a.handle(make_episode(r.task, r.group_id, 1, [TurnSpec(score=-1.0, infra=True)]))
     h = a.health()
-    assert h["filtered"] == {"infra": 2} and h["retry"]["size"] == 0
+    assert h.filtered == {"infra": 2} and h.retry.size == 0
     assert a.handle(TaskRequest(actor_id="r")).task == r.task
     a.stop()
 
@@ -154,7 +154,7 @@ def test_repeated_request_for_a_version_gets_the_same_batch(tmp_path):
     b1 = a.handle(BatchRequest(learner_id="l", version=1)).batch
     assert set(b1.episode_ids).isdisjoint(b0.episode_ids)
     assert isinstance(a.handle(BatchRequest(learner_id="l", version=0)), ErrorReply)
-    assert a.health()["trained"] == 4
+    assert a.health().trained == 4
     a.stop()
 
 
@@ -166,11 +166,11 @@ def test_an_abandoned_group_expires_and_late_samples_are_counted(tmp_path):
         first, late = episodes(r)
         assert client.request(first).status == "stored"
         deadline = time.monotonic() + 5
-        while a.health()["groups"]["filtered"].get("expired") != 1 and time.monotonic() < deadline:
+        while a.health().groups.filtered.get("expired") != 1 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert client.request(late).status == "stored"
         h = a.health()
-        assert h["filtered"] == {"expired": 2} and h["invariant_ok"]
+        assert h.filtered == {"expired": 2} and h.invariant_ok
         assert client.request(TaskRequest(actor_id="r")).task == r.task  # re-issued
     finally:
         client.close()
@@ -187,14 +187,14 @@ def test_a_dead_rollouts_groups_are_released_at_once_and_survive_a_restart(tmp_p
         assert client.request(first).status == "stored"
         assert a.release_actor("rollout-0") == 1 and a.release_actor("rollout-0") == 0
         h = a.health()
-        assert h["groups"]["running"] == 1 and h["filtered"] == {"expired": 1} and h["invariant_ok"]
+        assert h.groups.running == 1 and h.filtered == {"expired": 1} and h.invariant_ok
         assert client.request(TaskRequest(actor_id="rollout-2")).task == mine.task  # re-issued first
         assert other.group_id in a._state.running
     finally:
         client.close()
         a.stop()
     b = make(tmp_path, eta=1, B=2)  # the release was logged: a restart makes the same decision
-    assert b.health()["filtered"] == {"expired": 1}
+    assert b.health().filtered == {"expired": 1}
     b.stop()
 
 
@@ -240,7 +240,7 @@ def test_recovery_after_an_abrupt_end_rebuilds_the_exact_state(tmp_path, snapsho
     assert logged > 0 or snapshot_every == 7
     assert durable_view(b) == expected and b.episode_ids() == ids
     h = b.health()
-    assert h["invariant_ok"] and h["filtered"].get("stale") and h["retry"]["admitted"] and h["batches"] >= 2
+    assert h.invariant_ok and h.filtered.get("stale") and h.retry.admitted and h.batches >= 2
     assert b.handle(TaskRequest(actor_id="r")) == a.handle(TaskRequest(actor_id="r"))  # same RNG, cursor, queue
     b.stop()
 
@@ -278,12 +278,12 @@ def test_disk_failure_stops_acknowledging(tmp_path, monkeypatch):
     assert isinstance(ack, ErrorReply) and "No space left" in ack.message
     monkeypatch.undo()
     assert isinstance(a.handle(TaskRequest(actor_id="r")), ErrorReply)  # fail-stop until restarted
-    assert a.health()["storage"]["failure"]
+    assert a.health().storage.failure
     a._store.close()
     b = make(tmp_path)  # the restart holds the group; the unacked episode may or may not have reached disk
-    assert b.health()["groups"]["running"] == 1
+    assert b.health().groups.running == 1
     assert b.handle(ep).status in ("stored", "duplicate")  # so the rollout's resend is what makes it safe
-    assert b.health()["emitted"] == 1
+    assert b.health().emitted == 1
     b.stop()
 
 
@@ -293,13 +293,13 @@ def test_disk_failure_stops_acknowledging(tmp_path, monkeypatch):
 def test_runs_as_a_ray_actor(ray_session, tmp_path):
     ray = ray_session
     cfg = ReplayConfig(task_source=TEXT, val_fraction=0.0)
-    handle = as_ray_actor(ReplayActor, num_cpus=0).remote(cfg, AlgoConfig(group_size=2), str(tmp_path))
+    handle = as_ray_actor(ReplayActor, num_cpus=0).remote(cfg, AlgoConfig(group_size=2), RunContext(run_dir=str(tmp_path)))
     address = ray.get(handle.start.remote(), timeout=60)["replay"]
     with RequestClient(address, timeout_s=10.0, retries=0) as client:
         r = client.request(TaskRequest(actor_id="r"))
         for ep in episodes(r):
             assert client.request(ep).status == "stored"
     h = ray.get(handle.health.remote(), timeout=30)
-    assert h["emitted"] == 2 and h["groups"]["ready"] == 1 and h["invariant_ok"]
+    assert h.emitted == 2 and h.groups.ready == 1 and h.invariant_ok
     ray.get(handle.stop.remote(), timeout=30)
     ray.kill(handle)

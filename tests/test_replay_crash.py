@@ -24,11 +24,14 @@ from pathlib import Path
 
 import numpy as np
 
-from actors.buffer import EpisodeSender, ReplayActor, read_endpoint
-from actors.buffer.synthetic import TurnSpec, make_episode
+from actors.base import RunContext
+from actors.buffer import ReplayActor
 from configs import load_config
 from protocols import BatchRequest, TaskRequest
 from protocols.channels import ChannelTimeout, RequestClient
+from protocols.episodes import EpisodeSender
+from protocols.registry import Registry
+from helpers.synthetic import TurnSpec, make_episode
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS, G, B = 10, 4, 2
@@ -72,7 +75,7 @@ class Producer(threading.Thread):
     def __init__(self, run_dir: Path, learner: "Learner", crash) -> None:
         super().__init__(daemon=True)
         self.run_dir, self.learner, self.crash = run_dir, learner, crash
-        self.sender = EpisodeSender(lambda: read_endpoint(run_dir), timeout_s=1.0)
+        self.sender = EpisodeSender(Registry(run_dir).resolver("replay", "replay"), timeout_s=1.0)
         self.made: dict[str, object] = {}
         self.crash_now = threading.Event()
         self.stop = threading.Event()
@@ -92,9 +95,9 @@ class Producer(threading.Thread):
             if self.sender.unacked:
                 time.sleep(0.05)
                 continue
-            if client is None or read_endpoint(self.run_dir) != address:
+            if client is None or Registry(self.run_dir).address("replay", "replay") != address:
                 client and client.close()
-                address = read_endpoint(self.run_dir)
+                address = Registry(self.run_dir).address("replay", "replay")
                 client = RequestClient(address, timeout_s=1.0, retries=0)
             try:
                 reply = client.request(TaskRequest(actor_id="producer"))
@@ -113,7 +116,7 @@ class Producer(threading.Thread):
                 self.sender.submit(ep)
             if self.crash_now.is_set():  # first kill: with a whole group unacknowledged
                 self.crash_now.clear()
-                self.sender._connect().request(next(iter(self.sender._unacked.values())))  # one gets stored...
+                self.sender.client.request(next(iter(self.sender._unacked.values())))  # one gets stored...
                 self.crash()  # ...and its ack is never read: the resend must be deduplicated
         client and client.close()
 
@@ -136,9 +139,9 @@ class Learner(threading.Thread):
         client, address = None, ""
         try:
             while self.version < STEPS:
-                if client is None or read_endpoint(self.run_dir) != address:
+                if client is None or Registry(self.run_dir).address("replay", "replay") != address:
                     client and client.close()
-                    address = read_endpoint(self.run_dir)
+                    address = Registry(self.run_dir).address("replay", "replay")
                     client = RequestClient(address, timeout_s=1.0, retries=0)
                 try:
                     reply = client.request(BatchRequest(learner_id="learner", version=self.version))
@@ -207,7 +210,7 @@ def test_kill_9_of_the_replay_loses_no_episode(tmp_path):
 
     # open the run directory in-process and audit every episode id
     cfg = load_config(None, OVERRIDES)
-    audit = ReplayActor(cfg.replay, cfg.algo, tmp_path)
+    audit = ReplayActor(cfg.replay, cfg.algo, RunContext(run_dir=str(tmp_path)))
     ids = audit.episode_ids()
     h = audit.health()
     audit.stop()
@@ -218,6 +221,6 @@ def test_kill_9_of_the_replay_loses_no_episode(tmp_path):
     assert emitted == set(producer.made), "every episode made is stored (and nothing else)"
     assert set(producer.sender.acked) == emitted
     assert trained == set(learner.trained) and len(learner.trained) == len(trained) == STEPS * B * G
-    assert h["emitted"] == h["trained"] + h["filtered_total"] + h["pending"] == len(emitted)
-    assert h["invariant_ok"] and h["learner_version"] == STEPS - 1  # the last batch was asked for at STEPS - 1
+    assert h.emitted == h.trained + h.filtered_total + h.pending == len(emitted)
+    assert h.invariant_ok and h.learner_version == STEPS - 1  # the last batch was asked for at STEPS - 1
     assert filtered.get("filtered:stale"), "the run exercised the staleness filter"

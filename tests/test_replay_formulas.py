@@ -9,9 +9,9 @@ from actors.buffer.formulas import (admission_limit, early_bonus, group_advantag
                                     prime_echo, rewards_tie, sample_lag)
 from actors.buffer.groups import Group, best_failed_attempt, judge
 from actors.buffer.packing import episode_lag, gradient_versions, pack_batch
-from actors.buffer.synthetic import TurnSpec, make_episode
 from configs import AlgoConfig
 from protocols import Task, Turn
+from helpers.synthetic import TurnSpec, make_episode
 
 PE = dict(alpha=0.75, bonus_turn1=0.2, bonus_turn2=0.1)
 TASK = Task(task_id="t", kind="text_match", payload={"prompt": "Repeat: abc\n", "answer": "abc"})

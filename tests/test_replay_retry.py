@@ -7,14 +7,15 @@ import dataclasses
 
 import pytest
 
+from actors.base import RunContext
 from actors.buffer import ReplayActor
 from actors.buffer.retry_buffer import FailedAttempt, RetryBuffer
-from actors.buffer.synthetic import TurnSpec, make_episode
 from actors.buffer.task_feed import TaskFeed
 from actors.buffer.task_source import TaskSet
 from configs import AlgoConfig, ReplayConfig
 from configs.schema import RetryConfig
 from protocols import BatchRequest, Task, TaskRequest
+from helpers.synthetic import TurnSpec, make_episode
 
 TEXT = "actors.buffer.examples.TextMatchTasks"
 
@@ -121,7 +122,7 @@ def test_fresh_tasks_visit_every_task_once_per_epoch_in_seeded_order():
 def actor(tmp_path):
     replay = ReplayConfig(task_source=TEXT, val_fraction=0.0, max_staleness=4,
                           retry=RetryConfig(capacity=8, probability=1.0, max_retries=2))
-    a = ReplayActor(replay, AlgoConfig(group_size=2, batch_groups=1, total_steps=50), tmp_path)
+    a = ReplayActor(replay, AlgoConfig(group_size=2, batch_groups=1, total_steps=50), RunContext(run_dir=str(tmp_path)))
     yield a
     a.stop()
 
@@ -138,21 +139,21 @@ def test_all_failed_group_is_retried_with_its_best_attempt_until_success(actor):
     fail = [[TurnSpec(score=-1.0, text="worse")], [TurnSpec(score=-0.7, text="best", feedback="shape mismatch")]]
     fresh = run_group(actor, fail)
     assert fresh.task.repair is None
-    assert actor.health()["retry"]["size"] == 1
+    assert actor.health().retry.size == 1
     retry = run_group(actor, [[TurnSpec(score=-1.0)], [TurnSpec(score=-1.0)]])  # p = 1: served from the buffer
     assert retry.task.task_id == fresh.task.task_id
     assert (retry.task.repair.failed_code, retry.task.repair.feedback) == ("best", "shape mismatch")
     assert retry.task.repair.attempt == 1 and retry.task.repair.origin_group == fresh.group_id
     # all tied at -1: not trained, but still a failed retry -> back in the buffer, attempt 2 next
     h = actor.health()
-    assert h["retry"]["size"] == 1 and h["filtered"] == {"tied": 2}
+    assert h.retry.size == 1 and h.filtered == {"tied": 2}
     again = run_group(actor, [[TurnSpec(passed=True, score=1.0)], [TurnSpec(score=-1.0)]])
     assert again.task.repair.attempt == 2
     h = actor.health()
-    assert h["retry"]["size"] == 0 and h["retry"]["successes"] == 1 and h["retry"]["resolved"] == 2
-    assert h["retry"]["retry_success_rate"] == 0.5
-    assert h["retry"]["retry_share"] == pytest.approx(2 / 3)
-    assert h["groups"]["ready"] == 2  # the first (fresh, untied) group and the successful retry
+    assert h.retry.size == 0 and h.retry.successes == 1 and h.retry.resolved == 2
+    assert h.retry.retry_success_rate == 0.5
+    assert h.retry.retry_share == pytest.approx(2 / 3)
+    assert h.groups.ready == 2  # the first (fresh, untied) group and the successful retry
     batch = actor.handle(BatchRequest(learner_id="l", version=0)).batch
     assert len(batch.episode_ids) == 2
 
@@ -164,5 +165,5 @@ def test_retry_mismatched_episode_is_rejected(actor):
     plain = dataclasses.replace(retry.task, repair=None)  # a rollout that dropped the repair context
     ack = actor.handle(make_episode(plain, retry.group_id, 0, [TurnSpec()]))
     assert ack.status == "rejected" and "repair" in ack.reason
-    assert actor.health()["rejected_by_reason"] == {"retry_mismatch": 1}
+    assert actor.health().rejected_by_reason == {"retry_mismatch": 1}
     assert fresh.group_id != retry.group_id

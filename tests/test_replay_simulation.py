@@ -1,11 +1,11 @@
-"""The seeded staleness simulation (actors/buffer/simulation.py): a fast producer and a slow learner
+"""The seeded staleness simulation (tests/helpers/simulation.py): a fast producer and a slow learner
 around the real ReplayActor. The lag is measured on the TrainBatches the learner receives."""
 
 from __future__ import annotations
 
 import pytest
 
-from actors.buffer.simulation import SimConfig, simulate
+from helpers.simulation import SimConfig, simulate
 
 STEPS = 20
 

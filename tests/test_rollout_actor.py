@@ -13,20 +13,21 @@ import numpy as np
 import pytest
 import torch
 
-from actors.base import as_ray_actor
+from actors.base import RunContext, as_ray_actor
 from actors.buffer import ReplayActor
-from actors.buffer.actor import read_endpoint
 from actors.learner.weight_sync import WeightServer
+from actors.policy.model import build_model
+from actors.policy.prompts import shape_summary
+from actors.policy.tokenizer import ByteTokenizer
 from actors.rollout.actor import RolloutActor
 from actors.rollout.engine import SamplingParams
 from actors.rollout.episodes import GroupRunner, Verifier
-from actors.rollout.model import build_model
-from actors.rollout.prompts import shape_summary
-from actors.rollout.tokenizer import ByteTokenizer
+from actors.rollout.turns import TurnPolicy, TurnRules
 from actors.verifier.actor import VerifierActor
-from configs import AlgoConfig, ModelConfig, ReplayConfig, RolloutConfig, VerifierConfig
+from configs import AlgoConfig, EvalConfig, ModelConfig, ReplayConfig, RolloutConfig, VerifierConfig
 from protocols import Task, TaskReply, VerifyRequest, VerifyResult, decode, encode
 from protocols.channels import ReplyServer
+from protocols.registry import Registry
 
 TEXT_TASKS = "actors.buffer.examples.TextMatchTasks"
 TEXT_REWARD = "actors.verifier.examples.TextMatchReward"
@@ -37,23 +38,33 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def rollout_cfg(**kw) -> RolloutConfig:
-    base = dict(max_new_tokens=8, max_turns=3, max_batch=8, temperature=1.0, verify_timeout_s=30.0,
+    base = dict(max_new_tokens=8, max_turns=3, max_batch=8, temperature=1.0, verify_reply_timeout_s=30.0,
                 ack_timeout_s=1.0, task_wait_s=1.0, device="cpu")
     return RolloutConfig(**{**base, **kw})
 
 
 def start_replay(run_dir, *, tasks=TEXT_TASKS, G=2, B=1) -> ReplayActor:
     cfg = ReplayConfig(task_source=tasks, val_fraction=0.0) if tasks else ReplayConfig(tasks="tasks", val_fraction=0.0)
-    replay = ReplayActor(cfg, AlgoConfig(group_size=G, batch_groups=B, total_steps=10, seed=1), run_dir)
+    replay = ReplayActor(cfg, AlgoConfig(group_size=G, batch_groups=B, total_steps=10, seed=1),
+                         RunContext(run_dir=str(run_dir), name="replay"))
     replay.start()
     return replay
+
+
+def rollout_actor(run_dir, cfg: RolloutConfig, model: ModelConfig = TINY, *, verifier: str,
+                  follow_learner: bool = False, name: str = "rollout-0") -> RolloutActor:
+    """A rollout actor of the run in `run_dir`: it finds replay (and the learner) in the run's registry,
+    where `verifier`'s address is registered as the verifier pool."""
+    Registry(run_dir).register("verifier-0", "verifier", {"verifier": verifier})
+    return RolloutActor(cfg, model, EvalConfig(), RunContext(run_dir=str(run_dir), name=name),
+                        follow_learner=follow_learner)
 
 
 def wait_for(predicate, timeout_s=60.0, what="condition", actor=None):
     deadline = time.monotonic() + timeout_s
     while not predicate():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        assert actor is None or actor.health()["looping"], "the episode loop died"
+        assert actor is None or actor.health().looping, "the episode loop died"
         time.sleep(0.05)
 
 
@@ -116,7 +127,8 @@ def test_a_task_without_a_prompt_becomes_infra_episodes_not_a_crash():
     verifier = ScriptedVerifier()
     runner = GroupRunner(actor_id="r", generate=lambda reqs: pytest.fail("nothing to generate"),
                          verifier=Verifier(verifier.address, timeout_s=1.0, retries=0), tokenizer=ByteTokenizer(),
-                         params=SamplingParams(), max_turns=3, max_seq_len=64)
+                         params=SamplingParams(max_new_tokens=8),
+                         policy=TurnPolicy(TurnRules(max_turns=3, max_seq_len=64, max_new_tokens=8), ByteTokenizer()))
     try:
         reply = TaskReply(status="task", task=Task(task_id="t", kind="text_match", payload={}), group_id="g7",
                           group_size=2)
@@ -153,12 +165,12 @@ def check_episode(ep, max_turns):
 
 def test_multi_turn_episodes_against_the_example_reward_actor(tmp_path, text_verifier):
     replay = start_replay(tmp_path, G=2, B=2)
-    actor = RolloutActor(rollout_cfg(), TINY, replay=replay.address, verifier=text_verifier)
+    actor = rollout_actor(tmp_path, rollout_cfg(), verifier=text_verifier)
     seen = []
     actor.sender.submit = lambda ep, submit=actor.sender.submit: (seen.append(ep), submit(ep))[1]
     try:
         actor.start()
-        wait_for(lambda: actor.health()["acked"] >= 8, what="8 acked episodes", actor=actor)
+        wait_for(lambda: actor.health().acked >= 8, what="8 acked episodes", actor=actor)
         assert stored_ids(replay) >= set(actor.acked_episode_ids())
         for ep in seen:
             check_episode(ep, 3)
@@ -185,12 +197,12 @@ def test_multi_turn_episodes_against_the_cpu_kernel_verifier(tmp_path):
     address = verifier.start()["verifier"]
     replay = start_replay(tmp_path, tasks=None, G=2, B=1)
     model = dataclasses.replace(TINY, max_seq_len=4096)  # byte-level prompts of whole reference files
-    actor = RolloutActor(rollout_cfg(max_turns=2, max_new_tokens=16), model, replay=replay.address, verifier=address)
+    actor = rollout_actor(tmp_path, rollout_cfg(max_turns=2, max_new_tokens=16), model, verifier=address)
     seen = []
     actor.sender.submit = lambda ep, submit=actor.sender.submit: (seen.append(ep), submit(ep))[1]
     try:
         actor.start()
-        wait_for(lambda: actor.health()["acked"] >= 4, timeout_s=120, what="4 acked kernel episodes", actor=actor)
+        wait_for(lambda: actor.health().acked >= 4, timeout_s=120, what="4 acked kernel episodes", actor=actor)
         for ep in seen:
             check_episode(ep, 2)
             assert ep.task.kind == "kernel" and len(ep.turns) == 2
@@ -207,8 +219,8 @@ def test_multi_turn_episodes_against_the_cpu_kernel_verifier(tmp_path):
 
 def test_weight_update_mid_episode_gives_exact_per_token_versions(tmp_path, text_verifier):
     replay = start_replay(tmp_path, G=2, B=1)
-    actor = RolloutActor(rollout_cfg(max_new_tokens=24, max_turns=1, on_weight_update="abort"), TINY,
-                         replay=replay.address, verifier=text_verifier)
+    actor = rollout_actor(tmp_path, rollout_cfg(max_new_tokens=24, max_turns=1, on_weight_update="abort"),
+                          verifier=text_verifier)
     seen = []
     actor.sender.submit = lambda ep, submit=actor.sender.submit: (seen.append(ep), submit(ep))[1]
     old = build_model(TINY)
@@ -227,7 +239,7 @@ def test_weight_update_mid_episode_gives_exact_per_token_versions(tmp_path, text
         assert reached.wait(60)
         actor.update_weights_from_tensors(new.state_dict().items(), version=1)
         engine.resume()
-        wait_for(lambda: actor.health()["acked"] >= 4, what="4 acked episodes", actor=actor)
+        wait_for(lambda: actor.health().acked >= 4, what="4 acked episodes", actor=actor)
         turns = [ep.turns[0] for ep in seen]
         mixed = [t for t in turns if 0 in t.versions and 1 in t.versions]
         assert mixed, "the update landed mid-generation"
@@ -246,18 +258,18 @@ def test_unacknowledged_episodes_are_resent_after_a_replay_restart(tmp_path):
     gate = threading.Event()
     verifier = ScriptedVerifier(gate=gate)
     replay = start_replay(tmp_path, G=2, B=1)
-    actor = RolloutActor(rollout_cfg(max_turns=1, ack_timeout_s=0.3, task_wait_s=0.3), TINY,
-                         replay=lambda: read_endpoint(tmp_path), verifier=verifier.address)
+    actor = rollout_actor(tmp_path, rollout_cfg(max_turns=1, ack_timeout_s=0.3, task_wait_s=0.3),
+                          verifier=verifier.address)  # it looks replay up again after a timeout
     try:
         actor.start()
         wait_for(lambda: len(verifier.received) >= 2, what="the first group's verify requests")
         replay.stop()  # replay goes down while the episodes are being verified
         gate.set()
-        wait_for(lambda: actor.health()["episodes"] >= 2 and actor.sender.stats.timeouts >= 1,
+        wait_for(lambda: actor.health().episodes >= 2 and actor.sender.stats.timeouts >= 1,
                  what="episodes held while replay is down")
-        assert actor.health()["unacked"] >= 2
+        assert actor.health().unacked >= 2
         replay = start_replay(tmp_path, G=2, B=1)  # recovers its state from disk, on a new port
-        wait_for(lambda: actor.health()["unacked"] == 0 and actor.health()["acked"] >= 2, what="resent episodes", actor=actor)
+        wait_for(lambda: actor.health().unacked == 0 and actor.health().acked >= 2, what="resent episodes", actor=actor)
         assert set(actor.acked_episode_ids()) <= stored_ids(replay)
         assert actor.acked_episode_ids()[:2] == [f"{verifier.received[0].episode_id.rsplit('/', 1)[0]}/{i}"
                                                  for i in range(2)]
@@ -270,13 +282,13 @@ def test_unacknowledged_episodes_are_resent_after_a_replay_restart(tmp_path):
 def test_a_silent_verifier_gets_a_resend_then_the_attempt_is_marked_infra(tmp_path):
     verifier = ScriptedVerifier(silent=True)
     replay = start_replay(tmp_path, G=2, B=1)
-    actor = RolloutActor(rollout_cfg(verify_timeout_s=0.3, verify_retries=1), TINY, replay=replay.address,
-                         verifier=verifier.address)
+    actor = rollout_actor(tmp_path, rollout_cfg(verify_reply_timeout_s=0.3, verify_retries=1),
+                          verifier=verifier.address)
     seen = []
     actor.sender.submit = lambda ep, submit=actor.sender.submit: (seen.append(ep), submit(ep))[1]
     try:
         actor.start()
-        wait_for(lambda: actor.health()["acked"] >= 2, what="infra episodes acked", actor=actor)
+        wait_for(lambda: actor.health().acked >= 2, what="infra episodes acked", actor=actor)
         first_group = seen[:2]
         for ep in first_group:
             assert len(ep.turns) == 1  # no repair turn after an infra failure
@@ -284,11 +296,32 @@ def test_a_silent_verifier_gets_a_resend_then_the_attempt_is_marked_infra(tmp_pa
             assert r.error_class == "infra" and r.score == 0.0 and not r.passed
         ids = [r.request_id for r in verifier.received]
         assert all(ids.count(f"{ep.episode_id}/t0") == 2 for ep in first_group)  # sent, then resent once
-        assert actor.health()["verify_infra"] >= 2
+        assert actor.health().verify_infra >= 2
     finally:
         actor.stop()
         replay.stop()
         verifier.close()
+
+
+def test_a_restarted_verifier_is_found_through_the_registry(tmp_path):
+    first = ScriptedVerifier()
+    replay = start_replay(tmp_path, G=2, B=2)
+    actor = rollout_actor(tmp_path, rollout_cfg(max_turns=1, verify_reply_timeout_s=0.5, verify_retries=2),
+                          verifier=first.address)
+    second = None
+    try:
+        actor.start()
+        wait_for(lambda: len(first.received) >= 2, what="requests to the first verifier", actor=actor)
+        first.close()  # the verifier dies; its replacement registers under the same name, on a new port
+        second = ScriptedVerifier()
+        Registry(tmp_path).register("verifier-0", "verifier", {"verifier": second.address})
+        wait_for(lambda: len(second.received) >= 2, what="requests to the restarted verifier", actor=actor)
+        wait_for(lambda: actor.health().acked >= 4, what="episodes verified by the new verifier", actor=actor)
+    finally:
+        actor.stop()
+        replay.stop()
+        if second is not None:
+            second.close()
 
 
 def test_a_crashed_engine_restarts_with_the_current_weights_and_reruns_its_requests(tmp_path, text_verifier):
@@ -296,9 +329,10 @@ def test_a_crashed_engine_restarts_with_the_current_weights_and_reruns_its_reque
     learner = WeightServer(tmp_path / "learner", transport="disk")
     endpoints = learner.start()
     learner.publish(5, current.named_parameters)
+    Registry(tmp_path).register("learner", "learner", endpoints)
     replay = start_replay(tmp_path, G=2, B=1)
-    actor = RolloutActor(rollout_cfg(max_turns=1, max_new_tokens=12), TINY, replay=replay.address,
-                         verifier=text_verifier, learner=endpoints)
+    actor = rollout_actor(tmp_path, rollout_cfg(max_turns=1, max_new_tokens=12), verifier=text_verifier,
+                          follow_learner=True)
     seen = []
     actor.sender.submit = lambda ep, submit=actor.sender.submit: (seen.append(ep), submit(ep))[1]
     crashed = []
@@ -313,7 +347,7 @@ def test_a_crashed_engine_restarts_with_the_current_weights_and_reruns_its_reque
         first_engine = actor.engine
         assert first_engine.weight_version == 5  # fetched before serving
         first_engine.step_hook = crash_once
-        wait_for(lambda: actor.health()["acked"] >= 2, what="episodes after the restart", actor=actor)
+        wait_for(lambda: actor.health().acked >= 2, what="episodes after the restart", actor=actor)
         assert crashed and actor.stats["engine_restarts"] == 1 and actor.engine is not first_engine
         assert actor.engine.weight_version == 5
         for ep in seen:
@@ -321,7 +355,7 @@ def test_a_crashed_engine_restarts_with_the_current_weights_and_reruns_its_reque
             assert (turn.versions == 5).all()
             assert np.abs(reference_logprobs(current, turn) - turn.logprobs).mean() < 1e-4
         assert learner.wait_confirmed(5, [actor.actor_id], timeout_s=10)
-        assert actor.health()["weights"]["bootstraps"] == 2  # at start and after the restart
+        assert actor.health().weights.bootstraps == 2  # at start and after the restart
     finally:
         actor.stop()
         replay.stop()
@@ -331,11 +365,13 @@ def test_a_crashed_engine_restarts_with_the_current_weights_and_reruns_its_reque
 def test_rollout_actor_runs_as_a_ray_actor(tmp_path, text_verifier, ray_session):
     ray = ray_session
     replay = start_replay(tmp_path, G=2, B=1)
-    actor = as_ray_actor(RolloutActor, num_cpus=1).remote(rollout_cfg(), TINY, replay=replay.address,
-                                                         verifier=text_verifier, actor_id="ray-rollout")
+    Registry(tmp_path).register("verifier-0", "verifier", {"verifier": text_verifier})
+    actor = as_ray_actor(RolloutActor, num_cpus=1).remote(rollout_cfg(), TINY, EvalConfig(),
+                                                         RunContext(run_dir=str(tmp_path), name="ray-rollout"),
+                                                         follow_learner=False)
     try:
         assert ray.get(actor.start.remote(), timeout=120) == {}
-        wait_for(lambda: ray.get(actor.health.remote())["acked"] >= 4, timeout_s=120, what="Ray actor episodes")
+        wait_for(lambda: ray.get(actor.health.remote()).acked >= 4, timeout_s=120, what="Ray actor episodes")
         acked = ray.get(actor.acked_episode_ids.remote())
         assert set(acked) <= stored_ids(replay)
         assert ray.get(actor.weight_version.remote()) == 0
@@ -347,8 +383,7 @@ def test_rollout_actor_runs_as_a_ray_actor(tmp_path, text_verifier, ray_session)
 
 def test_a_group_that_fails_is_counted_and_the_loop_keeps_serving(tmp_path, text_verifier):
     replay = start_replay(tmp_path, G=2, B=2)
-    actor = RolloutActor(rollout_cfg(max_turns=1, max_new_tokens=4), TINY, replay=replay.address,
-                         verifier=text_verifier)
+    actor = rollout_actor(tmp_path, rollout_cfg(max_turns=1, max_new_tokens=4), verifier=text_verifier)
     try:
         actor.start()
         working_start = actor._start_engine
@@ -366,9 +401,9 @@ def test_a_group_that_fails_is_counted_and_the_loop_keeps_serving(tmp_path, text
             raise RuntimeError("simulated device fault")
 
         actor.engine.step_hook = crash
-        wait_for(lambda: actor.health()["group_errors"] >= 1 and actor.health()["acked"] >= 2,
+        wait_for(lambda: actor.health().group_errors >= 1 and actor.health().acked >= 2,
                  what="a failed group, then acked episodes", actor=actor)
-        assert actor.health()["looping"] and len(restarts) >= 2
+        assert actor.health().looping and len(restarts) >= 2
     finally:
         actor.stop()
         replay.stop()

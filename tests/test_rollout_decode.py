@@ -13,10 +13,10 @@ import pytest
 import torch
 
 import transformers.integrations.sdpa_attention as hf_sdpa
+from actors.policy.model import build_model
 from actors.rollout import attention
 from actors.rollout.decode_step import DecodeStep
 from actors.rollout.engine import GenerateRequest, SamplingParams
-from actors.rollout.model import build_model
 from actors.rollout.torch_engine import TorchEngine
 from configs import ModelConfig
 

@@ -13,10 +13,10 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from actors.policy.model import build_model
+from actors.policy.weights.group import WeightBroadcaster, manifest
 from actors.rollout.engine import EngineError, GenerateRequest, SamplingParams
-from actors.rollout.model import build_model
 from actors.rollout.torch_engine import TorchEngine
-from actors.rollout.weight_group import WeightBroadcaster, manifest
 from configs import ModelConfig
 
 TINY = ModelConfig(num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, intermediate_size=128,

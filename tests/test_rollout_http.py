@@ -17,13 +17,13 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from actors.policy.model import build_model
+from actors.policy.tokenizer import ByteTokenizer
+from actors.policy.weights.group import WeightBroadcaster, manifest
 from actors.rollout.engine import EngineError, GenerateRequest, SamplingParams
 from actors.rollout.http_client import SGLangClient, parse_generation
 from actors.rollout.http_server import EngineServer
-from actors.rollout.model import build_model
-from actors.rollout.tokenizer import ByteTokenizer
 from actors.rollout.torch_engine import TorchEngine
-from actors.rollout.weight_group import WeightBroadcaster, manifest
 from configs import ModelConfig
 
 TINY = ModelConfig(num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, intermediate_size=128,
@@ -180,6 +180,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def router_healthy_workers(port: int) -> int:
+    """How many workers the router itself counts as healthy (its /readiness answer); 0 while it starts."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readiness", timeout=2) as reply:
+            return int(json.loads(reply.read()).get("healthy_workers", 0))
+    except (OSError, ValueError):
+        return 0
+
+
 @pytest.fixture
 def router():
     engines = [TorchEngine(TINY, max_batch=4, eos_token_ids=[257], seed=i) for i in range(2)]
@@ -194,9 +203,11 @@ def router():
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     client = SGLangClient(f"http://127.0.0.1:{port}", timeout_s=60)
     try:
+        # Wait on the router's own view of its workers, not on its process: under load a worker is
+        # admitted after the router already answers, and round-robin over one worker sends it everything.
         deadline = time.monotonic() + 60
-        while not client.health()["alive"]:
-            assert proc.poll() is None and time.monotonic() < deadline, "sglang-router did not come up"
+        while router_healthy_workers(port) < len(servers):
+            assert proc.poll() is None and time.monotonic() < deadline, "sglang-router did not admit both workers"
             time.sleep(0.2)
         yield client, engines, servers
     finally:

@@ -1,5 +1,5 @@
 """The `sglang` engine without SGLang: the launch command from the config, a launched server process
-(Kiln's embedded engine standing in through `rollout.sglang_launch_module`), a launch that fails, and
+(Kiln's embedded engine standing in through `rollout.sglang.launch_module`), a launch that fails, and
 the distributed weight-update requests against a fixture that answers like SGLang's endpoints
 (request fields from SGLang's io_struct: InitWeightsUpdateGroupReqInput,
 UpdateWeightsFromDistributedReqInput; responses {"success", "message"})."""
@@ -16,11 +16,12 @@ import numpy as np
 import pytest
 import torch
 
+from actors.policy.model import build_model
 from actors.rollout.engine import EngineError, GenerateRequest, SamplingParams
 from actors.rollout.engines import make_engine
-from actors.rollout.model import build_model
 from actors.rollout.sglang_engine import SGLangEngine, launch_spec
-from configs import ModelConfig, RolloutConfig
+from configs import ModelConfig, RolloutConfig, SGLangConfig, load_config
+from launch.plan import actor_slot, plan
 
 TINY = ModelConfig(num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, intermediate_size=128,
                    max_seq_len=256)
@@ -36,16 +37,20 @@ def free_port() -> int:
 
 
 def test_launch_command_comes_from_the_config():
-    rollout = RolloutConfig(engine="sglang", sglang_tp_size=2, sglang_mem_fraction=0.6, sglang_base_port=31000,
-                            sglang_extra_args=["--dtype", "bfloat16"])
-    spec = launch_spec(rollout, dataclasses.replace(TINY, path="/models/qwen"), index=1)
+    rollout = RolloutConfig(engine="sglang", sglang=SGLangConfig(tp_size=2, mem_fraction=0.6, base_port=31000,
+                                                                 extra_args=["--dtype", "bfloat16"]))
+    slot = actor_slot(plan(load_config(None, ["rollout.engine=sglang", "rollout.sglang.tp_size=2", "rollout.num_actors=2",
+                                              "cluster.engine_gpus=2"]), check_fit=False), "rollout", 1)
+    spec = launch_spec(rollout, dataclasses.replace(TINY, path="/models/qwen"), index=1, gpu_ids=slot.device_ids())
     cmd = spec.command()
     assert cmd[1:3] == ["-m", "sglang.launch_server"]
     flags = dict(zip(cmd[3::2], cmd[4::2]))
     assert flags["--model-path"] == "/models/qwen" and flags["--port"] == "31001" and flags["--tp-size"] == "2"
     assert flags["--mem-fraction-static"] == "0.6" and "--skip-tokenizer-init" in cmd
     assert cmd[-2:] == ["--dtype", "bfloat16"]
-    assert spec.env()["CUDA_VISIBLE_DEVICES"] == "2,3"  # actor 1 of TP 2 takes GPUs 2 and 3
+    assert spec.env()["CUDA_VISIBLE_DEVICES"] == "2,3"  # the plan gives actor 1 of TP 2 GPUs 2 and 3
+    with pytest.raises(EngineError, match="tp_size=2 but the placement gives this actor 1 GPUs"):
+        launch_spec(rollout, dataclasses.replace(TINY, path="/models/qwen"), index=1, gpu_ids=("5",))
     with pytest.raises(EngineError, match="model.path"):
         launch_spec(rollout, TINY, index=0)
 
@@ -60,8 +65,8 @@ def checkpoint(tmp_path_factory):
 
 def test_a_launched_server_serves_exact_logprobs_and_stops_with_the_engine(checkpoint):
     path, model = checkpoint
-    rollout = RolloutConfig(engine="sglang", sglang_launch_module="actors.rollout.serve",
-                            sglang_base_port=free_port(), sglang_start_timeout_s=120.0)
+    rollout = RolloutConfig(engine="sglang", sglang=SGLangConfig(launch_module="actors.rollout.serve",
+                                                                 base_port=free_port(), start_timeout_s=120.0))
     engine = make_engine(rollout, dataclasses.replace(TINY, path=str(path)), index=0, eos_token_ids=[])
     try:
         assert isinstance(engine, SGLangEngine) and engine.health()["alive"]
@@ -80,8 +85,8 @@ def test_a_launched_server_serves_exact_logprobs_and_stops_with_the_engine(check
 
 
 def test_a_server_that_fails_to_start_is_an_engine_error(tmp_path):
-    rollout = RolloutConfig(engine="sglang", sglang_launch_module="actors.rollout.no_such_module",
-                            sglang_base_port=free_port(), sglang_start_timeout_s=60.0)
+    rollout = RolloutConfig(engine="sglang", sglang=SGLangConfig(launch_module="actors.rollout.no_such_module",
+                                                                 base_port=free_port(), start_timeout_s=60.0))
     with pytest.raises(EngineError, match="exited"):
         make_engine(rollout, dataclasses.replace(TINY, path=str(tmp_path)), index=0, eos_token_ids=[])
 
@@ -118,7 +123,7 @@ class SGLangWeightFixture:
 
 def test_distributed_weight_update_requests_match_sglangs_request_types():
     fixture = SGLangWeightFixture()
-    engine = SGLangEngine(RolloutConfig(engine="sglang", sglang_urls=[fixture.url]), TINY, index=0, eos_token_ids=[])
+    engine = SGLangEngine(RolloutConfig(engine="sglang", sglang=SGLangConfig(urls=[fixture.url])), TINY, index=0, eos_token_ids=[])
     try:
         engine.init_weights_update_group("10.0.0.1", 29600, rank_offset=1, world_size=3)
         init = fixture.bodies["/init_weights_update_group"]
@@ -137,7 +142,7 @@ def test_distributed_weight_update_requests_match_sglangs_request_types():
 
 def test_a_refused_distributed_update_is_an_engine_error():
     fixture = SGLangWeightFixture(succeed=False)
-    engine = SGLangEngine(RolloutConfig(engine="sglang", sglang_urls=[fixture.url]), TINY, index=0, eos_token_ids=[])
+    engine = SGLangEngine(RolloutConfig(engine="sglang", sglang=SGLangConfig(urls=[fixture.url])), TINY, index=0, eos_token_ids=[])
     try:
         with pytest.raises(EngineError, match="group not initialised"):
             engine.update_weights_from_distributed(["w"], ["float32"], [[1]], version=1)

@@ -111,7 +111,7 @@ def test_resume_continues_a_run_above_its_versions(tmp_path):
     first = versions(run)
     assert first == [1, 2, 3]
     more = load_config(run.config_path, ["algo.total_steps=6"])  # what `kiln train --resume` loads
-    train(more, RunDirectory.open(run.path), resume=True)
+    train(more, RunDirectory.open(run.path))  # the learner finds the versions its run announced
     seen = versions(run)
     assert seen[:3] == first and seen == sorted(set(seen)) and seen[-1] >= 6, seen
     summary = json.loads((run.path / "summary.json").read_text())
@@ -139,7 +139,7 @@ def test_dry_run_prints_the_plan_and_refuses_infeasible_ones():
 
 
 def test_bench_train_measures_a_run_and_its_recovery_from_a_kill(tmp_path):
-    from launch.bench_train import main
+    from launch.bench.train import main
 
     out = tmp_path / "bench.json"
     assert main(["--config", str(TEXT_MATCH), "--kill", "rollout-0@2", "--json", str(out),
@@ -156,7 +156,7 @@ def test_bench_train_measures_a_run_and_its_recovery_from_a_kill(tmp_path):
 
 
 def test_bench_train_stop_after_ends_the_run_at_a_step_and_summarises_it(tmp_path, capsys):
-    from launch.bench_train import main
+    from launch.bench.train import main
 
     out = tmp_path / "bench.json"
     assert main(["--config", str(TEXT_MATCH), "--stop-after", "0", "--json", str(out), f"logging.root={tmp_path}",

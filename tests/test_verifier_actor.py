@@ -13,11 +13,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from actors.base import as_ray_actor
+from actors.base import PluginError, as_ray_actor, load_plugin
 from actors.buffer.examples import TextMatchTasks
 from actors.verifier.actor import VerifierActor
 from actors.verifier.examples import TextMatchReward
-from actors.verifier.interface import RewardActorError, load_reward_actor
+from actors.verifier.interface import RewardActor
 from configs import ReplayConfig, VerifierConfig, load_config
 from protocols import Task, TaskRequest, VerifyRequest, VerifyResult
 from protocols.channels import RemoteError, RequestClient
@@ -26,7 +26,7 @@ from tasks.loader import load_tasks
 TEXT_TASK = Task(task_id="text/reverse/abc", kind="text_match", payload={"prompt": "Reverse: abc\n", "answer": "cba"})
 
 
-class Misbehaving:
+class Misbehaving(RewardActor):
     """Reward actor that does what the candidate text says."""
 
     def __init__(self, cfg: VerifierConfig) -> None:
@@ -49,7 +49,7 @@ class Misbehaving:
         return self.good.verify(request)
 
 
-class Slow:
+class Slow(RewardActor):
     """Sleeps for the number of seconds the candidate names, then answers."""
 
     def __init__(self, cfg: VerifierConfig) -> None:
@@ -88,7 +88,7 @@ def running():
 
 
 def test_example_reward_actor_loads_by_dotted_path_and_scores():
-    cls = load_reward_actor("actors.verifier.examples.TextMatchReward")
+    cls = load_plugin("actors.verifier.examples.TextMatchReward", RewardActor, key="verifier.reward_actor")
     actor = cls(VerifierConfig())
     exact = actor.verify(request("cba\nbecause reversing"))
     assert exact.passed and exact.score == 1.0 and exact.error_class is None
@@ -106,14 +106,14 @@ def test_example_reward_actor_scores_the_example_task_source():
 
 
 @pytest.mark.parametrize("path, message", [
-    ("no_such_module.Reward", "cannot import no_such_module"),
-    ("actors.verifier.examples.Missing", "has no 'Missing'"),
+    ("no_such_module.Reward", "cannot import module 'no_such_module'"),
+    ("actors.verifier.examples.Missing", "has no attribute 'Missing'"),
     ("actors.verifier.examples.KIND", "not a class"),
     ("Reward", "not a dotted path"),
-    ("actors.base.Actor", r"no verify\(request\) method"),
+    ("actors.base.Actor", r"lacks verify\(\), warm\(\), close\(\) of RewardActor"),
 ])
 def test_bad_dotted_path_fails_at_start_up(path, message):
-    with pytest.raises(RewardActorError, match=message):
+    with pytest.raises(PluginError, match=message):
         VerifierActor(cfg_with(path))
 
 
@@ -125,11 +125,11 @@ def test_actor_serves_the_example_reward_actor_named_in_the_config(running):
     with RequestClient(address, timeout_s=10.0, retries=0) as client:
         r = client.request(request("cba"))
     assert r.passed and r.score == 1.0 and r.task_id == TEXT_TASK.task_id
-    assert actor.health()["reward_actor"] == "actors.verifier.examples.TextMatchReward"
+    assert actor.health().reward_actor == "actors.verifier.examples.TextMatchReward"
 
 
 def test_misbehaving_reward_actor_yields_infra_and_the_actor_keeps_serving(running):
-    actor, address = running(cfg_with("test_verifier_actor.Misbehaving", **{"verifier.verify_timeout_s": 1.0}))
+    actor, address = running(cfg_with("test_verifier_actor.Misbehaving", **{"verifier.reward_timeout_s": 1.0}))
     with RequestClient(address, timeout_s=10.0, retries=0) as client:
         for what, needle in [("raise", "raised RuntimeError: plug-in bug"), ("hang", "did not answer within 1 s"),
                              ("garbage", "expected a VerifyResult, got dict"), ("wrong-id", "someone-else"),
@@ -142,7 +142,7 @@ def test_misbehaving_reward_actor_yields_infra_and_the_actor_keeps_serving(runni
         with pytest.raises(RemoteError, match="answers VerifyRequest"):
             client.request(TaskRequest(actor_id="confused"))
     health = actor.health()
-    assert health["infra"] == 5 and health["hung"] == 1 and health["rejected"] == 1 and health["replied"] == 6
+    assert health.infra == 5 and health.hung == 1 and health.rejected == 1 and health.replied == 6
 
 
 def test_replies_leave_in_completion_order(running):
@@ -173,7 +173,7 @@ def test_kernel_verifier_behind_the_actor(running, verifier_cache_dir):
         misrouted = client.request(request("cba"))
     assert r.error_class == "cheating" and "aten::relu" in r.feedback
     assert misrouted.error_class == "infra" and "cannot verify tasks of kind 'text_match'" in misrouted.feedback
-    assert actor.health()["reward_actor"] == "actors.verifier.verifier.KernelVerifier"
+    assert actor.health().reward_actor == "actors.verifier.verifier.KernelVerifier"
 
 
 # ------------------------------------------------------------------------------------------ Ray
@@ -190,7 +190,7 @@ def test_runs_as_a_ray_actor(ray_session, verifier_cache_dir):
         with RequestClient(address, timeout_s=120.0, retries=0) as client:
             r = client.request(request(source, task))
         assert r.error_class == "cheating" and "aten::abs" in r.feedback
-        assert ray.get(handle.health.remote(), timeout=30)["replied"] == 1
+        assert ray.get(handle.health.remote(), timeout=30).replied == 1
         ray.get(handle.stop.remote(), timeout=60)
     finally:
         ray.kill(handle)

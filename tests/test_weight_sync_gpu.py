@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from actors.learner.bench_weight_sync import EngineProcess
 from actors.learner.weight_sync import WeightServer
-from actors.rollout.model import build_model
+from actors.policy.model import build_model
 from configs import ModelConfig
+from launch.bench.weight_sync import EngineProcess
 
 pytestmark = pytest.mark.gpu
 

@@ -4,12 +4,11 @@ See docs/replay.md.
 
 Modules: `formulas` (pure formulas), `task_source` (task sources and the split), `task_feed`,
 `retry_buffer`, `groups`, `intake`, `ledger`, `packing`, `state` (the deterministic state machine),
-`storage` (write-ahead log and snapshots), `actor` (the ReplayActor), `sender` (the rollout side of
-the episode contract), `synthetic` (valid fake episodes), `simulation` (the staleness simulation),
-`examples` (an example task-source plug-in).
+`storage` (write-ahead log and snapshots), `actor` (the ReplayActor), `health` (its typed health
+record), `offline` (the train-only replay), `examples` (an example task-source plug-in). The rollout
+side of the episode contract, `EpisodeSender`, lives in `protocols.episodes`.
 """
 
-from actors.buffer.actor import ReplayActor, read_endpoint
-from actors.buffer.sender import EpisodeSender
+from actors.buffer.actor import ReplayActor
 
-__all__ = ["EpisodeSender", "ReplayActor", "read_endpoint"]
+__all__ = ["ReplayActor"]

@@ -4,7 +4,7 @@
 
 It recovers whatever `<run-dir>/replay/` holds, serves until SIGTERM or SIGINT, snapshots and exits.
 The first stdout line is JSON: {"replay": address, "pid": ..., "recovered": {...}}; the address is
-also written to `<run-dir>/replay/endpoint.json`. Used for debugging a run's replay on its own and by
+also registered in `<run-dir>/registry.json` (as "replay"), where peers look it up. Used for debugging a run's replay on its own and by
 the kill -9 test.
 """
 
@@ -18,6 +18,7 @@ import signal
 import sys
 import threading
 
+from actors.base import Bind, RunContext
 from actors.buffer.actor import ReplayActor
 from configs import ConfigError, load_config
 
@@ -31,9 +32,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = load_config(args.config, args.overrides)
         logging.basicConfig(level=cfg.logging.level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-        actor = ReplayActor(cfg.replay, cfg.algo, args.run_dir, cfg.verifier.backend,
-                            host=cfg.cluster.bind_host, transport=cfg.cluster.transport,
-                            advertise=cfg.cluster.advertise_host)
+        c = cfg.cluster
+        ctx = RunContext(run_dir=args.run_dir, name="replay",
+                         bind=Bind(host=c.bind_host, transport=c.transport, advertise=c.advertise_host))
+        actor = ReplayActor(cfg.replay, cfg.algo, ctx, backend=cfg.verifier.backend)
     except ConfigError as err:
         print(f"replay: config error: {err}", file=sys.stderr)
         return 2

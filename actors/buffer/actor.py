@@ -1,10 +1,14 @@
 """The replay actor (DESIGN.md §6): one ReplyServer that serves the task feed, episode intake and the
 learner's batches, with every state change made durable before its reply.
 
-    TaskRequest  -> TaskReply   (a task to sample G times, wait with retry_after_s, or stop)
-    Episode      -> EpisodeAck  (stored / duplicate / rejected with a reason)
-    BatchRequest -> BatchReply  (a TrainBatch for the learner's version, wait, or stop)
-    anything else -> ErrorReply
+    TaskRequest         -> TaskReply     (a task to sample G times, wait with retry_after_s, or stop)
+    Episode             -> EpisodeAck    (stored / duplicate / rejected with a reason)
+    BatchRequest        -> BatchReply    (a TrainBatch for the learner's version, wait, or stop)
+    TaskListRequest     -> TaskList      (a whole split: the warm start's and the evaluation's tasks)
+    VersionsSeenRequest -> VersionsSeen  (the highest version seen: a restored learner starts above it)
+    anything else       -> ErrorReply
+
+It registers its address as "replay" in the run's registry, where rollouts and the learner look it up.
 
 The serving loop takes every request that is ready, applies them in order to the `ReplayState`,
 appends the ones that changed the state to the write-ahead log, fsyncs once (group commit), and only
@@ -17,44 +21,40 @@ cannot keep; a restart recovers the last durable state.
 from __future__ import annotations
 
 import collections
-import json
 import logging
-import os
 import threading
 import time
-from pathlib import Path
 
 import msgpack
 import numpy as np
 
 import protocols
-from actors.base import Actor
+from actors.base import Actor, RunContext
+from actors.buffer.health import Latency, ReplayHealth, replay_health
 from actors.buffer.state import ReplayState
 from actors.buffer.storage import EntryKind, ReplayStore
 from actors.buffer.task_source import load_task_set
 from configs import AlgoConfig, ConfigError, ReplayConfig
-from protocols import BatchRequest, Episode, ErrorReply, Record, TaskRequest
+from protocols import BatchRequest, Episode, ErrorReply, Record, TaskListRequest, TaskRequest, VersionsSeenRequest
 from protocols.channels import ReplyServer
 
 log = logging.getLogger(__name__)
 
 MAX_GROUP_COMMIT = 64  # requests applied per fsync at most, so one burst cannot delay replies for long
 EXPIRY_CHECK_S = 1.0  # at most this long between expiry checks (sooner for short timeouts)
-ENDPOINT_FILE = "endpoint.json"
 
 
 class ReplayActor(Actor):
     role = "replay"
 
-    def __init__(self, replay: ReplayConfig, algo: AlgoConfig, run_dir: str | Path, backend: str = "cpu", *,
-                 host: str = "127.0.0.1", transport: str = "tcp", advertise: str | None = None,
+    def __init__(self, replay: ReplayConfig, algo: AlgoConfig, ctx: RunContext, *, backend: str = "cpu",
                  poll_s: float = 0.05) -> None:
+        """`backend` is the verifier's kernel backend: the task set holds the tasks it can run."""
         super().__init__()
-        if algo.group_size < 2:
+        if algo.group_size < 2:  # the schema's bound too; also refused here for configs built in code
             raise ConfigError(f"algo.group_size={algo.group_size}: group-normalised advantages need at least 2 samples per group")
-        self.replay, self.algo = replay, algo
-        self.dir = Path(run_dir) / "replay"
-        self._bind = (host, transport, advertise)
+        self.replay, self.algo, self.ctx = replay, algo, ctx
+        self.dir = ctx.path / "replay"
         self._poll_s = poll_s
         self._state = ReplayState(replay, algo, load_task_set(replay, backend))
         self._store = ReplayStore(self.dir)
@@ -70,11 +70,11 @@ class ReplayActor(Actor):
     # ------------------------------------------------------------------------------- lifecycle
 
     def start(self) -> dict[str, str]:
-        host, transport, advertise = self._bind
-        self._server = ReplyServer(host, transport, advertise)
+        b = self.ctx.bind
+        self._server = ReplyServer(b.host, b.transport, b.advertise)
         self.address = self._server.address
-        self._write_endpoint()
         self.spawn(self._serve, "serve")
+        self.ctx.registry.register(self.ctx.name or "replay", self.role, {"replay": self.address})
         log.info("replay: serving on %s (%s)", self.address, self.recovered)
         return {"replay": self.address}
 
@@ -91,21 +91,15 @@ class ReplayActor(Actor):
             self._server.close()
             self._server = None
 
-    def health(self) -> dict:
+    def health(self) -> ReplayHealth:
         with self._lock:
             lat = np.asarray(self._ack_latency_s) * 1e3
-            return {
-                **super().health(),
-                "address": self.address,
-                **self._state.health(),
-                "storage": {**vars(self._store.stats), "generation": self._store.generation,
-                            "since_snapshot": self._store.since_snapshot, "failure": self._failure},
-                "ack_latency_ms": {"n": int(lat.size),
-                                   "p50": float(np.percentile(lat, 50)) if lat.size else None,
-                                   "p99": float(np.percentile(lat, 99)) if lat.size else None},
-                "handler_errors": self._handler_errors,
-                "recovered": self.recovered,
-            }
+            return replay_health(
+                self._state, self._store, role=self.role, alive=not self.stopping,
+                looping=self.threads_running, address=self.address, failure=self._failure,
+                ack_latency_ms=Latency(n=int(lat.size), p50=float(np.percentile(lat, 50)) if lat.size else None,
+                                       p99=float(np.percentile(lat, 99)) if lat.size else None),
+                handler_errors=self._handler_errors, recovered=self.recovered)
 
     def episode_ids(self) -> dict[str, list[str]]:
         """Every stored episode id by status ('pending', 'trained', 'filtered:<reason>')."""
@@ -185,7 +179,12 @@ class ReplayActor(Actor):
             return self._state.on_task_request(rec, now)
         if isinstance(rec, BatchRequest):
             return self._state.on_batch_request(rec)
-        return ErrorReply(message=f"replay serves TaskRequest, Episode and BatchRequest, not {type(rec).__name__}"), False
+        if isinstance(rec, TaskListRequest):
+            return self._state.on_task_list(rec), False
+        if isinstance(rec, VersionsSeenRequest):
+            return self._state.versions_seen(), False
+        return ErrorReply(message=f"replay serves TaskRequest, Episode, BatchRequest, TaskListRequest and "
+                                  f"VersionsSeenRequest, not {type(rec).__name__}"), False
 
     def release_actor(self, actor_id: str) -> int:
         """A rollout actor died: expire the groups it was working on now (their tasks are re-issued,
@@ -248,18 +247,3 @@ class ReplayActor(Actor):
                           type(protocols.decode(payload)).__name__)
         return {"snapshot": found.snapshot is not None, "log_entries": len(found.entries),
                 "truncated_bytes": found.truncated_bytes, "seconds": round(time.perf_counter() - start, 3)}
-
-    def _write_endpoint(self) -> None:
-        """Tell humans and tools (and a restarted rollout's address lookup) where replay listens."""
-        tmp = self.dir / (ENDPOINT_FILE + ".tmp")
-        tmp.write_text(json.dumps({"replay": self.address, "pid": os.getpid()}))
-        os.replace(tmp, self.dir / ENDPOINT_FILE)
-
-
-def read_endpoint(run_dir: str | Path) -> str:
-    """The replay address recorded in a run directory ('' when none is recorded yet)."""
-    path = Path(run_dir) / "replay" / ENDPOINT_FILE
-    try:
-        return json.loads(path.read_text())["replay"]
-    except (OSError, ValueError, KeyError):
-        return ""

@@ -1,74 +1,31 @@
 """Offline replay for `kiln train --train-only`: train on episodes saved by `--rollout-only`.
 
 The episode log is what rollout actors write with `episode_log=` set: one file per actor, each a
-sequence of length-prefixed `protocols.encode(Episode)` frames (`EpisodeLog`). `OfflineReplayActor`
+sequence of length-prefixed `protocols.encode(Episode)` frames (`protocols.episodes.EpisodeLog`). `OfflineReplayActor`
 reads them, groups the episodes by group id, judges every complete group with the same rules as the
 live replay (PrimeEcho rewards, group advantages, tied and infra groups filtered), and serves the
 learner's `BatchRequest`s with `batch_groups` groups per batch, in order, over the same
-request/reply channel as `ReplayActor`. Staleness does not apply: every sample is from the saved
-weights, which is the point of the mode (exercise the learner alone on a fixed input).
+request/reply channel as `ReplayActor`, registered under the same name. Staleness does not apply:
+every sample is from the saved weights, which is the point of the mode (exercise the learner alone on
+a fixed input). It has no task set, so it serves no TaskListRequest (a train-only run has no warm
+start and no evaluation).
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import struct
-import threading
 from pathlib import Path
 
-import protocols
-from actors.base import Actor
-from actors.buffer.actor import ENDPOINT_FILE
+from actors.base import Actor, RunContext
 from actors.buffer.groups import Group, judge
+from actors.buffer.health import GroupCounts, ReplayHealth
 from actors.buffer.packing import pack_batch
 from configs import AlgoConfig
-from protocols import BatchReply, BatchRequest, Episode, ErrorReply, Record
+from protocols import BatchReply, BatchRequest, Episode, ErrorReply, Record, VersionsSeen, VersionsSeenRequest
 from protocols.channels import ReplyServer
+from protocols.episodes import EpisodeLog
 
 log = logging.getLogger(__name__)
-
-_LEN = struct.Struct("<Q")
-
-
-class EpisodeLog:
-    """Append-only file of encoded episodes (a torn last frame, from a kill, is ignored on read)."""
-
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
-        self._file = open(self.path, "ab")
-        self._lock = threading.Lock()
-
-    def append(self, episode: Episode) -> None:
-        frame = protocols.encode(episode)
-        with self._lock:
-            self._file.write(_LEN.pack(len(frame)) + frame)
-            self._file.flush()
-
-    def close(self) -> None:
-        self._file.close()
-
-    @staticmethod
-    def read(path: str | Path) -> list[Episode]:
-        data = Path(path).read_bytes()
-        out, pos = [], 0
-        while pos + _LEN.size <= len(data):
-            (n,) = _LEN.unpack_from(data, pos)
-            frame = data[pos + _LEN.size: pos + _LEN.size + n]
-            if len(frame) < n:
-                log.warning("%s: torn last frame ignored", path)
-                break
-            try:
-                rec = protocols.decode(frame)
-            except protocols.ProtocolError as err:
-                log.warning("%s: undecodable frame skipped: %s", path, err)
-            else:
-                if isinstance(rec, Episode):
-                    out.append(rec)
-            pos += _LEN.size + n
-        return out
-
 
 def offline_batches(episodes: list[Episode], algo: AlgoConfig) -> tuple[list[list[Group]], dict[str, int]]:
     """Complete, trainable groups in batches of `algo.batch_groups`, and counts of what was dropped."""
@@ -97,12 +54,9 @@ def offline_batches(episodes: list[Episode], algo: AlgoConfig) -> tuple[list[lis
 class OfflineReplayActor(Actor):
     role = "replay"
 
-    def __init__(self, episodes: str | Path, algo: AlgoConfig, run_dir: str | Path, *, host: str = "127.0.0.1",
-                 transport: str = "tcp", advertise: str | None = None) -> None:
+    def __init__(self, episodes: str | Path, algo: AlgoConfig, ctx: RunContext) -> None:
         super().__init__()
-        self.algo = algo
-        self.dir = Path(run_dir) / "replay"
-        self.dir.mkdir(parents=True, exist_ok=True)
+        self.algo, self.ctx = algo, ctx
         files = sorted(Path(episodes).glob("*.kiln")) if Path(episodes).is_dir() else [Path(episodes)]
         eps = [ep for f in files for ep in EpisodeLog.read(f)]
         self.batches, self.dropped = offline_batches(eps, algo)
@@ -111,15 +65,15 @@ class OfflineReplayActor(Actor):
                              f"({len(eps)} episodes read; dropped groups {self.dropped})")
         self.episodes = len(eps)
         self.served = 0
-        self._bind = (host, transport, advertise)
         self._server: ReplyServer | None = None
         log.info("offline replay: %d episodes, %d batches, dropped groups %s", len(eps), len(self.batches),
                  self.dropped)
 
     def start(self) -> dict[str, str]:
-        self._server = ReplyServer(*self._bind)
-        (self.dir / ENDPOINT_FILE).write_text(json.dumps({"replay": self._server.address, "pid": os.getpid()}))
+        b = self.ctx.bind
+        self._server = ReplyServer(b.host, b.transport, b.advertise)
         self.spawn(lambda: self._server.serve(self.handle, self._stop), "serve")
+        self.ctx.registry.register(self.ctx.name or "replay", self.role, {"replay": self._server.address})
         return {"replay": self._server.address}
 
     def stop(self) -> None:
@@ -128,8 +82,11 @@ class OfflineReplayActor(Actor):
             self._server.close()
 
     def handle(self, rec: Record) -> Record:
+        if isinstance(rec, VersionsSeenRequest):  # only the saved weights made these episodes
+            return VersionsSeen(highest=0)
         if not isinstance(rec, BatchRequest):
-            return ErrorReply(message=f"offline replay serves BatchRequest only, not {type(rec).__name__}")
+            return ErrorReply(message=f"offline replay serves BatchRequest and VersionsSeenRequest, not "
+                                      f"{type(rec).__name__}")
         index = rec.version % len(self.batches)  # more steps than batches: go round again
         if rec.version >= self.algo.total_steps:
             return BatchReply(status="stop")
@@ -139,10 +96,8 @@ class OfflineReplayActor(Actor):
         return BatchReply(status="batch", batch=pack_batch(episodes, [a for g in groups for a in g.advantages],
                                                            rec.version, self.algo.train_turns))
 
-    def health(self) -> dict:
+    def health(self) -> ReplayHealth:
         n = self.episodes
-        return {**super().health(), "episodes": n, "batches": len(self.batches), "served": self.served,
-                "dropped_groups": self.dropped, "highest_version_seen": 0, "emitted": n, "trained": 0,
-                "filtered_total": 0, "pending": n, "invariant_ok": True,
-                "trained_lag": {"max": None, "histogram": {}},
-                "groups": {"trained": 0, "ready": len(self.batches), "filtered": {}}}
+        return ReplayHealth(role=self.role, alive=not self.stopping, looping=self.threads_running,
+                            address=self._server.address if self._server else "", emitted=n, pending=n,
+                            groups=GroupCounts(ready=len(self.batches)), batches=self.served)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from actors.buffer import intake
-from actors.buffer.formulas import admission_limit, is_stale, may_admit
+from actors.buffer.formulas import admission_limit, is_stale
 from actors.buffer.groups import Group, judge
 from actors.buffer.ledger import EpisodeLedger
 from actors.buffer.packing import episode_lag, gradient_versions, pack_batch
@@ -31,12 +31,12 @@ from actors.buffer.retry_buffer import RetryBuffer
 from actors.buffer.task_feed import TaskFeed
 from actors.buffer.task_source import TaskSet
 from configs import AlgoConfig, ReplayConfig
-from protocols import (BatchReply, BatchRequest, Episode, EpisodeAck, ErrorReply, Record, TaskReply,
-                       TaskRequest)
+from protocols import (BatchReply, BatchRequest, Episode, EpisodeAck, ErrorReply, Record, TaskList,
+                       TaskListRequest, TaskReply, TaskRequest, VersionsSeen)
 
 log = logging.getLogger(__name__)
 
-SNAPSHOT_FORMAT = 1
+SNAPSHOT_FORMAT = 2
 
 
 @dataclass
@@ -95,6 +95,7 @@ class ReplayState:
         self.highest_version_seen = 0  # over learner requests and episode tokens; a restored learner starts above it
         # Version ranges (lo, hi), exclusive, whose weights a learner restore threw away: never trained on.
         self.discarded: list[tuple[int, int]] = []
+        self.infra_streak: dict[str, int] = {}  # task id -> its groups filtered as infra in a row
 
     # ------------------------------------------------------------------------------- task feed
 
@@ -105,6 +106,10 @@ class ReplayState:
 
     @property
     def admission_bound(self) -> int:
+        """Groups that may be accepted or running now: (η + v + 1)·B, or the whole run's total_steps·B
+        with `replay.admission=whole_run` (rollout-only runs: no learner advances v)."""
+        if self.replay.admission == "whole_run":
+            return self.algo.total_steps * self.algo.batch_groups
         return admission_limit(self.eta, self.learner_version, self.algo.batch_groups, self.algo.total_steps)
 
     def on_task_request(self, req: TaskRequest, now: float) -> tuple[Record, bool]:
@@ -112,17 +117,27 @@ class ReplayState:
             return self._val_task(), False
         if self.learner_version >= self.algo.total_steps:
             return TaskReply(status="stop"), False
-        if not may_admit(self.admitted, self.eta, self.learner_version, self.algo.batch_groups,
-                         self.algo.total_steps):
+        if self.admitted >= self.admission_bound:
             self.counters.admission_waits += 1
             return TaskReply(status="wait", retry_after_s=self.replay.retry_after_s), False
-        task, _source = self.feed.next_train()
+        served = self.feed.next_train()
+        if served is None:
+            return ErrorReply(message=f"every training task has left the task feed ({self._dropped_story()}); "
+                                      "see replay's log for why"), False
+        task, _source = served
         group = Group(group_id=f"g{self.group_seq:07d}", task=task, size=self.algo.group_size, last_activity=now,
                       actor_id=req.actor_id)
         self.group_seq += 1
         self.running[group.group_id] = group
         self.counters.groups_issued += 1
         return TaskReply(status="task", task=task, group_id=group.group_id, group_size=group.size), True
+
+    def on_task_list(self, req: TaskListRequest) -> TaskList:
+        """A whole split of the task set (for a warm start or an evaluation); changes nothing."""
+        return TaskList(split=req.split, tasks=list(self.feed.train if req.split == "train" else self.feed.val))
+
+    def versions_seen(self) -> VersionsSeen:
+        return VersionsSeen(highest=self.highest_version_seen)
 
     def _val_task(self) -> Record:
         task = self.feed.next_val()
@@ -168,11 +183,23 @@ class ReplayState:
         """All G samples are in: decide the group's fate."""
         del self.running[group.group_id]
         verdict = judge(group, self.algo)
-        if verdict.infra:
-            self._filter(group, "infra", reissue=True)
+        task_id = group.task.task_id
+        if verdict.unservable:
+            self._leave_feed(group, "unservable", f"the rollouts cannot pose it: {verdict.unservable}")
             return
+        if verdict.infra:
+            streak = self.infra_streak[task_id] = self.infra_streak.get(task_id, 0) + 1
+            if streak >= self.replay.infra_retries:
+                self._leave_feed(group, "infra", f"{streak} of its groups in a row failed through the system's "
+                                                 "fault (infra), e.g. a reference that raises")
+            else:
+                self._filter(group, "infra", reissue=True)
+            return
+        self.infra_streak.pop(task_id, None)
         if group.is_retry:
-            self.retry.resolve(group.task.task_id, verdict.any_passed, verdict.best_failed)
+            self.retry.resolve(task_id, verdict.any_passed, verdict.best_failed)
+        elif task_id in self.feed.dropped:
+            pass  # a late group of a task that left the feed: never buffered for retry
         elif not verdict.any_passed and verdict.best_failed is not None:
             self.retry.admit(group.task, verdict.best_failed, group.group_id)
         if verdict.tied:
@@ -180,6 +207,20 @@ class ReplayState:
             return
         group.advantages = verdict.advantages
         self.ready[group.group_id] = group
+
+    def _leave_feed(self, group: Group, reason: str, why: str) -> None:
+        """Filter the group and take its task out of the feed for good; reported once per task."""
+        self._filter(group, reason, reissue=False)
+        task_id = group.task.task_id
+        self.infra_streak.pop(task_id, None)
+        self.retry.forget(task_id)
+        if self.feed.drop(task_id, reason):
+            log.warning("replay: task %s leaves the task feed: %s (%s)", task_id, why, self._dropped_story())
+
+    def _dropped_story(self) -> str:
+        counts = collections.Counter(self.feed.dropped.values())
+        return f"{len(self.feed.dropped)} of {len(self.feed.train)} training tasks out of the feed: " + \
+            ", ".join(f"{n} {reason}" for reason, n in sorted(counts.items()))
 
     def _filter(self, group: Group, reason: str, *, reissue: bool) -> None:
         for ep in group.episodes.values():
@@ -274,29 +315,6 @@ class ReplayState:
 
     # ---------------------------------------------------------------------------------- report
 
-    def health(self) -> dict:
-        c = self.counters
-        lags = c.trained_lag
-        return {
-            **self.ledger.summary(),
-            "learner_version": self.learner_version,
-            "highest_version_seen": self.highest_version_seen,
-            "groups": {"issued": c.groups_issued, "running": len(self.running), "ready": len(self.ready),
-                       "trained": c.groups_trained, "filtered": dict(c.groups_filtered)},
-            "admission": {"admitted": self.admitted, "limit": self.admission_bound, "waits": c.admission_waits},
-            "batches": c.batches,
-            "batch_waits": c.batch_waits,
-            "trained_lag": {"max": max(lags) if lags else None, "histogram": dict(sorted(lags.items()))},
-            "duplicates": c.duplicates,
-            "rejected": sum(c.rejected.values()),
-            "rejected_by_reason": dict(c.rejected),
-            "retry": self.retry.metrics(groups_served=c.groups_issued),
-            "feed": {"train_tasks": len(self.feed.train), "val_tasks": len(self.feed.val),
-                     "epoch": self.feed.epoch, "index": self.feed.index,
-                     "reissue_queue": len(self.feed.reissued), "served": dict(self.feed.served),
-                     "val_served": c.val_served},
-        }
-
     # -------------------------------------------------------------------------------- snapshot
 
     def dump(self) -> dict:
@@ -306,6 +324,7 @@ class ReplayState:
             "learner_version": self.learner_version,
             "highest_version_seen": self.highest_version_seen,
             "discarded": [list(r) for r in self.discarded],
+            "infra_streak": dict(self.infra_streak),
             "running": [g.dump() for g in self.running.values()],
             "ready": [g.dump() for g in self.ready.values()],
             "served": None if self.served is None else {
@@ -324,6 +343,7 @@ class ReplayState:
         self.learner_version = data["learner_version"]
         self.highest_version_seen = data["highest_version_seen"]
         self.discarded = [tuple(r) for r in data.get("discarded", [])]
+        self.infra_streak = dict(data["infra_streak"])
         # a restart gives every running group a fresh timeout: nobody could deliver while replay was down
         self.running = {g.group_id: g for g in (Group.load(d, now) for d in data["running"])}
         self.ready = {g.group_id: g for g in (Group.load(d, now) for d in data["ready"])}

@@ -3,7 +3,7 @@
 A task source is any class with this signature (named by dotted path in `replay.task_source`):
 
     class MySource:
-        def __init__(self, cfg: configs.ReplayConfig, backend: str) -> None: ...
+        def __init__(self, cfg: configs.ReplayConfig, backend: str, **args) -> None: ...  # args: replay.task_source_args
         def tasks(self) -> list[protocols.Task]: ...
 
 The built-in source (`replay.task_source: null`) loads KernelBench-format reference files from
@@ -19,17 +19,28 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import importlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import protocols
+from actors.base import load_plugin
 from configs import ConfigError, ReplayConfig
 from protocols import Task
 from tasks.loader import SHIPPED, TaskLoadError, load_tasks
 
 
-class KernelTaskDirectory:
+class TaskSource(Protocol):
+    """The task-source interface (`replay.task_source`); plug-ins may subclass it."""
+
+    def __init__(self, cfg: ReplayConfig, backend: str, **args) -> None: ...
+
+    def tasks(self) -> list[Task]:
+        """Every task of the run, train and validation alike (replay splits them)."""
+        ...
+
+
+class KernelTaskDirectory(TaskSource):
     """The built-in source: KernelBench-format references under `cfg.tasks`. A relative path is
     looked up from the working directory first, then from the Kiln checkout (so `tasks` names the
     shipped set wherever Ray starts the actor)."""
@@ -95,32 +106,14 @@ def load_task_set(cfg: ReplayConfig, backend: str) -> TaskSet:
 def _build_source(cfg: ReplayConfig, backend: str):
     if cfg.task_source is None:
         return KernelTaskDirectory(cfg, backend)
-    cls = import_dotted(cfg.task_source, "replay.task_source")
+    cls = load_plugin(cfg.task_source, TaskSource, key="replay.task_source")
     try:
-        return cls(cfg, backend)
+        return cls(cfg, backend, **cfg.task_source_args)
     except Exception as err:
         raise ConfigError(
             f"replay.task_source={cfg.task_source!r}: constructing it raised {type(err).__name__}: {err} "
-            "(signature: __init__(self, cfg: ReplayConfig, backend: str))"
+            "(signature: __init__(self, cfg: ReplayConfig, backend: str, **replay.task_source_args))"
         ) from None
-
-
-def import_dotted(path: str, key: str):
-    """The object named by 'package.module.Name', or a ConfigError that says what was wrong."""
-    module_name, _, attr = path.rpartition(".")
-    if not module_name or not attr:
-        raise ConfigError(f"{key}={path!r} is not a dotted path of the form package.module.ClassName")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as err:
-        raise ConfigError(f"{key}={path!r}: cannot import module {module_name!r}: {type(err).__name__}: {err}") from None
-    try:
-        obj = getattr(module, attr)
-    except AttributeError:
-        raise ConfigError(f"{key}={path!r}: module {module_name!r} has no attribute {attr!r}") from None
-    if not isinstance(obj, type):
-        raise ConfigError(f"{key}={path!r} names a {type(obj).__name__}, not a class")
-    return obj
 
 
 def _check_tasks(tasks, name: str) -> None:

@@ -1,15 +1,27 @@
 """`LearnerActor` (DESIGN.md §2, §7): asks replay for a batch at its weight version, takes one
-off-policy-corrected step, pushes the new weights to the engines and announces the version.
+off-policy-corrected step on it (its mini-batch updates: actors.learner.algorithm), pushes the new
+weights to the engines and announces the version. One batch is one weight version.
 
-Versions only grow. A fresh learner serves version 0 (the initial, or warm-started, weights). A
-learner restored from its last checkpoint continues at a version above every version announced
-before (the highest it recorded, and the highest replay has seen, which the driver passes as
-`min_version`), pushes its weights at once, and tells replay which versions the restore discarded
-so samples they produced are dropped, never trained on. Runs in-process and as a Ray actor.
+Versions only grow. A fresh learner takes its warm-start steps (`warm_start.steps` cross-entropy steps
+on reference solutions, built here from the training tasks that replay serves and the solution files)
+and serves the result as version 0. A learner whose run already announced a version (a restart, or
+`kiln train --resume`) restores its last checkpoint instead and continues at a version above every
+version announced before: the highest it recorded, and the highest replay has seen (it asks replay).
+It pushes its weights at once and tells replay which versions the restore discarded, so samples they
+produced are dropped, never trained on. With η = 0 (`replay.max_staleness`) it waits for the engines
+to confirm each version before asking for the next batch (synchronous mode).
+
+Exports (`export_hf`: RUN_DIR/final/ at the driver's request, RUN_DIR/exports/step-NNNNNN/ every
+`learner.export_every` steps) are servable HF directories: the backend's weights and config plus the
+tokenizer, chat template and a generation config with the rollout's sampling settings.
+
+It finds replay and the driver's metrics socket in the run's registry and registers its weight
+endpoints there as "learner", where engines look them up. Runs in-process and as a Ray actor.
 
 A learner of several ranks (megatron TP x DP, or torch data parallelism) is one LearnerActor per rank
-(`rank`, `world_size`, `master`); rank 0 is the learner above and the others follow its backend calls
-(`actors.learner.ranks`). Several ranks need one process each, hence Ray.
+(`RunContext.rank` of `world_size`); rank 0 is the learner above and the others follow its backend
+calls (`actors.learner.ranks`). Rank 0 registers the group's rendezvous address ("ranks") before the
+others join it. Several ranks need one process each, hence Ray.
 """
 
 from __future__ import annotations
@@ -19,101 +31,117 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Callable
 
-from actors.base import Actor
-from actors.learner.backend import LearnerBackend, StepResult
-from actors.learner.backends import make_backend
-from actors.learner.checkpoint import CheckpointMeta, read_latest, write_checkpoint
+from actors.base import Actor, RunContext
+from actors.learner.algorithm import StepResult, Trainer
+from actors.learner.backends import make_trainer
+from actors.learner.checkpoint import CheckpointMeta, read_latest, step_dir_name, write_checkpoint
+from actors.learner.health import LearnerHealth, WarmStartReport
 from actors.learner.ranks import LeaderBackend, RankSpec, follow, join
-from actors.learner.weight_sync import WeightServer, choose_transport
-from configs import AlgoConfig, LearnerConfig, ModelConfig
-from protocols import BatchReply, BatchRequest, Metrics, TrainBatch
-from protocols.channels import ChannelTimeout, PushChannel, RemoteError, RequestClient
+from actors.learner.warm_start import warm_start_batches
+from actors.learner.weight_sync import WeightServer
+from actors.policy.export import GenerationSettings, export_servable
+from actors.policy.weights import choose_transport
+from actors.policy.weights.group import free_port
+from configs import AlgoConfig, LearnerConfig, ModelConfig, WarmStartConfig
+from protocols import (BatchReply, BatchRequest, Metrics, TaskList, TaskListRequest, TrainBatch, VersionsSeen,
+                       VersionsSeenRequest)
+from protocols.channels import ChannelTimeout, NoServer, PushChannel, ReconnectingClient, RemoteError
 from protocols.lease import DeviceLease
 
 log = logging.getLogger(__name__)
 
 ANNOUNCED_FILE = "announced.json"  # the highest version this run's learners ever announced
-ENDPOINT_FILE = "endpoint.json"  # where the current learner serves its weights
+EXPORTS = "exports"  # RUN_DIR/exports/step-NNNNNN/: the servable HF exports of `learner.export_every`
 CONFIRM_TIMEOUT_S = 300.0
+REPLAY_WAIT_S = 300.0  # how long start() waits for replay's answers (versions seen, training tasks)
+RANKS_WAIT_S = 300.0  # how long a follower rank waits for its leader's rendezvous address
+NAME = "learner"  # the registry name of rank 0, the learner peers talk to
 
 
 class LearnerActor(Actor):
     role = "learner"
 
-    def __init__(self, model: ModelConfig, learner: LearnerConfig, algo: AlgoConfig, *, temperature: float,
-                 run_dir: str | Path, replay: str | Callable[[], str], metrics: str | None = None,
-                 learner_id: str = "learner-0", device: str = "cpu", host: str = "127.0.0.1",
-                 resume: bool = False, min_version: int = 0, confirm_before_next: bool = False,
-                 shares_gpu: bool = False, rank: int = 0, world_size: int = 1, master: str = "",
-                 warm_start_follows: bool = False, request_timeout_s: float = 30.0) -> None:
+    def __init__(self, model: ModelConfig, learner: LearnerConfig, algo: AlgoConfig, warm_start: WarmStartConfig,
+                 ctx: RunContext, *, temperature: float, max_staleness: int, request_timeout_s: float = 30.0,
+                 generation: GenerationSettings | None = None) -> None:
+        """`temperature` is the rollout temperature (the behaviour logprobs' convention); `max_staleness`
+        is replay's η (0 = synchronous mode); `generation` the rollout's sampling settings, written into
+        every HF export (default: sampling at `temperature`)."""
         super().__init__()
-        self.model_cfg, self.cfg, self.algo = model, learner, algo
+        self.model_cfg, self.cfg, self.algo, self.warm_cfg, self.ctx = model, learner, algo, warm_start, ctx
         self.temperature = temperature
-        self.dir = Path(run_dir)
+        self.generation = generation or GenerationSettings(temperature=temperature)
+        self.dir = ctx.path
         (self.dir / "learner").mkdir(parents=True, exist_ok=True)
-        self.learner_id, self.device, self.host = learner_id, device, host
-        self._replay = replay if callable(replay) else (lambda: replay)
-        self._metrics_address = metrics
-        self._resume, self._min_version = resume, min_version
-        # The driver warm-starts this learner before any engine joins: version 0 is then the warm-started
-        # weights, published by warm_start() rather than by start().
-        self._warm_start_follows = warm_start_follows
-        self._timeout_s = request_timeout_s
+        self.learner_id = "learner-0" if ctx.rank == 0 else f"learner-0.rank{ctx.rank}"
+        self.device = _resolve_device(learner.device)
+        self._replay = ReconnectingClient(ctx.registry.resolver("replay", "replay"), timeout_s=request_timeout_s,
+                                          retries=1)
         # Synchronous mode (η = 0): engines confirm each version before the next batch is asked for,
         # so no sample is made with weights one version old (it could never be trained on).
-        self.confirm_before_next = confirm_before_next
+        self.confirm_before_next = max_staleness == 0
         self.busy_s = 0.0
-        self.lease = DeviceLease(device)
-        self.shares_gpu = shares_gpu  # colocated with its engines: CUDA IPC instead of NCCL
-        self.ranks = RankSpec(rank, world_size, master) if world_size > 1 else None
+        self.lease = DeviceLease(self.device)
+        self.shares_gpu = ctx.slot.colocated  # engines on this GPU: CUDA IPC instead of NCCL, released per step
+        self.rank, self.world_size = ctx.rank, ctx.world_size
         self.version = 0
-        self.step = 0  # optimizer steps taken (RL), across restores
+        self.step = 0  # RL steps taken (batches, each of several optimizer updates), across restores
         self.discarded_above = -1  # a restore discarded the versions in (discarded_above, version)
-        self.backend: LearnerBackend | None = None
+        self.backend: Trainer | LeaderBackend | None = None
         self.weights: WeightServer | None = None
-        self._replay_client: RequestClient | None = None
-        self._replay_address = ""
         self._metrics: PushChannel | None = None
         self._finished = False
+        self.warm_start_report: WarmStartReport | None = None
         self.stats = {"steps": 0, "batch_waits": 0, "replay_timeouts": 0, "checkpoints": 0, "push_s": 0.0,
                       "restored_from": -1}
 
     # ------------------------------------------------------------------------------ lifecycle
 
     def start(self) -> dict[str, str]:
-        """Build (or restore) the model, serve its weights, and return the weight endpoints. The
-        training loop starts with `run()`, so a driver can warm-start and wire engines first. A follower
-        rank joins its group, follows its leader's calls and returns no endpoints."""
-        channel = join(self.ranks, self.device) if self.ranks is not None else None
-        backend = make_backend(self.model_cfg, self.cfg, self.algo, temperature=self.temperature,
+        """Build (or restore, or warm-start) the model, serve its weights, register them and start the
+        training loop. A follower rank joins its group, follows its leader's calls and serves nothing."""
+        channel = join(self._rendezvous(), self.device) if self.world_size > 1 else None
+        backend = make_trainer(self.model_cfg, self.cfg, self.algo, temperature=self.temperature,
                                device=self.device)
         if not self.is_leader:
             self.backend = backend
             self.spawn(lambda: follow(backend, channel, self._count_call), "follow")
             return {}
         self.backend = LeaderBackend(backend, channel) if channel is not None else backend
-        if self._resume:
+        metrics = self.ctx.registry.address("driver", "metrics")
+        if metrics:
+            self._metrics = PushChannel(metrics)
+        ws = self.cfg.weight_sync
+        transport = choose_transport(ws.transport, self.device, self.shares_gpu)
+        self.weights = WeightServer(self.dir, transport, ws.bucket_mb, host=self.ctx.bind.host,
+                                    timeout_s=ws.process_group.push_timeout_s,
+                                    join_timeout_s=ws.process_group.join_timeout_s, keep_disk=ws.disk.keep_versions,
+                                    flat_buckets=ws.process_group.flat_buckets)
+        if self._read_announced() >= 0:  # this run's learner announced before: continue above it
             self._restore()
-        transport = choose_transport(self.cfg.weight_sync, self.device, self.shares_gpu)
-        self.weights = WeightServer(self.dir, transport, self.cfg.bucket_mb, host=self.host)
+        else:
+            self._warm_start()
         endpoints = self.weights.start()
-        _write_json(self.dir / "learner" / ENDPOINT_FILE, endpoints)
-        if self._metrics_address:
-            self._metrics = PushChannel(self._metrics_address)
-        if not self._warm_start_follows:
-            self._push()  # late engines and a restored run get the current weights at once
+        self._push()  # version 0 (or the restored version) before any engine asks for weights
+        self.ctx.registry.register(NAME, self.role, {**self.ctx.registry.endpoints(NAME), **endpoints})
+        self.spawn(self._loop, "train")
         return endpoints
 
-    def run(self) -> None:
-        """Start the training loop on its own thread (returns at once); a follower is already running."""
-        if self.is_leader:
-            self.spawn(self._loop, "train")
+    def _rendezvous(self) -> RankSpec:
+        """The rank group's rendezvous: rank 0 picks a free port and registers it; the others wait for it.
+        (The supervisor unregisters a dead group before restarting it, so no rank finds an old address.)"""
+        registry, bind = self.ctx.registry, self.ctx.bind
+        if self.rank == 0:
+            master = f"{bind.advertise or bind.host}:{free_port(bind.host)}"
+            registry.register(NAME, self.role, {"ranks": master})
+        else:
+            master = registry.wait(NAME, "ranks", RANKS_WAIT_S)
+        return RankSpec(self.rank, self.world_size, master)
 
     @property
     def is_leader(self) -> bool:
-        return self.ranks is None or self.ranks.rank == 0
+        return self.rank == 0
 
     def _count_call(self, method: str, seconds: float) -> None:
         if method in ("train_step", "sft_step"):
@@ -124,42 +152,62 @@ class LearnerActor(Actor):
         if isinstance(self.backend, LeaderBackend):
             self.backend.stop_followers()
         super().stop()
-        if self._replay_client is not None:
-            self._replay_client.close()
+        self._replay.close()
         if self.weights is not None:
             self.weights.stop()
         if self._metrics is not None:
             self._metrics.close()
 
-    def health(self) -> dict:
-        weights = self.weights.health() if self.weights is not None else {}
-        looping = any(t.is_alive() for t in self._threads)
-        return {**super().health(), **self.stats, "busy_s": self.busy_s, "learner_id": self.learner_id,
-                "rank": self.ranks.rank if self.ranks else 0,
-                "version": self.version,
-                "step": self.step, "finished": self._finished, "looping": looping,
-                "discarded_above": self.discarded_above, "weights": weights}
+    def health(self) -> LearnerHealth:
+        return LearnerHealth(role=self.role, alive=not self.stopping, looping=self.threads_running,
+                             finished=self._finished, busy_s=self.busy_s, learner_id=self.learner_id,
+                             rank=self.ctx.rank, version=self.version, step=self.step,
+                             discarded_above=self.discarded_above, **self.stats, warm_start=self.warm_start_report,
+                             weights=self.weights.health() if self.weights is not None else {})
 
     # --------------------------------------------------------------------------- warm start
 
-    def warm_start(self, batches: list[TrainBatch], steps: int, lr: float | None = None) -> list[float]:
-        """Cross-entropy steps on reference solutions before RL; returns the losses. Their result is
-        version 0: saved (with checkpointing on, so that a restart resumes from it rather than from the
-        initial weights), then published. Call between start() and run() on a learner built with
-        `warm_start_follows`; without batches no step is taken and the initial weights are published."""
-        if self.weights.version >= 0:
-            raise RuntimeError("warm_start: version 0 is published already; build the learner with "
-                               "warm_start_follows=True")
+    def _warm_start(self) -> None:
+        """Cross-entropy steps on reference solutions before RL; their result becomes version 0 (saved,
+        with checkpointing on, so that a restart resumes from it rather than from the initial weights).
+        The batches are built here from the training tasks replay serves; without a solution that fits,
+        no step is taken and version 0 is the initial weights."""
+        w = self.warm_cfg
+        if not w.steps:
+            return
+        started = time.monotonic()
+        reply = self._ask_replay(TaskListRequest(split="train"), TaskList)
+        batches, pairs = warm_start_batches(reply.tasks, w, self.model_cfg)
+        if not batches:
+            log.warning("warm start: no solution in %s fits a training task and model.max_seq_len; skipped",
+                        w.solutions)
+            return
         losses = []
-        for i in range(steps if batches else 0):
-            with self.weights.updating():
-                result = self.backend.sft_step(batches[i % len(batches)], lr=lr)
+        for i in range(w.steps):
+            result = self.backend.sft_step(batches[i % len(batches)], lr=w.lr)
             losses.append(result.loss)
             self._emit(-1, {"sft/loss": result.loss, "sft/step_s": result.seconds})
-        if losses and self.cfg.checkpoint_every:
+        if self.cfg.checkpoint_every:
             self.checkpoint()
-        self._push()
-        return losses
+        self.warm_start_report = WarmStartReport(steps=len(losses), solutions=pairs, first_loss=losses[0],
+                                                 final_loss=losses[-1], seconds=time.monotonic() - started)
+        log.info("warm start: %d steps on %d solutions in %.0f s, loss %.3f -> %.3f", len(losses), pairs,
+                 self.warm_start_report.seconds, losses[0], losses[-1])
+
+    def _ask_replay(self, rec, answer: type):
+        """One request that start() cannot do without: retried until replay answers (or REPLAY_WAIT_S)."""
+        deadline = time.monotonic() + REPLAY_WAIT_S
+        while True:
+            try:
+                reply = self._replay.request(rec)
+            except (ChannelTimeout, RemoteError) as err:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{self.learner_id}: replay did not answer {type(rec).__name__}: {err}") from None
+                time.sleep(0.5)
+                continue
+            if not isinstance(reply, answer):
+                raise RuntimeError(f"{self.learner_id}: replay answered {type(reply).__name__} to {type(rec).__name__}")
+            return reply
 
     # ------------------------------------------------------------------------------- training
 
@@ -185,6 +233,8 @@ class LearnerActor(Actor):
             self._emit(self.step, self._step_values(result, batch, push_s))
             if self.cfg.checkpoint_every and self.step % self.cfg.checkpoint_every == 0:
                 self.checkpoint()
+            if self.cfg.export_every and self.step % self.cfg.export_every == 0:
+                self.export_hf(self.dir / EXPORTS / step_dir_name(self.step))
         if not self.stopping:
             self.checkpoint()
             self._finished = True
@@ -206,20 +256,12 @@ class LearnerActor(Actor):
         return reply.batch
 
     def _request(self, rec: BatchRequest) -> BatchReply | None:
-        address = self._replay()
-        if not address:
-            return None
-        if self._replay_client is None or address != self._replay_address:
-            if self._replay_client is not None:
-                self._replay_client.close()
-            self._replay_client = RequestClient(address, timeout_s=self._timeout_s, retries=1)
-            self._replay_address = address
         try:
-            reply = self._replay_client.request(rec)
-        except ChannelTimeout:  # replay may be restarting, on a new address
+            reply = self._replay.request(rec)
+        except NoServer:
+            return None
+        except ChannelTimeout:  # replay may be restarting, on a new address: the client looks it up again
             self.stats["replay_timeouts"] += 1
-            self._replay_client.close()
-            self._replay_client = None
             return None
         except RemoteError as err:
             log.error("%s: replay refused the batch request: %s", self.learner_id, err)
@@ -273,7 +315,10 @@ class LearnerActor(Actor):
         return str(path)
 
     def export_hf(self, path: str | Path) -> str:
-        self.backend.export_hf(Path(path))
+        """A servable HF directory at `path`: the backend's weights and config, then the tokenizer, chat
+        template and generation config (actors.policy.export), renamed into place once complete."""
+        path = export_servable(path, self.backend.export_hf, self.model_cfg, self.generation)
+        log.info("%s: exported step %d as an HF checkpoint in %s", self.learner_id, self.step, path)
         return str(path)
 
     def _restore(self) -> None:
@@ -288,8 +333,10 @@ class LearnerActor(Actor):
             log.info("%s: restored %s (version %d, step %d)", self.learner_id, path, meta.version, meta.step)
         else:
             log.warning("%s: no checkpoint in %s; starting from the initial weights", self.learner_id, self.dir)
-        # Above every version announced before, even when the checkpoint is the newest state.
-        self.version = max(announced + 1, self._min_version, 0)
+        # Above every version announced before, even when the checkpoint is the newest state, and above
+        # every version replay has seen.
+        seen = self._ask_replay(VersionsSeenRequest(learner_id=self.learner_id), VersionsSeen)
+        self.version = max(announced + 1, seen.highest + 1, 0)
 
     def _announced_path(self) -> Path:
         return self.dir / "learner" / ANNOUNCED_FILE
@@ -323,9 +370,9 @@ def _write_json(path: Path, value) -> None:
     os.replace(tmp, path)
 
 
-def read_learner_endpoints(run_dir: str | Path) -> dict[str, str]:
-    """The current learner's weight endpoints ({} while none has started)."""
-    try:
-        return dict(json.loads((Path(run_dir) / "learner" / ENDPOINT_FILE).read_text()))
-    except (OSError, ValueError, TypeError):
-        return {}
+def _resolve_device(device: str) -> str:
+    if device != "auto":
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"

@@ -1,56 +1,79 @@
-"""The learner-backend interface (DESIGN.md §7): what `LearnerActor` needs from a training backend.
+"""The learner-backend interface (DESIGN.md §7): the model code a training library supplies.
 
-A backend owns the policy model and its optimizer. It recomputes log π_prox for a `TrainBatch`,
-takes one off-policy-corrected step (losses in `actors.learner.losses`, backend-free), and exports
-HF-named full tensors for the weight push and for checkpoints that transformers loads. Backends:
-`torch` (HF transformers model; CPU and GPU) and `megatron` (megatron-core GPTModel; GPU). Only the
-backend modules import their training library.
+A backend owns the policy model, its optimizer and, when a KL term is on, a frozen reference model.
+It knows nothing of RL: the algorithm (`actors.learner.algorithm`: the RL step with π_prox,
+MirrorPop, mini-batch updates and metrics, and the SFT step) is written once, over this interface.
+
+The heart of it is shaped like megatron-core's `forward_backward_func`: the caller hands over a list
+of micro-batches and a loss function; the backend runs each micro-batch forward, gives the loss
+function that micro-batch's per-token outputs, backpropagates the loss it returns (unless
+`forward_only`) and hands back what the loss function reported, in order. The caller never loops
+over micro-batches itself, so a backend can schedule them as it likes (megatron's pipeline
+schedules, for one). Gradients accumulate over calls until `zero_grad`; `step` reduces them over the
+data-parallel ranks, clips and steps the optimizer.
+
+Backends: `torch` (HF transformers model; CPU and GPU) and `megatron` (megatron-core GPTModel; GPU).
+Only the backend modules import their training library.
 """
 
 from __future__ import annotations
 
 import abc
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
 from actors.learner.batch import MicroBatch, PackedBatch
 from actors.learner.data_parallel import DataParallel
-from actors.learner.losses import sft_loss
 from protocols import TrainBatch
 
 
 @dataclass
-class StepResult:
-    """What one learner step did, for the metrics stream (every value a plain float)."""
+class PolicyOutput:
+    """One micro-batch's forward pass as the loss function sees it, position-aligned with its slice
+    of the PackedBatch (entry t predicts `targets[t]`)."""
 
-    loss: float
-    grad_norm: float
-    tokens: int  # tokens in the batch (prompt + response)
-    trained_tokens: int  # gradient-carrying tokens that MirrorPop kept
-    seconds: float
-    metrics: dict[str, float] = field(default_factory=dict)  # kept_fraction, clip_fraction, is-weight stats, ...
+    logprobs: torch.Tensor  # float32 [t]: log softmax(logits / T)[target]; carries the gradient when training
+    entropy_of: Callable[[], torch.Tensor]  # float32 [t], no gradient: entropy of softmax(logits / T), on demand
+
+    def entropy(self) -> torch.Tensor:
+        return self.entropy_of()
+
+
+# (micro-batch, its outputs) -> (the loss to backpropagate, already normalised, or None in a
+# forward-only pass; anything the caller wants back for this micro-batch)
+LossFn = Callable[[MicroBatch, PolicyOutput], tuple[torch.Tensor | None, Any]]
 
 
 class LearnerBackend(abc.ABC):
-    """One rank group's model + optimizer. Constructed from (ModelConfig, LearnerConfig, AlgoConfig)."""
+    """One rank's model code. `dp` sums values over the data-parallel ranks (every DP rank receives the
+    whole batch and trains the micro-batches the caller assigns it); `micro_batch_tokens` is the
+    largest micro-batch it is given memory for (`learner.micro_batch_tokens`)."""
+
+    dp: DataParallel
+    micro_batch_tokens: int
 
     @abc.abstractmethod
-    def train_step(self, batch: TrainBatch) -> StepResult:
-        """Recompute log π_prox with the current weights, apply MirrorPop, take one optimizer step."""
+    def pack(self, batch: TrainBatch) -> PackedBatch:
+        """The batch on the training device, position-aligned; raises BatchError on bad input."""
 
     @abc.abstractmethod
-    def sft_step(self, batch: TrainBatch, lr: float | None = None) -> StepResult:
-        """One cross-entropy step on the batch's loss-masked tokens (warm starts), at learning rate
-        `lr` for this step when given (the optimizer's own otherwise)."""
+    def forward_backward(self, packed: PackedBatch, micro_batches: Sequence[MicroBatch], loss_fn: LossFn, *,
+                         temperature: float, forward_only: bool = False, reference: bool = False) -> list[Any]:
+        """Run every micro-batch through the model (the frozen reference model when `reference`, always
+        forward only), call `loss_fn` on its outputs at `temperature`, backpropagate the loss into the
+        accumulated gradients unless `forward_only` (no graph is kept then), and return what `loss_fn`
+        reported, one entry per micro-batch in order."""
 
     @abc.abstractmethod
-    def logprobs(self, batch: TrainBatch, temperature: float) -> torch.Tensor:
-        """log softmax(logits / T) of every token given its prefix within its sequence: float32 [N];
-        position 0 of each sequence (no prefix) is 0."""
+    def zero_grad(self) -> None: ...
+
+    @abc.abstractmethod
+    def step(self, lr: float | None = None) -> float:
+        """Sum the gradients over the DP ranks, clip their global norm (`learner.grad_clip`) and take one
+        optimizer step, at `lr` for this step only when given; returns the norm before clipping."""
 
     @abc.abstractmethod
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
@@ -66,21 +89,3 @@ class LearnerBackend(abc.ABC):
     @abc.abstractmethod
     def export_hf(self, path: Path) -> None:
         """An HF checkpoint (config.json + *.safetensors) that transformers' from_pretrained loads."""
-
-
-def sft_step_over(packed: PackedBatch, mine: list[MicroBatch], logprobs_of: Callable[[MicroBatch], torch.Tensor],
-                  step: Callable[[], float], dp: DataParallel, started: float) -> StepResult:
-    """The warm-start step of every backend, once its gradients are zeroed: cross-entropy on this rank's
-    micro-batches (`logprobs_of` at T = 1), normalised by the whole batch's loss-masked token count
-    (every rank sees the whole batch), then `step()` (reduce, clip, step; returns the grad norm).
-    A batch without loss-masked tokens takes no step."""
-    normalizer = float(packed.grad_mask.sum())
-    loss_total = 0.0
-    for mb in mine if normalizer else []:
-        loss = sft_loss(logprobs_of(mb), packed.grad_mask[mb.positions], normalizer)
-        loss.backward()
-        loss_total += float(loss.detach())
-    grad_norm = step() if normalizer > 0 else 0.0
-    return StepResult(loss=dp.sum(loss_total), grad_norm=grad_norm, tokens=packed.num_tokens,
-                      trained_tokens=int(normalizer), seconds=time.perf_counter() - started,
-                      metrics={"skipped": float(normalizer == 0)})

@@ -10,12 +10,14 @@ at the predicting position, so the losses see one aligned row per predicted toke
 Position ids restart at 0 for each sequence, so a micro-batch of several sequences runs as ONE packed
 row: transformers' mask builder reads restarting position ids without an attention mask as
 packed sequences and gives every sequence its own causal block (sdpa on CPU, varlen with flash
-attention). Micro-batches split between sequences, never inside one.
+attention). Micro-batches split between sequences, never inside one. A mini-batch (one optimizer
+update) is a set of consecutive sequences, split again into micro-batches.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -117,17 +119,35 @@ def pack(batch: TrainBatch, device: str | torch.device, *, vocab_size: int, max_
     )
 
 
-def micro_batches(cu_seqlens: np.ndarray, max_tokens: int) -> list[MicroBatch]:
-    """Greedy split of whole sequences into micro-batches of at most `max_tokens` tokens; a sequence
-    longer than that is a micro-batch of its own. Empty sequences ride along; no micro-batch is empty."""
+def micro_batches(cu_seqlens: np.ndarray, max_tokens: int, seqs: Sequence[int] | None = None) -> list[MicroBatch]:
+    """Greedy split of whole sequences (every one, or the ascending indices `seqs`) into micro-batches
+    of at most `max_tokens` tokens; a sequence longer than that is a micro-batch of its own. A
+    micro-batch is one packed row, so it holds consecutive sequences only: a sequence missing from
+    `seqs` ends the current one. Empty sequences ride along; no micro-batch is empty."""
+    chosen = range(len(cu_seqlens) - 1) if seqs is None else [int(s) for s in seqs]
     out: list[MicroBatch] = []
-    first = 0
-    num_seqs = len(cu_seqlens) - 1
-    for s in range(num_seqs):
-        end_tokens = int(cu_seqlens[s + 1]) - int(cu_seqlens[first])
-        if s > first and end_tokens > max_tokens:
-            out.append(MicroBatch(int(cu_seqlens[first]), int(cu_seqlens[s]), first, s))
+    first = last = None  # the current run of consecutive chosen sequences is [first, last]
+    for s in chosen:
+        if first is not None and (s != last + 1 or int(cu_seqlens[s + 1]) - int(cu_seqlens[first]) > max_tokens):
+            out.append(MicroBatch(int(cu_seqlens[first]), int(cu_seqlens[last + 1]), first, last + 1))
+            first = None
+        if first is None:
             first = s
-    if num_seqs > first:
-        out.append(MicroBatch(int(cu_seqlens[first]), int(cu_seqlens[num_seqs]), first, num_seqs))
+        last = s
+    if first is not None:
+        out.append(MicroBatch(int(cu_seqlens[first]), int(cu_seqlens[last + 1]), first, last + 1))
     return [mb for mb in out if mb.stop > mb.start]
+
+
+def mini_batches(seq_tokens: np.ndarray, count: int) -> list[np.ndarray]:
+    """Split the sequences that carry tokens (`seq_tokens[s]` > 0, the tokens each one trains) into at
+    most `count` mini-batches of consecutive sequences (in batch order) with about equal token counts:
+    a sequence joins the part its middle token falls in. Fewer sequences than `count` give fewer
+    mini-batches, never an empty one. Returns the ascending sequence indices of each mini-batch."""
+    seqs = np.flatnonzero(np.asarray(seq_tokens) > 0)
+    if seqs.size == 0:
+        return []
+    weights = np.asarray(seq_tokens, dtype=np.float64)[seqs]
+    middles = np.cumsum(weights) - weights / 2
+    part = np.minimum((middles * count / weights.sum()).astype(np.int64), count - 1)
+    return [seqs[part == k] for k in range(count) if np.any(part == k)]

@@ -1,24 +1,20 @@
 """Data parallelism shared by the learner backends: which micro-batches a DP rank trains, and the
-sums over DP ranks that keep a step's normalizer and statistics those of the whole batch.
+sums over DP ranks.
 
 Every DP rank receives the same TrainBatch and derives the same split from it, so no rank needs to
-be told its share. Each rank computes log π_prox, MirrorPop and the loss on its own sequences only
-(whole sequences never straddle micro-batches), then the gradient-carrying token count, the loss
-and the filter statistics are summed over DP: the normalizer of every rank's loss is the batch's.
+be told its share. The RL step (actors.learner.algorithm) splits each pass over the batch (π_prox,
+each mini-batch's update) into micro-batches and gives every rank its share; per-position results
+(log π_prox) are summed so that every rank holds them whole, losses and counts are summed, and the
+gradients are summed before each optimizer step, so the ranks take identical steps.
 `group=None` is the default process group (the torch backend's DP ranks are the whole world).
 """
 
 from __future__ import annotations
 
-from dataclasses import fields
-
 import torch
 import torch.distributed as dist
 
 from actors.learner.batch import MicroBatch
-from actors.learner.losses import PolicyStats
-
-_EXTREMES = ("is_weight_max", "is_weight_min")
 
 
 def assign_micro_batches(micros: list[MicroBatch], dp: int, dp_rank: int) -> list[MicroBatch]:
@@ -31,14 +27,6 @@ def assign_micro_batches(micros: list[MicroBatch], dp: int, dp_rank: int) -> lis
         owner[i] = r
         loads[r] += micros[i].stop - micros[i].start
     return [mb for i, mb in enumerate(micros) if owner[i] == dp_rank]
-
-
-def owned_positions(num_tokens: int, mine: list[MicroBatch], device: torch.device) -> torch.Tensor:
-    """Boolean [num_tokens]: the positions of this rank's micro-batches."""
-    own = torch.zeros(num_tokens, dtype=torch.bool, device=device)
-    for mb in mine:
-        own[mb.positions] = True
-    return own
 
 
 class DataParallel:
@@ -61,17 +49,13 @@ class DataParallel:
             dist.all_reduce(t, group=self.group)
         return t
 
-    def stats(self, stats: PolicyStats) -> PolicyStats:
-        """Counts and sums added over ranks; the importance-weight extremes are the ranks' max/min."""
+    def sum_all(self, values: list[float]) -> list[float]:
+        """Several sums in one all-reduce."""
         if self.size == 1:
-            return stats
-        names = [f.name for f in fields(PolicyStats) if f.name not in _EXTREMES]
-        sums = torch.tensor([float(getattr(stats, n)) for n in names], dtype=torch.float64, device=self.device)
-        extremes = torch.tensor([stats.is_weight_max, -stats.is_weight_min], dtype=torch.float64, device=self.device)
-        dist.all_reduce(sums, group=self.group)
-        dist.all_reduce(extremes, op=dist.ReduceOp.MAX, group=self.group)
-        merged = {n: (int(v) if isinstance(getattr(stats, n), int) else float(v)) for n, v in zip(names, sums.tolist())}
-        return PolicyStats(**merged, is_weight_max=float(extremes[0]), is_weight_min=-float(extremes[1]))
+            return list(values)
+        t = torch.tensor(values, dtype=torch.float64, device=self.device)
+        dist.all_reduce(t, group=self.group)
+        return t.tolist()
 
     def sum_gradients(self, params: list[torch.nn.Parameter]) -> None:
         """Add every parameter's gradient over the ranks (one flat all-reduce). A rank that had no

@@ -2,11 +2,12 @@
 
 No model, no config objects: tensors in, tensors (and plain-number statistics) out. Every per-token
 tensor here is flat [N] and aligned: entry t holds the quantities of one predicted token — the policy
-logprob log π_θ(y_t), the proximal logprob log π_prox(y_t) recomputed with the weights at the start of
-the step, the behaviour logprob log μ(y_t) reported by the engine, the advantage, and the mask of
+logprob log π_θ(y_t), the proximal logprob log π_prox(y_t) recomputed with the weights before the
+batch's first update, the behaviour logprob log μ(y_t) reported by the engine, the advantage, and the mask of
 tokens that carry gradient. Losses are sums over masked tokens divided by a caller-given
-`normalizer` (the gradient-carrying token count of the WHOLE batch), so summing the losses of
-micro-batches gives the same gradient as one pass over the whole batch.
+`normalizer` (the kept-token count of the whole mini-batch an update trains on, over every
+micro-batch and data-parallel rank), so summing the losses of micro-batches gives the same gradient
+as one pass over the mini-batch.
 
 Decoupled PPO with MirrorPop:
   keep a sequence iff D = mean_t |log π_prox(y_t) - log μ(y_t)| <= δ;
@@ -16,18 +17,31 @@ Decoupled PPO with MirrorPop:
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, fields
 
 import torch
 
-from actors.rollout.sampling import token_logprobs
+from actors.policy.sampling import token_logprobs
 
 
 def token_logprobs_from_logits(logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
     """float32 log softmax(logits / T) of `targets`: logits [N, V] predict targets [N]. The engines'
-    logprob convention (actors.rollout.sampling), so learner and engine numbers are comparable."""
+    logprob convention (actors.policy.sampling), so learner and engine numbers are comparable."""
     return token_logprobs(logits, targets, temperature)
+
+
+ENTROPY_ROWS = 1024  # rows per chunk: float32 copies of a whole long micro-batch's logits would be GBs
+
+
+@torch.no_grad()
+def token_entropy(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """float32 entropy of softmax(logits / T) at every position: logits [N, V] -> [N]. A metric (how
+    sure the policy is where it sampled), so it carries no gradient; computed in row chunks."""
+    out = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
+    for start in range(0, logits.shape[0], ENTROPY_ROWS):
+        logp = torch.log_softmax(logits[start:start + ENTROPY_ROWS].float() / temperature, dim=-1)
+        out[start:start + ENTROPY_ROWS] = -(logp.exp() * logp).sum(-1)
+    return out
 
 
 def mirrorpop_mask(prox_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, loss_mask: torch.Tensor,
@@ -49,30 +63,24 @@ def mirrorpop_mask(prox_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor
     return keep, deviation
 
 
-@dataclass
-class PolicyStats:
-    """Sums and counts behind the loss metrics; they add across micro-batches (`a + b`).
+@dataclass(frozen=True)
+class FilterStats:
+    """What MirrorPop saw and kept in one batch, and the importance weights of the kept tokens.
 
-    The filter fields come from `filter_stats` (once per batch), the rest from `policy_loss` (per
-    micro-batch, kept tokens only). ρ = π_prox/μ, the drift MirrorPop measures."""
+    Computed once per batch, before the first update, from the whole batch (`filter_stats`). ρ = π_prox/μ,
+    the drift MirrorPop measures; w = min(ρ, C) the importance weight."""
 
-    sequences: int = 0  # sequences with at least one gradient-carrying token
-    kept_sequences: int = 0
-    tokens: int = 0  # gradient-carrying tokens before MirrorPop
-    abs_log_rho_sum: float = 0.0  # Σ |log ρ| over those tokens
-    kept_tokens: int = 0  # gradient-carrying tokens MirrorPop kept
-    kept_abs_log_rho_sum: float = 0.0
-    clipped: int = 0  # kept tokens on which the clipped surrogate is the smaller one (no ratio gradient)
-    is_weight_sum: float = 0.0
-    is_weight_max: float = -math.inf
-    is_weight_min: float = math.inf
-    truncated: int = 0  # kept tokens whose importance weight hit the cap C
-
-    def __add__(self, other: PolicyStats) -> PolicyStats:
-        merged = {f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)}
-        merged["is_weight_max"] = max(self.is_weight_max, other.is_weight_max)
-        merged["is_weight_min"] = min(self.is_weight_min, other.is_weight_min)
-        return PolicyStats(**merged)
+    sequences: int  # sequences with at least one gradient-carrying token
+    kept_sequences: int
+    tokens: int  # gradient-carrying tokens before MirrorPop
+    kept_tokens: int  # gradient-carrying tokens MirrorPop kept
+    abs_log_rho_sum: float  # Σ |log ρ| over the gradient-carrying tokens
+    kept_abs_log_rho_sum: float
+    deviation_sum: float  # Σ D_s over the sequences with gradient-carrying tokens
+    is_weight_sum: float  # Σ w over the kept tokens
+    is_weight_max: float
+    is_weight_min: float
+    truncated: int  # kept tokens whose importance weight hit the cap C
 
     def metrics(self) -> dict[str, float]:
         """The metrics stream's view: fractions and means (0 where nothing was counted)."""
@@ -80,9 +88,9 @@ class PolicyStats:
         return {
             "kept_fraction": self.kept_sequences / self.sequences if self.sequences else 0.0,
             "kept_token_fraction": self.kept_tokens / self.tokens if self.tokens else 0.0,
+            "deviation_mean": self.deviation_sum / self.sequences if self.sequences else 0.0,
             "abs_log_rho_mean": self.abs_log_rho_sum / self.tokens if self.tokens else 0.0,
             "kept_abs_log_rho_mean": self.kept_abs_log_rho_sum / kept,
-            "clip_fraction": self.clipped / kept,
             "is_weight_mean": self.is_weight_sum / kept,
             "is_weight_max": self.is_weight_max if self.kept_tokens else 0.0,
             "is_weight_min": self.is_weight_min if self.kept_tokens else 0.0,
@@ -91,30 +99,58 @@ class PolicyStats:
 
 
 def filter_stats(prox_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, loss_mask: torch.Tensor,
-                 keep: torch.Tensor, deviation: torch.Tensor, seq_index: torch.Tensor) -> PolicyStats:
-    """The MirrorPop half of the statistics for a whole batch: sequences and tokens before and after
-    filtering and Σ|log ρ| before filtering (the after-filter half comes from `policy_loss`)."""
+                 keep: torch.Tensor, deviation: torch.Tensor, seq_index: torch.Tensor, *, is_cap: float) -> FilterStats:
+    """MirrorPop's statistics for a whole batch: sequences and tokens before and after filtering,
+    |log ρ| before and after, and the importance weights w = min(ρ, C) of the kept tokens."""
     mask = loss_mask.bool()
-    abs_log_rho = (prox_logprobs.detach().float() - behaviour_logprobs.float()).abs()
+    kept = mask & keep[seq_index]
+    log_rho = prox_logprobs.detach().float() - behaviour_logprobs.float()
     has_tokens = torch.zeros_like(keep).index_fill_(0, seq_index[mask], True)
-    return PolicyStats(sequences=int(has_tokens.sum()), kept_sequences=int(keep.sum()),
-                       tokens=int(mask.sum()), abs_log_rho_sum=float(abs_log_rho[mask].sum()))
+    w = torch.exp(log_rho[kept]).clamp(max=is_cap)
+    return FilterStats(
+        sequences=int(has_tokens.sum()), kept_sequences=int(keep.sum()),
+        tokens=int(mask.sum()), kept_tokens=int(kept.sum()),
+        abs_log_rho_sum=float(log_rho[mask].abs().sum()), kept_abs_log_rho_sum=float(log_rho[kept].abs().sum()),
+        deviation_sum=float(deviation[has_tokens].sum()),
+        is_weight_sum=float(w.sum()),
+        is_weight_max=float(w.max()) if w.numel() else 0.0,
+        is_weight_min=float(w.min()) if w.numel() else 0.0,
+        truncated=int((torch.exp(log_rho[kept]) >= is_cap).sum()))
+
+
+@dataclass
+class ClipStats:
+    """How often the clip acted, over the token-updates of a step; adds across micro-batches (`a + b`).
+
+    A token is clipped where the clipped surrogate is the smaller one, so its ratio gets no gradient:
+    above, r > 1 + ε_high with A > 0; below, r < 1 - ε_low with A < 0."""
+
+    tokens: int = 0  # kept tokens, once per update they took part in
+    clipped_low: int = 0
+    clipped_high: int = 0
+
+    def __add__(self, other: ClipStats) -> ClipStats:
+        return ClipStats(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
+
+    def metrics(self) -> dict[str, float]:
+        n = max(self.tokens, 1)
+        return {"clip_fraction": (self.clipped_low + self.clipped_high) / n,
+                "clip_low_fraction": self.clipped_low / n, "clip_high_fraction": self.clipped_high / n}
 
 
 def policy_loss(logprobs: torch.Tensor, prox_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor,
                 token_advantages: torch.Tensor, mask: torch.Tensor, *, eps_low: float, eps_high: float,
-                is_cap: float, normalizer: float) -> tuple[torch.Tensor, PolicyStats]:
+                is_cap: float, normalizer: float) -> tuple[torch.Tensor, ClipStats]:
     """Decoupled, off-policy-corrected PPO loss over the masked tokens, divided by `normalizer`.
 
     r = exp(log π_θ - log π_prox) carries the gradient; w = min(exp(log π_prox - log μ), C) corrects
     for the engine having sampled from μ, is truncated at C = `is_cap` and is detached. `mask` must
-    already exclude MirrorPop-dropped sequences. Returns (scalar loss, this slice's PolicyStats).
+    already exclude MirrorPop-dropped sequences. Returns (scalar loss, this slice's ClipStats).
     """
     mask = mask.bool()
     prox = prox_logprobs.detach().float()
-    log_rho = prox - behaviour_logprobs.float()
     ratio = torch.exp(logprobs.float() - prox)
-    is_weight = torch.exp(log_rho).clamp(max=is_cap)
+    is_weight = torch.exp(prox - behaviour_logprobs.float()).clamp(max=is_cap)
     adv = token_advantages.float()
     unclipped = ratio * adv
     clipped = ratio.clamp(1.0 - eps_low, 1.0 + eps_high) * adv
@@ -122,16 +158,9 @@ def policy_loss(logprobs: torch.Tensor, prox_logprobs: torch.Tensor, behaviour_l
     loss = torch.where(mask, per_token, torch.zeros_like(per_token)).sum() / normalizer
 
     with torch.no_grad():
-        w = is_weight[mask]
-        stats = PolicyStats(
-            kept_tokens=int(mask.sum()),
-            kept_abs_log_rho_sum=float(log_rho[mask].abs().sum()),
-            clipped=int((clipped < unclipped)[mask].sum()),
-            is_weight_sum=float(w.sum()),
-            is_weight_max=float(w.max()) if w.numel() else -math.inf,
-            is_weight_min=float(w.min()) if w.numel() else math.inf,
-            truncated=int((torch.exp(log_rho[mask]) >= is_cap).sum()),
-        )
+        acted = mask & (clipped < unclipped)
+        stats = ClipStats(tokens=int(mask.sum()), clipped_low=int((acted & (adv < 0)).sum()),
+                          clipped_high=int((acted & (adv > 0)).sum()))
     return loss, stats
 
 

@@ -1,11 +1,12 @@
 """A learner of several ranks (DESIGN.md §7): rank 0 leads, the other ranks follow it.
 
-Every backend method is collective across the ranks (TP all-gathers, DP gradient sums, checkpoint
-barriers), so every rank must make the same calls in the same order. Only rank 0 is the learner the
-rest of Kiln sees: it asks replay for batches, pushes weights to the engines and answers the driver.
-Before each backend call it sends the call (method name and arguments, the batch included) to the
-other ranks on a gloo control group; each of them makes the same call on its own backend. A
-follower therefore has no logic of its own and cannot drift from its leader.
+Every learner call (a `Trainer`'s: steps, logprobs, weights, checkpoints) is collective across the
+ranks (TP all-gathers, DP gradient sums, checkpoint barriers), so every rank must make the same calls
+in the same order. Only rank 0 is the learner the rest of Kiln sees: it asks replay for batches,
+pushes weights to the engines and answers the driver. Before each call it sends the call (method
+name and arguments, the batch included) to the other ranks on a gloo control group; each of them
+makes the same call on its own Trainer. A follower therefore has no logic of its own and cannot
+drift from its leader.
 
 Ranks find each other through the standard env:// rendezvous (RANK, WORLD_SIZE, MASTER_ADDR,
 MASTER_PORT), set by `join` from a `RankSpec`; each rank process sees one accelerator (Ray gives each
@@ -27,13 +28,13 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.distributed as dist
 
-from actors.learner.backend import LearnerBackend, StepResult
+from actors.learner.algorithm import StepResult, Trainer
 from protocols import TrainBatch
 
 log = logging.getLogger(__name__)
 
 STOP = "stop"
-# The calls a leader may send: the LearnerBackend interface, nothing else.
+# The calls a leader may send: the Trainer's, nothing else.
 CALLS = frozenset({"train_step", "sft_step", "logprobs", "named_weights", "save_checkpoint", "load_checkpoint",
                    "export_hf"})
 COLLECTIVE_TIMEOUT = timedelta(minutes=10)  # a collective a peer never joins fails after this
@@ -88,11 +89,11 @@ def join(spec: RankSpec, device: str | torch.device) -> ControlChannel:
     return ControlChannel(dist.new_group(backend="gloo", timeout=CONTROL_TIMEOUT))
 
 
-class LeaderBackend(LearnerBackend):
-    """Rank 0's backend: every call goes to the followers first, then runs here. Calls are serialised
+class LeaderBackend:
+    """Rank 0's Trainer: every call goes to the followers first, then runs here. Calls are serialised
     (a lock), so a call made from another thread cannot interleave with a step's collectives."""
 
-    def __init__(self, local: LearnerBackend, channel: ControlChannel) -> None:
+    def __init__(self, local: Trainer, channel: ControlChannel) -> None:
         self.local, self.channel = local, channel
         self._lock = threading.Lock()
 
@@ -149,9 +150,9 @@ class LeaderBackend(LearnerBackend):
             self._lock.release()
 
 
-def follow(backend: LearnerBackend, channel: ControlChannel, on_call: Callable[[str, float], None] | None = None) -> None:
+def follow(backend: Trainer, channel: ControlChannel, on_call: Callable[[str, float], None] | None = None) -> None:
     """A follower's whole life: make each call its leader sends, until told to stop. A call that is not
-    part of the backend interface is a protocol error and ends the follower (the group restarts)."""
+    one of the Trainer's is a protocol error and ends the follower (the group restarts)."""
     while True:
         method, args, kwargs = channel.receive()
         if method == STOP:

@@ -1,23 +1,24 @@
-"""`WeightServer`: the learner's end of the weight push to the rollout engines (DESIGN.md §2, §7).
+"""`WeightServer`: the learner's end of the weight push to the rollout engines.
 
 Endpoints: a ROUTER ("weights") where engines ask for the current weights (`WeightRequest`) and confirm
 what they loaded (`WeightsLoaded`, acknowledged with the same record), and a PUB ("announce",
-"announce_sync") that announces every new version (`WeightAnnouncement`). Transports:
+"announce_sync") that announces every new version (`WeightAnnouncement`).
+
+How a version moves is the transport's business (`learner.weight_sync`; one class per transport in
+actors/policy/weights, chosen by name once): this server is the same for all of them.
 
 * `gloo` (CPU) / `nccl` (GPU): one 2-rank process group per engine (learner rank 0, engine rank 1),
-  formed when the engine sends a `WeightRequest`. The reply announces the current version J and a
-  fresh rendezvous "host:port"; the learner then forms the group and broadcasts J's buckets. A group
-  per engine, not one N-rank group, because a collective with a dead rank hangs or fails for all: a
-  restarted or dead engine must never stall the pushes to the others. The price: the learner sends
-  each version once per engine (concurrently, one thread per group) instead of one tree/ring
-  broadcast, so its outgoing link carries N copies; with few engines per learner that is cheap next
-  to a training step, and it keeps every failure local to one engine.
+  formed when the engine sends a `WeightRequest`; `publish` broadcasts into every group at once, and a
+  dead engine's group is dropped without stalling the others (`group.py` says why a group per engine).
+  With `flat_buckets` (the default) each bucket holds one dtype and goes as one flat broadcast,
+  packed while the previous one is on the wire; otherwise one broadcast per tensor.
 * `cuda_ipc` (engine on the learner's GPU; NCCL refuses two ranks on one GPU): each version is copied
   into one flat buffer per bucket; engines ask for the buffers' IPC handles (`WeightHandles`), copy
   them into their model and confirm. A snapshot lives until every engine confirmed it or a newer one
   (at most `MAX_IPC_SNAPSHOTS` are kept).
 * `disk`: `<run_dir>/weights/v{version}` (HF safetensors + config.json), written atomically, the
-  last `keep_disk` kept. It is also the fallback for an engine whose process-group join failed.
+  last `keep_disk` kept. It is also the fallback for an engine whose process-group join failed: any
+  engine may ask for the current version on disk (`WeightRequest.transport = "disk"`).
 
 Ordering: one lock serialises joins and publishes, so every publish after a join includes that engine
 and none before it does; the engine ignores announcements at or below the version it joined with. The
@@ -28,32 +29,22 @@ half-stepped model. Tied tensors (an lm_head sharing the embedding's storage) ar
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
-import os
-import pickle
 import queue
-import shutil
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-import torch
-
-from actors.rollout.weight_group import WeightBroadcaster
-from protocols import Control, ErrorReply, TensorSpec, WeightAnnouncement, WeightHandles, WeightRequest, WeightsLoaded
+from actors.policy.weights import Sender, SenderSettings, sender
+from actors.policy.weights.base import NamedTensors, Published, specs, unique_tensors
+from actors.policy.weights.disk import DiskSender
+from protocols import Control, ErrorReply, Record, TensorSpec, WeightAnnouncement, WeightRequest, WeightsLoaded
 from protocols.channels import Publisher, ReplyServer, Request
-from protocols.weights import bucket_layout, group_name, manifest_bytes, plan_buckets
+from protocols.weights import manifest_bytes
 
 log = logging.getLogger(__name__)
-
-DROP_POLL_S = 0.05  # how soon a publish notices that drop() took an engine away mid-push
-
-NamedTensors = Callable[[], Iterable[tuple[str, torch.Tensor]]]
-TRANSPORTS = ("gloo", "nccl", "cuda_ipc", "disk")
-MAX_IPC_SNAPSHOTS = 3
 
 
 @dataclass
@@ -62,8 +53,7 @@ class EngineState:
 
     engine_id: str
     confirmed: int = -1  # newest version the engine said it serves
-    live: bool = True  # False once its group failed; it comes back with its next WeightRequest
-    group: WeightBroadcaster | None = None
+    live: bool = True  # False once its link failed; it comes back with its next WeightRequest
     last_error: str = ""
     latency_s: float = 0.0  # publish -> WeightsLoaded of its newest confirmed version
 
@@ -84,108 +74,26 @@ class PushReport:
         return self.bytes / self.seconds / 1e9 if self.seconds > 0 else 0.0
 
 
-def choose_transport(weight_sync: str, learner_device: str, shares_gpu: bool) -> str:
-    """The transport for `learner.weight_sync`: "auto" is gloo on CPU, cuda_ipc when the engines share
-    the learner's GPU (colocated), nccl otherwise; any other value is used as given."""
-    if weight_sync != "auto":
-        return weight_sync
-    if not learner_device.startswith("cuda"):
-        return "gloo"
-    return "cuda_ipc" if shares_gpu else "nccl"
-
-
-def unique_tensors(named: Iterable[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
-    """The tensors to push, detached, dropping any that shares storage, shape and strides with an
-    earlier one (tied weights: the engine's model ties them too)."""
-    seen, out = set(), []
-    for name, tensor in named:
-        tensor = tensor.detach()
-        key = (tensor.device, tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape),
-               tensor.stride())
-        if key in seen:
-            continue
-        seen.add(key)
-        out.append((name, tensor))
-    return out
-
-
-def _settle(named: list[tuple[str, torch.Tensor]]) -> None:
-    """Wait until queued GPU broadcasts have read the tensors (NCCL's wait() only orders streams): the
-    learner may change its weights as soon as a push returns."""
-    if named and named[0][1].is_cuda:
-        torch.cuda.synchronize(named[0][1].device)
-
-
-def specs(named: list[tuple[str, torch.Tensor]]) -> list[TensorSpec]:
-    return [TensorSpec(name=n, dtype=str(t.dtype).removeprefix("torch."), shape=list(t.shape)) for n, t in named]
-
-
-def write_hf_dir(root: Path, version: int, named: list[tuple[str, torch.Tensor]], hf_config=None) -> Path:
-    """Write `root/v{version}` (model.safetensors + config.json) atomically: a temporary directory
-    renamed into place, so an engine never reads a half-written version."""
-    from safetensors.torch import save_file
-
-    final = root / f"v{version}"
-    if final.exists():
-        return final
-    tmp = root / f".v{version}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    save_file({n: t.contiguous().cpu() for n, t in named}, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-    if hf_config is not None:
-        text = hf_config.to_json_string() if hasattr(hf_config, "to_json_string") else json.dumps(hf_config)
-        (tmp / "config.json").write_text(text)
-    os.replace(tmp, final)
-    return final
-
-
-def prune_versions(root: Path, keep: int) -> None:
-    """Remove all but the newest `keep` version directories."""
-    versions = sorted((int(p.name[1:]), p) for p in root.glob("v*") if p.name[1:].isdigit())
-    for _, path in versions[:-keep]:
-        shutil.rmtree(path, ignore_errors=True)
-
-
-def export_ipc(named: list[tuple[str, torch.Tensor]], bucket_bytes: int) -> tuple[list[torch.Tensor], list[bytes]]:
-    """Copy a version into one flat uint8 buffer per bucket on the tensors' GPU and pickle each buffer's
-    CUDA IPC handle. The buffers must stay alive while engines may open them."""
-    from torch.multiprocessing.reductions import reduce_tensor
-
-    tensors = dict(named)
-    buffers, handles = [], []
-    for bucket in plan_buckets(specs(named), bucket_bytes):
-        offsets, total = bucket_layout(bucket)
-        device = tensors[bucket[0].name].device
-        buf = torch.empty(total, dtype=torch.uint8, device=device)
-        for spec, off in zip(bucket, offsets):
-            src = tensors[spec.name]
-            buf[off:off + src.numel() * src.element_size()].view(src.dtype).view(src.shape).copy_(src)
-        buffers.append(buf)
-    torch.cuda.synchronize()
-    for buf in buffers:
-        handles.append(pickle.dumps(reduce_tensor(buf)))
-    return buffers, handles
-
-
 class WeightServer:
     """The learner's weight endpoints. `start()` binds them; `publish(version, named_tensors)` pushes a
     version to every engine; `updating()` is held while the learner changes its weights; `stop()`."""
 
     def __init__(self, run_dir: str | Path, transport: str = "gloo", bucket_mb: float = 256, *,
                  host: str = "127.0.0.1", advertise: str | None = None, timeout_s: float = 120.0,
-                 join_timeout_s: float = 30.0,
-                 keep_disk: int = 2, hf_config=None) -> None:
-        if transport not in TRANSPORTS:
-            raise ValueError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
+                 join_timeout_s: float = 30.0, keep_disk: int = 2, hf_config=None, flat_buckets: bool = True) -> None:
+        settings = SenderSettings(run_dir=Path(run_dir), host=host, advertise=advertise or host, timeout_s=timeout_s,
+                                  join_timeout_s=join_timeout_s, keep_disk=keep_disk, hf_config=hf_config)
+        self.sender: Sender = sender(transport, settings)
         if not bucket_mb > 0 or keep_disk < 1:
             raise ValueError("bucket_mb must be > 0 and keep_disk >= 1")
         self.transport = transport
         self.bucket_bytes = int(bucket_mb * 2**20)
+        self.flat = flat_buckets and transport in ("gloo", "nccl")  # the process-group bucket format
         self.host, self.advertise = host, advertise or host
         self.timeout_s = timeout_s  # each broadcast to an engine (a slower engine is dropped)
-        self.join_timeout_s = join_timeout_s  # an engine told where to join must arrive within this
-        self.disk_root = Path(run_dir) / "weights"
-        self.keep_disk, self.hf_config = keep_disk, hf_config
+        # What an engine may ask for: the learner's transport, or the current version on disk.
+        fallback = DiskSender(settings)
+        self._senders: dict[str, Sender] = {fallback.name: fallback, transport: self.sender}
         self.engines: dict[str, EngineState] = {}
         self.version = -1
         self.last_push: PushReport | None = None
@@ -194,10 +102,9 @@ class WeightServer:
         self._named: NamedTensors | None = None
         self._manifest: list[TensorSpec] = []
         self._published_at: dict[int, float] = {}
-        self._ipc: dict[int, tuple[list[torch.Tensor], WeightHandles]] = {}
         self._lock = threading.RLock()  # joins, publishes and the learner's own weight changes
         self._confirmed = threading.Condition()
-        self._outbox: queue.SimpleQueue[tuple[Request, object]] = queue.SimpleQueue()
+        self._outbox: queue.SimpleQueue[tuple[Request, Record]] = queue.SimpleQueue()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._router: ReplyServer | None = None
@@ -217,11 +124,8 @@ class WeightServer:
         for t in self._threads:
             t.join(timeout=self.timeout_s + 5)
         with self._lock:
-            for state in self.engines.values():
-                if state.group is not None:
-                    state.group.close()
-                    state.group = None
-            self._ipc.clear()
+            for each in self._senders.values():
+                each.close()
         for channel in (self._router, self._publisher):
             if channel is not None:
                 channel.close()
@@ -261,19 +165,21 @@ class WeightServer:
             named = unique_tensors(named_tensors())
             self._named, self._manifest, self.version = named_tensors, specs(named), version
             report = PushReport(version=version, bytes=manifest_bytes(self._manifest))
-            announcement = WeightAnnouncement(version=version, manifest=self._manifest, transport=self.transport,
-                                              bucket_bytes=self.bucket_bytes)
-            if self.transport == "disk":
-                announcement.location = str(self._write_disk(version, named))
-            elif self.transport == "cuda_ipc":
-                buffers, handles = export_ipc(named, self.bucket_bytes)
-                self._ipc[version] = (buffers, WeightHandles(version=version, manifest=self._manifest,
-                                                              bucket_bytes=self.bucket_bytes, handles=handles))
-                self._prune_ipc()
+            current = self._current()
+            location = self.sender.publish(current, named)
+            self.sender.retire(self._oldest_needed())
             self._published_at[version] = time.monotonic()
-            self._publisher.publish(announcement)
-            if self.transport in ("gloo", "nccl"):
-                self._broadcast_all(named, report)
+            self._publisher.publish(WeightAnnouncement(version=version, manifest=self._manifest,
+                                                       transport=self.transport, location=location,
+                                                       bucket_bytes=self.bucket_bytes, flat=self.flat))
+            for engine_id, err in self.sender.push(current, named).items():
+                if err is None:
+                    report.engines += 1
+                    continue
+                state = self.engines[engine_id]
+                if state.live:
+                    self._drop(state, f"push of version {version} failed: {err}")
+                report.dropped.append(engine_id)
             report.seconds = time.monotonic() - start
             self.last_push = report
             self.stats["publishes"] += 1
@@ -290,87 +196,33 @@ class WeightServer:
         with self._confirmed:
             return self._confirmed.wait_for(done, max(deadline - time.monotonic(), 0.0))
 
-    def _broadcast_all(self, named: list[tuple[str, torch.Tensor]], report: PushReport) -> None:
-        """Every live group receives the version's buckets, concurrently; a failing group is dropped."""
-        targets = [s for s in self.engines.values() if s.live and s.group is not None]
-        if not targets:
-            return
-        tensors = dict(named)
-        buckets = [[(s.name, tensors[s.name]) for s in b] for b in plan_buckets(self._manifest, self.bucket_bytes)]
-
-        def push(state: EngineState) -> None:
-            for bucket in buckets:
-                group = state.group
-                if group is None:  # dropped meanwhile (drop())
-                    raise RuntimeError("the engine was dropped")
-                group.broadcast(bucket)
-            _settle(named)
-
-        # One daemon thread per group, and no join on a group that drop() took away meanwhile: a gloo
-        # broadcast to a dead peer cannot be aborted and would hold the publish until its timeout.
-        outcome: dict[str, BaseException | None] = {}
-        finished = threading.Condition()
-
-        def run(state: EngineState) -> None:
-            try:
-                push(state)
-                err = None
-            except BaseException as e:  # recorded; the publishing thread drops the engine
-                err = e
-            with finished:
-                outcome[state.engine_id] = err
-                finished.notify_all()
-
-        for state in targets:
-            threading.Thread(target=run, args=(state,), name=f"kiln-weight-push-{state.engine_id}", daemon=True).start()
-        with finished:
-            while any(s.engine_id not in outcome and s.live for s in targets):
-                finished.wait(DROP_POLL_S)
-        for state in targets:
-            err = outcome.get(state.engine_id, RuntimeError("dropped during the push"))
-            if err is None:
-                report.engines += 1
-                continue
-            if state.live:
-                self._drop(state, f"push of version {report.version} failed: {err}")
-            report.dropped.append(state.engine_id)
-
     def drop(self, engine_id: str, why: str) -> bool:
-        """Forget a dead engine now (the driver saw it die): its group is aborted, so a push blocked
-        on it fails at once instead of at `timeout_s`, and wait_confirmed stops waiting for it. Not
-        under the publish lock, which a push blocked on this engine holds. True if it was live."""
+        """Forget a dead engine now (the driver saw it die): its link is closed, so a push blocked on it
+        fails at once instead of at the transport's timeout, and wait_confirmed stops waiting for it.
+        Not under the publish lock, which a push blocked on this engine holds. True if it was live."""
         state = self.engines.get(engine_id)
         if state is None or not state.live:
             return False
-        group, state.group = state.group, None
+        self.sender.forget(engine_id, wait=False)
         self._drop(state, why)
-        if group is not None:
-            # NCCL's abort ends a broadcast blocked on the dead peer; gloo's waits for it to time out,
-            # so it runs off the caller's thread either way.
-            threading.Thread(target=group.close, name="kiln-weight-abort", daemon=True).start()
         return True
 
     def _drop(self, state: EngineState, why: str) -> None:
         log.warning("weights: dropping engine %s: %s", state.engine_id, why)
         state.live, state.last_error = False, why
-        if state.group is not None:
-            state.group.close()
-            state.group = None
+        self.sender.forget(state.engine_id)
         self.stats["dropped_groups"] += 1
         with self._confirmed:
             self._confirmed.notify_all()  # wait_confirmed no longer waits for it
 
-    def _write_disk(self, version: int, named: list[tuple[str, torch.Tensor]]) -> Path:
-        path = write_hf_dir(self.disk_root, version, named, self.hf_config)
-        prune_versions(self.disk_root, self.keep_disk)
-        return path
+    def _current(self) -> Published:
+        return Published(version=self.version, manifest=self._manifest, bucket_bytes=self.bucket_bytes,
+                         named=self._named, flat=self.flat)
 
-    def _prune_ipc(self) -> None:
-        live = [s.confirmed for s in self.engines.values() if s.live]
-        oldest_needed = min(live) if live else self.version
-        for v in sorted(self._ipc):
-            if v != self.version and (v < oldest_needed or len(self._ipc) > MAX_IPC_SNAPSHOTS):
-                del self._ipc[v]
+    def _oldest_needed(self) -> int:
+        """The oldest version a live engine may still load: the lowest that any live engine confirmed."""
+        live = [s.confirmed for s in list(self.engines.values()) if s.live]
+        return min(live) if live else self.version
 
     # ------------------------------------------------------------------------------ requests
 
@@ -401,10 +253,12 @@ class WeightServer:
             self._confirm(rec)
             self._router.reply(req, rec)
         elif isinstance(rec, WeightRequest):
-            if self.transport == "cuda_ipc" and rec.transport == "":
-                self._router.reply(req, self._handles(rec))
-            else:  # joins and disk writes wait for the lock: off the serving thread
-                self._spawn(lambda: self._join(req, rec), f"join-{rec.engine_id}")
+            answering = self._senders[rec.transport or self.transport]
+            if answering.waits:  # joins and disk writes wait for the lock: off the serving thread
+                self._spawn(lambda: self._answer(rec, answering, lambda answer: self._outbox.put((req, answer))),
+                            f"join-{rec.engine_id}")
+            else:
+                self._answer(rec, answering, lambda answer: self._router.reply(req, answer))
         else:
             self.stats["bad_requests"] += 1
             self._router.reply(req, ErrorReply(message=f"the weight endpoint takes WeightRequest or WeightsLoaded, "
@@ -422,73 +276,23 @@ class WeightServer:
                 state.last_error = rec.error
                 log.warning("weights: engine %s could not load version %d: %s", rec.engine_id, rec.version, rec.error)
             self._confirmed.notify_all()
-        if self.transport == "cuda_ipc":
-            with self._lock:
-                self._prune_ipc()
+        self.sender.retire(self._oldest_needed())
 
-    def _handles(self, rec: WeightRequest):
+    def _answer(self, rec: WeightRequest, answering: Sender, reply: Callable[[Record], None]) -> None:
+        """A starting, late or restarted engine asks for the current version: `answering` (the learner's
+        transport, or the disk fallback) tells it how to get it and, for process groups, forms its group
+        and pushes the version into it, all under the lock."""
         with self._lock:
-            self.engines.setdefault(rec.engine_id, EngineState(rec.engine_id)).live = True
-            snapshot = self._ipc.get(self.version)
-        if snapshot is None:  # nothing published yet: serve the initial weights
-            return WeightAnnouncement(version=-1, manifest=[], transport="cuda_ipc")
-        return snapshot[1]
-
-    def _join(self, req: Request, rec: WeightRequest) -> None:
-        """A late or restarted engine: answer with the current version and, for gloo/nccl, form its
-        group and push that version into it, all under the lock."""
-        with self._lock:
-            state = self.engines.get(rec.engine_id)
-            if state is not None and state.group is not None:  # an earlier life of this engine
-                state.group.close()
-                state.group = None
             state = self.engines.setdefault(rec.engine_id, EngineState(rec.engine_id))
             state.live = True
-            if self.transport == "disk" or rec.transport == "disk":
-                try:
-                    answer = self._disk_answer(rec)
-                except Exception as err:  # e.g. the disk is full: the engine learns why and retries
-                    log.exception("weights: writing the current version for %s failed", rec.engine_id)
-                    answer = ErrorReply(message=f"writing version {self.version} failed: {err}")
-                self._outbox.put((req, answer))
-                return
+            if answering is not self.sender:
+                self.stats["disk_fallbacks"] += 1
             try:
-                self._form_group(req, rec, state)
+                joined = answering.answer(rec, self._current(), reply)
             except Exception as err:
                 self.stats["join_failures"] += 1
                 self._drop(state, f"join failed: {err}")
-
-    def _disk_answer(self, rec: WeightRequest) -> WeightAnnouncement:
-        if rec.transport == "disk" and self.transport != "disk":
-            self.stats["disk_fallbacks"] += 1
-        if self.version < 0:
-            return WeightAnnouncement(version=-1, manifest=[], transport="disk")
-        path = self.disk_root / f"v{self.version}"
-        if not path.exists():
-            path = self._write_disk(self.version, unique_tensors(self._named()))
-        return WeightAnnouncement(version=self.version, manifest=self._manifest, transport="disk", location=str(path))
-
-    def _form_group(self, req: Request, rec: WeightRequest, state: EngineState) -> None:
-        try:
-            group = WeightBroadcaster(self.host, 0, 2, backend=self.transport, timeout_s=self.timeout_s,
-                                      join_timeout_s=self.join_timeout_s, form=False)
-        except Exception as err:
-            self._outbox.put((req, ErrorReply(message=f"no rendezvous for a weight group: {err}")))
-            raise
-        location = f"{self.advertise}:{group.port}"
-        self._outbox.put((req, WeightAnnouncement(version=self.version, manifest=self._manifest,
-                                                  transport=self.transport, location=location,
-                                                  bucket_bytes=self.bucket_bytes)))
-        try:
-            group.form(group_name(rec.engine_id, location))
-            if self.version > rec.have_version:
-                tensors = dict(unique_tensors(self._named()))
-                for bucket in plan_buckets(self._manifest, self.bucket_bytes):
-                    group.broadcast([(s.name, tensors[s.name]) for s in bucket])
-                _settle(list(tensors.items()))
-        except Exception:
-            group.close()
-            raise
-        state.group = group
-        state.last_error = ""
-        self.stats["joins"] += 1
+                return
+            if joined:
+                state.last_error = ""
+                self.stats["joins"] += 1

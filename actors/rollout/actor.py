@@ -2,11 +2,22 @@
 multi-turn episode loop on its engine, and sends the `Episode` records to replay, keeping each until
 replay acknowledges it.
 
-Weights: given the learner's weight endpoints (`learner`, as `WeightServer.start()` returns them), a
-`WeightClient` brings the engine to the learner's current version before it serves and then applies
-every announced version; the engine applies each between decode steps (policy
-`rollout.on_weight_update`), so every token's version is exact. Without `learner` the engine serves
-its initial weights (rollout-only mode).
+Prompts are chat conversations rendered by the model's tokenizer (actors/policy/tokenizer.py); the
+turn policy (actors/rollout/turns.py) decides each next turn. Every request stops at the tokenizer's
+stop ids: the checkpoint's eos ids and the chat template's end-of-turn token.
+
+Peers come from the run's registry (`RunContext.registry`): replay ("replay"), the verifier pool
+(every actor of role "verifier") and the learner's weight endpoints ("learner"). Each is looked up
+again when it stops answering, so a restarted peer is found at its new address.
+
+Weights: following the learner (`follow_learner`), a `WeightClient` brings the engine to the learner's
+current version before it serves and then applies every announced version; the engine applies each
+between decode steps (policy `rollout.on_weight_update`), so every token's version is exact. Without
+a learner the engine serves its initial weights (rollout-only mode).
+
+Evaluation: `evaluate()` samples every validation task `eval.samples` times (first turn only) with
+the current weights, verifies them like training samples and returns the metrics; it asks replay,
+which owns the task set and its split, for the validation tasks.
 
 Robustness: an engine that crashes is restarted, fetches the current weights before it serves, and
 the requests that were in flight are run again; an episode is never dropped before its ack
@@ -20,60 +31,70 @@ import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Iterable, Mapping
+from typing import Iterable
 
 import torch
 
-from actors.base import Actor
-from actors.buffer.sender import EpisodeSender
+from actors.base import Actor, RunContext
+from actors.policy.tokenizer import load_tokenizer
 from actors.rollout.engine import Engine, EngineError, GenerateRequest, Generation, SamplingParams
 from actors.rollout.engines import make_engine
 from actors.rollout.episodes import GroupRunner, Verifier
+from actors.rollout.evaluation import eval_metrics
 from actors.rollout.forced import CandidatePool
+from actors.rollout.health import RolloutHealth, WeightSyncHealth
 from actors.rollout.reporting import Reporter, group_report
-from actors.rollout.tokenizer import load_tokenizer
+from actors.rollout.turns import TurnPolicy, TurnRules
 from actors.rollout.weight_client import WeightClient
-from configs import ModelConfig, RolloutConfig
-from protocols import Task, TaskReply, TaskRequest, VerifyResult
-from protocols.channels import ChannelTimeout, RemoteError, RequestClient
+from configs import EvalConfig, ModelConfig, RolloutConfig
+from protocols import Task, TaskList, TaskListRequest, TaskReply, TaskRequest, VerifyResult
+from protocols.channels import ChannelTimeout, NoServer, ReconnectingClient, RemoteError
+from protocols.episodes import EpisodeSender
 
 log = logging.getLogger(__name__)
 
 ENGINE_RESTARTS_PER_CALL = 3
 EVAL_CONCURRENCY = 4  # validation tasks in flight at once (their samples batch together in the engine)
+TASK_LIST_TIMEOUT_S = 60.0
 
 
 class RolloutActor(Actor):
     role = "rollout"
 
-    def __init__(self, rollout: RolloutConfig, model: ModelConfig, *, replay: str | Callable[[], str],
-                 verifier: str, actor_id: str = "rollout-0", index: int = 0,
-                 learner: Mapping[str, str] | Callable[[], Mapping[str, str]] | None = None,
-                 metrics: str | None = None, episodes_to_driver: int = 0, episode_log: str | None = None) -> None:
+    def __init__(self, rollout: RolloutConfig, model: ModelConfig, evaluation: EvalConfig, ctx: RunContext, *,
+                 follow_learner: bool = True, sample_episodes: bool = False, episode_log: bool = False) -> None:
+        """`sample_episodes` sends one episode per group to the driver (its readable dumps);
+        `episode_log` appends every episode to RUN_DIR/episodes_log/<name>.kiln (rollout-only mode)."""
         super().__init__()
-        self.cfg, self.model_cfg = rollout, model
-        self.actor_id, self.index = actor_id, index
-        # The learner's weight endpoints ("weights", "announce", "announce_sync"), or a callable that
-        # returns them (a restarted learner binds new ports); None serves the initial weights.
-        self.weights = WeightClient(actor_id, learner) if learner is not None else None
-        self._replay = replay if callable(replay) else (lambda: replay)
+        self.cfg, self.model_cfg, self.eval_cfg, self.ctx = rollout, model, evaluation, ctx
+        self.actor_id, self.index = ctx.name or f"rollout-{ctx.rank}", ctx.rank
+        registry = ctx.registry
+        # The learner's weight endpoints ("weights", "announce", "announce_sync"); none while it starts.
+        self.weights = WeightClient(self.actor_id, lambda: _weight_endpoints(registry.endpoints("learner"))) \
+            if follow_learner else None
         self.tokenizer = load_tokenizer(model)
-        eos = getattr(self.tokenizer, "eos_token_id", None)
-        self.eos = [] if eos is None else [int(eos)]
+        # Where a response ends: generation_config.json's eos ids and the chat template's end of turn.
+        # Every request carries them, so an SGLang server (which knows only the config's eos) stops there too.
+        self.eos = self.tokenizer.stop_ids
         self.params = SamplingParams(temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k,
-                                     max_new_tokens=rollout.max_new_tokens)
-        self.verifier = Verifier(verifier, timeout_s=rollout.verify_timeout_s, retries=rollout.verify_retries)
-        self.sender = EpisodeSender(self._replay, timeout_s=rollout.ack_timeout_s)
+                                     max_new_tokens=rollout.max_new_tokens, stop_token_ids=tuple(self.eos))
+        self.verifier = Verifier(registry.pool_resolver("verifier", "verifier"),
+                                 timeout_s=rollout.verify_reply_timeout_s, retries=rollout.verify_retries)
+        replay = registry.resolver("replay", "replay")
+        self.sender = EpisodeSender(replay, timeout_s=rollout.ack_timeout_s)
+        self._feed = ReconnectingClient(replay, timeout_s=rollout.task_wait_s, retries=0)
         self.engine: Engine | None = None
         self.stats = {"groups": 0, "episodes": 0, "engine_restarts": 0, "waits": 0, "feed_timeouts": 0,
                       "group_errors": 0}
-        self._feed: RequestClient | None = None
-        self._feed_address = ""
         self._finished = False
         # Group reports (and a sampled episode per group) to the driver; every episode to disk in
         # rollout-only mode.
-        self.reporter = Reporter(metrics, sample_episodes=episodes_to_driver > 0, episode_log=episode_log,
-                                 seed=rollout.seed + index)
+        log_path = None
+        if episode_log:
+            (ctx.path / "episodes_log").mkdir(parents=True, exist_ok=True)
+            log_path = str(ctx.path / "episodes_log" / f"{self.actor_id}.kiln")
+        self.reporter = Reporter(registry.address("driver", "metrics") or None, sample_episodes=sample_episodes,
+                                 episode_log=log_path, seed=rollout.seed + self.index)
         self.busy_s = 0.0
         self._runner: GroupRunner | None = None
         # Groups run on `rollout.concurrent_groups` threads, so the engine batches several groups'
@@ -83,7 +104,7 @@ class RolloutActor(Actor):
         self._engine_lock = threading.Lock()
         self._workers = 0
         self._in_flight, self._busy_since = 0, 0.0
-        self.pool = (CandidatePool(rollout.forced_candidates, seed=rollout.seed + index,
+        self.pool = (CandidatePool(rollout.forced_candidates, seed=rollout.seed + self.index,
                                    fraction=rollout.forced_fraction)
                      if rollout.forced_candidates else None)
 
@@ -106,20 +127,19 @@ class RolloutActor(Actor):
         if self.engine is not None:
             self.engine.close()
         super().stop()
-        for close in (self.verifier.close, self.sender.close, self._drop_feed, self.reporter.close):
+        for close in (self.verifier.close, self.sender.close, self._feed.close, self.reporter.close):
             close()
         if self.weights is not None:
             self.weights.close()
 
-    def health(self) -> dict:
+    def health(self) -> RolloutHealth:
         engine = self.engine.health() if self.engine is not None else {"alive": False}
-        looping = any(t.is_alive() for t in self._threads)
-        return {**super().health(), **self.stats, "busy_s": self.busy_s, "actor_id": self.actor_id,
-                "finished": self._finished,
-                "looping": looping,
-                "unacked": self.sender.unacked, "acked": len(self.sender.acked),
-                "verify_infra": self.verifier.stats["infra"], "engine": engine,
-                "weights": self.weights.health() if self.weights is not None else None}
+        return RolloutHealth(role=self.role, alive=not self.stopping, looping=self.threads_running,
+                             finished=self._finished, busy_s=self.busy_s, actor_id=self.actor_id, **self.stats,
+                             unacked=self.sender.unacked, acked=len(self.sender.acked),
+                             verify_infra=self.verifier.stats["infra"], engine_alive=bool(engine.get("alive")),
+                             decoded_tokens=int(engine.get("tokens", 0)), engine=engine,
+                             weights=WeightSyncHealth(**self.weights.health()) if self.weights is not None else None)
 
     def acked_episode_ids(self) -> list[str]:
         return list(self.sender.acked)
@@ -138,7 +158,8 @@ class RolloutActor(Actor):
     # ------------------------------------------------------------------------------ engine
 
     def _start_engine(self) -> Engine:
-        engine = make_engine(self.cfg, self.model_cfg, index=self.index, eos_token_ids=self.eos)
+        engine = make_engine(self.cfg, self.model_cfg, index=self.index, eos_token_ids=self.eos,
+                             gpu_ids=self.ctx.slot.device_ids())
         if self.weights is not None:  # a late or restarted engine loads the current weights before serving
             try:
                 self.weights.bootstrap(engine)
@@ -171,24 +192,21 @@ class RolloutActor(Actor):
     # ------------------------------------------------------------------------------ episodes
 
     def _group_runner(self, max_turns: int) -> GroupRunner:
+        policy = TurnPolicy(TurnRules.from_config(self.cfg, self.model_cfg, max_turns=max_turns), self.tokenizer)
         return GroupRunner(actor_id=self.actor_id, generate=self.generate, verifier=self.verifier,
-                           tokenizer=self.tokenizer, params=self.params, max_turns=max_turns,
-                           max_seq_len=self.model_cfg.max_seq_len,
+                           tokenizer=self.tokenizer, params=self.params, policy=policy,
                            force=self.pool.draw if self.pool is not None else None)
 
-    def rewire_verifier(self, address: str) -> None:
-        """Point verification at a restarted verifier pool (new addresses); in-flight requests on the
-        old client finish or time out as infra."""
-        old, self.verifier = self.verifier, Verifier(address, timeout_s=self.cfg.verify_timeout_s,
-                                                     retries=self.cfg.verify_retries)
-        if self._runner is not None:
-            self._runner.verifier = self.verifier
-        threading.Thread(target=old.close, daemon=True).start()
-
-    def evaluate(self, tasks: list[Task], samples: int) -> dict[str, list[VerifyResult]]:
-        """First-turn attempts at each task (`samples` each) with the current weights, verified by the
-        same verifier as training; nothing goes to replay. For pass@k / avg@k / fast_1."""
+    def evaluate(self) -> dict[str, float]:
+        """First-turn attempts at every validation task (`eval.samples` each) with the current weights,
+        verified by the same verifier as training; nothing goes to replay. Returns the `eval/` metrics
+        (pass@k, avg@k, fast_1; see actors.rollout.evaluation); {} when there is no validation task."""
+        started = time.monotonic()
+        tasks = self._validation_tasks()
+        if not tasks:
+            return {}
         runner = self._group_runner(max_turns=1)
+        samples = self.eval_cfg.samples
 
         def one(item: tuple[int, Task]) -> tuple[str, list[VerifyResult]]:
             i, task = item
@@ -196,7 +214,21 @@ class RolloutActor(Actor):
             return task.task_id, [ep.turns[0].result for ep in runner.run(reply) if ep.turns[0].result]
 
         with ThreadPoolExecutor(max_workers=EVAL_CONCURRENCY, thread_name_prefix="kiln-rollout-eval") as pool:
-            return dict(pool.map(one, enumerate(tasks)))
+            results = dict(pool.map(one, enumerate(tasks)))
+        values = eval_metrics(results, self.eval_cfg.k)
+        values.update({"eval/val_tasks": float(len(tasks)), "eval/seconds": time.monotonic() - started})
+        return values
+
+    def _validation_tasks(self) -> list[Task]:
+        """The validation split, from replay (which owns the task set and its split)."""
+        client = ReconnectingClient(self.ctx.registry.resolver("replay", "replay"), timeout_s=TASK_LIST_TIMEOUT_S)
+        try:
+            reply = client.request(TaskListRequest(split="val"))
+        finally:
+            client.close()
+        if not isinstance(reply, TaskList):
+            raise RuntimeError(f"replay answered {type(reply).__name__} to a task-list request")
+        return reply.tasks
 
     def _loop(self) -> None:
         """One group at a time on this thread; `rollout.concurrent_groups` threads run this loop."""
@@ -254,18 +286,12 @@ class RolloutActor(Actor):
             self._in_flight += delta
 
     def _ask_for_task(self) -> TaskReply | None:
-        address = self._replay()
-        if not address:
-            return None
-        if self._feed is None or address != self._feed_address:
-            self._drop_feed()
-            self._feed = RequestClient(address, timeout_s=self.cfg.task_wait_s, retries=0)
-            self._feed_address = address
         try:
             reply = self._feed.request(TaskRequest(actor_id=self.actor_id))
-        except ChannelTimeout:
+        except NoServer:  # replay has not registered yet
+            return None
+        except ChannelTimeout:  # replay may be restarting on a new address: the client looks it up again
             self.stats["feed_timeouts"] += 1
-            self._drop_feed()  # replay may be restarting on a new address
             return None
         except RemoteError as err:
             log.warning("%s: task feed refused: %s", self.actor_id, err)
@@ -275,7 +301,7 @@ class RolloutActor(Actor):
             return None
         return reply
 
-    def _drop_feed(self) -> None:
-        if self._feed is not None:
-            self._feed.close()
-            self._feed = None
+
+def _weight_endpoints(entry: dict[str, str]) -> dict[str, str]:
+    """The learner's weight endpoints once it serves them ({} before: its rank rendezvous registers first)."""
+    return entry if "weights" in entry else {}

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import Iterable, Literal
+from typing import TYPE_CHECKING, Iterable, Literal
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    from configs import ModelConfig, RolloutConfig
 
 FinishReason = Literal["stop", "length", "abort"]
 
@@ -72,7 +75,20 @@ class RequestError(EngineError):
 
 
 class Engine(abc.ABC):
-    """What the rollout actor needs from an inference engine."""
+    """What the rollout actor needs from an inference engine.
+
+    An engine plug-in (`rollout.engine: package.module.Class`) subclasses this. The rollout actor
+    builds it with `from_config`, whose default calls
+    `cls(rollout, model, index=..., eos_token_ids=..., gpu_ids=...)`; an engine whose constructor takes
+    other arguments overrides `from_config` (the torch engine does).
+    """
+
+    @classmethod
+    def from_config(cls, rollout: "RolloutConfig", model: "ModelConfig", *, index: int,
+                    eos_token_ids: list[int], gpu_ids: tuple[str, ...] = ()) -> "Engine":
+        """The engine of rollout actor `index`, stopping at `eos_token_ids`, on the placement plan's
+        `gpu_ids` (() = the devices this process sees)."""
+        return cls(rollout, model, index=index, eos_token_ids=eos_token_ids, gpu_ids=gpu_ids)
 
     @abc.abstractmethod
     def generate(self, requests: list[GenerateRequest]) -> list[Generation]:
@@ -112,10 +128,11 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def update_weights_from_distributed(self, names: list[str], dtypes: list[str], shapes: list[list[int]],
                                         version: int, group_name: str = "weight_update_group", *,
-                                        last: bool = True) -> None:
+                                        last: bool = True, flat: bool = False) -> None:
         """Receive one bucket that the learner broadcasts in the group. A version may span several
         buckets: `last=False` says more follow, and no token may be sampled by a half-updated model
-        under either version; with the last bucket the engine serves `version`."""
+        under either version; with the last bucket the engine serves `version`. `flat`: the bucket
+        (one dtype) comes as one broadcast of its tensors concatenated, else one broadcast per tensor."""
 
     @property
     @abc.abstractmethod

@@ -12,9 +12,9 @@ from __future__ import annotations
 import logging
 import random
 
-from actors.buffer.offline import EpisodeLog
 from protocols import Episode, GroupReport, TaskReply
 from protocols.channels import PushChannel
+from protocols.episodes import EpisodeLog
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
     python -m actors.rollout.serve --model-path DIR --host 127.0.0.1 --port 30000 [--tp-size 1]
         [--mem-fraction-static F] [--skip-tokenizer-init] [--seed N]
 
-so `rollout.sglang_launch_module: actors.rollout.serve` launches Kiln's engine where SGLang would run
+so `rollout.sglang.launch_module: actors.rollout.serve` launches Kiln's engine where SGLang would run
 (tests do this on CPU). Serves until SIGTERM/SIGINT.
 """
 

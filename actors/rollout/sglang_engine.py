@@ -1,9 +1,10 @@
 """The `sglang` engine (DESIGN.md §5): one SGLang server per rollout actor, launched from the config
-(`python -m sglang.launch_server` on the actor's GPUs) or reached at `rollout.sglang_urls` (servers or
-a router), driven through `SGLangClient` (which also carries SGLang's weight-update endpoints).
+(`python -m sglang.launch_server` on the GPUs the placement plan gives the actor) or reached at
+`rollout.sglang.urls` (servers or a router), driven through `SGLangClient` (which also carries SGLang's weight-update endpoints).
 
 Weight paths: separate GPUs -> `init_weights_update_group` once, then `update_weights_from_distributed`
-per version (the learner broadcasts the tensors in that process group); same GPU -> SGLang's
+per bucket of each version (the learner broadcasts in that process group; flat single-dtype buckets
+go with SGLang's `load_format: flattened_bucket`, one broadcast per bucket); same GPU -> SGLang's
 `/update_weights_from_tensor` (CUDA IPC handles, sent by the colocated learner); fallback -> disk.
 Request bodies follow SGLang's `io_struct` (InitWeightsUpdateGroupReqInput,
 UpdateWeightsFromDistributedReqInput); docs/rollout.md lists what was never run against a live server.
@@ -30,7 +31,7 @@ log = logging.getLogger(__name__)
 class LaunchSpec:
     model_path: str
     port: int
-    gpu_ids: list[int]
+    gpu_ids: list[str]  # CUDA_VISIBLE_DEVICES of the server; [] = the devices this process sees
     host: str = "127.0.0.1"
     tp_size: int = 1
     mem_fraction: float = 0.8
@@ -50,14 +51,16 @@ class LaunchSpec:
         return env
 
 
-def launch_spec(rollout: RolloutConfig, model: ModelConfig, index: int) -> LaunchSpec:
+def launch_spec(rollout: RolloutConfig, model: ModelConfig, index: int, gpu_ids: tuple[str, ...] = ()) -> LaunchSpec:
+    """The server of rollout actor `index`, on `gpu_ids`: the actor's GPUs as the placement plan gave them."""
     if not model.path:
         raise EngineError("launching SGLang needs model.path (a local HF checkpoint directory)")
-    tp = rollout.sglang_tp_size
-    return LaunchSpec(model_path=model.path, port=rollout.sglang_base_port + index,
-                      gpu_ids=list(range(index * tp, (index + 1) * tp)), tp_size=tp,
-                      mem_fraction=rollout.sglang_mem_fraction, module=rollout.sglang_launch_module,
-                      extra_args=list(rollout.sglang_extra_args))
+    sg = rollout.sglang
+    if gpu_ids and len(gpu_ids) != sg.tp_size:
+        raise EngineError(f"rollout.sglang.tp_size={sg.tp_size} but the placement gives this actor "
+                          f"{len(gpu_ids)} GPUs ({','.join(gpu_ids)})")
+    return LaunchSpec(model_path=model.path, port=sg.base_port + index, gpu_ids=list(gpu_ids), tp_size=sg.tp_size,
+                      mem_fraction=sg.mem_fraction, module=sg.launch_module, extra_args=list(sg.extra_args))
 
 
 class ServerProcess:
@@ -105,12 +108,14 @@ class ServerProcess:
 
 
 class SGLangEngine(SGLangClient):
-    def __init__(self, rollout: RolloutConfig, model: ModelConfig, *, index: int, eos_token_ids: list[int]) -> None:
+    def __init__(self, rollout: RolloutConfig, model: ModelConfig, *, index: int, eos_token_ids: list[int],
+                 gpu_ids: tuple[str, ...] = ()) -> None:
         self.server: ServerProcess | None = None
-        if rollout.sglang_urls:
-            url = rollout.sglang_urls[index % len(rollout.sglang_urls)]
+        urls = rollout.sglang.urls
+        if urls:
+            url = urls[index % len(urls)]
         else:
-            self.server = ServerProcess(launch_spec(rollout, model, index), rollout.sglang_start_timeout_s)
+            self.server = ServerProcess(launch_spec(rollout, model, index, gpu_ids), rollout.sglang.start_timeout_s)
             url = self.server.url
         super().__init__(url)
 

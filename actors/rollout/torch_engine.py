@@ -36,11 +36,11 @@ from typing import Callable, Iterable
 import numpy as np
 import torch
 
+from actors.policy.model import build_model
+from actors.policy.sampling import sample, token_logprobs
 from actors.rollout import attention
 from actors.rollout.decode_step import DecodeStep
 from actors.rollout.engine import Engine, EngineError, GenerateRequest, Generation, RequestError
-from actors.rollout.model import build_model
-from actors.rollout.sampling import sample, token_logprobs
 from configs import ModelConfig
 from protocols.lease import DeviceLease
 
@@ -115,6 +115,15 @@ class TorchEngine(Engine):
         self._thread = threading.Thread(target=self._run, name="kiln-torch-engine", daemon=True)
         self._thread.start()
 
+    @classmethod
+    def from_config(cls, rollout, model, *, index: int, eos_token_ids: list[int],
+                    gpu_ids: tuple[str, ...] = ()) -> "TorchEngine":
+        # In a Ray actor the placement already restricts the visible devices to `gpu_ids`.
+        from actors.rollout.engines import resolve_device
+
+        return cls(model, max_batch=rollout.max_batch, device=resolve_device(rollout.device),
+                   eos_token_ids=eos_token_ids, on_weight_update=rollout.on_weight_update, seed=rollout.seed + index)
+
     # ------------------------------------------------------------------------------ interface
 
     def generate(self, requests: list[GenerateRequest]) -> list[Generation]:
@@ -165,7 +174,7 @@ class TorchEngine(Engine):
 
     def init_weights_update_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
                                   group_name: str = "weight_update_group", backend: str = "nccl") -> None:
-        from actors.rollout.weight_group import WeightReceiver
+        from actors.policy.weights.group import WeightReceiver
 
         self._staged.pop(group_name, None)
         try:
@@ -176,12 +185,12 @@ class TorchEngine(Engine):
 
     def update_weights_from_distributed(self, names: list[str], dtypes: list[str], shapes: list[list[int]],
                                         version: int, group_name: str = "weight_update_group", *,
-                                        last: bool = True) -> None:
+                                        last: bool = True, flat: bool = False) -> None:
         receiver = self._groups.get(group_name)
         if receiver is None:
             raise RequestError(f"no weight group {group_name!r}: call init_weights_update_group first")
         try:  # receive on the caller's thread: the learner's broadcast never waits for a step boundary
-            named = receiver.receive(names, dtypes, shapes)
+            named = receiver.receive(names, dtypes, shapes, flat=flat)  # flat: views of the received bucket
         except (RuntimeError, ValueError) as err:
             self._staged.pop(group_name, None)  # a version cut short is never applied in part
             raise EngineError(f"receiving weights for version {version} failed: {err}") from None

@@ -4,7 +4,7 @@ The trust boundary: whatever runs candidate code is untrusted (every jailed proc
 verdict, the comparison, the clock that counts and the verdict cache live in the verifier's own
 process. Where things are:
   actor.py       VerifierActor: the ROUTER service around any reward actor, with its guard
-  interface.py   the reward-actor interface and `load_reward_actor(dotted path)`
+  interface.py   the reward-actor interface (`RewardActor`), loaded by `actors.base.load_plugin`
   verifier.py    KernelVerifier: extract -> static scan -> compile -> run/correctness -> performance
   extract.py     stage 1: code from model output
   legality.py    the legality policy and the static scan; gate.py and fence.py are its runtime half

@@ -10,7 +10,10 @@ whatever the order). With the kernel verifier, compiles of later requests (a CPU
 overlap the execution of earlier ones, and the GPU never waits on nvcc. A request resent by a
 client while still in flight is not verified twice.
 
-Guard: each verify() runs on its own thread under `verify_timeout_s`. An exception, a hang, or a
+It registers its address in the run's registry under its name (role "verifier"); rollout actors send
+to every registered verifier as one pool and pick up a restarted one from the registry.
+
+Guard: each verify() runs on its own thread under `verifier.reward_timeout_s`. An exception, a hang, or a
 return value that is not a valid VerifyResult for that request becomes an `infra` result (score 0;
 replay excludes infra results from training), and the actor keeps serving.
 """
@@ -23,10 +26,11 @@ import queue
 import threading
 from concurrent.futures import Future
 
-from actors.base import Actor
-from actors.verifier.interface import infra_result, load_reward_actor
+from actors.base import Actor, RunContext, load_plugin
+from actors.verifier.health import VerifierHealth
+from actors.verifier.interface import DEFAULT_REWARD_ACTOR, RewardActor
 from configs import VerifierConfig
-from protocols import ErrorReply, ProtocolError, VerifyRequest, VerifyResult, encode
+from protocols import ErrorReply, ProtocolError, VerifyRequest, VerifyResult, encode, infra_result
 from protocols.channels import ReplyServer, Request
 
 log = logging.getLogger(__name__)
@@ -35,13 +39,13 @@ log = logging.getLogger(__name__)
 class VerifierActor(Actor):
     role = "verifier"
 
-    def __init__(self, cfg: VerifierConfig, *, host: str = "127.0.0.1", transport: str = "tcp",
-                 advertise: str | None = None) -> None:
+    def __init__(self, cfg: VerifierConfig, ctx: RunContext | None = None) -> None:
+        """Without a run context (tools, tests) it serves on loopback and registers nowhere."""
         super().__init__()
-        self.cfg = cfg
-        self.reward_cls = load_reward_actor(cfg.reward_actor)
-        self.host, self.transport, self.advertise = host, transport, advertise
-        self.timeout_s = cfg.verify_timeout_s or (cfg.compile_timeout_s + cfg.run_timeout_s + 120.0)
+        self.cfg, self.ctx = cfg, ctx
+        self.reward_cls = load_plugin(cfg.reward_actor or DEFAULT_REWARD_ACTOR, RewardActor,
+                                      key="verifier.reward_actor")
+        self.timeout_s = cfg.reward_timeout_s or (cfg.compile_timeout_s + cfg.run_timeout_s + 120.0)
         self.impl = None
         self.server: ReplyServer | None = None
         self._work: queue.Queue = queue.Queue()
@@ -53,32 +57,37 @@ class VerifierActor(Actor):
     # ------------------------------------------------------------------------------ lifecycle
 
     def start(self) -> dict[str, str]:
-        self.impl = self.reward_cls(self.cfg)
-        warm = getattr(self.impl, "warm", None)
-        if callable(warm):
-            self.spawn(warm, "warm")
-        self.server = ReplyServer(self.host, self.transport, self.advertise)
+        self.impl = self.reward_cls(self.cfg, **self.cfg.reward_actor_args)
+        self.spawn(self.impl.warm, "warm")
+        if self.ctx is not None:
+            b = self.ctx.bind
+            self.server = ReplyServer(b.host, b.transport, b.advertise)
+        else:
+            self.server = ReplyServer()
         self.spawn(self._serve_socket, "router")
         for i in range(self.cfg.max_inflight):
             self.spawn(self._worker, f"worker{i}")
+        if self.ctx is not None:
+            self.ctx.registry.register(self.ctx.name, self.role, {"verifier": self.server.address})
         return {"verifier": self.server.address}
 
     def stop(self) -> None:
         super().stop()
         if self.server is not None:
             self.server.close()
-        close = getattr(self.impl, "close", None)
-        if callable(close):
+        if self.impl is not None:
             try:
-                close()
+                self.impl.close()
             except Exception:
                 log.exception("verifier: reward actor close() failed")
 
-    def health(self) -> dict:
+    def health(self) -> VerifierHealth:
         with self._stats_lock:
             stats = dict(self.stats)
-        return {**super().health(), **stats, "queued": self._work.qsize(), "inflight": len(self._inflight),
-                "reward_actor": f"{self.reward_cls.__module__}.{self.reward_cls.__qualname__}"}
+        return VerifierHealth(role=self.role, alive=not self.stopping, looping=self.threads_running,
+                              address=self.server.address if self.server else "", **stats,
+                              queued=self._work.qsize(), inflight=len(self._inflight),
+                              reward_actor=f"{self.reward_cls.__module__}.{self.reward_cls.__qualname__}")
 
     # --------------------------------------------------------------------------------- serving
 

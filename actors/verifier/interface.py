@@ -3,9 +3,12 @@
 A reward actor is a plain class named by dotted path in `verifier.reward_actor`:
 
     class MyReward:
-        def __init__(self, cfg: configs.VerifierConfig) -> None: ...
+        def __init__(self, cfg: configs.VerifierConfig, **args) -> None: ...   # args: verifier.reward_actor_args
         def verify(self, request: protocols.VerifyRequest) -> protocols.VerifyResult: ...
+        def warm(self) -> None: ...           # optional: slow preparation, on a background thread
         def close(self) -> None: ...          # optional: release processes, files, devices
+
+Optional hooks get a default by subclassing `RewardActor`; `actors.base.load_plugin` checks the class.
 
 `verify` gets the whole request (its `task.kind` and `task.payload` or `task.kernel`, the raw model
 output in `candidate`) and returns a VerifyResult for the same `request_id` and `task_id`, with
@@ -19,8 +22,7 @@ example `actors.verifier.examples.TextMatchReward` implement this interface.
 
 from __future__ import annotations
 
-import importlib
-from typing import Protocol, runtime_checkable
+from typing import Protocol
 
 from configs import VerifierConfig
 from protocols import VerifyRequest, VerifyResult
@@ -28,41 +30,20 @@ from protocols import VerifyRequest, VerifyResult
 DEFAULT_REWARD_ACTOR = "actors.verifier.verifier.KernelVerifier"
 
 
-@runtime_checkable
 class RewardActor(Protocol):
-    def __init__(self, cfg: VerifierConfig) -> None: ...
+    """The reward-actor interface. `verify` is required; `warm` and `close` are optional hooks with
+    default bodies, which a plug-in inherits by subclassing this class (the shipped ones do)."""
 
-    def verify(self, request: VerifyRequest) -> VerifyResult: ...
+    def __init__(self, cfg: VerifierConfig, **args) -> None: ...
 
+    def verify(self, request: VerifyRequest) -> VerifyResult:
+        """The verdict on `request`; may be called from several threads at once."""
+        ...
 
-class RewardActorError(ValueError):
-    """`verifier.reward_actor` does not name a usable reward-actor class."""
+    def warm(self) -> None:
+        """Slow one-off preparation (precompiled headers, a process pool), run on a background thread
+        once the actor serves, so start-up is not held up by it."""
 
+    def close(self) -> None:
+        """Release processes, files and devices when the actor stops."""
 
-def load_reward_actor(path: str | None) -> type:
-    """The class named by `path` ("package.module.Class"); None means the kernel verifier."""
-    path = path or DEFAULT_REWARD_ACTOR
-    module_name, _, attr = path.rpartition(".")
-    if not module_name or not attr:
-        raise RewardActorError(f"verifier.reward_actor={path!r} is not a dotted path 'package.module.Class'")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as err:  # ImportError, or the module itself failed while importing
-        raise RewardActorError(f"verifier.reward_actor={path!r}: cannot import {module_name}: "
-                               f"{type(err).__name__}: {err}") from None
-    cls = getattr(module, attr, None)
-    if cls is None:
-        raise RewardActorError(f"verifier.reward_actor={path!r}: module {module_name} has no {attr!r}")
-    if not isinstance(cls, type):
-        raise RewardActorError(f"verifier.reward_actor={path!r} is a {type(cls).__name__}, not a class")
-    if not callable(getattr(cls, "verify", None)):
-        raise RewardActorError(f"verifier.reward_actor={path!r}: {attr} has no verify(request) method")
-    return cls
-
-
-def infra_result(request: VerifyRequest, message: str) -> VerifyResult:
-    """The answer when the system failed (not the candidate): score 0, excluded from training."""
-    return VerifyResult(request_id=request.request_id, task_id=request.task.task_id, passed=False, stage="run",
-                        error_class="infra", q=0.0, score=0.0,
-                        feedback=f"Verifier infrastructure error (not caused by the candidate): {message}",
-                        diagnostics={"error": message})

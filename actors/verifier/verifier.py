@@ -30,6 +30,7 @@ from actors.verifier import timing
 from actors.verifier.baselines import Baselines
 from actors.verifier.executor import SandboxPool
 from actors.verifier.extract import extract
+from actors.verifier.interface import RewardActor
 from actors.verifier.legality import Violation, static_scan
 from actors.verifier.reference import ReferenceCache, ReferenceError
 from actors.verifier.runner import CandidateRun, RunOutcome
@@ -50,14 +51,10 @@ def resolve_cache_dir(cfg: VerifierConfig) -> Path:
     return Path(env) / "verifier" if env else Path.home() / ".cache" / "kiln" / "verifier"
 
 
-class KernelVerifier:
+class KernelVerifier(RewardActor):
     """Implements the reward-actor interface (actors/verifier/interface.py) for kind="kernel" tasks."""
 
-    kinds = ("kernel",)
-
     def __init__(self, cfg: VerifierConfig) -> None:
-        if cfg.backend == "musa":
-            raise NotImplementedError("the musa backend is planned; use verifier.backend=cuda or cpu")
         self.cfg = cfg
         self.device = "cuda" if cfg.backend == "cuda" else "cpu"
         if self.device == "cuda":

@@ -1,1 +1,1 @@
-"""Benchmarks and device checks: tools run by hand (`python -m launch.bench.<name>`), not by the runtime."""
+"""Benchmarks and device checks: tools run by hand (`python -m launch.bench.<name>`), never imported by the runtime."""

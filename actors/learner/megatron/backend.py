@@ -1,55 +1,63 @@
-"""The `megatron` learner backend: megatron-core GPTModel, TP x DP, distributed optimizer (GPU only).
+"""The `megatron` learner backend: megatron-core GPTModel, TP x PP x DP, distributed optimizer (GPU only).
 
 One instance per rank; under torchrun/Ray every rank constructs it and calls every method in step
-(they are collectives). Every rank receives the same TrainBatch; its micro-batches are split over DP
-ranks by `assign_micro_batches`, TP ranks of one DP group work on the same ones. One `train_step`
-(DESIGN.md §7), as the torch backend's but distributed:
-  (a) a no-grad pass over this rank's micro-batches recomputes log π_prox;
-  (b) MirrorPop on this rank's sequences (whole sequences never straddle micro-batches); kept-token
-      counts and statistics are summed over DP, so the normalizer is the whole batch's;
-  (c) policy_loss per micro-batch, backward into megatron's fp32 grad buffers; DDP sums (not
-      averages) over DP because the loss is already globally normalised (calculate_per_token_loss),
-      and megatron's finalize_model_grads sums the q/k-norm grads over TP;
-  (d) the distributed optimizer clips the global grad norm, steps AdamW on its fp32 shard and
-      all-gathers the updated bf16 weights.
+(they are collectives). Every rank receives the same TrainBatch; the RL step hands each DP rank its
+micro-batches, and the TP and PP ranks of one DP replica work on the same ones. Model code only: the
+RL and SFT steps are `actors.learner.algorithm`'s.
+  `forward_backward` runs megatron-core's own schedule (`get_forward_backward_func`: no pipelining
+      with PP = 1, 1F1B across the stages otherwise): each micro-batch runs as one packed row, the
+      last stage's vocab-parallel logits become logprobs (and, on demand, entropies) over the full
+      vocabulary, and the caller's loss is backpropagated into megatron's fp32 grad buffers. The loss
+      function runs on the last stage only; what it reports is broadcast to the other stages of the
+      pipeline, so every rank returns the same reports. The loss arrives normalised already
+      (calculate_per_token_loss), so DDP sums over DP rather than averaging;
+  `step` reduce-scatters the grads over DP, sums the q/k-norm grads over TP and the two copies of a
+      tied embedding over the first and last stage (finalize_model_grads), then the distributed
+      optimizer clips the global grad norm, steps AdamW on its fp32 shard and all-gathers the
+      updated weights.
 Weights always come from an HF state dict (`model.path`, or the engines' seeded random init), so
-learner and engines start identical. Refused with a ConfigError: pipeline parallelism, float16, and
-a KL term (algo.kl_coef > 0: no reference-model pass here yet).
+learner and engines start identical; each stage loads the layers it holds. With a KL term a second,
+frozen GPTModel holds those initial weights as the reference. `named_weights` gathers every tensor
+from its TP group and broadcasts it from its stage, so every rank yields the whole model. Refused
+with a ConfigError: float16. `learner.megatron` switches the fused kernels (model.Kernels).
 Checkpoints are per rank: `rank-XXXXX.pt` holds the model shard, the optimizer's fp32 shard and
-AdamW state, and the RNG state; they load into the same TP x DP layout.
+AdamW state, and the RNG state; they load into the same TP x PP x DP layout.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
-import time
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator, Sequence
 
 import torch
 import torch.distributed as dist
 from megatron.core import parallel_state
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+from megatron.core.pipeline_parallel import get_forward_backward_func
 
-from actors.learner.backend import LearnerBackend, StepResult, sft_step_over
-from actors.learner.batch import MicroBatch, PackedBatch, micro_batches, pack
+from actors.learner.backend import LearnerBackend, LossFn, PolicyOutput
+from actors.learner.batch import MicroBatch, PackedBatch, pack
 from actors.learner.checkpoint import atomic_directory, rng_state, set_rng_state
-from actors.learner.data_parallel import DataParallel, assign_micro_batches, owned_positions
-from actors.learner.losses import filter_stats, mirrorpop_mask, policy_loss
+from actors.learner.data_parallel import DataParallel
 from actors.learner.megatron import hf_mapping as hm
 from actors.learner.megatron.model import (
+    Kernels,
     build_gpt,
     hf_tensors,
     load_hf_weights,
     packed_forward,
     rotary_tables,
+    use_kernels,
+    vocab_parallel_entropy,
     vocab_parallel_logprobs,
 )
 from actors.learner.megatron.parallel import Layout, init_distributed, init_model_parallel
-from actors.rollout.model import DTYPES, build_model
-from configs import AlgoConfig, ConfigError, LearnerConfig, ModelConfig
+from actors.policy.model import DTYPES, build_model
+from configs import ConfigError, LearnerConfig, ModelConfig
 from protocols import TrainBatch
 
 SAFETENSORS_FILE = "model.safetensors"
@@ -59,23 +67,27 @@ def _rank_file(rank: int) -> str:
     return f"rank-{rank:05d}.pt"
 
 
+def _move(obj: Any, device: str | torch.device) -> Any:
+    """`obj` with every tensor inside tuples, lists and dicts moved to `device`."""
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_move(x, device) for x in obj)
+    if isinstance(obj, dict):
+        return {k: _move(v, device) for k, v in obj.items()}
+    return obj
+
+
 class MegatronBackend(LearnerBackend):
-    def __init__(self, model_cfg: ModelConfig, learner_cfg: LearnerConfig, algo_cfg: AlgoConfig, *,
-                 temperature: float = 1.0, device: str | torch.device = "cuda"):
-        if temperature <= 0:
-            raise ValueError(f"temperature must be > 0, got {temperature}")
-        if learner_cfg.pipeline_parallel != 1:
-            raise ConfigError("learner.pipeline_parallel: the megatron backend supports only 1 (TP x DP); "
-                              f"got {learner_cfg.pipeline_parallel}")
+    def __init__(self, model_cfg: ModelConfig, learner_cfg: LearnerConfig, *, device: str | torch.device = "cuda",
+                 reference: bool = False):
         if model_cfg.dtype == "float16":
             raise ConfigError("model.dtype: the megatron backend trains in bfloat16 or float32, not float16")
-        if algo_cfg.kl_coef > 0:
-            raise ConfigError("algo.kl_coef: the megatron backend has no reference-model pass; use 0 "
-                              "or learner.backend=torch")
-        self.model_cfg, self.learner_cfg, self.algo_cfg = model_cfg, learner_cfg, algo_cfg
-        self.temperature = temperature
+        self.model_cfg, self.learner_cfg = model_cfg, learner_cfg
+        self.micro_batch_tokens = learner_cfg.micro_batch_tokens
         self.device = init_distributed(device)
-        self.layout: Layout = init_model_parallel(learner_cfg.tensor_parallel, model_cfg.seed)
+        self.layout: Layout = init_model_parallel(learner_cfg.tensor_parallel, model_cfg.seed,
+                                                  learner_cfg.pipeline_parallel)
         self.dp_group = parallel_state.get_data_parallel_group()
         self.dp = DataParallel(self.layout.dp, self.layout.dp_rank, self.dp_group, self.device)
 
@@ -84,12 +96,18 @@ class MegatronBackend(LearnerBackend):
         try:
             self.shape = hm.ModelShape.from_hf_config(self.hf_config, learner_cfg.tensor_parallel)
             hm.check_tp(self.shape, learner_cfg.tensor_parallel)
+            self.stage = hm.stage(self.shape, self.layout.pp, self.layout.pp_rank)
             self.rope = rotary_tables(self.hf_config, self.shape)
         except ValueError as err:
             raise ConfigError(f"learner (megatron): {err}") from None
-        self.gpt = build_gpt(self.hf_config, self.shape, tensor_parallel=learner_cfg.tensor_parallel,
-                             dtype=model_cfg.dtype, max_seq_len=model_cfg.max_seq_len)
-        load_hf_weights(self.gpt, hf_model.state_dict(), self.shape)
+        k = learner_cfg.megatron
+        self.kernels = Kernels(fused_logprobs=k.fused_logprobs, logprob_chunk_rows=k.logprob_chunk_rows,
+                               fused_swiglu=k.fused_swiglu, fused_rope=k.fused_rope,
+                               compile=self.device.type == "cuda")
+        self.gpt = self._build_gpt(hf_model.state_dict())
+        self.reference = None
+        if reference:  # the initial policy, frozen: the KL term's π_ref
+            self.reference = self._build_gpt(hf_model.state_dict()).requires_grad_(False).eval()
         del hf_model
         if self.device.type == "cuda":
             torch.cuda.empty_cache()  # the full HF copy is gone; give its blocks back before the optimizer
@@ -109,92 +127,76 @@ class MegatronBackend(LearnerBackend):
             for group in inner.param_groups:
                 group["foreach"], group["fused"] = False, self.device.type == "cuda"
 
-    # ------------------------------------------------------------------------------- steps
+    def _build_gpt(self, hf_state: dict[str, torch.Tensor]):
+        gpt = build_gpt(self.hf_config, self.shape, tensor_parallel=self.learner_cfg.tensor_parallel,
+                        dtype=self.model_cfg.dtype, max_seq_len=self.model_cfg.max_seq_len, stage=self.stage)
+        load_hf_weights(gpt, hf_state, self.shape)
+        return gpt
 
-    def train_step(self, batch: TrainBatch) -> StepResult:
-        start = time.perf_counter()
-        algo = self.algo_cfg
-        packed = self._pack(batch)
-        mine = self._my_micro_batches(packed)
-        own = owned_positions(packed.num_tokens, mine, self.device)
-        self.model.eval()
-        prox = self._predicted_logprobs(packed, mine, self.temperature)
-        grad_mask = packed.grad_mask & own
-        keep, deviation = mirrorpop_mask(prox, packed.behaviour_logprobs, grad_mask, packed.seq_index,
-                                         packed.num_seqs, algo.mirrorpop_delta)
-        kept_mask = grad_mask & keep[packed.seq_index]
-        stats = filter_stats(prox, packed.behaviour_logprobs, grad_mask, keep, deviation, packed.seq_index)
-        normalizer = self.dp.sum(float(kept_mask.sum()))
+    # ---------------------------------------------------------------------------- the interface
 
-        self._zero_grad()
-        self.model.train()
-        loss_total = 0.0
-        for mb in mine if normalizer > 0 else []:
-            p = mb.positions
-            if not bool(kept_mask[p].any()):
-                continue
-            logprobs = self._micro_logprobs(packed, mb, self.temperature)
-            loss, mb_stats = policy_loss(logprobs, prox[p], packed.behaviour_logprobs[p], packed.advantages[p],
-                                         kept_mask[p], eps_low=algo.eps_low, eps_high=algo.eps_high,
-                                         is_cap=algo.is_cap, normalizer=normalizer)
-            loss.backward()
-            loss_total += float(loss.detach())
-            stats = stats + mb_stats
-        grad_norm = self._sync_and_step() if normalizer > 0 else 0.0
-
-        stats = self.dp.stats(stats)
-        metrics = stats.metrics()
-        metrics["deviation_mean"] = self.dp.sum(float(deviation.sum())) / max(packed.num_seqs, 1)
-        metrics["skipped"] = float(normalizer == 0)
-        return StepResult(loss=self.dp.sum(loss_total), grad_norm=grad_norm, tokens=packed.num_tokens,
-                          trained_tokens=int(normalizer), seconds=time.perf_counter() - start, metrics=metrics)
-
-    def sft_step(self, batch: TrainBatch, lr: float | None = None) -> StepResult:
-        started = time.perf_counter()
-        packed = self._pack(batch)
-        self._zero_grad()
-        self.model.train()
-        return sft_step_over(packed, self._my_micro_batches(packed), lambda mb: self._micro_logprobs(packed, mb, 1.0),
-                             lambda: self._sync_and_step(lr), self.dp, started)
-
-    def logprobs(self, batch: TrainBatch, temperature: float) -> torch.Tensor:
-        if temperature <= 0:
-            raise ValueError(f"temperature must be > 0, got {temperature}")
-        packed = self._pack(batch)
-        self.model.eval()
-        predicted = self._predicted_logprobs(packed, self._my_micro_batches(packed), temperature)
-        self.dp.sum_tensor(predicted)  # each position was computed by exactly one DP rank, zeros elsewhere
-        return packed.to_token_aligned(predicted).cpu()
-
-    # ------------------------------------------------------------------------------ forward
-
-    def _pack(self, batch: TrainBatch) -> PackedBatch:
+    def pack(self, batch: TrainBatch) -> PackedBatch:
         return pack(batch, self.device, vocab_size=self.shape.vocab_size, max_seq_len=self.model_cfg.max_seq_len)
 
-    def _my_micro_batches(self, packed: PackedBatch) -> list[MicroBatch]:
-        micros = micro_batches(packed.cu_seqlens, self.learner_cfg.micro_batch_tokens)
-        return assign_micro_batches(micros, self.layout.dp, self.layout.dp_rank)
+    def forward_backward(self, packed: PackedBatch, micro_batches: Sequence[MicroBatch], loss_fn: LossFn, *,
+                         temperature: float, forward_only: bool = False, reference: bool = False) -> list[Any]:
+        model = self.model
+        if reference:
+            if self.reference is None:
+                raise RuntimeError("no reference model: the backend builds one only for a KL term (algo.kl_coef > 0)")
+            model, forward_only = self.reference, True
+        if not micro_batches:  # this DP replica has no share; megatron's schedule needs at least one
+            return []
+        model.train(not forward_only)
+        kernels, vocab = self.kernels, self.shape.vocab_size
+        use_kernels(self.gpt, kernels)
+        if self.reference is not None:
+            use_kernels(self.reference, kernels)
 
-    def _micro_logprobs(self, packed: PackedBatch, mb: MicroBatch, temperature: float) -> torch.Tensor:
-        """Position-aligned logprobs of one micro-batch's targets (its sequences as one packed row)."""
-        p = mb.positions
-        bounds = [int(b) - mb.start for b in packed.cu_seqlens[mb.first_seq:mb.end_seq + 1]]
-        logits = packed_forward(self.model, packed.tokens[p], packed.position_ids[p], bounds, self.rope)
-        return vocab_parallel_logprobs(logits, packed.targets[p], temperature, self.shape.vocab_size)
+        def loss_func(mb: MicroBatch, output: torch.Tensor):
+            logits = output[0]  # [t, V/tp]: one packed row
+            out = PolicyOutput(
+                logprobs=vocab_parallel_logprobs(logits, packed.targets[mb.positions], temperature, vocab, kernels),
+                entropy_of=lambda: vocab_parallel_entropy(logits, temperature, vocab, kernels))
+            loss, report = loss_fn(mb, out)
+            if loss is None:
+                loss = torch.zeros((), dtype=torch.float32, device=logits.device)
+            # (loss, token count, report): megatron reads the count only to divide the gradients by it when a
+            # finalize_model_grads_func is configured, which this backend does not do (the loss is normalised).
+            return loss, torch.tensor(mb.stop - mb.start, dtype=torch.int, device=logits.device), report
 
-    @torch.no_grad()
-    def _predicted_logprobs(self, packed: PackedBatch, mine: list[MicroBatch], temperature: float) -> torch.Tensor:
-        out = torch.zeros(packed.num_tokens, dtype=torch.float32, device=self.device)
-        for mb in mine:
-            out[mb.positions] = self._micro_logprobs(packed, mb, temperature)
-        return out
+        def forward_step(data: Iterator[MicroBatch], module):
+            mb = next(data)
+            p = mb.positions
+            bounds = [int(b) - mb.start for b in packed.cu_seqlens[mb.first_seq:mb.end_seq + 1]]
+            output = packed_forward(module, packed.tokens[p], packed.position_ids[p], bounds, self.rope,
+                                    fused_rope=kernels.fused_rope and kernels.compile)
+            return output, lambda out: loss_func(mb, out)
 
-    def _zero_grad(self) -> None:
+        schedule = get_forward_backward_func()
+        with torch.no_grad() if forward_only else contextlib.nullcontext():
+            reports = schedule(forward_step_func=forward_step, data_iterator=iter(micro_batches), model=model,
+                               num_microbatches=len(micro_batches),
+                               seq_length=max(mb.stop - mb.start for mb in micro_batches), micro_batch_size=1,
+                               forward_only=forward_only)
+        return self._from_last_stage(reports)
+
+    def _from_last_stage(self, reports: list[Any]) -> list[Any]:
+        """The loss function ran on the last pipeline stage only: its reports, on every stage (tensors
+        travel through the host, so no rank ever touches another rank's GPU)."""
+        if self.layout.pp == 1:
+            return reports
+        group = parallel_state.get_pipeline_model_parallel_group()
+        payload = [_move(reports, "cpu") if self.stage.post_process else None]
+        dist.broadcast_object_list(payload, src=dist.get_process_group_ranks(group)[-1], group=group,
+                                   device=self.device)
+        return reports if self.stage.post_process else _move(payload[0], self.device)
+
+    def zero_grad(self) -> None:
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
 
-    def _sync_and_step(self, lr: float | None = None) -> float:
-        """Reduce the gradients and step (at `lr` for this step only when given); the grad norm."""
+    def step(self, lr: float | None = None) -> float:
         # Reduce-scatter of the fp32 grad buffers over DP, then the sum over TP of the q/k-norm grads
         # (each TP rank normalises only its own heads, so those grads are partial).
         finalize_model_grads([self.model])
@@ -220,9 +222,10 @@ class MegatronBackend(LearnerBackend):
     # ------------------------------------------------------------------------------ weights
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """HF-named full tensors in the engines' dtype. Every rank of the TP group must iterate in step
-        (each tensor is an all-gather); every one of them gets the full tensors. With tied embeddings
-        only model.embed_tokens.weight is sent (lm_head shares its storage in the engines)."""
+        """HF-named full tensors of the whole model in the engines' dtype. Every rank must iterate in
+        step (each tensor is an all-gather within its stage's TP group and, with PP > 1, a broadcast
+        from that stage); every rank gets every tensor. With tied embeddings only
+        model.embed_tokens.weight is sent (lm_head shares its storage in the engines)."""
         dtype = DTYPES[self.model_cfg.dtype]
         for name, tensor in hf_tensors(self.gpt, self.shape):
             yield name, tensor.to(dtype)
@@ -249,7 +252,7 @@ class MegatronBackend(LearnerBackend):
         dist.barrier()
         inner = self._torch_optimizers()
         state = {
-            "layout": (self.layout.tp, self.layout.dp),
+            "layout": (self.layout.tp, self.layout.pp, self.layout.dp),
             "model": self.gpt.state_dict(),
             "main_params": [[p.detach().clone() for g in o.param_groups for p in g["params"]] for o in inner],
             "optimizers": [o.state_dict() for o in inner],
@@ -266,9 +269,10 @@ class MegatronBackend(LearnerBackend):
     def load_checkpoint(self, path: Path) -> None:
         # CPU first: the RNG states must stay CPU ByteTensors; weights are copied onto the GPU below.
         state = torch.load(Path(path) / _rank_file(self.layout.rank), map_location="cpu", weights_only=False)
-        if tuple(state["layout"]) != (self.layout.tp, self.layout.dp):
-            raise ValueError(f"checkpoint was written with (tp, dp) = {tuple(state['layout'])}, "
-                             f"this job is {(self.layout.tp, self.layout.dp)}")
+        layout = (self.layout.tp, self.layout.pp, self.layout.dp)
+        if tuple(state["layout"]) != layout:
+            raise ValueError(f"checkpoint was written with (tp, pp, dp) = {tuple(state['layout'])}, "
+                             f"this job is {layout}")
         self.gpt.load_state_dict(state["model"])
         inner = self._torch_optimizers()
         mains = [[p for g in o.param_groups for p in g["params"]] for o in inner]

@@ -1,0 +1,41 @@
+"""The learner's health record and the report of its warm start."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from actors.base import ActorHealth
+
+
+@dataclass(frozen=True)
+class WarmStartReport:
+    """What a fresh learner's warm start did (none when `warm_start.steps` is 0 or no solution fit)."""
+
+    steps: int
+    solutions: int  # (task, solution) pairs in its batches
+    first_loss: float
+    final_loss: float
+    seconds: float
+
+    def metrics(self) -> dict[str, float]:
+        """The run's `sft/` metrics row."""
+        return {"sft/first_loss": self.first_loss, "sft/final_loss": self.final_loss, "sft/steps": float(self.steps),
+                "sft/seconds": self.seconds}
+
+
+@dataclass(frozen=True, kw_only=True)
+class LearnerHealth(ActorHealth):
+    learner_id: str = ""
+    rank: int = 0
+    version: int = 0  # the weight version it serves
+    step: int = 0  # optimizer steps taken (RL), across restores
+    discarded_above: int = -1  # a restore discarded the versions in (discarded_above, version)
+    steps: int = 0  # steps taken by this process (a follower counts its leader's)
+    batch_waits: int = 0
+    replay_timeouts: int = 0
+    checkpoints: int = 0
+    push_s: float = 0.0  # the last weight publish
+    restored_from: int = -1  # the checkpoint version it restored; -1 = none
+    warm_start: WarmStartReport | None = None
+    weights: dict[str, Any] = field(default_factory=dict)  # the weight server's report (transport, engines, last push)

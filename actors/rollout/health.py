@@ -1,0 +1,42 @@
+"""The rollout actor's health record, with its engine's and its weight client's state."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from actors.base import ActorHealth
+
+
+@dataclass(frozen=True)
+class WeightSyncHealth:
+    """The engine's end of the weight push (`WeightClient`)."""
+
+    version: int | None = None  # the weight version the engine serves
+    group: str | None = None  # the process group it joined, if any
+    error: str = ""  # the last load or rejoin failure
+    bootstraps: int = 0  # loads of the current weights before serving (start, engine restart, new learner)
+    loaded: int = 0
+    skipped: int = 0  # announcements at or below the version served
+    failures: int = 0
+    disk_fallbacks: int = 0
+    releases: int = 0  # colocated: memory given back for a learner step
+    last_seconds: float = 0.0  # the last load's duration
+
+
+@dataclass(frozen=True, kw_only=True)
+class RolloutHealth(ActorHealth):
+    actor_id: str = ""
+    groups: int = 0
+    episodes: int = 0
+    engine_restarts: int = 0
+    waits: int = 0  # task requests answered "wait" (or not answered)
+    feed_timeouts: int = 0
+    group_errors: int = 0  # groups cut short by an exception (their tasks are re-issued)
+    unacked: int = 0  # episodes held until replay acknowledges them
+    acked: int = 0
+    verify_infra: int = 0  # attempts marked 'infra' for want of a verifier answer
+    engine_alive: bool = False
+    decoded_tokens: int = 0  # tokens the engine generated (0 for an engine that does not count them)
+    engine: dict[str, Any] = field(default_factory=dict)  # the engine's own report; its keys depend on the engine
+    weights: WeightSyncHealth | None = None  # None: serving the initial weights (rollout-only)

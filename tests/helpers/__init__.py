@@ -1,0 +1,1 @@
+"""Helpers the tests share: synthetic episodes and the replay staleness simulation."""
