@@ -17,7 +17,7 @@ API (used by the verifier core):
   `tensor_methods` (what the C++/CUDA sources call), `violations` (forbidden imports of the built
   libraries, the capture's audit findings), `capture_exit` and `sandbox` (the jail's layers).
 * `BuildService(cache_dir, backend, workers, timeout_s, *, memory_limit_mb=8192, max_processes=64,
-  prelude_policy="auto"|"full", pch="auto"|"use", pch_dir=None, gpu_visible=False, zygote=None)` —
+  prelude_policy="auto"|"lean"|"full", pch="auto"|"use", pch_dir=None, gpu_visible=False, zygote=None)` —
   `toolchain_id` names compilers + torch + backend. Precompiled headers live in one machine-wide
   directory (`$KILN_PCH_DIR`, else `~/.cache/kiln/pch`), keyed by toolchain; pch="auto" builds the
   common variants in the background at start-up and any other the first time a candidate misses

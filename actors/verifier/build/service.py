@@ -32,7 +32,7 @@ from actors.verifier.zygote import Zygote, ZygoteError
 from . import diagnostics, symbols
 from .cache import ArtifactCache
 from .capture import CANDIDATE_FILE
-from .preludes import FENCE, SHELL, PchStore, flag_profile
+from .preludes import FACADE_LIB, FENCE, SHELL, PchStore, flag_profile
 from .results import BuildResult, assemble, infra_result
 from .spec import ExtensionSpec, UnsupportedCall, check_flags
 from .toolchain import Toolchain
@@ -149,7 +149,9 @@ class BuildService:
         the full fallback prelude, ...) is built the first time a candidate misses it."""
         # lean serves kernel TUs and thunk bindings (CUDA kernels go to nvcc, which has no PCH);
         # the shell is the one pybind11 object all thunk-bound extensions link.
-        return [("lean", flag_profile(["-O3"])), (SHELL, ())]
+        # CUDA units are tried first against the facade, whose library every such build links.
+        facade = [(FACADE_LIB, ())] if self.backend == "cuda" else []
+        return [("lean", flag_profile(["-O3"])), (SHELL, ()), *facade]
 
 
     def request_pch(self, prelude: str, profile: tuple[str, ...], force: bool = False) -> None:

@@ -181,6 +181,12 @@ def _detect_cuda(cpp_extension) -> dict:
         raise ToolchainError("backend 'cuda' needs nvcc: set CUDA_HOME or put nvcc on PATH")
     if not home:
         home = str(Path(nvcc).resolve().parent.parent)
+    if not os.path.exists(os.path.join(home, "include", "cuda_runtime.h")):
+        # nvcc behind a wrapper script (/usr/local/bin/nvcc -> exec .../cuda-13.0/bin/nvcc): its
+        # dry run names the toolkit it belongs to; g++ units that include the CUDA runtime need it.
+        top = re.search(r"^#\$ TOP=(\S+)", _run([nvcc, "--dryrun", "-c", "-x", "cu", os.devnull], stderr=True), re.M)
+        if top and os.path.exists(os.path.join(top.group(1), "include", "cuda_runtime.h")):
+            home = os.path.realpath(top.group(1))
     m = re.search(r"release [\d.]+, V([\d.]+)", _run([nvcc, "--version"]))
     libdir = os.path.join(home, "lib64")
     if not os.path.isdir(libdir) and os.path.isdir(os.path.join(home, "lib")):
