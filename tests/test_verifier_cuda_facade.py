@@ -14,7 +14,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -215,6 +214,10 @@ def _link_facade_module(builder, bdir: Path, candidate_cpp: str, decls: str, fun
     return so
 
 
+def z_use_count_after_make(ext, x) -> int:
+    return ext.make(2, 2, x)._use_count()
+
+
 @needs_nvcc
 def test_facade_tensor_semantics_through_the_binding(cuda_builder, tmp_path):
     import torch
@@ -230,11 +233,13 @@ def test_facade_tensor_semantics_through_the_binding(cuda_builder, tmp_path):
     assert ext.shape_of(xt)[:2] == [5, 3] and ext.shape_of(xt)[-3] == 0  # a transposed view
     y = ext.double_it(xt)  # contiguous() copy, empty_like, data_ptr<float>
     assert torch.equal(y, 2 * xt) and y.is_contiguous() and y.shape == (5, 3)
-    refs = sys.getrefcount(x)
+    refs = x._use_count()
     for _ in range(100):
         ext.double_it(x)
         ext.shape_of(x)
-    assert sys.getrefcount(x) == refs  # the handle's reference counting balances
+        ext.pair(x, 1.0)
+    assert x._use_count() == refs  # the handle's TensorImpl reference counting balances
+    assert y._use_count() == 1 and z_use_count_after_make(ext, x) == 1
     z = ext.make(2, 3, x)
     assert z.dtype == torch.int64 and torch.equal(z, torch.arange(6).view(2, 3))
     full, ones = ext.pair(x, 2.5)

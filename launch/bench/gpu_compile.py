@@ -6,6 +6,8 @@ runs ModelNew once on the GPU against the reference Model (same seed, same weigh
 prints a table: build time, how it was built, vendor libraries, match and max error.
 Exit status 0 only when every solution built and matched. Needs only torch, nvcc and this repo.
 KILN_NVCC_PLAIN=1 builds with plain nvcc instead of Kiln's parallel front ends (nvcc.py), to compare.
+`--policy lean` builds with the CUDA facade off (the lean CUDA prelude only), to compare with the
+default `auto` (the facade tried first, facade.py).
 """
 
 from __future__ import annotations
@@ -74,6 +76,8 @@ def main(argv=None) -> int:
     ap.add_argument("--workers", type=int, default=max(1, min(8, (os.cpu_count() or 2) // 2)))
     ap.add_argument("--cache-dir", default=None, help="build cache (default: a fresh temp dir, so builds are cold)")
     ap.add_argument("--run-timeout-s", type=float, default=180.0)
+    ap.add_argument("--policy", choices=("auto", "lean", "full"), default="auto",
+                    help="prelude policy: auto (CUDA facade first), lean (facade off), full (load_inline's headers)")
     args = ap.parse_args(argv)
     sys.path.insert(0, str(REPO))
     import torch
@@ -93,7 +97,7 @@ def main(argv=None) -> int:
           f"torch {torch.__version__}, cache {cache}", flush=True)
 
     t0 = time.monotonic()
-    with BuildService(cache, "cuda", workers=args.workers, timeout_s=600) as svc:
+    with BuildService(cache, "cuda", workers=args.workers, timeout_s=600, prelude_policy=args.policy) as svc:
         print(f"toolchain: {svc.toolchain_id}", flush=True)
         svc.wait_pch(300)
         print(f"precompiled headers ready after {time.monotonic() - t0:.1f} s", flush=True)
@@ -137,6 +141,7 @@ def main(argv=None) -> int:
         print(f"  ran   {row['task']:<34} {'PASS' if row['ran'] else 'FAIL'} {row['note']}", flush=True)
 
     print()
+    print(f"policy {args.policy}")
     print(f"{'task':<34} {'build_s':>7} {'built':>5} {'how':<12} {'vendor':<8} {'match':>5} {'max_err':>9}  note")
     for row in rows:
         err = f"{row['max_err']:.2e}" if row["max_err"] is not None else "-"

@@ -39,7 +39,7 @@ COVERED_INCLUDES = frozenset({
 _TORCH_INCLUDE = re.compile(r"^(torch|ATen|c10|caffe2|pybind11|THC|cub|thrust)/")
 _INCLUDE_LINE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*[<"]([^>"]+)[>"].*$', re.M)
 # Types a facade-bound function may take or return (after `torch::Tensor` became the facade's).
-_DECL_TYPES = re.compile(r"\b(?:(?:::)?(?:torch|at)::)?Tensor\b")
+_DECL_TYPES = re.compile(r"(?:::)?\b(?:(?:torch|at)::)?Tensor\b")
 _OTHER_TORCH = re.compile(r"\b(torch|at|c10|py|pybind11)::|\b(IntArrayRef|Scalar|optional|TensorList|string)\b")
 
 FACADE_HEADER = r"""// Kiln CUDA facade: the tensor surface of CUDA candidates' host code, without torch headers
