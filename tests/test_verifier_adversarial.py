@@ -78,6 +78,8 @@ FEEDBACK = {
     # Found by the red team that did not write the fix (docs/verifier.md).
     "python_mapped_file": ["shared memory mapping"],
     "python_frombuffer_alias": ["torch.frombuffer"],
+    "python_shared_fd": ["shared memory mapping"],
+    "python_pickle_bytes": ["_write_file"],
 }
 
 

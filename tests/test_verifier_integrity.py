@@ -36,7 +36,7 @@ SECRET = f"kiln-secret-{uuid.uuid4().hex}"  # in the verifier's environment: mus
 CLASSES = {
     1: ["gate_modes_disabled", "gate_patched_findings", "gate_apply_lambda", "gate_redispatch", "gate_other_thread",
         "gate_storage_bytes", "gate_torch_save", "gc_find_gate", "proc_self_mem", "python_mapped_file",
-        "python_frombuffer_alias"],
+        "python_frombuffer_alias", "python_shared_fd", "python_pickle_bytes"],
     2: ["native_namespace_alias", "native_token_paste", "native_ops_macro", "native_dlsym", "native_wrap_ldflags",
         "native_pragma_extname", "fallback_cpp_method", "native_proc_mem", "native_signal_handler",
         "native_extra_library"],

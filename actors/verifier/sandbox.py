@@ -298,8 +298,9 @@ def settle(st: ChildState, session: GateSession, outs: list) -> None:
 
 def shared_mappings(device_type: str) -> set[str]:
     """This process's shared memory mappings (a file, shared memory or memfd mapped MAP_SHARED), as
-    "range name" lines of /proc/self/maps. On cuda the driver's own mappings (/dev/nvidia*, and
-    nameless ones) come and go with the context and are left out."""
+    "range name" lines of /proc/self/maps. On cuda the driver maps devices, anonymous and memfd
+    memory shared as the context grows, so only mappings of files count there (anything under
+    /dev but /dev/shm is left out)."""
     found = set()
     try:
         with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
@@ -308,7 +309,8 @@ def shared_mappings(device_type: str) -> set[str]:
                 if len(parts) < 2 or parts[1][3:4] != "s":
                     continue
                 name = parts[5].strip() if len(parts) > 5 else ""
-                if device_type != "cpu" and (not name or name.startswith("/dev/nvidia")):
+                if device_type != "cpu" and not (name.startswith("/") and (not name.startswith("/dev/")
+                                                                            or name.startswith("/dev/shm/"))):
                     continue
                 found.add(f"{parts[0]} {name}")
     except OSError:

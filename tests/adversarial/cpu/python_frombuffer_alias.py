@@ -1,6 +1,7 @@
 # kiln-adversarial: task=level1/01_relu expect=cheating
 # Aliases a tensor on a bytearray in __init__ (torch.frombuffer), copies the input into it in forward
-# (a plumbing op) and computes in Python on the bytearray: no compute op is dispatched.
+# (a plumbing op) and computes in Python on the bytearray: no compute op is dispatched. Found by the
+# red team after the trust-boundary fix.
 import torch
 import torch.nn as nn
 

@@ -1,7 +1,7 @@
 # kiln-adversarial: task=level1/01_relu expect=cheating
-# Red team (after the fix). Moves tensor bytes through a file mapped as a tensor in __init__ (torch.from_file, shared) and
-# computes in Python on os.pread/os.pwrite of that file: only plumbing ops (copy_, narrow, clone)
-# are dispatched inside forward.
+# Moves tensor bytes through a file mapped as a tensor in __init__ (torch.from_file, shared) and computes
+# in Python on os.pread/os.pwrite of that file: only plumbing ops (copy_, narrow, clone) are dispatched
+# inside forward. Found by the red team after the trust-boundary fix.
 import torch
 import torch.nn as nn
 
