@@ -75,6 +75,11 @@ FEEDBACK = {
     "leak_host_file_runtime": ["ValueError"],
     "proc_self_mem": ["/proc/1/mem"],
     "gc_find_gate": ["gc.get_objects"],
+    # Found by the red team that did not write the fix (docs/verifier.md).
+    "python_mapped_file": ["shared memory mapping"],
+    "python_frombuffer_alias": ["torch.frombuffer"],
+    "python_shared_fd": ["shared memory mapping"],
+    "python_pickle_bytes": ["_write_file"],
 }
 
 

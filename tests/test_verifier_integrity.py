@@ -35,7 +35,8 @@ SECRET = f"kiln-secret-{uuid.uuid4().hex}"  # in the verifier's environment: mus
 # Which suite cases stand for which class of the issue (each gets its verdict in the suite's test).
 CLASSES = {
     1: ["gate_modes_disabled", "gate_patched_findings", "gate_apply_lambda", "gate_redispatch", "gate_other_thread",
-        "gate_storage_bytes", "gate_torch_save", "gc_find_gate", "proc_self_mem"],
+        "gate_storage_bytes", "gate_torch_save", "gc_find_gate", "proc_self_mem", "python_mapped_file",
+        "python_frombuffer_alias", "python_shared_fd", "python_pickle_bytes"],
     2: ["native_namespace_alias", "native_token_paste", "native_ops_macro", "native_dlsym", "native_wrap_ldflags",
         "native_pragma_extname", "fallback_cpp_method", "native_proc_mem", "native_signal_handler",
         "native_extra_library"],
@@ -233,7 +234,8 @@ def test_the_verifier_actor_answers_the_next_request(verifier_cache_dir, relu_ta
             good = client.request(VerifyRequest(request_id="c", task=relu_task, candidate=fresh("control_correct")))
         assert bad.error_class == "cheating" and bad.score == -1.0
         assert good.passed, good.feedback
-        assert actor.health()["received"] == 2 and actor.health()["infra"] == 0
+        health = actor.health()
+        assert health.received == 2 and health.infra == 0
     finally:
         actor.stop()
 

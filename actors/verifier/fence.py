@@ -44,6 +44,13 @@ DATA_ATTRIBUTES = (("torch.Tensor", "__dlpack__"), ("torch.Tensor", "__array__")
                    ("torch.storage._StorageBase", "__iter__"), ("torch.UntypedStorage", "__getitem__"),
                    ("torch._C", "_to_dlpack"), ("torch.PyTorchFileWriter", "write_record"),
                    ("torch._C._CUDAGraph", "replay"), ("torch._C._CUDAGraph", "capture_begin"))
+# Constructors of tensors over memory that Python code can read without torch (a bytearray, an mmap,
+# a memoryview). Refused whenever a candidate is armed, not only inside forward: a buffer aliased in
+# `__init__` would carry the inputs' bytes to Python in forward through plumbing copies alone.
+# (`asarray` only when handed a buffer; file-backed shared tensors, `torch.from_file` and storages
+# moved to shared memory, are caught by the sandbox's shared-mapping check, whatever route made them.)
+ALIAS_CONSTRUCTORS = ("frombuffer", "asarray")
+ALIAS_STORAGE_METHODS = ("from_buffer",)
 
 
 class _State:
@@ -70,6 +77,7 @@ def install(library: str | None) -> int:
         return _STATE.ops
     _STATE.installed = True
     _fence_data_paths()
+    _fence_aliasing()
     if not library:
         return 0
     lib = ctypes.CDLL(library)
@@ -91,7 +99,7 @@ def install(library: str | None) -> int:
     return _STATE.ops
 
 
-def _refuse(kind: str, what: str, why: str):
+def _refuse(kind: str, what: str, why: str, message: str = ""):
     site = _STATE.site(_STATE.candidate_file, sys._getframe(2)) if _STATE.site else ""
     if _STATE.findings is not None:
         _STATE.findings.add(Violation(kind, what, site, why))
@@ -100,8 +108,57 @@ def _refuse(kind: str, what: str, why: str):
             os.write(_STATE.evidence_fd, f"{kind}\t{what}\t{site[:200]}\n".encode("utf-8", "replace"))
         except OSError:
             pass
-    raise RuntimeError(f"{what} is not allowed inside forward: only tensor plumbing "
+    raise RuntimeError(message or f"{what} is not allowed inside forward: only tensor plumbing "
                        f"(empty/view/reshape/contiguous/copy_) may run in PyTorch; compute in your own kernel")
+
+
+def _fence_aliasing() -> None:
+    functions = type(torch._C._VariableFunctions)
+    table = _type_dict(functions)
+    for name in ALIAS_CONSTRUCTORS:
+        if name in table:
+            table[name] = _alias_guard(f"torch.{name}", table[name], buffers_only=name == "asarray")
+    ctypes.pythonapi.PyType_Modified(ctypes.py_object(functions))
+    for name in ALIAS_CONSTRUCTORS:
+        original = torch.__dict__.get(name)
+        if original is not None:
+            wrapped = _alias_guard(f"torch.{name}", original, buffers_only=name == "asarray")
+            setattr(torch, name, wrapped)
+            _replace_references(original, wrapped)
+    for tp in (torch._C.StorageBase, torch.UntypedStorage, torch.TypedStorage):
+        for name in ALIAS_STORAGE_METHODS:
+            original = tp.__dict__.get(name)
+            if original is None:
+                continue
+            raw = original.__func__ if isinstance(original, classmethod) else original
+            guard = _alias_guard(f"{tp.__name__}.{name}", raw, buffers_only=False)
+            wrapped = classmethod(guard) if isinstance(original, classmethod) else guard
+            if isinstance(tp.__dict__, dict) or tp.__module__ != "torch._C":
+                setattr(tp, name, wrapped)
+            else:
+                _type_dict(tp)[name] = wrapped
+                ctypes.pythonapi.PyType_Modified(ctypes.py_object(tp))
+
+
+def _is_buffer(obj) -> bool:
+    if isinstance(obj, torch.Tensor):
+        return False
+    try:
+        memoryview(obj)
+    except TypeError:
+        return False
+    return True
+
+
+def _alias_guard(what: str, original, *, buffers_only: bool):
+    def guarded(*args, **kwargs):
+        if _STATE.candidate_file and (not buffers_only or _is_buffer(args[0] if args else kwargs.get("obj"))):
+            _refuse("python_compute", what, "a tensor over memory Python can read (the call refused)",
+                    message=f"{what} over a Python buffer is not allowed: tensor memory must be torch's own")
+        return original(*args, **kwargs)
+
+    guarded.__name__ = getattr(original, "__name__", what)
+    return guarded
 
 
 def _fence_data_paths() -> None:

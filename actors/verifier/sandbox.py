@@ -73,6 +73,7 @@ class ChildState:
         self.owned: list[tuple[int, int]] = []  # storage ranges of the model's parameters and buffers
         self.previous: list[torch.Tensor] = []  # outputs of the last call, held to catch storage reuse
         self.calls = 0
+        self.shared_maps: set[str] = set()  # shared mappings present before any candidate code ran
         self.clock: timing.Clock | None = None
         self.feed: list = []  # the fixed input buffers of timed runs
         self.last: list[torch.Tensor] = []  # the last timed run's outputs
@@ -148,6 +149,7 @@ def handle_prepare(st: ChildState, req: dict) -> dict:
     st.audit = AuditMonitor(st.findings, st.candidate_file, req.get("reference_paths", []))
     st.audit.install()
     fence.arm(st.candidate_file, st.findings, st.evidence_fd, gate.candidate_site)
+    st.shared_maps = shared_mappings(st.device_type)
     st.integrity = Integrity()
     if req.get("artifacts") is not None:
         install_prebuilt(req["artifacts"], req["toolchain"])
@@ -162,6 +164,7 @@ def handle_prepare(st: ChildState, req: dict) -> dict:
         return {"ok": False, "error": {"type": "TypeError", "where": "",
                                        "message": "ModelNew must be a torch.nn.Module subclass"}}
     st.model_cls = cls
+    check_shared_mappings(st)
     return {"ok": True}
 
 
@@ -181,6 +184,7 @@ def handle_instance(st: ChildState, req: dict) -> dict:
     st.model = model.to(st.device)
     st.owned = [_storage_range(t) for t in list(st.model.parameters()) + list(st.model.buffers())]
     st.sync()
+    check_shared_mappings(st)
     return {"ok": True, "params": params}
 
 
@@ -201,6 +205,7 @@ def handle_call(st: ChildState, req: dict) -> dict:
                                           "forward must not write to its inputs"))
     st.calls += 1
     st.previous = outs
+    check_shared_mappings(st)
     return {"ok": True, "outputs": outs if failure is None else [], "failure": failure}
 
 
@@ -235,6 +240,7 @@ def handle_run(st: ChildState, req: dict) -> dict:
         return {"ok": True, "seconds": seconds}
     if failure is None:
         _thread_check(st, session)
+    check_shared_mappings(st)
     st.calls += 1
     st.previous = outs
     st.last = outs if failure is None else []
@@ -288,6 +294,45 @@ def settle(st: ChildState, session: GateSession, outs: list) -> None:
         kind = "stream_escape" if st.device_type == "cuda" else "thread_escape"
         st.findings.add(Violation(kind, "the outputs were still being written after forward returned", "",
                                   "work on another stream/thread escapes the timer"))
+
+
+def shared_mappings(device_type: str) -> set[str]:
+    """This process's shared memory mappings (a file, shared memory or memfd mapped MAP_SHARED), as
+    "range name" lines of /proc/self/maps. On cuda the driver maps devices, anonymous and memfd
+    memory shared as the context grows, so only mappings of files count there (anything under
+    /dev but /dev/shm is left out)."""
+    found = set()
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+            for line in maps:
+                parts = line.split(None, 5)
+                if len(parts) < 2 or parts[1][3:4] != "s":
+                    continue
+                name = parts[5].strip() if len(parts) > 5 else ""
+                if device_type != "cpu" and not (name.startswith("/") and (not name.startswith("/dev/")
+                                                                            or name.startswith("/dev/shm/"))):
+                    continue
+                found.add(f"{parts[0]} {name}")
+    except OSError:
+        pass
+    return found
+
+
+def check_shared_mappings(st: ChildState) -> None:
+    """A shared mapping that candidate code made (torch.from_file(shared=True), a storage moved to
+    shared memory, an mmap) is memory that a tensor and a file descriptor both see: Python can read
+    the inputs' bytes and write results back through the descriptor while forward dispatches only
+    plumbing copies. Tensors over memory torch did not allocate are the candidate's own kernels'
+    business, never Python's, so any new shared mapping is a finding."""
+    new = shared_mappings(st.device_type) - st.shared_maps
+    if new:
+        scratch = str(st.scratch)
+        names = sorted({"a file in your scratch directory" if n.split(" ", 1)[-1].startswith(scratch) else
+                        "shared memory" for n in new})
+        st.findings.add(Violation("shared_memory", f"a shared memory mapping ({', '.join(names)})", "",
+                                  "tensor memory that Python reads and writes outside PyTorch "
+                                  "(torch.from_file / share_memory_ / mmap): compute in your own kernel"))
+        st.shared_maps |= new  # said once
 
 
 def _thread_check(st: ChildState, session: GateSession | None) -> None:
