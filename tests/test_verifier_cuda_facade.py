@@ -273,3 +273,59 @@ def test_a_facade_built_library_passes_the_symbol_check_and_cheating_is_refused(
                               FUNCTIONS + ["cheat"])
     found = symbols.check_library(str(bad), allowlist, dirs).violations
     assert any(v.kind == "native_op" and "relu" in v.what for v in found), found
+
+
+# ------------------------------------------------------------------------------ GPU machine only
+@pytest.mark.gpu
+def test_facade_built_candidate_runs_on_the_current_stream(tmp_path):
+    """Through BuildService (policy auto: the facade first): the kernel sees torch's current stream,
+    also inside `torch.cuda.stream(s)`, and computes the right result."""
+    import torch
+
+    from actors.verifier.build import BuildService, install_prebuilt
+
+    cu = r'''
+    #include <ATen/cuda/CUDAContext.h>
+    __global__ void add_one(const float* x, float* y, int64_t n) {
+        int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+        if (i < n) y[i] = x[i] + 1.0f;
+    }
+    torch::Tensor add_one_fwd(torch::Tensor x) {
+        TORCH_CHECK(x.is_cuda() && x.scalar_type() == torch::kFloat32, "x must be a float CUDA tensor");
+        auto y = torch::empty({x.numel()}, x.options());
+        const int64_t n = x.numel();
+        add_one<<<(n + 255) / 256, 256, 0, at::cuda::getCurrentCUDAStream()>>>(x.data_ptr<float>(), y.data_ptr<float>(), n);
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+        return y;
+    }
+    int64_t stream_of(int64_t device) {
+        return (int64_t)(uintptr_t)(cudaStream_t)at::cuda::getCurrentCUDAStream(device);
+    }
+    '''
+    src = textwrap.dedent(f"""
+        import torch
+        from torch.utils.cpp_extension import load_inline
+        ext = load_inline(name="t_facade_gpu", cpp_sources="torch::Tensor add_one_fwd(torch::Tensor x);\\n"
+                          "int64_t stream_of(int64_t device);",
+                          cuda_sources=r'''{cu}''', functions=["add_one_fwd", "stream_of"])
+        """)
+    with BuildService(tmp_path, "cuda", workers=1, timeout_s=300) as svc:
+        svc.wait_pch(300)
+        r = svc.submit(src).result()
+    assert r.ok, r.error
+    assert "facade_cuda" in ",".join(r.preludes.values()), r.preludes
+    install_prebuilt(r.artifacts, r.toolchain)
+    ns: dict = {}
+    exec(compile(src, "candidate.py", "exec"), ns)
+    ext = ns["ext"]
+    x = torch.randn(1 << 16, device="cuda")
+    assert torch.equal(ext.add_one_fwd(x), x + 1)
+    assert ext.stream_of(-1) == torch.cuda.current_stream().cuda_stream
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        assert ext.stream_of(-1) == s.cuda_stream
+        y = ext.add_one_fwd(x)
+    s.synchronize()
+    assert torch.equal(y, x + 1)
+    with pytest.raises(RuntimeError, match="x must be a float CUDA tensor"):
+        ext.add_one_fwd(x.double())
