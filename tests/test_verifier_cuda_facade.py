@@ -175,6 +175,17 @@ torch::Tensor make(int64_t rows, int64_t cols, torch::Tensor like) {
 std::vector<torch::Tensor> pair(torch::Tensor a, double v) {
     return {torch::full({2}, v, a.options()), torch::ones_like(a)};
 }
+std::vector<torch::Tensor> plumbing(torch::Tensor x) {  // x: 2 x 3
+    auto z = x.clone();
+    z.zero_();
+    auto f = torch::empty_like(x);
+    f.fill_(1.5);
+    auto c = torch::empty({3, 2}, x.options());
+    c.copy_(x.t());
+    return {x.view({3, 2}), x.reshape({6}), x.transpose(0, 1), x.permute({1, 0}), x.unsqueeze(0), x.narrow(1, 1, 2),
+            x.select(0, 1), x.to(torch::kFloat64), z, f, c, x.flatten(), x.unsqueeze(0).squeeze(0).detach(),
+            x.select(0, 0).unsqueeze(0).expand({4, 3})};
+}
 int64_t wrong_type(torch::Tensor x) { return x.data_ptr<int32_t>() != nullptr; }
 int64_t dispatched(torch::Tensor x) {
     return AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "dispatched", [&] { return (int64_t)sizeof(scalar_t); });
@@ -185,10 +196,11 @@ std::vector<int64_t> shape_of(torch::Tensor x);
 torch::Tensor double_it(torch::Tensor x);
 torch::Tensor make(int64_t rows, int64_t cols, torch::Tensor like);
 std::vector<torch::Tensor> pair(torch::Tensor a, double v);
+std::vector<torch::Tensor> plumbing(torch::Tensor x);
 int64_t wrong_type(torch::Tensor x);
 int64_t dispatched(torch::Tensor x);
 """
-FUNCTIONS = ["shape_of", "double_it", "make", "pair", "wrong_type", "dispatched"]
+FUNCTIONS = ["shape_of", "double_it", "make", "pair", "plumbing", "wrong_type", "dispatched"]
 
 
 def _link_facade_module(builder, bdir: Path, candidate_cpp: str, decls: str, functions: list[str]) -> Path:
@@ -244,6 +256,12 @@ def test_facade_tensor_semantics_through_the_binding(cuda_builder, tmp_path):
     assert z.dtype == torch.int64 and torch.equal(z, torch.arange(6).view(2, 3))
     full, ones = ext.pair(x, 2.5)
     assert torch.equal(full, torch.full((2,), 2.5)) and torch.equal(ones, torch.ones_like(x))
+    w = torch.randn(2, 3)
+    want = [w.view(3, 2), w.reshape(6), w.t(), w.permute(1, 0), w.unsqueeze(0), w.narrow(1, 1, 2), w[1], w.double(),
+            torch.zeros_like(w), torch.full_like(w, 1.5), w.t().contiguous(), w.flatten(), w, w[0].expand(4, 3)]
+    got = ext.plumbing(w)
+    assert len(got) == len(want) and all(g.dtype == e.dtype and torch.equal(g, e) for g, e in zip(got, want))
+    assert got[0].data_ptr() == w.data_ptr() and got[2].stride() == (1, 3)  # views share storage
     with pytest.raises(RuntimeError, match="need a dimension, got 0"):
         ext.double_it(torch.tensor(1.0))
     with pytest.raises(RuntimeError, match="expected scalar type Int but found Float"):

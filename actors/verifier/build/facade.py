@@ -190,6 +190,24 @@ class Tensor {
   TensorOptions options() const;
   Tensor contiguous() const;
   Tensor contiguous(MemoryFormat m) const;
+  // Views, copies and fills (tensor plumbing, as the legality rules count it).
+  Tensor view(IntArrayRef size) const;
+  Tensor reshape(IntArrayRef size) const;
+  Tensor flatten(int64_t start_dim = 0, int64_t end_dim = -1) const;
+  Tensor permute(IntArrayRef dims) const;
+  Tensor transpose(int64_t d0, int64_t d1) const;
+  Tensor t() const { return transpose(0, 1); }
+  Tensor unsqueeze(int64_t d) const;
+  Tensor squeeze(int64_t d) const;
+  Tensor narrow(int64_t d, int64_t start, int64_t length) const;
+  Tensor select(int64_t d, int64_t index) const;
+  Tensor expand(IntArrayRef size) const;
+  Tensor detach() const;
+  Tensor clone() const;
+  Tensor to(ScalarType t) const;
+  Tensor& zero_();
+  Tensor& fill_(double value);
+  Tensor& copy_(const Tensor& src);
   void* data_ptr() const;
   const void* const_data_ptr() const { return data_ptr(); }
   void* mutable_data_ptr() const { return data_ptr(); }
@@ -423,7 +441,7 @@ static_assert(static_cast<int>(DeviceType::CPU) == static_cast<int>(c10::DeviceT
 
 namespace {
 // A temporary at::Tensor sharing the handle's TensorImpl (one reference more while it lives).
-at::Tensor view(const Tensor& t, const char* what) {
+at::Tensor borrow(const Tensor& t, const char* what) {
   TORCH_CHECK(t.defined(), what, "() called on an undefined Tensor");
   return to_aten(t);
 }
@@ -464,8 +482,8 @@ Tensor::~Tensor() {
 }
 int64_t Tensor::dim() const { return impl(*this, "dim")->dim(); }
 int64_t Tensor::numel() const { return impl(*this, "numel")->numel(); }
-int64_t Tensor::size(int64_t d) const { return view(*this, "size").size(d); }
-int64_t Tensor::stride(int64_t d) const { return view(*this, "stride").stride(d); }
+int64_t Tensor::size(int64_t d) const { return borrow(*this, "size").size(d); }
+int64_t Tensor::stride(int64_t d) const { return borrow(*this, "stride").stride(d); }
 IntArrayRef Tensor::sizes() const {
   c10::IntArrayRef s = impl(*this, "sizes")->sizes();
   return IntArrayRef(s.data(), s.size());
@@ -475,20 +493,41 @@ IntArrayRef Tensor::strides() const {
   return IntArrayRef(s.data(), s.size());
 }
 int64_t Tensor::storage_offset() const { return impl(*this, "storage_offset")->storage_offset(); }
-ScalarType Tensor::scalar_type() const { return ours(view(*this, "scalar_type").scalar_type()); }
-Device Tensor::device() const { return ours(view(*this, "device").device()); }
-bool Tensor::is_contiguous() const { return view(*this, "is_contiguous").is_contiguous(); }
-bool Tensor::is_contiguous(MemoryFormat m) const { return view(*this, "is_contiguous").is_contiguous(theirs(m)); }
-bool Tensor::requires_grad() const { return view(*this, "requires_grad").requires_grad(); }
+ScalarType Tensor::scalar_type() const { return ours(borrow(*this, "scalar_type").scalar_type()); }
+Device Tensor::device() const { return ours(borrow(*this, "device").device()); }
+bool Tensor::is_contiguous() const { return borrow(*this, "is_contiguous").is_contiguous(); }
+bool Tensor::is_contiguous(MemoryFormat m) const { return borrow(*this, "is_contiguous").is_contiguous(theirs(m)); }
+bool Tensor::requires_grad() const { return borrow(*this, "requires_grad").requires_grad(); }
 TensorOptions Tensor::options() const {
-  at::Tensor t = view(*this, "options");
+  at::Tensor t = borrow(*this, "options");
   return TensorOptions().dtype(ours(t.scalar_type())).device(ours(t.device()));
 }
-Tensor Tensor::contiguous() const { return from_aten(view(*this, "contiguous").contiguous()); }
-Tensor Tensor::contiguous(MemoryFormat m) const { return from_aten(view(*this, "contiguous").contiguous(theirs(m))); }
-void* Tensor::data_ptr() const { return view(*this, "data_ptr").data_ptr(); }
+Tensor Tensor::contiguous() const { return from_aten(borrow(*this, "contiguous").contiguous()); }
+Tensor Tensor::contiguous(MemoryFormat m) const { return from_aten(borrow(*this, "contiguous").contiguous(theirs(m))); }
+namespace {
+c10::IntArrayRef theirs(IntArrayRef a) { return c10::IntArrayRef(a.data(), a.size()); }
+}  // namespace
+Tensor Tensor::view(IntArrayRef size) const { return from_aten(borrow(*this, "view").view(theirs(size))); }
+Tensor Tensor::reshape(IntArrayRef size) const { return from_aten(borrow(*this, "reshape").reshape(theirs(size))); }
+Tensor Tensor::flatten(int64_t a, int64_t b) const { return from_aten(borrow(*this, "flatten").flatten(a, b)); }
+Tensor Tensor::permute(IntArrayRef dims) const { return from_aten(borrow(*this, "permute").permute(theirs(dims))); }
+Tensor Tensor::transpose(int64_t a, int64_t b) const { return from_aten(borrow(*this, "transpose").transpose(a, b)); }
+Tensor Tensor::unsqueeze(int64_t d) const { return from_aten(borrow(*this, "unsqueeze").unsqueeze(d)); }
+Tensor Tensor::squeeze(int64_t d) const { return from_aten(borrow(*this, "squeeze").squeeze(d)); }
+Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
+  return from_aten(borrow(*this, "narrow").narrow(d, start, length));
+}
+Tensor Tensor::select(int64_t d, int64_t index) const { return from_aten(borrow(*this, "select").select(d, index)); }
+Tensor Tensor::expand(IntArrayRef size) const { return from_aten(borrow(*this, "expand").expand(theirs(size))); }
+Tensor Tensor::detach() const { return from_aten(borrow(*this, "detach").detach()); }
+Tensor Tensor::clone() const { return from_aten(borrow(*this, "clone").clone()); }
+Tensor Tensor::to(ScalarType t) const { return from_aten(borrow(*this, "to").to(theirs(t))); }
+Tensor& Tensor::zero_() { borrow(*this, "zero_").zero_(); return *this; }
+Tensor& Tensor::fill_(double value) { borrow(*this, "fill_").fill_(value); return *this; }
+Tensor& Tensor::copy_(const Tensor& src) { borrow(*this, "copy_").copy_(borrow(src, "copy_")); return *this; }
+void* Tensor::data_ptr() const { return borrow(*this, "data_ptr").data_ptr(); }
 void* Tensor::typed_data_ptr(ScalarType want) const {
-  at::Tensor t = view(*this, "data_ptr");
+  at::Tensor t = borrow(*this, "data_ptr");
   TORCH_CHECK(t.scalar_type() == theirs(want), "expected scalar type ", c10::toString(theirs(want)),
               " but found ", t.scalar_type());
   return t.data_ptr();
@@ -502,25 +541,25 @@ Tensor empty_strided(IntArrayRef size, IntArrayRef stride, TensorOptions o) {
                                      c10::IntArrayRef(stride.data(), stride.size()), theirs(o)));
 }
 Tensor empty_like(const Tensor& t, TensorOptions o) {
-  return from_aten(at::empty_like(view(t, "empty_like"), theirs(o), format_of(o)));
+  return from_aten(at::empty_like(borrow(t, "empty_like"), theirs(o), format_of(o)));
 }
 Tensor zeros(IntArrayRef size, TensorOptions o) {
   return from_aten(at::zeros(c10::IntArrayRef(size.data(), size.size()), theirs(o)));
 }
 Tensor zeros_like(const Tensor& t, TensorOptions o) {
-  return from_aten(at::zeros_like(view(t, "zeros_like"), theirs(o), format_of(o)));
+  return from_aten(at::zeros_like(borrow(t, "zeros_like"), theirs(o), format_of(o)));
 }
 Tensor ones(IntArrayRef size, TensorOptions o) {
   return from_aten(at::ones(c10::IntArrayRef(size.data(), size.size()), theirs(o)));
 }
 Tensor ones_like(const Tensor& t, TensorOptions o) {
-  return from_aten(at::ones_like(view(t, "ones_like"), theirs(o), format_of(o)));
+  return from_aten(at::ones_like(borrow(t, "ones_like"), theirs(o), format_of(o)));
 }
 Tensor full(IntArrayRef size, double value, TensorOptions o) {
   return from_aten(at::full(c10::IntArrayRef(size.data(), size.size()), value, theirs(o)));
 }
 Tensor full_like(const Tensor& t, double value, TensorOptions o) {
-  return from_aten(at::full_like(view(t, "full_like"), value, theirs(o), format_of(o)));
+  return from_aten(at::full_like(borrow(t, "full_like"), value, theirs(o), format_of(o)));
 }
 
 CUDAStream getCurrentCUDAStream(int device_index) {
