@@ -136,6 +136,17 @@ def test_builder_tries_the_facade_then_falls_back_to_lean(cuda_builder, tmp_path
     assert {u.how for u in plan.units} == {"facade_cuda->lean_cuda", "thunk"}
     assert not plan.facade and any("CUDA facade lacked" in n for n in plan.notes)
 
+    # KILN_CUDA_FACADE_OFF=1 (Toolchain.cuda_facade False) and the "lean" policy turn it off.
+    from dataclasses import replace
+
+    from actors.verifier.build.compiler import ExtensionBuilder
+
+    for tc, policy in ((replace(cuda_builder.tc, cuda_facade=False), "auto"), (cuda_builder.tc, "lean")):
+        off = ExtensionBuilder(tc, cuda_builder.cache, cuda_builder.pch, policy)
+        (tmp_path / f"off-{policy}").mkdir()
+        assert not off._plan(relu, tmp_path / f"off-{policy}").facade
+    assert "no-facade" in replace(cuda_builder.tc, cuda_facade=False).id
+
     # A C++ side with code of its own sees the tensors too: no facade for it.
     mixed = spec_from_call("t_mixed", "torch::Tensor f(torch::Tensor x);\ntorch::Tensor g(torch::Tensor x) { return f(x); }",
                            cuda_sources=relu.cuda_sources[0].replace("relu_forward", "f"), functions=["g"])

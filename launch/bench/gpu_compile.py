@@ -6,6 +6,7 @@ runs ModelNew once on the GPU against the reference Model (same seed, same weigh
 prints a table: build time, how it was built, vendor libraries, match and max error.
 Exit status 0 only when every solution built and matched. Needs only torch, nvcc and this repo.
 KILN_NVCC_PLAIN=1 builds with plain nvcc instead of Kiln's parallel front ends (nvcc.py), to compare.
+KILN_CUDA_FACADE_OFF=1 (read by Toolchain.detect, so the verifier actor honours it too) or
 `--policy lean` builds with the CUDA facade off (the lean CUDA prelude only), to compare with the
 default `auto` (the facade tried first, facade.py).
 """

@@ -195,7 +195,7 @@ class ExtensionBuilder:
         else sees the candidate's tensors), their types are tensors and scalars, the torch headers
         the .cu includes are ones the facade stands for, and the toolchain's facade library and
         module shell are built."""
-        if self.policy != "auto" or plan.bindable is None or plan.bindable.has_code:
+        if self.policy != "auto" or not self.tc.cuda_facade or plan.bindable is None or plan.bindable.has_code:
             return False
         if not facade.covers_includes(cu_text, cxx_scan.includes(cu_text)):
             return False

@@ -48,6 +48,7 @@ class Toolchain:
     ccbin: str = ""  # $CC for nvcc's host compiler, as torch honours it
     link_flags: tuple[str, ...] = ()  # e.g. -fuse-ld=gold: links against libtorch ~3x faster than bfd
     nvcc_parallel: bool = True  # run nvcc's host and device front ends concurrently (nvcc.py)
+    cuda_facade: bool = True  # try the CUDA facade prelude first (facade.py); KILN_CUDA_FACADE_OFF=1 turns it off
 
     @property
     def id(self) -> str:
@@ -58,6 +59,8 @@ class Toolchain:
         if self.backend == "cuda":
             parts += [f"nvcc-{self.nvcc_version}", ",".join(a.split("code=")[-1] for a in self.arch_flags),
                       "nvcc-parallel" if self.nvcc_parallel else "nvcc-plain"]
+            if not self.cuda_facade:
+                parts.append("no-facade")
         parts += list(self.link_flags)
         return "|".join(parts)
 
@@ -194,7 +197,8 @@ def _detect_cuda(cpp_extension) -> dict:
     return dict(nvcc=nvcc, nvcc_version=m.group(1) if m else "unknown", cuda_home=home,
                 cuda_libdir=libdir, arch_flags=tuple(cuda_arch_flags(nvcc)),
                 nvcc_common=tuple(cpp_extension.COMMON_NVCC_FLAGS), ccbin=os.environ.get("CC", ""),
-                nvcc_parallel=not os.environ.get("KILN_NVCC_PLAIN"))
+                nvcc_parallel=not os.environ.get("KILN_NVCC_PLAIN"),
+                cuda_facade=not os.environ.get("KILN_CUDA_FACADE_OFF"))
 
 
 _NAMED_ARCHES = {"Ampere": "8.0;8.6", "Ada": "8.9", "Hopper": "9.0", "Blackwell": "10.0;12.0"}
