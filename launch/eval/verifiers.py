@@ -44,8 +44,9 @@ class VerifierSet:
                                concurrency=max(1, cfg.num_actors * cfg.max_inflight))
 
     @property
-    def infra(self) -> int:
-        return self.client.stats["infra"]
+    def sent(self) -> int:
+        """Attempts sent for verification so far."""
+        return self.client.stats["sent"]
 
     def close(self) -> None:
         self.client.close()
