@@ -201,7 +201,7 @@ def test_tiny_checkpoint_over_tasks_writes_every_output(tiny_chat_model, tmp_pat
     attempts = rows(out)
     assert len(attempts) == 48 and {a["sample"] for a in attempts} == {0, 1}
     assert all(a["finish_reason"] in ("stop", "length") for a in attempts)
-    assert "| tiny-chat |" in text  # the table is printed
+    assert f"| {tiny_chat_model.name} |" in text  # the table is printed, one row named after the model
 
 
 def test_in_run_validation_uses_the_evaluation_code_and_never_forced_candidates(demo_run):

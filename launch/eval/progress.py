@@ -24,14 +24,14 @@ def _clock(seconds: float | None) -> str:
 
 
 class Progress:
-    def __init__(self, tasks: int, attempts: int, resumed: int, *, stream: TextIO = sys.stderr,
+    def __init__(self, tasks: int, attempts: int, resumed: int, *, stream: TextIO | None = None,
                  every_s: float = 10.0, clock=time.monotonic) -> None:
         self.tasks, self.attempts, self.resumed = tasks, attempts, resumed
-        self.stream, self.every_s, self.clock = stream, every_s, clock
+        self.stream, self.every_s, self.clock = stream or sys.stderr, every_s, clock
         self.started = self.last = clock()
         self.done_here = 0
         self.tasks_done = 0
-        self.tty = stream.isatty()
+        self.tty = self.stream.isatty()
 
     def line(self) -> str:
         done = self.resumed + self.done_here

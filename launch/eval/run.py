@@ -70,8 +70,7 @@ def run_evaluation(plan: EvalPlan, *, progress_stream=None) -> dict:
     try:
         pending = _pending(plan, attempt_log)
         total = resumed + sum(len(v) for v in pending.values())
-        progress = Progress(len(plan.task_set.tasks), total, resumed, **({"stream": progress_stream}
-                                                                        if progress_stream else {}))
+        progress = Progress(len(plan.task_set.tasks), total, resumed, stream=progress_stream)
         verified = 0
         if pending:
             verifiers = VerifierSet(plan.cfg.verifier, plan.cfg.rollout, plan.out / "actors", use_ray=plan.use_ray)
