@@ -86,3 +86,16 @@ def test_unmeasured_baseline_and_all_infra():
     assert "eval/faster_compile" not in s.metrics()
     empty = summarize([att("level1/a", 1, False, infra=True)], ks=(1,), fast_threshold=1.1)
     assert empty.overall.avg is None and empty.overall.pass_at[1] is None and empty.overall.infra == 1
+
+
+def test_progress_eta_counts_only_this_runs_rate():
+    import io
+
+    from launch.eval.progress import Progress, eta_seconds
+
+    assert eta_seconds(0, 10, 5.0) is None and eta_seconds(4, 6, 8.0) == pytest.approx(12.0)
+    now = [100.0]
+    p = Progress(tasks=3, attempts=10, resumed=4, stream=io.StringIO(), every_s=1e9, clock=lambda: now[0])
+    now[0] += 8.0
+    p.update(verified=2, tasks_done=2)  # 2 attempts in 8 s here; the 4 resumed took no time here
+    assert p.line().endswith("tasks 2/3  attempts 6/10  ETA 00:16")
