@@ -15,11 +15,15 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import re
 import sys
 from pathlib import Path
 
 from configs import load_config
 from launch.checks import StartupError, check_model, errors
+
+
+_OVERRIDE = re.compile(r"^[A-Za-z_][\w.]*\.[\w]+=")
 
 
 class UsageError(ValueError):
@@ -96,6 +100,12 @@ def _plan(args: argparse.Namespace):
     if args.engine_urls and not args.model:
         raise UsageError("--engine-urls needs --model DIR: the checkpoint the servers serve (its tokenizer and "
                          "chat template pose the prompts)")
+    if not args.tasks:
+        raise UsageError("--tasks DIR [DIR ...] is required")
+    # `--tasks DIR section.key=value`: argparse gives the trailing overrides to --tasks
+    overrides = [t for t in args.tasks if _OVERRIDE.match(t) and not Path(t).exists()]
+    args.tasks = [t for t in args.tasks if t not in overrides]
+    args.overrides = overrides + list(args.overrides or [])
     if not args.tasks:
         raise UsageError("--tasks DIR [DIR ...] is required")
     if args.samples < 1:
