@@ -219,3 +219,20 @@ def test_in_run_validation_uses_the_evaluation_code_and_never_forced_candidates(
     assert attempts and not any(a["text"] in pool or a["text"].strip("`\n") in pool for a in attempts)
     report = (demo_run.path / "report.md").read_text()
     assert "### By level" in report
+
+
+def test_on_ray_the_engine_and_verifiers_are_actors(ray_session, tiny_chat_model, tmp_path, capsys,
+                                                    verifier_cache_dir):
+    """--ray: a RolloutActor (the engine) and the verifiers run as Ray actors; batches go through
+    RolloutActor.evaluate, the in-run validation's method."""
+    tasks = task_tree(tmp_path / "tasks", ["level1/01_relu.py", "level2/06_rmsnorm.py"])
+    out = tmp_path / "out"
+    code, text, err = run_eval(capsys, "--model", str(tiny_chat_model), "--tasks", str(tasks), "--backend", "cpu",
+                               "--samples", "2", "--max-new-tokens", "16", "--ray", "--out", str(out),
+                               f"verifier.cache_dir={verifier_cache_dir}")
+    assert code == 0, err
+    attempts = rows(out)
+    assert sorted((a["task_id"], a["sample"]) for a in attempts) == [
+        ("level1/01_relu", 0), ("level1/01_relu", 1), ("level2/06_rmsnorm", 0), ("level2/06_rmsnorm", 1)]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["counts"]["verified"] == 4 and summary["rows"][-1]["attempts"] + summary["counts"]["infra"] == 4

@@ -73,10 +73,10 @@ def run_evaluation(plan: EvalPlan, *, progress_stream=None) -> dict:
         progress = Progress(len(plan.task_set.tasks), total, resumed, stream=progress_stream)
         verified = 0
         if pending:
-            verifiers = VerifierSet(plan.cfg.verifier, plan.cfg.rollout, plan.out / "actors", use_ray=plan.use_ray)
+            verifiers = VerifierSet(plan.cfg.verifier, plan.cfg.rollout, plan.out / "actors", use_ray=plan.use_ray,
+                                    gpu_share=0.5 if _engine_on_ray_gpu(plan) else 1.0)
             try:
-                _produce(plan, pending, attempt_log, verifiers, progress)
-                verified = verifiers.sent  # requests that reached the verify client in this run
+                verified = _produce(plan, pending, attempt_log, verifiers, progress)
             finally:
                 verifiers.close()
         progress.finish()
@@ -129,9 +129,12 @@ def _batches(tasks: list[Task], pending: dict, size: int) -> Iterator[list[tuple
         yield batch
 
 
-def _produce(plan: EvalPlan, pending: dict, attempt_log: AttemptLog, verifiers: VerifierSet, progress: Progress) -> None:
-    """Answer, verify and log every pending attempt, batch by batch."""
+def _produce(plan: EvalPlan, pending: dict, attempt_log: AttemptLog, verifiers: VerifierSet, progress: Progress) -> int:
+    """Answer, verify and log every pending attempt, batch by batch; returns how many attempts were
+    sent for verification in this run."""
     size = max(1, plan.cfg.verifier.num_actors * plan.cfg.verifier.max_inflight)
+    if plan.mode == "model" and plan.use_ray:
+        return _produce_on_ray(plan, pending, attempt_log, verifiers, progress, size)
     sampler = _Sampler(plan) if plan.mode == "model" else None
     done_tasks = {t.task_id for t in plan.task_set.tasks if t.task_id not in pending}
     try:
@@ -149,6 +152,41 @@ def _produce(plan: EvalPlan, pending: dict, attempt_log: AttemptLog, verifiers: 
     finally:
         if sampler is not None:
             sampler.close()
+    return verifiers.sent
+
+
+def _produce_on_ray(plan: EvalPlan, pending: dict, attempt_log: AttemptLog, verifiers: VerifierSet,
+                    progress: Progress, size: int) -> int:
+    """The engine in a RolloutActor on Ray; each batch through `RolloutActor.evaluate` (whose own
+    verify client sends every sample of a batch's tasks to the verifiers)."""
+    from launch.eval.ray_sampler import RolloutSampler
+
+    cfg = dataclasses.replace(plan.cfg, eval=dataclasses.replace(plan.cfg.eval, samples=plan.samples))
+    sampler = RolloutSampler(cfg, verifiers.supervisor, gpu_share=0.5 if _engine_on_ray_gpu(plan) else 0.0)
+    done_tasks = {t.task_id for t in plan.task_set.tasks if t.task_id not in pending}
+    sent = 0
+    try:
+        for batch in _batches(plan.task_set.tasks, pending, size):
+            tasks = list({id(task): task for task, _, _ in batch}.values())
+            wanted = {(task.task_id, sample) for task, sample, _ in batch}
+            sampled = sampler.attempts(tasks)
+            sent += len(sampled)
+            attempts = [a for a in sampled if a.key in wanted]
+            for attempt in attempts:
+                attempt_log.append(attempt)
+            done_tasks |= {task.task_id for task in tasks}
+            progress.update(len(attempts), len(done_tasks))
+    finally:
+        sampler.close()
+    return sent
+
+
+def _engine_on_ray_gpu(plan: EvalPlan) -> bool:
+    if not (plan.mode == "model" and plan.use_ray and plan.cfg.rollout.engine == "torch"):
+        return False
+    import torch
+
+    return plan.cfg.rollout.device != "cpu" and torch.cuda.device_count() > 0
 
 
 class _Sampler:

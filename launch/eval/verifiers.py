@@ -24,7 +24,10 @@ log = logging.getLogger(__name__)
 
 
 class VerifierSet:
-    def __init__(self, cfg: VerifierConfig, rollout: RolloutConfig, run_dir: Path, *, use_ray: bool) -> None:
+    def __init__(self, cfg: VerifierConfig, rollout: RolloutConfig, run_dir: Path, *, use_ray: bool,
+                 gpu_share: float = 1.0) -> None:
+        """`gpu_share`: the share of each GPU the verifiers take together under Ray (the rest is the
+        engine's when it runs on Ray too)."""
         from launch.handles import VerifierHandle
         from launch.supervisor import ActorSpec, Supervisor
         from actors.verifier.actor import VerifierActor
@@ -35,7 +38,7 @@ class VerifierSet:
         gpus = _visible_gpus() if use_ray and cfg.backend == "cuda" else 0
         for i in range(cfg.num_actors):
             # Under Ray a cuda verifier needs a GPU share to see a device; actors spread over the GPUs.
-            slot = Slot(gpus=(i % gpus,), num_gpus=min(1.0, gpus / cfg.num_actors)) if gpus else Slot()
+            slot = Slot(gpus=(i % gpus,), num_gpus=min(1.0, gpu_share * gpus / cfg.num_actors)) if gpus else Slot()
             self.supervisor.launch(ActorSpec(name=f"verifier-{i}", cls=VerifierActor, handle=VerifierHandle,
                                              args=(cfg,), rank=i, world_size=cfg.num_actors, slot=slot))
         # Each verifier works on verifier.max_inflight requests at once; keep them all busy.
