@@ -236,3 +236,32 @@ def test_on_ray_the_engine_and_verifiers_are_actors(ray_session, tiny_chat_model
         ("level1/01_relu", 0), ("level1/01_relu", 1), ("level2/06_rmsnorm", 0), ("level2/06_rmsnorm", 1)]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["counts"]["verified"] == 4 and summary["rows"][-1]["attempts"] + summary["counts"]["infra"] == 4
+
+
+def test_engine_urls_sample_through_a_served_model(tiny_chat_model, tmp_path, capsys, verifier_cache_dir,
+                                                   one_torch_thread):
+    """--engine-urls: generation goes to a server speaking the SGLang API (here Kiln's own HTTP server
+    in front of the torch engine); --model's tokenizer and chat template pose the prompts."""
+    from actors.policy.tokenizer import load_tokenizer
+    from actors.rollout.engines import make_engine
+    from actors.rollout.http_server import EngineServer
+    from configs import ModelConfig, RolloutConfig
+
+    model = ModelConfig(path=str(tiny_chat_model), max_seq_len=4096)
+    tokenizer = load_tokenizer(model)
+    engine = make_engine(RolloutConfig(device="cpu"), model, index=0, eos_token_ids=tokenizer.stop_ids)
+    server = EngineServer(engine, decode=tokenizer.decode)
+    server.start()
+    tasks = task_tree(tmp_path / "tasks", ["level1/01_relu.py"])
+    try:
+        code, _, err = run_eval(capsys, "--model", str(tiny_chat_model), "--engine-urls", server.url,
+                                "--tasks", str(tasks), "--backend", "cpu", "--samples", "2", "--max-new-tokens", "8",
+                                "--out", str(tmp_path / "out"), f"verifier.cache_dir={verifier_cache_dir}")
+        served_tokens = engine.health()["tokens"]
+    finally:
+        server.stop()
+        engine.close()
+    assert code == 0, err
+    assert served_tokens > 0 and len(rows(tmp_path / "out")) == 2
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["sampling"]["engine"] == "sglang" and server.url in summary["source"]
