@@ -233,7 +233,11 @@ class WarmStartConfig:
 class EvalConfig:
     every: int = F(0, "Learner steps between evaluations on the validation split; 0 = only at the end of the run", ge=0)
     samples: int = F(4, "n: first-turn samples per validation task in an evaluation", ge=1)
-    k: int = F(1, "k of the validation metrics pass@k and avg@k; at most eval.samples (a task needs k samples that are not infra to count)", ge=1)
+    k: int = F(1, "k of the validation metric pass@k; at most eval.samples (a task needs k samples that are not infra to count)", ge=1)
+    temperature: float = F(0.7, "Sampling temperature of evaluation attempts (the model card's quickstart), separate from rollout.temperature", gt=0.0)
+    top_p: float = F(0.95, "Nucleus sampling of evaluation attempts (the model card's quickstart), separate from rollout.top_p", gt=0.0, le=1.0)
+    max_new_tokens: Optional[int] = F(None, "Length limit of one evaluation answer; null = rollout.max_new_tokens", ge=1)
+    fast_threshold: float = F(1.1, "An attempt counts as faster than eager / torch.compile when it passed and its speedup is above this (the paper's 1.1: a 1.05x kernel is not faster)", gt=0.0)
 
 
 @dataclass

@@ -30,7 +30,7 @@ def write_report(run_dir: Path) -> Path:
     if not rows:
         lines += ["No metrics were recorded (metrics.jsonl is missing or empty)."]
     else:
-        lines += _summary(rows, series) + [""] + _eval_table(rows) + [""]
+        lines += _summary(rows, series) + [""] + _eval_table(rows) + [""] + _last_eval_levels(run_dir)
         missing: list[str] = []
         for title, draw in _PLOTS:
             image, absent = draw(series, plots_dir)
@@ -92,8 +92,9 @@ def _eval_table(rows: list[dict]) -> list[str]:
     if not evals:
         return ["## Validation", "", "No validation run was recorded (no `eval/*` metrics)."]
     ks = sorted({int(m.group(1)) for r in evals for k in r if (m := re.fullmatch(r"eval/pass@(\d+)", k))})
-    columns = [(f"pass@{k}", f"eval/pass@{k}") for k in ks] + [(f"avg@{k}", f"eval/avg@{k}") for k in ks]
-    columns += [("fast_1 eager", "eval/fast1_eager"), ("fast_1 compile", "eval/fast1_compile"), ("tasks", "eval/tasks")]
+    ns = sorted({int(m.group(1)) for r in evals for k in r if (m := re.fullmatch(r"eval/avg@(\d+)", k))})
+    columns = [(f"pass@{k}", f"eval/pass@{k}") for k in ks] + [(f"avg@{n}", f"eval/avg@{n}") for n in ns]
+    columns += [("faster eager", "eval/faster_eager"), ("faster compile", "eval/faster_compile"), ("tasks", "eval/tasks")]
     lines = ["## Validation", "", "| step | " + " | ".join(c for c, _ in columns) + " |",
              "|---|" + "---|" * len(columns)]
     for i, row in enumerate(evals):
@@ -102,6 +103,15 @@ def _eval_table(rows: list[dict]) -> list[str]:
             cells = [f"**{c}**" for c in cells]
         lines.append(f"| {row['step']}{' (final)' if i == len(evals) - 1 else ''} | " + " | ".join(cells) + " |")
     return lines
+
+
+def _last_eval_levels(run_dir: Path) -> list[str]:
+    """The newest validation's table by level, as `kiln eval` writes it (RUN_DIR/eval/step-N/table.md)."""
+    tables = sorted((run_dir / "eval").glob("step-*/table.md")) if (run_dir / "eval").is_dir() else []
+    if not tables:
+        return []
+    body = tables[-1].read_text().split("\n", 2)[-1].strip()  # without its "# Evaluation" title
+    return [f"### By level ({tables[-1].parent.name})", "", body, ""]
 
 
 def _links(run_dir: Path) -> list[str]:

@@ -26,6 +26,7 @@ from configs import KilnConfig
 from launch import wiring
 from launch.checks import StartupError, errors, on_cluster
 from launch.episode_dump import dump_episodes
+from launch.eval.validation import record_validation
 from launch.handles import LearnerHandle, ReplayHandle, RolloutHandle
 from launch.live import LiveView
 from launch.metrics import MetricsLog
@@ -255,13 +256,15 @@ class Session:
         return bool(every) and step % every == 0
 
     def evaluate(self, step: int, *, final: bool = False) -> dict[str, float]:
-        """The validation split through rollout-0 (its engine, the training verifier); the rollout
-        actor loads the tasks from replay and returns the metrics."""
+        """The validation split through rollout-0 (its engine, the training verifier, the evaluation's
+        sampling settings); the rollout actor loads the tasks from replay and returns the verified
+        attempts, which `kiln eval`'s code summarizes and writes to RUN_DIR/eval/step-NNNNNN/."""
         if not self.rollouts:
             return {}
-        values = self.rollouts[0].evaluate()
-        if not values:
+        attempts = self.rollouts[0].evaluate()
+        if not attempts:
             return {}
+        values = record_validation(self.cfg, self.run.path, step, attempts)
         values["eval/final"] = float(final)
         self.metrics.log(step, values)
         log.info("evaluation at step %d: %s", step, {k: round(v, 3) for k, v in values.items()})

@@ -1,5 +1,5 @@
 """Observability of a training run: the metrics stream, the live view, episode dumps, validation
-metrics and the end-of-run report (launch/metrics.py, live.py, episode_dump.py, evaluation.py,
+metrics and the end-of-run report (launch/metrics.py, live.py, episode_dump.py,
 report.py)."""
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from rich.console import Console
 from actors.policy.tokenizer import ByteTokenizer, Message
 from configs import LoggingConfig
 from launch.episode_dump import dump_episodes
-from actors.rollout.evaluation import eval_metrics, fast_p, pass_at_k
 from launch.live import LiveView
 from launch.metrics import MetricsLog, read_metrics
 from launch.report import write_report
@@ -203,55 +202,6 @@ def test_episode_dump_limit_truncation_and_bad_tokens(tmp_path):
     assert "<could not decode" in text and "answer 0" in text  # the turn's text survives
 
 
-# ------------------------------------------------------------------------------------ evaluation
-
-
-def _v(passed, eager=None, compile_=None, error=None):
-    error = error if error is not None else (None if passed else "correctness")
-    return VerifyResult(request_id="r", task_id="t", passed=passed, stage="done" if passed else "correctness",
-                        error_class=error, q=1.0 if passed else 0.0, score=1.0 if passed else -1.0,
-                        speedup_eager=eager, speedup_compile=compile_)
-
-
-def test_pass_at_k_matches_hand_computed_values():
-    assert pass_at_k(5, 2, 2) == pytest.approx(1 - 3 / 10)  # 1 - C(3,2)/C(5,2)
-    assert pass_at_k(4, 0, 1) == 0.0
-    assert pass_at_k(4, 4, 2) == 1.0
-    assert pass_at_k(3, 1, 3) == 1.0  # fewer than k failures: some draw must pass
-    assert pass_at_k(10, 3, 1) == pytest.approx(0.3)
-    for bad in ((2, 3, 1), (2, 1, 3), (2, 1, 0)):
-        with pytest.raises(ValueError):
-            pass_at_k(*bad)
-
-
-def test_eval_metrics_hand_computed():
-    results = {
-        # 2 of 4 pass: pass@2 = 1 - C(2,2)/C(4,2) = 5/6; one fast vs eager, none vs compile.
-        "A": [_v(True, 1.5, 0.8), _v(True, 0.9, None), _v(False), _v(False, eager=2.0)],
-        # 0 of 2 (the infra verdict is dropped): all zeros.
-        "B": [_v(False), _v(False), _v(False, error="infra")],
-        # one sample < k = 2: skipped.
-        "C": [_v(True, 3.0, 3.0)],
-    }
-    m = eval_metrics(results, k=2)
-    assert m["eval/pass@2"] == pytest.approx((5 / 6 + 0) / 2)
-    assert m["eval/avg@2"] == pytest.approx((2 / 4 + 0) / 2)
-    assert m["eval/fast1_eager"] == pytest.approx((1 / 4 + 0) / 2)  # a failed sample's 2.0x does not count
-    assert m["eval/fast1_compile"] == 0.0
-    assert (m["eval/tasks"], m["eval/tasks_skipped"], m["eval/samples"], m["eval/infra"]) == (2, 1, 6, 1)
-    assert fast_p(results["A"], "eager") == 0.25
-
-
-def test_eval_metrics_leaves_out_unmeasured_columns_and_empty_evaluations():
-    m = eval_metrics({"A": [_v(True), _v(False)], "B": [_v(True), _v(True)]}, k=1)
-    assert m["eval/pass@1"] == pytest.approx(0.75) and m["eval/avg@1"] == pytest.approx(0.75)
-    assert "eval/fast1_eager" not in m and "eval/fast1_compile" not in m
-    empty = eval_metrics({"A": [_v(False, error="infra")]}, k=1)
-    assert empty == {"eval/tasks": 0.0, "eval/tasks_skipped": 1.0, "eval/samples": 0.0, "eval/infra": 1.0}
-    with pytest.raises(ValueError):
-        eval_metrics({}, k=0)
-
-
 # ------------------------------------------------------------------------------------ report
 
 
@@ -273,9 +223,9 @@ def test_report_from_a_full_run(tmp_path):
                 "staleness/lag_0": 3, "staleness/lag_1": 1, "replay/bdr_share": 0.25,
                 "run/distinct_sources": 10 * step, "run/untied_groups": step,
             })
-        metrics.log(2, {"eval/pass@4": 0.2, "eval/avg@4": 0.1, "eval/fast1_eager": 0.05, "eval/tasks": 3})
-        metrics.log(4, {"eval/pass@4": 0.5, "eval/avg@4": 0.3, "eval/fast1_eager": 0.2,
-                        "eval/fast1_compile": 0.1, "eval/tasks": 3})
+        metrics.log(2, {"eval/pass@4": 0.2, "eval/avg@4": 0.1, "eval/faster_eager": 0.05, "eval/tasks": 3})
+        metrics.log(4, {"eval/pass@4": 0.5, "eval/avg@4": 0.3, "eval/faster_eager": 0.2,
+                        "eval/faster_compile": 0.1, "eval/tasks": 3})
     (tmp_path / "config.yaml").write_text("algo: {}\n")
     dump_episodes(tmp_path, 4, [_episode("e1", [1.0], [_turn("p", "r", None)])], TOK.decode, limit=1)
     path = write_report(tmp_path)
@@ -284,7 +234,7 @@ def test_report_from_a_full_run(tmp_path):
     assert "[the resolved config](config.yaml)" in text and "[step-000004.txt](episodes/step-000004.txt)" in text
     for expected in ("| steps logged | 4 (steps 1..4) |", "| weight versions | 4 |", "| distinct compiled sources | 40 |",
                      "| untied groups (rewards not all equal) | 4 |", "| final pass rate | 0.4 |",
-                     "| step | pass@4 | avg@4 | fast_1 eager | fast_1 compile | tasks |",
+                     "| step | pass@4 | avg@4 | faster eager | faster compile | tasks |",
                      "| 2 | 0.2 | 0.1 | 0.05 | - | 3 |", "| 4 (final) | **0.5** | **0.3** | **0.2** | **0.1** | **3** |"):
         assert expected in text, expected
     for name in ("reward", "verifier", "throughput", "staleness", "training"):
