@@ -28,7 +28,7 @@ from configs import ReplayConfig
 from tasks.loader import TaskFile, TaskLoadError, scan
 from tasks.synth.decontam import ExcludeError, ExcludeIndex, build_index, index_files, normalised_source_hash
 
-DROP_REASONS = ("validation split", "exclude (structure)", "exclude (source)")
+DROP_REASONS = ("validation split", "evaluation task (structure)", "evaluation task (source)")
 
 
 @dataclass
@@ -53,7 +53,7 @@ class EvalTasks:
         else:
             hit = self.index.match(source, filename)
             if hit is not None:
-                reason = f"exclude ({hit[0]})"
+                reason = f"evaluation task ({hit[0]})"
         if reason:
             self.dropped[reason] += 1
         return reason
@@ -67,7 +67,7 @@ class EvalTasks:
             reference = reference_of(example)
             norm = normalised_source_hash(reference) if reference is not None else None
             if norm is not None and norm in self.index.sources:
-                reason = "exclude (source)"
+                reason = "evaluation task (source)"
         if reason:
             self.dropped[reason] += 1
         return reason
