@@ -4,10 +4,12 @@ generate) an evaluation task, and count what they drop.
 The evaluation tasks are:
 * the validation split: the tasks of a task set (`--tasks`, default `replay.tasks`) that
   `replay.val_fraction` / `replay.split_seed` hold out (the same pure function of the task id replay
-  uses, `actors.buffer.task_source.is_validation`), and
+  uses, `actors.buffer.task_source.is_validation`, applied to the ids the task set holds), and
 * every task under an `--exclude DIR` (a KernelBench clone, another held-out set).
 
 How each stage matches:
+* `kiln tasks synth` adds the validation split's files to its `--exclude` list (tasks/synth/decontam.py
+  matches generated tasks against them by op structure and normalised source).
 * `kiln rft` and `kiln tasks synth` run task files anyway, so a task is dropped when its id is a
   validation id of the task set, or when its Model has the op structure or the normalised source of
   an evaluation task (`tasks.synth.decontam`: torch.fx structure hash, normalised-source hash).
@@ -41,9 +43,12 @@ class EvalTasks:
     val_files: list[TaskFile] = field(default_factory=list)
     dropped: Counter = field(default_factory=Counter)  # reason (DROP_REASONS) -> count
 
+    def __post_init__(self) -> None:
+        self.val_ids = frozenset(tf.task_id for tf in self.val_files)
+
     def is_validation(self, task_id: str | None) -> bool:
-        return task_id is not None and self.val_fraction > 0 and is_validation(task_id, self.split_seed,
-                                                                                self.val_fraction)
+        """A task id of the task set's validation split (ids of other task sets are never held out by id)."""
+        return task_id in self.val_ids
 
     def task_drop(self, task_id: str, source: str, filename: str) -> str | None:
         """Why a task (which the caller runs anyway) is an evaluation task, counted; None when it is not."""
@@ -80,18 +85,23 @@ class EvalTasks:
                 "under --exclude")
 
 
-def eval_tasks(replay: ReplayConfig, tasks: str | Path | None, exclude: list[Path], *,
-               trace: bool = True) -> EvalTasks:
-    """The evaluation tasks of the task set `tasks` (default `replay.tasks`) and the `exclude`
-    directories. `trace=False` indexes normalised sources only (runs no task code: `kiln sft`).
-    Raises ExcludeError naming a path that holds no task."""
+def validation_files(replay: ReplayConfig, tasks: str | Path | None = None) -> list[TaskFile]:
+    """The task files of the validation split of `tasks` (default `replay.tasks`), as replay splits it."""
     root = resolve_task_path(str(tasks if tasks is not None else replay.tasks))
     try:
         found, _broken = scan(root)
     except TaskLoadError as err:
         raise ExcludeError(f"task set {root}: {err}") from None
-    val = [tf for tf in found if replay.val_fraction > 0
-           and is_validation(tf.task_id, replay.split_seed, replay.val_fraction)]
+    return [tf for tf in found
+            if replay.val_fraction > 0 and is_validation(tf.task_id, replay.split_seed, replay.val_fraction)]
+
+
+def eval_tasks(replay: ReplayConfig, tasks: str | Path | None, exclude: list[Path], *,
+               trace: bool = True) -> EvalTasks:
+    """The evaluation tasks of the task set `tasks` (default `replay.tasks`) and the `exclude`
+    directories. `trace=False` indexes normalised sources only (runs no task code: `kiln sft`).
+    Raises ExcludeError naming a path that holds no task."""
+    val = validation_files(replay, tasks)
     for path in exclude:
         if not Path(path).exists():
             raise ExcludeError(f"--exclude {path}: no such file or directory")
