@@ -198,3 +198,26 @@ def test_sft_resumes_from_its_output_directory(sft_run, capsys):
     changed = [a if a != "4" else "5" for a in argv]  # --epochs 5: another plan of batches
     assert kiln_main(changed) == 2
     assert "trained with other settings (epochs=4)" in capsys.readouterr().err
+
+
+def test_the_warm_start_builds_its_batches_with_the_sft_code(tiny_chat_model):
+    """`warm_start.steps` trains on the shipped solutions as chat examples through the same tokenizing
+    and packing as `kiln sft`: each solution one sequence, its prompt the task's opening as the rollout
+    renders it, its loss on the fenced solution and the end-of-turn token."""
+    from actors.learner.warm_start import solution_example, solution_pairs, warm_start_batches
+    from actors.policy.prompts import opening
+    from configs import ModelConfig, WarmStartConfig
+    from tasks.loader import load_tasks
+
+    tasks = load_tasks(ROOT / "tasks" / "level1", "cpu")
+    solutions = ROOT / "tasks" / "solutions" / "cpu"
+    batches, pairs = warm_start_batches(tasks, WarmStartConfig(solutions=str(solutions), batch_tokens=4096),
+                                        ModelConfig(path=str(tiny_chat_model), max_seq_len=4096))
+    assert pairs == 6 and sum(len(b.cu_seqlens) - 1 for b in batches) == 6
+    tok = HFTokenizer(str(tiny_chat_model))
+    task, solution = solution_pairs(tasks, solutions)[0]
+    (seq,) = tokenize_example(solution_example(task, solution), tok)
+    assert list(seq.prompt) == tok.render(opening(task))
+    found = [b for b in batches for s, e in zip(b.cu_seqlens[:-1], b.cu_seqlens[1:])
+             if list(b.tokens[s:e]) == seq.ids and list(b.loss_mask[s:e]) == seq.loss_mask]
+    assert len(found) == 1
