@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable, Iterator, Protocol
+from typing import Iterator, Protocol
 
 from actors.policy.tokenizer import load_tokenizer
 from actors.rollout.engine import SamplingParams
@@ -52,8 +52,7 @@ class LocalVerifierPool:
 
 
 def sample_groups(tasks: list[Task], *, rollout: RolloutConfig, model: ModelConfig, samples: int,
-                  verifier: VerifierPool, forced: Path | None = None,
-                  on_group: Callable[[Task, list[Episode]], None] | None = None) -> Iterator[tuple[Task, list[Episode]]]:
+                  verifier: VerifierPool, forced: Path | None = None) -> Iterator[tuple[Task, list[Episode]]]:
     """Each task's `samples` attempts (with their repair turns, up to `rollout.max_turns`), in task order."""
     tokenizer = load_tokenizer(model)
     stops = tokenizer.stop_ids
@@ -66,9 +65,6 @@ def sample_groups(tasks: list[Task], *, rollout: RolloutConfig, model: ModelConf
                              params=params, policy=TurnPolicy(TurnRules.from_config(rollout, model), tokenizer),
                              force=pool.draw if pool is not None else None)
         for i, task in enumerate(tasks):
-            episodes = runner.run(TaskReply(status="task", task=task, group_id=f"rft-{i}", group_size=samples))
-            if on_group is not None:
-                on_group(task, episodes)
-            yield task, episodes
+            yield task, runner.run(TaskReply(status="task", task=task, group_id=f"rft-{i}", group_size=samples))
     finally:
         engine.close()
