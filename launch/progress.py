@@ -88,7 +88,8 @@ class ProgressRows:
             values["progress/pass_rate"] = window.outcomes()["passed"] / verified
             values.update({f"progress/verdict/{o}": float(n) for o, n in window.outcomes().items() if n})
         if decoded_tokens is not None:
-            if self._decoded is not None:
+            # forced answers are scored, not sampled: a run that never decoded shows no rate (not a rate of 0)
+            if self._decoded is not None and decoded_tokens > 0:
                 values["progress/decoded_tokens_per_s"] = max(decoded_tokens - self._decoded, 0) / seconds
             self._decoded = decoded_tokens
         self._last = now

@@ -24,7 +24,7 @@ from launch import mechanisms
 from launch.episode_dump import read_index
 from launch.metrics import read_metrics
 from launch.report_doc import Block, Bullets, Heading, Image, Para, Table, to_html, to_markdown
-from launch.report_plots import PLOTS, Series, progress_rows, step_series
+from launch.report_plots import PLOTS, Series, step_series
 
 
 def write_report(run_dir: Path, *, html: bool = True) -> Path:
@@ -82,13 +82,12 @@ def _summary(rows: list[dict], series: Series, summary: dict) -> list[Block]:
         wall_text = f"{wall:.0f} s (first to last metrics row)" if wall is not None else None
     else:
         wall_text = f"{wall:.0f} s"
-    progress = progress_rows(rows)
     facts = [
         ("learner steps", f"{len(trained)} (steps {trained[0]}..{trained[-1]})" if trained else "none"),
         ("wall time (this session, as `kiln train` printed it)", wall_text),
         ("stopped early", summary.get("stopped")),
         ("weight versions", _int(_max(series, "weights/version"))),
-        ("groups completed", _int(progress[-1].get("progress/groups")) if progress else _int(_last(series, "run/groups"))),
+        ("groups completed", _int(_latest(rows, ("progress/groups", "run/groups")))),
         ("distinct compiled sources", _int(_last(series, "run/distinct_sources"))),
         ("untied groups (rewards not all equal)", _int(_last(series, "run/untied_groups"))),
         ("final reward mean", _num(_last(series, "reward/mean"))),
@@ -157,6 +156,14 @@ def _links(run_dir: Path) -> list[Block]:
         items.append(f"episode dumps: {len(episodes)} steps, the last is "
                      f"[{episodes[-1].name}](episodes/{episodes[-1].name})")
     return [Heading("Files"), Bullets(items)] if items else []
+
+
+def _latest(rows: list[dict], keys: tuple[str, ...]) -> float | None:
+    """The value of any of `keys` in the latest row (by time) that has one: progress rows and step rows
+    come interleaved, and whichever came last counts the most groups."""
+    found = [(r.get("time") or 0.0, i, r[k]) for i, r in enumerate(rows) for k in keys
+             if isinstance(r.get(k), (int, float))]
+    return max(found)[2] if found else None
 
 
 def _max(series: Series, key: str) -> float | None:

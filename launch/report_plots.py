@@ -11,6 +11,7 @@ from (see its docstring).
 
 from __future__ import annotations
 
+import json
 import re
 from collections import defaultdict
 from dataclasses import dataclass
@@ -59,6 +60,12 @@ def _figure(panels: int, title: str, height: float = 2.6, width: float = 9.0, sh
     return plt, fig, axes[:, 0]
 
 
+def learner_steps(series: Series) -> list[int]:
+    """The steps the learner took (a per-step plot spans them all, also the last step of a run, in
+    whose window no group finished and so no rollout figure was recorded)."""
+    return [step for step, _ in series.get("weights/version", [])]
+
+
 def _integer_steps(ax, steps: list[int]) -> None:
     """Ticks on whole steps only: each step of a short run, a whole-number spacing on a long one."""
     from matplotlib.ticker import MaxNLocator
@@ -95,7 +102,7 @@ def line_plot(series: Series, path: Path, title: str, panels: list[Panel]) -> Dr
     if not panels:
         return None, absent
     plt, fig, axes = _figure(len(panels), title)
-    steps: list[int] = []
+    steps = learner_steps(series)
     for ax, panel in zip(axes, panels):
         for key, label in panel.lines:
             if series.get(key):
@@ -152,7 +159,7 @@ def plot_verifier(series: Series, plots_dir: Path) -> Drawn:
                  loc="left")
     ax.set_ylabel("attempts")
     ax.set_xlabel("learner step")
-    _integer_steps(ax, steps)
+    _integer_steps(ax, steps + learner_steps(series))
     return _save(plt, fig, plots_dir / "verifier.png"), []
 
 
@@ -270,32 +277,56 @@ class Span:
 
 
 def timeline_spans(run_dir: Path, rows: Rows) -> list[Span]:
-    """THE TIMELINE SEAM: where the report's Gantt gets its spans.
+    """Where the report's Gantt gets its spans.
 
-    Today they come from metrics.jsonl alone: each learner step is a `training` span ending at its
-    row (`train/step_s` long), the warm start a `warm start` span (`sft/seconds`), and every other actor's `busy/<actor>` share of a step's window is a
-    `busy` span over that window with that share. That is coarse (one bar per step window). `kiln bench`'s
-    actor span recorder (RUN_DIR/timeline.jsonl of spans: actor, activity, start, end) gives the exact
-    spans; where a run has that file, read them here instead and the Gantt below draws them unchanged."""
+    Exact spans when the run recorded them: RUN_DIR/timeline.jsonl, one JSON object per line with
+    `actor`, `activity` (generating, verifying, training, syncing), `start` and `end` (wall-clock
+    seconds), the span log of `kiln bench`'s recorder. Otherwise they come from metrics.jsonl: each
+    learner step is a `training` span ending at its row (`train/step_s` long), the warm start a `warm
+    start` span (`sft/seconds`), and every other actor's `busy/<actor>` share of a step's window a
+    `busy` span over that window with that share (coarse: one bar per step window)."""
+    recorded = _recorded_spans(Path(run_dir) / TIMELINE_FILE)
+    if recorded:
+        return recorded
     spans: list[Span] = []
-    previous: dict[str, float] = {}
+    window_start: float | None = None  # a step row's busy shares cover the time since the previous step row
     for row in sorted((r for r in rows if "progress/elapsed_s" not in r and isinstance(r.get("time"), (int, float))),
                       key=lambda r: r["time"]):
         t = row["time"]
-        if isinstance(row.get("train/step_s"), (int, float)):
-            spans.append(Span("learner", "training", t - row["train/step_s"], t))
         if isinstance(row.get("sft/seconds"), (int, float)):
             spans.append(Span("learner", "warm start", t - row["sft/seconds"], t))
+        if not isinstance(row.get("train/step_s"), (int, float)):
+            continue
+        spans.append(Span("learner", "training", t - row["train/step_s"], t))
         for key, share in row.items():
-            if key.startswith("busy/") and isinstance(share, (int, float)) and key != "busy/learner":
-                actor = key.removeprefix("busy/")
-                if actor in previous:
-                    spans.append(Span(actor, "busy", previous[actor], t, max(0.0, min(1.0, share))))
-                previous[actor] = t
+            if key.startswith("busy/") and isinstance(share, (int, float)) and key != "busy/learner" \
+                    and window_start is not None:
+                spans.append(Span(key.removeprefix("busy/"), "busy", window_start, t, max(0.0, min(1.0, share))))
+        window_start = t
     return spans
 
 
-ACTIVITY_COLOURS = {"warm start": "#98df8a", "training": "#2ca02c", "busy": "#1f77b4"}
+TIMELINE_FILE = "timeline.jsonl"
+
+
+def _recorded_spans(path: Path) -> list[Span]:
+    """The spans of RUN_DIR/timeline.jsonl; lines that are not a span (a torn write) are skipped."""
+    if not path.is_file():
+        return []
+    spans = []
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            d = json.loads(line)
+            span = Span(str(d["actor"]), str(d["activity"]), float(d["start"]), float(d["end"]))
+        except (ValueError, TypeError, KeyError):
+            continue
+        if span.end >= span.start:
+            spans.append(span)
+    return spans
+
+
+ACTIVITY_COLOURS = {"warm start": "#98df8a", "training": "#2ca02c", "generating": "#1f77b4", "verifying": "#ff7f0e",
+                    "syncing": "#9467bd", "busy": "#4c72b0"}
 ROLE_ORDER = ("learner", "rollout-", "verifier-", "replay")
 
 
@@ -315,7 +346,7 @@ def plot_timeline(run_dir: Path, rows: Rows, plots_dir: Path) -> Drawn:
         for s in (s for s in spans if s.actor == actor):
             ax.broken_barh([(s.start - t0, s.end - s.start)], (row - 0.35, 0.7),
                            color=ACTIVITY_COLOURS.get(s.activity, "#7f7f7f"), alpha=0.15 + 0.85 * s.share,
-                           edgecolor="white", linewidth=0.5)
+                           edgecolor="white" if s.share < 1 else None, linewidth=0.5)
             if s.share < 1 and s.end - s.start > 0.04 * width:
                 ax.text((s.start + s.end) / 2 - t0, row, f"{s.share:.0%}", ha="center", va="center", fontsize=7)
     for row in rows:
@@ -324,9 +355,14 @@ def plot_timeline(run_dir: Path, rows: Rows, plots_dir: Path) -> Drawn:
     ax.set_yticks(range(len(actors)), actors)
     ax.set_ylim(len(actors) - 0.5, -0.5)
     ax.set_xlabel("seconds since the first recorded span (dotted: learner steps recorded)")
-    ax.set_title("warm start and training: the learner's steps; busy: the share of a step window an actor "
-                 "spent working (printed; opacity follows it)", fontsize=9, loc="left")
-    ax.legend(handles=[Patch(color=c, label=a) for a, c in ACTIVITY_COLOURS.items()], loc="upper left",
+    shown = {s.activity for s in spans}
+    if "busy" in shown:  # spans from metrics.jsonl
+        ax.set_title("warm start and training: the learner's steps; busy: the share of a step window an actor "
+                     "spent working (printed; opacity follows it)", fontsize=9, loc="left")
+    else:
+        ax.set_title("each actor's recorded spans of work (RUN_DIR/timeline.jsonl); blank: waiting", fontsize=9,
+                     loc="left")
+    ax.legend(handles=[Patch(color=c, label=a) for a, c in ACTIVITY_COLOURS.items() if a in shown], loc="upper left",
               bbox_to_anchor=(1.0, 1.0), fontsize="small")
     return _save(plt, fig, plots_dir / "timeline.png"), []
 

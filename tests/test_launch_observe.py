@@ -500,3 +500,43 @@ def test_busy_shares_count_a_restarted_actors_counter_from_zero():
                                                     "busy/rollout-0": pytest.approx(0.6)}
     counters.update({"learner": 30.0, "rollout-0": 11.0})
     assert busy_shares(handles, previous, 10.0) == {"busy/learner": 1.0, "busy/rollout-0": pytest.approx(0.5)}
+
+
+def test_the_timeline_draws_recorded_spans_when_the_run_has_them(tmp_path, monkeypatch):
+    from launch import report_plots
+
+    _full_run(tmp_path, steps=2)
+    rows = read_metrics(tmp_path)
+    coarse = report_plots.timeline_spans(tmp_path, rows)  # from metrics.jsonl: steps and busy shares
+    assert {(s.actor, s.activity) for s in coarse} == {("learner", "training"), ("rollout-0", "busy")}
+    spans = [{"actor": "rollout-0", "activity": "generating", "start": 10.0, "end": 14.5, "units": 1},
+             {"actor": "verifier-0", "activity": "verifying", "start": 12.0, "end": 13.0, "units": 2},
+             {"actor": "learner", "activity": "training", "start": 14.5, "end": 16.0, "units": 1}]
+    (tmp_path / "timeline.jsonl").write_text("\n".join(json.dumps(s) for s in spans) + '\n{"actor": "learn')
+    exact = report_plots.timeline_spans(tmp_path, rows)  # the torn last line is skipped
+    assert [(s.actor, s.activity, s.start, s.end, s.share) for s in exact] == [
+        ("rollout-0", "generating", 10.0, 14.5, 1.0), ("verifier-0", "verifying", 12.0, 13.0, 1.0),
+        ("learner", "training", 14.5, 16.0, 1.0)]
+    figures = {}
+    monkeypatch.setattr(report_plots, "_save", lambda plt, fig, path: figures.setdefault(path.name, fig) and path)
+    report_plots.plot_timeline(tmp_path, rows, tmp_path)
+    ax = figures["timeline.png"].axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["learner", "rollout-0", "verifier-0"]
+    assert sorted(t.get_text() for t in ax.get_legend().get_texts()) == ["generating", "training", "verifying"]
+
+
+def test_per_step_plots_span_every_learner_step_also_one_without_rollout_figures(tmp_path, monkeypatch):
+    from launch import report_plots
+
+    _full_run(tmp_path, steps=2)
+    with MetricsLog(tmp_path, LoggingConfig(tensorboard=False)) as metrics:  # a last step with no group finished
+        metrics.log(3, {"train/loss": 0.1, "weights/version": 3, "train/grad_norm": 0.5})
+    rows = read_metrics(tmp_path)
+    figures = {}
+    monkeypatch.setattr(report_plots, "_save", lambda plt, fig, path: figures.setdefault(path.name, fig) and path)
+    series = report_plots.step_series(rows)
+    report_plots.plot_reward(series, tmp_path)
+    report_plots.plot_verifier(series, tmp_path)
+    for name in ("reward.png", "verifier.png"):
+        ax = figures[name].axes[-1]
+        assert list(ax.get_xticks()) == [1, 2, 3] and ax.get_xlim()[1] > 3, name

@@ -38,6 +38,9 @@ def test_a_progress_row_holds_replay_totals_the_windows_verdicts_and_decoded_rat
                      "progress/verdict/extract": 3.0}  # the first reading of the decoded tokens sets the baseline
     second = rows.row(160.0, None, Window(), decoded_tokens=1500)  # replay did not answer; nothing verified
     assert second == {"progress/elapsed_s": 60.0, "progress/decoded_tokens_per_s": 30.0}
+    forced = ProgressRows(every_s=30.0, started=0.0)  # forced answers are scored, never decoded
+    assert [forced.row(t, None, Window(), decoded_tokens=0) for t in (30.0, 60.0)] == \
+        [{"progress/elapsed_s": 30.0}, {"progress/elapsed_s": 60.0}]  # no rate rather than a rate of 0
 
 
 def test_the_warning_comes_when_the_last_k_groups_all_tied_and_names_the_stage():
