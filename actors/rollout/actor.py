@@ -64,8 +64,8 @@ class RolloutActor(Actor):
     role = "rollout"
 
     def __init__(self, rollout: RolloutConfig, model: ModelConfig, evaluation: EvalConfig, ctx: RunContext, *,
-                 follow_learner: bool = True, sample_episodes: bool = False, episode_log: bool = False) -> None:
-        """`sample_episodes` sends one episode per group to the driver (its readable dumps);
+                 follow_learner: bool = True, send_episodes: bool = False, episode_log: bool = False) -> None:
+        """`send_episodes` sends each group's episodes to the driver (its readable dumps);
         `episode_log` appends every episode to RUN_DIR/episodes_log/<name>.kiln (rollout-only mode)."""
         super().__init__()
         self.cfg, self.model_cfg, self.eval_cfg, self.ctx = rollout, model, evaluation, ctx
@@ -95,8 +95,8 @@ class RolloutActor(Actor):
         if episode_log:
             (ctx.path / "episodes_log").mkdir(parents=True, exist_ok=True)
             log_path = str(ctx.path / "episodes_log" / f"{self.actor_id}.kiln")
-        self.reporter = Reporter(registry.address("driver", "metrics") or None, sample_episodes=sample_episodes,
-                                 episode_log=log_path, seed=rollout.seed + self.index)
+        self.reporter = Reporter(registry.address("driver", "metrics") or None, send_episodes=send_episodes,
+                                 episode_log=log_path)
         self.busy_s = 0.0
         self._runner: GroupRunner | None = None
         # Groups run on `rollout.concurrent_groups` threads, so the engine batches several groups'
@@ -107,7 +107,7 @@ class RolloutActor(Actor):
         self._workers = 0
         self._in_flight, self._busy_since = 0, 0.0
         self.pool = (CandidatePool(rollout.forced_candidates, seed=rollout.seed + self.index,
-                                   fraction=rollout.forced_fraction)
+                                   fraction=rollout.forced_fraction, mix=rollout.forced_mix)
                      if rollout.forced_candidates else None)
 
     # ------------------------------------------------------------------------------ lifecycle
