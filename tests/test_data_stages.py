@@ -188,6 +188,20 @@ def test_sft_on_the_rft_output_lowers_the_assistant_loss_and_exports(sft_run):
     assert (out / "final" / "generation_config.json").is_file()
 
 
+def test_kiln_eval_runs_on_the_sft_export(sft_run, tmp_path, capsys, verifier_cache_dir):
+    """The pipeline's last stage: the SFT export is a model `kiln eval` samples and verifies."""
+    out, _ = sft_run
+    ev = tmp_path / "eval"
+    code = kiln_main(["eval", "--model", str(out / "final"), "--tasks", str(ROOT / "tasks" / "level1"),
+                      "--backend", "cpu", "--samples", "1", "--k", "1", "--max-new-tokens", "24",
+                      "--out", str(ev), f"verifier.cache_dir={verifier_cache_dir}"])
+    assert code == 0, capsys.readouterr().err
+    summary = json.loads((ev / "summary.json").read_text())
+    assert [r["label"] for r in summary["rows"]] == ["level 1", "Overall"]
+    attempts = [json.loads(line) for line in (ev / "attempts.jsonl").read_text().splitlines()]
+    assert len(attempts) == len(list((ROOT / "tasks" / "level1").glob("*.py")))
+
+
 def test_sft_resumes_from_its_output_directory(sft_run, capsys):
     out, argv = sft_run
     before = (out / "metrics.jsonl").read_text()
