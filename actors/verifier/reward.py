@@ -1,4 +1,4 @@
-"""The MooreEval reward hierarchy (DESIGN.md §4) and the feedback text a model reads next turn.
+"""The MooreEval reward hierarchy and the feedback text a model reads next turn.
 
     s = -1                            extract/compile/run failure, timeout, illegality, or q = 0
     s = -0.5 + 0.5 q                  0 < q < 1

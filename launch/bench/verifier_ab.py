@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 # Runs inside a worker process (cwd = the tree). Uses only the verifier API both trees share.
 WORKER = r'''
-import json, re, sys, tempfile, time, uuid
+import json, re, shutil, sys, tempfile, time, uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -86,6 +86,7 @@ try:
     mix_s = time.perf_counter() - t1
 finally:
     verifier.close()
+    shutil.rmtree(cache, ignore_errors=True)
 print("KILN_AB " + json.dumps({"ready_s": ready_s, "sequential": sequential, "mix": mix, "mix_s": mix_s}))
 '''
 
