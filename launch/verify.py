@@ -5,8 +5,10 @@
 
 CAND may be a plain .py file or raw model output with a fenced code block. Exit status is 0 whenever
 verification ran, whatever the verdict; usage errors (a missing file, an unknown backend) print one
-line and exit 2. With --json, stdout holds exactly one JSON object (anything else the run prints is
-sent to stderr).
+line and exit 2. With --json, stdout holds exactly one JSON object, the verdict the verifier recorded:
+while verifying, descriptor 1 points at stderr (compilers and libraries may print), the real stdout
+is held only by a close-on-exec copy in this process, which no child (and so no candidate) ever
+holds, and the object is written through it after every sandbox is gone.
 """
 
 from __future__ import annotations
@@ -57,18 +59,18 @@ def cmd_verify(args: argparse.Namespace) -> int:
         return 2
     from actors.verifier.verifier import KernelVerifier
 
-    with _stdout_to_stderr(args.json):
+    with _real_stdout(args.json) as out:
         verifier = KernelVerifier(cfg)
         try:
             results = _run(verifier, jobs, cfg.max_inflight)
         finally:
             verifier.close()
-    if args.reference:
-        (_, result, _), = results
-        print(json.dumps(result_json(result)) if args.json else _text(result))
-    else:
-        print(json.dumps({"results": [result_json(r) if r else {"task_id": t.task_id, "missing": True}
-                                      for t, r, _ in results]}) if args.json else _table(results))
+        if args.reference:
+            (_, result, _), = results
+            out(json.dumps(result_json(result)) if args.json else _text(result))
+        else:
+            out(json.dumps({"results": [result_json(r) if r else {"task_id": t.task_id, "missing": True}
+                                        for t, r, _ in results]}) if args.json else _table(results))
     return 0
 
 
@@ -160,17 +162,24 @@ def _table(rows) -> str:
 
 
 @contextlib.contextmanager
-def _stdout_to_stderr(enabled: bool):
-    """With --json, route file descriptor 1 to stderr while verifying, so that stdout ends up holding
-    only the JSON object printed afterwards (compilers and libraries may print)."""
-    if not enabled:
-        yield
+def _real_stdout(json_mode: bool):
+    """Yield a function that prints to the real stdout. With --json, descriptor 1 points at stderr for
+    the whole run, and the real stdout survives only as a close-on-exec copy private to this process."""
+    if not json_mode:
+        yield print
         return
     sys.stdout.flush()
-    saved = os.dup(1)
+    saved = os.dup(1)  # os.dup makes it non-inheritable: no subprocess ever gets it
+    os.set_inheritable(saved, False)
     os.dup2(2, 1)
+
+    def out(text: str) -> None:
+        data = (text + "\n").encode()
+        while data:
+            data = data[os.write(saved, data):]
+
     try:
-        yield
+        yield out
     finally:
         sys.stdout.flush()
         os.dup2(saved, 1)

@@ -7,7 +7,9 @@ build cache: the candidates that differ only in Python share one compiled extens
 
 from __future__ import annotations
 
+import shutil
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +19,7 @@ from configs import load_config
 from tasks.loader import load_tasks
 
 CASES = load_suite("cpu")
+CASES_BY_NAME = {c.name: c for c in CASES}
 
 # What the feedback must mention, so a model can tell what was caught and where.
 FEEDBACK = {
@@ -38,13 +41,45 @@ FEEDBACK = {
     "patch_allclose_static": ["torch.allclose"],
     "patch_allclose_runtime": ["torch.allclose"],
     "exit_forged_result": ["status 0"],
-    "imports_reference": ["01_relu.py"],
+    "imports_reference": ["tasks.level1", "the reference"],
     "crash_segfault": ["segmentation fault"],
     "infinite_loop": ["10 s limit"],
     "out_of_memory": ["memory limit"],
     "reduced_precision": ["outside tolerance"],
     "default_shape_only": ["batch_size=3"],
     "uninitialised_memory": ["outside tolerance"],
+    # The classes of the trust-boundary issue and their neighbours.
+    "gate_modes_disabled": ["aten::relu"],
+    "gate_patched_findings": ["actors.verifier.gate"],
+    "gate_apply_lambda": ["apply_"],
+    "gate_redispatch": ["aten::relu"],
+    "gate_other_thread": ["aten::relu"],
+    "gate_storage_bytes": ["__getitem__"],
+    "gate_torch_save": ["write_record"],
+    "native_namespace_alias": ["at::cpu::clamp_min"],
+    "native_token_paste": ["ExcludeDispatchKeyGuard"],
+    "native_ops_macro": ["aten::relu"],
+    "native_dlsym": ["dlsym"],
+    "native_wrap_ldflags": ["aten::relu"],
+    "native_pragma_extname": ["aten::relu"],
+    "native_proc_mem": ["open()"],
+    "native_signal_handler": ["sigaction()"],
+    "native_extra_library": ["libz.so.1"],
+    "native_compiler_plugin": ["-fplugin"],
+    "clock_patch_import": ["actors.verifier.timing"],
+    "replay_fingerprint": ["canary"],
+    "cache_poison": ["aten::relu"],
+    "kill_verifier": ["os.kill"],
+    "escape_files_and_processes": ["for writing"],
+    "leak_include_host_file": ["outside your sources"],
+    "leak_host_file_runtime": ["ValueError"],
+    "proc_self_mem": ["/proc/1/mem"],
+    "gc_find_gate": ["gc.get_objects"],
+    # Found by the red team that did not write the fix (docs/verifier.md).
+    "python_mapped_file": ["shared memory mapping"],
+    "python_frombuffer_alias": ["torch.frombuffer"],
+    "python_shared_fd": ["shared memory mapping"],
+    "python_pickle_bytes": ["_write_file"],
 }
 
 
@@ -120,3 +155,60 @@ class ModelNew(nn.Module):
     finally:
         verifier.close()
     assert r.error_class == "cheating" and "BLAS" in r.feedback and "allow_vendor_libs" in r.feedback
+
+
+# ------------------------------------------------------------------------- CUDA cases, on the CPU
+# The trust-boundary issue's CUDA cases run on the GPU machine (`python -m launch.bench.gpu_verifier`).
+# What can be checked here: they load, none is caught by the static scan (so each reaches the runtime
+# defence it is written against), and their CUDA code compiles.
+CUDA_ISSUE_CASES = {"side_stream_joined_late": "cheating", "stale_device_result": "cheating",
+                    "forged_clock": "cheating", "replayed_outputs": "cheating", "cuda_graph_in_init": "cheating"}
+
+
+def test_cuda_issue_cases_reach_the_runtime_defences():
+    from actors.verifier.extract import extract
+    from actors.verifier.legality import static_scan
+
+    cuda = {c.name: c for c in load_suite("cuda")}
+    for name, expect in CUDA_ISSUE_CASES.items():
+        assert cuda[name].expect == expect, name
+        violations, _ = static_scan(extract(cuda[name].source()).source)
+        assert violations == [], (name, [v.describe() for v in violations])
+    assert set(CASES_BY_NAME) & set(cuda) >= {"kill_verifier", "escape_files_and_processes", "gate_redispatch"}
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_cuda_issue_cases_compile(tmp_path, monkeypatch):
+    """Every CUDA source of the issue's cases, in one nvcc run against the lean CUDA prelude (each in a
+    namespace of its own); linking needs the CUDA libraries, which the CPU torch wheel lacks."""
+    import ast
+    import re
+    import subprocess
+
+    from actors.verifier.build.preludes import PchStore
+    from actors.verifier.build.toolchain import Toolchain
+
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0")
+    tc = Toolchain.detect("cuda")
+    pch = PchStore(tmp_path / "pch", tc)
+    includes, bodies = set(), []
+    cuda = {c.name: c for c in load_suite("cuda")}
+    for i, name in enumerate(n for n in CUDA_ISSUE_CASES if n != "forged_clock" and n != "cuda_graph_in_init"):
+        tree = ast.parse(cuda[name].source())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and "__global__" in str(node.value.value):
+                text = node.value.value
+                includes |= set(re.findall(r"^#include .*$", text, re.M))
+                body = re.sub(r"^#include .*$", "", text, flags=re.M)
+                bodies.append(f"namespace kiln_case_{i} {{\n{body}\n}}")
+    assert len(bodies) == 3
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "tasks"))
+    from check_cuda_compile import make_shim  # toolkit headers this CPU machine lacks (a script's helper)
+
+    make_shim(tmp_path)
+    unit = tmp_path / "cases.cu"
+    unit.write_text(f'#include "{pch.header("lean_cuda")}"\n' + "\n".join(sorted(includes)) + "\n" + "\n".join(bodies))
+    cmd = [tc.nvcc, f"-I{tmp_path / 'shim'}", *tc.common_flags("kiln_cases"), *tc.nvcc_flags(()), "-c", str(unit),
+           "-o", str(tmp_path / "cases.o")]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]

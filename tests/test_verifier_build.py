@@ -8,6 +8,7 @@ builds them here, except in the one test about PCH building).
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -248,12 +249,15 @@ def test_module_level_failures_give_a_clean_result(service, short_service, relu_
 
 
 def test_fork_bomb_is_contained(short_service):
+    """The capture's private uid has a process limit (the kernel refuses the forks), and everything it
+    started dies with its PID namespace: nothing is left under the zygote afterwards."""
     code = ("import os, time\nfor _ in range(400):\n    if os.fork() == 0:\n        time.sleep(120)\n"
             "        os._exit(0)\ntime.sleep(120)\n")
     r = short_service.submit(code).result()
-    assert r.error_class == "runtime" and "processes" in r.error
-    time.sleep(0.5)  # orphans re-parented to the zygote are killed on its next loop
-    zygote_children = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _ppid(p) == short_service._zygote.proc.pid]
+    assert r.error_class in ("runtime", "timeout")
+    assert "Resource temporarily unavailable" in r.error or "processes" in r.error or "did not finish" in r.error
+    time.sleep(0.5)
+    zygote_children = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _ppid(p) == short_service.zygote.pid]
     assert zygote_children == []
 
 
@@ -272,8 +276,8 @@ def short_service(service):
 
 
 def test_a_dead_zygote_is_replaced(short_service, relu_result):
-    short_service._zygote.proc.kill()
-    short_service._zygote.proc.wait()
+    os.kill(short_service.zygote.pid, 9)
+    os.waitpid(short_service.zygote.pid, 0)
     r = short_service.submit(f"# {NONCE} after the zygote died\nimport math\n").result()
     assert r.ok and r.specs == [], r.error
 

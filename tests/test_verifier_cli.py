@@ -72,5 +72,8 @@ def test_every_shipped_cpu_solution_passes(verifier_cache_dir):
     assert len(results) == 24
     failed = {r["task_id"]: r.get("feedback") for r in results if not r.get("passed")}
     assert failed == {}, json.dumps(failed, indent=1)
+    # The physical plausibility bound never takes a shipped solution's speedup away.
+    clamped = {r["task_id"]: r["diagnostics"]["speed_clamped"] for r in results if "speed_clamped" in r["diagnostics"]}
+    assert clamped == {}, clamped
     table = kiln("--tasks", "tasks", "--solutions", "tasks/solutions/cpu", cache_dir=verifier_cache_dir)
     assert table.returncode == 0 and "24/24 passed" in table.stdout, table.stdout  # verdicts now cached

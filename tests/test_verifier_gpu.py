@@ -1,6 +1,6 @@
 """The verifier on CUDA (GPU machine only: `pytest -m gpu tests/test_verifier_gpu.py`): every CUDA
 adversarial candidate gets its expected verdict, the shipped CUDA solutions pass, and the verifier
-keeps serving after an illegal memory access. `python -m actors.verifier.gpu_validate` runs the same
+keeps serving after an illegal memory access. `python -m launch.bench.gpu_verifier` runs the same
 through the VerifierActor and prints the benchmark figures."""
 
 from __future__ import annotations

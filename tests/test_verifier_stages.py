@@ -193,3 +193,98 @@ def test_reference_shapes_trials_and_fresh_inputs():
     shipped = Reference(next(t for t in load_tasks("tasks/level1", "cpu") if t.task_id == "level1/01_relu"), "cpu")
     assert [c.trials for c in shipped.shape_configs("cpu", 3)] == [2, 1]
     assert shipped.shape_configs("cpu", 3)[0].overrides == {"batch_size": 16, "dim": 4096}
+
+
+# ------------------------------------------------------------------------- built-library symbols
+
+
+def test_mangled_names_are_read_without_a_demangler():
+    from actors.verifier.build.symbols import qualified_name
+
+    assert qualified_name("_ZN2at4_ops4relu4callERKNS_6TensorE") == ["at", "_ops", "relu", "call"]
+    assert qualified_name("_ZN2at3cpu9clamp_minERKNS_6TensorERKN3c106ScalarE") == ["at", "cpu", "clamp_min"]
+    assert qualified_name("_ZNK2at10TensorBase8data_ptrIfEEPT_v") == ["at", "TensorBase", "data_ptr"]
+    assert qualified_name("_ZN3c104impl23ExcludeDispatchKeyGuardC1ENS_14DispatchKeySetE") == \
+        ["c10", "impl", "ExcludeDispatchKeyGuard"]
+    assert qualified_name("_ZNSt6vectorIfSaIfEE9push_backERKf") == ["std", "vector", "push_back"]
+    assert qualified_name("_Z4reluv") == ["relu"] and qualified_name("dlsym") is None
+
+
+@pytest.mark.parametrize("symbol, verdict", [
+    ("_ZN2at4_ops4relu4callERKNS_6TensorE", "deny"),  # ATen compute through the dispatcher
+    ("_ZN2at4_ops9clamp_min4callERKNS_6TensorERKN3c106ScalarE", "deny"),
+    ("_ZN2at3cpu9clamp_minERKNS_6TensorERKN3c106ScalarE", "deny"),  # a kernel, no dispatcher at all
+    ("_ZN2at6native4reluERKNS_6TensorE", "deny"),
+    ("_ZN3c104impl23ExcludeDispatchKeyGuardC1ENS_14DispatchKeySetE", "deny"),
+    ("_ZN5torch3jit7compileERKSs", "deny"),
+    ("dlsym", "deny"), ("dl_iterate_phdr", "deny"), ("syscall", "deny"), ("mprotect", "deny"), ("open64", "deny"),
+    ("cudaGraphLaunch", "deny"), ("cudaStreamBeginCapture", "deny"),
+    ("_ZN2at4_ops19empty_memory_format4callEN3c108ArrayRefINS2_6SymIntEEE", "allow"),  # plumbing
+    ("_ZN2at4_ops10empty_like4callERKNS_6TensorE", "allow"),
+    ("_ZNK2at10TensorBase8data_ptrIfEEPT_v", "allow"), ("_ZN3c106detail14torchCheckFailEPKcS2_jRKSs", "allow"),
+    ("_ZN2at4cuda20getCurrentCUDAStreamEa", "allow"), ("memcpy", "allow"), ("GOMP_parallel", "allow"),
+    ("cudaLaunchKernel", "allow"), ("PyTuple_New", "allow"),
+    ("cublasSgemm_v2", "vendor"), ("cblas_sgemm", "vendor"),
+])
+def test_imports_are_classified(symbol, verdict):
+    from actors.verifier.build.symbols import Allowlist
+
+    allow = Allowlist(["aten::relu", "aten::clamp_min", "aten::clamp_min.Tensor", "aten::empty.memory_format",
+                       "aten::empty_like", "aten::add.Tensor"])
+    assert allow.classify(symbol)[0] == verdict, allow.classify(symbol)
+
+
+def test_a_built_library_is_read_from_its_elf_file(tmp_path):
+    """A real shared library: its undefined symbols, libraries and search paths, checked."""
+    import shutil
+    import subprocess
+
+    from actors.verifier.build.symbols import Allowlist, check_library, read_imports
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("needs a C compiler")
+    src = tmp_path / "lib.c"
+    src.write_text('#include <dlfcn.h>\nvoid* f(void) { return dlsym(RTLD_DEFAULT, "x"); }\n')
+    so = tmp_path / "lib.so"
+    subprocess.run([cc, "-shared", "-fPIC", str(src), "-o", str(so), "-Wl,-rpath,/tmp/elsewhere", "-ldl"], check=True)
+    imports = read_imports(str(so))
+    assert "dlsym" in imports.undefined and "/tmp/elsewhere" in imports.search_paths
+    found = check_library(str(so), Allowlist([]), ("/opt/torch/lib",))
+    assert {v.what for v in found.violations} >= {"dlsym()", "library search path /tmp/elsewhere"}
+    (tmp_path / "junk.so").write_bytes(b"not an ELF file")
+    assert check_library(str(tmp_path / "junk.so"), Allowlist([]), ()).violations[0].kind == "native_symbol"
+
+
+def test_code_loading_flags_are_refused():
+    from actors.verifier.build.spec import UnsupportedCall, spec_from_call
+
+    for flags in (["-fplugin=/tmp/p.so"], ["-wrapper", "gdb"], ["-B/tmp/tools"], ["@/tmp/flags"], ["-specs=/tmp/s"],
+                  ["-Wl,--audit=/tmp/a.so"], ["-Xlinker", "--plugin"]):
+        with pytest.raises(UnsupportedCall, match="not allowed"):
+            spec_from_call("m", "int f();", functions=["f"], extra_ldflags=flags)
+    assert spec_from_call("m", "int f();", functions=["f"], extra_cflags=["-O3 -march=native", "-fopenmp"])
+
+
+def test_compiler_output_loses_every_line_about_a_host_file():
+    from actors.verifier.build.diagnostics import sanitize
+
+    out = ("cpp_source:1:10: fatal error: /etc/passwd: No such file or directory\n"
+           '    1 | #include "/etc/passwd"\n      |          ^~~~~~~~~~~~~\n'
+           "/home/me/secret.h:1:1: error: 'hunter2' does not name a type\n    1 | hunter2\n      | ^~~~~~~\n"
+           "<torch>/ATen/core/TensorBody.h:12:3: error: no member\n"
+           "/usr/include/c++/12/bits/stl_vector.h:5: note: candidate\n"
+           "cpp_source:4:5: error: expected ';'\n")
+    text = sanitize(out)
+    assert "passwd" not in text and "hunter2" not in text and "/home" not in text
+    assert "<torch>/ATen/core/TensorBody.h:12:3" in text and "<system>/c++/12/bits/stl_vector.h" in text
+    assert "cpp_source:4:5: error: expected ';'" in text and "outside your sources" in text
+
+
+def test_the_seccomp_filter_is_well_formed():
+    from actors.verifier.jail import seccomp_program
+
+    for exec_allowed in (False, True):
+        prog = seccomp_program(exec_allowed)
+        assert len(prog) % 8 == 0 and 40 < len(prog) // 8 < 255
+    assert len(seccomp_program(False)) == len(seccomp_program(True)) + 24  # execve, execveat, personality

@@ -49,6 +49,7 @@ from configs import AlgoConfig, LearnerConfig, ModelConfig, WarmStartConfig
 from protocols import (BatchReply, BatchRequest, Metrics, TaskList, TaskListRequest, TrainBatch, VersionsSeen,
                        VersionsSeenRequest)
 from protocols.channels import ChannelTimeout, NoServer, PushChannel, ReconnectingClient, RemoteError
+from protocols.lease import DeviceLease
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +84,7 @@ class LearnerActor(Actor):
         # so no sample is made with weights one version old (it could never be trained on).
         self.confirm_before_next = max_staleness == 0
         self.busy_s = 0.0
+        self.lease = DeviceLease(self.device)
         self.shares_gpu = ctx.slot.colocated  # engines on this GPU: CUDA IPC instead of NCCL, released per step
         self.rank, self.world_size = ctx.rank, ctx.world_size
         self.version = 0
@@ -219,7 +221,9 @@ class LearnerActor(Actor):
             t = time.perf_counter()
             if self.shares_gpu:  # colocated: the engines give the GPU back for the step
                 self.weights.release_engines()
-            with self.weights.updating():  # an engine joining now must not read a half-stepped model
+            # The step holds the shared device lease: a verifier timing a kernel on this device holds
+            # it exclusively, and the learner waits (between steps, never inside one) until it is done.
+            with self.weights.updating(), self.lease.shared():  # no engine may read a half-stepped model
                 result = self.backend.train_step(batch)
             self.version += 1
             self.step += 1

@@ -42,6 +42,7 @@ from actors.rollout import attention
 from actors.rollout.decode_step import DecodeStep
 from actors.rollout.engine import Engine, EngineError, GenerateRequest, Generation, RequestError
 from configs import ModelConfig
+from protocols.lease import DeviceLease
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +109,9 @@ class TorchEngine(Engine):
         self.stats = {"requests": 0, "tokens": 0, "rebuilds": 0, "steps": 0, "graph_steps": 0, "updates": 0,
                       "aborted": 0}
         self.step_hook: Callable[[int], None] | None = None  # tests: called after each decode step
+        # Each cycle of work on the device holds the shared device lease: a verifier timing a kernel on
+        # this device holds it exclusively, and the engine waits between its steps until it is done.
+        self.lease = DeviceLease(str(self.device))
         self._thread = threading.Thread(target=self._run, name="kiln-torch-engine", daemon=True)
         self._thread.start()
 
@@ -276,14 +280,15 @@ class TorchEngine(Engine):
         self._finish_aborted()
         if held:  # aborts are answered while paused; decoding waits for resume()
             return True
-        forced = [r for r in admitted if r.req.forced_response is not None]
-        if forced:
-            self._score_forced(forced)
-        sampled = [r for r in admitted if r.req.forced_response is None]
-        if sampled or (self._batch and self._batch_needs_rebuild()):
-            self._rebuild(sampled)
-        if self._batch is not None:
-            self._step()
+        with self.lease.shared():
+            forced = [r for r in admitted if r.req.forced_response is not None]
+            if forced:
+                self._score_forced(forced)
+            sampled = [r for r in admitted if r.req.forced_response is None]
+            if sampled or (self._batch and self._batch_needs_rebuild()):
+                self._rebuild(sampled)
+            if self._batch is not None:
+                self._step()
         return True
 
     def _ready(self) -> bool:

@@ -1,17 +1,23 @@
-"""The staged kernel verifier and the reward-actor interface (DESIGN.md §4).
+"""The staged kernel verifier and the reward-actor interface.
 
-Where things are:
+The trust boundary: whatever runs candidate code is untrusted (every jailed process below); the
+verdict, the comparison, the clock that counts and the verdict cache live in the verifier's own
+process. Where things are:
   actor.py       VerifierActor: the ROUTER service around any reward actor, with its guard
   interface.py   the reward-actor interface (`RewardActor`), loaded by `actors.base.load_plugin`
   verifier.py    KernelVerifier: extract -> static scan -> compile -> run/correctness -> performance
   extract.py     stage 1: code from model output
-  legality.py    the legality policy and the static scan; gate.py is its runtime half (in the sandbox)
-  build/         the compile subsystem (BuildService, prebuilt extensions)
-  zygote.py, executor.py, sandbox.py, wire.py   forked, confined execution children and their channel
-  reference.py, compare.py, runner.py, baselines.py, timing.py, lease.py   the trusted side
-  reward.py      the MooreEval score and the feedback texts; verdicts.py: the verdict cache
+  legality.py    the legality policy and the static scan; gate.py and fence.py are its runtime half
+                 (in the sandbox), build/symbols.py its check of built libraries
+  build/         the compile subsystem (BuildService: jailed capture and build processes, symbol check)
+  jail.py, isolation.py, zygote.py   the confinement (namespaces, uid, filesystem, seccomp), what each
+                 kind of process sees, and the one fork server of every jailed process
+  executor.py, sandbox.py, wire.py   the execution sandbox and its channel
+  reference.py, compare.py, runner.py, baselines.py, timing.py   the trusted side (protocols/lease.py:
+                 the device lease shared with engines and learners)
+  reward.py      the MooreEval score and the feedback texts; verdicts.py: the authenticated verdict cache
   examples.py    TextMatchReward, an example reward actor for a non-kernel task
-  gpu_validate.py  the GPU-machine validation and benchmark (`python -m actors.verifier.gpu_validate`)
+The verifier's own tools live in launch/bench/ (`gpu_verifier`, `compile`, `gpu_compile`).
 
 Submodules are imported explicitly: this package's import must stay cheap, because every sandbox
 child is forked from a process that imported it.

@@ -1,4 +1,4 @@
-"""`VerifierActor`: serves VerifyRequest -> VerifyResult over a ZMQ ROUTER (DESIGN.md §2, §4).
+"""`VerifierActor`: serves VerifyRequest -> VerifyResult over a ZMQ ROUTER (the reward service, docs/architecture.md).
 
 It wraps the reward actor named by `verifier.reward_actor` (the kernel verifier by default), loaded
 when the actor is constructed so a bad dotted path fails at start-up with a clear message.

@@ -1,23 +1,23 @@
 """Reference timings (eager PyTorch and torch.compile) that speedups are measured against.
 
-Measured in the trusted process with the same `Clock` and the same input sets as the candidate, under
-the exclusive device lease, once per (task, shapes, device) and then reused by every candidate of the
-task. torch.compile's own compilation (seconds to a minute) happens outside the exclusive window.
+Measured in the trusted process with the same `Clock` as the candidate and fed the same way: every
+timed call gets a fresh draw of `get_inputs()`, copied into fixed buffers (the same addresses every
+call) outside the timed window, under the exclusive device lease; once per (task, shapes, device),
+then reused by every candidate of the task. torch.compile's own compilation (seconds to a minute)
+happens outside the exclusive window.
 """
 
 from __future__ import annotations
 
 import logging
-import random
-import secrets
 import threading
 
 import torch
 
 from actors.verifier import timing
-from actors.verifier.lease import DeviceLease
-from actors.verifier.reference import Reference, ShapeConfig, Trial
+from actors.verifier.reference import Instance, Reference, ShapeConfig
 from configs import VerifierConfig
+from protocols.lease import DeviceLease
 
 log = logging.getLogger(__name__)
 
@@ -38,49 +38,51 @@ class Baselines:
         mode = self.cfg.compile_baseline
         return self.cfg.reward.baseline == "compile" or mode == "always" or (mode == "auto" and self.device_type == "cuda")
 
-    def measure(self, ref: Reference, config: ShapeConfig, sets: list[Trial],
-                model: torch.nn.Module) -> tuple[float, float | None]:
-        """(eager seconds, torch.compile seconds or None) for the reference at `config`'s shapes."""
-        key = (ref.task_id, ref.hash, tuple(sorted(config.overrides.items())), self.device)
+    def _key(self, ref: Reference, config: ShapeConfig) -> tuple:
+        return ref.task_id, ref.hash, tuple(sorted(config.overrides.items())), self.device
+
+    def measure(self, ref: Reference, instance: Instance, runs: int) -> tuple[float, float | None]:
+        """(eager seconds, torch.compile seconds or None) for the reference at `instance`'s shapes."""
+        key = self._key(ref, instance.config)
         with self._guard:
             lock = self._locks.setdefault(key, threading.Lock())
         with lock:
             if key not in self._cache:
-                self._cache[key] = self._measure(key, model, sets)
+                self._cache[key] = self._measure(key, ref, instance, runs)
             return self._cache[key]
 
     def note(self, ref: Reference, config: ShapeConfig) -> str:
-        return self.notes.get((ref.task_id, ref.hash, tuple(sorted(config.overrides.items())), self.device), "")
+        return self.notes.get(self._key(ref, config), "")
 
-    def _measure(self, key: tuple, model: torch.nn.Module, sets: list[Trial]) -> tuple[float, float | None]:
-        feeds = [[x.to(self.device) if isinstance(x, torch.Tensor) else x for x in s.inputs] for s in sets]
-        eager = self._time(model, feeds)
+    def _measure(self, key: tuple, ref: Reference, instance: Instance, runs: int) -> tuple[float, float | None]:
+        with self.lease.shared():
+            sets = [ref.fresh_inputs(instance) for _ in range(runs + self.cfg.warmup)]
+        eager = self._time(instance.model, sets)
         compiled_s = None
         if self.wants_compile():
             try:
-                compiled = torch.compile(model)
+                compiled = torch.compile(instance.model)
                 with self.lease.shared(), torch.no_grad():
-                    for feed in feeds:  # compile (and recompile per input set) outside the timed window
-                        compiled(*feed)
-                compiled_s = self._time(compiled, feeds)
+                    compiled(*ref.to_device(sets[0]))  # compile outside the timed window
+                compiled_s = self._time(compiled, sets)
             except Exception as err:  # inductor missing a compiler, an unsupported op, ...
                 self.notes[key] = f"torch.compile baseline unavailable: {type(err).__name__}: {str(err)[:200]}"
                 log.warning("verifier: %s", self.notes[key])
         return eager, compiled_s
 
-    def _time(self, fn, feeds: list[list]) -> float:
-        """Median seconds of `fn`, fed exactly like the candidate's timed runs (see InputFeeder)."""
-        feeder = timing.InputFeeder(feeds, run_order(self.cfg.repeats))
+    def _time(self, fn, sets: list[list]) -> float:
+        """Median seconds of `fn`, fed exactly like the candidate's timed runs."""
+        feed = [x.to(self.device) if isinstance(x, torch.Tensor) else x for x in sets[0]]
+        times = []
         with self.lease.exclusive(), torch.no_grad(), timing.cpu_threads(self.device_type):
             if self._clock is None:
                 self._clock = timing.Clock(self.device_type)
-            times = timing.run_series(self._clock, lambda i: fn(*feeder.feed), warmup=self.cfg.warmup,
-                                      repeats=self.cfg.repeats, budget_s=20.0, before=feeder.before)
+            for i, inputs in enumerate(sets):
+                for buf, src in zip(feed, inputs):
+                    if isinstance(buf, torch.Tensor):
+                        buf.copy_(src)
+                self._clock.prepare()
+                _, seconds = self._clock.measure(lambda: fn(*feed))
+                if i >= self.cfg.warmup:
+                    times.append(seconds)
         return timing.median(times)
-
-
-def run_order(repeats: int) -> list[int]:
-    """Which of two input sets each timed run uses: both early, then an unpredictable mix."""
-    rng = random.Random(secrets.randbits(64))
-    head = [0, 1] if rng.random() < 0.5 else [1, 0]
-    return head + [rng.randrange(2) for _ in range(max(repeats - 2, 0))]

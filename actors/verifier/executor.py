@@ -1,16 +1,19 @@
-"""Parent side of sandboxed execution: a bounded pool of forked children with watchdogs.
+"""Parent side of sandboxed execution: a bounded pool of jailed children with watchdogs.
 
-`SandboxPool.session()` forks a fresh child from the zygote (one per candidate), watches its
-resident memory (RssWatchdog; RLIMIT_AS would break CUDA contexts) and gives every request a
-wall-clock deadline. A child that hangs is killed (its whole process group); one that crashes,
-exits, or is killed for memory is reaped and described. Either way only that child is lost: the
-next session forks a new one, and the zygote (which never runs candidate code) keeps serving.
-Replies are read with `wire.recv` (no pickle) and must echo the request's nonce, so a candidate
-cannot inject a result of its own into the channel without reading the verifier's memory.
+`SandboxPool.session()` forks a fresh sandbox from the zygote (one per candidate), jailed as
+isolation.run_jail says, watches the resident memory of its process tree (RssWatchdog; RLIMIT_AS
+would break CUDA contexts) and gives every request a wall-clock deadline. The first request, `hello`,
+is answered before any candidate code exists: its jail report is the one the verdict trusts. A
+sandbox that hangs is killed (and with it its whole PID namespace); one that crashes, exits, or is
+killed for memory is reaped and its own exit status recorded. Either way only that sandbox is lost:
+the next session forks a new one, and the zygote (which never runs candidate code) keeps serving.
+Replies are read with `wire.recv` (no pickle) and must echo the request's nonce. The evidence pipe
+carries what the compute fence refused, written by the sandbox the moment it happened.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import secrets
 import shutil
@@ -22,10 +25,10 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from actors.verifier import wire
+from actors.verifier import isolation, wire
 from actors.verifier.isolation import RssWatchdog
 from actors.verifier.legality import Violation
-from actors.verifier.zygote import ExitStatus, Zygote
+from actors.verifier.zygote import ExitStatus, Zygote, ZygoteError
 
 _SIGNAL_HINTS = {
     signal.SIGSEGV: "a segmentation fault (out-of-bounds pointer or index?)",
@@ -34,6 +37,7 @@ _SIGNAL_HINTS = {
     signal.SIGILL: "an illegal instruction",
     signal.SIGABRT: "an abort (a failed assertion or an uncaught C++ exception)",
     signal.SIGKILL: "SIGKILL (the system's out-of-memory killer?)",
+    signal.SIGSYS: "SIGSYS (a forbidden system call)",
 }
 
 
@@ -62,23 +66,56 @@ class SandboxForged(SandboxFailure):
     error_class = "cheating"
 
 
-class ChildSession:
-    """One forked child serving one candidate."""
+class SandboxInfra(SandboxFailure):
+    """The sandbox could not be started (the system's fault)."""
 
-    def __init__(self, pool: "SandboxPool", memory_limit_bytes: int) -> None:
+    error_class = "infra"
+
+
+class ChildSession:
+    """One jailed sandbox serving one candidate."""
+
+    def __init__(self, pool: "SandboxPool", memory_limit_bytes: int, check_cuda: bool = False) -> None:
         self.pool = pool
         self.scratch = Path(tempfile.mkdtemp(prefix="kiln-sandbox-", dir=pool.scratch_root))
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            self.pid = pool.zygote.fork(theirs.fileno(), str(self.scratch), pool.device_type)
-        finally:
-            theirs.close()
-        self.sock = ours
-        self.alive = True
+        self.alive = False
         self.status: ExitStatus | None = None
-        self.watchdog = RssWatchdog(self.pid, memory_limit_bytes, self.kill)
         self.requests = 0
         self.waited_s = 0.0
+        self.evidence: list[Violation] = []
+        self.jail: dict = {}
+        self.cuda_error: str | None = None
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        ev_r, ev_w = os.pipe()
+        fcntl.fcntl(ev_r, fcntl.F_SETFL, os.O_NONBLOCK)
+        self._evidence_fd = ev_r
+        self._evidence_buf = b""
+        spec = isolation.run_jail(str(self.scratch / "work"), cuda=pool.device_type == "cuda",
+                                  uid=pool.zygote.next_uid(), hidden=pool.hidden, visible=pool.visible)
+        try:
+            spawned = pool.zygote.spawn("run", spec, [theirs.fileno(), ev_w], str(self.scratch / "output.log"),
+                                        {"device": pool.device_type})
+        except ZygoteError as err:
+            ours.close()
+            os.close(ev_r)
+            raise SandboxInfra(str(err)) from None
+        finally:
+            theirs.close()
+            os.close(ev_w)
+        self.spawned = spawned
+        self.pid = spawned.pid
+        self.sandbox_pid = spawned.sandbox or spawned.pid
+        self.sock = ours
+        self.alive = True
+        self.watchdog = RssWatchdog(self.sandbox_pid, memory_limit_bytes, self.kill)
+        try:
+            hello = self.request("hello", {"check_cuda": check_cuda}, 120)
+            self.jail = hello.get("jail") or {}
+            self.cuda_error = hello.get("cuda")
+        except SandboxFailure as err:
+            tail = self.output_tail()
+            self.close()
+            raise SandboxInfra(f"the sandbox did not start: {err}" + (f"\n{tail}" if tail else "")) from None
 
     def request(self, op: str, body: dict, budget_s: float, max_reply_bytes: int = 8 << 30) -> dict:
         """Send one request and wait up to `budget_s` for its reply (raises SandboxFailure)."""
@@ -101,6 +138,8 @@ class ChildSession:
             self.kill()
             self._reap()
             raise SandboxForged(f"the sandbox channel carried a malformed message ({err})") from None
+        finally:
+            self.drain_evidence()
         if not isinstance(reply, dict) or reply.get("nonce") != nonce:
             self.kill()
             self._reap()
@@ -108,6 +147,24 @@ class ChildSession:
                                 "(a forged result?)")
         reply["findings"] = parse_findings(reply.get("findings"))
         return reply
+
+    def drain_evidence(self) -> None:
+        """Read what the compute fence wrote to the evidence pipe (never blocks; nothing once closed:
+        a closed descriptor's number may already belong to another session's socket)."""
+        while self._evidence_fd >= 0 and len(self.evidence) < 200:
+            try:
+                chunk = os.read(self._evidence_fd, 65536)
+            except (BlockingIOError, OSError):
+                break
+            if not chunk:
+                break
+            self._evidence_buf += chunk
+        *lines, self._evidence_buf = self._evidence_buf.split(b"\n")
+        for line in lines[:200]:
+            parts = line.decode("utf-8", "replace").split("\t")
+            if len(parts) >= 2 and parts[0] and len(self.evidence) < 200:
+                self.evidence.append(Violation(parts[0][:40], parts[1][:200], (parts[2] if len(parts) > 2 else "")[:200],
+                                               "recorded by the compute fence as it refused"))
 
     def _crashed(self) -> SandboxCrash:
         self._reap()
@@ -137,13 +194,8 @@ class ChildSession:
             return ""
 
     def kill(self) -> None:
-        if not self.alive:
-            return
-        for fn in (lambda: os.killpg(self.pid, signal.SIGKILL), lambda: os.kill(self.pid, signal.SIGKILL)):
-            try:
-                fn()
-            except (ProcessLookupError, PermissionError):
-                pass
+        if self.alive:
+            self.spawned.kill()
 
     def _reap(self) -> None:
         if not self.alive:
@@ -164,18 +216,26 @@ class ChildSession:
             except OSError:
                 pass
             deadline = time.monotonic() + 2.0
-            while time.monotonic() < deadline and os.path.exists(f"/proc/{self.pid}") and _running(self.pid):
-                time.sleep(0.01)
+            while time.monotonic() < deadline and _running(self.pid):
+                time.sleep(0.005)
             self._reap()
         self.watchdog.stop()
+        self.spawned.close()
+        self.drain_evidence()
         self.sock.close()
+        os.close(self._evidence_fd)
+        self._evidence_fd = -1
         shutil.rmtree(self.scratch, ignore_errors=True)
+        shutil.rmtree(f"{self.scratch}/work.root", ignore_errors=True)
+
+    def exit_status(self) -> dict:
+        return (self.status or ExitStatus(None, None)).to_json()
 
 
 def _running(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
     except (OSError, IndexError):
         return False
 
@@ -192,21 +252,42 @@ def parse_findings(raw) -> list[Violation]:
 
 
 class SandboxPool:
-    """At most `slots` children at a time (the `run_workers` setting), all forked from one zygote."""
+    """At most `slots` sandboxes at a time (the `run_workers` setting), all forked from one zygote.
 
-    def __init__(self, device_type: str, slots: int, memory_limit_mb: int, scratch_root: str | None = None) -> None:
+    `hidden` and `visible` extend the jail's view: the verifier's cache directory is hidden, the
+    directory of built extensions is visible (read-only) so the candidate can import its own."""
+
+    def __init__(self, device_type: str, slots: int, memory_limit_mb: int, scratch_root: str | None = None, *,
+                 zygote: Zygote | None = None, hidden: tuple[str, ...] = (), visible: tuple[str, ...] = ()) -> None:
         self.device_type = device_type
         self.memory_limit_bytes = memory_limit_mb << 20
         self.scratch_root = scratch_root
         if scratch_root:
             Path(scratch_root).mkdir(parents=True, exist_ok=True)
-        self.zygote = Zygote()
+        self.own_zygote = zygote is None
+        self.zygote = zygote or Zygote()
+        self.hidden, self.visible = tuple(hidden), tuple(visible)
         self._slots = threading.BoundedSemaphore(slots)
         self.children = 0
 
     def warm(self) -> None:
         """Start the zygote now rather than on the first request (it imports torch: seconds)."""
         self.zygote.start()
+
+    def probe(self) -> dict:
+        """The jail report of a sandbox on this machine (start-up check): which layers hold. On cuda,
+        a sandbox must also be able to create a CUDA context; if it cannot, the verifier cannot work
+        here at all, and says why (SandboxInfra)."""
+        with self._slots:
+            child = ChildSession(self, self.memory_limit_bytes, check_cuda=self.device_type == "cuda")
+            try:
+                if child.cuda_error:
+                    raise SandboxInfra(f"CUDA does not initialise inside the sandbox ({child.cuda_error}); "
+                                       f"its jail shows /dev/nvidia*, /sys, /usr and the library path: is the "
+                                       f"driver library elsewhere?")
+                return dict(child.jail)
+            finally:
+                child.close()
 
     @contextmanager
     def session(self):
@@ -222,4 +303,5 @@ class SandboxPool:
                 child.close()
 
     def close(self) -> None:
-        self.zygote.close()
+        if self.own_zygote:
+            self.zygote.close()

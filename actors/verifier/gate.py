@@ -1,20 +1,25 @@
 """The runtime legality gate, active in the sandbox child around every execution of the candidate.
 
 Everything here is imported (and every function it relies on is captured) before the candidate's
-module is, so what the candidate later patches cannot change what the gate sees:
-* `ForwardGate`: an ATen dispatch mode around each `ModelNew.forward` call. Every op outside
-  `PLUMBING_OPS` is recorded with the candidate line that reached it and how (a torch Python API, or
-  native code: ops issued from an extension's C++ reach the dispatcher too). A device-to-host copy
-  on cuda is a host round-trip. A profile hook on the calling thread catches the CPU variant (a tensor
-  handed to numpy or back). The gate records and lets the op run, so a try/except cannot turn its
-  verdict into a fallback path.
+module is, and Kiln's modules are gone from `sys.modules` and from the sandbox's filesystem by then
+(isolation.hide_kiln_modules), so candidate code cannot import this module to switch it off:
+* the compute fence (fence.py) is what enforces "no PyTorch compute in forward": every ATen kernel
+  outside tensor plumbing refuses to run while forward runs. The parts below add attribution
+  (which line, through which API) and catch what is not an ATen op.
+* `ForwardGate`: an ATen dispatch mode around each `ModelNew.forward` call in correctness trials.
+  Every op outside `PLUMBING_OPS` is recorded with the candidate line that reached it and how (a torch
+  Python API, or native code). A device-to-host copy on cuda is a host round-trip. A profile hook on
+  the calling thread catches a tensor handed to numpy or back.
 * `AuditMonitor`: a `sys.addaudithook` hook (irremovable) that flags, while armed and when the
   candidate's own code is the caller, introspection (frames, gc, code objects), process and network
-  access, ctypes, exec, and any open/import of the task's reference.
+  access, ctypes, exec; and from any caller, imports of Kiln's packages or of the task's reference,
+  and opens of process memory (/proc/*/mem).
 * `Integrity`: identities of the functions the verifier relies on (torch.allclose, the timers,
-  torch.cuda.Event, Tensor methods, builtins, the sandbox's own modules), re-checked after every
-  phase; any change is a patch attempt.
+  torch.cuda.Event, Tensor methods, builtins) and the contents of the sandbox's own modules and
+  classes, re-checked after every phase; any change is a patch attempt.
 * thread and output-settle checks: work that is still running after forward returned.
+Whatever this process reports is a finding against the candidate, never evidence for it: the
+verdict, the comparison and the clock that counts live in the verifier (runner.py).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
 
+from actors.verifier import fence
 from actors.verifier.legality import COPY_OPS, PLUMBING_OPS, Violation
 
 _TB = torch._C.TensorBase
@@ -82,10 +88,12 @@ class Findings:
         self.lock = threading.Lock()
 
     def add(self, v: Violation) -> None:
+        """Record `v`; a repeat keeps the first record (the dispatch gate's, which says which API was
+        used, comes before the fence's for the same op) and counts."""
         key = (v.kind, v.what, v.where)
         with self.lock:
             old = self.items.get(key)
-            self.items[key] = (v, (old[1] if old else 0) + 1)
+            self.items[key] = (old[0] if old else v, (old[1] if old else 0) + 1)
 
     def drain(self) -> list[dict]:
         with self.lock:
@@ -192,17 +200,19 @@ class HostRoundTripHook:
 
 
 class GateSession:
-    """Enter around one forward call: dispatch gate, API tracker, host round-trip hook, thread watch."""
+    """Enter around one forward call: the compute fence's window, and in correctness trials the dispatch
+    gate, API tracker and host round-trip hook; threads are noted before, for the check after."""
 
     def __init__(self, findings: Findings, candidate_file: str, device_type: str, *, detailed: bool) -> None:
         self.findings = findings
         self.candidate_file = candidate_file
         self.gate = ForwardGate(findings, candidate_file, device_type)
-        # Detailed mode (correctness trials) adds API attribution and the numpy profile hook, which
-        # cost a Python call per torch API use / per C call; timed runs keep the dispatch gate and
-        # the cheap foreign-memory checks only, so the timer measures the candidate, not the gate.
+        # Detailed mode (correctness trials) adds attribution (which line, via which API) and the numpy
+        # profile hook, which cost a Python call per op / per C call; timed runs keep the fence only
+        # (no cost per plumbing op), so the timer measures the candidate, not the gate.
         self.detailed = detailed
         self.hook = HostRoundTripHook(findings, candidate_file)
+        self.window = fence.Window()
 
     def watch_threads(self) -> "GateSession":
         """Note the threads alive now (call before the timed window, not inside it)."""
@@ -214,19 +224,21 @@ class GateSession:
         if self.detailed:
             self.gate.api = _PythonApiTracker()
             self.gate.api.__enter__()
-        self.gate.__enter__()
-        if self.detailed:
+            self.gate.__enter__()
             self._old_profile = sys.getprofile()
             sys.setprofile(self.hook)
+        self.window.__enter__()
         return self
 
     def __exit__(self, *exc):
-        if self.detailed:
-            current_profile = sys.getprofile()
-            sys.setprofile(self._old_profile)
-            if current_profile is not self.hook:
-                self.findings.add(Violation("gate_disabled", "the host round-trip hook was removed", "",
-                                            "sys.setprofile"))
+        self.window.__exit__(*exc)
+        if not self.detailed:
+            return False
+        current_profile = sys.getprofile()
+        sys.setprofile(self._old_profile)
+        if current_profile is not self.hook:
+            self.findings.add(Violation("gate_disabled", "the host round-trip hook was removed", "",
+                                        "sys.setprofile"))
         if _get_current_dispatch_mode() is not self.gate:
             self.findings.add(Violation("gate_disabled", "the ATen dispatch gate was popped or replaced", "",
                                         "torch dispatch mode stack"))
@@ -271,12 +283,23 @@ _ALWAYS_FLAGGED = {
 }
 
 
+_KILN_PACKAGES = frozenset({"actors", "protocols", "configs", "launch", "tasks", "tests"})
+
+
+def _PROCESS_MEMORY(path: str) -> bool:
+    """/proc/<pid>/mem, /proc/<pid>/task/<tid>/mem, /dev/mem, /proc/kcore: memory of a process or of the machine."""
+    parts = path.split("/")
+    return path in ("/dev/mem", "/dev/kmem", "/proc/kcore") or (
+        len(parts) >= 4 and parts[1] == "proc" and parts[-1] in ("mem", "map_files", "pagemap"))
+
+
 class AuditMonitor:
     """Flags sensitive runtime events raised by the candidate's own code while armed."""
 
     def __init__(self, findings: Findings, candidate_file: str, reference_paths: list[str]) -> None:
         self.findings = findings
         self.candidate_file = candidate_file
+        self.scratch = os.path.dirname(os.path.realpath(candidate_file)) + os.sep if candidate_file else ""
         self.reference_paths = tuple(os.path.realpath(p) for p in reference_paths if p)
         self.reference_dirs = tuple({os.path.dirname(p) + os.sep for p in self.reference_paths})
         self.armed = False
@@ -286,16 +309,20 @@ class AuditMonitor:
         sys.addaudithook(self._hook)
 
     def _hook(self, event: str, args: tuple) -> None:
-        if not self.armed or getattr(self._busy, "on", False):
+        if getattr(self._busy, "on", False):
             return
         kind = _ALWAYS_FLAGGED.get(event)
+        # Processes and sockets count whenever the candidate's code asks (a destructor or a thread
+        # runs outside any armed phase); the rest only while candidate code is running.
+        if not self.armed and kind not in ("process", "network"):
+            return
         if kind is None and event not in ("open", "import"):
             return
         self._busy.on = True
         try:
             if event in ("open", "import"):
                 self._check_reference_access(event, args)
-            elif self._caller_is_candidate():
+            elif self._caller_is_candidate(2):
                 detail = f"{event}{_brief(args)}"
                 self.findings.add(Violation(kind, detail, candidate_site(self.candidate_file), "runtime audit"))
         finally:
@@ -303,18 +330,43 @@ class AuditMonitor:
 
     def _check_reference_access(self, event: str, args: tuple) -> None:
         path = args[0] if event == "open" else (args[1] if len(args) > 1 else None)
+        if event == "import" and args and isinstance(args[0], str) and args[0].split(".")[0] in _KILN_PACKAGES:
+            top = args[0].split(".")[0]
+            kind, why = (("reference_access", "importing the task set (the reference)") if top == "tasks"
+                         else ("verifier_access", "reaching into the verifier"))
+            self.findings.add(Violation(kind, f"import {args[0]}", candidate_site(self.candidate_file), why))
+            return
         if not isinstance(path, (str, bytes, os.PathLike)):
             return
         real = os.path.realpath(os.fsdecode(path))
+        if event == "open" and _writes(args) and self.scratch and not real.startswith(self.scratch) \
+                and not real.startswith("/dev/") and self._caller_is_candidate(3):
+            self.findings.add(Violation("fs_escape", f"open {real} for writing", candidate_site(self.candidate_file),
+                                        "writing outside the sandbox's scratch directory"))
+            return
         if real in self.reference_paths or (real.endswith(".py") and real.startswith(self.reference_dirs)):
             self.findings.add(Violation("reference_access", f"{event} {real}", candidate_site(self.candidate_file),
                                         "reading or importing the reference"))
+        elif event == "open" and _PROCESS_MEMORY(real):
+            self.findings.add(Violation("memory_access", f"open {real}", candidate_site(self.candidate_file),
+                                        "reading or patching process memory"))
 
-    def _caller_is_candidate(self) -> bool:
-        frame = _getframe(2)  # 0: this method, 1: _hook, 2: the code that raised the event
+    def _caller_is_candidate(self, depth: int) -> bool:
+        """Whether the code that raised the event (`depth` frames up from here) is the candidate's,
+        looking through standard-library frames (os.fork called via subprocess, say)."""
+        frame = _getframe(depth)
         while frame is not None and _is_stdlib(frame.f_code.co_filename):
             frame = frame.f_back
         return frame is not None and frame.f_code.co_filename == self.candidate_file
+
+
+def _writes(args: tuple) -> bool:
+    """An `open` audit event that asks for writing (builtins.open's mode, or os.open's flags)."""
+    mode = args[1] if len(args) > 1 else None
+    if isinstance(mode, str):
+        return any(c in mode for c in "wax+")
+    flags = args[2] if len(args) > 2 and isinstance(args[2], int) else (mode if isinstance(mode, int) else 0)
+    return bool(flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC))
 
 
 def _brief(args: tuple) -> str:
@@ -350,7 +402,8 @@ _WATCHED: list[tuple[str, str]] = [
                               "float", "int", "bool", "str", "list", "tuple", "dict", "repr", "sorted", "any", "all")
 ]
 _PROTECTED_MODULES = ("actors.verifier.gate", "actors.verifier.sandbox", "actors.verifier.timing",
-                      "actors.verifier.wire", "actors.verifier.legality")
+                      "actors.verifier.wire", "actors.verifier.legality", "actors.verifier.fence",
+                      "actors.verifier.build.prebuilt", "actors.verifier.build.spec")
 
 
 def _lookup(owner: str, name: str):
@@ -376,24 +429,35 @@ _MISSING = object()
 
 
 class Integrity:
-    """Identity snapshot of what the verifier relies on; `check()` lists what changed since."""
+    """Identity snapshot of what the verifier relies on; `check()` lists what changed since.
+
+    The sandbox's own modules are held here by reference (they leave sys.modules before the candidate
+    is imported), and so are the classes they define: a patched method (`Findings.add = ...`) shows up
+    as a changed class dict, not only a changed module dict."""
 
     def __init__(self) -> None:
         self.watched = {(o, n): _lookup(o, n) for o, n in _WATCHED}
-        self.modules = {m: dict(vars(sys.modules[m])) for m in _PROTECTED_MODULES if m in sys.modules}
+        self.modules = {m: sys.modules[m] for m in _PROTECTED_MODULES if m in sys.modules}
+        self.module_dicts = {m: dict(vars(mod)) for m, mod in self.modules.items()}
+        self.classes = {f"{m}.{k}": (v, dict(vars(v))) for m, mod in self.modules.items()
+                        for k, v in vars(mod).items() if isinstance(v, type) and v.__module__ == m}
 
     def check(self) -> list[Violation]:
         out = []
         for (owner, name), obj in self.watched.items():
             if _lookup(owner, name) is not obj:
                 out.append(Violation("patched", f"{owner}.{name}", "", "monkey-patching"))
-        for mod, snapshot in self.modules.items():
-            live = vars(sys.modules.get(mod, types.ModuleType(mod)))
-            changed = [k for k, v in snapshot.items() if live.get(k, _MISSING) is not v]
-            if changed or set(live) - set(snapshot):
-                names = ", ".join(sorted(set(changed) | (set(live) - set(snapshot)))[:5])
-                out.append(Violation("patched", f"{mod} ({names})", "", "tampering with the verifier"))
-        if sys.modules.get(_PROTECTED_MODULES[0]) is None:
-            out.append(Violation("patched", "sys.modules", "", "tampering with the verifier"))
+        for mod, snapshot in self.module_dicts.items():
+            out += _changed(mod, snapshot, vars(self.modules[mod]))
+        for name, (klass, snapshot) in self.classes.items():
+            out += _changed(name, snapshot, type.__getattribute__(klass, "__dict__"))
         return out
 
+
+def _changed(name: str, snapshot: dict, live) -> list[Violation]:
+    changed = [k for k, v in snapshot.items() if live.get(k, _MISSING) is not v]
+    added = set(live) - set(snapshot)
+    if not changed and not added:
+        return []
+    names = ", ".join(sorted(set(changed) | added)[:5])
+    return [Violation("patched", f"{name} ({names})", "", "tampering with the verifier")]

@@ -79,6 +79,9 @@ FORBIDDEN_MODULES = {
     "torch.library": "registering operators", "torch.overrides": "torch function overrides",
     "torch.utils._python_dispatch": "dispatch modes", "torch.testing": "patching the comparison",
     "torch.cuda.graphs": "CUDA graph replay (compute the gate cannot see)",
+    # Kiln itself: the gate, the clock and the caches are not the candidate's business.
+    "actors": "reaching into the verifier", "protocols": "reaching into the verifier",
+    "configs": "reaching into the verifier", "launch": "reaching into the verifier",
 }
 # Attribute chains that are escape hatches wherever they appear.
 FORBIDDEN_ATTRS = {
@@ -101,7 +104,11 @@ FORBIDDEN_CALLS = {
 }
 FORBIDDEN_METHODS = {
     "numpy": "host round-trip through numpy", "tolist": "host round-trip through Python lists",
-    "__array__": "host round-trip through numpy",
+    "__array__": "host round-trip through numpy", "apply_": "Python compute over tensor elements",
+    "map_": "Python compute over tensor elements", "map2_": "Python compute over tensor elements",
+    "redispatch": "calling a kernel below the dispatcher", "_disable_current_modes": "switching off dispatch modes",
+    "_pop_mode": "switching off dispatch modes", "_pop_mode_temporarily": "switching off dispatch modes",
+    "__dlpack__": "host round-trip through DLPack",
 }
 _REFERENCE_IMPORT = re.compile(r"(^|\.)(level\d+|reference|references|kernelbench|tasks)(\.|$)", re.IGNORECASE)
 _TORCH_ROOTS = ("torch", "time", "sys", "os", "builtins", "math")
@@ -154,6 +161,9 @@ def static_scan(source: str, *, allow_vendor_libs: bool = True) -> tuple[list[Vi
                 if _resolve(base, aliases) in ("torch.Tensor", "torch._C.TensorBase", "torch.nn.Parameter"):
                     found.append(Violation("static", f"class {node.name}({_resolve(base, aliases)})", where(node),
                                            "tensor subclass"))
+    for text in _string_constants(tree):  # getattr(x, "apply_"), importlib-free module names
+        if text.isidentifier() and text in FORBIDDEN_METHODS:
+            found.append(Violation("static", f"'{text}'", "", FORBIDDEN_METHODS[text]))
     native = "\n".join(_string_constants(tree))
     found += native_scan(native)
     vendors = vendor_libraries(native)

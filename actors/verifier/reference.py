@@ -175,6 +175,36 @@ class Reference:
             expected = self.run(instance.model, inputs)
         return Trial(instance.config, index, inputs, expected)
 
+    def fresh_inputs(self, instance: Instance) -> list:
+        """A fresh draw of `get_inputs()` at the instance's shapes (CPU tensors), never used before."""
+        seed = secrets.randbits(62)
+        with self.shapes(instance.config.overrides):
+            with _RNG_LOCK, torch.random.fork_rng(devices=self._rng_devices()):
+                torch.manual_seed(seed)
+                inputs = list(self.module.get_inputs())
+        return [x.detach().to("cpu") if isinstance(x, torch.Tensor) else x for x in inputs]
+
+    def mosaic(self, trial: Trial, instance: Instance, changed: int = 3) -> Trial:
+        """A canary: `trial`'s inputs with `changed` random elements of each tensor taken from a fresh
+        draw. A candidate that recognises inputs by a few elements (a fingerprint) and replays the
+        output it computed for `trial` returns exactly that output, which is now wrong."""
+        fresh = self.fresh_inputs(instance)
+        inputs = []
+        for a, b in zip(trial.inputs, fresh):
+            if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape \
+                    and a.dtype == b.dtype and a.numel():
+                c = a.clone()
+                flat, src = c.view(-1), b.reshape(-1)
+                for _ in range(changed):
+                    k = secrets.randbelow(flat.numel())
+                    flat[k] = src[k]
+                inputs.append(c)
+            else:
+                inputs.append(a)
+        with self.shapes(instance.config.overrides):
+            expected = self.run(instance.model, inputs)
+        return Trial(instance.config, -1, inputs, expected)
+
     def run(self, model: torch.nn.Module, inputs: list) -> list[torch.Tensor]:
         """The reference's outputs as a list of tensors on the reference device."""
         on_device = self.to_device(inputs)

@@ -1,4 +1,4 @@
-"""The MooreEval reward hierarchy (DESIGN.md §4) and the feedback text a model reads next turn.
+"""The MooreEval reward hierarchy and the feedback text a model reads next turn.
 
     s = -1                            extract/compile/run failure, timeout, illegality, or q = 0
     s = -0.5 + 0.5 q                  0 < q < 1
@@ -86,8 +86,10 @@ def correctness_feedback(trials: list[dict], q: float) -> str:
 
 
 def pass_feedback(candidate_s: float | None, eager_s: float | None, compile_s: float | None,
-                  speedup: float | None, baseline: str, vendors: list[str], review: bool) -> str:
+                  speedup: float | None, baseline: str, vendors: list[str], review: bool, implausible: str = "") -> str:
     text = "Correct on every trial and legal."
+    if implausible:
+        return text + f" The measured time is not physically plausible ({implausible}); scored as no speedup."
     if candidate_s is not None and eager_s is not None:
         text += (f" Speedup {eager_s / candidate_s:.2f}x vs eager PyTorch "
                  f"({_ms(candidate_s)} vs {_ms(eager_s)} per call)")

@@ -1,56 +1,69 @@
-"""The sandbox child: imports one candidate and runs it on the trusted side's request.
+"""The execution sandbox: imports one candidate and runs it on the verifier's request.
 
-A child is forked from the zygote (zygote.py) for each candidate, so nothing a candidate leaves behind
-(patches, threads, loaded extensions, a broken CUDA context) reaches the next one. It confines
-itself (isolation.confine: scratch dir, no network), then answers requests on its socket:
+A sandbox is forked from the zygote (zygote.py) for each candidate and jailed (jail.py: its own PID,
+mount and network namespaces, an unprivileged uid, a read-only filesystem with one scratch
+directory, seccomp), so nothing a candidate does reaches the verifier or the next candidate. Before
+any candidate code exists it hides Kiln's own modules (isolation.hide_kiln_modules), arms the audit
+hook and points the compute fence (fence.py) at the candidate. Then it answers requests:
 
-    prepare  {source, artifacts, toolchain, reference_paths}   install prebuilt .so files, import
-    instance {init_args, seed, state_dict}                      build ModelNew for one shape config
-    call     {inputs}                                           one gated forward -> outputs
-    time     {sets, order, warmup, repeats, budget_s, tol}      timed forwards, outputs re-checked
+    hello    {}                                             the jail's report (before any candidate code)
+    prepare  {source, artifacts, toolchain, reference_paths} install prebuilt .so files, import
+    instance {init_args, seed, state_dict}                  build ModelNew for one shape config
+    call     {inputs}                                       one gated forward -> outputs (a correctness trial)
+    stage    {inputs}                                       copy a timed run's inputs into the fixed buffers
+    run      {null}                                         one timed forward (null: the same path without it)
+    outputs  {}                                             the last timed run's outputs
     close
 
-Every reply carries the request's nonce, the findings of the legality gate (gate.py) and, for
-errors, the exception with the candidate line it came from. This process never compares outputs
-with the reference (it never sees one): it sends outputs back and the verifier compares them.
+This process is untrusted from the moment the candidate is imported: what it reports can only count
+against the candidate. It never sees an expected output, never compares anything with the reference,
+and its clock is cross-checked by the verifier's own (runner.py).
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import os
 import socket
 import sys
 import time
 import traceback
-from contextlib import ExitStack
 from pathlib import Path
 
 import torch
 
-from actors.verifier import gate, timing, wire
+from actors.verifier import fence, gate, isolation, timing, wire
+from actors.verifier.build.prebuilt import install_prebuilt
 from actors.verifier.gate import AuditMonitor, Findings, GateSession, Integrity
-from actors.verifier.isolation import confine
 from actors.verifier.legality import Violation
 
 _TB = torch._C.TensorBase
 _clone = _TB.clone
-_equal = torch.equal
-_allclose = torch.allclose
+_numpy = _TB.numpy  # captured before the fence wraps it (preload)
+_contiguous, _reshape, _view, _to = _TB.contiguous, _TB.reshape, _TB.view, _TB.to
 _sleep = time.sleep
+_perf = time.perf_counter
 SETTLE_S = 0.002  # cpu: pause before re-reading the outputs, to see whether a thread still writes them
 _CUDA_MARKERS = ("CUDA error", "cudaError", "CUBLAS_STATUS", "CUDNN_STATUS", "device-side assert",
                  "illegal memory access", "an illegal instruction", "misaligned address")
 
 
-class ChildState:
-    """Everything one child knows about its candidate."""
+def preload(fence_library: str | None) -> None:
+    """In the zygote, before any fork: register the compute fence (inherited by every child)."""
+    fence.install(fence_library)
 
-    def __init__(self, sock: socket.socket, scratch: Path, device_type: str, notes: list[str]) -> None:
+
+class ChildState:
+    """Everything one sandbox knows about its candidate."""
+
+    def __init__(self, sock: socket.socket, scratch: Path, device_type: str, jail_report, evidence_fd: int) -> None:
         self.sock = sock
         self.scratch = scratch
         self.device_type = device_type
         self.device = "cuda" if device_type == "cuda" else "cpu"
-        self.notes = notes
+        self.jail = jail_report
+        self.evidence_fd = evidence_fd
         self.findings = Findings()
         self.candidate_file = ""
         self.audit: AuditMonitor | None = None
@@ -60,9 +73,10 @@ class ChildState:
         self.owned: list[tuple[int, int]] = []  # storage ranges of the model's parameters and buffers
         self.previous: list[torch.Tensor] = []  # outputs of the last call, held to catch storage reuse
         self.calls = 0
+        self.shared_maps: set[str] = set()  # shared mappings present before any candidate code ran
         self.clock: timing.Clock | None = None
-
-    # ------------------------------------------------------------------------------ helpers
+        self.feed: list = []  # the fixed input buffers of timed runs
+        self.last: list[torch.Tensor] = []  # the last timed run's outputs
 
     def armed(self):
         return _Armed(self)
@@ -71,12 +85,14 @@ class ChildState:
         if self.integrity is not None:
             for v in self.integrity.check():
                 self.findings.add(v)
+        for op in fence.take_refused():
+            self.findings.add(Violation("forbidden_op", op, "", "ATen compute inside forward (the kernel refused to run)"))
         return self.findings.drain()
 
     def to_device(self, items: list) -> list:
         """Received tensors on the execution device, in memory torch allocated (received buffers are
         not: the foreign-memory check would mistake them for numpy data)."""
-        return [(_clone(x) if self.device == "cpu" else _TB.to(x, self.device)) if isinstance(x, torch.Tensor) else x
+        return [(_clone(x) if self.device == "cpu" else _to(x, self.device)) if isinstance(x, torch.Tensor) else x
                 for x in items]
 
     def sync(self) -> None:
@@ -103,6 +119,21 @@ class _Armed:
 # ------------------------------------------------------------------------------------ handlers
 
 
+def handle_hello(st: ChildState, req: dict) -> dict:
+    """The jail's report, before any candidate code exists. With `check_cuda` (the verifier's start-up
+    probe on cuda), also whether a CUDA context can be created inside the jail."""
+    reply = {"ok": True, "jail": st.jail.to_json(), "pid": os.getpid()}
+    if req.get("check_cuda"):
+        try:
+            torch.cuda.set_device(0)
+            torch.empty(1, device="cuda")
+            timing.device_sync()
+            reply["cuda"] = ""
+        except Exception as err:  # noqa: BLE001 - reported to the verifier, which refuses to start
+            reply["cuda"] = f"{type(err).__name__}: {err}"[:600]
+    return reply
+
+
 def handle_prepare(st: ChildState, req: dict) -> dict:
     source, digest = req["source"], req["source_hash"][:16]
     path = st.scratch / f"kiln_candidate_{digest}.py"
@@ -113,16 +144,15 @@ def handle_prepare(st: ChildState, req: dict) -> dict:
         torch.empty(1, device="cuda")  # create the context before any candidate code runs
     if st.device_type == "cpu":
         torch.set_num_threads(timing.CPU_TIMING_THREADS)  # as the baseline is timed (timing.py)
-    torch.ones(1 << 20).add_(1)  # start the intra-op pool now, not inside the first forward
+    _TB.fill_(torch.empty(1 << 20), 1)  # start the intra-op pool now, not inside the first forward
     st.clock = timing.Clock(st.device_type)
-    install = None
-    if req.get("artifacts") is not None:
-        from actors.verifier.build import install_prebuilt as install  # noqa: PLC0415
     st.audit = AuditMonitor(st.findings, st.candidate_file, req.get("reference_paths", []))
     st.audit.install()
+    fence.arm(st.candidate_file, st.findings, st.evidence_fd, gate.candidate_site)
+    st.shared_maps = shared_mappings(st.device_type)
     st.integrity = Integrity()
-    if install is not None:
-        install(req["artifacts"], req["toolchain"])
+    if req.get("artifacts") is not None:
+        install_prebuilt(req["artifacts"], req["toolchain"])
     name = f"kiln_candidate_{digest}"
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
@@ -134,11 +164,12 @@ def handle_prepare(st: ChildState, req: dict) -> dict:
         return {"ok": False, "error": {"type": "TypeError", "where": "",
                                        "message": "ModelNew must be a torch.nn.Module subclass"}}
     st.model_cls = cls
-    return {"ok": True, "notes": st.notes}
+    check_shared_mappings(st)
+    return {"ok": True}
 
 
 def handle_instance(st: ChildState, req: dict) -> dict:
-    st.model, st.previous = None, []
+    st.model, st.previous, st.feed, st.last = None, [], [], []
     torch.manual_seed(req["seed"])
     with st.armed():
         model = st.model_cls(*req["init_args"])
@@ -153,74 +184,99 @@ def handle_instance(st: ChildState, req: dict) -> dict:
     st.model = model.to(st.device)
     st.owned = [_storage_range(t) for t in list(st.model.parameters()) + list(st.model.buffers())]
     st.sync()
+    check_shared_mappings(st)
     return {"ok": True, "params": params}
 
 
 def handle_call(st: ChildState, req: dict) -> dict:
+    """A correctness trial: the detailed gate, the settle check, and the input-mutation check."""
     inputs = st.to_device(req["inputs"])
-    pristine = [_clone(x) if isinstance(x, torch.Tensor) else x for x in inputs]
+    before = [tensor_digest(x) if isinstance(x, torch.Tensor) else None for x in inputs]
     st.sync()
-    outs, failure = gated_forward(st, inputs, detailed=True)
+    session = GateSession(st.findings, st.candidate_file, st.device_type, detailed=True).watch_threads()
+    with torch.no_grad(), st.armed(), session:
+        raw = st.model(*inputs)
+    outs, failure = check_outputs(st, raw, inputs)
     if failure is None:
-        for i, (x, p) in enumerate(zip(inputs, pristine)):
-            if isinstance(x, torch.Tensor) and not _same_bits(x, p):
+        settle(st, session, outs)
+        for i, (x, digest) in enumerate(zip(inputs, before)):
+            if digest is not None and tensor_digest(x) != digest:
                 st.findings.add(Violation("input_mutated", f"input {i} was modified in place", "",
                                           "forward must not write to its inputs"))
+    st.calls += 1
+    st.previous = outs
+    check_shared_mappings(st)
     return {"ok": True, "outputs": outs if failure is None else [], "failure": failure}
 
 
-def gated_forward(st: ChildState, inputs: list, *, detailed: bool):
-    """One forward under the gate, then the output checks. Returns (outputs, failure text or None)."""
-    session = new_session(st, detailed=detailed)
-    raw = forward_only(st, session, inputs)
-    return after_forward(st, session, raw, inputs, settle_check=True)
+def handle_stage(st: ChildState, req: dict) -> dict:
+    """Before a timed run (not timed): its fresh inputs go into the fixed buffers (the same addresses
+    every run, as the baseline is fed), and on cuda the L2 cache is flushed."""
+    inputs = req["inputs"]
+    if len(st.feed) != len(inputs) or any(
+            isinstance(b, torch.Tensor) != isinstance(x, torch.Tensor)
+            or (isinstance(x, torch.Tensor) and (b.shape != x.shape or b.dtype != x.dtype))
+            for b, x in zip(st.feed, inputs)):
+        st.feed = st.to_device(inputs)
+    else:
+        st.feed = [_TB.copy_(b, x) if isinstance(x, torch.Tensor) else x for b, x in zip(st.feed, inputs)]
+    st.last = []
+    st.clock.prepare()
+    return {"ok": True}
 
 
-def new_session(st: ChildState, *, detailed: bool) -> GateSession:
-    return GateSession(st.findings, st.candidate_file, st.device_type, detailed=detailed).watch_threads()
-
-
-def forward_only(st: ChildState, session: GateSession, inputs: list):
-    """The part of a call that is timed: the candidate's forward, gated."""
+def handle_run(st: ChildState, req: dict) -> dict:
+    """One timed forward, measured by this process's clock (the verifier measures the round trip with
+    its own). `null` runs the same path with a call that returns the last outputs instead of forward:
+    the verifier's measure of the overhead around a call."""
+    null = bool(req.get("null"))
+    call = (lambda: st.last) if null else (lambda: st.model(*st.feed))
+    session = GateSession(st.findings, st.candidate_file, st.device_type, detailed=False).watch_threads()
     with torch.no_grad(), st.armed(), session:
-        return st.model(*inputs)
-
-
-def after_forward(st: ChildState, session: GateSession, raw, inputs: list, *, settle_check: bool):
-    outs, failure = check_outputs(st, raw, inputs)
+        raw, seconds = st.clock.measure(call)
+    outs, failure = check_outputs(st, raw, st.feed, record=not null)
+    if null:
+        session.new_threads(native_too=st.calls > 0)
+        return {"ok": True, "seconds": seconds}
     if failure is None:
-        if settle_check:
-            settle(st, session, outs)
-        else:
-            _thread_check(st, session)
+        _thread_check(st, session)
+    check_shared_mappings(st)
     st.calls += 1
     st.previous = outs
-    return outs, failure
+    st.last = outs if failure is None else []
+    return {"ok": True, "seconds": seconds, "failure": failure}
 
 
-def check_outputs(st: ChildState, out, inputs: list):
+def handle_outputs(st: ChildState, req: dict) -> dict:
+    return {"ok": True, "outputs": st.last}
+
+
+def check_outputs(st: ChildState, out, inputs: list, *, record: bool = True):
+    """Outputs must be plain, dense tensors on the device in memory of their own. `record=False`
+    (the null run) goes through the same checks without adding findings."""
+    findings = st.findings if record else Findings()
     items = list(out) if isinstance(out, (tuple, list)) else [out]
     for i, t in enumerate(items):
         if not isinstance(t, torch.Tensor):
             return [], f"forward returned {type(t).__name__} as output {i}, not a tensor"
         if type(t) is not torch.Tensor:
-            st.findings.add(Violation("output_type", f"output {i} is a {type(t).__qualname__}", "",
+            findings.add(Violation("output_type", f"output {i} is a {type(t).__qualname__}", "",
                                       "outputs must be plain torch.Tensor objects, not subclasses"))
             return [], f"output {i} is a tensor subclass"
         if t.layout != torch.strided or t.device.type != st.device_type:
             return [], f"output {i} is a {t.layout} tensor on {t.device}, expected a dense tensor on {st.device_type}"
         if gate.foreign_memory(t):
-            st.findings.add(Violation("host_roundtrip", f"output {i} lives in memory torch did not allocate", "",
+            findings.add(Violation("host_roundtrip", f"output {i} lives in memory torch did not allocate", "",
                                       "torch.from_numpy / frombuffer: computed outside torch"))
     taken = [_storage_range(x) for x in inputs if isinstance(x, torch.Tensor)]
     earlier = [_storage_range(p) for p in st.previous]
     for i, t in enumerate(items):
         r = _storage_range(t)
         if any(_overlaps(r, o) for o in taken) or any(_overlaps(r, o) for o in st.owned):
-            st.findings.add(Violation("output_alias", f"output {i} shares memory with an input or parameter", "",
+            findings.add(Violation("output_alias", f"output {i} shares memory with an input or parameter", "",
                                       "outputs must be fresh tensors"))
         elif any(_overlaps(r, o) for o in earlier):
-            st.findings.add(Violation("output_reuse", f"output {i} reuses the memory of an earlier call's output",
+            findings.add(Violation("output_reuse", f"output {i} reuses the memory of an earlier call's output",
                                       "", "outputs must be fresh tensors, not a cached result"))
     return items, None
 
@@ -228,88 +284,78 @@ def check_outputs(st: ChildState, out, inputs: list):
 def settle(st: ChildState, session: GateSession, outs: list) -> None:
     """Work still running after forward returned: on cuda, the current stream's view of the outputs
     must equal the device-wide one; on cpu, no thread may keep writing them."""
-    snapshot = [_clone(t) for t in outs]
+    snapshot = [tensor_digest(t) for t in outs]
     _thread_check(st, session)
     if st.device_type == "cuda":
         timing.device_sync()
     else:
         _sleep(SETTLE_S)
-    if any(not _same_bits(a, b) for a, b in zip(snapshot, outs)):
+    if any(a != tensor_digest(b) for a, b in zip(snapshot, outs)):
         kind = "stream_escape" if st.device_type == "cuda" else "thread_escape"
         st.findings.add(Violation(kind, "the outputs were still being written after forward returned", "",
                                   "work on another stream/thread escapes the timer"))
 
 
-def _thread_check(st: ChildState, session: GateSession) -> None:
+def shared_mappings(device_type: str) -> set[str]:
+    """This process's shared memory mappings (a file, shared memory or memfd mapped MAP_SHARED), as
+    "range name" lines of /proc/self/maps. On cuda the driver maps devices, anonymous and memfd
+    memory shared as the context grows, so only mappings of files count there (anything under
+    /dev but /dev/shm is left out)."""
+    found = set()
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+            for line in maps:
+                parts = line.split(None, 5)
+                if len(parts) < 2 or parts[1][3:4] != "s":
+                    continue
+                name = parts[5].strip() if len(parts) > 5 else ""
+                if device_type != "cpu" and not (name.startswith("/") and (not name.startswith("/dev/")
+                                                                            or name.startswith("/dev/shm/"))):
+                    continue
+                found.add(f"{parts[0]} {name}")
+    except OSError:
+        pass
+    return found
+
+
+def check_shared_mappings(st: ChildState) -> None:
+    """A shared mapping that candidate code made (torch.from_file(shared=True), a storage moved to
+    shared memory, an mmap) is memory that a tensor and a file descriptor both see: Python can read
+    the inputs' bytes and write results back through the descriptor while forward dispatches only
+    plumbing copies. Tensors over memory torch did not allocate are the candidate's own kernels'
+    business, never Python's, so any new shared mapping is a finding."""
+    new = shared_mappings(st.device_type) - st.shared_maps
+    if new:
+        scratch = str(st.scratch)
+        names = sorted({"a file in your scratch directory" if n.split(" ", 1)[-1].startswith(scratch) else
+                        "shared memory" for n in new})
+        st.findings.add(Violation("shared_memory", f"a shared memory mapping ({', '.join(names)})", "",
+                                  "tensor memory that Python reads and writes outside PyTorch "
+                                  "(torch.from_file / share_memory_ / mmap): compute in your own kernel"))
+        st.shared_maps |= new  # said once
+
+
+def _thread_check(st: ChildState, session: GateSession | None) -> None:
+    if session is None:
+        return
     late = session.new_threads(native_too=st.calls > 0)
     if late:
         st.findings.add(Violation("thread_escape", f"threads still running after forward returned: {late[:3]}",
                                   "", "work on a thread escapes the timer"))
 
 
-def handle_time(st: ChildState, req: dict) -> dict:
-    order: list[int] = req["order"]
-    feeder = timing.InputFeeder([st.to_device(s) for s in req["sets"]], order)
-    feed = feeder.feed
-    first: dict[int, list[torch.Tensor]] = {}
-    bad: list[str] = []
-    tol = req["tol"]
-    sessions: dict[int, tuple[GateSession, ExitStack]] = {}
-
-    def before(i: int) -> None:
-        feeder.before(i)
-        st.sync()
-        # The gate is entered here and left in `after`, so its fixed cost stays outside the window;
-        # only its per-op cost (ATen ops the candidate issues) is timed.
-        session, stack = new_session(st, detailed=False), ExitStack()
-        stack.enter_context(torch.no_grad())
-        stack.enter_context(st.armed())
-        stack.enter_context(session)
-        sessions[i] = (session, stack)
-
-    def call(i: int):
-        return st.model(*feed)
-
-    def after(i: int, raw) -> None:
-        session, stack = sessions.pop(i)
-        stack.close()
-        # No settle pause here (it would cool the caches before the next timed run and bias the time):
-        # timed runs get the thread check; the settle check ran on every correctness trial.
-        outs, failure = after_forward(st, session, raw, feed, settle_check=False)
-        if failure is not None:
-            raise RuntimeError(failure)
-        if i < 0:
-            return
-        k = feeder.set_of(i)
-        if k not in first:
-            first[k] = [_clone(t) for t in outs]
-            return
-        for j, (a, b) in enumerate(zip(outs, first[k])):
-            if a.shape != b.shape or a.dtype != b.dtype or not _close(a, b, tol):
-                bad.append(f"run {i}: output {j} differs from the first timed run on the same inputs")
-
-    try:
-        times = timing.run_series(st.clock, call, warmup=req["warmup"], repeats=req["repeats"],
-                                  budget_s=req["budget_s"], before=before, after=after)
-    finally:
-        for _, stack in sessions.values():  # a forward that raised leaves its gate entered
-            stack.close()
-    return {"ok": True, "times": times, "first": [first.get(k, []) for k in range(len(req["sets"]))],
-            "bad_runs": bad[:5]}
-
-
-def _close(a: torch.Tensor, b: torch.Tensor, tol: list[float]) -> bool:
-    if a.is_floating_point():
-        return _allclose(a, b, atol=tol[0], rtol=tol[1])
-    return _equal(a, b)
-
-
-def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Bitwise equality (torch.equal calls NaN unequal to itself; uninitialised memory has NaNs)."""
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False
-    raw = [_TB.view(_TB.reshape(_TB.contiguous(t), (-1,)), torch.uint8) if _TB.numel(t) else t for t in (a, b)]
-    return _equal(raw[0], raw[1])
+def tensor_digest(t: torch.Tensor) -> bytes:
+    """blake2b of a tensor's bytes, taken without any ATen compute op (only views and copies): the
+    digest does not depend on kernels a candidate could have re-registered."""
+    if _TB.numel(t) == 0:
+        return hashlib.blake2b(str((tuple(t.shape), t.dtype)).encode()).digest()
+    flat = _view(_reshape(_contiguous(t), (-1,)), torch.uint8)
+    # A copy: Tensor.numpy() marks the storage it shares as not resizable, which the foreign-memory
+    # check would later read as "memory torch did not allocate".
+    flat = _to(flat, "cpu") if flat.device.type != "cpu" else _clone(flat)
+    h = hashlib.blake2b(str((tuple(t.shape), t.dtype)).encode())
+    h.update(memoryview(_numpy(flat)))
+    return h.digest()
 
 
 def _storage_range(t: torch.Tensor) -> tuple[int, int]:
@@ -338,7 +384,8 @@ def describe_error(st: ChildState, err: BaseException) -> dict:
     return {"type": type(err).__name__, "message": message, "where": where, "fatal": fatal}
 
 
-HANDLERS = {"prepare": handle_prepare, "instance": handle_instance, "call": handle_call, "time": handle_time}
+HANDLERS = {"hello": handle_hello, "prepare": handle_prepare, "instance": handle_instance, "call": handle_call,
+            "stage": handle_stage, "run": handle_run, "outputs": handle_outputs}
 
 
 def serve(st: ChildState) -> int:
@@ -348,11 +395,12 @@ def serve(st: ChildState) -> int:
             req = wire.recv(st.sock)
         except wire.WireError:
             return 0
+        _reap_orphans()
         op, nonce = req.get("op"), req.get("nonce")
         if op == "close":
             return 0
         handler = HANDLERS.get(op)
-        started = time.perf_counter()
+        started = _perf()
         try:
             reply = handler(st, req) if handler else {"ok": False, "internal": True,
                                                       "error": {"type": "ValueError", "message": f"unknown op {op!r}"}}
@@ -363,7 +411,7 @@ def serve(st: ChildState) -> int:
             reply = {"ok": False, "error": describe_error(st, err)}
         reply["findings"] = st.collect()
         reply["nonce"] = nonce
-        reply["seconds"] = time.perf_counter() - started
+        reply["handled_s"] = _perf() - started
         try:
             wire.send(st.sock, reply)
         except (OSError, wire.WireError) as err:
@@ -377,12 +425,27 @@ def serve(st: ChildState) -> int:
             return 4  # a CUDA error poisons this process: leave, the verifier starts a fresh child
 
 
-def child_main(fd: int, scratch: str, device_type: str) -> int:
-    """Entry point in the forked child (called by the zygote)."""
-    scratch_dir = Path(scratch)
-    notes = confine(scratch_dir)
-    sock = socket.socket(fileno=fd)
-    st = ChildState(sock, scratch_dir, device_type, notes)
+def _reap_orphans() -> None:
+    """As PID 1 of its namespace the sandbox inherits every orphan the candidate leaves: reap them."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if not pid:
+            return
+
+
+def child_main(fds: list[int], spec, report, args: dict) -> int:
+    """Entry point in the jailed process (called by the zygote)."""
+    isolation.hide_kiln_modules()
+    if fence.active():
+        report.ok("fence")
+    else:
+        report.fail("fence", "the compute fence's native library was not loaded: ATen kernels are not fenced")
+    sock = socket.socket(fileno=fds[0])
+    evidence = fds[1] if len(fds) > 1 else -1
+    st = ChildState(sock, Path(spec.scratch), str(args.get("device", "cpu")), report, evidence)
     try:
         return serve(st)
     except BaseException:

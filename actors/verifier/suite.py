@@ -7,7 +7,8 @@ A case is one .py file under tests/adversarial/{cpu,cuda}/ that starts with
     # one line saying what the candidate tries
 
 `expect` is an error class (cheating, correctness, runtime, timeout, ...) or `pass` for the control
-cases. The suite runs the same way in CI (cpu) and on the GPU machine (`gpu_validate.py`, cuda).
+cases. The suite runs the same way in CI (cpu) and on the GPU machine
+(`python -m launch.bench.gpu_verifier`, cuda).
 """
 
 from __future__ import annotations

@@ -1,19 +1,26 @@
-"""Device-synchronised timing, shared by the candidate (in the sandbox) and the reference baselines.
+"""Device-synchronised timing, the rule that decides which clock counts, and the plausibility bound.
 
-Both sides are measured by the same `Clock`, so speedups compare like with like:
-* cuda: before each run a buffer twice the L2 size is zeroed (a cold cache, as a fresh call would see
-  in a model), then start event -> the call -> a device-wide synchronize -> end event. The device-wide
-  synchronize makes work on side streams count: it cannot escape the window.
+`Clock` measures one call, the same way for the candidate (in its sandbox) and the reference
+baselines (in the verifier):
+* cuda: before each run (`prepare`, outside the window) a buffer twice the L2 size is zeroed (a cold
+  cache, as a fresh call would see in a model); then start event -> the call -> a device-wide
+  synchronize -> end event. The device-wide synchronize makes work on side streams count.
 * cpu: perf_counter around the call (no L2 flush).
-Runs repeat up to `repeats` times or until `budget_s` is spent (at least `MIN_RUNS`); the median is
-what counts. Functions are captured at import time, before any candidate runs in this process.
+
+A sandbox's clock is the candidate's clock: it runs in the candidate's process. So every timed run
+is also measured by the verifier, around the round trip of the request that made it (`run`), and
+so is the same request without the forward (`null`) in between. `trusted_seconds` uses the
+sandbox's median only while it is not clearly below the verifier's floor (fastest round trip minus
+fastest null); when the sandbox claims less, the floor counts and the diagnostics say so.
+
+`Bandwidth` is the physical plausibility bound: calibrated once per device at start-up (the fastest
+copy this device achieves, at cache and at memory sizes), it gives the shortest time a call that
+reads its inputs and writes its outputs can take. A measured time below it earns no speed bonus.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
-import random
 import statistics
 import time
 
@@ -25,6 +32,7 @@ _EventBase = torch._C._CudaEventBase  # a method-less stub in CPU-only builds of
 _record, _elapsed, _event_sync = (getattr(_EventBase, n, None) for n in ("record", "elapsed_time", "synchronize"))
 _current_stream = torch.cuda.current_stream
 device_sync = getattr(torch._C, "_cuda_synchronize", None) or torch.cuda.synchronize
+_zero = torch._C.TensorBase.zero_
 
 MIN_RUNS = 3
 # On the cpu backend both sides are timed on one intra-op thread: CPU timing shares the host with
@@ -59,13 +67,18 @@ class Clock:
             self._start = _EventBase(enable_timing=True)
             self._end = _EventBase(enable_timing=True)
 
+    def prepare(self) -> None:
+        """Before a timed run, outside its window: a cold L2 on cuda."""
+        if self.device_type == "cuda":
+            _zero(self._flush)
+            device_sync()
+
     def measure(self, fn):
         """(fn's result, seconds) for one call."""
         if self.device_type != "cuda":
             t0 = _perf_ns()
             result = fn()
             return result, (_perf_ns() - t0) / 1e9
-        self._flush.zero_()
         _record(self._start, _current_stream())
         result = fn()
         device_sync()
@@ -78,67 +91,70 @@ class Clock:
             device_sync()
 
 
-def run_series(clock: Clock, call, *, warmup: int, repeats: int, budget_s: float,
-               before=None, after=None) -> list[float]:
-    """Time `call(i)` for runs i = 0, 1, ...: `before(i)` and `after(i, result)` run outside the window.
-    Warm-up runs (untimed) get negative i. Stops at `repeats` runs, or once `budget_s` is spent after MIN_RUNS."""
-    for w in range(warmup):
-        if before:
-            before(-1 - w)
-        result, _ = clock.measure(lambda: call(-1 - w))
-        if after:
-            after(-1 - w, result)
-    clock.sync()
-    times: list[float] = []
-    started = _perf_ns()
-    for i in range(repeats):
-        if before:
-            before(i)
-        result, seconds = clock.measure(lambda: call(i))
-        times.append(seconds)
-        if after:
-            after(i, result)
-        if len(times) >= MIN_RUNS and (_perf_ns() - started) / 1e9 > budget_s:
-            break
-    return times
-
-
 def median(times: list[float]) -> float:
     return statistics.median(times) if times else float("nan")
 
 
-_BITS = {torch.float32: torch.int32, torch.float64: torch.int64, torch.float16: torch.int16,
-         torch.bfloat16: torch.int16}
+# The sandbox's clock is distrusted when the verifier's floor exceeds its median by more than this
+# ratio and slack: the run and null request paths differ by a Python call or two.
+CLOCK_RATIO = 1.25
+CLOCK_SLACK_S = 50e-6
 
 
-class InputFeeder:
-    """Prepares the inputs of each timed run, identically for candidate and baseline: input set
-    `order[i]` is copied into fixed buffers (same addresses every run), and a repeat of a set gets the
-    lowest mantissa bit of one random element of each floating input flipped, so no run ever sees
-    an input it has seen before (a cache keyed on content misses). Warm-up runs (i < 0) are fed
-    like timed runs; the first timed run of each set gets it unchanged."""
+def trusted_seconds(reported: list[float], round_trips: list[float], nulls: list[float]) -> tuple[float, str]:
+    """The candidate's time per call, and whose clock it is ("sandbox" or "verifier").
 
-    def __init__(self, sets: list[list], order: list[int]) -> None:
-        self.sets, self.order = sets, order
-        self.feed = [x.clone() if isinstance(x, torch.Tensor) else x for x in sets[0]]
-        self.seen: set[int] = set()
-        self._rng = random.Random(int.from_bytes(os.urandom(8), "little"))
+    `reported`: the sandbox's own measurement of each timed run; `round_trips`: the verifier's clock
+    around the same requests; `nulls`: the verifier's clock around the same request path without the
+    forward. Scheduling noise on a shared host only ever adds time to a round trip, so the fastest
+    round trip minus the fastest null is a floor under what one forward took, measured from outside
+    the sandbox. The sandbox's median counts while it is not clearly below that floor; otherwise the
+    floor counts. A forged sandbox clock therefore gains at most the gap between a forward's fastest
+    run and its median, plus the band."""
+    own = median(reported)
+    floor = max(min(round_trips) - min(nulls), 1e-9) if round_trips and nulls else 1e-9
+    if not reported or own != own or own <= 0:
+        return floor, "verifier"
+    if floor > own * CLOCK_RATIO + CLOCK_SLACK_S:
+        return floor, "verifier"
+    return own, "sandbox"
 
-    def set_of(self, i: int) -> int:
-        return self.order[i % len(self.order)] if i >= 0 else self.order[(-1 - i) % len(self.order)]
 
-    def before(self, i: int) -> None:
-        k = self.set_of(i)
-        for buf, src in zip(self.feed, self.sets[k]):
-            if isinstance(buf, torch.Tensor):
-                buf.copy_(src)
-        if i < 0 or k in self.seen:
-            self._perturb()
-        if i >= 0:
-            self.seen.add(k)
+class Bandwidth:
+    """The fastest this device moves bytes, measured once: the plausibility bound's calibration."""
 
-    def _perturb(self) -> None:
-        for buf in self.feed:
-            if isinstance(buf, torch.Tensor) and buf.dtype in _BITS and buf.numel() and buf.is_contiguous():
-                flat = buf.view(-1).view(_BITS[buf.dtype])
-                flat[self._rng.randrange(flat.numel())].bitwise_xor_(1)
+    SIZES = (256 << 10, 4 << 20, 64 << 20)  # cache-resident to memory-resident working sets
+    SLACK = 4.0  # a candidate may beat the calibrated copy by this much before it is implausible
+
+    def __init__(self, device_type: str) -> None:
+        self.device_type = device_type
+        self.bytes_per_s = self._calibrate()
+
+    def _calibrate(self) -> float:
+        device = "cuda" if self.device_type == "cuda" else "cpu"
+        best = 0.0
+        threads = torch.get_num_threads()
+        for size in self.SIZES:
+            src = torch.empty(size, dtype=torch.uint8, device=device).fill_(1)
+            dst = torch.empty_like(src)
+            for _ in range(2):
+                dst.copy_(src)
+            times = []
+            for _ in range(5):
+                if device == "cuda":
+                    torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                dst.copy_(src)
+                if device == "cuda":
+                    torch.cuda.synchronize()
+                times.append(time.perf_counter() - t0)
+            best = max(best, 2 * size / max(min(times), 1e-9))  # bytes read + bytes written
+        torch.set_num_threads(threads)
+        return best
+
+    def min_seconds(self, moved_bytes: int) -> float:
+        """The least time a call that reads and writes `moved_bytes` can take on this device."""
+        return moved_bytes / (self.bytes_per_s * self.SLACK) if self.bytes_per_s > 0 else 0.0
+
+    def to_json(self) -> dict:
+        return {"bytes_per_s": self.bytes_per_s, "slack": self.SLACK}

@@ -1,27 +1,35 @@
 """On-disk verdict cache: the same source, task and toolchain under the same verdict-shaping settings
-gets the same VerifyResult without running again.
+gets the same VerifyResult without running again, and nothing but the verifier can write an entry.
 
 Key = sha256(source hash, task id, reference hash, toolchain id, the verifier settings that change a
 verdict or a score, VERIFIER_VERSION). Results whose outcome depends on the moment (infra, timeout)
-are never stored. Entries are `protocols.encode`d VerifyResults written by atomic rename; an entry
-that does not decode is treated as a miss.
+are never stored. The cache lives in the verifier's cache directory, which no sandbox can see
+(isolation.kiln_hidden), and each entry is authenticated anyway: an HMAC-SHA256, keyed by a secret
+that only the verifier's processes can read (`<root>/.key`, mode 0600, created on first use), over
+the entry's claims (key, source hash, task id) and the encoded result. A hit is used only when the
+HMAC checks and the claims match the request's own source hash and task; a forged, altered or
+transplanted entry is a miss. Entries are written by atomic rename.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import hmac
 import json
 import os
+import secrets
 import tempfile
+import time
 from pathlib import Path
 
 from configs import VerifierConfig
 from protocols import ProtocolError, Task, VerifyResult, decode, encode
 
 # Bump whenever the verifier's checks change what a candidate's verdict would be.
-VERIFIER_VERSION = "kiln-verifier-1"
+VERIFIER_VERSION = "kiln-verifier-2"
 UNCACHED = ("infra", "timeout")
+_MAGIC = b"kiln-verdict-1\n"
 
 
 def verdict_settings(cfg: VerifierConfig) -> dict:
@@ -44,28 +52,77 @@ class VerdictCache:
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.root, 0o700)
+        self._key = _secret(self.root / ".key")
         self.hits = 0
+        self.rejected = 0  # entries present but not authentic (or not about this source): misses
 
     def _path(self, key: str) -> Path:
         return self.root / key[:2] / f"{key}.bin"
 
-    def get(self, key: str) -> VerifyResult | None:
+    def _mac(self, claims: bytes, body: bytes) -> bytes:
+        return hmac.new(self._key, claims + b"\0" + body, hashlib.sha256).digest()
+
+    def get(self, key: str, source_hash: str, task_id: str) -> VerifyResult | None:
         try:
             data = self._path(key).read_bytes()
-            result = decode(data)
-        except (OSError, ProtocolError):
+        except OSError:
             return None
-        if not isinstance(result, VerifyResult):
+        result = self._open(data, key, source_hash, task_id)
+        if result is None:
+            self.rejected += 1
             return None
         self.hits += 1
+        return result
+
+    def _open(self, data: bytes, key: str, source_hash: str, task_id: str) -> VerifyResult | None:
+        if not data.startswith(_MAGIC) or len(data) < len(_MAGIC) + 36:
+            return None
+        rest = data[len(_MAGIC):]
+        mac, rest = rest[:32], rest[32:]
+        n = int.from_bytes(rest[:4], "big")
+        claims, body = rest[4:4 + n], rest[4 + n:]
+        if not hmac.compare_digest(mac, self._mac(claims, body)):
+            return None
+        try:
+            said = json.loads(claims)
+            result = decode(body)
+        except (ValueError, ProtocolError):
+            return None
+        if said != {"key": key, "source_hash": source_hash, "task_id": task_id}:
+            return None
+        if not isinstance(result, VerifyResult) or result.source_hash != source_hash or result.task_id != task_id:
+            return None
         return result
 
     def put(self, key: str, result: VerifyResult) -> None:
         if result.error_class in UNCACHED:
             return
+        claims = json.dumps({"key": key, "source_hash": result.source_hash, "task_id": result.task_id},
+                            sort_keys=True).encode()
+        body = encode(result)
+        data = _MAGIC + self._mac(claims, body) + len(claims).to_bytes(4, "big") + claims + body
         path = self._path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
         with os.fdopen(fd, "wb") as f:
-            f.write(encode(result))
+            f.write(data)
         os.replace(tmp, path)
+
+
+def _secret(path: Path) -> bytes:
+    """The cache's HMAC key: read it, or create it (mode 0600, exclusive create, so two verifiers
+    starting at once agree on one key)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        for _ in range(50):  # another verifier created it a moment ago and is writing it
+            key = path.read_bytes()
+            if len(key) >= 32:
+                return key
+            time.sleep(0.02)
+        raise RuntimeError(f"verdict cache key {path} is damaged (remove the cache directory)") from None
+    key = secrets.token_bytes(32)
+    with os.fdopen(fd, "wb") as f:
+        f.write(key)
+    return key

@@ -1,7 +1,13 @@
-"""`KernelVerifier`: the staged kernel verifier (DESIGN.md §4), a reward actor like any other.
+"""`KernelVerifier`: the staged kernel verifier, a reward actor like any other.
 
-    extract -> static legality scan -> compile (BuildService, CPU pool, cached)
-            -> run + correctness (sandbox child, runtime gate) -> performance -> score + feedback
+    extract -> static legality scan -> compile (BuildService: jailed capture and build processes,
+            symbol check of every built library, cached) -> run + correctness (jailed sandbox,
+            compute fence) -> performance (the verifier's clock) -> score + feedback
+
+The trust boundary: whatever runs candidate code is untrusted, and that is every process but this
+one. The verdict, the comparison, the clock that counts and the verdict cache live here. One zygote
+forks every jailed process (compile and execution alike); at start-up a probe sandbox reports which
+confinement layers hold on this machine, and every verdict's diagnostics repeat what is missing.
 
 `verify()` is synchronous and thread-safe: the VerifierActor calls it from several threads at once,
 so compiles of later requests proceed while earlier ones execute (the build pool and the sandbox
@@ -20,17 +26,19 @@ from pathlib import Path
 import torch
 
 from actors.verifier import reward as fb
+from actors.verifier import timing
 from actors.verifier.baselines import Baselines
 from actors.verifier.executor import SandboxPool
 from actors.verifier.extract import extract
 from actors.verifier.interface import RewardActor
-from actors.verifier.lease import DeviceLease
 from actors.verifier.legality import Violation, static_scan
 from actors.verifier.reference import ReferenceCache, ReferenceError
 from actors.verifier.runner import CandidateRun, RunOutcome
 from actors.verifier.verdicts import VerdictCache, verdict_key
+from actors.verifier.zygote import Zygote
 from configs import VerifierConfig
 from protocols import VerifyRequest, VerifyResult
+from protocols.lease import DeviceLease
 
 log = logging.getLogger(__name__)
 
@@ -57,16 +65,27 @@ class KernelVerifier(RewardActor):
         self.cache_dir = resolve_cache_dir(cfg)
         from actors.verifier.build import BuildService  # noqa: PLC0415 - the compile subsystem
 
+        self.zygote = Zygote()
         self.builds = BuildService(self.cache_dir / "build", cfg.backend, cfg.compile_workers, cfg.compile_timeout_s,
-                                   memory_limit_mb=cfg.memory_limit_mb)
+                                   memory_limit_mb=cfg.memory_limit_mb, zygote=self.zygote)
         self.toolchain = str(self.builds.toolchain_id)
-        self.pool = SandboxPool(cfg.backend, cfg.run_workers, cfg.memory_limit_mb)
+        self.pool = SandboxPool(cfg.backend, cfg.run_workers, cfg.memory_limit_mb, zygote=self.zygote,
+                                hidden=(str(self.cache_dir),), visible=(str(self.builds.cache.root / "ext"),))
         self.lease = DeviceLease(self.device)
         self.references = ReferenceCache(self.device)
         self.baselines = Baselines(cfg, self.device, self.lease)
         self.verdicts = VerdictCache(self.cache_dir / "verdicts")
         self.counts = {"verified": 0, "cached": 0}
         self._lock = threading.Lock()
+        self.sandbox = self.pool.probe()  # which confinement layers hold here: said now and in every verdict
+        missing = self.sandbox.get("missing") or {}
+        if missing:
+            log.warning("verifier: sandbox layers unavailable on this machine: %s",
+                        "; ".join(f"{k}: {v}" for k, v in missing.items()))
+        else:
+            log.info("verifier: sandbox layers active: %s", ", ".join(self.sandbox.get("active") or []))
+        with self.lease.exclusive():
+            self.bandwidth = timing.Bandwidth(self.device)
 
     def warm(self) -> None:
         """Start the sandbox zygote now (it imports torch) instead of on the first request."""
@@ -105,7 +124,7 @@ class KernelVerifier(RewardActor):
                                 feedback=fb.extract_feedback(ext.error), diagnostics={"error": ext.error},
                                 timings=timings)
         key = verdict_key(ext.source_hash, task, self.toolchain, self.cfg)
-        cached = self.verdicts.get(key)
+        cached = self.verdicts.get(key, ext.source_hash, task.task_id)
         if cached is not None:
             cached.request_id, cached.cached = request.request_id, True
             cached.timings = {"cache": time.perf_counter() - started}
@@ -116,7 +135,8 @@ class KernelVerifier(RewardActor):
         return result
 
     def _verify_source(self, request: VerifyRequest, source: str, digest: str, timings: dict) -> VerifyResult:
-        diagnostics: dict = {"backend": self.cfg.backend, "toolchain": self.toolchain}
+        diagnostics: dict = {"backend": self.cfg.backend, "toolchain": self.toolchain,
+                             "sandbox": {"missing": dict(self.sandbox.get("missing") or {})}}
         t0 = time.perf_counter()
         violations, vendors = static_scan(source, allow_vendor_libs=self.cfg.legality.allow_vendor_libs)
         timings["static"] = time.perf_counter() - t0
@@ -126,9 +146,14 @@ class KernelVerifier(RewardActor):
         build = self.builds.submit(source).result(timeout=self.cfg.compile_timeout_s + 120)
         timings["compile"] = time.perf_counter() - t0
         diagnostics["build"] = {"seconds": build.seconds, "cached": bool(build.cached),
-                                "phases": {k: float(v) for k, v in (build.phases or {}).items()}}
+                                "phases": {k: float(v) for k, v in (build.phases or {}).items()},
+                                "capture_exit": dict(build.capture_exit or {})}
+        diagnostics["sandbox"]["missing"].update((build.sandbox or {}).get("missing") or {})
         vendors = sorted(set(vendors) | set(build.vendor_libs or ()))
         diagnostics["vendor_libs"] = vendors
+        found = [Violation.from_json(v) for v in build.violations or []]
+        if found:  # what the built libraries import, or what module-level code did: cheating
+            return self._cheating(request, digest, found, vendors, diagnostics, timings, stage="legality")
         if not build.ok:
             return self._build_failed(request, digest, build, diagnostics, timings)
         if vendors and not self.cfg.legality.allow_vendor_libs:
@@ -139,7 +164,7 @@ class KernelVerifier(RewardActor):
             ref = self.references.get(request.task)
         except ReferenceError as err:
             return self._infra(request, str(err), timings, digest)
-        run = CandidateRun(self.cfg, ref, self.pool, self.lease, self.baselines)
+        run = CandidateRun(self.cfg, ref, self.pool, self.lease, self.baselines, self.bandwidth)
         outcome = run.run(source, digest, dict(build.artifacts), build.toolchain or self.toolchain)
         timings.update({k: round(v, 6) for k, v in outcome.timings.items()})
         return self._from_outcome(request, digest, outcome, vendors, diagnostics, timings)
@@ -151,11 +176,15 @@ class KernelVerifier(RewardActor):
         trials = [t.to_json() for t in out.trials]
         violations = [v.to_json() for v in out.violations]
         diagnostics.update({"trials": trials, "violations": violations, "notes": out.notes, "params": out.params})
+        diagnostics["sandbox"]["missing"].update((out.sandbox or {}).get("missing") or {})
+        diagnostics["sandbox"]["exit"] = dict(out.exit or {})
         errors = [t["max_abs_error"] for t in trials if t["max_abs_error"] is not None]
         if errors:
             diagnostics["max_abs_error"] = max(errors)
         q = out.q
         if out.error_class == "cheating":
+            if out.message:
+                diagnostics["error"] = out.message
             return self._cheating(request, digest, out.violations, vendors, diagnostics, timings, stage=out.stage, q=q)
         if out.error_class == "infra":
             return self._infra(request, out.message, timings, digest, diagnostics)
@@ -169,12 +198,18 @@ class KernelVerifier(RewardActor):
                                 feedback=fb.correctness_feedback(trials, q), diagnostics=diagnostics, timings=timings)
         eager = out.eager_s / out.candidate_s if out.eager_s and out.candidate_s else None
         compiled = out.compile_s / out.candidate_s if out.compile_s and out.candidate_s else None
+        diagnostics.update({"times_s": {"candidate": out.candidate_s, "eager": out.eager_s, "compile": out.compile_s},
+                            "timing_runs": out.timing_runs, "timing": out.timing})
+        if out.implausible:  # faster than the device can move the bytes: ν = 1, no bonus
+            diagnostics["speed_clamped"] = out.implausible
+            diagnostics["measured_speedups"] = {"eager": eager, "compile": compiled}
+            eager = min(eager, 1.0) if eager is not None else None
+            compiled = min(compiled, 1.0) if compiled is not None else None
         speedup = fb.chosen_speedup(self.cfg.reward, eager, compiled)
         review = bool(speedup is not None and speedup > self.cfg.legality.review_speedup)
-        diagnostics.update({"times_s": {"candidate": out.candidate_s, "eager": out.eager_s, "compile": out.compile_s},
-                            "timing_runs": out.timing_runs, "review": review})
+        diagnostics["review"] = review
         text = fb.pass_feedback(out.candidate_s, out.eager_s, out.compile_s, speedup, self.cfg.reward.baseline,
-                                vendors, review)
+                                vendors, review, out.implausible)
         return self._result(request, stage="done", error_class=None, q=1.0, source_hash=digest, feedback=text,
                             diagnostics=diagnostics, timings=timings, speedup_eager=eager,
                             speedup_compile=compiled, speedup=speedup)
@@ -213,9 +248,8 @@ class KernelVerifier(RewardActor):
 
     def close(self) -> None:
         self.pool.close()
-        close = getattr(self.builds, "close", None)
-        if close is not None:
-            close()
+        self.builds.close()
+        self.zygote.close()
 
 
 def _json_safe(value):

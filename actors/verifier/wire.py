@@ -23,6 +23,10 @@ import torch
 
 _LEN = struct.Struct("<Q")
 _TB = torch._C.TensorBase
+_numpy = _TB.numpy  # captured at import, before the sandbox's compute fence wraps Tensor.numpy
+# torch.frombuffer, captured at import: the fence refuses it once a candidate is armed. Held in a
+# tuple, not as a module attribute, so the fence's rebinding of module-level aliases leaves it be.
+_ORIGINAL = (torch.frombuffer,)
 MAX_HEADER = 16 << 20  # header bytes (tracebacks, op lists); tensors travel as buffers
 MAX_DEPTH = 16
 
@@ -77,10 +81,13 @@ def _pack_tensor(t: torch.Tensor, buffers: list) -> dict:
     name = DTYPE_NAMES.get(t.dtype)
     if name is None:
         raise WireError(f"tensors of dtype {t.dtype} cannot be sent")
-    # Methods of the C base class: a candidate in the sending process cannot patch these.
+    # Methods of the C base class: a candidate in the sending process cannot patch these. A copy on
+    # the cpu: numpy() marks the storage it shares as not resizable, and the tensor is the candidate's.
     flat = _TB.reshape(_TB.contiguous(_TB.to(_TB.detach(t), "cpu")), (-1,))
+    if t.device.type == "cpu":
+        flat = _TB.clone(flat)
     raw = _TB.view(flat, torch.uint8) if _TB.numel(flat) else torch.empty(0, dtype=torch.uint8)
-    buffers.append(memoryview(_TB.numpy(raw)))
+    buffers.append(memoryview(_numpy(raw)))
     return {"__tensor__": len(buffers) - 1, "dtype": name, "shape": list(t.shape)}
 
 
@@ -171,4 +178,4 @@ def _unpack_tensor(spec: dict, buffers: list) -> torch.Tensor:
         raise WireError(f"tensor of shape {shape} and dtype {name} needs {numel * dtype.itemsize} bytes, got {len(raw)}")
     if numel == 0:
         return torch.empty(shape, dtype=dtype)
-    return torch.frombuffer(raw, dtype=torch.uint8).view(dtype).reshape(shape)
+    return _ORIGINAL[0](raw, dtype=torch.uint8).view(dtype).reshape(shape)

@@ -1,23 +1,32 @@
-"""The zygote: a long-lived process that imports torch once and forks one sandbox child per candidate.
+"""The zygote: one fork server for every sandboxed process of the verifier.
 
 Starting Python and importing torch costs seconds; forking a process that already has them costs
-milliseconds. The zygote never initialises CUDA and never runs candidate code, so each fork starts
-clean: the child creates its own CUDA context, and whatever a candidate does to its process (patches,
-threads, a corrupted context after an illegal memory access, a crash) dies with that child.
+milliseconds. The zygote imports torch and the verifier's sandbox code once, never initialises CUDA
+and never runs candidate code, then forks one fresh, jailed process per job (`jail.enter`):
 
-Control protocol (SOCK_SEQPACKET, one JSON message per packet; `fork` carries the child's socket):
-    {"op": "fork", "scratch": dir, "device": "cpu"|"cuda"} + fd  ->  {"pid": n}
-    {"op": "reap", "pid": n}                                       ->  {"pid": n, "code": c, "signal": s}
-    {"op": "ping"}                                                 ->  {"pong": true}
-The zygote exits when its control socket closes (the verifier is gone) and kills its children;
-a child also dies with the zygote (PR_SET_PDEATHSIG; the zygote is single-threaded).
+    kind      entry                               runs
+    run       actors.verifier.sandbox.child_main   the candidate: import, __init__, forward (execution)
+    capture   actors.verifier.build.capture        the candidate's module-level code (compile stage)
+    build     actors.verifier.build.worker         the compilers for one extension (trusted code,
+                                                   untrusted input: jailed, may run programs)
+
+Control protocol (SOCK_SEQPACKET, one JSON message per packet; `fork` carries the job's socket and,
+for `run`, the write end of its evidence pipe):
+    {"op": "fork", "kind": k, "jail": JailSpec, "log": path} + fds -> {"pid": warden, "sandbox": pid}
+    {"op": "reap", "pid": warden, "timeout_s": t}                  -> {"pid", "code", "signal"}
+    {"op": "ping"}                                                 -> {"pong": true}
+The zygote is a child subreaper. It exits when its control socket closes (the verifier is gone) and
+kills its wardens; each sandbox dies with its warden (PR_SET_PDEATHSIG), and with the sandbox, its
+whole PID namespace.
 """
 
 from __future__ import annotations
 
 import ctypes
+import itertools
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -27,41 +36,121 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-PR_SET_PDEATHSIG = 1
-_MAX_MSG = 64 * 1024
-
-
-def _die_with_parent() -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+PR_SET_CHILD_SUBREAPER = 36
+_MAX_MSG = 256 * 1024
+KINDS = ("run", "capture", "build")
+# One sequence per verifier process (every Zygote in it): two sandboxes alive at once never share a uid.
+_JOBS = itertools.count(1)
 
 
 # ----------------------------------------------------------------------------------- the server
 
 
-def _child(fd: int, scratch: str, device: str) -> None:
-    """In the forked child: own process group, stdio to scratch files, then the sandbox loop."""
+def _child(kind: str, fds: list[int], req: dict) -> None:
+    """In the forked child: own process group, stdio to the job's log, the jail, then the job."""
     code = 6
     try:
         os.setsid()
-        _die_with_parent()
-        Path(scratch).mkdir(parents=True, exist_ok=True)
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGPIPE):
+            signal.signal(sig, signal.SIG_DFL)
         null = os.open(os.devnull, os.O_RDONLY)
-        log = os.open(os.path.join(scratch, "output.log"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        log = os.open(req["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.dup2(null, 0)
         os.dup2(log, 1)
         os.dup2(log, 2)
         os.close(null)
         os.close(log)
-        from actors.verifier.sandbox import child_main  # preloaded by the zygote
+        from actors.verifier import jail
 
-        code = child_main(fd, scratch, device)
+        report_fd = fds[-1]
+        keep = set(fds[:-1])
+
+        def report_pid(pid: int) -> None:
+            os.write(report_fd, f"{pid}\n".encode())
+            os.close(report_fd)
+
+        spec = jail.JailSpec.from_json(req["jail"])
+        report = jail.enter(spec, report_pid)
+        for fd in range(3, 1024):
+            if fd not in keep:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        code = _ENTRIES[kind](fds[:-1], spec, report, req.get("args") or {})
+    except BaseException:  # noqa: BLE001 - report and leave; the parent reads the log
+        import traceback
+
+        traceback.print_exc()
     finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except Exception:  # noqa: BLE001
+            pass
         os._exit(code)
+
+
+def _run_entry(fds, spec, report, args) -> int:
+    from actors.verifier.sandbox import child_main
+
+    return child_main(fds, spec, report, args)
+
+
+def _capture_entry(fds, spec, report, args) -> int:
+    from actors.verifier.build.capture import child_main
+
+    return child_main(fds, spec, report, args)
+
+
+def _build_entry(fds, spec, report, args) -> int:
+    from actors.verifier.build.worker import child_main
+
+    return child_main(fds, spec, report, args)
+
+
+_ENTRIES = {"run": _run_entry, "capture": _capture_entry, "build": _build_entry}
+
+
+def _fork(req: dict, fds: list[int]) -> dict:
+    kind = req.get("kind")
+    if kind not in KINDS or not fds:
+        for fd in fds:
+            os.close(fd)
+        return {"error": f"cannot fork a {kind!r} job"}
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        _child(kind, fds + [w], req)
+    os.close(w)
+    for fd in fds:
+        os.close(fd)
+    sandbox = _read_pid(r, timeout_s=30.0)
+    os.close(r)
+    return {"pid": pid, "sandbox": sandbox}
+
+
+def _read_pid(fd: int, timeout_s: float) -> int | None:
+    data = b""
+    deadline = time.monotonic() + timeout_s
+    while b"\n" not in data:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            return None
+        chunk = os.read(fd, 64)
+        if not chunk:
+            return None
+        data += chunk
+    try:
+        return int(data.split(b"\n", 1)[0])
+    except ValueError:
+        return None
 
 
 def serve(ctrl: socket.socket) -> None:
     statuses: dict[int, tuple[int, int]] = {}
+    wardens: set[int] = set()
 
     def collect(block_for: int | None = None, timeout_s: float = 10.0) -> None:
         deadline = time.monotonic() + timeout_s
@@ -69,47 +158,45 @@ def serve(ctrl: socket.socket) -> None:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
-                return
+                pid = 0
             if pid:
-                statuses[pid] = (os.WEXITSTATUS(status) if os.WIFEXITED(status) else -1,
-                                 os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0)
+                if pid in wardens:  # orphans re-parented to this subreaper are reaped silently
+                    statuses[pid] = (os.WEXITSTATUS(status) if os.WIFEXITED(status) else -1,
+                                     os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0)
                 continue
-            if block_for is None or block_for in statuses or time.monotonic() > deadline:
+            if block_for is None or block_for in statuses or block_for not in wardens \
+                    or time.monotonic() > deadline:
                 return
-            time.sleep(0.005)
-
-    children: set[int] = set()
-
-    def kill_children() -> None:
-        for pid in children - set(statuses):
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except OSError:
-                pass
+            time.sleep(0.002)
 
     while True:
         try:
-            msg, fds, _, _ = socket.recv_fds(ctrl, _MAX_MSG, 1)
+            msg, fds, _, _ = socket.recv_fds(ctrl, _MAX_MSG, 4)
         except OSError:
-            msg = b""
+            msg, fds = b"", []
         if not msg:  # the verifier is gone: so are its sandboxes
-            kill_children()
+            for pid in wardens - set(statuses):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
             return
-        req = json.loads(msg)
-        op = req.get("op")
-        if op == "fork" and fds:
-            pid = os.fork()
-            if pid == 0:
-                ctrl.close()
-                _child(fds[0], req["scratch"], req["device"])
-            os.close(fds[0])
-            children.add(pid)
-            reply = {"pid": pid}
+        try:
+            req = json.loads(msg)
+            op = req.get("op")
+        except ValueError:
+            req, op = {}, None
+        if op == "fork":
+            reply = _fork(req, list(fds))
+            if "pid" in reply:
+                wardens.add(reply["pid"])
         elif op == "reap":
-            collect(block_for=req["pid"], timeout_s=float(req.get("timeout_s", 10.0)))
-            code, sig = statuses.pop(req["pid"], (None, None))
-            children.discard(req["pid"])
-            reply = {"pid": req["pid"], "code": code, "signal": sig}
+            pid = int(req.get("pid", -1))
+            collect(block_for=pid, timeout_s=float(req.get("timeout_s", 10.0)))
+            code, sig = statuses.pop(pid, (None, None))
+            if code is not None or sig is not None:
+                wardens.discard(pid)
+            reply = {"pid": pid, "code": code, "signal": sig}
         elif op == "ping":
             collect()
             reply = {"pong": True}
@@ -133,16 +220,18 @@ def main() -> int:
     import torch._dynamo  # noqa: F401 - imported lazily by dispatch modes, and it re-binds torch.manual_seed
     import torch.utils.cpp_extension  # noqa: F401
 
-    import actors.verifier.sandbox  # noqa: F401
+    import actors.verifier.build.capture  # noqa: F401
+    import actors.verifier.build.worker  # noqa: F401
+    import actors.verifier.jail  # noqa: F401
+    import actors.verifier.sandbox as sandbox
 
-    try:
-        import actors.verifier.build  # noqa: F401
-    except ImportError:
-        pass
+    sandbox.preload(sys.argv[2] if len(sys.argv) > 2 else None)  # the compute fence, inherited by every child
     if torch.cuda.is_initialized() or _forks_are_poisoned():  # fail loudly once, not per candidate
         print("kiln zygote: CUDA was initialised while preloading; sandbox children cannot be forked",
               file=sys.stderr)
         return 3
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     ctrl.send(json.dumps({"ready": True, "pid": os.getpid()}).encode())
     serve(ctrl)
     return 0
@@ -172,15 +261,58 @@ class ZygoteError(RuntimeError):
 
 @dataclass(frozen=True)
 class ExitStatus:
-    code: int | None  # exit status when the child exited; -1 when it was killed; None if unknown
+    code: int | None  # exit status when the process exited; -1 when it was killed; None if unknown
     signal: int | None  # the signal that killed it, 0 if none
+
+    def describe(self) -> str:
+        if self.signal:
+            try:
+                return f"killed by {signal.Signals(self.signal).name}"
+            except ValueError:
+                return f"killed by signal {self.signal}"
+        return "unknown" if self.code is None else f"exit status {self.code}"
+
+    def to_json(self) -> dict:
+        return {"code": self.code, "signal": self.signal, "text": self.describe()}
+
+
+@dataclass
+class Spawned:
+    """A jailed process and its warden, with pidfds: a signal sent through them can never reach a
+    process that reused a pid after the jailed one exited."""
+
+    pid: int  # the warden (reap and kill this one)
+    sandbox: int | None  # the jailed process itself (watch its memory and process tree)
+    _fds: list = None
+
+    def __post_init__(self) -> None:
+        self._fds = []
+        for p in {self.pid, self.sandbox or self.pid}:
+            try:
+                self._fds.append(os.pidfd_open(p))
+            except OSError:  # already gone
+                pass
+
+    def kill(self) -> None:
+        """SIGKILL the jailed process (PID 1 of its namespace: all of it goes) and its warden."""
+        for fd in self._fds:
+            try:
+                signal.pidfd_send_signal(fd, signal.SIGKILL)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        for fd in self._fds:
+            os.close(fd)
+        self._fds = []
 
 
 class Zygote:
-    """Parent-side handle: starts the zygote lazily and restarts it if it died."""
+    """Parent-side handle: starts the zygote lazily and restarts it if it died. Thread-safe."""
 
-    def __init__(self, start_timeout_s: float = 120.0) -> None:
+    def __init__(self, start_timeout_s: float = 120.0, fence_library: str | None = None) -> None:
         self.start_timeout_s = start_timeout_s
+        self.fence_library = fence_library  # the compute fence's native half (set before the first start)
         self._lock = threading.Lock()
         self._proc: subprocess.Popen | None = None
         self._ctrl: socket.socket | None = None
@@ -194,8 +326,13 @@ class Zygote:
         root = str(Path(__file__).resolve().parents[2])
         env = dict(os.environ)
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        self._proc = subprocess.Popen([sys.executable, "-m", "actors.verifier.zygote", str(theirs.fileno())],
-                                      pass_fds=[theirs.fileno()], env=env, cwd=root, stdin=subprocess.DEVNULL)
+        env.setdefault("OMP_NUM_THREADS", "1")
+        argv = [sys.executable, "-m", "actors.verifier.zygote", str(theirs.fileno())]
+        if self.fence_library:
+            argv.append(self.fence_library)
+        self._proc = subprocess.Popen(argv,
+                                      pass_fds=[theirs.fileno()], env=env, cwd=root, stdin=subprocess.DEVNULL,
+                                      start_new_session=True)
         theirs.close()
         ours.settimeout(self.start_timeout_s)
         try:
@@ -210,7 +347,7 @@ class Zygote:
         self.starts += 1
         return ours
 
-    def _ask(self, req: dict, fds: list[int] = (), timeout_s: float = 30.0) -> dict:
+    def _ask(self, req: dict, fds: list[int] = (), timeout_s: float = 60.0) -> dict:
         with self._lock:
             ctrl = self._ensure()
             try:
@@ -229,8 +366,22 @@ class Zygote:
         with self._lock:
             self._ensure()
 
-    def fork(self, child_fd: int, scratch: str, device: str) -> int:
-        return int(self._ask({"op": "fork", "scratch": scratch, "device": device}, [child_fd])["pid"])
+    @property
+    def started(self) -> bool:
+        return self._proc is not None
+
+    def next_uid(self) -> int:
+        """A fresh sandbox uid (jail.sandbox_uid) for the next job of this verifier process."""
+        from actors.verifier.jail import sandbox_uid
+
+        return sandbox_uid(next(_JOBS) + 7919 * os.getpid())
+
+    def spawn(self, kind: str, jail_spec, fds: list[int], log: str, args: dict | None = None) -> Spawned:
+        reply = self._ask({"op": "fork", "kind": kind, "jail": jail_spec.to_json(), "log": log,
+                           "args": args or {}}, fds)
+        if "pid" not in reply:
+            raise ZygoteError(f"the sandbox zygote could not start a {kind} process: {reply.get('error')}")
+        return Spawned(int(reply["pid"]), reply.get("sandbox"))
 
     def reap(self, pid: int, timeout_s: float = 10.0) -> ExitStatus:
         reply = self._ask({"op": "reap", "pid": pid, "timeout_s": timeout_s}, timeout_s=timeout_s + 30)

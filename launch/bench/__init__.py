@@ -1,1 +1,1 @@
-"""Benchmarks and GPU acceptance checks: tools run by hand, never imported by the runtime."""
+"""Benchmarks and device checks: tools run by hand (`python -m launch.bench.<name>`), never imported by the runtime."""

@@ -13,10 +13,11 @@ API (used by the verifier core):
 * `BuildResult` — ok, specs, artifacts (key -> .so), error + error_class (None, "compile",
   "timeout", "runtime", "infra"), seconds, phases, cached, vendor_libs; plus `toolchain` (pass it
   to install_prebuilt), `preludes` (key -> "lean" / "full" / "lean->full" / "monolithic(...)"),
-  `notes` (fallbacks taken, cache hits, sandbox notes) and the static legality hints
-  `torch_calls` / `tensor_methods` (what the C++/CUDA sources call).
+  `notes` (fallbacks taken, cache hits), the static legality hints `torch_calls` /
+  `tensor_methods` (what the C++/CUDA sources call), `violations` (forbidden imports of the built
+  libraries, the capture's audit findings), `capture_exit` and `sandbox` (the jail's layers).
 * `BuildService(cache_dir, backend, workers, timeout_s, *, memory_limit_mb=8192, max_processes=64,
-  prelude_policy="auto"|"full", pch="auto"|"use", pch_dir=None, gpu_visible=False)` —
+  prelude_policy="auto"|"lean"|"full", pch="auto"|"use", pch_dir=None, gpu_visible=False, zygote=None)` —
   `toolchain_id` names compilers + torch + backend. Precompiled headers live in one machine-wide
   directory (`$KILN_PCH_DIR`, else `~/.cache/kiln/pch`), keyed by toolchain; pch="auto" builds the
   common variants in the background at start-up and any other the first time a candidate misses
@@ -24,23 +25,23 @@ API (used by the verifier core):
   Compile children never see a GPU (`gpu_visible=False`): module-level CUDA work fails there.
 * `install_prebuilt(artifacts, toolchain)` — patch load_inline in the execution worker.
 
-How (see the modules): a warm zygote (`zygote.py`, torch imported once) forks one confined child
-per candidate (`capture.py`), watched by the service (`service.py`, `proctree.py`: deadline,
-process count, memory). load_inline is replaced by a recorder that builds each call
-(`compiler.py`): the binding TU is generated from the bound functions' signatures
-(`cxx_scan.py`) and cached by signature — a ~1 s thunk TU linked with one prebuilt pybind11
-module shell per toolchain (`thunks.py`), or a generated pybind11 TU for types thunks do not
-carry; the candidate's code compiles against a lean prelude with a precompiled header
-(`preludes.py`), falling back to load_inline's full headers when it needs more; units compile
-concurrently, and nvcc's host and device front ends too (`nvcc.py`); results are cached by
-content (`cache.py`). Benchmark: `bench.py`; CUDA validation
-on a GPU machine: `gpu_check.py`.
+How (see the modules): one zygote (actors/verifier/zygote.py, torch imported once) forks a jailed
+*capture* process per candidate (`capture.py`: its module-level code, load_inline recorded),
+watched by the service (`service.py`: deadline, process count, memory). Each load_inline call is
+built by a jailed *build* process (`worker.py`) that runs the compilers in its own directory
+(`compiler.py`): the binding TU is generated from the bound functions' signatures (`cxx_scan.py`)
+and cached by signature — a ~1 s thunk TU linked with one prebuilt pybind11 module shell per
+toolchain (`thunks.py`), or a generated pybind11 TU for types thunks do not carry; the candidate's
+code compiles against a lean prelude with a precompiled header (`preludes.py`), falling back to
+load_inline's full headers when it needs more; units compile concurrently, and nvcc's host and
+device front ends too (`nvcc.py`). The service then reads what the library imports
+(`symbols.py`: ATen compute, dispatcher bypasses, run-time symbol lookup are legality findings),
+publishes it into the content-addressed cache (`cache.py`), which only it writes, and sanitises
+compiler output before it becomes feedback (`diagnostics.py`). Benchmark:
+`python -m launch.bench.compile`; CUDA validation on a GPU machine: `python -m launch.bench.gpu_compile`.
 load_inline must be called at module level (KernelBench convention); `torch.utils.cpp_extension.load`
-(building from files) is refused with a clear message.
-
-Sandbox limits: compile children run as the service's user (confine(): no network, scratch dir,
-rlimits, watchdogs), so a hostile candidate could still write into the shared cache or signal the
-zygote; the latter only fails the builds in flight ("infra") and the zygote is restarted.
+(building from files) is refused with a clear message, and so are flags that load code into the
+compiler or linker (`-fplugin`, `-wrapper`, `-B`, ...).
 """
 
 from .prebuilt import PrebuiltMissing, install_prebuilt

@@ -1,5 +1,8 @@
 """On-disk cache of built extensions, binding objects and capture results, safe across processes.
 
+Only the trusted build service writes it; jailed processes see `ext/` (to import a built extension)
+and `bind/` (to link a cached binding object) read-only, and the rest not at all.
+
 Layout under `root` (one per toolchain digest, so toolchains never share an entry):
   ext/<spec key>/{<module>.so, meta.json}   a built extension; the directory appears by one rename
   bind/<binding key>.o                      a compiled binding TU, shared by equal signatures
@@ -26,10 +29,13 @@ from pathlib import Path
 
 
 class ArtifactCache:
-    def __init__(self, cache_dir: Path, toolchain_digest: str, tmp_dir: Path | None = None) -> None:
+    def __init__(self, cache_dir: Path, toolchain_digest: str, tmp_dir: Path | None = None, *,
+                 create: bool = True) -> None:
+        """`create=False` (a jailed build process, which sees the cache read-only): create nothing."""
         self.root = Path(cache_dir) / toolchain_digest
-        for sub in ("ext", "bind", "captures", "tmp", "locks", "jobs"):
-            (self.root / sub).mkdir(parents=True, exist_ok=True)
+        if create:
+            for sub in ("ext", "bind", "captures", "tmp", "locks", "jobs"):
+                (self.root / sub).mkdir(parents=True, exist_ok=True)
         self.tmp = Path(tmp_dir) if tmp_dir else self.root / "tmp"
 
     def remove_stale(self, older_than_s: float) -> None:
@@ -59,7 +65,9 @@ class ArtifactCache:
     def publish(self, key: str, build_dir: Path, so_name: str, meta: dict) -> Path:
         """Move `build_dir/so_name` into the cache under `key` atomically; returns the final .so path."""
         stage = Path(tempfile.mkdtemp(prefix=f"{key}.", dir=self.tmp))
-        shutil.copy2(build_dir / so_name, stage / so_name)
+        os.chmod(stage, 0o755)  # jailed processes (another uid) import it, read-only
+        shutil.copyfile(build_dir / so_name, stage / so_name)
+        os.chmod(stage / so_name, 0o644)
         (stage / "meta.json").write_text(json.dumps({**meta, "module": so_name}))
         final = self.root / "ext" / key
         try:
@@ -76,7 +84,8 @@ class ArtifactCache:
         final = self.binding_object(key)
         # Unique per writer: two threads of one process may store the same source's capture at once.
         tmp = final.with_name(f".{final.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-        shutil.copy2(obj, tmp)
+        shutil.copyfile(obj, tmp)
+        os.chmod(tmp, 0o644)
         os.replace(tmp, final)
         return final
 

@@ -8,14 +8,17 @@ Plan (load_inline semantics, faster shape):
   generated pybind11 TU (~5 s): either way most candidates never compile pybind11. The
   candidate's C++ (when it holds more than those declarations) and CUDA code are compiled against
   the lean prelude; a lean unit whose first error is a missing name/overload is recompiled against
-  load_inline's full headers, and only then are errors reported.
+  load_inline's full headers, and only then are errors reported. A CUDA unit whose C++ side is the
+  declarations alone is tried first against the facade (facade.py: no torch header in nvcc's TU),
+  with a facade thunk binding; when either does not compile, both are redone the lean way.
 * monolithic: when the declarations cannot be read with confidence (templates, macros, overloads,
   user-written pybind11 code, no_implicit_headers), one main TU exactly as load_inline writes it,
   against the precompiled full prelude; a binding unit that fails to compile also lands here.
 All units of one extension compile concurrently (a CUDA unit's host and device front ends too,
 see `nvcc.py`), then one g++ link against torch's libraries.
-The result is published into the cache (atomic rename) under the spec key; the builder holds a
-per-key lock, so concurrent builders of one key compile it once.
+`compile()` runs in a jailed build process (worker.py) and writes only into its build directory;
+it reads cached binding objects and precompiled headers. Publishing into the cache (after the
+symbol check) is the trusted service's job (service.py), so nothing a compiler does can reach it.
 """
 
 from __future__ import annotations
@@ -24,16 +27,15 @@ import hashlib
 import json
 import os
 import shlex
-import shutil
 import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import cxx_scan, diagnostics, nvcc, thunks
+from . import cxx_scan, diagnostics, facade, nvcc, thunks
 from .cache import ArtifactCache
-from .preludes import SHELL, PchStore, flag_profile
+from .preludes import FACADE_LIB, SHELL, PchStore, flag_profile
 from .spec import ExtensionSpec
 from .toolchain import Toolchain
 
@@ -64,6 +66,7 @@ class Built:
     cached: bool
     notes: list[str] = field(default_factory=list)
     pch_wanted: list[tuple[str, tuple[str, ...]]] = field(default_factory=list)
+    binding: tuple[str, str] | None = None  # (binding key, object file in the build dir) to publish
 
 
 @dataclass
@@ -93,6 +96,7 @@ class _Plan:
     binding_obj: Path | None = None  # a cached binding object, when one matched
     notes: list[str] = field(default_factory=list)
     wanted: list[tuple[str, tuple[str, ...]]] = field(default_factory=list)  # toolchain artifacts missed
+    facade: bool = False  # the CUDA unit and the binding are (still) facade-built
 
 
 def _compiler_env() -> dict[str, str]:
@@ -114,41 +118,19 @@ def _user_file_names(kind: str, n: int) -> list[str]:
 
 class ExtensionBuilder:
     def __init__(self, toolchain: Toolchain, cache: ArtifactCache, pch: PchStore, prelude_policy: str = "auto"):
-        if prelude_policy not in ("auto", "full"):
-            raise ValueError("prelude_policy must be 'auto' or 'full'")
+        # "lean": "auto" without the CUDA facade (benchmarks compare the two side by side).
+        if prelude_policy not in ("auto", "lean", "full"):
+            raise ValueError("prelude_policy must be 'auto', 'lean' or 'full'")
         self.tc = toolchain
         self.cache = cache
         self.pch = pch
         self.policy = prelude_policy
 
     # ------------------------------------------------------------------------------ entry
-    def build(self, spec: ExtensionSpec) -> Built:
+    def compile(self, spec: ExtensionSpec, bdir: Path) -> Built:
+        """Build `spec` into `bdir` (raises CompileFailed). The .so and a newly compiled binding
+        object stay in `bdir`; the caller checks and publishes them."""
         key = spec.key(self.tc.id)
-        t0 = time.monotonic()
-        hit = self._hit(key, t0)
-        if hit:
-            return hit
-        with self.cache.lock(key):
-            hit = self._hit(key, t0)
-            if hit:
-                return hit
-            bdir = self.cache.build_dir(f"{key[:12]}.")
-            try:
-                return self._build(spec, key, bdir)
-            finally:
-                shutil.rmtree(bdir, ignore_errors=True)
-
-    def _hit(self, key: str, t0: float) -> Built | None:
-        found = self.cache.lookup(key)
-        if not found:
-            return None
-        so, meta = found
-        return Built(key=key, so_path=str(so), prelude=str(meta.get("prelude", "cache")),
-                     phases={"cache": time.monotonic() - t0}, vendor_libs=list(meta.get("vendor_libs", [])),
-                     cached=True)
-
-    # ------------------------------------------------------------------------------ plan + run
-    def _build(self, spec: ExtensionSpec, key: str, bdir: Path) -> Built:
         plan = self._plan(spec, bdir)
         phases: dict[str, float] = {}
         t_compile = time.monotonic()
@@ -158,32 +140,32 @@ class ExtensionBuilder:
             phases[f"{u.label}_compile"] = phases.get(f"{u.label}_compile", 0.0) + u.seconds
         self._raise_first_failure(plan, bdir, phases)
 
+        binding = None
         if plan.bindable is not None and plan.binding_obj is None:
             unit = next(u for u in plan.units if u.label == "binding")
-            plan.binding_obj = self.cache.publish_binding(self._binding_key(spec, plan.bindable, unit.how),
-                                                          bdir / unit.obj)
+            plan.binding_obj = bdir / unit.obj
+            binding = (self._binding_key(spec, plan.bindable, unit.how), unit.obj)
         so_name = f"{SPLIT_MODULE}.so" if plan.bindable is not None else f"{spec.name}.so"
         objs = [str(bdir / u.obj) for u in plan.units if u.label != "binding"]
         if plan.binding_obj is not None:
             objs.append(str(plan.binding_obj))
-            if plan.binding_obj.name.startswith("thunk-"):
+            if plan.binding_obj.name.startswith("thunk"):
                 objs.append(str(self.pch.shell_object()))
+        if plan.facade:
+            objs.append(str(self.pch.facade_object()))
         phases["link"] = self._link(spec, bdir, objs, so_name, plan, phases)
 
         vendor = cxx_scan.vendor_libs_in_sources(list(spec.cpp_sources + spec.cuda_sources), spec.extra_ldflags)
-        vendor |= _vendor_libs_in_binary(bdir / so_name)
         how = "+".join(sorted({u.how for u in plan.units if u.label in ("kernel", "cuda", "main")})) or "binding-only"
         if plan.bindable is None:
             how = f"monolithic({how})"
-        meta = {"prelude": how, "vendor_libs": sorted(vendor), "notes": plan.notes, "phases": phases}
-        so = self.cache.publish(key, bdir, so_name, meta)
         wanted = plan.wanted + [(u.prelude, u.profile) for u in plan.units
                                 if u.profile is not None and not self.pch.has(u.prelude, u.profile)]
-        binding = next((u.how for u in plan.units if u.label == "binding"), "")
-        if binding:
-            plan.notes.append(f"binding: compiled ({binding})")
-        return Built(key=key, so_path=str(so), prelude=how, phases=phases, vendor_libs=sorted(vendor),
-                     cached=False, notes=plan.notes, pch_wanted=wanted)
+        compiled = next((u.how for u in plan.units if u.label == "binding"), "")
+        if compiled:
+            plan.notes.append(f"binding: compiled ({compiled})")
+        return Built(key=key, so_path=str(bdir / so_name), prelude=how, phases=phases, vendor_libs=sorted(vendor),
+                     cached=False, notes=plan.notes, pch_wanted=wanted, binding=binding)
 
     def _plan(self, spec: ExtensionSpec, bdir: Path) -> "_Plan":
         """Which translation units to compile (see the module docstring)."""
@@ -195,6 +177,9 @@ class ExtensionBuilder:
             plan.bindable = cxx_scan.bound_declarations(cpp_text, spec.functions)
             if plan.bindable is None:
                 plan.notes.append("bound functions' declarations not read from cpp_sources: one-TU build")
+        cu_prelude = self._cuda_prelude(cu_text) if spec.cuda_sources else ""
+        if cu_prelude == "lean_cuda" and self._facade_serves(plan, cu_text):
+            cu_prelude, plan.facade = "facade_cuda", True
         if plan.bindable is not None:
             if plan.bindable.has_code:
                 plan.units.append(self._kernel_unit(spec, bdir, plan.cpp_names, self._cpp_prelude(cpp_text)))
@@ -202,14 +187,30 @@ class ExtensionBuilder:
         else:
             plan.units.append(self._main_unit(spec, bdir, plan.cpp_names))
         if spec.cuda_sources:
-            plan.units.append(self._cuda_unit(spec, bdir, plan.cu_names, self._cuda_prelude(cu_text)))
+            plan.units.append(self._cuda_unit(spec, bdir, plan.cu_names, cu_prelude))
         return plan
+
+    def _facade_serves(self, plan: "_Plan", cu_text: str) -> bool:
+        """Whether to try the CUDA facade: the C++ side is the bound declarations alone (nothing
+        else sees the candidate's tensors), their types are tensors and scalars, the torch headers
+        the .cu includes are ones the facade stands for, and the toolchain's facade library and
+        module shell are built."""
+        if self.policy != "auto" or not self.tc.cuda_facade or plan.bindable is None or plan.bindable.has_code:
+            return False
+        if not facade.covers_includes(cu_text, cxx_scan.includes(cu_text)):
+            return False
+        if any(facade.facade_declaration(d.text) is None for d in plan.bindable.declarations):
+            return False
+        if not self.pch.facade_object().exists():
+            plan.wanted.append((FACADE_LIB, ()))
+            return False
+        return self.pch.shell_object().exists()
 
     def _plan_binding(self, spec: ExtensionSpec, bdir: Path, plan: "_Plan") -> None:
         """A cached binding object if one matches, else a thunk TU (when the toolchain's module
         shell exists), else a generated pybind11 TU (and the shell is wanted)."""
         shell = self.pch.shell_object().exists()
-        kinds = ("thunk", "pybind11") if shell else ("pybind11",)
+        kinds = ("thunk-facade",) if plan.facade else ("thunk", "pybind11") if shell else ("pybind11",)
         for kind in kinds:
             cached = self.cache.binding_object(self._binding_key(spec, plan.bindable, kind))
             if cached.exists():
@@ -217,7 +218,7 @@ class ExtensionBuilder:
                 plan.notes.append(f"binding: cached ({kind})")
                 return
         if shell:
-            plan.units.append(self._thunk_unit(spec, bdir, plan.bindable))
+            plan.units.append(self._thunk_unit(spec, bdir, plan.bindable, plan.facade))
         else:
             plan.units.append(self._binding_unit(spec, bdir, plan.bindable))
             plan.wanted.append((SHELL, ()))
@@ -227,6 +228,7 @@ class ExtensionBuilder:
         a thunk binding that did not compile (a type thunks do not carry) as a pybind11 binding;
         and if that does not compile either, one load_inline-style TU instead."""
         self._run_all(plan.units, bdir)
+        self._retry_facade_failures(spec, bdir, plan)
         self._retry_lean_failures(spec, bdir, plan)
         thunk = next((u for u in plan.units if u.how == "thunk" and not u.ok and not u.infra), None)
         if thunk is not None:
@@ -264,6 +266,29 @@ class ExtensionBuilder:
             unit.output, unit.ok, unit.infra = f"{unit.cmd[0]}: {e}", False, True
         unit.seconds = time.monotonic() - t0
 
+    def _retry_facade_failures(self, spec: ExtensionSpec, bdir: Path, plan: "_Plan") -> None:
+        """When the facade CUDA unit or its thunk binding did not compile (a name or type the
+        facade lacks), compile the CUDA unit against the lean CUDA prelude and bind it the usual
+        way. Errors are then reported from the lean (or full) compile, as without the facade."""
+        cuda = next((u for u in plan.units if u.prelude == "facade_cuda"), None)
+        if cuda is None:
+            return
+        thunk = next((u for u in plan.units if u.how == "thunk-facade"), None)
+        failed = [u for u in (cuda, thunk) if u is not None and not u.ok]
+        if not failed or any(u.infra for u in failed):
+            return
+        plan.notes.append(f"{failed[0].label}: the CUDA facade lacked something ({_first_line(failed[0].output)}); "
+                          f"recompiled with the lean CUDA prelude")
+        plan.facade, plan.binding_obj = False, None
+        plan.units = [u for u in plan.units if u is not cuda and u is not thunk]
+        plan.notes = [n for n in plan.notes if n != "binding: cached (thunk-facade)"]
+        self._plan_binding(spec, bdir, plan)
+        lean = self._cuda_unit(spec, bdir, plan.cu_names, "lean_cuda")
+        lean.how = "facade_cuda->lean_cuda"
+        plan.units.append(lean)
+        self._run_all(plan.units, bdir)
+        lean.seconds += cuda.seconds
+
     def _retry_lean_failures(self, spec: ExtensionSpec, bdir: Path, plan: "_Plan") -> None:
         """Recompile lean units whose first error is a missing name against the full headers."""
         retry = []
@@ -273,7 +298,7 @@ class ExtensionBuilder:
             if diagnostics.looks_like_missing_api(u.output):
                 full = (self._kernel_unit(spec, bdir, plan.cpp_names, "full") if u.label == "kernel"
                         else self._cuda_unit(spec, bdir, plan.cu_names, "full_cuda"))
-                full.how = f"{u.prelude}->{full.prelude}"
+                full.how = f"{u.how}->{full.prelude}"
                 retry.append((u, full))
         if not retry:
             return
@@ -326,7 +351,11 @@ class ExtensionBuilder:
         parts = [f'#include "{self.pch.header(prelude)}"'] if prelude else []
         for name, text in zip(names, sources):
             parts.append(f'#line 1 "{name}"')
-            parts.append(cxx_scan.without_umbrella_includes(text) if prelude in ("lean", "lean_cuda") else text)
+            if prelude == "facade_cuda":
+                text = facade.without_covered_includes(text)
+            elif prelude in ("lean", "lean_cuda"):
+                text = cxx_scan.without_umbrella_includes(text)
+            parts.append(text)
         if tail:
             parts.append('#line 1 "kiln_binding.cpp"')
             parts.append(tail)
@@ -356,16 +385,22 @@ class ExtensionBuilder:
         return _Unit("main", prelude or "none", "main.cpp", "main.o",
                      self._gxx_cmd(spec, spec.name, flags, "main.cpp", "main.o"), profile=profile)
 
-    def _thunk_unit(self, spec, bdir, bindable: cxx_scan.Bindable) -> _Unit:
-        body = thunks.thunk_source(bindable.preamble, [d.text for d in bindable.declarations], spec.functions,
-                                   spec.docstrings, spec.with_pytorch_error_handling)
-        (bdir / "thunk.cpp").write_text(f'#include "{self.pch.header("lean")}"\n'
-                                        f'#include "{self.pch.header("kiln_thunk")}"\n'
-                                        f'#line 1 "kiln_binding.cpp"\n{body}\n')
+    def _thunk_unit(self, spec, bdir, bindable: cxx_scan.Bindable, with_facade: bool = False) -> _Unit:
+        """The thunk binding; `with_facade`: for a facade-built CUDA unit (declarations in the
+        facade's types, each function adapted to at::Tensor by kiln_facade_bridge.h)."""
+        decls = [facade.facade_declaration(d.text) if with_facade else d.text for d in bindable.declarations]
+        body = thunks.thunk_source(bindable.preamble, decls, spec.functions, spec.docstrings,
+                                   spec.with_pytorch_error_handling, facade=with_facade)
+        stem = "thunk_facade" if with_facade else "thunk"
+        bridge = f'#include "{self.pch.header("kiln_facade_bridge")}"\n' if with_facade else ""
+        (bdir / f"{stem}.cpp").write_text(f'#include "{self.pch.header("lean")}"\n'
+                                          f'#include "{self.pch.header("kiln_thunk")}"\n{bridge}'
+                                          f'#line 1 "kiln_binding.cpp"\n{body}\n')
         flags = [*BINDING_OPT, *_binding_defines(spec)]
-        return _Unit("binding", "lean", "thunk.cpp", "thunk.o",
-                     self._gxx_cmd(spec, SPLIT_MODULE, flags, "thunk.cpp", "thunk.o"),
-                     profile=flag_profile(flags) if self.tc.cxx_is_gcc else None, how="thunk")
+        return _Unit("binding", "lean", f"{stem}.cpp", f"{stem}.o",
+                     self._gxx_cmd(spec, SPLIT_MODULE, flags, f"{stem}.cpp", f"{stem}.o"),
+                     profile=flag_profile(flags) if self.tc.cxx_is_gcc else None,
+                     how="thunk-facade" if with_facade else "thunk")
 
     def _binding_unit(self, spec, bdir, bindable: cxx_scan.Bindable) -> _Unit:
         body = "\n".join([*bindable.preamble, *(d.text for d in bindable.declarations),
@@ -379,7 +414,12 @@ class ExtensionBuilder:
     def _cuda_unit(self, spec, bdir, cu_names, prelude) -> _Unit:
         src, obj = f"cuda_{prelude}.cu", f"cuda_{prelude}.o"
         (bdir / src).write_text(self._tu_text(prelude, cu_names, spec.cuda_sources))
-        cmd = [self.tc.nvcc or "nvcc", *self.tc.common_flags(spec.name, spec.extra_include_paths),
+        common = self.tc.common_flags(spec.name, spec.extra_include_paths)
+        if prelude == "facade_cuda":  # no torch or Python header is reachable: nothing slips past the facade
+            hidden = {*self.tc.torch_includes, self.tc.python_include}
+            common = [f for i, f in enumerate(common)
+                      if f not in hidden and not (f == "-isystem" and i + 1 < len(common) and common[i + 1] in hidden)]
+        cmd = [self.tc.nvcc or "nvcc", *common,
                *self.tc.nvcc_flags(tuple(_split_flags(spec.extra_cuda_cflags))), "-c", src, "-o", obj]
         return _Unit("cuda", prelude, src, obj, cmd, profile=None)
 
@@ -419,21 +459,3 @@ def _first_line(output: str) -> str:
         if "error" in line:
             return line.split("error:", 1)[-1].strip()[:120]
     return ""
-
-
-def _vendor_libs_in_binary(so: Path) -> set[str]:
-    nm = shutil.which("nm")
-    if nm is None:
-        return set()
-    try:
-        p = subprocess.run([nm, "-D", str(so)], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return set()
-    undefined, defined = [], []
-    for line in p.stdout.splitlines():
-        parts = line.split()
-        if len(parts) == 2 and parts[0] == "U":
-            undefined.append(parts[1])
-        elif len(parts) == 3:
-            defined.append(parts[2])
-    return cxx_scan.vendor_libs_in_symbols(undefined, defined)

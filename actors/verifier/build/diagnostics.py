@@ -1,9 +1,14 @@
-"""Turn compiler and linker output into feedback a model can act on.
+"""Turn compiler and linker output into feedback a model can act on, and nothing more.
 
 The first few errors, each with the code line the compiler quoted, with build paths replaced by
 the names the candidate knows (`cpp_source:12:5`, `cuda_source(40)`, `<torch>/ATen/...`), and at
 most a screenful. Also tells apart a failure of the candidate's code from one of the machine
 (internal compiler error, a compiler killed by a signal or out of memory), which is "infra".
+
+`sanitize` is the last step before feedback: a line that still names a host path (after the
+known roots became `<torch>`, `<python>`, `<cuda>`, `<system>`) is about a file outside the
+candidate's sources, and the compiler may quote that file's text in it or right after it
+(`#include "/etc/passwd"` makes g++ print its first line): the line and its quoted snippet go.
 """
 
 from __future__ import annotations
@@ -29,6 +34,30 @@ _MISSING_NAME = re.compile(r"was not declared|is not a member of|has not been de
                            r"no instance of (overloaded|function)|not a class, namespace")
 
 
+# Public headers and tools, named without their host path (kept in feedback).
+SYSTEM_ROOTS = {"/usr/include/": "<system>/", "/usr/local/include/": "<system>/", "/usr/lib/gcc/": "<system>/",
+                "/usr/lib/llvm": "<system>/llvm", "/usr/bin/": "", "/usr/local/bin/": ""}
+_HOST_PATH = re.compile(r"(?<![\w<>.+@-])/(?:[\w.+@-]+/)*[\w.+@-]+")
+_REMOVED = "(a line about a file outside your sources was removed)"
+
+
+def sanitize(text: str) -> str:
+    """Drop every line that still names a host path, with the snippet lines the compiler printed after it."""
+    out: list[str] = []
+    skipping = False
+    for line in scrub(text, SYSTEM_ROOTS).splitlines():
+        if skipping and _SNIPPET.match(line) and not _ERROR.search(line):
+            continue
+        skipping = False
+        if _HOST_PATH.search(line):
+            if not out or out[-1] != _REMOVED:
+                out.append(_REMOVED)
+            skipping = True
+            continue
+        out.append(line)
+    return "\n".join(out)
+
+
 def scrub(text: str, replacements: dict[str, str]) -> str:
     """Replace build paths (longest first) with stable, user-facing names."""
     for path in sorted(replacements, key=len, reverse=True):
@@ -41,7 +70,7 @@ def first_errors(output: str, replacements: dict[str, str], user_files: tuple[st
     """The first MAX_ERRORS errors with their quoted code lines; the whole (trimmed) output if none
     is recognised. When an error sits in a header, the nearest preceding line that points into the
     candidate's own files ("required from here") is kept before it."""
-    lines = scrub(output, replacements).splitlines()
+    lines = scrub(scrub(output, replacements), SYSTEM_ROOTS).splitlines()
     picked: list[str] = []
     errors = 0
     i = 0

@@ -104,6 +104,35 @@ def run(cmd: list[str], cwd: Path, env: dict, parallel: bool = True) -> tuple[in
     return _run_chain(p, p.final, cwd, env)
 
 
+def profile(cmd: list[str], cwd: Path, env: dict) -> dict[str, float] | None:
+    """Run `cmd`'s phases one after another and time each (benchmarks): host_cpp, cudafe++,
+    device_cpp, cicc, ptxas, fatbinary, host_gxx (the host compile of cudafe++'s output).
+    None when the command cannot be split or a phase fails."""
+    import time
+
+    p = plan(cmd, cwd, cwd / "nvcc-keep")
+    if p is None:
+        return None
+    Path(cwd, p.module_id_file).write_text("_kiln_" + hashlib.sha256(" ".join(cmd).encode()).hexdigest()[:16])
+    seconds: dict[str, float] = {}
+    named = [("host_cpp", p.host[0]), ("cudafe++", p.host[1])]
+    named += [(_phase_name(s, k == 0), s) for k, s in enumerate(p.device)] + [("host_gxx", p.final[0])]
+    for name, step in named:
+        t0 = time.monotonic()
+        rc, _ = _run_chain(p, [step], cwd, env)
+        if rc != 0:
+            return None
+        seconds[name] = seconds.get(name, 0.0) + time.monotonic() - t0
+    return seconds
+
+
+def _phase_name(step: str, first: bool) -> str:
+    tool = step.split(" ", 1)[0].strip('"').rsplit("/", 1)[-1]
+    if tool in ("cicc", "ptxas", "fatbinary"):
+        return tool
+    return "device_cpp" if first else tool
+
+
 def compare(argv: list[str]) -> int:
     """Time plain nvcc against the parallel schedule on the same command (`argv`: nvcc ... -c x.cu
     -o x.o) and compare the objects' symbols, module id aside."""

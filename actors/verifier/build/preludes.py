@@ -7,6 +7,8 @@ instead and falls back to the *full* one only when the code needs more:
 
 * lean (C++):  ATen (every at:: op and Tensor method, Dispatch, Parallel) plus the `torch::`
                spellings of it (`torch::Tensor`, `torch::empty_like`, `torch::kFloat32`, ...).
+* facade (CUDA): no torch header at all, a handle class with torch's spellings (facade.py); tried
+               first for CUDA units, which fall back to lean (CUDA) when it lacks a name.
 * lean (CUDA): only the Tensor class, the allocation ops used for plumbing and TORCH_CHECK: nvcc
                cannot use a precompiled header, so every header it parses costs three passes.
 * binding:     lean (C++) plus pybind11 and torch's type casters, for the generated binding TU.
@@ -31,6 +33,8 @@ import threading
 import time
 from pathlib import Path
 
+from .facade import FACADE_BRIDGE, FACADE_CUDA_PRELUDE, FACADE_HEADER, FACADE_LIB_SOURCE
+from .fence_lib import SOURCE as FENCE_SOURCE
 from .thunks import SHELL_SOURCE, THUNK_HEADER
 
 _TORCH_SPELLINGS = """
@@ -76,6 +80,9 @@ PRELUDES: dict[str, str] = {
                  "#include <cuda_runtime.h>\n",
 }
 PRELUDES["kiln_thunk"] = THUNK_HEADER
+PRELUDES["kiln_facade"] = FACADE_HEADER
+PRELUDES["facade_cuda"] = FACADE_CUDA_PRELUDE
+PRELUDES["kiln_facade_bridge"] = FACADE_BRIDGE
 PCH_PRELUDES = ("lean", "binding", "full")  # the ones g++ compiles; nvcc has no PCH
 # Runs the compiler niced in its own process group, and kills that group when the service process
 # dies (PR_SET_PDEATHSIG): an orphaned cc1plus would hold a core and leave a half-written file.
@@ -89,8 +96,11 @@ if os.getppid() != parent:
 os.nice(int(sys.argv[2]))
 sys.exit(subprocess.call(sys.argv[3:]))
 """
-PRELUDE_DIGEST = hashlib.sha256(("".join(PRELUDES[k] for k in sorted(PRELUDES)) + SHELL_SOURCE).encode()).hexdigest()[:10]
+PRELUDE_DIGEST = hashlib.sha256(("".join(PRELUDES[k] for k in sorted(PRELUDES)) + SHELL_SOURCE
+                                  + FACADE_LIB_SOURCE).encode()).hexdigest()[:10]
 SHELL = "shell"  # the thunk module shell object, built next to the PCH variants
+FACADE_LIB = "facade"  # the CUDA facade's out-of-line parts (facade.py), built next to them too
+FENCE = "fence"  # the compute fence's native library (fence_lib.py), built next to them too
 
 # Flags that decide whether gcc accepts a PCH, and that are safe to run outside the sandbox.
 _PROFILE_FLAG = re.compile(r"^(-ffast-math|-funroll-loops|-march=native|-mtune=native|-fopenmp|-g|-g[0-3]|"
@@ -123,16 +133,21 @@ def profile_name(profile: tuple[str, ...]) -> str:
 class PchStore:
     """Prelude headers and their precompiled variants for one toolchain, under `root`."""
 
-    def __init__(self, root: Path, toolchain) -> None:
+    def __init__(self, root: Path, toolchain, *, create: bool = True) -> None:
+        """`create=False` (a jailed build process): use what the service wrote, write nothing."""
         self.toolchain = toolchain
         self._lock = threading.Lock()
         self._proc: subprocess.Popen | None = None
         self._aborted = False
         self.root = Path(root) / toolchain.digest
+        if not create:
+            return
         self.root.mkdir(parents=True, exist_ok=True)
         for name, text in PRELUDES.items():
             _write_once(self.root / f"{name}.h", text)
         _write_once(self.root / f"{SHELL}.cpp", SHELL_SOURCE)
+        _write_once(self.root / f"{FENCE}.cpp", FENCE_SOURCE)
+        _write_once(self.root / f"{FACADE_LIB}.cpp", FACADE_LIB_SOURCE)
 
     def header(self, prelude: str) -> Path:
         return self.root / f"{prelude}.h"
@@ -151,6 +166,10 @@ class PchStore:
         """
         if prelude == SHELL:
             return self._build_once(self.shell_object(), self._shell_cmd, nice)
+        if prelude == FENCE:
+            return self._build_once(self.fence_library(), self._fence_cmd, nice)
+        if prelude == FACADE_LIB:
+            return self._build_once(self.facade_object(), self._facade_cmd, nice)
         if prelude not in PCH_PRELUDES or not self.toolchain.cxx_is_gcc:
             return 0.0
         if any(not (_PROFILE_FLAG.match(f) or re.fullmatch(r"-O[0-3sg]?", f)) for f in profile):
@@ -165,6 +184,22 @@ class PchStore:
     def _shell_cmd(self, tmp: Path) -> list[str]:
         return [self.toolchain.cxx, *self.toolchain.cxx_flags(), *self.toolchain.common_flags("kiln_ext"),
                 "-O2", "-c", str(self.root / f"{SHELL}.cpp"), "-o", str(tmp)]
+
+    def facade_object(self) -> Path:
+        return self.root / f"{FACADE_LIB}.o"
+
+    def _facade_cmd(self, tmp: Path) -> list[str]:
+        # The lean PCH's flags (-O2 profile), so gcc can use it for the ATen part.
+        return [self.toolchain.cxx, *self.toolchain.cxx_flags(), *self.toolchain.common_flags(None),
+                "-O2", "-c", str(self.root / f"{FACADE_LIB}.cpp"), "-o", str(tmp)]
+
+    def fence_library(self) -> Path:
+        return self.root / "libkiln_fence.so"
+
+    def _fence_cmd(self, tmp: Path) -> list[str]:
+        tc = self.toolchain
+        return [tc.cxx, *tc.cxx_flags(), *tc.common_flags(None), "-O2", "-shared", str(self.root / f"{FENCE}.cpp"),
+                "-o", str(tmp), f"-L{tc.torch_libdir}", "-lc10", "-ltorch_cpu"]
 
     def _build_once(self, out: Path, make_cmd, nice: int) -> float:
         if out.exists():

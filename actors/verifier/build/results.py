@@ -1,8 +1,10 @@
-"""BuildResult, and how a compile child's event log and fate become one.
+"""BuildResult, and how a capture's events and fate become one.
 
-The event log is written by a process that ran untrusted code, so it is read defensively:
-malformed lines are skipped, fields are type-checked, and a child that died before logging
-"done" is classified from its exit status, the watchdog's verdict and its stderr tail.
+Two kinds of events make a capture: the service's own (what it built, its symbol check), which are
+trusted, and the capture process's (spec requests, exceptions, done), which come from a process that
+ran untrusted code and are read defensively: malformed events are skipped, fields are type-checked,
+and a process that died before "done" is classified from its exit status, the watchdog's verdict
+and its stderr tail.
 Error classes: "compile" (the candidate's C++/CUDA or load_inline arguments), "timeout",
 "runtime" (module-level code raised, crashed, exited, or exceeded a limit), "infra" (the machine).
 """
@@ -10,7 +12,6 @@ Error classes: "compile" (the candidate's C++/CUDA or load_inline arguments), "t
 from __future__ import annotations
 
 import functools
-import json
 import signal
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -38,6 +39,9 @@ class BuildResult:
     notes: list[str] = field(default_factory=list)  # diagnostics: fallbacks taken, cache hits, sandbox notes
     torch_calls: list[str] = field(default_factory=list)  # static hint: at::/torch::/c10:: calls in the sources
     tensor_methods: list[str] = field(default_factory=list)  # static hint: Tensor methods called in the sources
+    violations: list[dict] = field(default_factory=list)  # legality findings: forbidden imports, capture audit
+    capture_exit: dict = field(default_factory=dict)  # the capture process's own exit status
+    sandbox: dict = field(default_factory=dict)  # the capture jail's report: active and missing layers
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -63,24 +67,6 @@ def _tensor_methods() -> frozenset[str]:
     return frozenset(n for n in dir(torch.Tensor) if not n.startswith("_"))
 
 
-def read_events(path: Path) -> list[dict]:
-    events = []
-    try:
-        with open(path, errors="replace") as f:
-            for i, line in enumerate(f):
-                if i >= MAX_EVENTS:
-                    break
-                try:
-                    e = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(e, dict) and isinstance(e.get("event"), str):
-                    events.append(e)
-    except OSError:
-        pass
-    return events
-
-
 def _tail(path: Path, n: int = 1500) -> str:
     try:
         return path.read_text(errors="replace")[-n:]
@@ -92,11 +78,14 @@ def _num(x) -> float:
     return float(x) if isinstance(x, (int, float)) else 0.0
 
 
-def assemble(scratch: Path, outcome: dict, toolchain: str, timeout_s: float) -> tuple[BuildResult, list]:
-    """(BuildResult, precompiled-header variants the child missed) for one finished child."""
-    events = read_events(scratch / "events.jsonl")
-    specs, artifacts, preludes, phases, vendor, notes, wanted = [], {}, {}, {}, set(), [], []
+def assemble(events: list[dict], outcome: dict, toolchain: str, timeout_s: float,
+             stderr: Path) -> tuple[BuildResult, list]:
+    """(BuildResult, precompiled-header variants the builds missed) for one finished capture.
+    `events`: the capture's messages interleaved with the service's own "built"/"compile_error"
+    records (the service writes those; a capture process cannot send one)."""
+    specs, artifacts, preludes, phases, vendor, notes, wanted, violations = [], {}, {}, {}, set(), [], [], []
     all_cached = True
+    events = [e for e in events[:MAX_EVENTS] if isinstance(e, dict) and isinstance(e.get("event"), str)]
     for e in events:
         kind = e["event"]
         if kind == "spec":
@@ -104,7 +93,7 @@ def assemble(scratch: Path, outcome: dict, toolchain: str, timeout_s: float) -> 
                 specs.append(ExtensionSpec.from_dict(e.get("spec")))
             except (ValueError, TypeError):
                 continue
-        elif kind == "built" and isinstance(e.get("key"), str) and isinstance(e.get("so"), str):
+        elif kind == "built" and e.get("trusted"):
             artifacts[e["key"]] = e["so"]
             preludes[e["key"]] = str(e.get("prelude", ""))
             all_cached &= e.get("cached") is True
@@ -113,8 +102,9 @@ def assemble(scratch: Path, outcome: dict, toolchain: str, timeout_s: float) -> 
             vendor.update(v for v in e.get("vendor_libs") or [] if isinstance(v, str))
             notes += [f"{e['key'][:12]}: {n}" for n in e.get("notes") or [] if isinstance(n, str)]
             wanted += [w for w in e.get("pch_wanted") or [] if isinstance(w, list) and len(w) == 2]
-        elif kind == "start":
-            notes += [str(n) for n in e.get("confinement") or []]
+            violations += list(e.get("violations") or [])
+        elif kind == "done":
+            violations += [v for v in (e.get("findings") or []) if isinstance(v, dict) and isinstance(v.get("kind"), str)]
     done = next((e for e in events if e["event"] == "done"), None)
     if done:
         phases["capture"] = max(_num(done.get("seconds")) - _num(done.get("compile_seconds")), 0.0)
@@ -125,17 +115,17 @@ def assemble(scratch: Path, outcome: dict, toolchain: str, timeout_s: float) -> 
     result = BuildResult(ok=False, specs=specs, artifacts=artifacts, error="", error_class=None, seconds=0.0,
                          phases=phases, cached=bool(artifacts) and all_cached, vendor_libs=sorted(vendor),
                          toolchain=toolchain, preludes=preludes, notes=notes, torch_calls=calls,
-                         tensor_methods=methods)
-    result.error_class, result.error = _classify(events, done, outcome, scratch, timeout_s)
+                         tensor_methods=methods, violations=violations[:50])
+    result.error_class, result.error = _classify(events, done, outcome, stderr, timeout_s)
     result.ok = result.error_class is None
     return result, wanted
 
 
-def _classify(events: list[dict], done: dict | None, outcome: dict, scratch: Path,
+def _classify(events: list[dict], done: dict | None, outcome: dict, stderr_path: Path,
               timeout_s: float) -> tuple[str | None, str]:
     if outcome.get("infra"):
         return "infra", str(outcome["infra"])
-    failed = next((e for e in events if e["event"] == "compile_error"), None)
+    failed = next((e for e in events if e["event"] == "compile_error" and e.get("trusted")), None)
     if failed:
         cls = "infra" if failed.get("infra") is True else "compile"
         head = f"load_inline(name={failed.get('name')!r}) failed to build"
@@ -143,6 +133,9 @@ def _classify(events: list[dict], done: dict | None, outcome: dict, scratch: Pat
         if unit in ("link", "import"):
             head += f" ({unit} step)"
         return cls, f"{head}:\n{failed.get('message', '')}"
+    import_failed = next((e for e in events if e["event"] == "import_error"), None)
+    if import_failed:
+        return "compile", _import_error_text(str(import_failed.get("name")), str(import_failed.get("message", "")))
     unsupported = next((e for e in events if e["event"] == "unsupported"), None)
     if unsupported:
         return "compile", str(unsupported.get("message", "unsupported load_inline call"))
@@ -150,7 +143,7 @@ def _classify(events: list[dict], done: dict | None, outcome: dict, scratch: Pat
     limits = outcome.get("limits", {})
     if killed == "timeout":
         last = events[-1]["event"] if events else "start"
-        doing = "compiling an extension" if last == "spec" else "running module-level code"
+        doing = "compiling an extension" if last in ("spec", "build") else "running module-level code"
         return "timeout", f"the candidate did not finish importing within {timeout_s:.0f} s (still {doing})"
     if killed == "memory":
         return "runtime", (f"module-level code exceeded the compile stage's memory limit "
@@ -164,8 +157,8 @@ def _classify(events: list[dict], done: dict | None, outcome: dict, scratch: Pat
         return "runtime", (text + ("\n" + tb if tb else ""))[:2400]
     if done:
         return None, ""
-    status = outcome.get("status") or {}
-    stderr = _tail(scratch / "stderr.txt")
+    status = outcome.get("status") or {}  # {"exit": n} or {"signal": n}
+    stderr = _tail(stderr_path)
     if "signal" in status:
         try:
             name = signal.Signals(int(status["signal"])).name
@@ -173,10 +166,17 @@ def _classify(events: list[dict], done: dict | None, outcome: dict, scratch: Pat
             name = f"signal {status['signal']}"
         return "runtime", f"module-level code crashed the process ({name}){_crash_frames(stderr)}"
     code = status.get("exit")
-    if code == 70 and "Traceback" in stderr:
-        return "infra", f"the compile child failed before running the candidate:\n{stderr[-800:]}"
     return "runtime", (f"module-level code ended the process (exit status {code}, e.g. os._exit) "
                        f"before the module finished importing")
+
+
+def _import_error_text(name: str, message: str) -> str:
+    head = f"load_inline(name={name!r}) built a module that does not import"
+    if "undefined symbol" in message:
+        sym = message.rsplit("undefined symbol:", 1)[-1].strip()[:200]
+        return (f"{head}: undefined symbol {sym}. A function is declared (or bound) but never defined with "
+                f"exactly that signature.")
+    return f"{head}: {message.rsplit('/', 1)[-1][:300]}" if message else head
 
 
 def _crash_frames(stderr: str) -> str:

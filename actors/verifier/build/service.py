@@ -1,108 +1,46 @@
-"""BuildService: capture and compile candidates in a pool of confined, warm-started children.
+"""BuildService: capture and compile candidates, every step of it jailed, the cache written only here.
 
 submit(source) -> Future[BuildResult]. Each job: look the whole source up in the capture cache;
-else write it to a scratch dir, ask the zygote for a fresh child, and watch that child from a
-service thread (wall-clock deadline, process count, resident memory of its whole tree) until the
-zygote reports it reaped; then read its event log into a BuildResult (`results.assemble`).
-At most `workers` children run at once. Precompiled headers are built here, in the background,
-by the trusted process: the common variants at start-up, others when a child reports it missed one.
+else write it to a scratch dir and fork a *capture* process from the zygote (jailed like any process
+that runs candidate code), watched from a service thread (wall-clock deadline, process count,
+resident memory of its whole tree). The capture process asks for each `load_inline` call to be
+built; the service answers from the artifact cache, or forks a jailed *build* process that runs the
+compilers in its own directory, reads what the built library imports (symbols.py: ATen compute,
+dispatcher bypasses, run-time symbol lookup are findings), publishes it into the cache, and answers
+with its path. Nothing but this service writes the cache. At most `workers` jobs run at once.
+Precompiled headers are built here, in the background, by the trusted process: the common variants
+at start-up, others when a build reports it missed one.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 import queue
 import shutil
-import subprocess
-import sys
+import socket
 import threading
 import time
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-from . import proctree
+from actors.verifier import isolation, proctree, wire
+from actors.verifier.zygote import Zygote, ZygoteError
+
+from . import diagnostics, symbols
 from .cache import ArtifactCache
 from .capture import CANDIDATE_FILE
-from .preludes import SHELL, PchStore, flag_profile
+from .preludes import FACADE_LIB, FENCE, SHELL, PchStore, flag_profile
 from .results import BuildResult, assemble, infra_result
+from .spec import ExtensionSpec, UnsupportedCall, check_flags
 from .toolchain import Toolchain
 
 log = logging.getLogger(__name__)
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
-POLL_S = 0.02
+POLL_S = 0.1  # how often a capture or build process tree is checked against its limits
 MAX_PCH_VARIANTS = 6  # per prelude and service
-
-
-class _Zygote:
-    """The fork-server process and the thread that reads its replies."""
-
-    def __init__(self, env: dict[str, str]) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "actors.verifier.build.zygote"],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=REPO_ROOT, env=env,
-                                     start_new_session=True)
-        self._lock = threading.Lock()
-        self._waiters: dict[str, dict] = {}
-        self.ready = threading.Event()
-        self.dead = threading.Event()
-        self._reader = threading.Thread(target=self._read, name="kiln-build-zygote", daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        for raw in self.proc.stdout:
-            try:
-                msg = json.loads(raw)
-            except ValueError:
-                continue
-            if msg.get("ready"):
-                self.ready.set()
-                continue
-            with self._lock:
-                w = self._waiters.get(str(msg.get("job")))
-            if w is None:
-                continue
-            if "pid" in msg:
-                w["pid"] = int(msg["pid"])
-                w["pid_event"].set()
-            if "status" in msg:
-                w["status"] = msg["status"]
-                w["status_event"].set()
-        with self._lock:
-            self.dead.set()
-            for w in self._waiters.values():
-                w["pid_event"].set()
-                w["status_event"].set()
-
-    def spawn(self, request: dict) -> dict:
-        w = {"pid": None, "status": None, "pid_event": threading.Event(), "status_event": threading.Event()}
-        with self._lock:
-            if self.dead.is_set():  # the reader has already released every waiter
-                w["pid_event"].set()
-                w["status_event"].set()
-                return w
-            self._waiters[request["job"]] = w
-            self.proc.stdin.write((json.dumps(request) + "\n").encode())
-            self.proc.stdin.flush()
-        return w
-
-    def forget(self, job: str) -> None:
-        with self._lock:
-            self._waiters.pop(job, None)
-
-    def close(self) -> None:
-        try:
-            self.proc.stdin.close()
-        except OSError:
-            pass
-        try:
-            self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
 
 
 def default_pch_dir() -> Path:
@@ -120,7 +58,7 @@ class BuildService:
     def __init__(self, cache_dir: Path, backend: str, workers: int, timeout_s: float, *,
                  memory_limit_mb: int = 8192, max_processes: int = 64, prelude_policy: str = "auto",
                  pch: str = "auto", pch_dir: Path | None = None, gpu_visible: bool = False,
-                 start_timeout_s: float = 120.0) -> None:
+                 start_timeout_s: float = 120.0, zygote: Zygote | None = None) -> None:
         if workers < 1 or timeout_s <= 0:
             raise ValueError("workers must be >= 1 and timeout_s > 0")
         if pch not in ("auto", "use"):
@@ -140,12 +78,20 @@ class BuildService:
         self.max_processes = int(max_processes)
         self.prelude_policy = prelude_policy
         self.gpu_visible = gpu_visible
+        self.allowlist = symbols.Allowlist.from_torch()
         self._closed = False
-        self._active: dict[str, int] = {}  # job -> pid of its child, for close()
+        self._active: dict = {}  # job -> its running capture process (zygote.Spawned), for close()
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kiln-build")
-        self._zygote_lock = threading.Lock()
-        self._start_timeout = start_timeout_s
-        self._zygote = self._start_zygote()
+        self._key_locks: dict[str, threading.Lock] = {}
+        self._key_guard = threading.Lock()
+        self.own_zygote = zygote is None
+        self.zygote = zygote or Zygote(start_timeout_s)
+        if not self.zygote.started:  # the compute fence's native half: every jailed process gets it
+            self.zygote.fence_library = self._fence_library()
+        try:
+            self.zygote.start()
+        except ZygoteError as err:
+            raise RuntimeError(f"the compile stage's zygote did not start: {err}") from None
         self._pch_queue: queue.Queue = queue.Queue()
         self._pch_seen: set = set()
         self._pch_pending = 0
@@ -155,6 +101,18 @@ class BuildService:
         if pch == "auto":
             for prelude, profile in self.default_pch_variants():
                 self.request_pch(prelude, profile)
+
+    def _fence_library(self) -> str | None:
+        """Build (once per toolchain and machine, like a precompiled header) and return the compute
+        fence's native library; None, with a warning, when it does not build."""
+        try:
+            seconds = self.pch.build(FENCE, ())
+            if seconds:
+                log.info("built the compute fence library in %.1f s", seconds)
+            return str(self.pch.fence_library())
+        except (RuntimeError, OSError) as err:
+            log.warning("the compute fence library did not build: %s", err)
+            return None
 
     # ------------------------------------------------------------------------------ public API
     def submit(self, candidate_source: str) -> Future:
@@ -171,14 +129,14 @@ class BuildService:
         if self._closed:
             return
         self._closed = True
-        for pid in list(self._active.values()):  # running jobs end now, as "service closed"
-            proctree.kill_tree(pid)
+        for spawned in list(self._active.values()):  # running jobs end now, as "service closed"
+            spawned.kill()
         self._pool.shutdown(wait=True, cancel_futures=True)
         self.pch.abort()
         self._pch_queue.put(None)
         self._pch_thread.join(timeout=10)
-        with self._zygote_lock:
-            self._zygote.close()
+        if self.own_zygote:
+            self.zygote.close()
 
     def __enter__(self) -> "BuildService":
         return self
@@ -191,7 +149,10 @@ class BuildService:
         the full fallback prelude, ...) is built the first time a candidate misses it."""
         # lean serves kernel TUs and thunk bindings (CUDA kernels go to nvcc, which has no PCH);
         # the shell is the one pybind11 object all thunk-bound extensions link.
-        return [("lean", flag_profile(["-O3"])), (SHELL, ())]
+        # CUDA units are tried first against the facade, whose library every such build links.
+        facade = [(FACADE_LIB, ())] if self.backend == "cuda" else []
+        return [("lean", flag_profile(["-O3"])), (SHELL, ()), *facade]
+
 
     def request_pch(self, prelude: str, profile: tuple[str, ...], force: bool = False) -> None:
         """Queue a precompiled-header variant for background building (once per service).
@@ -206,10 +167,12 @@ class BuildService:
             self._pch_pending += 1
         self._pch_queue.put(item)
 
+
     def wait_pch(self, timeout_s: float | None = None) -> bool:
         """Block until every queued PCH variant is built (benchmarks use this); True when idle."""
         with self._pch_cond:
             return self._pch_cond.wait_for(lambda: self._pch_pending == 0, timeout_s)
+
 
     # ------------------------------------------------------------------------------ jobs
     def _guarded_job(self, source: str) -> BuildResult:
@@ -226,18 +189,17 @@ class BuildService:
         if cached is not None:
             return cached
         job = uuid.uuid4().hex[:16]
-        scratch = self.jobs_dir / job
-        scratch.mkdir(parents=True)
+        job_dir = self.jobs_dir / job
+        work = job_dir / "work"
+        work.mkdir(parents=True)
         try:
-            (scratch / CANDIDATE_FILE).write_text(source)
-            request = {"job": job, "scratch": str(scratch), "cache_dir": str(self.cache_dir),
-                       "pch_dir": str(self.pch.root.parent), "toolchain": self.toolchain.to_dict(),
-                       "memory_limit_bytes": self.memory_limit, "prelude_policy": self.prelude_policy,
-                       "gpu_visible": self.gpu_visible}
-            outcome = self._run_child(request)
-            result, pch_wanted = assemble(scratch, outcome, self.toolchain_id, self.timeout_s)
+            (work / CANDIDATE_FILE).write_text(source)
+            events, outcome = self._capture(job, job_dir)
+            result, pch_wanted = assemble(events, outcome, self.toolchain_id, self.timeout_s, job_dir / "stderr.txt")
             result.seconds = time.monotonic() - t0
             result.phases["fork"] = outcome.get("fork_s", 0.0)
+            result.capture_exit = outcome.get("exit") or {}
+            result.sandbox = outcome.get("jail") or {}
             for prelude, profile in pch_wanted:
                 if isinstance(prelude, str) and isinstance(profile, list):
                     self.request_pch(prelude, tuple(str(f) for f in profile))
@@ -245,7 +207,7 @@ class BuildService:
                 self.cache.store_capture(source_key, result.to_dict())
             return result
         finally:
-            shutil.rmtree(scratch, ignore_errors=True)
+            shutil.rmtree(job_dir, ignore_errors=True)
 
     def _cached_capture(self, source_key: str, t0: float) -> BuildResult | None:
         data = self.cache.load_capture(source_key)
@@ -262,73 +224,199 @@ class BuildService:
         result.phases = {"cache": result.seconds}
         return result
 
-    def _run_child(self, request: dict) -> dict:
-        """Fork a child via the zygote and watch it; returns what happened to it."""
-        zygote = self._ensure_zygote()
+    def _hidden(self) -> tuple[str, ...]:
+        return (str(self.cache_dir), str(self.pch.root.parent))
+
+    def _capture(self, job: str, job_dir: Path) -> tuple[list[dict], dict]:
+        """Run the capture process of one job and serve its build requests. Returns (events, outcome)."""
+        work = job_dir / "work"
+        spec = isolation.run_jail(str(work), cuda=self.gpu_visible, uid=self.zygote.next_uid(),
+                                  hidden=self._hidden(), visible=(str(self.cache.root / "ext"),),
+                                  nproc=self.max_processes)
+        if not self.gpu_visible:  # the compile stage must never touch a GPU (a timing window may be open on it)
+            spec = _with_env(spec, CUDA_VISIBLE_DEVICES="")
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         t_fork = time.monotonic()
-        waiter = zygote.spawn(request)
         try:
-            if not waiter["pid_event"].wait(30) or waiter["pid"] is None:
-                return {"infra": "the compile zygote did not start a child"}
-            pid = waiter["pid"]
-            self._active[request["job"]] = pid
-            fork_s = time.monotonic() - t_fork
-            verdict = self._watch(pid, waiter["status_event"])
-            try:  # leftovers of the child's session (background processes it started)
-                os.killpg(pid, 9)
-            except OSError:
-                pass
-            if zygote.dead.is_set() and waiter["status"] is None:
-                return {"infra": "the compile zygote died"}
-            if self._closed and verdict is None and (waiter["status"] or {}).get("signal") == 9:
-                return {"infra": "the build service was closed while this candidate was building"}
-            return {"status": waiter["status"], "killed": verdict, "fork_s": fork_s,
-                    "limits": {"memory_bytes": self.memory_limit, "processes": self.max_processes}}
+            spawned = self.zygote.spawn("capture", spec, [theirs.fileno()], str(job_dir / "stderr.txt"),
+                                        {"memory_limit_bytes": self.memory_limit})
+        except ZygoteError as err:
+            ours.close()
+            return [], {"infra": f"the compile zygote could not start a capture process: {err}"}
         finally:
-            self._active.pop(request["job"], None)
-            zygote.forget(request["job"])
-
-    def _watch(self, pid: int, reaped: threading.Event) -> str | None:
-        """Poll the child's process tree until the zygote reaps it; kill the tree past a limit.
-        Returns what it was killed for (timeout, processes, memory), or None."""
+            theirs.close()
+        self._active[job] = spawned
+        fork_s = time.monotonic() - t_fork
         deadline = time.monotonic() + self.timeout_s
-        while not reaped.wait(POLL_S):
-            pids = proctree.descendants(pid, limit=self.max_processes + 1)
-            verdict = None
-            if time.monotonic() > deadline:
-                verdict = "timeout"
-            elif len(pids) > self.max_processes:
-                verdict = "processes"
-            elif proctree.tree_rss(pids) > self.memory_limit:
-                verdict = "memory"
-            if verdict:
-                proctree.kill_tree(pid)
-                reaped.wait(10)
-                return verdict
-        return None
+        watch = _Watch(spawned.sandbox or spawned.pid, deadline, self.max_processes, self.memory_limit,
+                       lambda: self._kill(spawned))
+        events: list[dict] = []
+        jail: dict = {}
+        try:
+            while True:
+                try:
+                    msg = wire.recv(ours, deadline + 1.0, max_bytes=64 << 20)
+                except (wire.PeerClosed, wire.PeerTimeout, wire.WireError, OSError):
+                    break
+                if not isinstance(msg, dict) or not isinstance(msg.get("event"), str):
+                    continue
+                kind = msg["event"]
+                if kind == "start" and not jail:
+                    jail = msg.get("jail") if isinstance(msg.get("jail"), dict) else {}
+                elif kind == "build":
+                    reply = self._serve_build(msg.get("spec"), job_dir, deadline, events)
+                    try:
+                        wire.send(ours, reply)
+                    except OSError:
+                        break
+                elif kind in ("exception", "unsupported", "done", "import_error"):
+                    events.append({k: v for k, v in msg.items() if k != "trusted"})
+        finally:
+            watch.stop()
+            self._kill(spawned)
+            ours.close()
+            try:
+                status = self.zygote.reap(spawned.pid)
+            except ZygoteError as err:
+                return events, {"infra": f"the compile zygote died: {err}"}
+            finally:
+                self._active.pop(job, None)
+                spawned.close()
+        if self._closed and watch.verdict is None and status.signal == 9 and not any(
+                e["event"] == "done" for e in events):
+            return events, {"infra": "the build service was closed while this candidate was building"}
+        st = {"signal": status.signal} if status.signal else {"exit": status.code}
+        return events, {"status": st, "killed": watch.verdict, "fork_s": fork_s, "exit": status.to_json(),
+                        "jail": jail, "limits": {"memory_bytes": self.memory_limit, "processes": self.max_processes}}
 
-    # ------------------------------------------------------------------------------ zygote + pch
-    def _zygote_env(self) -> dict[str, str]:
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *filter(None, [env.get("PYTHONPATH")])])
-        env.setdefault("OMP_NUM_THREADS", "1")
-        return env
+    def _kill(self, spawned) -> None:
+        spawned.kill()
 
-    def _start_zygote(self) -> _Zygote:
-        z = _Zygote(self._zygote_env())
-        if not z.ready.wait(self._start_timeout) or z.dead.is_set():
-            z.close()
-            raise RuntimeError("the compile zygote did not start (python -m actors.verifier.build.zygote)")
-        return z
+    # ------------------------------------------------------------------------------ builds
+    def _serve_build(self, raw_spec, job_dir: Path, deadline: float, events: list[dict]) -> dict:
+        """Answer one build request of a capture process; records trusted events about it."""
+        try:
+            spec = ExtensionSpec.from_dict(raw_spec)
+            check_flags(spec)
+        except UnsupportedCall as e:
+            events.append({"event": "unsupported", "message": str(e)})
+            return {"ok": False, "message": str(e)}
+        except (ValueError, TypeError) as e:
+            events.append({"event": "unsupported", "message": f"malformed load_inline call: {e}"})
+            return {"ok": False, "message": "malformed load_inline call"}
+        events.append({"event": "spec", "spec": spec.to_dict()})
+        built = self.build(spec, job_dir, deadline)
+        events.append(built)
+        if built["event"] == "built":
+            return {"ok": True, "so": built["so"]}
+        return {"ok": False, "message": "compile error"}
 
-    def _ensure_zygote(self) -> _Zygote:
-        with self._zygote_lock:
-            if self._zygote.dead.is_set() or self._zygote.proc.poll() is not None:
-                log.warning("compile zygote died; starting a new one")
-                self._zygote.close()
-                self._zygote = self._start_zygote()
-            return self._zygote
+    def build(self, spec: ExtensionSpec, job_dir: Path, deadline: float) -> dict:
+        """One extension: from the cache, or compiled in a jailed build process, symbol-checked and
+        published. Returns the trusted event: {"event": "built", ...} or {"event": "compile_error", ...}."""
+        key = spec.key(self.toolchain_id)
+        t0 = time.monotonic()
+        hit = self._hit(key, spec, t0)
+        if hit:
+            return hit
+        with self._key_lock(key), self.cache.lock(key):
+            hit = self._hit(key, spec, t0)
+            if hit:
+                return hit
+            bdir = job_dir / f"build-{key[:12]}"
+            bdir.mkdir(parents=True, exist_ok=True)
+            reply, exit_status = self._run_builder(spec, bdir, deadline)
+            if not reply.get("ok"):
+                message = diagnostics.sanitize(str(reply.get("message") or "the build failed"))
+                return {"event": "compile_error", "trusted": True, "key": key, "name": spec.name,
+                        "infra": reply.get("infra") is True, "unit": str(reply.get("unit", "")),
+                        "message": message, "phases": reply.get("phases") or {}, "exit": exit_status}
+            out = bdir / "work"
+            so = out / str(reply["so"])
+            check = symbols.check_library(str(so), self.allowlist, self._library_dirs())
+            vendors = sorted(set(reply.get("vendor_libs") or []) | check.vendors)
+            meta = {"prelude": str(reply.get("prelude", "")), "vendor_libs": vendors,
+                    "notes": [str(n) for n in reply.get("notes") or []], "phases": reply.get("phases") or {},
+                    "symbols": check.to_json()}
+            final = self.cache.publish(key, out, so.name, meta)
+            binding = reply.get("binding")
+            if isinstance(binding, list) and len(binding) == 2 and (out / str(binding[1])).is_file():
+                self.cache.publish_binding(str(binding[0]), out / str(binding[1]))
+            phases = {k: float(v) for k, v in meta["phases"].items() if isinstance(v, (int, float))}
+            return {"event": "built", "trusted": True, "key": key, "so": str(final), "prelude": meta["prelude"],
+                    "phases": phases, "vendor_libs": vendors, "cached": False, "notes": meta["notes"],
+                    "pch_wanted": reply.get("pch_wanted") or [], "violations": check.to_json()["violations"]}
 
+    def _hit(self, key: str, spec: ExtensionSpec, t0: float) -> dict | None:
+        found = self.cache.lookup(key)
+        if not found:
+            return None
+        so, meta = found
+        sym = meta.get("symbols") if isinstance(meta.get("symbols"), dict) else {}
+        return {"event": "built", "trusted": True, "key": key, "so": str(so), "prelude": str(meta.get("prelude", "cache")),
+                "phases": {"cache": time.monotonic() - t0}, "vendor_libs": list(meta.get("vendor_libs", [])),
+                "cached": True, "notes": [], "pch_wanted": [], "violations": list(sym.get("violations") or [])}
+
+    def _key_lock(self, key: str) -> threading.Lock:
+        with self._key_guard:
+            return self._key_locks.setdefault(key, threading.Lock())
+
+    def _library_dirs(self) -> tuple[str, ...]:
+        dirs = [self.toolchain.torch_libdir, self.toolchain.cuda_libdir]
+        return tuple(os.path.realpath(d).rstrip("/") for d in dirs if d) + tuple(d.rstrip("/") for d in dirs if d)
+
+    def _toolchain_paths(self) -> tuple[str, ...]:
+        tc = self.toolchain
+        paths = [self.pch.root, self.cache.root / "bind", tc.torch_libdir, tc.python_include, *tc.torch_includes,
+                 os.path.dirname(os.path.realpath(tc.cxx))]
+        if tc.nvcc:
+            paths += [tc.cuda_home, tc.cuda_libdir, os.path.dirname(os.path.realpath(tc.nvcc))]
+        return tuple(str(p) for p in paths if p)
+
+    def _run_builder(self, spec: ExtensionSpec, bdir: Path, deadline: float) -> tuple[dict, dict]:
+        jail = isolation.build_jail(str(bdir / "work"), uid=self.zygote.next_uid(),
+                                    toolchain_paths=self._toolchain_paths(), hidden=self._hidden())
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            spawned = self.zygote.spawn("build", jail, [theirs.fileno()], str(bdir / "build.log"))
+        except ZygoteError as err:
+            ours.close()
+            return {"ok": False, "infra": True, "unit": "builder", "message": f"no build process: {err}"}, {}
+        finally:
+            theirs.close()
+        watch = _Watch(spawned.sandbox or spawned.pid, deadline, 4 * self.max_processes, 4 * self.memory_limit,
+                       lambda: self._kill(spawned))
+        try:
+            wire.send(ours, {"spec": spec.to_dict(), "toolchain": self.toolchain.to_dict(),
+                             "pch_dir": str(self.pch.root.parent), "cache_dir": str(self.cache_dir),
+                             "prelude_policy": self.prelude_policy})
+            reply = wire.recv(ours, deadline + 1.0, max_bytes=1 << 20)
+            if not isinstance(reply, dict):
+                reply = {"ok": False, "infra": True, "unit": "builder", "message": "the build process answered nothing"}
+        except (wire.WireError, OSError) as err:
+            verdict = watch.verdict
+            if verdict == "timeout":
+                reply = {"ok": False, "unit": "compiler", "timeout": True,
+                         "message": f"compiling did not finish within the {self.timeout_s:.0f} s limit"}
+            elif verdict:
+                reply = {"ok": False, "unit": "compiler",
+                         "message": f"the compiler exceeded the compile stage's {verdict} limit"}
+            else:
+                tail = _tail(bdir / "build.log")
+                reply = {"ok": False, "infra": True, "unit": "builder",
+                         "message": f"the build process ended without an answer ({err}){tail}"}
+        finally:
+            watch.stop()
+            self._kill(spawned)
+            ours.close()
+            try:
+                status = self.zygote.reap(spawned.pid).to_json()
+            except ZygoteError:
+                status = {}
+            spawned.close()
+        return reply, status
+
+    # ------------------------------------------------------------------------------ pch
     def _pch_loop(self) -> None:
         while True:
             item = self._pch_queue.get()
@@ -344,3 +432,51 @@ class BuildService:
             with self._pch_cond:
                 self._pch_pending -= 1
                 self._pch_cond.notify_all()
+
+
+class _Watch:
+    """Polls one sandbox's process tree from the service: kills it past the deadline, the process
+    count or the memory limit, and remembers why (`verdict`)."""
+
+    def __init__(self, pid: int, deadline: float, max_processes: int, memory_limit: int, kill) -> None:
+        self.pid, self.deadline, self.max_processes, self.memory_limit = pid, deadline, max_processes, memory_limit
+        self._kill = kill
+        self.verdict: str | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="kiln-build-watch", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(POLL_S):
+            pids = proctree.descendants(self.pid, limit=self.max_processes + 1)
+            if not pids or not os.path.exists(f"/proc/{self.pid}"):
+                return
+            if time.monotonic() > self.deadline:
+                self.verdict = "timeout"
+            elif len(pids) > self.max_processes:
+                self.verdict = "processes"
+            elif proctree.tree_rss(pids) > self.memory_limit:
+                self.verdict = "memory"
+            if self.verdict:
+                self._kill()
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)
+
+
+def _with_env(spec, **extra):
+    from dataclasses import replace
+
+    env = dict(spec.env)
+    env.update(extra)
+    return replace(spec, env=tuple(sorted(env.items())))
+
+
+def _tail(path: Path, n: int = 800) -> str:
+    try:
+        text = path.read_text(errors="replace")[-n:].strip()
+    except OSError:
+        return ""
+    return f":\n{text}" if text else ""

@@ -10,11 +10,21 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
+import shlex
 from dataclasses import asdict, dataclass
 from typing import Any
 
-# Bump when anything that shapes a built artifact changes (preludes, flags, binding text).
-PIPELINE_VERSION = "kiln-build-1"
+# Bump when anything that shapes a built artifact changes (preludes, flags, binding text, the
+# metadata an artifact carries: kiln-build-2 records the symbol check of every built library).
+PIPELINE_VERSION = "kiln-build-2"
+
+# Flags that load code into the compiler or linker, run another program, or read the flags from a
+# file: a candidate's extra_*flags never carry them (the compilers run jailed anyway).
+_CODE_LOADING_FLAG = re.compile(
+    r"^(-fplugin|-wrapper|-B|-specs|--specs|@|-fuse-ld=/|--plugin|-plugin|-ccbin|--compiler-bindir|"
+    r"--dependency-drive|-Xclang|--sysroot|-isysroot|-fprofile-use|-fauto-profile)")
+_LINKER_OPTION = re.compile(r"(^|,)(--plugin|-plugin|--audit|--depaudit|-P|--dynamic-linker|-dynamic-linker)(=|,|$)")
 
 
 class UnsupportedCall(ValueError):
@@ -112,7 +122,7 @@ def spec_from_call(name, cpp_sources, cuda_sources=None, sycl_sources=None, func
     else:
         raise UnsupportedCall("load_inline: functions must be a list of names or a dict")
     cuda = _strings(cuda_sources, "cuda_sources")
-    return ExtensionSpec(
+    spec = ExtensionSpec(
         name=name,
         cpp_sources=_strings(cpp_sources, "cpp_sources"),
         cuda_sources=cuda,
@@ -127,3 +137,24 @@ def spec_from_call(name, cpp_sources, cuda_sources=None, sycl_sources=None, func
         no_implicit_headers=bool(no_implicit_headers),
         has_functions=functions is not None,
     )
+    check_flags(spec)
+    return spec
+
+
+def check_flags(spec: ExtensionSpec) -> None:
+    """Refuse flags that make a compiler or the linker load or run other code (UnsupportedCall)."""
+    for field_name in ("extra_cflags", "extra_cuda_cflags", "extra_ldflags"):
+        for text in getattr(spec, field_name):
+            try:
+                parts = shlex.split(text)
+            except ValueError:
+                raise UnsupportedCall(f"load_inline: {field_name} entry {text!r} does not parse as flags") from None
+            for i, flag in enumerate(parts):
+                inner = [flag]
+                if flag.startswith(("-Wl,", "-Xlinker", "--linker-options", "-Xcompiler", "--compiler-options")):
+                    inner = flag.split(",")[1:] or parts[i + 1:i + 2]
+                    inner = [x for y in inner for x in y.split(",")]
+                for f in inner:
+                    if _CODE_LOADING_FLAG.match(f) or _LINKER_OPTION.search(f):
+                        raise UnsupportedCall(f"load_inline: the flag {flag!r} in {field_name} is not allowed "
+                                              "(it loads or runs other code in the compiler or linker)")

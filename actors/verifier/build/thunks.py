@@ -346,12 +346,17 @@ PYBIND11_MODULE(kiln_ext, m) {
 
 
 def thunk_source(preamble: tuple[str, ...], declarations: list[str], functions: tuple[str, ...],
-                 docstrings: tuple[str, ...], error_handling: bool) -> str:
-    """The per-signature thunk TU body (after the lean prelude and kiln_thunk.h are included)."""
+                 docstrings: tuple[str, ...], error_handling: bool, facade: bool = False) -> str:
+    """The per-signature thunk TU body (after the lean prelude and kiln_thunk.h are included).
+
+    `facade`: the functions were compiled against the CUDA facade (facade.py) and `declarations`
+    spell their tensors as `::kiln::fc::Tensor`; each is bound through `kiln::fc::Adapt`, which
+    converts to and from at::Tensor (kiln_facade_bridge.h must be included too)."""
     rows = []
     for name, doc in zip(functions, docstrings or functions):
-        fn = f"kiln::Fn<decltype(&{name})>"
-        rows.append(f"    {{{json.dumps(name)}, {json.dumps(doc)}, {fn}::signature(), &{fn}::template call<&{name}>, "
+        target = f"(&::kiln::fc::Adapt<decltype(&{name})>::template call<&{name}>)" if facade else f"&{name}"
+        fn = f"kiln::Fn<decltype({target})>"
+        rows.append(f"    {{{json.dumps(name)}, {json.dumps(doc)}, {fn}::signature(), &{fn}::template call<{target}>, "
                     f"{'true' if error_handling else 'false'}}},")
     return "\n".join([*preamble, *declarations,
                       'extern "C" const kiln::Binding* kiln_bindings(int* count) {',

@@ -1,7 +1,7 @@
 """The compilers, flags and library paths one backend builds with, and the id that names them.
 
 `Toolchain.detect(backend)` runs once in the trusted service process (compile children get the
-resolved paths in their job request, because `confine()` clears their environment). Nothing here
+resolved paths in their job request, because the jail gives them an environment of its own). Nothing here
 is hard-coded to a machine: torch's include/library paths come from `torch.utils.cpp_extension`,
 the C++ standard from what this torch's own extension builder passes, the CUDA arch from
 TORCH_CUDA_ARCH_LIST or `nvidia-smi` (never from torch.cuda, which would create a CUDA context).
@@ -48,6 +48,7 @@ class Toolchain:
     ccbin: str = ""  # $CC for nvcc's host compiler, as torch honours it
     link_flags: tuple[str, ...] = ()  # e.g. -fuse-ld=gold: links against libtorch ~3x faster than bfd
     nvcc_parallel: bool = True  # run nvcc's host and device front ends concurrently (nvcc.py)
+    cuda_facade: bool = True  # try the CUDA facade prelude first (facade.py); KILN_CUDA_FACADE_OFF=1 turns it off
 
     @property
     def id(self) -> str:
@@ -58,6 +59,8 @@ class Toolchain:
         if self.backend == "cuda":
             parts += [f"nvcc-{self.nvcc_version}", ",".join(a.split("code=")[-1] for a in self.arch_flags),
                       "nvcc-parallel" if self.nvcc_parallel else "nvcc-plain"]
+            if not self.cuda_facade:
+                parts.append("no-facade")
         parts += list(self.link_flags)
         return "|".join(parts)
 
@@ -181,6 +184,12 @@ def _detect_cuda(cpp_extension) -> dict:
         raise ToolchainError("backend 'cuda' needs nvcc: set CUDA_HOME or put nvcc on PATH")
     if not home:
         home = str(Path(nvcc).resolve().parent.parent)
+    if not os.path.exists(os.path.join(home, "include", "cuda_runtime.h")):
+        # nvcc behind a wrapper script (/usr/local/bin/nvcc -> exec .../cuda-13.0/bin/nvcc): its
+        # dry run names the toolkit it belongs to; g++ units that include the CUDA runtime need it.
+        top = re.search(r"^#\$ TOP=(\S+)", _run([nvcc, "--dryrun", "-c", "-x", "cu", os.devnull], stderr=True), re.M)
+        if top and os.path.exists(os.path.join(top.group(1), "include", "cuda_runtime.h")):
+            home = os.path.realpath(top.group(1))
     m = re.search(r"release [\d.]+, V([\d.]+)", _run([nvcc, "--version"]))
     libdir = os.path.join(home, "lib64")
     if not os.path.isdir(libdir) and os.path.isdir(os.path.join(home, "lib")):
@@ -188,7 +197,8 @@ def _detect_cuda(cpp_extension) -> dict:
     return dict(nvcc=nvcc, nvcc_version=m.group(1) if m else "unknown", cuda_home=home,
                 cuda_libdir=libdir, arch_flags=tuple(cuda_arch_flags(nvcc)),
                 nvcc_common=tuple(cpp_extension.COMMON_NVCC_FLAGS), ccbin=os.environ.get("CC", ""),
-                nvcc_parallel=not os.environ.get("KILN_NVCC_PLAIN"))
+                nvcc_parallel=not os.environ.get("KILN_NVCC_PLAIN"),
+                cuda_facade=not os.environ.get("KILN_CUDA_FACADE_OFF"))
 
 
 _NAMED_ARCHES = {"Ampere": "8.0;8.6", "Ada": "8.9", "Hopper": "9.0", "Blackwell": "10.0;12.0"}

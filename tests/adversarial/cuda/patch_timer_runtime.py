@@ -8,7 +8,6 @@ from torch.utils.cpp_extension import load_inline
 adv_cpp = r"""
 torch::Tensor relu_out(torch::Tensor x);
 torch::Tensor relu_inplace(torch::Tensor x);
-torch::Tensor relu_via_aten(torch::Tensor x);
 torch::Tensor relu_side_stream(torch::Tensor x);
 torch::Tensor relu_bf16(torch::Tensor x);
 torch::Tensor relu_fixed(torch::Tensor x);
@@ -64,9 +63,6 @@ torch::Tensor relu_inplace(torch::Tensor x) {
     return x;
 }
 
-// ATen compute issued from C++ through a tensor method.
-torch::Tensor relu_via_aten(torch::Tensor x) { return x.clamp_min(0.0); }
-
 // Launches on a private stream and returns without joining it: the work escapes the caller's stream.
 torch::Tensor relu_side_stream(torch::Tensor x) {
     static cudaStream_t side = nullptr;
@@ -121,7 +117,7 @@ adv = load_inline(
     name="kiln_adversarial_cuda",
     cpp_sources=adv_cpp,
     cuda_sources=adv_cuda,
-    functions=["relu_out", "relu_inplace", "relu_via_aten", "relu_side_stream", "relu_bf16", "relu_fixed",
+    functions=["relu_out", "relu_inplace", "relu_side_stream", "relu_bf16", "relu_fixed",
                "illegal_access", "spin_forever", "crash"],
     verbose=False,
     extra_cuda_cflags=["-O2"],

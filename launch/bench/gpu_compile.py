@@ -1,4 +1,4 @@
-"""Validate the CUDA compile path on a GPU machine: `python -m actors.verifier.build.gpu_check`.
+"""Validate the CUDA compile path on a GPU machine: `python -m launch.bench.gpu_compile`.
 
 Builds every tasks/solutions/cuda/** solution through BuildService (backend "cuda", all at once),
 then, one fresh process per solution, imports it via install_prebuilt (no compiler runs there),
@@ -6,6 +6,9 @@ runs ModelNew once on the GPU against the reference Model (same seed, same weigh
 prints a table: build time, how it was built, vendor libraries, match and max error.
 Exit status 0 only when every solution built and matched. Needs only torch, nvcc and this repo.
 KILN_NVCC_PLAIN=1 builds with plain nvcc instead of Kiln's parallel front ends (nvcc.py), to compare.
+KILN_CUDA_FACADE_OFF=1 (read by Toolchain.detect, so the verifier actor honours it too) or
+`--policy lean` builds with the CUDA facade off (the lean CUDA prelude only), to compare with the
+default `auto` (the facade tried first, facade.py).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 TOLERANCE = {1: 1e-4, 2: 1e-4, 3: 1e-3, 4: 1e-3}
 
 RUNNER = r"""
@@ -74,6 +77,8 @@ def main(argv=None) -> int:
     ap.add_argument("--workers", type=int, default=max(1, min(8, (os.cpu_count() or 2) // 2)))
     ap.add_argument("--cache-dir", default=None, help="build cache (default: a fresh temp dir, so builds are cold)")
     ap.add_argument("--run-timeout-s", type=float, default=180.0)
+    ap.add_argument("--policy", choices=("auto", "lean", "full"), default="auto",
+                    help="prelude policy: auto (CUDA facade first), lean (facade off), full (load_inline's headers)")
     args = ap.parse_args(argv)
     sys.path.insert(0, str(REPO))
     import torch
@@ -81,7 +86,7 @@ def main(argv=None) -> int:
     from actors.verifier.build import BuildService
 
     if not torch.cuda.is_available():
-        print("gpu_check needs a CUDA GPU (torch.cuda.is_available() is False)")
+        print("gpu_compile needs a CUDA GPU (torch.cuda.is_available() is False)")
         return 2
     files = sorted((REPO / "tasks" / "solutions" / "cuda").glob("level*/*.py"))
     files = [f for f in files if args.only is None or args.only in f"{f.parent.name}/{f.stem}"]
@@ -89,11 +94,11 @@ def main(argv=None) -> int:
         print("no CUDA solutions found under tasks/solutions/cuda")
         return 2
     cache = Path(args.cache_dir) if args.cache_dir else Path(tempfile.mkdtemp(prefix="kiln-gpu-check-"))
-    print(f"gpu_check: {len(files)} solutions, {args.workers} compile workers, {torch.cuda.get_device_name(0)}, "
+    print(f"gpu_compile: {len(files)} solutions, {args.workers} compile workers, {torch.cuda.get_device_name(0)}, "
           f"torch {torch.__version__}, cache {cache}", flush=True)
 
     t0 = time.monotonic()
-    with BuildService(cache, "cuda", workers=args.workers, timeout_s=600) as svc:
+    with BuildService(cache, "cuda", workers=args.workers, timeout_s=600, prelude_policy=args.policy) as svc:
         print(f"toolchain: {svc.toolchain_id}", flush=True)
         svc.wait_pch(300)
         print(f"precompiled headers ready after {time.monotonic() - t0:.1f} s", flush=True)
@@ -137,6 +142,7 @@ def main(argv=None) -> int:
         print(f"  ran   {row['task']:<34} {'PASS' if row['ran'] else 'FAIL'} {row['note']}", flush=True)
 
     print()
+    print(f"policy {args.policy}")
     print(f"{'task':<34} {'build_s':>7} {'built':>5} {'how':<12} {'vendor':<8} {'match':>5} {'max_err':>9}  note")
     for row in rows:
         err = f"{row['max_err']:.2e}" if row["max_err"] is not None else "-"

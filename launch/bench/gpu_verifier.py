@@ -1,4 +1,4 @@
-"""GPU-machine validation and benchmark of the verifier: `python -m actors.verifier.gpu_validate`.
+"""GPU-machine validation and benchmark of the verifier: `python -m launch.bench.gpu_verifier`.
 
 Through a real VerifierActor (ZMQ ROUTER, cuda backend, a cold cache directory) it verifies, all
 submitted at once as a training run would:
@@ -69,7 +69,7 @@ def jobs(args) -> list[tuple[str, str, VerifyRequest]]:
     for tf in discover(args.tasks):
         sol = solution_for(tf, solutions)
         if sol is None:
-            raise SystemExit(f"gpu_validate: no {args.backend} solution for {tf.task_id} in {solutions}")
+            raise SystemExit(f"gpu_verifier: no {args.backend} solution for {tf.task_id} in {solutions}")
         out.append((f"solution {tf.task_id}", "pass", _request(tasks[tf.task_id], sol.read_text())))
     cases: list[SuiteCase] = load_suite(args.backend)
     for case in cases:
@@ -87,7 +87,7 @@ def run(args) -> int:
     from actors.verifier.actor import VerifierActor
 
     if args.backend == "cuda" and not torch.cuda.is_available():
-        print("gpu_validate: no CUDA device visible", file=sys.stderr)
+        print("gpu_verifier: no CUDA device visible", file=sys.stderr)
         return 2
     device = torch.cuda.get_device_name(0) if args.backend == "cuda" else f"cpu ({os.cpu_count()} cores)"
     cfg = build_config(args)

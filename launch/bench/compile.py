@@ -1,4 +1,4 @@
-"""Compile-time benchmark: `python -m actors.verifier.build.bench [--backend cpu|cuda]`.
+"""Compile-time benchmark: `python -m launch.bench.compile [--backend cpu|cuda]`.
 
 Compiles a fixed mix of the shipped solutions (tasks/solutions/<backend>/), each made distinct by
 a unique comment appended to its cpp_sources (so nothing hits a cache), one candidate at a time,
@@ -11,8 +11,17 @@ and prints p50/p90 per-candidate compile time and where the time goes, for
 Precompiled headers are built first and reported separately: they are built once per toolchain
 and machine. `--budget-s` bounds the whole run (modes stop early and say how many they measured).
 
-`python -m actors.verifier.build.bench --compare-nvcc nvcc ARGS... -c x.cu -o x.o` instead times
+`python -m launch.bench.compile --compare-nvcc nvcc ARGS... -c x.cu -o x.o` instead times
 plain nvcc against Kiln's parallel front-end schedule (nvcc.py) on one command.
+
+`--backend cuda --modes facade,lean,load_inline` on a GPU host: facade is the default policy (the
+CUDA facade tried first, facade.py), lean the same service with the facade off.
+
+`python -m launch.bench.compile --cuda-units [--n N] [--phase-n K]` (any machine with nvcc, no GPU
+needed): the compile step only (no link, no jail), each shipped CUDA solution made distinct and
+compiled cold as the builder does it (the .cu unit and its thunk binding concurrently), with the
+lean CUDA prelude and with the facade side by side, alternating which goes first; then nvcc's
+phases (cudafe++, cicc, ptxas, the host g++) timed one by one for the first K candidates.
 """
 
 from __future__ import annotations
@@ -21,6 +30,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -29,7 +39,7 @@ import time
 import uuid
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 
 # Prepended to each candidate: appends a unique comment to cpp_sources of every load_inline call,
 # so each run of each candidate is a cold compile for both Kiln and torch's own builder.
@@ -139,17 +149,130 @@ def summarize(results: dict) -> str:
     return "\n".join(lines)
 
 
+def shipped_cuda_specs(files: list[Path], extra_include: str) -> list[tuple[Path, object]]:
+    """The ExtensionSpec of each solution's load_inline call, made distinct (a unique comment in
+    its C++ and CUDA sources), with `extra_include` on its include path."""
+    import inspect
+
+    import torch.utils.cpp_extension as cpp_ext
+    from actors.verifier.build.spec import spec_from_call
+
+    orig = cpp_ext.load_inline
+    out = []
+    for f in files:
+        def record(*args, **kwargs):
+            call = inspect.signature(orig).bind(*args, **kwargs).arguments
+            nonce = f"\n// kiln-bench {uuid.uuid4().hex}\n"
+            for key in ("cpp_sources", "cuda_sources"):
+                src = call.get(key) or []
+                call[key] = ([src] if isinstance(src, str) else list(src)) + [nonce]
+            call["extra_include_paths"] = list(call.get("extra_include_paths") or []) + [extra_include]
+            call.pop("kwargs", None)
+            out.append((f, spec_from_call(**call)))
+        cpp_ext.load_inline = record
+        try:
+            exec(compile(f.read_text(), str(f), "exec"), {"__name__": "kiln_bench_candidate"})
+        finally:
+            cpp_ext.load_inline = orig
+    return out
+
+
+def run_cuda_units(n: int, phase_n: int, deadline: float) -> int:
+    """The --cuda-units benchmark (see the module docstring)."""
+    from actors.verifier.build import nvcc
+    from actors.verifier.build.cache import ArtifactCache
+    from actors.verifier.build.compiler import ExtensionBuilder, _compiler_env
+    from actors.verifier.build.preludes import FACADE_LIB, SHELL, PchStore, flag_profile
+    from actors.verifier.build.service import default_pch_dir
+    from actors.verifier.build.toolchain import Toolchain
+
+    os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "9.0")
+    tc = Toolchain.detect("cuda")
+    pch = PchStore(default_pch_dir(), tc)
+    t0 = time.monotonic()
+    for prelude, profile in (("lean", flag_profile(["-O1"])), (SHELL, ()), (FACADE_LIB, ())):
+        pch.build(prelude, profile)
+    print(f"kiln cuda-units bench: nvcc {tc.nvcc_version} {','.join(tc.arch_flags)} host={platform.node()} "
+          f"cores={os.cpu_count()} load={os.getloadavg()[0]:.2f}; toolchain artifacts (lean PCH, module shell, "
+          f"facade library) ready in {time.monotonic() - t0:.1f} s (one-time per toolchain)", flush=True)
+    sys.path.insert(0, str(REPO / "tasks"))
+    from check_cuda_compile import make_shim  # headers a CPU torch wheel lacks (CUDAContext.h needs them)
+
+    work = Path(tempfile.mkdtemp(prefix="kiln-bench-cu-"))
+    make_shim(work)
+    files = pick_candidates("cuda", n)
+    rows: dict[str, list[dict]] = {"lean": [], "facade": []}
+    for k, (f, spec) in enumerate(shipped_cuda_specs(files, str(work / "shim"))):
+        if time.monotonic() > deadline:
+            break
+        order = ("lean", "facade") if k % 2 == 0 else ("facade", "lean")
+        for mode in order:
+            bdir = Path(tempfile.mkdtemp(dir=work))
+            builder = ExtensionBuilder(tc, ArtifactCache(bdir / "cache", tc.digest), pch,
+                                       "lean" if mode == "lean" else "auto")
+            plan = builder._plan(spec, bdir)
+            t1 = time.monotonic()
+            builder._compile(spec, bdir, plan)
+            wall = time.monotonic() - t1
+            units = {u.label: u for u in plan.units}
+            rows[mode].append({"file": str(f.relative_to(REPO)), "ok": all(u.ok for u in plan.units), "seconds": wall,
+                               "phases": {"cuda_unit": units["cuda"].seconds, "binding_unit": units["binding"].seconds},
+                               "how": "+".join(sorted(u.how for u in plan.units)),
+                               "error": next((u.output[-300:] for u in plan.units if not u.ok), "")})
+            print(f"  {mode:<7} {f.parent.name}/{f.name:<30} {wall:6.1f}s (.cu {units['cuda'].seconds:5.1f}s, "
+                  f"binding {units['binding'].seconds:5.1f}s) {rows[mode][-1]['how']} ok={rows[mode][-1]['ok']}",
+                  flush=True)
+        if k < phase_n:
+            for mode, prelude in (("lean", "lean_cuda"), ("facade", "facade_cuda")):
+                bdir = Path(tempfile.mkdtemp(dir=work))
+                builder = ExtensionBuilder(tc, ArtifactCache(bdir / "cache", tc.digest), pch)
+                unit = builder._cuda_unit(spec, bdir, builder._write_user_files(bdir, "cuda_source", spec.cuda_sources),
+                                          prelude)
+                phases = nvcc.profile(unit.cmd, bdir, _compiler_env()) or {}
+                rows[mode][-1]["nvcc_phases"] = phases
+                print(f"  {mode:<7} nvcc phases, one after another: "
+                      + ", ".join(f"{name} {sec:.2f}s" for name, sec in phases.items()), flush=True)
+    print()
+    print(f"load average at the end: {os.getloadavg()[0]:.2f} (other work on this machine inflates the figures)")
+    print(summarize(rows))
+    pairs = [(a["seconds"], b["seconds"]) for a, b in zip(rows["lean"], rows["facade"])]
+    if pairs:
+        ratios = [la / fa for la, fa in pairs]
+        print(f"lean/facade wall ratio per candidate: p50 {percentile(ratios, .5):.2f}x "
+              f"(min {min(ratios):.2f}x, max {max(ratios):.2f}x, n={len(ratios)})")
+    for mode in rows:
+        prof = [r["nvcc_phases"] for r in rows[mode] if r.get("nvcc_phases")]
+        if prof:
+            names = list(prof[0])
+            print(f"{mode:<7} mean nvcc phases: " + ", ".join(
+                f"{nm} {statistics.mean(p.get(nm, 0.0) for p in prof):.2f}s" for nm in names))
+    failed = [r for rs in rows.values() for r in rs if not r["ok"]]
+    for r in failed:
+        print(f"FAILED {r['file']}: {r['error']}")
+    shutil.rmtree(work, ignore_errors=True)
+    return 1 if failed else 0
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--compare-nvcc"]:  # plain nvcc vs Kiln's parallel front ends on one command
         sys.path.insert(0, str(REPO))
         from actors.verifier.build import nvcc
         return nvcc.compare(argv[1:])
+    if argv[:1] == ["--cuda-units"]:
+        sys.path.insert(0, str(REPO))
+        units = argparse.ArgumentParser(description="the compile step of CUDA candidates: lean vs facade")
+        units.add_argument("--n", type=int, default=6, help="candidates")
+        units.add_argument("--phase-n", type=int, default=2, help="candidates whose nvcc phases are timed")
+        units.add_argument("--budget-s", type=float, default=1800.0, help="stop starting candidates after this")
+        a = units.parse_args(argv[1:])
+        return run_cuda_units(a.n, a.phase_n, time.monotonic() + a.budget_s)
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--backend", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--n", type=int, default=None, help="candidates per mode (default: 8 cpu, 6 cuda)")
     ap.add_argument("--baseline-n", type=int, default=None, help="candidates for load_inline (default: --n, 4 on cuda)")
-    ap.add_argument("--modes", default="lean,full,load_inline", help="comma list of lean, full, load_inline")
+    ap.add_argument("--modes", default="lean,full,load_inline",
+                    help="comma list of facade (cuda), lean, full, load_inline")
     ap.add_argument("--budget-s", type=float, default=540.0, help="stop measuring after this many seconds")
     ap.add_argument("--pch-dir", default=None, help="precompiled headers (default: the machine-wide directory)")
     ap.add_argument("--json", default=None, help="also write all rows to this file")
@@ -189,8 +312,10 @@ def main(argv=None) -> int:
         share = (deadline - time.monotonic()) / max(len(remaining), 1)
         mode_deadline = time.monotonic() + share
         remaining.remove(mode)
-        if mode == "lean":
-            results.update(run_service_mode("lean", files, args.backend, "auto", pch_dir, mode_deadline, passes=2))
+        if mode == "lean":  # on cuda: the facade off (policy "lean"); on cpu there is no facade
+            results.update(run_service_mode("lean", files, args.backend, "lean", pch_dir, mode_deadline, passes=2))
+        elif mode == "facade":
+            results.update(run_service_mode("facade", files, args.backend, "auto", pch_dir, mode_deadline, passes=2))
         elif mode == "full":
             results.update(run_service_mode("full", files, args.backend, "full", pch_dir, mode_deadline))
         elif mode == "load_inline":

@@ -1,9 +1,8 @@
-"""Watching and ending the process tree of one compile child (Linux /proc).
+"""Watching and ending the process tree of one sandboxed process (Linux /proc, seen from the verifier).
 
-RLIMIT_NPROC counts every process of the user, so it cannot bound one child; instead the service
-polls the child's descendants (and their resident memory) and kills the whole tree past a limit.
-Killing goes by process group and by tree walk, so a descendant that left the group still dies;
-one that also lost its parent is re-parented to the zygote (a subreaper) and killed there.
+The verifier polls a sandbox's descendants and their resident memory and kills the whole tree past
+a limit. Killing goes by process group and by tree walk, so a descendant that left the group still
+dies; inside its own PID namespace, every process dies with the sandbox anyway.
 """
 
 from __future__ import annotations
@@ -12,7 +11,14 @@ import os
 import signal
 import time
 
-from actors.verifier.isolation import rss_bytes
+
+def rss_bytes(pid: int) -> int:
+    """Resident set of a process (0 when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, IndexError, ValueError):
+        return 0
 
 
 def children(pid: int) -> list[int]:

@@ -1,0 +1,169 @@
+"""Before/after throughput of the cpu verifier, side by side in one run:
+`python -m launch.bench.verifier_ab --before DIR [--after DIR] [--rounds 2] [--json FILE]`.
+
+DIR is a checkout of the code to compare (for example `git worktree add --detach /tmp/before main`);
+`--after` defaults to this repository. Each tree is measured in a fresh worker process that imports
+that tree's Kiln (cwd and PYTHONPATH = the tree, this interpreter), in ABBA order over the rounds
+(before, after, after, before, ...) so that drift in the machine's load falls on both sides alike.
+Every worker starts a `KernelVerifier` on a fresh cache directory (cold builds, no verdict hits; the
+machine-wide precompiled headers are built before its clock starts) and measures, on the shipped
+CPU solutions, each made distinct per worker by a unique comment inside its C++ source:
+  compile    one candidate at a time (`--sequential` of them): the compile stage's time as the
+             verifier sees it (`VerifyResult.timings["compile"]`: submit to built library, symbol
+             check included where the tree has one), and the whole verification's wall time;
+  throughput all shipped solutions submitted at once to `--inflight` threads: verifications per
+             minute over the mix's wall time.
+Every candidate must pass; a worker whose candidate does not pass fails the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+# Runs inside a worker process (cwd = the tree). Uses only the verifier API both trees share.
+WORKER = r'''
+import json, re, shutil, sys, tempfile, time, uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+opts = json.loads(sys.argv[1])
+from configs import load_config
+from protocols import VerifyRequest
+from tasks.loader import discover, solution_for, to_task
+from actors.verifier.verifier import KernelVerifier
+
+cache = tempfile.mkdtemp(prefix="kiln-ab-")
+overrides = {"verifier.cache_dir": cache, "verifier.backend": "cpu", "verifier.compile_baseline": "never",
+             "verifier.compile_workers": opts["compile_workers"], "verifier.run_workers": opts["run_workers"]}
+cfg = load_config(None, [f"{k}={v}" for k, v in overrides.items()]).verifier
+work = []
+for tf in discover("tasks"):
+    sol = solution_for(tf, "tasks/solutions/cpu")
+    if sol is not None:
+        work.append((to_task(tf, "cpu"), sol.read_text()))
+CPP = re.compile(r'(=\s*r?""")')
+
+
+def distinct(source):
+    out, n = CPP.subn(lambda m: m.group(1) + f"\n// kiln-ab {uuid.uuid4().hex}\n", source, count=1)
+    assert n == 1, "no C++ source string found"
+    return out
+
+
+def ask(job):
+    task, source = job
+    t0 = time.perf_counter()
+    r = verifier.verify(VerifyRequest(request_id=uuid.uuid4().hex, task=task, candidate=distinct(source)))
+    if not r.passed:
+        raise SystemExit(f"{task.task_id}: {r.stage} {r.error_class}: {r.feedback[:400]}")
+    return {"task": task.task_id, "compile_s": r.timings.get("compile"), "wall_s": time.perf_counter() - t0,
+            "cached": bool((r.diagnostics.get("build") or {}).get("cached"))}
+
+
+t0 = time.perf_counter()
+verifier = KernelVerifier(cfg)
+try:
+    verifier.warm()
+    wait = getattr(verifier.builds, "wait_pch", None)
+    if wait is not None:
+        wait(1800)
+    ready_s = time.perf_counter() - t0
+    step = max(1, len(work) // opts["sequential"])
+    sequential = [ask(job) for job in work[::step][:opts["sequential"]]]
+    t1 = time.perf_counter()
+    with ThreadPoolExecutor(opts["inflight"]) as pool:
+        mix = list(pool.map(ask, work))
+    mix_s = time.perf_counter() - t1
+finally:
+    verifier.close()
+    shutil.rmtree(cache, ignore_errors=True)
+print("KILN_AB " + json.dumps({"ready_s": ready_s, "sequential": sequential, "mix": mix, "mix_s": mix_s}))
+'''
+
+
+def run_worker(tree: Path, opts: dict, timeout_s: float) -> dict:
+    with tempfile.TemporaryDirectory(prefix="kiln-ab-worker-") as tmp:
+        script = Path(tmp) / "worker.py"  # alone in its directory: nothing of either tree shadows a module
+        script.write_text(WORKER)
+        env = {**os.environ, "PYTHONPATH": str(tree)}
+        p = subprocess.run([sys.executable, str(script), json.dumps(opts)], cwd=tree, env=env, capture_output=True,
+                           text=True, timeout=timeout_s)
+    line = next((ln for ln in p.stdout.splitlines() if ln.startswith("KILN_AB ")), None)
+    if p.returncode != 0 or line is None:
+        tail = (p.stderr or p.stdout).strip().splitlines()[-5:]
+        raise SystemExit(f"verifier_ab: the worker in {tree} failed (exit {p.returncode}): " + " | ".join(tail))
+    return json.loads(line[len("KILN_AB "):])
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    k = (len(xs) - 1) * q
+    lo, hi = int(k), min(int(k) + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def summarize(runs: list[dict]) -> dict:
+    compiles = [c["compile_s"] for r in runs for c in r["sequential"] if not c["cached"]]
+    walls = [c["wall_s"] for r in runs for c in r["sequential"]]
+    n_mix = sum(len(r["mix"]) for r in runs)
+    mix_s = sum(r["mix_s"] for r in runs)
+    return {"compile_n": len(compiles), "compile_p50_s": statistics.median(compiles),
+            "compile_p90_s": pct(compiles, 0.9), "verify_p50_s": statistics.median(walls),
+            "mix_n": n_mix, "mix_s": mix_s, "per_min": 60.0 * n_mix / mix_s,
+            "per_min_rounds": [60.0 * len(r["mix"]) / r["mix_s"] for r in runs]}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m launch.bench.verifier_ab", description=__doc__.split("\n")[0])
+    ap.add_argument("--before", required=True, help="a checkout of the code before the change")
+    ap.add_argument("--after", default=str(REPO), help="a checkout of the code after it (default: this one)")
+    ap.add_argument("--rounds", type=int, default=2, help="workers per tree, in ABBA order")
+    ap.add_argument("--sequential", type=int, default=12, help="candidates compiled one at a time per worker")
+    ap.add_argument("--inflight", type=int, default=8, help="verifications at once in the throughput mix")
+    ap.add_argument("--compile-workers", type=int, default=2)
+    ap.add_argument("--run-workers", type=int, default=1)
+    ap.add_argument("--timeout-s", type=float, default=1800.0, help="per worker")
+    ap.add_argument("--json", help="also write every row to this file")
+    args = ap.parse_args(argv)
+    trees = {"before": Path(args.before).resolve(), "after": Path(args.after).resolve()}
+    for name, tree in trees.items():
+        if not (tree / "actors" / "verifier" / "verifier.py").is_file():
+            print(f"verifier_ab: --{name} {tree} is not a Kiln checkout", file=sys.stderr)
+            return 2
+    opts = {"sequential": args.sequential, "inflight": args.inflight, "compile_workers": args.compile_workers,
+            "run_workers": args.run_workers}
+    order = [("before", "after") if i % 2 == 0 else ("after", "before") for i in range(args.rounds)]
+    runs: dict[str, list[dict]] = {"before": [], "after": []}
+    for i, pair in enumerate(order):
+        for name in pair:
+            t0 = time.perf_counter()
+            r = run_worker(trees[name], opts, args.timeout_s)
+            runs[name].append(r)
+            print(f"round {i + 1} {name:6s}: ready {r['ready_s']:.1f} s, mix {len(r['mix'])} in {r['mix_s']:.1f} s "
+                  f"({60 * len(r['mix']) / r['mix_s']:.1f}/min), worker {time.perf_counter() - t0:.0f} s", flush=True)
+    summary = {name: summarize(rs) for name, rs in runs.items()}
+    b, a = summary["before"], summary["after"]
+    print(f"{'':28s}{'before':>10s}{'after':>10s}{'after/before':>14s}")
+    for key, label in (("compile_p50_s", "compile p50 (s)"), ("compile_p90_s", "compile p90 (s)"),
+                       ("verify_p50_s", "verification p50 (s)"), ("per_min", "verifications / min")):
+        print(f"{label:28s}{b[key]:10.2f}{a[key]:10.2f}{a[key] / b[key]:14.2f}")
+    print(f"(compile n = {b['compile_n']} / {a['compile_n']} one at a time; throughput {b['mix_n']} / {a['mix_n']} "
+          f"verifications; per round before {[round(x, 1) for x in b['per_min_rounds']]}, "
+          f"after {[round(x, 1) for x in a['per_min_rounds']]})")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"summary": summary, "runs": runs}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
