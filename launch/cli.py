@@ -38,11 +38,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--markdown", action="store_true", help="print the configuration reference instead")
     p.set_defaults(func=cmd_config)
 
+    from launch.bench.bench import add_bench_parser
     from launch.train import add_train_parser
     from launch.verify import add_verify_parser
 
     add_train_parser(sub)
     add_verify_parser(sub)
+    add_bench_parser(sub)
     return parser
 
 

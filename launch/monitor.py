@@ -3,8 +3,10 @@ PUSH to the driver"), turned into one row of metrics per learner step; and each 
 time spent working, from the busy counters in their health records (`busy_shares`).
 
 Actors push `Metrics` (the learner, once per step), `GroupReport` (a rollout actor, once per task
-group) and a few sampled `Episode` records (for the readable dumps). Between two learner steps the
-monitor adds up the groups that finished; when the learner's step arrives it closes the step's row:
+group), a few sampled `Episode` records (for the readable dumps) and `Timeline` records (each
+actor's spans of work, about once a second; the session keeps them in RUN_DIR/timeline.jsonl).
+Between two learner steps the monitor adds up the groups that finished; when the learner's step
+arrives it closes the step's row:
 the learner's values, the rollout side's rates, rewards and verifier outcomes, and run-wide
 counts (distinct compiled sources, groups whose rewards are not all tied).
 """
@@ -19,7 +21,7 @@ from typing import Iterable
 
 from actors.buffer.formulas import prime_echo, rewards_tie
 from configs import AlgoConfig
-from protocols import Episode, GroupReport, Metrics, Record
+from protocols import Episode, GroupReport, Metrics, Record, Span, Timeline
 from protocols.channels import PullChannel
 
 log = logging.getLogger(__name__)
@@ -51,8 +53,10 @@ class RunMonitor:
         self.untied_groups = 0
         self.total_groups = 0
         self.episodes: list[Episode] = []  # sampled since the last step, for the dump
+        self.spans: list[tuple[str, Span]] = []  # (actor, span) received since the last take_spans()
         self.last_step = 0
         self.last_values: dict[str, float] = {}
+        self.step_times: dict[int, float] = {}  # step -> when the learner sent it (its wall clock)
 
     def close(self) -> None:
         self.channel.close()
@@ -74,6 +78,8 @@ class RunMonitor:
             self._add_group(rec)
         elif isinstance(rec, Episode):
             self.episodes.append(rec)
+        elif isinstance(rec, Timeline):
+            self.spans += [(rec.actor_id, span) for span in rec.spans]
         elif isinstance(rec, Metrics):
             if rec.step < 0:  # a warm-start step: the learner's warm-start report sums them up
                 return None
@@ -83,6 +89,10 @@ class RunMonitor:
     def take_episodes(self) -> list[Episode]:
         episodes, self.episodes = self.episodes, []
         return episodes
+
+    def take_spans(self) -> list[tuple[str, Span]]:
+        spans, self.spans = self.spans, []
+        return spans
 
     # ---------------------------------------------------------------------------------- rows
 
@@ -128,6 +138,7 @@ class RunMonitor:
             values[f"verifier/error/{cls}"] = float(n)
         self.window = _Window(start=now)
         self.last_step, self.last_values = m.step, values
+        self.step_times[m.step] = m.ts
         return m.step, values
 
 

@@ -33,6 +33,7 @@ from launch.plan import PlacementPlan, bundles, plan
 from launch.report import write_report
 from launch.run_dir import RunDirectory
 from launch.supervisor import Supervisor
+from launch.timeline import TimelineLog
 from protocols.registry import Registry
 
 log = logging.getLogger(__name__)
@@ -53,6 +54,7 @@ class Session:
         self.monitor: RunMonitor | None = None
         self.metrics: MetricsLog | None = None
         self.view: LiveView | None = None
+        self.timeline: TimelineLog | None = None
         self.last_step = 0
         self._last_supervise = 0.0
         self._busy: dict[str, float] = {}
@@ -74,14 +76,23 @@ class Session:
         self.monitor = RunMonitor(self.cfg.algo, host=c.bind_host, transport=c.transport, advertise=c.advertise_host)
         registry.register("driver", "driver", {"metrics": self.monitor.address})
         self.metrics = MetricsLog(self.run.path, self.cfg.logging)
+        self.timeline = TimelineLog(self.run.path)
         self.view = LiveView(self.cfg.logging.live, self.cfg.algo.total_steps,
                              refresh_s=self.cfg.logging.live_refresh_s).__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
         if self.supervisor is not None:
-            self.supervisor.stop_all(STOP_ORDER)
-        for close in (lambda: self.view.__exit__(None, None, None), self.metrics.close, self.monitor.close):
+            # A stopped engine is forgotten by the learner at once: a weight push in flight to it (a
+            # run ended mid-step) fails now instead of at the push timeout.
+            self.supervisor.stop_all(STOP_ORDER, on_stopped=self._forget_engine)
+        try:  # the spans the actors pushed as they stopped
+            self.monitor.poll(timeout_s=0.5)
+            self.timeline.write(self.monitor.take_spans())
+        except Exception:
+            log.exception("saving the last timeline spans")
+        for close in (lambda: self.view.__exit__(None, None, None), self.metrics.close, self.timeline.close,
+                      self.monitor.close):
             try:
                 close()
             except Exception:
@@ -197,6 +208,7 @@ class Session:
         self._busy_at = now
         self.metrics.log(step, values)
         self.view.update(step, values)
+        self.timeline.write(self.monitor.take_spans())
         episodes = self.monitor.take_episodes()
         if episodes and self.cfg.logging.episodes_per_step:
             dump_episodes(self.run.path, step, episodes, self.tokenizer.decode, self.cfg.logging.episodes_per_step)

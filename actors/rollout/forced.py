@@ -17,12 +17,17 @@ The variants are mechanical and deterministic, so each distinct source compiles 
 `rollout.forced_fraction` < 1 the other attempts are sampled as usual, so the engine also does real
 decoding work (throughput benchmarks of a random-init policy: its samples score as extraction
 failures, the forced ones give the verifier its compiles, runs and timings).
+
+With `rollout.bench.unique_forced` (benchmarks) every drawn candidate's C++ source gets a unique
+comment, so it misses the verifier's build and verdict caches and is compiled for real, as a sampled
+kernel of a real policy would be; without it each distinct variant compiles once per cache.
 """
 
 from __future__ import annotations
 
 import random
 import re
+import uuid
 from pathlib import Path
 
 from protocols import Task
@@ -86,10 +91,11 @@ def candidates(task: Task, solutions: Path) -> list[str]:
 class CandidatePool:
     """Draws forced responses for a rollout actor, seeded per actor."""
 
-    def __init__(self, solutions: str | Path, seed: int, fraction: float = 1.0) -> None:
+    def __init__(self, solutions: str | Path, seed: int, fraction: float = 1.0, unique: bool = False) -> None:
         self.solutions = Path(solutions)
         self.rng = random.Random(seed)
         self.fraction = fraction  # share of attempts forced; the rest are sampled by the engine
+        self.unique = unique  # a unique comment in every drawn candidate's C++ source (real compiles)
         self._cache: dict[str, list[str]] = {}
 
     def draw(self, task: Task) -> str | None:
@@ -100,4 +106,7 @@ class CandidatePool:
             pool = self._cache[task.task_id] = candidates(task, self.solutions)
         if not pool or (self.fraction < 1 and self.rng.random() >= self.fraction):
             return None
-        return self.rng.choice(pool)
+        text = self.rng.choice(pool)
+        if self.unique:
+            text = _in_kernel_code(text, lambda code: f"{code.rstrip()}\n// kiln bench {uuid.uuid4().hex}\n") or text
+        return text
