@@ -94,9 +94,16 @@ def _read_yaml(path: Path) -> dict:
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: not a text file (byte {err.start} is not UTF-8); a config is a YAML file") from None
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read it: {err.strerror}") from None
+    try:
+        data = yaml.safe_load(text) or {}
     except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML: {err}") from None
+        problem = " ".join(str(err).split())
+        raise ConfigError(f"{path}: not valid YAML: {problem}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: top level must be a mapping of sections, got {type(data).__name__}")
     return data
@@ -188,6 +195,12 @@ def _check_consistency(cfg: KilnConfig) -> None:
     if m.tokenizer == "bytes" and not m.path and m.vocab_size < 259:
         raise ConfigError(f"model.vocab_size={m.vocab_size}: the byte tokenizer needs at least 259 "
                           "(256 bytes + 3 specials)")
+    if cfg.verifier.reward_actor_args and not cfg.verifier.reward_actor:
+        raise ConfigError("verifier.reward_actor_args are the constructor arguments of a plug-in reward actor; "
+                          "set verifier.reward_actor, or leave them empty for the kernel verifier")
+    if cfg.replay.task_source_args and not cfg.replay.task_source:
+        raise ConfigError("replay.task_source_args are the constructor arguments of a plug-in task source; "
+                          "set replay.task_source, or leave them empty for replay.tasks")
     if cfg.algo.early_bonus_turn2 > cfg.algo.early_bonus_turn1:
         raise ConfigError("algo.early_bonus_turn2 must not exceed algo.early_bonus_turn1 (an earlier pass earns more)")
     if cfg.eval.k > cfg.eval.samples:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 
 def F(default: Any, help: str, *, ge=None, gt=None, le=None, lt=None, choices=None, dotted_ok=False):
@@ -42,7 +42,9 @@ class ClusterConfig:
 
 @dataclass
 class ModelConfig:
-    path: Optional[str] = F(None, "Local HF checkpoint directory (config, safetensors, tokenizer); null = random init from the fields below")
+    path: Optional[str] = F(None, "Local HF checkpoint directory (config, safetensors, tokenizer with its chat template); 'kiln:tiny-chat' = Kiln's tiny chat checkpoint, built on first use under <logging.root>/models/; null = random init from the fields below")
+    allow_download: bool = F(False, "Let model.path name a Hugging Face hub id that is downloaded on first use; false = a local directory only (a hub id is refused at start-up)")
+    enable_thinking: bool = F(False, "Thinking models (Qwen3's <think> block): passed to the chat template as enable_thinking; false renders an empty think block, so the model answers at once. Extraction never reads the thinking")
     arch: str = F("qwen3", "HF model_type used for random init when path is null", choices=["qwen3", "qwen2", "llama"])
     vocab_size: int = F(259, "Vocabulary size for random init (259 = the built-in byte tokenizer: 256 bytes + 3 specials)", ge=2)
     hidden_size: int = F(128, "Model width for random init", ge=8)
@@ -84,7 +86,11 @@ class RolloutConfig:
     top_p: float = F(1.0, "Nucleus sampling; 1.0 keeps the logprob convention exact (no renormalisation)", gt=0.0, le=1.0)
     top_k: int = F(0, "Top-k sampling; 0 disables it", ge=0)
     concurrent_groups: int = F(1, "Task groups a rollout actor works on at once: the engine batches their samples while other groups wait on the verifier (raise it until the engine's batch is full)", ge=1)
-    max_turns: int = F(3, "Turns T per episode: the first attempt plus up to T-1 repair turns with verifier feedback", ge=1)
+    max_turns: int = F(3, "Turns T per episode: the first attempt plus up to T-1 repair or performance turns with verifier feedback", ge=1)
+    history: str = F("full", "What a repair prompt shows of the attempt so far: 'full' = the task and every earlier answer and its feedback as a dialogue; 'last' = the task, the last answer and its feedback. Either way older turns are left out (and the prompt says so) when the dialogue plus max_new_tokens would exceed model.max_seq_len", choices=["full", "last"])
+    history_thinking: bool = F(False, "Earlier answers in a repair prompt keep their thinking text; false leaves it out (it stays in the episode)")
+    optimize_turns: int = F(0, "Performance turns: a kernel that passes but runs slower than optimize_below × the eager time gets up to this many turns (within max_turns) with its timing feedback, asking for a faster kernel; 0 = a pass ends the attempt", ge=0)
+    optimize_below: float = F(1.0, "A passing kernel is slow when its time exceeds optimize_below × the eager PyTorch time (speedup vs eager < 1 / optimize_below)", gt=0.0)
     on_weight_update: str = F("finish", "A weight update mid-generation: 'finish' in-flight requests on the old weights, or 'abort' and resume them on the new", choices=["finish", "abort"])
     verify_reply_timeout_s: float = F(600.0, "Seconds a rollout actor waits for a verifier's answer to one attempt before resending it", gt=0.0)
     verify_retries: int = F(1, "Resends before an attempt is marked 'infra' (not a policy failure)", ge=0)
@@ -124,6 +130,7 @@ class ModelledLatencyConfig:
 class VerifierConfig:
     backend: str = F("cpu", "Kernel backend: 'cuda' (production) or 'cpu' (C++ kernels; CI and the embedded default)", choices=["cuda", "cpu"])
     reward_actor: Optional[str] = F(None, "Dotted path of a reward-actor class that replaces the kernel verifier; null = the verifier")
+    reward_actor_args: Dict[str, Any] = F({}, "Keyword arguments of the reward actor's constructor: cls(cfg: VerifierConfig, **reward_actor_args)")
     num_actors: int = F(1, "Verifier actors (one per GPU for cuda)", ge=1)
     compile_workers: int = F(2, "Parallel compile processes per verifier actor", ge=1)
     run_workers: int = F(1, "Sandboxed execution workers per verifier actor", ge=1)
@@ -154,12 +161,14 @@ class RetryConfig:
 @dataclass
 class ReplayConfig:
     tasks: str = F("tasks", "Task directory (Kiln's tasks/, a KernelBench level directory, or one reference file)")
-    task_source: Optional[str] = F(None, "Dotted path of a task-source class with __init__(self, cfg: ReplayConfig, backend: str) and tasks(self) -> list[protocols.Task]; null = load `tasks`")
+    task_source: Optional[str] = F(None, "Dotted path of a task-source class with __init__(self, cfg: ReplayConfig, backend: str, **task_source_args) and tasks(self) -> list[protocols.Task]; null = load `tasks`")
+    task_source_args: Dict[str, Any] = F({}, "Keyword arguments of the task source's constructor: cls(cfg, backend, **task_source_args)")
     val_fraction: float = F(0.125, "Fraction of tasks held out for validation", ge=0.0, lt=1.0)
     split_seed: int = F(0, "Seed of the train/validation split", ge=0)
     max_staleness: int = F(1, "η: a sample whose oldest gradient-carrying token lags the learner by more than η versions is never trained on; 0 = synchronous (engines confirm each version before the learner asks for its next batch)", ge=0)
     admission: str = F("staleness", "How many groups the task feed hands out: 'staleness' = at most (η + v + 1)·B at learner version v, so every sample can still be trained; 'whole_run' = all total_steps·B at once (rollout-only runs, where no learner advances v)", choices=["staleness", "whole_run"])
     retry_after_s: float = F(0.2, "Seconds a rollout or learner told to wait (admission bound, no batch yet) waits before asking again", gt=0.0)
+    infra_retries: int = F(3, "A task whose groups fail through the system's fault (infra) this many times in a row leaves the feed (counted, logged once); a task whose prompt cannot fit model.max_seq_len leaves at once", ge=1)
     group_timeout_s: float = F(3600.0, "A handed-out group with no new sample for this long is abandoned (its samples filtered 'expired') and its task re-issued", gt=0.0)
     snapshot_every: int = F(1000, "Logged state changes between atomic state snapshots (each snapshot compacts the episode log)", ge=1)
     retry: RetryConfig = F(RetryConfig(), "Buffered Dynamic Retry")
@@ -169,6 +178,7 @@ class ReplayConfig:
 class ProcessGroupSyncConfig:
     push_timeout_s: float = F(120.0, "Seconds one version's broadcast to one engine may take; a slower engine is dropped from the push and rejoins with its next request", gt=0.0)
     join_timeout_s: float = F(30.0, "Seconds an engine told where to join the learner's process group has to arrive before the join is abandoned", gt=0.0)
+    flat_buckets: bool = F(True, "Each bucket holds one dtype and travels as one flat broadcast, packed while the previous one is on the wire (SGLang: /update_weights_from_distributed with load_format flattened_bucket); false = one broadcast per tensor, for SGLang servers without that format")
 
 
 @dataclass
@@ -185,6 +195,14 @@ class WeightSyncConfig:
 
 
 @dataclass
+class MegatronKernelsConfig:
+    fused_logprobs: bool = F(True, "Token logprobs and entropies in row chunks by torch.compile'd kernels: no fp32 copy of the logits over the whole vocabulary, the backward writes into the logits' storage; false = fp32 log-softmax over all logits at once (megatron's vocab-parallel cross entropy)")
+    logprob_chunk_rows: int = F(2048, "Rows per chunk of fused_logprobs", ge=1)
+    fused_swiglu: bool = F(True, "SwiGLU as megatron's torch.compile'd kernel (forward and backward), keeping only its input for the backward; false = silu and mul apart")
+    fused_rope: bool = F(True, "RoPE of q and k as one torch.compile'd kernel each; false = eager cat, mul and add")
+
+
+@dataclass
 class LearnerConfig:
     backend: str = F("torch", "'torch' (HF model; CPU/GPU) or 'megatron' (megatron-core; GPU)", choices=["torch", "megatron"])
     lr: float = F(1e-6, "AdamW learning rate", ge=0.0)
@@ -192,9 +210,11 @@ class LearnerConfig:
     grad_clip: float = F(1.0, "Global gradient-norm clip; 0 disables", ge=0.0)
     micro_batch_tokens: int = F(8192, "Tokens per packed micro-batch (gradient accumulation across micro-batches)", ge=16)
     tensor_parallel: int = F(1, "Megatron tensor-parallel size", ge=1)
-    pipeline_parallel: int = F(1, "Megatron pipeline-parallel size; only 1 runs today (neither backend has a pipeline schedule), the placement plan already sizes memory for more", ge=1, le=1)
+    pipeline_parallel: int = F(1, "Megatron pipeline-parallel size: the decoder layers split evenly over this many stages (it must divide num_layers), micro-batches run through megatron's 1F1B schedule", ge=1)
+    megatron: MegatronKernelsConfig = F(MegatronKernelsConfig(), "Kernels of the megatron backend (each switchable, to measure it)")
     weight_sync: WeightSyncConfig = F(WeightSyncConfig(), "How new weights reach the rollout engines")
     checkpoint_every: int = F(50, "Steps between checkpoints; 0 = only at the end", ge=0)
+    export_every: int = F(0, "Steps between servable HF exports under RUN_DIR/exports/step-NNNNNN/ (weights, tokenizer, chat template, generation config); 0 = only RUN_DIR/final/ at the end", ge=0)
     device: str = F("auto", "Device of the torch learner: 'auto' (cuda when present), 'cpu' or 'cuda[:i]'")
     cpu_ranks: int = F(1, "Data-parallel ranks of a CPU learner (torch backend over gloo, one process and full replica each; needs Ray); a GPU learner has one rank per cluster.learner_gpus", ge=1)
     torch_threads: int = F(0, "Intra-op threads of a CPU learner (torch.set_num_threads in its process; in-process runs share one process with the engines); 0 = leave torch's default (Ray actors: 1)", ge=0)
@@ -242,6 +262,9 @@ class LoggingConfig:
     level: str = F("INFO", "Python log level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     tensorboard: bool = F(True, "Write TensorBoard events to the run directory")
     wandb: bool = F(False, "Also log to Weights & Biases when it is installed")
+    wandb_project: str = F("kiln", "Weights & Biases project of the run")
+    wandb_entity: Optional[str] = F(None, "Weights & Biases entity (team or user); null = the logged-in user's default")
+    wandb_run_name: Optional[str] = F(None, "Weights & Biases run name; null = the run directory's name")
     live: bool = F(True, "Show the live rich view on a terminal")
     episodes_per_step: int = F(2, "Episodes dumped as readable text per step, for spotting reward hacking", ge=0)
     live_refresh_s: float = F(0.5, "Seconds between redraws of the live view", gt=0.0)

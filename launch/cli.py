@@ -7,9 +7,11 @@ overrides, resolved by `configs.load_config`. Errors print one line and exit non
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from configs import ConfigError, load_config, to_yaml
+from launch.checks import StartupError
 
 
 def add_config_arguments(p: argparse.ArgumentParser) -> None:
@@ -38,12 +40,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--markdown", action="store_true", help="print the configuration reference instead")
     p.set_defaults(func=cmd_config)
 
+    from launch.tasks_cli import add_tasks_parser
+    from launch.export import add_export_parser
     from launch.bench.bench import add_bench_parser
     from launch.train import add_train_parser
     from launch.verify import add_verify_parser
 
     add_train_parser(sub)
     add_verify_parser(sub)
+    add_tasks_parser(sub)
+    add_export_parser(sub)
     add_bench_parser(sub)
     return parser
 
@@ -52,13 +58,24 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return args.func(args)
+        code = args.func(args)
+        sys.stdout.flush()  # a closed pipe shows here, inside the handler, not at interpreter exit
+        return code
     except ConfigError as err:
         print(f"kiln: config error: {err}", file=sys.stderr)
+        return 2
+    except StartupError as err:
+        for finding in err.findings:
+            if finding.level != "note":
+                print(finding.line(), file=sys.stderr)
         return 2
     except (FileExistsError, FileNotFoundError) as err:
         print(f"kiln: {err}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `kiln ... | head`: the reader left; say so once and stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        print("kiln: output closed early (broken pipe); the rest was not written", file=sys.stderr)
+        return 141  # 128 + SIGPIPE, what a shell reports for a command killed by a closed pipe
     except KeyboardInterrupt:
         print("kiln: interrupted", file=sys.stderr)
         return 130

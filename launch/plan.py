@@ -16,14 +16,20 @@ Layouts: `cpu` (nothing needs a GPU: torch learner and engines on CPU, cpu verif
 Memory model (GiB = 2^30 bytes; an estimate to catch configs that cannot fit, not a promise):
 * parameters: counted from the model section (random init, tied embeddings) or from
   `model.path/config.json` (biases of qwen2, the q/k norms of qwen3, untied heads where stated);
-* learner, per GPU, P = params / (TP·PP):
-  megatron (bf16 mixed precision, distributed optimizer): P × (2 weights + 2 grads + 12/DP fp32
-  master weights and Adam moments); torch: P × 4 × b (weights, grads, two AdamW moments, all in the
-  model dtype of b bytes). Activations: a·h·L·b/2 bytes per token / TP, a = 34 for megatron
-  (Korthikanti et al. 2022, no recompute, flash attention) and 56 for torch (measured, see
-  ACTIVATION_BYTES) — the first 1F1B pipeline stage holds PP micro-batches of L/PP layers, so PP
-  does not divide it — plus fp32 logits and their gradient (8·V bytes per token / TP), for
-  `learner.micro_batch_tokens` tokens;
+* learner, megatron (bf16 mixed precision, fp32 grad buffers, distributed optimizer), per GPU of the
+  pipeline stage that needs most (`megatron_learner_memory`): the stage's parameters P / TP — L/PP
+  decoder layers, plus the embedding on the first stage and the final norm and output layer on the
+  last (a tied embedding has a copy there when PP > 1) — × (2 weights + 4 grads + 12/DP fp32 master
+  weights and Adam moments); activations of `learner.micro_batch_tokens` tokens per micro-batch,
+  per token and layer 8·h bytes that TP does not split (norm and linear inputs) plus
+  (16·h + s·ffn) / TP (s = 10, or 6 with the fused SwiGLU), see MEGATRON_ACTIVATIONS; 1F1B keeps
+  PP micro-batches of L/PP layers in flight on the first stage and one on the last, so PP does not
+  shrink the first stage's share; and on the last stage the logits: 10·V bytes per token / TP on
+  the plain fp32 path (bf16 logits, the fp32 softmax the cross entropy keeps, its fp32 gradient), 2
+  with the chunked logprobs (bf16 logits whose storage takes the gradient) plus one chunk's fp32
+  rows. torch learner: P × 4 × b (weights, grads, two AdamW moments, all in the model dtype of b
+  bytes) and 56·h·L·b/2 bytes of activations per token (measured, see ACTIVATION_BYTES), plus 8·V
+  bytes of fp32 logits and their gradient per token;
 * engine, per GPU of an engine with tp GPUs: params·b / tp + KV cache
   2·L·ceil(kv_heads/tp)·head_dim·b × max_batch × max_seq_len; a launched SGLang server may use only
   `rollout.sglang.mem_fraction` of its GPU;
@@ -42,19 +48,27 @@ from pathlib import Path
 from typing import Literal
 
 from actors.base import Slot
-from configs import KilnConfig, ModelConfig
+from configs import KilnConfig, LearnerConfig, ModelConfig
 
 GIB = 2**30
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 # A KernelBench candidate's execution worker: ~0.5 GiB CUDA context plus its inputs, outputs and
 # the reference's; level-3 tasks stay well below this.
 VERIFIER_GIB_PER_WORKER = 2.0
-# Activation bytes per token, hidden unit and layer at 2-byte activations, without recompute.
-# megatron: Korthikanti et al. 2022 (fused kernels, flash attention); not measured here.
-# torch: the HF transformers model (sdpa attention, unfused MLP and norms), measured on an H100 on
-# 2026-11-22 at 56.1-56.2 for the single_gpu and four_gpu preset models (ffn = 3·hidden);
+# Activation bytes per token, hidden unit and layer at 2-byte activations, without recompute, of the
+# torch learner: the HF transformers model (sdpa attention, unfused MLP and norms), measured on an
+# H100 on 2026-11-22 at 56.1-56.2 for the single_gpu and four_gpu preset models (ffn = 3·hidden);
 # tests/test_launch_plan.py::test_torch_learner_memory_matches_the_estimate (gpu) re-measures it.
-ACTIVATION_BYTES = {"megatron": 34, "torch": 56}
+ACTIVATION_BYTES = {"torch": 56}
+# The megatron learner's activations per token and decoder layer, in bytes: replicated·h + (split·h +
+# swiglu·ffn) / TP. Counted on CPU with saved-tensor hooks over megatron's local layer spec with
+# Kiln's SDPA attention (Qwen3 shape: q = h, kv = h/2; bf16): 44·h + 10·ffn, of which 28·h are the
+# fp32 copies that torch's composite CPU RMSNorm keeps and CUDA's fused RMSNorm does not (it keeps
+# its bf16 input: + 8·h), so 24·h + 10·ffn on the GPU; the fused SwiGLU keeps only its input and
+# output (6·ffn). `launch.bench.gpu_megatron` prints this estimate next to max_memory_allocated.
+MEGATRON_ACTIVATIONS = {"replicated": 8, "split": 16, "swiglu": 10, "swiglu_fused": 6}
+# Logits bytes per token and vocabulary entry (/ TP) on the last pipeline stage, by logprob path.
+MEGATRON_LOGITS = {"plain": 10, "chunked": 2}
 
 
 class PlanError(ValueError):
@@ -442,17 +456,13 @@ def _gpu_count_story(cfg, layout, engine_gpus, external) -> str:
 
 def _memory(cfg: KilnConfig, s: ModelShape, tp: int, pp: int, dp: int, engine_gpus: int) -> MemoryEstimate:
     b = DTYPE_BYTES[cfg.model.dtype]
-    shard = s.params / (tp * pp)
-    tokens = cfg.learner.micro_batch_tokens
     if cfg.learner.backend == "megatron":
-        learner = {"weights": shard * 2, "grads": shard * 2, "optimizer": shard * 12 / dp}
-        act_bytes = 2
+        learner = megatron_learner_memory(s, cfg.learner, tp=tp, pp=pp, dp=dp)
     else:
-        learner = {"weights": shard * b, "grads": shard * b, "optimizer": shard * 2 * b}
-        act_bytes = b
-    per_token = ACTIVATION_BYTES[cfg.learner.backend] * s.hidden * s.layers * act_bytes / 2
-    learner["activations"] = tokens * per_token / tp
-    learner["logits"] = tokens * s.vocab * 8 / tp
+        tokens, shard = cfg.learner.micro_batch_tokens, s.params / (tp * pp)
+        learner = {"weights": shard * b, "grads": shard * b, "optimizer": shard * 2 * b,
+                   "activations": tokens * ACTIVATION_BYTES["torch"] * s.hidden * s.layers * b / 2 / tp,
+                   "logits": tokens * s.vocab * 8 / tp}
     etp = max(engine_gpus, 1)
     kv = 2 * s.layers * math.ceil(s.kv_heads / etp) * s.head_dim * b * cfg.rollout.max_batch * cfg.model.max_seq_len
     engine = {"weights": s.params * b / etp, "kv_cache": kv}
@@ -463,6 +473,38 @@ def _memory(cfg: KilnConfig, s: ModelShape, tp: int, pp: int, dp: int, engine_gp
         engine_parts={k: v / GIB for k, v in engine.items()},
         engine_budget_fraction=cfg.rollout.sglang.mem_fraction if launched_sglang else 1.0,
         verifier_gib=verifier)
+
+
+def megatron_learner_memory(s: ModelShape, learner: LearnerConfig, *, tp: int, pp: int, dp: int) -> dict[str, float]:
+    """Bytes per GPU of the megatron learner on its most loaded pipeline stage (the module docstring
+    states the model), by part: weights, grads, optimizer, activations, logits."""
+    return max(megatron_stage_memory(s, learner, tp=tp, pp=pp, dp=dp), key=lambda parts: sum(parts.values()))
+
+
+def megatron_stage_memory(s: ModelShape, learner: LearnerConfig, *, tp: int, pp: int, dp: int) -> list[dict[str, float]]:
+    """`megatron_learner_memory`'s parts for each pipeline stage in order (first, then last)."""
+    tokens, kernels = learner.micro_batch_tokens, learner.megatron
+    embedding = s.vocab * s.hidden
+    per_layer = (s.params - embedding * (1 if s.tied_embeddings else 2) - s.hidden) / s.layers
+    layers = s.layers / pp
+    a = MEGATRON_ACTIVATIONS
+    act_per_layer = tokens * (a["replicated"] * s.hidden + (a["split"] * s.hidden + (
+        a["swiglu_fused"] if kernels.fused_swiglu else a["swiglu"]) * s.intermediate) / tp)
+    if kernels.fused_logprobs:
+        logits = tokens * s.vocab * MEGATRON_LOGITS["chunked"] / tp + min(tokens, kernels.logprob_chunk_rows) * s.vocab * 4 / tp
+    else:
+        logits = tokens * s.vocab * MEGATRON_LOGITS["plain"] / tp
+
+    def stage(first: bool, last: bool) -> dict[str, float]:
+        params = layers * per_layer + (embedding if first else 0) + (s.hidden if last else 0)
+        if last and (not s.tied_embeddings or not first):
+            params += embedding  # the output layer (or, tied with PP > 1, the last stage's copy of the embedding)
+        in_flight = pp if first else 1  # 1F1B: stage k keeps PP - k micro-batches' activations
+        shard = params / tp
+        return {"weights": shard * 2, "grads": shard * 4, "optimizer": shard * 12 / dp,
+                "activations": in_flight * layers * act_per_layer, "logits": logits if last else 0.0}
+
+    return [stage(True, pp == 1)] + ([stage(False, True)] if pp > 1 else [])
 
 
 def _gpu_load(gpu: int, residents: tuple[str, ...], mem: MemoryEstimate, layout: str) -> GpuLoad:

@@ -24,6 +24,7 @@ from actors.base import Bind
 from actors.policy.tokenizer import load_tokenizer
 from configs import KilnConfig
 from launch import wiring
+from launch.checks import StartupError, errors, on_cluster
 from launch.episode_dump import dump_episodes
 from launch.handles import LearnerHandle, ReplayHandle, RolloutHandle
 from launch.live import LiveView
@@ -33,6 +34,7 @@ from launch.plan import PlacementPlan, bundles, plan
 from launch.report import write_report
 from launch.run_dir import RunDirectory
 from launch.supervisor import Supervisor
+from launch.tiny_checkpoint import resolve_model_path
 from launch.timeline import TimelineLog
 from protocols.registry import Registry
 
@@ -45,7 +47,9 @@ STOP_ORDER = ["rollout-", "learner", "verifier-", "replay"]
 
 class Session:
     def __init__(self, cfg: KilnConfig, run: RunDirectory, placement: PlacementPlan | None = None) -> None:
-        """`placement`: the plan `kiln train` checked against the cluster; computed here when not given."""
+        """`placement`: the plan `kiln train` checked against the cluster; computed here when not given.
+        `model.path: kiln:tiny-chat` is resolved (and built on first use) here."""
+        cfg = resolve_model_path(cfg)
         self.cfg, self.run = cfg, run
         self.placement = placement if placement is not None else plan(cfg, check_fit=False)
         self._ray_started = False
@@ -120,6 +124,19 @@ class Session:
         self._ray_started = True
 
     # ------------------------------------------------------------------------------- starting
+
+    def check_components(self) -> None:
+        """On a Ray cluster (`cluster.address`), each component's start-up checks on the node Ray places
+        it on; raises StartupError with every finding when one is an error. A local run's components
+        were checked on this machine before the session (`kiln train`)."""
+        if not (self.cfg.cluster.use_ray and self.cfg.cluster.address):
+            return
+        findings = on_cluster(self.cfg, self.placement, self.supervisor.ray_options)
+        for finding in findings:
+            (log.error if finding.level == "error" else log.warning if finding.level == "warning" else log.info)(
+                "%s", finding.text)
+        if errors(findings):
+            raise StartupError(findings)
 
     def start_replay_and_verifiers(self) -> None:
         self.supervisor.launch(wiring.replay_spec(self.cfg))
@@ -211,7 +228,8 @@ class Session:
         self.timeline.write(self.monitor.take_spans())
         episodes = self.monitor.take_episodes()
         if episodes and self.cfg.logging.episodes_per_step:
-            dump_episodes(self.run.path, step, episodes, self.tokenizer.decode, self.cfg.logging.episodes_per_step)
+            dump_episodes(self.run.path, step, episodes, self.tokenizer.decode, self.cfg.logging.episodes_per_step,
+                          decode_prompt=self.tokenizer.decode_prompt)
 
     def _replay_values(self) -> dict[str, float]:
         """Staleness of the samples trained since the last row, and the episode-id invariant."""

@@ -18,18 +18,26 @@ end-to-end tests use a checkpoint with every one of those parts, only tiny and b
 
 The build is deterministic for its inputs and cached by their hash: `tiny_chat_checkpoint(root, ...)`
 returns `root/tiny-chat-<hash>/`, building it once (into a temporary directory renamed into place).
+A config names it `model.path: kiln:tiny-chat` (`make demo` does); `resolve_model_path` turns that into
+the directory under `<logging.root>/models/`, built on the first run and reused by later ones.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from configs import KilnConfig
 
 BUILDER_VERSION = 1
+BUILTIN_PATH = "kiln:tiny-chat"  # the model.path value that names this checkpoint
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
 END_OF_TEXT, END_OF_TURN = "<|endoftext|>", "<|im_end|>"
 TASKS_ROOT = Path(__file__).resolve().parent.parent / "tasks"
@@ -65,6 +73,15 @@ class TinyChatSpec:
     intermediate_size: int = 384
     max_seq_len: int = 8192
     seed: int = 0
+
+
+def resolve_model_path(cfg: "KilnConfig") -> "KilnConfig":
+    """`cfg` with `model.path: kiln:tiny-chat` replaced by the checkpoint's directory (built on first
+    use under <logging.root>/models/, seeded by model.seed); any other config unchanged."""
+    if cfg.model.path != BUILTIN_PATH:
+        return cfg
+    path = tiny_chat_checkpoint(Path(cfg.logging.root).resolve() / "models", TinyChatSpec(seed=cfg.model.seed))
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=str(path)))
 
 
 def corpus_files(root: Path = TASKS_ROOT) -> list[Path]:
@@ -114,8 +131,11 @@ def build(out: Path, spec: TinyChatSpec, files: list[Path]) -> None:
         max_position_embeddings=spec.max_seq_len, tie_word_embeddings=True,
         bos_token_id=None, eos_token_id=eos, pad_token_id=eos,
     )
+    from transformers.utils import logging as hf_logging
+
     torch.manual_seed(spec.seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    hf_logging.disable_progress_bar()  # a build is one line in a log, not a progress bar
     model.save_pretrained(str(out), safe_serialization=True)
     GenerationConfig(eos_token_id=[eos], pad_token_id=eos, do_sample=True, temperature=1.0, top_p=1.0,
                      top_k=0).save_pretrained(str(out))

@@ -2,9 +2,13 @@
 
     kiln train [--config F] [section.key=value ...]      a new run
     kiln train --resume RUN_DIR                          continue a run (config from RUN_DIR)
-    kiln train --dry-run ...                             print the placement plan, start nothing
+    kiln train --dry-run ...                             run the start-up checks, print the plan, start nothing
     kiln train --rollout-only ...                        episodes to disk, no learner
     kiln train --train-only EPISODES_DIR ...             train on saved episodes, no rollouts
+
+Before anything starts, the start-up checks (launch/checks.py) look at the model, the task set, the
+reward actor and the run root; each problem is one line and a non-zero exit. On a Ray cluster the
+components' checks run where Ray places the components, once the cluster is joined.
 
 The driver starts the actors (Ray, or in-process with `cluster.use_ray=false`), then only watches:
 the actors do the work (rollouts pull tasks from replay, the learner pulls batches and pushes
@@ -36,6 +40,7 @@ def train(cfg: KilnConfig, run: RunDirectory, *, placement: PlacementPlan | None
     """Run until `algo.total_steps` learner steps; returns the report's path. `on_step(session, step)`
     runs after each recorded step (custom logic: extra logging, fault injection in tests)."""
     with Session(cfg, run, placement) as s:
+        s.check_components()  # on a Ray cluster: where each component runs (a local run checked already)
         s.start_replay_and_verifiers()
         s.start_learner()  # restores or warm-starts, publishes its version, starts training
         s.start_rollouts()
@@ -65,6 +70,7 @@ def rollout_only(cfg: KilnConfig, run: RunDirectory, placement: PlacementPlan | 
     so replay admits the whole run at once."""
     cfg = dataclasses.replace(cfg, replay=dataclasses.replace(cfg.replay, admission="whole_run"))
     with Session(cfg, run, placement) as s:
+        s.check_components()
         s.start_replay_and_verifiers()
         s.start_rollouts(follow_learner=False, episode_log=True)
         while not s.rollouts_done(cfg.algo.total_steps * cfg.algo.batch_groups):
@@ -78,6 +84,7 @@ def train_only(cfg: KilnConfig, run: RunDirectory, episodes: Path, placement: Pl
     exercises the learner alone on fixed input, so there is no warm start (and no evaluation)."""
     cfg = dataclasses.replace(cfg, warm_start=dataclasses.replace(cfg.warm_start, steps=0))
     with Session(cfg, run, placement) as s:
+        s.check_components()
         s.start_offline_replay(episodes)
         s.start_learner()
         while not s.learner_finished():
@@ -99,7 +106,8 @@ def add_train_parser(sub) -> None:
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_config_arguments(p)
     p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR")
-    p.add_argument("--dry-run", action="store_true", help="resolve the config and placement plan, print, exit")
+    p.add_argument("--dry-run", action="store_true",
+                   help="run the start-up checks, resolve the placement plan, print, exit (starts nothing)")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--rollout-only", action="store_true", help="write episodes to disk; no learner")
     mode.add_argument("--train-only", metavar="EPISODES_DIR", help="train on episodes saved by --rollout-only")
@@ -114,7 +122,20 @@ def cmd_train(args: argparse.Namespace) -> int:
         cfg = load_config(args.config, args.overrides)
         run = None
     logging.basicConfig(level=cfg.logging.level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from launch.checks import errors, local_checks
     from launch.plan import PlanError, plan, render
+    from launch.tiny_checkpoint import resolve_model_path
+
+    saved, cfg = cfg, resolve_model_path(cfg)  # the run directory keeps `kiln:tiny-chat`, rebuilt if gone
+    # A local run's components run here; on a cluster they are checked where they run (Session).
+    findings = local_checks(cfg, dry_run=args.dry_run, with_components=args.dry_run or cfg.cluster.address is None)
+    for finding in findings:
+        if finding.level != "note":
+            print(finding.line(), file=sys.stderr)
+        elif args.dry_run:
+            print(finding.line())
+    if errors(findings):
+        return 2
 
     gpus, memory = cfg.cluster.num_gpus, cfg.cluster.gpu_memory_gb
     if not args.dry_run and cfg.cluster.address is None:  # a local run: check against this machine
@@ -131,7 +152,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(render(placement))
         return 0
-    run = run or RunDirectory.create(cfg)
+    run = run or RunDirectory.create(saved)
     print(f"kiln: run directory {run.path}")
     if args.rollout_only:
         print(f"kiln: episodes in {rollout_only(cfg, run, placement)}")

@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from configs import load_config
+from launch.checks import verify_problem
 from protocols import Task, VerifyRequest, VerifyResult
 
 BACKENDS = ("cpu", "cuda")
@@ -48,6 +49,9 @@ def add_verify_parser(sub) -> None:
 def cmd_verify(args: argparse.Namespace) -> int:
     try:
         cfg, jobs = _plan(args)
+        problem = verify_problem(cfg.backend, args.tasks, jobs)  # the start-up checks' entry guard
+        if problem:
+            raise UsageError(problem)
     except UsageError as err:
         print(f"kiln verify: {err}", file=sys.stderr)
         return 2

@@ -12,6 +12,7 @@ from pathlib import Path
 from actors.buffer.actor import ReplayActor
 from actors.buffer.offline import OfflineReplayActor
 from actors.learner.actor import LearnerActor
+from actors.policy.export import GenerationSettings
 from actors.rollout.actor import RolloutActor
 from actors.verifier.actor import VerifierActor
 from configs import KilnConfig, WarmStartConfig
@@ -40,7 +41,8 @@ def learner_specs(cfg: KilnConfig, placement: PlacementPlan) -> list[ActorSpec]:
     They start and restart together (`group`)."""
     world = learner_ranks(cfg)
     sections = (cfg.model, cfg.learner, cfg.algo, warm_start_section(cfg))
-    settings = {"temperature": cfg.rollout.temperature, "max_staleness": cfg.replay.max_staleness}
+    settings = {"temperature": cfg.rollout.temperature, "max_staleness": cfg.replay.max_staleness,
+                "generation": GenerationSettings.from_rollout(cfg.rollout)}
     return [ActorSpec(name="learner" if rank == 0 else f"learner-{rank}", cls=LearnerActor, handle=LearnerHandle,
                       args=sections, kwargs=settings, rank=rank, world_size=world,
                       slot=actor_slot(placement, "learner", rank), group="learner" if world > 1 else None)

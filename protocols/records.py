@@ -170,7 +170,12 @@ def infra_result(request: VerifyRequest, message: str) -> VerifyResult:
 # ------------------------------------------------------------------------------------ episodes
 
 
-@record
+# What a turn's prompt asked: the task, a repair after a failed verdict, or a faster version of a
+# kernel that passed but was slow (a performance turn).
+TurnKind = Literal["first", "repair", "optimize"]
+
+
+@record(schema=2)
 class Turn(Record):
     """One prompt -> response step of an episode, with exact behaviour log-probabilities."""
 
@@ -179,7 +184,11 @@ class Turn(Record):
     logprobs: FloatArray  # log softmax(logits / T) of each sampled token (DESIGN.md §5)
     versions: IntArray  # weight version that produced each response token
     finish_reason: Literal["stop", "length", "abort"]
-    text: str = ""  # decoded response, kept for repair prompts, retry buffer and episode dumps
+    # The decoded answer without its thinking: what the verifier saw, what later turns show as the
+    # assistant's message, what the retry buffer keeps.
+    text: str = ""
+    reasoning: str = ""  # the response's thinking text (a thinking model's <think> block); never verified
+    kind: TurnKind = "first"
     result: VerifyResult | None = None
 
     def check(self) -> None:
@@ -191,7 +200,7 @@ class Turn(Record):
             )
 
 
-@record
+@record(schema=2)
 class Episode(Record):
     """One sample of a group: all its turns and their per-turn rewards s_k."""
 
@@ -203,6 +212,9 @@ class Episode(Record):
     rewards: list[float]  # per-turn scores from the verifier / reward actor
     is_retry: bool = False
     actor_id: str = ""
+    # Why the rollout could not pose this task at all (its first prompt alone does not fit
+    # model.max_seq_len, or it has no prompt); "" = served. Replay takes such a task out of the feed.
+    unservable: str = ""
 
     def check(self) -> None:
         if not self.episode_id or not self.group_id:
@@ -306,6 +318,10 @@ class WeightAnnouncement(Record):
     transport: Literal["nccl", "cuda_ipc", "gloo", "disk"]
     location: str = ""  # a directory for "disk", a rendezvous address for process groups
     bucket_bytes: int = 0
+    # Process groups: every bucket holds one dtype and travels as one flat tensor, its tensors
+    # concatenated in order (protocols.weights.plan_buckets(..., by_dtype=True)); False: one broadcast
+    # per tensor.
+    flat: bool = False
 
 
 @record

@@ -1,9 +1,12 @@
 """The weight-push plan both ends cut from one `WeightAnnouncement` (DESIGN.md §7), without torch.
 
 A learner pushes a version as an ordered list of buckets; an engine receives them in the same order.
-Both sides derive the buckets from the announced manifest and bucket size with `plan_buckets`, so the
-plan never travels and can never disagree. `bucket_layout` places a bucket's tensors in one flat byte
-buffer (the CUDA IPC path shares one buffer per bucket instead of one handle per tensor).
+Both sides derive the buckets from the announced manifest, bucket size and format with
+`plan_buckets`, so the plan never travels and can never disagree. `bucket_layout` places a bucket's
+tensors in one flat byte buffer (the CUDA IPC path shares one buffer per bucket instead of one
+handle per tensor). A flat process-group push (`by_dtype=True`) gives every bucket one dtype, so a
+bucket travels as one tensor of that dtype: its tensors flattened and concatenated in order, no
+padding (`flat_offsets`) — SGLang's `flattened_bucket` format.
 """
 
 from __future__ import annotations
@@ -34,10 +37,18 @@ def manifest_bytes(manifest: list[TensorSpec]) -> int:
     return sum(nbytes(s) for s in manifest)
 
 
-def plan_buckets(manifest: list[TensorSpec], bucket_bytes: int) -> list[list[TensorSpec]]:
+def plan_buckets(manifest: list[TensorSpec], bucket_bytes: int, *, by_dtype: bool = False) -> list[list[TensorSpec]]:
     """Split the manifest, in order, into buckets of at most `bucket_bytes` (a larger tensor gets a
-    bucket of its own; `bucket_bytes` <= 0 means one bucket). Deterministic: the same manifest and
-    size always give the same buckets."""
+    bucket of its own; `bucket_bytes` <= 0 means one bucket per dtype group). With `by_dtype` the
+    manifest is first grouped by dtype (in the order each dtype first appears, tensors in manifest
+    order within it), so no bucket mixes dtypes. Deterministic: the same manifest, size and format
+    always give the same buckets."""
+    if by_dtype:
+        groups: dict[str, list[TensorSpec]] = {}
+        for spec in manifest:
+            nbytes(spec)  # refuses a dtype a weight push does not carry
+            groups.setdefault(spec.dtype.removeprefix("torch."), []).append(spec)
+        return [b for group in groups.values() for b in plan_buckets(group, bucket_bytes)]
     if bucket_bytes <= 0:
         return [list(manifest)] if manifest else []
     buckets: list[list[TensorSpec]] = []
@@ -62,6 +73,17 @@ def bucket_layout(bucket: list[TensorSpec]) -> tuple[list[int], int]:
         start = -(-end // ALIGN) * ALIGN
         offsets.append(start)
         end = start + nbytes(spec)
+    return offsets, end
+
+
+def flat_offsets(bucket: list[TensorSpec]) -> tuple[list[int], int]:
+    """Element offset of each tensor in a flat bucket (one dtype, no padding), and its total elements."""
+    if len({s.dtype.removeprefix("torch.") for s in bucket}) > 1:
+        raise ValueError(f"a flat bucket holds one dtype, got {sorted({s.dtype for s in bucket})}")
+    offsets, end = [], 0
+    for spec in bucket:
+        offsets.append(end)
+        end += prod(spec.shape)
     return offsets, end
 
 

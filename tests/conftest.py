@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
 import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="session")
@@ -45,3 +51,54 @@ def tiny_chat_model(tmp_path_factory):
 
     return tiny_chat_checkpoint(tmp_path_factory.mktemp("models"),
                                 TinyChatSpec(hidden_size=64, num_layers=2, intermediate_size=128, max_seq_len=4096))
+
+
+@dataclass(frozen=True)
+class DemoRun:
+    """The session's end-to-end run (`demo_run`): where it lives and what it showed before its resume."""
+
+    path: Path
+    cfg: object  # the KilnConfig of the first session
+    rows: list  # metrics rows of the first session
+    summary: dict  # summary.json after the first session
+    resumed_summary: dict  # summary.json after the resumed session
+
+
+@pytest.fixture(scope="session")
+def demo_run(tmp_path_factory, tiny_chat_model, verifier_cache_dir):
+    """`make demo`'s configuration (configs/default.yaml) through `kiln train`, in-process, on the
+    test-sized real-format chat checkpoint: prompts through its chat template, the warm start on the
+    shipped solutions, RL steps whose failed attempts get repair turns, a servable export at step 2
+    (`learner.export_every`), the final evaluation and export; then `kiln train --resume` for one more
+    step. One run per test session: test_demo.py and the export tests read it."""
+    import torch
+
+    from configs import load_config
+    from launch.metrics import read_metrics
+    from launch.run_dir import RunDirectory
+    from launch.train import train
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models decode fastest on one thread (see one_torch_thread)
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.chdir(ROOT)  # the config's task and solution paths are relative to the repository
+            cfg = load_config(ROOT / "configs" / "default.yaml", [
+                f"logging.root={tmp_path_factory.mktemp('demo')}", "logging.run_name=demo", "logging.live=false",
+                "logging.tensorboard=false", "logging.episodes_per_step=4", "cluster.use_ray=false",
+                f"verifier.cache_dir={verifier_cache_dir}", "verifier.compile_baseline=never",
+                f"model.path={tiny_chat_model}", "model.max_seq_len=4096", "rollout.max_new_tokens=2560",
+                "algo.total_steps=2", "warm_start.steps=3", "warm_start.lr=1e-3", "eval.samples=1",
+                "learner.checkpoint_every=1", "learner.export_every=2"])
+            run = RunDirectory.create(cfg)
+            train(cfg, run)
+            rows = read_metrics(run.path)
+            summary = json.loads((run.path / "summary.json").read_text())
+            # `kiln train --resume RUN_DIR algo.total_steps=4`: the restored learner continues above
+            # version 2 (at 3) and takes one more step
+            more = load_config(run.config_path, ["algo.total_steps=4"])
+            train(more, RunDirectory.open(run.path))
+            resumed = json.loads((run.path / "summary.json").read_text())
+    finally:
+        torch.set_num_threads(threads)
+    return DemoRun(path=run.path, cfg=cfg, rows=rows, summary=summary, resumed_summary=resumed)

@@ -110,7 +110,7 @@ def test_sampled_lengths_are_drawn_per_request_and_forced_responses_pass_unchang
     engine = make_engine(cfg.rollout, cfg.model, index=0, eos_token_ids=[257])
     try:
         assert isinstance(engine, SampledLengthEngine)
-        params = SamplingParams(max_new_tokens=5)
+        params = SamplingParams(max_new_tokens=5, stop_token_ids=(257,))  # the end of turn is ignored too
         gens = engine.generate([GenerateRequest(f"r{i}", [256, 65, 66], params) for i in range(40)])
         lengths = [len(g.output_ids) for g in gens]
         assert set(lengths) == {3, 7} and 20 <= lengths.count(3) <= 38  # eos ignored: exactly as drawn

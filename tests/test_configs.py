@@ -42,13 +42,14 @@ def test_overrides_apply_after_the_preset():
     ("algo=3", "'algo' must be a mapping"),
     ("group_size", "not of the form section.key=value"),
     ("model.num_kv_heads=3", "must divide model.num_heads"),
-    ("learner.pipeline_parallel=2", r"learner.pipeline_parallel=2 is out of range: must be <= 1"),
-    ("model.vocab_size=100", "the byte tokenizer needs at least 259"),
+    ("learner.pipeline_parallel=0", r"learner.pipeline_parallel=0 is out of range: must be >= 1"),
+    ("learner.megatron.logprob_chunk_rows=0", r"learner.megatron.logprob_chunk_rows=0 is out of range: must be >= 1"),
+    ("model.path=null model.vocab_size=100", "the byte tokenizer needs at least 259"),
     ("eval.k=8", "eval.k=8 exceeds eval.samples=4"),
 ])
 def test_mistakes_name_the_key(override, message):
     with pytest.raises(ConfigError, match=message):
-        load_config(None, [override])
+        load_config(None, override.split())
 
 
 def test_bad_preset_files(tmp_path):

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from actors.policy.tokenizer import ByteTokenizer
+from actors.policy.tokenizer import ByteTokenizer, Message
 from configs import LoggingConfig
 from launch.episode_dump import dump_episodes
 from actors.rollout.evaluation import eval_metrics, fast_p, pass_at_k
@@ -59,6 +59,21 @@ def test_tensorboard_off_and_wandb_missing_warns_once(tmp_path, caplog):
         assert len(warnings) == 1
     assert not (tmp_path / "tb").exists()
     assert [r["reward/mean"] for r in read_metrics(tmp_path)] == [0.0, 1.0, 2.0]
+
+
+def test_wandb_project_entity_and_run_name_come_from_the_config(tmp_path, monkeypatch):
+    import types
+
+    calls = []
+    fake = types.SimpleNamespace(init=lambda **kw: calls.append(kw) or types.SimpleNamespace(
+        log=lambda *a, **k: None, finish=lambda: None))
+    monkeypatch.setitem(__import__("sys").modules, "wandb", fake)  # wandb is not installed here
+    cfg = LoggingConfig(tensorboard=False, wandb=True, wandb_project="kernels", wandb_entity="lab",
+                        wandb_run_name="relu-sweep-3")
+    MetricsLog(tmp_path, cfg).close()
+    MetricsLog(tmp_path, LoggingConfig(tensorboard=False, wandb=True, run_name="r7")).close()
+    assert calls == [{"project": "kernels", "entity": "lab", "name": "relu-sweep-3", "dir": str(tmp_path)},
+                     {"project": "kiln", "entity": None, "name": "r7", "dir": str(tmp_path)}]
 
 
 def test_read_metrics_tolerates_a_torn_last_line_and_garbage(tmp_path):
@@ -129,7 +144,7 @@ def _task(task_id="L1_relu", repair=None):
 
 
 def _turn(prompt, response, result, version=3):
-    ids = np.array(TOK.prompt_ids(prompt), dtype=np.int64)
+    ids = np.array(TOK.render([Message("user", prompt)]), dtype=np.int64)
     resp = np.array(TOK.encode(response), dtype=np.int64)
     return Turn(prompt_ids=ids, response_ids=resp, logprobs=np.zeros(len(resp), np.float32),
                 versions=np.full(len(resp), version, np.int64), finish_reason="stop", text=response, result=result)

@@ -93,7 +93,7 @@ def test_layouts_put_each_role_where_the_preset_says():
 
     big = _plan("musacoder_27b.yaml")
     assert 26e9 < big.model.params < 28e9
-    assert [(r.tp, r.dp, r.pp) for r in big.learner[7:9]] == [(7, 0, 0), (0, 1, 0)]  # TP fastest, then DP
+    assert [(r.tp, r.dp, r.pp) for r in big.learner[7:9]] == [(7, 0, 0), (0, 0, 1)]  # TP fastest, (DP = 1), then PP
     assert all(e.external_url and not e.gpus for e in big.engines)
 
 
@@ -102,6 +102,7 @@ def test_megatron_memory_follows_the_stated_formula():
     shard = p.model.params / 2  # TP=2, PP=1, DP=1
     parts = p.memory.learner_parts
     assert parts["weights"] == pytest.approx(shard * 2 / 2**30)
+    assert parts["grads"] == pytest.approx(shard * 4 / 2**30)  # fp32 grad buffers
     assert parts["optimizer"] == pytest.approx(shard * 12 / 2**30)
     dp2 = _plan("four_gpu.yaml", "cluster.learner_gpus=4", "cluster.num_gpus=6").memory.learner_parts
     assert dp2["optimizer"] == pytest.approx(parts["optimizer"] / 2)  # the distributed optimizer's share
@@ -164,11 +165,35 @@ def test_infeasible_plans_say_why(preset, overrides, gpus, memory, message):
 
 
 def test_the_plan_checks_pipeline_parallel_against_the_layers():
-    # The schema refuses pipeline_parallel > 1 (no backend runs it yet); the plan's check stands ready.
-    cfg = load_config(PRESETS / "four_gpu.yaml", ["cluster.learner_gpus=10"])
-    cfg = dataclasses.replace(cfg, learner=dataclasses.replace(cfg.learner, pipeline_parallel=5))
+    cfg = load_config(PRESETS / "four_gpu.yaml", ["cluster.learner_gpus=10", "learner.pipeline_parallel=5"])
     with pytest.raises(PlanError, match="learner.pipeline_parallel=5 must divide the model's num_layers=22"):
         plan(cfg)
+
+
+def test_megatron_memory_of_a_pipeline_is_its_most_loaded_stage():
+    """PP = 2 halves the layers' parameters per GPU but not the first stage's activations (1F1B keeps
+    two micro-batches in flight there); the logits live on the last stage, and the fused kernels
+    shrink activations and logits."""
+    one = _plan("four_gpu.yaml", "learner.tensor_parallel=1", "cluster.learner_gpus=2", "cluster.num_gpus=4")
+    two = _plan("four_gpu.yaml", "learner.tensor_parallel=1", "learner.pipeline_parallel=2",
+                "cluster.learner_gpus=2", "cluster.num_gpus=4")
+    assert [(r.pp, r.dp) for r in two.learner] == [(0, 0), (1, 0)]
+    p1, p2 = one.memory.learner_parts, two.memory.learner_parts
+    assert p2["weights"] < 0.75 * p1["weights"]
+    m = two.model
+    per_layer = (m.params - m.vocab * m.hidden - m.hidden) / m.layers
+    first = m.layers / 2 * per_layer + m.vocab * m.hidden
+    last = m.layers / 2 * per_layer + m.hidden + m.vocab * m.hidden  # the tied embedding's copy
+    stage = first if p2["logits"] == 0 else last
+    assert p2["weights"] == pytest.approx(stage * 2 / 2**30)
+    if p2["logits"] == 0:  # the first stage: both micro-batches' activations of half the layers
+        assert p2["activations"] == pytest.approx(p1["activations"])
+    else:
+        assert p2["activations"] == pytest.approx(p1["activations"] / 2) and p2["logits"] == p1["logits"]
+    plain = _plan("four_gpu.yaml", "learner.megatron.fused_logprobs=false", "learner.megatron.fused_swiglu=false",
+                  gpus=4).memory.learner_parts
+    fused = _plan("four_gpu.yaml", gpus=4).memory.learner_parts
+    assert plain["activations"] > fused["activations"] and plain["logits"] > 3 * fused["logits"]
 
 
 def test_unreadable_checkpoint_config_is_a_plan_error(tmp_path):
@@ -307,3 +332,16 @@ def test_torch_learner_memory_matches_the_estimate(preset, overrides):
     del model, optimizer
     torch.cuda.empty_cache()
     assert abs(peak - estimate) <= 0.15 * peak
+
+
+def test_the_27b_preset_passes_a_dry_run_with_a_pipeline():
+    """`kiln train --config configs/musacoder_27b.yaml --dry-run`: the dense qwen3 stand-in on TP=8 × PP=2,
+    the first stage's estimate within an 80 GB GPU."""
+    root = PRESETS.parent
+    out = subprocess.run([sys.executable, "-m", "launch.cli", "train", "--dry-run", "--config",
+                          "configs/musacoder_27b.yaml"], cwd=root, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "27.2" in out.stdout and "learner (megatron):" in out.stdout
+    p = _plan("musacoder_27b.yaml")
+    assert {(r.pp, r.tp) for r in p.learner} == {(pp, tp) for pp in (0, 1) for tp in range(8)}
+    assert p.memory.learner_gib < 79

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+from unittest import mock
+
 import numpy as np
 import pytest
 import torch
@@ -10,8 +13,8 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from actors.learner.megatron import hf_mapping as hm
 
 
-def tiny_config(arch: str, *, tied: bool, heads: int = 4, kv_heads: int = 2, vocab: int = 259):
-    return AutoConfig.for_model(arch, vocab_size=vocab, hidden_size=32, num_hidden_layers=2,
+def tiny_config(arch: str, *, tied: bool, heads: int = 4, kv_heads: int = 2, vocab: int = 259, layers: int = 2):
+    return AutoConfig.for_model(arch, vocab_size=vocab, hidden_size=32, num_hidden_layers=layers,
                                 num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=8,
                                 intermediate_size=48, tie_word_embeddings=tied)
 
@@ -132,6 +135,34 @@ def test_fused_qkv_layout_gives_each_rank_its_heads(heads, kv_heads, tp):
         assert torch.allclose(v, ref["v"][:, kv_heads_of_rank], rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("arch,tied", CASES)
+@pytest.mark.parametrize("pp", [1, 2])
+def test_pipeline_stages_hold_every_parameter_once(arch, tied, pp):
+    """The stages' parameters, renamed to whole-model names, are the model's parameters exactly once
+    (plus, with a tied embedding and PP > 1, the last stage's copy of the embedding); megatron numbers
+    each stage's layers from 0; full_shape is every full tensor's shape."""
+    config = tiny_config(arch, tied=tied, layers=4)
+    shape = hm.ModelShape.from_hf_config(config, tensor_parallel=1)
+    stages = [hm.stage(shape, pp, r) for r in range(pp)]
+    names = [hm.stage_names(shape, s) for s in stages]
+    whole = [g for per_stage in names for _, g in per_stage]
+    copies = ["output_layer.weight"] if tied and pp > 1 else []
+    assert whole == hm.megatron_names(shape) + copies
+    assert [hm.is_tied_copy(n, shape) for n in whole].count(True) == len(copies)
+    for s, per_stage in zip(stages, names):
+        layers = sorted({int(local.split(".")[2]) for local, _ in per_stage if local.startswith("decoder.layers.")})
+        assert layers == list(range(4 // pp)) and s.layers() == range(s.rank * 4 // pp, (s.rank + 1) * 4 // pp)
+        assert ("embedding.word_embeddings.weight" in dict(per_stage)) == (s.rank == 0)
+    mg = hm.hf_to_megatron(random_hf_state(config), shape)
+    for name, t in mg.items():
+        assert hm.full_shape(name, shape) == tuple(t.shape), name
+    if tied:  # the copy is built from the embedding
+        assert torch.equal(hm.to_megatron("output_layer.weight", random_hf_state(config), shape),
+                           mg["embedding.word_embeddings.weight"])
+    with pytest.raises(ValueError, match="does not divide"):
+        hm.stage(shape, 3, 0)
+
+
 def test_buckets_are_bounded_and_keep_order():
     tensors = [(f"t{i}", torch.zeros(n, dtype=torch.float32)) for i, n in enumerate([10, 10, 30, 5, 1, 100])]
     out = list(hm.buckets(tensors, bucket_bytes=80))
@@ -217,41 +248,45 @@ def test_micro_batches_split_over_dp_ranks_by_tokens():
         assert all(p == sorted(p, key=lambda m: m.start) for p in parts)
 
 
-@pytest.mark.parametrize("model_kw,learner_kw,match", [
-    ({}, {"pipeline_parallel": 2}, "pipeline_parallel"),
-    ({"dtype": "float16"}, {}, "float16"),
-])
-def test_backend_refuses_what_it_cannot_train(model_kw, learner_kw, match):
-    """Unsupported settings fail with a one-line ConfigError before any GPU or process group is touched."""
+def test_backend_refuses_what_it_cannot_train():
+    """An unsupported dtype fails with a one-line ConfigError before any GPU or process group is touched."""
     from actors.learner.megatron.backend import MegatronBackend
     from configs import ConfigError, LearnerConfig, ModelConfig
 
-    with pytest.raises(ConfigError, match=match):
-        MegatronBackend(ModelConfig(**model_kw), LearnerConfig(backend="megatron", **learner_kw), reference=True)
+    with pytest.raises(ConfigError, match="float16"):
+        MegatronBackend(ModelConfig(dtype="float16"), LearnerConfig(backend="megatron", pipeline_parallel=2),
+                        reference=True)
 
 
-# ------------------------------------------------------------------ the real GPTModel on CPU, TP over gloo
+# ------------------------------------------------------------------ the real GPTModel on CPU, TP and PP over gloo
 #
 # megatron-core's local GPTModel (with Kiln's SDPAAttention doing RoPE) runs on CPU, and so does
-# `MegatronBackend.forward_backward` on megatron-core's own schedule, once the schedule's one CUDA
-# allocation (its token counter) is sent to the CPU. Each worker is a separate process (this file run
-# as a script), so the gloo group and that redirection never touch the pytest process.
+# `MegatronBackend.forward_backward` on megatron-core's own schedules (no pipelining, and 1F1B with its
+# point-to-point sends over gloo), once the few places where they name the GPU are sent to the CPU:
+# the schedules' token counter (`torch.zeros(device="cuda")`), the p2p buffers
+# (`device=torch.cuda.current_device()`), the p2p `torch.cuda.synchronize()`, and the tied
+# embedding's `weight.data.cuda()` before its first all-reduce across stages. Each worker is a
+# separate process (this file run as a script), so the gloo group and those redirections never touch
+# the pytest process.
 
 
-def _schedule_counter_on_cpu():
-    """torch.zeros, except that device="cuda" (megatron's no-pipelining schedule creates its token
-    counter there; nothing else on its path touches CUDA) gives a CPU tensor on this CPU-only torch."""
-    real = torch.zeros
+@contextlib.contextmanager
+def _cpu_stand_ins():
+    """What megatron sends to "cuda" goes to the CPU on this CPU-only torch (see above)."""
+    real_zeros = torch.zeros
 
     def zeros(*args, **kwargs):
         if kwargs.get("device") == "cuda":
             kwargs["device"] = "cpu"
-        return real(*args, **kwargs)
+        return real_zeros(*args, **kwargs)
 
-    return zeros
+    with mock.patch("torch.zeros", zeros), mock.patch("torch.cuda.current_device", lambda: "cpu"), \
+            mock.patch("torch.cuda.synchronize", lambda *a, **k: None), \
+            mock.patch.object(torch.Tensor, "cuda", lambda self, *a, **k: self):
+        yield
 
 
-def _parity_worker(rank: int, world: int, tp: int, port: int, arch: str, tied: bool) -> None:
+def _parity_worker(rank: int, world: int, tp: int, pp: int, port: int, arch: str, tied: bool) -> None:
     import json
     import os
     import warnings
@@ -260,28 +295,30 @@ def _parity_worker(rank: int, world: int, tp: int, port: int, arch: str, tied: b
 
     warnings.filterwarnings("ignore")
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    from unittest import mock
-
     from megatron.core import parallel_state
 
     from actors.learner.batch import micro_batches, pack
     from actors.learner.losses import token_entropy
-    from actors.learner.megatron import model as megatron_model
     from actors.learner.megatron.backend import MegatronBackend
-    from actors.learner.megatron.model import build_gpt, hf_tensors, load_hf_weights, rotary_tables
+    from actors.learner.megatron.model import Kernels, build_gpt, hf_tensors, load_hf_weights, local_parameters, rotary_tables
+    from actors.learner.megatron.parallel import Layout
     from actors.policy.model import build_model
     from configs import ModelConfig
     from protocols import TrainBatch
 
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=1)
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+    tp_rank, pp_rank = parallel_state.get_tensor_model_parallel_rank(), parallel_state.get_pipeline_model_parallel_rank()
     cfg = ModelConfig(arch=arch, vocab_size=300, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
-                      intermediate_size=96, seed=rank // tp)  # DP ranks would differ; TP ranks share a model
+                      intermediate_size=96, seed=parallel_state.get_data_parallel_rank())  # one model per DP replica
     hf = build_model(cfg, "cpu")
     if not tied:
         hf.config.tie_word_embeddings = False
         hf.lm_head.weight = torch.nn.Parameter(torch.randn_like(hf.lm_head.weight) * 0.05)
     shape = hm.ModelShape.from_hf_config(hf.config, tp)
-    gpt = build_gpt(hf.config, shape, tensor_parallel=tp, dtype="float32", max_seq_len=128, on_cpu=True)
+    stage = hm.stage(shape, pp, pp_rank)
+    with _cpu_stand_ins():
+        gpt = build_gpt(hf.config, shape, tensor_parallel=tp, dtype="float32", max_seq_len=128, stage=stage,
+                        on_cpu=True)
     load_hf_weights(gpt, hf.state_dict(), shape)
     torch.manual_seed(1)
     tokens = torch.randint(0, 300, (40,))
@@ -293,52 +330,61 @@ def _parity_worker(rank: int, world: int, tp: int, port: int, arch: str, tied: b
     micros = micro_batches(packed.cu_seqlens, 30)
     assert len(micros) == 2
     # The backend's model code without its GPU set-up (megatron's DDP buffers and distributed optimizer
-    # need CUDA): forward_backward needs only the model, the shape and the RoPE tables.
+    # need CUDA): forward_backward needs only the model, the shape, the layout and the RoPE tables.
     backend = object.__new__(MegatronBackend)
-    backend.model, backend.reference, backend.shape = gpt, None, shape
+    backend.model = backend.gpt = gpt
+    backend.reference, backend.shape, backend.stage, backend.device = None, shape, stage, torch.device("cpu")
+    backend.layout = Layout(tp=tp, dp=1, tp_rank=tp_rank, dp_rank=0, rank=rank, pp=pp, pp_rank=pp_rank)
     backend.rope = rotary_tables(hf.config, shape)
     weights = torch.linspace(-1, 1, len(tokens))  # a loss that weighs tokens differently, as the policy loss does
 
     def loss_fn(mb, out):
         return (out.logprobs * weights[mb.positions]).sum(), (out.logprobs.detach(), out.entropy())
 
-    # entropy rows in chunks of 16: the 25- and 15-row micro-batches take several all-reduce rounds
-    with mock.patch("torch.zeros", _schedule_counter_on_cpu()), mock.patch.object(megatron_model, "ENTROPY_ROWS", 16):
+    # The plain fp32 path first, then the chunked one (rows in chunks of 16: the 25- and 15-row
+    # micro-batches take several all-reduce rounds), whose gradients are checked below.
+    with _cpu_stand_ins():
+        backend.kernels = Kernels(fused_logprobs=False, compile=False)
+        plain = backend.forward_backward(packed, micros, loss_fn, temperature=0.7)
+        gpt.zero_grad(set_to_none=True)
+        backend.kernels = Kernels(fused_logprobs=True, logprob_chunk_rows=16, compile=False)
         reports = backend.forward_backward(packed, micros, loss_fn, temperature=0.7)
     ours = torch.cat([lp for lp, _ in reports])
     entropy = torch.cat([h for _, h in reports])
+    chunked_vs_plain = float((ours - torch.cat([lp for lp, _ in plain])).abs().max())
     ref_logits = torch.cat([hf(input_ids=tokens[None, :25]).logits[0], hf(input_ids=tokens[None, 25:]).logits[0]])
     ref = torch.log_softmax(ref_logits / 0.7, -1).gather(1, packed.targets[:, None])[:, 0]
     ref_entropy = token_entropy(ref_logits, 0.7)
     (ref * weights).sum().backward()
     # Backward: every rank's gradient is its shard of HF's gradient, except q/k norms, whose per-rank
-    # gradients cover only that rank's heads and add up over TP (megatron's finalize_model_grads).
+    # gradients cover only that rank's heads and add up over TP, and a tied embedding, whose two copies
+    # (first and last stage) add up over the embedding group (megatron's finalize_model_grads).
     hf_grads = {n: p.grad for n, p in hf.named_parameters()}
     if tied:
         hf_grads["lm_head.weight"] = hf_grads["model.embed_tokens.weight"]
     grad_err = 0.0
-    group = parallel_state.get_tensor_model_parallel_group()
-    for name, param in gpt.named_parameters():
-        tp_rank = parallel_state.get_tensor_model_parallel_rank()
+    for name, param in local_parameters(gpt, shape).items():
         expected = hm.shard(name, hm.to_megatron(name, hf_grads, shape), tp)[tp_rank]
         got = param.grad.clone()
         if "q_layernorm" in name or "k_layernorm" in name:
-            dist.all_reduce(got, group=group)
+            dist.all_reduce(got, group=parallel_state.get_tensor_model_parallel_group())
+        if tied and pp > 1 and name in ("embedding.word_embeddings.weight", "output_layer.weight"):
+            dist.all_reduce(got, group=parallel_state.get_embedding_group())
         grad_err = max(grad_err, float((got - expected).abs().max() / expected.abs().max().clamp_min(1e-12)))
     with torch.no_grad():
         exported = dict(hf_tensors(gpt, shape))
     state = hf.state_dict()
     exact = all(torch.equal(t, state[n]) for n, t in exported.items()) and len(exported) == len(state) - tied
     tp_tags = all(bool(getattr(p, "tensor_model_parallel", False)) == (hm.parallel_kind(n) != "replicated")
-                  for n, p in gpt.named_parameters())  # megatron's grad norm counts untagged weights once
+                  for n, p in local_parameters(gpt, shape).items())  # megatron's grad norm counts untagged weights once
     print(json.dumps({"rank": rank, "max_diff": float((ours - ref).abs().max()), "round_trip_exact": exact,
                       "entropy_diff": float((entropy - ref_entropy).abs().max()), "grad_rel_err": grad_err,
-                      "tp_tags": tp_tags}))
+                      "tp_tags": tp_tags, "chunked_vs_plain": chunked_vs_plain, "stage": pp_rank}))
     dist.destroy_process_group()
     os._exit(0)
 
 
-def _run_workers(world: int, tp: int, arch: str, tied: bool) -> list[dict]:
+def _run_workers(world: int, tp: int, pp: int, arch: str, tied: bool) -> list[dict]:
     import json
     import socket
     import subprocess
@@ -349,8 +395,9 @@ def _run_workers(world: int, tp: int, arch: str, tied: bool) -> list[dict]:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     root = Path(__file__).resolve().parent.parent
-    procs = [subprocess.Popen([sys.executable, __file__, str(r), str(world), str(tp), str(port), arch, str(int(tied))],
-                              cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    args = [str(world), str(tp), str(pp), str(port), arch, str(int(tied))]
+    procs = [subprocess.Popen([sys.executable, __file__, str(r), *args], cwd=root, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True,
                               env={**__import__("os").environ, "PYTHONPATH": str(root)})
              for r in range(world)]
     outs = [p.communicate(timeout=240) for p in procs]
@@ -359,17 +406,24 @@ def _run_workers(world: int, tp: int, arch: str, tied: bool) -> list[dict]:
     return [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
 
 
-@pytest.mark.parametrize("arch,tied,tp", [("qwen3", True, 1), ("qwen3", True, 2), ("qwen2", True, 2),
-                                          ("llama", False, 2)])
-def test_megatron_gpt_matches_hf_logprobs_under_tp(arch, tied, tp):
+@pytest.mark.parametrize("arch,tied,tp,pp", [("qwen3", True, 1, 1), ("qwen3", True, 2, 1), ("qwen2", True, 2, 1),
+                                             ("llama", False, 2, 1), ("qwen3", True, 1, 2), ("llama", False, 1, 2),
+                                             ("qwen2", True, 2, 2), ("qwen3", True, 4, 1)])
+def test_megatron_gpt_matches_hf_under_tp_and_pp(arch, tied, tp, pp):
     """The real megatron-core GPTModel (local spec + SDPAAttention, packed sequences, vocab-parallel
-    logprobs and entropies with padded vocabulary) built from HF weights, run through
-    MegatronBackend.forward_backward on megatron-core's schedule (two micro-batches), gives HF's
-    logprobs and entropies and, per TP rank, its shard of HF's gradients; gathering its TP shards
-    gives back HF's tensors bit-exactly."""
-    for result in _run_workers(tp, tp, arch, tied):
+    logprobs and entropies with padded vocabulary), split over TP ranks and PP stages and built from HF
+    weights, run through MegatronBackend.forward_backward on megatron-core's schedule (two
+    micro-batches; 1F1B with p2p over gloo when PP = 2; with TP = 4 the last rank's vocabulary slice is
+    all padding), gives HF's logprobs and entropies on every
+    rank (the last stage's reports reach the others), the chunked logprobs equal the plain fp32 ones,
+    and every rank holds its shard of HF's gradients; gathering the TP shards of every stage gives back
+    HF's tensors bit-exactly on every rank."""
+    results = _run_workers(tp * pp, tp, pp, arch, tied)
+    assert sorted(r["stage"] for r in results) == sorted(s for s in range(pp) for _ in range(tp))
+    for result in results:
         assert result["round_trip_exact"], result
         assert result["max_diff"] < 1e-4 and result["entropy_diff"] < 1e-4, result
+        assert result["chunked_vs_plain"] < 1e-5, result
         assert result["grad_rel_err"] < 1e-4, result
         assert result["tp_tags"], result
 
@@ -377,5 +431,5 @@ def test_megatron_gpt_matches_hf_logprobs_under_tp(arch, tied, tp):
 if __name__ == "__main__":
     import sys
 
-    _parity_worker(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5],
-                   bool(int(sys.argv[6])))
+    _parity_worker(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]),
+                   sys.argv[6], bool(int(sys.argv[7])))

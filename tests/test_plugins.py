@@ -36,7 +36,8 @@ class VerifyOnlySubclass(RewardActor):
 
 
 def test_engine_by_dotted_path_builds_from_config_and_generates():
-    cfg = load_config(None, ["rollout.engine=actors.rollout.torch_engine.TorchEngine", "rollout.max_batch=2"])
+    cfg = load_config(None, ["rollout.engine=actors.rollout.torch_engine.TorchEngine", "rollout.max_batch=2",
+                             "model.path=null"])  # the byte-level random model: no checkpoint to build
     engine = make_engine(cfg.rollout, cfg.model, index=0, eos_token_ids=[])
     try:
         out = engine.generate([GenerateRequest("r0", [256, 65, 66], SamplingParams(max_new_tokens=4))])[0]
@@ -61,6 +62,30 @@ def test_reward_actor_by_dotted_path_serves_its_kind():
         assert result.passed and result.score == 1.0
     finally:
         actor.stop()
+
+
+def test_reward_actor_args_reach_the_constructor_of_the_served_reward_actor():
+    import difflib
+
+    from actors.buffer.examples import TextMatchTasks
+    from actors.rollout.episodes import Verifier
+    from configs import ConfigError, ReplayConfig
+
+    task = TextMatchTasks(ReplayConfig(), "cpu").tasks()[0]
+    near_miss = task.payload["answer"][:-1] + "#"
+    overlap = difflib.SequenceMatcher(None, near_miss, task.payload["answer"]).ratio()
+    for args, weight in (([], 1.5), (["verifier.reward_actor_args={partial_credit: 0.5}"], 0.5)):
+        cfg = load_config(None, ["verifier.reward_actor=actors.verifier.examples.TextMatchReward", *args]).verifier
+        actor = VerifierActor(cfg)
+        client = Verifier(actor.start()["verifier"], timeout_s=10.0, retries=0)
+        try:  # through the actor's socket, as a rollout asks
+            result = client.verify(VerifyRequest(request_id="x", task=task, candidate=near_miss))
+        finally:
+            client.close()
+            actor.stop()
+        assert result.score == pytest.approx(-1.0 + weight * overlap)
+    with pytest.raises(ConfigError, match="reward_actor_args are the constructor arguments of a plug-in"):
+        load_config(None, ["verifier.reward_actor_args={partial_credit: 0.5}"])
 
 
 def test_task_source_by_dotted_path_feeds_the_split():

@@ -3,6 +3,8 @@ split, and the task feed's admission control through the real replay actor."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from actors.base import RunContext
@@ -224,3 +226,94 @@ def test_training_stops_at_total_steps(make_actor):
     assert a.handle(BatchRequest(learner_id="l", version=0)).status == "batch"
     assert a.handle(BatchRequest(learner_id="l", version=1)).status == "stop"
     assert a.handle(TaskRequest(actor_id="r")).status == "stop"
+
+
+# ------------------------------------------------------------------------- tasks leaving the feed
+
+
+class ThreeTasks:
+    """A plug-in task source whose constructor takes its own setting (replay.task_source_args)."""
+
+    def __init__(self, cfg, backend, *, count: int):
+        self.count = count
+
+    def tasks(self):
+        return [Task(task_id=f"t{i}", kind="text_match", payload={"prompt": f"p{i}", "answer": "a"})
+                for i in range(self.count)]
+
+
+def three_task_actor(tmp_path, name="run", **replay):
+    cfg = ReplayConfig(task_source=here("ThreeTasks"), task_source_args={"count": 3}, val_fraction=0.0, **replay)
+    algo = AlgoConfig(group_size=2, batch_groups=1, total_steps=100)
+    return ReplayActor(cfg, algo, RunContext(run_dir=str(tmp_path / name)))
+
+
+def test_task_source_args_reach_the_plugin_constructor(tmp_path):
+    args = {"count": 5}
+    ts = load_task_set(ReplayConfig(task_source=here("ThreeTasks"), task_source_args=args, val_fraction=0.0), "cpu")
+    assert [t.task_id for t in ts.train] == [f"t{i}" for i in range(5)]
+    with pytest.raises(ConfigError, match="unexpected keyword argument 'cuont'"):
+        load_task_set(ReplayConfig(task_source=here("ThreeTasks"), task_source_args={"cuont": 5}), "cpu")
+
+
+def test_an_unservable_task_leaves_the_feed_once_and_for_good(tmp_path, caplog):
+    actor = three_task_actor(tmp_path)
+    try:
+        reply = actor.handle(TaskRequest(actor_id="r"))
+        gone = reply.task.task_id
+        for i in range(2):
+            ep = make_episode(reply.task, reply.group_id, i, [TurnSpec(infra=True, prompt_len=0, response_len=0)])
+            ep = dataclasses.replace(ep, unservable="its first prompt is 9000 tokens; ... exceeds model.max_seq_len")
+            assert actor.handle(ep).status == "stored"
+        h = actor.health()
+        assert h.feed.dropped == {"unservable": 1} and h.filtered == {"unservable": 2} and h.invariant_ok
+        assert sum("leaves the task feed" in r.message and gone in r.message for r in caplog.records) == 1
+        served = []
+        for _ in range(8):  # two epochs of the other two tasks, never the one that left
+            r = actor.handle(TaskRequest(actor_id="r"))
+            served.append(r.task.task_id)
+            fill(actor, r, scores=(1.0, -1.0))
+            actor.handle(BatchRequest(learner_id="l", version=len(served) - 1))
+        assert gone not in served and set(served) == {"t0", "t1", "t2"} - {gone}
+    finally:
+        actor.stop()
+    restarted = three_task_actor(tmp_path)  # the decision is durable: a restarted replay keeps it
+    try:
+        assert restarted.health().feed.dropped == {"unservable": 1}
+        assert restarted.handle(TaskRequest(actor_id="r")).task.task_id != gone
+    finally:
+        restarted.stop()
+
+
+def test_a_task_whose_groups_keep_failing_as_infra_leaves_after_infra_retries(tmp_path):
+    actor = three_task_actor(tmp_path, infra_retries=2)
+    try:
+        def infra_group():
+            r = actor.handle(TaskRequest(actor_id="r"))
+            for i in range(2):
+                actor.handle(make_episode(r.task, r.group_id, i, [TurnSpec(infra=True)]))
+            return r.task.task_id
+
+        first = infra_group()
+        assert actor.health().feed.reissue_queue == 1 and not actor.health().feed.dropped
+        assert infra_group() == first  # re-issued at the front, and infra again: out
+        h = actor.health()
+        assert h.feed.dropped == {"infra": 1} and h.feed.reissue_queue == 0 and h.filtered == {"infra": 4}
+        left = {actor.handle(TaskRequest(actor_id="r")).task.task_id for _ in range(2)}
+        assert first not in left and len(left) == 2
+    finally:
+        actor.stop()
+
+
+def test_when_every_task_has_left_the_feed_it_says_so(tmp_path):
+    cfg = ReplayConfig(task_source=here("ThreeTasks"), task_source_args={"count": 1}, val_fraction=0.0)
+    actor = ReplayActor(cfg, AlgoConfig(group_size=2, batch_groups=1), RunContext(run_dir=str(tmp_path)))
+    try:
+        r = actor.handle(TaskRequest(actor_id="r"))
+        for i in range(2):
+            ep = make_episode(r.task, r.group_id, i, [TurnSpec(infra=True)])
+            actor.handle(dataclasses.replace(ep, unservable="no payload['prompt']"))
+        answer = actor.handle(TaskRequest(actor_id="r"))
+        assert isinstance(answer, ErrorReply) and "every training task has left the task feed" in answer.message
+    finally:
+        actor.stop()

@@ -22,6 +22,7 @@ from actors.policy.tokenizer import ByteTokenizer
 from actors.rollout.actor import RolloutActor
 from actors.rollout.engine import SamplingParams
 from actors.rollout.episodes import GroupRunner, Verifier
+from actors.rollout.turns import TurnPolicy, TurnRules
 from actors.verifier.actor import VerifierActor
 from configs import AlgoConfig, EvalConfig, ModelConfig, ReplayConfig, RolloutConfig, VerifierConfig
 from protocols import Task, TaskReply, VerifyRequest, VerifyResult, decode, encode
@@ -126,7 +127,8 @@ def test_a_task_without_a_prompt_becomes_infra_episodes_not_a_crash():
     verifier = ScriptedVerifier()
     runner = GroupRunner(actor_id="r", generate=lambda reqs: pytest.fail("nothing to generate"),
                          verifier=Verifier(verifier.address, timeout_s=1.0, retries=0), tokenizer=ByteTokenizer(),
-                         params=SamplingParams(), max_turns=3, max_seq_len=64)
+                         params=SamplingParams(max_new_tokens=8),
+                         policy=TurnPolicy(TurnRules(max_turns=3, max_seq_len=64, max_new_tokens=8), ByteTokenizer()))
     try:
         reply = TaskReply(status="task", task=Task(task_id="t", kind="text_match", payload={}), group_id="g7",
                           group_size=2)

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from actors.base import RunContext, as_ray_actor
 from actors.learner.weight_sync import WeightServer
+from actors.policy.weights.base import specs, unique_tensors
 from actors.policy.model import build_model
 from actors.rollout.actor import RolloutActor
 from actors.rollout.engine import EngineError, GenerateRequest, SamplingParams
@@ -26,7 +27,7 @@ from configs import EvalConfig, ModelConfig, RolloutConfig
 from protocols import ErrorReply, TaskRequest, TensorSpec, WeightRequest, WeightsLoaded, decode_parts, encode_parts
 from protocols.channels import RequestClient
 from protocols.registry import Registry
-from protocols.weights import ITEMSIZE, bucket_layout, nbytes, plan_buckets
+from protocols.weights import ITEMSIZE, bucket_layout, flat_offsets, nbytes, plan_buckets
 
 TINY = ModelConfig(num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, intermediate_size=128,
                    max_seq_len=256)
@@ -113,6 +114,21 @@ def test_bucket_plan_keeps_order_and_size_and_is_deterministic(manifest, bucket_
         assert all(e <= o for e, o in zip(ends, offsets[1:])) and total == (ends[-1] if ends else 0)
 
 
+@settings(max_examples=200, deadline=None)
+@given(specs_strategy, st.integers(-1, 5000))
+def test_flat_bucket_plan_gives_each_bucket_one_dtype_in_manifest_order(manifest, bucket_bytes):
+    buckets = plan_buckets(manifest, bucket_bytes, by_dtype=True)
+    assert sorted((s.name, s.dtype) for b in buckets for s in b) == sorted((s.name, s.dtype) for s in manifest)
+    for b in buckets:
+        assert b and len({s.dtype for s in b}) == 1
+        assert len(b) == 1 or bucket_bytes <= 0 or sum(nbytes(s) for s in b) <= bucket_bytes
+        offsets, total = flat_offsets(b)  # SGLang's flattened_bucket: concatenated, no padding
+        assert offsets == [sum(np.prod(s.shape, dtype=int) for s in b[:i]) for i in range(len(b))]
+        assert total == sum(np.prod(s.shape, dtype=int) for s in b)
+    for dtype in {s.dtype for s in manifest}:  # within a dtype the manifest's order
+        assert [s for b in buckets for s in b if s.dtype == dtype] == [s for s in manifest if s.dtype == dtype]
+
+
 def test_a_dtype_no_engine_loads_is_refused():
     with pytest.raises(ValueError, match="complex64"):
         plan_buckets([TensorSpec(name="x", dtype="complex64", shape=[2])], 100)
@@ -181,6 +197,47 @@ def test_gloo_push_to_engines_in_other_processes_matches_the_learner(tmp_path, r
         for actor in actors.values():
             ray.kill(actor)
         server.stop()
+
+
+def test_flat_buckets_land_bit_identical_to_the_per_tensor_push(tmp_path):
+    """The same version, two dtypes interleaved (matrices bf16, vectors fp32), pushed over gloo in flat
+    single-dtype buckets and one tensor at a time: the engines end up with identical weights, the
+    learner's, and the flat push sent one broadcast per bucket."""
+    learner = build_model(dataclasses.replace(TINY, seed=8))
+    train_a_little(learner)
+
+    def named():
+        return [(n, p.detach().to(torch.bfloat16) if p.dim() > 1 else p.detach()) for n, p in learner.named_parameters()]
+
+    states, calls = {}, {}
+    for flat in (True, False):
+        run_dir = tmp_path / ("flat" if flat else "per-tensor")
+        server = WeightServer(run_dir, transport="gloo", bucket_mb=0.02, timeout_s=30, flat_buckets=flat)
+        actor = rollout_actor(run_dir, server.start(), f"engine-{flat}")
+        try:
+            actor.start()
+            receive, seen = actor.engine.update_weights_from_distributed, []
+
+            def spy(names, *args, flat=False, **kw):
+                seen.append((len(names), flat))
+                receive(names, *args, flat=flat, **kw)
+
+            actor.engine.update_weights_from_distributed = spy
+            assert server.publish(1, named).engines == 1
+            assert server.wait_confirmed(1, [f"engine-{flat}"], timeout_s=30)
+            states[flat] = {n: t.clone() for n, t in actor.engine.model.state_dict().items()}
+            calls[flat] = seen
+        finally:
+            actor.stop()
+            server.stop()
+    buckets = plan_buckets(specs(unique_tensors(named())), int(0.02 * 2**20), by_dtype=True)
+    assert len(buckets) >= 3 and {b[0].dtype for b in buckets} == {"bfloat16", "float32"}
+    assert calls[True] == [(len(b), True) for b in buckets]
+    assert all(not flat for _, flat in calls[False])
+    assert states[True].keys() == states[False].keys()
+    for name, tensor in named():
+        assert torch.equal(states[True][name], states[False][name]), name
+        assert torch.equal(states[True][name], tensor.float()), name
 
 
 def test_a_multi_bucket_version_lands_whole_under_a_running_generation(tmp_path):
@@ -397,6 +454,10 @@ def test_the_sglang_client_pauses_sglang_around_a_multi_bucket_version_and_label
         assert ["weight_version" in u for u in updates] == [False, False, True] and updates[2]["weight_version"] == "3"
         client.update_weights_from_distributed(["w"], ["bfloat16"], [[4]], version=4, group_name="g")  # one bucket
         assert [p for p, _ in server.calls[-1:]] == ["/update_weights_from_distributed"]  # no pause needed
+        assert "load_format" not in server.calls[-1][1]
+        client.update_weights_from_distributed(["w", "v"], ["bfloat16"] * 2, [[4], [2, 2]], version=5, group_name="g",
+                                               flat=True)  # SGLang's bucketed receive
+        assert server.calls[-1][1]["load_format"] == "flattened_bucket"
     finally:
         client.close()
         server.close()
@@ -415,18 +476,24 @@ def test_kiln_server_stages_buckets_sent_over_http_without_pausing(tmp_path):
     named = [(n, p.detach()) for n, p in new.named_parameters()]
     halves = [named[:len(named) // 2], named[len(named) // 2:]]
     sender = WeightBroadcaster("127.0.0.1", 0, 2, timeout_s=30, form=False)
-    thread = threading.Thread(target=lambda: (sender.form("http-group"), [sender.broadcast(h) for h in halves]))
+    # the first half one tensor at a time, the second as one flat bucket (load_format flattened_bucket)
+    thread = threading.Thread(target=lambda: (sender.form("http-group"), sender.broadcast(halves[0]),
+                                              sender.broadcast_flat([halves[1]])))
     try:
         thread.start()
         client.init_weights_update_group("127.0.0.1", sender.port, 1, 2, group_name="http-group", backend="gloo")
         for half, last in zip(halves, (False, True)):
             client.update_weights_from_distributed([n for n, _ in half], ["float32"] * len(half),
-                                                   [list(t.shape) for _, t in half], 2, "http-group", last=last)
+                                                   [list(t.shape) for _, t in half], 2, "http-group", last=last,
+                                                   flat=last)
             assert engine.weight_version == (2 if last else 0)  # the first half is only staged
             assert not engine.health()["paused"]
         thread.join(30)
         (gen,) = engine.generate(forced())
         assert np.abs(gen.logprobs - learner_logprobs(new)).max() <= 1e-5
+        with pytest.raises(EngineError, match="load_format 'bogus'"):
+            client.call("POST", "/update_weights_from_distributed", {
+                "names": [], "dtypes": [], "shapes": [], "group_name": "http-group", "load_format": "bogus"})
     finally:
         client.close()
         http.stop()
@@ -453,3 +520,41 @@ def test_colocated_engines_release_memory_for_the_step_and_take_it_back(tmp_path
     finally:
         actor.stop()
         server.stop()
+
+
+# ------------------------------------------------------------------ the GPU bench's smoke run on CPU
+
+
+def test_the_weight_sync_bench_runs_both_forms_on_cpu(tmp_path):
+    """launch/bench/weight_sync.py's two forms on the CPU over gloo with a toy model: torchrun with two
+    ranks (raw broadcast, the transport flat and per tensor, the whole WeightServer path) and the
+    one-process form (packing and applying against a raw copy), each row timed over 10 pushes; the
+    GPU runs use the same code with NCCL."""
+    import json
+    import os
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "OUT": str(tmp_path), "PYTHONPATH": str(root)}
+    bench = ["-m", "launch.bench.weight_sync", "--cpu", "--bucket-mb", "0.25", "--pushes", "10"]
+    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+                          str(port), *bench], cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert two.returncode == 0, two.stderr[-3000:]
+    rows = {r["path"]: r for r in json.loads((tmp_path / "weight_sync.json").read_text())}
+    flat = rows["transport, flat single-dtype buckets, packed ahead, 0.25 MiB buckets (12)"]
+    assert flat["pushes"] == 10 and flat["of_raw"] > 0 and flat["GB"] == rows[
+        "raw gloo broadcast, one flat buffer of the version's bytes"]["GB"]
+    assert {"WeightServer.publish, gloo, flat, 0.25 MiB (received)", "publish -> WeightsLoaded, gloo, per tensor",
+            "transport, one broadcast per tensor, 0.25 MiB buckets (12)"} <= set(rows)
+    one = subprocess.run([sys.executable, *bench], cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert one.returncode == 0, one.stderr[-3000:]
+    rows = [r["path"] for r in json.loads((tmp_path / "weight_sync.json").read_text())]
+    assert rows == ["raw device-to-device copy of the version's bytes",
+                    "learner: pack into flat buckets, 0.25 MiB (12)",
+                    "engine: apply a version (copy every tensor into the model)"]

@@ -91,12 +91,15 @@ class Verdict:
     tied: bool
     any_passed: bool
     best_failed: FailedAttempt | None
+    unservable: str = ""  # the rollout could not pose the task at all (why); the task leaves the feed
 
 
 def judge(group: Group, algo: AlgoConfig) -> Verdict:
     episodes = group.ordered()
-    if any(turn_infra(t) for ep in episodes for t in ep.turns):
-        return Verdict(infra=True, rewards=[], advantages=[], tied=False, any_passed=False, best_failed=None)
+    unservable = next((ep.unservable for ep in episodes if ep.unservable), "")
+    if unservable or any(turn_infra(t) for ep in episodes for t in ep.turns):
+        return Verdict(infra=True, rewards=[], advantages=[], tied=False, any_passed=False, best_failed=None,
+                       unservable=unservable)
     rewards = [episode_reward(ep, algo) for ep in episodes]
     any_passed = any(episode_passed(ep) for ep in episodes)
     advantages = group_advantages(rewards, std_norm=algo.adv_std_norm)

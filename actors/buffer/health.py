@@ -7,6 +7,7 @@ the episode-id invariant (emitted = trained + filtered + pending); tests and ben
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -61,6 +62,7 @@ class RetryHealth:
     exhausted: int = 0
     evicted: int = 0
     skipped_duplicate: int = 0
+    dropped: int = 0  # entries whose task left the feed
     retry_share: float = 0.0  # served / groups handed out
     retry_success_rate: float = 0.0  # successes / resolved
 
@@ -74,6 +76,7 @@ class FeedHealth:
     reissue_queue: int = 0
     served: dict[str, int] = field(default_factory=dict)  # source ("fresh", "retry", "reissue") -> tasks
     val_served: int = 0
+    dropped: dict[str, int] = field(default_factory=dict)  # reason ("unservable", "infra") -> tasks out of the feed
 
 
 @dataclass(frozen=True)
@@ -142,7 +145,8 @@ def replay_health(state: "ReplayState", store: "ReplayStore", **actor) -> Replay
         retry=RetryHealth(**state.retry.metrics(groups_served=c.groups_issued)),
         feed=FeedHealth(train_tasks=len(state.feed.train), val_tasks=len(state.feed.val), epoch=state.feed.epoch,
                         index=state.feed.index, reissue_queue=len(state.feed.reissued),
-                        served=dict(state.feed.served), val_served=c.val_served),
+                        served=dict(state.feed.served), val_served=c.val_served,
+                        dropped=dict(collections.Counter(state.feed.dropped.values()))),
         storage=StorageHealth(**dataclasses.asdict(store.stats), generation=store.generation,
                               since_snapshot=store.since_snapshot, failure=failure),
     )

@@ -47,6 +47,7 @@ class RetryStats:
     exhausted: int = 0  # entries that left after max_retries unsuccessful retries
     evicted: int = 0  # entries pushed out by a full buffer
     skipped_duplicate: int = 0  # admissions refused because the task already had an entry
+    dropped: int = 0  # entries removed because their task left the feed
 
 
 class RetryBuffer:
@@ -97,6 +98,13 @@ class RetryBuffer:
             if attempt is not None:
                 entry.attempt = attempt
             self._append(entry)
+
+    def forget(self, task_id: str) -> bool:
+        """Remove the task's entry, waiting or in flight (its task left the feed); False if it had none."""
+        entry = self.waiting.pop(task_id, None) or self.in_flight.pop(task_id, None)
+        if entry is not None:
+            self.stats.dropped += 1
+        return entry is not None
 
     def _append(self, entry: RetryEntry) -> None:
         if len(self.waiting) >= self.capacity:

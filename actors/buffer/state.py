@@ -36,7 +36,7 @@ from protocols import (BatchReply, BatchRequest, Episode, EpisodeAck, ErrorReply
 
 log = logging.getLogger(__name__)
 
-SNAPSHOT_FORMAT = 1
+SNAPSHOT_FORMAT = 2
 
 
 @dataclass
@@ -95,6 +95,7 @@ class ReplayState:
         self.highest_version_seen = 0  # over learner requests and episode tokens; a restored learner starts above it
         # Version ranges (lo, hi), exclusive, whose weights a learner restore threw away: never trained on.
         self.discarded: list[tuple[int, int]] = []
+        self.infra_streak: dict[str, int] = {}  # task id -> its groups filtered as infra in a row
 
     # ------------------------------------------------------------------------------- task feed
 
@@ -119,7 +120,11 @@ class ReplayState:
         if self.admitted >= self.admission_bound:
             self.counters.admission_waits += 1
             return TaskReply(status="wait", retry_after_s=self.replay.retry_after_s), False
-        task, _source = self.feed.next_train()
+        served = self.feed.next_train()
+        if served is None:
+            return ErrorReply(message=f"every training task has left the task feed ({self._dropped_story()}); "
+                                      "see replay's log for why"), False
+        task, _source = served
         group = Group(group_id=f"g{self.group_seq:07d}", task=task, size=self.algo.group_size, last_activity=now,
                       actor_id=req.actor_id)
         self.group_seq += 1
@@ -178,11 +183,23 @@ class ReplayState:
         """All G samples are in: decide the group's fate."""
         del self.running[group.group_id]
         verdict = judge(group, self.algo)
-        if verdict.infra:
-            self._filter(group, "infra", reissue=True)
+        task_id = group.task.task_id
+        if verdict.unservable:
+            self._leave_feed(group, "unservable", f"the rollouts cannot pose it: {verdict.unservable}")
             return
+        if verdict.infra:
+            streak = self.infra_streak[task_id] = self.infra_streak.get(task_id, 0) + 1
+            if streak >= self.replay.infra_retries:
+                self._leave_feed(group, "infra", f"{streak} of its groups in a row failed through the system's "
+                                                 "fault (infra), e.g. a reference that raises")
+            else:
+                self._filter(group, "infra", reissue=True)
+            return
+        self.infra_streak.pop(task_id, None)
         if group.is_retry:
-            self.retry.resolve(group.task.task_id, verdict.any_passed, verdict.best_failed)
+            self.retry.resolve(task_id, verdict.any_passed, verdict.best_failed)
+        elif task_id in self.feed.dropped:
+            pass  # a late group of a task that left the feed: never buffered for retry
         elif not verdict.any_passed and verdict.best_failed is not None:
             self.retry.admit(group.task, verdict.best_failed, group.group_id)
         if verdict.tied:
@@ -190,6 +207,20 @@ class ReplayState:
             return
         group.advantages = verdict.advantages
         self.ready[group.group_id] = group
+
+    def _leave_feed(self, group: Group, reason: str, why: str) -> None:
+        """Filter the group and take its task out of the feed for good; reported once per task."""
+        self._filter(group, reason, reissue=False)
+        task_id = group.task.task_id
+        self.infra_streak.pop(task_id, None)
+        self.retry.forget(task_id)
+        if self.feed.drop(task_id, reason):
+            log.warning("replay: task %s leaves the task feed: %s (%s)", task_id, why, self._dropped_story())
+
+    def _dropped_story(self) -> str:
+        counts = collections.Counter(self.feed.dropped.values())
+        return f"{len(self.feed.dropped)} of {len(self.feed.train)} training tasks out of the feed: " + \
+            ", ".join(f"{n} {reason}" for reason, n in sorted(counts.items()))
 
     def _filter(self, group: Group, reason: str, *, reissue: bool) -> None:
         for ep in group.episodes.values():
@@ -293,6 +324,7 @@ class ReplayState:
             "learner_version": self.learner_version,
             "highest_version_seen": self.highest_version_seen,
             "discarded": [list(r) for r in self.discarded],
+            "infra_streak": dict(self.infra_streak),
             "running": [g.dump() for g in self.running.values()],
             "ready": [g.dump() for g in self.ready.values()],
             "served": None if self.served is None else {
@@ -311,6 +343,7 @@ class ReplayState:
         self.learner_version = data["learner_version"]
         self.highest_version_seen = data["highest_version_seen"]
         self.discarded = [tuple(r) for r in data.get("discarded", [])]
+        self.infra_streak = dict(data["infra_streak"])
         # a restart gives every running group a fresh timeout: nobody could deliver while replay was down
         self.running = {g.group_id: g for g in (Group.load(d, now) for d in data["running"])}
         self.ready = {g.group_id: g for g in (Group.load(d, now) for d in data["ready"])}

@@ -3,7 +3,7 @@
 A task source is any class with this signature (named by dotted path in `replay.task_source`):
 
     class MySource:
-        def __init__(self, cfg: configs.ReplayConfig, backend: str) -> None: ...
+        def __init__(self, cfg: configs.ReplayConfig, backend: str, **args) -> None: ...  # args: replay.task_source_args
         def tasks(self) -> list[protocols.Task]: ...
 
 The built-in source (`replay.task_source: null`) loads KernelBench-format reference files from
@@ -33,7 +33,7 @@ from tasks.loader import SHIPPED, TaskLoadError, load_tasks
 class TaskSource(Protocol):
     """The task-source interface (`replay.task_source`); plug-ins may subclass it."""
 
-    def __init__(self, cfg: ReplayConfig, backend: str) -> None: ...
+    def __init__(self, cfg: ReplayConfig, backend: str, **args) -> None: ...
 
     def tasks(self) -> list[Task]:
         """Every task of the run, train and validation alike (replay splits them)."""
@@ -108,11 +108,11 @@ def _build_source(cfg: ReplayConfig, backend: str):
         return KernelTaskDirectory(cfg, backend)
     cls = load_plugin(cfg.task_source, TaskSource, key="replay.task_source")
     try:
-        return cls(cfg, backend)
+        return cls(cfg, backend, **cfg.task_source_args)
     except Exception as err:
         raise ConfigError(
             f"replay.task_source={cfg.task_source!r}: constructing it raised {type(err).__name__}: {err} "
-            "(signature: __init__(self, cfg: ReplayConfig, backend: str))"
+            "(signature: __init__(self, cfg: ReplayConfig, backend: str, **replay.task_source_args))"
         ) from None
 
 

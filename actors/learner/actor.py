@@ -11,6 +11,10 @@ It pushes its weights at once and tells replay which versions the restore discar
 produced are dropped, never trained on. With η = 0 (`replay.max_staleness`) it waits for the engines
 to confirm each version before asking for the next batch (synchronous mode).
 
+Exports (`export_hf`: RUN_DIR/final/ at the driver's request, RUN_DIR/exports/step-NNNNNN/ every
+`learner.export_every` steps) are servable HF directories: the backend's weights and config plus the
+tokenizer, chat template and a generation config with the rollout's sampling settings.
+
 Timeline: each step is recorded as "training" and each weight push (with, at η = 0, the wait for the
 engines' confirmations) as "syncing" (protocols.timeline), pushed to the driver.
 
@@ -34,11 +38,12 @@ from pathlib import Path
 from actors.base import Actor, RunContext
 from actors.learner.algorithm import StepResult, Trainer
 from actors.learner.backends import make_trainer
-from actors.learner.checkpoint import CheckpointMeta, read_latest, write_checkpoint
+from actors.learner.checkpoint import CheckpointMeta, read_latest, step_dir_name, write_checkpoint
 from actors.learner.health import LearnerHealth, WarmStartReport
 from actors.learner.ranks import LeaderBackend, RankSpec, follow, join
 from actors.learner.warm_start import warm_start_batches
 from actors.learner.weight_sync import WeightServer
+from actors.policy.export import GenerationSettings, export_servable
 from actors.policy.weights import choose_transport
 from actors.policy.weights.group import free_port
 from configs import AlgoConfig, LearnerConfig, ModelConfig, WarmStartConfig
@@ -50,6 +55,7 @@ from protocols.timeline import SpanRecorder
 log = logging.getLogger(__name__)
 
 ANNOUNCED_FILE = "announced.json"  # the highest version this run's learners ever announced
+EXPORTS = "exports"  # RUN_DIR/exports/step-NNNNNN/: the servable HF exports of `learner.export_every`
 CONFIRM_TIMEOUT_S = 300.0
 REPLAY_WAIT_S = 300.0  # how long start() waits for replay's answers (versions seen, training tasks)
 RANKS_WAIT_S = 300.0  # how long a follower rank waits for its leader's rendezvous address
@@ -60,12 +66,15 @@ class LearnerActor(Actor):
     role = "learner"
 
     def __init__(self, model: ModelConfig, learner: LearnerConfig, algo: AlgoConfig, warm_start: WarmStartConfig,
-                 ctx: RunContext, *, temperature: float, max_staleness: int, request_timeout_s: float = 30.0) -> None:
+                 ctx: RunContext, *, temperature: float, max_staleness: int, request_timeout_s: float = 30.0,
+                 generation: GenerationSettings | None = None) -> None:
         """`temperature` is the rollout temperature (the behaviour logprobs' convention); `max_staleness`
-        is replay's η (0 = synchronous mode)."""
+        is replay's η (0 = synchronous mode); `generation` the rollout's sampling settings, written into
+        every HF export (default: sampling at `temperature`)."""
         super().__init__()
         self.model_cfg, self.cfg, self.algo, self.warm_cfg, self.ctx = model, learner, algo, warm_start, ctx
         self.temperature = temperature
+        self.generation = generation or GenerationSettings(temperature=temperature)
         self.dir = ctx.path
         (self.dir / "learner").mkdir(parents=True, exist_ok=True)
         self.learner_id = "learner-0" if ctx.rank == 0 else f"learner-0.rank{ctx.rank}"
@@ -111,7 +120,8 @@ class LearnerActor(Actor):
         transport = choose_transport(ws.transport, self.device, self.shares_gpu)
         self.weights = WeightServer(self.dir, transport, ws.bucket_mb, host=self.ctx.bind.host,
                                     timeout_s=ws.process_group.push_timeout_s,
-                                    join_timeout_s=ws.process_group.join_timeout_s, keep_disk=ws.disk.keep_versions)
+                                    join_timeout_s=ws.process_group.join_timeout_s, keep_disk=ws.disk.keep_versions,
+                                    flat_buckets=ws.process_group.flat_buckets)
         if self._read_announced() >= 0:  # this run's learner announced before: continue above it
             self._restore()
         else:
@@ -231,6 +241,8 @@ class LearnerActor(Actor):
             self._emit(self.step, self._step_values(result, batch, push_s))
             if self.cfg.checkpoint_every and self.step % self.cfg.checkpoint_every == 0:
                 self.checkpoint()
+            if self.cfg.export_every and self.step % self.cfg.export_every == 0:
+                self.export_hf(self.dir / EXPORTS / step_dir_name(self.step))
         if not self.stopping:
             self.checkpoint()
             self._finished = True
@@ -311,7 +323,10 @@ class LearnerActor(Actor):
         return str(path)
 
     def export_hf(self, path: str | Path) -> str:
-        self.backend.export_hf(Path(path))
+        """A servable HF directory at `path`: the backend's weights and config, then the tokenizer, chat
+        template and generation config (actors.policy.export), renamed into place once complete."""
+        path = export_servable(path, self.backend.export_hf, self.model_cfg, self.generation)
+        log.info("%s: exported step %d as an HF checkpoint in %s", self.learner_id, self.step, path)
         return str(path)
 
     def _restore(self) -> None:

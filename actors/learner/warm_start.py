@@ -1,9 +1,10 @@
 """Supervised warm-start data (DESIGN.md §7, the SFT path): (prompt, reference solution) pairs turned
 into `TrainBatch`es for `Trainer.sft_step`.
 
-Each sequence is exactly what the policy will see and say in RL: the task's first prompt through the
-rollout's prompt builder and tokenizer, then the solution file in a ```python fenced block (what the
-verifier's extract stage reads) and EOS. Only the response tokens carry loss. Only training-split
+Each sequence is exactly what the policy will see and say in RL: the task's opening conversation
+(system rules, user task) rendered by the tokenizer's chat template as the rollout renders its first
+prompt, then the solution file in a ```python fenced block (what the verifier's extract stage reads)
+and the token that ends an assistant turn. Only the response tokens carry loss. Only training-split
 tasks with a solution file are used, so the warm start never sees a validation task's answer: the
 learner asks replay, which owns the split, for the training tasks (`warm_start_batches`).
 """
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from actors.policy.prompts import first_prompt
+from actors.policy.prompts import opening
 from actors.policy.tokenizer import load_tokenizer
 from configs import ModelConfig, WarmStartConfig
 from protocols import Task, TrainBatch
@@ -26,7 +27,8 @@ def warm_start_batches(tasks: list[Task], cfg: WarmStartConfig, model: ModelConf
     if not cfg.solutions:
         raise ValueError("warm_start.solutions names no directory (the driver fills in its default)")
     pairs = solution_pairs(tasks, cfg.solutions)
-    batches = sft_batches(pairs, load_tokenizer(model), max_seq_len=model.max_seq_len, batch_tokens=cfg.batch_tokens)
+    batches = sft_batches(pairs, load_tokenizer(model), max_seq_len=model.max_seq_len, batch_tokens=cfg.batch_tokens,
+                          enable_thinking=model.enable_thinking)
     return batches, len(pairs)
 
 
@@ -52,15 +54,15 @@ def response_text(solution: str) -> str:
     return f"```python\n{solution.rstrip()}\n```\n"
 
 
-def sft_batches(pairs: list[tuple[Task, str]], tokenizer, *, max_seq_len: int,
-                batch_tokens: int) -> list[TrainBatch]:
+def sft_batches(pairs: list[tuple[Task, str]], tokenizer, *, max_seq_len: int, batch_tokens: int,
+                enable_thinking: bool = False) -> list[TrainBatch]:
     """Pack the pairs into batches of at most `batch_tokens` tokens (one sequence per pair; a pair
     longer than `max_seq_len` is cut at the end of its response and still trains on its start)."""
-    eos = getattr(tokenizer, "eos_token_id", None)
+    end = tokenizer.end_of_turn_id
     sequences = []
     for task, solution in pairs:
-        prompt = tokenizer.prompt_ids(first_prompt(task))
-        response = tokenizer.encode(response_text(solution)) + ([int(eos)] if eos is not None else [])
+        prompt = tokenizer.render(opening(task), enable_thinking=enable_thinking)
+        response = tokenizer.encode(response_text(solution)) + ([int(end)] if end is not None else [])
         keep = max_seq_len - len(prompt)
         if keep < 1:
             continue

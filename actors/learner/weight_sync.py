@@ -10,6 +10,8 @@ actors/policy/weights, chosen by name once): this server is the same for all of 
 * `gloo` (CPU) / `nccl` (GPU): one 2-rank process group per engine (learner rank 0, engine rank 1),
   formed when the engine sends a `WeightRequest`; `publish` broadcasts into every group at once, and a
   dead engine's group is dropped without stalling the others (`group.py` says why a group per engine).
+  With `flat_buckets` (the default) each bucket holds one dtype and goes as one flat broadcast,
+  packed while the previous one is on the wire; otherwise one broadcast per tensor.
 * `cuda_ipc` (engine on the learner's GPU; NCCL refuses two ranks on one GPU): each version is copied
   into one flat buffer per bucket; engines ask for the buffers' IPC handles (`WeightHandles`), copy
   them into their model and confirm. A snapshot lives until every engine confirmed it or a newer one
@@ -78,8 +80,7 @@ class WeightServer:
 
     def __init__(self, run_dir: str | Path, transport: str = "gloo", bucket_mb: float = 256, *,
                  host: str = "127.0.0.1", advertise: str | None = None, timeout_s: float = 120.0,
-                 join_timeout_s: float = 30.0,
-                 keep_disk: int = 2, hf_config=None) -> None:
+                 join_timeout_s: float = 30.0, keep_disk: int = 2, hf_config=None, flat_buckets: bool = True) -> None:
         settings = SenderSettings(run_dir=Path(run_dir), host=host, advertise=advertise or host, timeout_s=timeout_s,
                                   join_timeout_s=join_timeout_s, keep_disk=keep_disk, hf_config=hf_config)
         self.sender: Sender = sender(transport, settings)
@@ -87,6 +88,7 @@ class WeightServer:
             raise ValueError("bucket_mb must be > 0 and keep_disk >= 1")
         self.transport = transport
         self.bucket_bytes = int(bucket_mb * 2**20)
+        self.flat = flat_buckets and transport in ("gloo", "nccl")  # the process-group bucket format
         self.host, self.advertise = host, advertise or host
         self.timeout_s = timeout_s  # each broadcast to an engine (a slower engine is dropped)
         # What an engine may ask for: the learner's transport, or the current version on disk.
@@ -169,7 +171,7 @@ class WeightServer:
             self._published_at[version] = time.monotonic()
             self._publisher.publish(WeightAnnouncement(version=version, manifest=self._manifest,
                                                        transport=self.transport, location=location,
-                                                       bucket_bytes=self.bucket_bytes))
+                                                       bucket_bytes=self.bucket_bytes, flat=self.flat))
             for engine_id, err in self.sender.push(current, named).items():
                 if err is None:
                     report.engines += 1
@@ -215,7 +217,7 @@ class WeightServer:
 
     def _current(self) -> Published:
         return Published(version=self.version, manifest=self._manifest, bucket_bytes=self.bucket_bytes,
-                         named=self._named)
+                         named=self._named, flat=self.flat)
 
     def _oldest_needed(self) -> int:
         """The oldest version a live engine may still load: the lowest that any live engine confirmed."""

@@ -40,10 +40,14 @@ def build_model(cfg: ModelConfig, device: str | torch.device = "cpu", attention:
     `attn_implementation` ("sdpa", or a name registered by actors/rollout/attention.py)."""
     from transformers import AutoModelForCausalLM
 
+    from transformers.utils import logging as hf_logging
+
     dtype = DTYPES[cfg.dtype]
     if cfg.path:
+        unresolved(cfg.path)
+        hf_logging.disable_progress_bar()  # every engine restart and weight reload would print one
         model = AutoModelForCausalLM.from_pretrained(cfg.path, dtype=dtype, attn_implementation=attention,
-                                                     local_files_only=True)
+                                                     local_files_only=not cfg.allow_download)
     else:
         # Initialised where it will live: a 1.1B model's init takes ~16 s on one CPU core (a Ray actor's
         # thread budget) and well under a second on a GPU. The seeded values depend on the device type:
@@ -53,3 +57,11 @@ def build_model(cfg: ModelConfig, device: str | torch.device = "cpu", attention:
         with torch.device(device):
             model = AutoModelForCausalLM.from_config(hf_config(cfg), dtype=dtype, attn_implementation=attention)
     return model.to(device).eval()
+
+
+def unresolved(path: str) -> None:
+    """Refuse a `kiln:` model.path that nobody resolved: the driver turns `kiln:tiny-chat` into the
+    directory it builds (launch.tiny_checkpoint.resolve_model_path) before any model is built."""
+    if path.startswith("kiln:"):
+        raise ValueError(f"model.path={path} names a checkpoint that `kiln train` builds; resolve it first "
+                         "(launch.tiny_checkpoint.resolve_model_path)")

@@ -1,11 +1,13 @@
-"""The structured prompts of an episode (DESIGN.md §5): what the policy is asked, turn by turn.
+"""What the policy is asked, as chat messages (DESIGN.md §5). The turn policy
+(actors/rollout/turns.py) assembles them into a conversation; the tokenizer's chat template renders it.
 
-A kernel task's first prompt holds the reference code, its shapes and dtypes (read statically from
-the reference's module constants, never by running it), the backend, the `ModelNew` requirement and
-the no-fallback rule. A repair turn repeats the task and adds the failed code and its verifier
-feedback. A served Buffered-Dynamic-Retry task (`task.repair`) starts from its repair context. A
-non-kernel task's prompt is its payload's "prompt". The learner's warm start builds its
-supervised examples on the same first prompt.
+A kernel task opens with a system message holding the rules (`ModelNew`, no fallback, one fenced
+file) and a user message holding the task: the reference code, its shapes and dtypes (read
+statically from the reference's module constants, never by running it) and the backend. A
+non-kernel task's user message is its payload's "prompt" (and its system message its payload's
+"system", when it has one). Later user messages are the verifier's feedback on the previous answer:
+a repair request after a failure, an optimisation request after a pass that was slow. The learner's
+warm start trains on the same opening.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ from __future__ import annotations
 import ast
 import re
 
-from protocols import Task
+from actors.policy.tokenizer import Message
+from protocols import Task, VerifyResult
 
 BACKEND_TEXT = {
     "cuda": "CUDA C++ kernels compiled with torch.utils.cpp_extension.load_inline (nvcc)",
@@ -22,11 +25,12 @@ BACKEND_TEXT = {
 }
 
 RULES = (
-    "Write a class `ModelNew(nn.Module)` with the same constructor arguments and forward() signature as "
-    "`Model`, returning the same outputs. Its forward() must compute with your own native kernels: "
-    "calling PyTorch/ATen compute (torch.*, F.*, tensor math) inside forward() is a fallback and scores "
-    "-1; only tensor plumbing (empty, view, reshape, contiguous) is allowed. Do not import the reference. "
-    "Answer with one complete Python file in a ```python fenced block."
+    "You write fast native kernels for PyTorch programs. Write a class `ModelNew(nn.Module)` with the "
+    "same constructor arguments and forward() signature as `Model`, returning the same outputs. Its "
+    "forward() must compute with your own native kernels: calling PyTorch/ATen compute (torch.*, F.*, "
+    "tensor math) inside forward() is a fallback and scores -1; only tensor plumbing (empty, view, "
+    "reshape, contiguous) is allowed. Do not import the reference. Answer with one complete Python file "
+    "in a ```python fenced block."
 )
 
 _DTYPE = re.compile(r"\btorch\.(float16|bfloat16|float32|float64|half|float|int8|int32|int64|bool)\b")
@@ -58,37 +62,42 @@ def shape_summary(reference: str, backend: str) -> str:
     return f"constants (sizes, parameters): {listed}; dtypes: {', '.join(dtypes)}"
 
 
-def first_prompt(task: Task) -> str:
+def opening(task: Task) -> list[Message]:
+    """The messages every conversation about `task` starts with: the rules and the task.
+    Raises ValueError for a task this code cannot pose (a non-kernel task without a prompt)."""
     if task.kind != "kernel":
         prompt = task.payload.get("prompt")
         if not isinstance(prompt, str):
             raise ValueError(f"task {task.task_id} of kind {task.kind!r} has no payload['prompt']")
-        if task.repair is not None:
-            return text_repair(prompt, task.repair.failed_code, task.repair.feedback)
-        return prompt
+        system = task.payload.get("system")
+        return ([Message("system", system)] if isinstance(system, str) and system else []) + [Message("user", prompt)]
     k = task.kernel
     text = (
         f"Task {k.name} (level {k.level}). Make this PyTorch reference faster with {BACKEND_TEXT[k.backend]}.\n"
         f"Backend: {k.backend}. Module {shape_summary(k.reference, k.backend)}.\n\n"
-        f"Reference:\n```python\n{k.reference.rstrip()}\n```\n\n{RULES}\n"
+        f"Reference:\n```python\n{k.reference.rstrip()}\n```\n"
     )
-    if task.repair is not None:
-        text += repair_section(task.repair.failed_code, task.repair.feedback)
-    return text
+    return [Message("system", RULES), Message("user", text)]
 
 
-def repair_section(failed_code: str, feedback: str) -> str:
-    return (f"\nA previous attempt failed.\n```python\n{failed_code.rstrip()}\n```\n"
-            f"Verifier feedback: {feedback.strip()}\nFix it and answer with the complete corrected file.\n")
-
-
-def repair_prompt(task: Task, failed_response: str, feedback: str) -> str:
-    """The next turn's prompt after a failed attempt (the whole task again, plus the feedback)."""
+def repair_request(task: Task, feedback: str) -> str:
+    """The user's message after a failed answer: the verifier's feedback and what to do about it."""
     if task.kind != "kernel":
-        return text_repair(first_prompt(task), failed_response, feedback)
-    return first_prompt(task) + repair_section(failed_response, feedback)
+        return feedback.strip()
+    return f"The verifier rejected this answer.\n{feedback.strip()}\nFix it and answer with the complete corrected file."
 
 
-def text_repair(prompt: str, failed_response: str, feedback: str) -> str:
-    """A non-kernel repair turn: the prompt, the failed answer, then the reward actor's feedback."""
-    return f"{prompt}{failed_response.strip()}\nFeedback: {feedback.strip()}\n"
+def optimize_request(verdict: VerifyResult) -> str:
+    """The user's message after a kernel that passed but was slower than wanted (a performance turn)."""
+    speed = f"{verdict.speedup_eager:.2f}x" if verdict.speedup_eager is not None else "not measured"
+    return (f"The kernel is correct and legal, but slow: its speedup over eager PyTorch is {speed}.\n"
+            f"{verdict.feedback.strip()}\n"
+            "Make it faster (fuse work, improve memory access, use vectorised loads) and answer with the "
+            "complete file.")
+
+
+def elision_note(left_out: int) -> str:
+    """Appended to the task's message when earlier turns of the dialogue are not shown."""
+    turns = "turn" if left_out == 1 else "turns"
+    return (f"\n\n(Your {left_out} earlier {turns} at this task and the feedback on them are left out here; "
+            "your most recent answer and its feedback follow.)")

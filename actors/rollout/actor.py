@@ -2,6 +2,10 @@
 multi-turn episode loop on its engine, and sends the `Episode` records to replay, keeping each until
 replay acknowledges it.
 
+Prompts are chat conversations rendered by the model's tokenizer (actors/policy/tokenizer.py); the
+turn policy (actors/rollout/turns.py) decides each next turn. Every request stops at the tokenizer's
+stop ids: the checkpoint's eos ids and the chat template's end-of-turn token.
+
 Peers come from the run's registry (`RunContext.registry`): replay ("replay"), the verifier pool
 (every actor of role "verifier") and the learner's weight endpoints ("learner"). Each is looked up
 again when it stops answering, so a restarted peer is found at its new address.
@@ -43,6 +47,7 @@ from actors.rollout.evaluation import eval_metrics
 from actors.rollout.forced import CandidatePool
 from actors.rollout.health import RolloutHealth, WeightSyncHealth
 from actors.rollout.reporting import Reporter, group_report
+from actors.rollout.turns import TurnPolicy, TurnRules
 from actors.rollout.weight_client import WeightClient
 from configs import EvalConfig, ModelConfig, RolloutConfig
 from protocols import Task, TaskList, TaskListRequest, TaskReply, TaskRequest, VerifyResult
@@ -73,10 +78,11 @@ class RolloutActor(Actor):
         self.weights = WeightClient(self.actor_id, lambda: _weight_endpoints(registry.endpoints("learner")),
                                     timeline=self.timeline) if follow_learner else None
         self.tokenizer = load_tokenizer(model)
-        eos = getattr(self.tokenizer, "eos_token_id", None)
-        self.eos = [] if eos is None else [int(eos)]
+        # Where a response ends: generation_config.json's eos ids and the chat template's end of turn.
+        # Every request carries them, so an SGLang server (which knows only the config's eos) stops there too.
+        self.eos = self.tokenizer.stop_ids
         self.params = SamplingParams(temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k,
-                                     max_new_tokens=rollout.max_new_tokens)
+                                     max_new_tokens=rollout.max_new_tokens, stop_token_ids=tuple(self.eos))
         self.verifier = Verifier(registry.pool_resolver("verifier", "verifier"),
                                  timeout_s=rollout.verify_reply_timeout_s, retries=rollout.verify_retries)
         replay = registry.resolver("replay", "replay")
@@ -192,9 +198,9 @@ class RolloutActor(Actor):
     # ------------------------------------------------------------------------------ episodes
 
     def _group_runner(self, max_turns: int) -> GroupRunner:
+        policy = TurnPolicy(TurnRules.from_config(self.cfg, self.model_cfg, max_turns=max_turns), self.tokenizer)
         return GroupRunner(actor_id=self.actor_id, generate=self.generate, verifier=self.verifier,
-                           tokenizer=self.tokenizer, params=self.params, max_turns=max_turns,
-                           max_seq_len=self.model_cfg.max_seq_len,
+                           tokenizer=self.tokenizer, params=self.params, policy=policy,
                            force=self.pool.draw if self.pool is not None else None)
 
     def evaluate(self) -> dict[str, float]:

@@ -128,10 +128,11 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def update_weights_from_distributed(self, names: list[str], dtypes: list[str], shapes: list[list[int]],
                                         version: int, group_name: str = "weight_update_group", *,
-                                        last: bool = True) -> None:
+                                        last: bool = True, flat: bool = False) -> None:
         """Receive one bucket that the learner broadcasts in the group. A version may span several
         buckets: `last=False` says more follow, and no token may be sampled by a half-updated model
-        under either version; with the last bucket the engine serves `version`."""
+        under either version; with the last bucket the engine serves `version`. `flat`: the bucket
+        (one dtype) comes as one broadcast of its tensors concatenated, else one broadcast per tensor."""
 
     @property
     @abc.abstractmethod

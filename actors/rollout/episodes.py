@@ -1,5 +1,6 @@
-"""The multi-turn episode loop of one task group (DESIGN.md §5): sample G attempts, verify each,
-build a repair turn for attempts that failed while turns < T, stop an attempt at its first pass.
+"""The multi-turn episode loop of one task group (DESIGN.md §5): sample G attempts, verify each, and
+ask the turn policy (actors/rollout/turns.py) what each attempt is asked next: a repair turn, a
+performance turn, or nothing more.
 
 `GroupRunner.run(reply)` returns the group's `Episode` records, one per attempt, each turn carrying
 the prompt ids, response ids, behaviour logprobs, per-token weight versions and its VerifyResult.
@@ -18,8 +19,8 @@ from typing import Callable
 
 import numpy as np
 
-from actors.policy.prompts import first_prompt, repair_prompt
 from actors.rollout.engine import GenerateRequest, Generation, SamplingParams
+from actors.rollout.turns import Attempt, Done, Prompt, TurnPolicy
 from protocols import Episode, Task, TaskReply, Turn, VerifyRequest, VerifyResult, infra_result
 from protocols.channels import ChannelTimeout, ReconnectingClient, RemoteError
 
@@ -74,37 +75,34 @@ class Verifier:
 class _Attempt:
     episode_id: str
     sample_index: int
-    prompt: str
+    prompt: Prompt | None  # the next turn's prompt; None once the turn policy said done
     turns: list[Turn] = field(default_factory=list)
     rewards: list[float] = field(default_factory=list)
-    done: bool = False
 
 
 class GroupRunner:
-    """Runs one task group: generation through `generate`, verification through `verifier`."""
+    """Runs one task group: generation through `generate`, verification through `verifier`, and what
+    comes after each verdict through the turn policy (`actors.rollout.turns`)."""
 
     def __init__(self, *, actor_id: str, generate: Callable[[list[GenerateRequest]], list[Generation]],
-                 verifier: Verifier, tokenizer, params: SamplingParams, max_turns: int, max_seq_len: int,
+                 verifier: Verifier, tokenizer, params: SamplingParams, policy: TurnPolicy,
                  force: Callable[[Task], str | None] | None = None) -> None:
         self.actor_id, self.generate, self.verifier = actor_id, generate, verifier
         # Forced-response mode (benchmarks, the CPU demo): the text to score instead of sampling.
         self.force = force
-        self.tokenizer, self.params, self.max_turns = tokenizer, params, max_turns
-        self.max_prompt_tokens = max_seq_len - 1  # room for at least one response token
+        self.tokenizer, self.params, self.policy = tokenizer, params, policy
 
     def run(self, reply: TaskReply) -> list[Episode]:
         task = reply.task
-        try:
-            prompt = first_prompt(task)
-        except ValueError as err:  # a task this actor cannot pose: answer it as infra, keep serving
-            return [self._unservable(reply, i, str(err)) for i in range(reply.group_size)]
-        attempts = [_Attempt(episode_id=f"{reply.group_id}/{i}", sample_index=i, prompt=prompt)
-                     for i in range(reply.group_size)]
-        for turn in range(self.max_turns):
-            live = [a for a in attempts if not a.done]
-            if not live:
-                break
-            self._turn(task, turn, live, last=turn == self.max_turns - 1)
+        first = self.policy.next_prompt(Attempt.of(task), None)
+        if isinstance(first, Done):  # a task this actor cannot pose: replay takes it out of the feed
+            return [self._unservable(reply, i, first.detail) for i in range(reply.group_size)]
+        attempts = [_Attempt(episode_id=f"{reply.group_id}/{i}", sample_index=i, prompt=first)
+                    for i in range(reply.group_size)]
+        turn = 0
+        while live := [a for a in attempts if a.prompt is not None]:
+            self._turn(task, turn, live)
+            turn += 1
         return [Episode(episode_id=a.episode_id, task=task, group_id=reply.group_id, sample_index=a.sample_index,
                         turns=a.turns, rewards=a.rewards, is_retry=task.repair is not None, actor_id=self.actor_id)
                 for a in attempts]
@@ -115,52 +113,43 @@ class GroupRunner:
         gen = _empty(episode_id)
         turn = Turn(prompt_ids=np.zeros(0, np.int64), response_ids=gen.output_ids, logprobs=gen.logprobs,
                     versions=gen.versions, finish_reason=gen.finish_reason,
-                    result=self.verifier.infra(request, f"cannot build a prompt: {message}"))
+                    result=infra_result(request, f"cannot pose the task: {message}"))
         return Episode(episode_id=episode_id, task=reply.task, group_id=reply.group_id, sample_index=index,
-                       turns=[turn], rewards=[0.0], is_retry=reply.task.repair is not None, actor_id=self.actor_id)
+                       turns=[turn], rewards=[0.0], is_retry=reply.task.repair is not None, actor_id=self.actor_id,
+                       unservable=message)
 
-    def _forced(self, task: Task, prompt_len: int) -> list[int] | None:
+    def _forced(self, task: Task) -> list[int] | None:
         text = self.force(task) if self.force is not None else None
         if text is None:
             return None
-        return _forced_ids(self.tokenizer, text, self.max_prompt_tokens + 1 - prompt_len, self.params.max_new_tokens)
+        return _forced_ids(self.tokenizer, text, self.params.max_new_tokens)
 
-    def _turn(self, task: Task, turn: int, live: list[_Attempt], last: bool) -> None:
-        prompts = [self.tokenizer.prompt_ids(a.prompt) for a in live]
-        requests = [VerifyRequest(request_id=f"{a.episode_id}/t{turn}", task=task, candidate="",
-                                  episode_id=a.episode_id, turn=turn) for a in live]
-        fits = [len(p) <= self.max_prompt_tokens for p in prompts]
-        gens = iter(self.generate([
-            GenerateRequest(request_id=f"{a.episode_id}/t{turn}/{uuid.uuid4().hex[:8]}", prompt_ids=p,
-                            params=self.params, forced_response=self._forced(task, len(p)))
-            for a, p, ok in zip(live, prompts, fits) if ok]))
-        gens = [next(gens) if ok else None for ok in fits]
-        texts = [self.tokenizer.decode(g.output_ids) if g else "" for g in gens]
-        for r, text in zip(requests, texts):
-            r.candidate = text
-        verified = iter(self.verifier.verify_all([r for r, ok in zip(requests, fits) if ok]))
-        # A prompt longer than the context is the configuration's fault (model.max_seq_len), not the
-        # policy's: the attempt ends with an empty response marked infra, which replay leaves out.
-        results = [next(verified) if ok else self.verifier.infra(
-                       r, f"prompt of {len(p)} tokens exceeds model.max_seq_len - 1 = {self.max_prompt_tokens}")
-                   for r, p, ok in zip(requests, prompts, fits)]
-        for a, prompt, gen, text, result in zip(live, prompts, gens, texts, results):
-            gen = gen or _empty(a.episode_id)
-            a.turns.append(Turn(prompt_ids=np.asarray(prompt, dtype=np.int64), response_ids=gen.output_ids,
+    def _turn(self, task: Task, turn: int, live: list[_Attempt]) -> None:
+        # The turn policy sized every prompt to leave max_new_tokens of room in model.max_seq_len.
+        gens = self.generate([
+            GenerateRequest(request_id=f"{a.episode_id}/t{turn}/{uuid.uuid4().hex[:8]}", prompt_ids=list(a.prompt.ids),
+                            params=self.params, forced_response=self._forced(task))
+            for a in live])
+        # The verifier sees the answer only: code inside a thinking block is never extracted.
+        responses = [self.tokenizer.split_response(g.output_ids) for g in gens]
+        results = self.verifier.verify_all([
+            VerifyRequest(request_id=f"{a.episode_id}/t{turn}", task=task, candidate=r.answer,
+                          episode_id=a.episode_id, turn=turn) for a, r in zip(live, responses)])
+        for a, gen, response, result in zip(live, gens, responses, results):
+            prompt = a.prompt
+            a.turns.append(Turn(prompt_ids=np.asarray(prompt.ids, dtype=np.int64), response_ids=gen.output_ids,
                                 logprobs=gen.logprobs, versions=gen.versions, finish_reason=gen.finish_reason,
-                                text=text, result=result))
+                                text=response.answer, reasoning=response.reasoning, kind=prompt.kind, result=result))
             a.rewards.append(result.score)
-            # A pass ends the attempt; so does infra (replay drops such an episode: more turns are waste).
-            if result.passed or result.error_class == "infra" or last:
-                a.done = True
-            else:
-                a.prompt = repair_prompt(task, text, result.feedback)
+            decision = self.policy.next_prompt(prompt.attempt.answered(prompt.kind, response), result)
+            a.prompt = decision if isinstance(decision, Prompt) else None
 
 
-def _forced_ids(tokenizer, text: str, room: int, max_new_tokens: int) -> list[int]:
-    eos = getattr(tokenizer, "eos_token_id", None)
-    ids = tokenizer.encode(text) + ([int(eos)] if eos is not None else [])
-    return ids[:max(1, min(room, max_new_tokens))]
+def _forced_ids(tokenizer, text: str, max_new_tokens: int) -> list[int]:
+    """A forced answer ends its turn as a sampled one would: with the end-of-turn token."""
+    end = tokenizer.end_of_turn_id
+    ids = tokenizer.encode(text) + ([int(end)] if end is not None else [])
+    return ids[:max(1, max_new_tokens)]
 
 
 def _empty(request_id: str) -> Generation:

@@ -114,7 +114,7 @@ class SGLangClient(Engine):
 
     def update_weights_from_distributed(self, names: list[str], dtypes: list[str], shapes: list[list[int]],
                                         version: int, group_name: str = "weight_update_group", *,
-                                        last: bool = True) -> None:
+                                        last: bool = True, flat: bool = False) -> None:
         # Body fields: SGLang's UpdateWeightsFromDistributedReqInput. SGLang loads each bucket into the
         # live model at once, so a multi-bucket version runs with generation paused in place (from the
         # first bucket until the last one has loaded), and only the last bucket carries weight_version
@@ -125,6 +125,8 @@ class SGLangClient(Engine):
             self.pause()
         self._updating = self._updating or pause
         body = {"names": names, "dtypes": dtypes, "shapes": shapes, "group_name": group_name, "flush_cache": last}
+        if flat:  # SGLang's bucketed receive: one broadcast of the bucket's tensors concatenated (one dtype)
+            body["load_format"] = "flattened_bucket"
         if last:
             body["weight_version"] = str(version)
         try:

@@ -13,8 +13,10 @@ POST /pause_generation {"mode": "abort" | "in_place"}, /continue_generation
 POST /release_memory_occupation, /resume_memory_occupation
 POST /update_weights_from_disk         {"model_path", "weight_version"}
 POST /init_weights_update_group        {"master_address", "master_port", "rank_offset", "world_size", "group_name", "backend"}
-POST /update_weights_from_distributed  {"names", "dtypes", "shapes", "group_name", "weight_version", "flush_cache"}
-                                       (flush_cache=false: a bucket of a multi-bucket version; staged)
+POST /update_weights_from_distributed  {"names", "dtypes", "shapes", "group_name", "weight_version", "flush_cache",
+                                       "load_format"} (flush_cache=false: a bucket of a multi-bucket version;
+                                       staged. load_format "flattened_bucket": the bucket comes as one flat
+                                       broadcast, as in SGLang)
 GET  /get_weight_version               {"weight_version"} (older SGLang; newer ones use /model_info)
 
 Kiln extensions, ignored by SGLang clients: meta_info["kiln_token_versions"] (the weight version of
@@ -190,9 +192,13 @@ class EngineServer:
                 last = body.get("flush_cache", True)
                 if not isinstance(last, bool):
                     raise BadRequest("flush_cache must be a boolean")
+                load_format = body.get("load_format")
+                if load_format not in (None, "flattened_bucket"):
+                    raise BadRequest(f"load_format {load_format!r}: the torch engine takes null or 'flattened_bucket'")
                 return _weights_result(lambda: e.update_weights_from_distributed(
                     list(body["names"]), list(body["dtypes"]), [list(x) for x in body["shapes"]], version,
-                    str(body.get("group_name", "weight_update_group")), last=last),
+                    str(body.get("group_name", "weight_update_group")), last=last,
+                    flat=load_format == "flattened_bucket"),
                     f"loaded version {version}" if last else f"staged a bucket of version {version}")
             if path == "/pause_generation":
                 mode = body.get("mode", "abort")  # SGLang's default mode

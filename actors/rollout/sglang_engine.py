@@ -3,7 +3,8 @@
 `rollout.sglang.urls` (servers or a router), driven through `SGLangClient` (which also carries SGLang's weight-update endpoints).
 
 Weight paths: separate GPUs -> `init_weights_update_group` once, then `update_weights_from_distributed`
-per version (the learner broadcasts the tensors in that process group); same GPU -> SGLang's
+per bucket of each version (the learner broadcasts in that process group; flat single-dtype buckets
+go with SGLang's `load_format: flattened_bucket`, one broadcast per bucket); same GPU -> SGLang's
 `/update_weights_from_tensor` (CUDA IPC handles, sent by the colocated learner); fallback -> disk.
 Request bodies follow SGLang's `io_struct` (InitWeightsUpdateGroupReqInput,
 UpdateWeightsFromDistributedReqInput); docs/rollout.md lists what was never run against a live server.

@@ -183,12 +183,12 @@ class TorchEngine(Engine):
 
     def update_weights_from_distributed(self, names: list[str], dtypes: list[str], shapes: list[list[int]],
                                         version: int, group_name: str = "weight_update_group", *,
-                                        last: bool = True) -> None:
+                                        last: bool = True, flat: bool = False) -> None:
         receiver = self._groups.get(group_name)
         if receiver is None:
             raise RequestError(f"no weight group {group_name!r}: call init_weights_update_group first")
         try:  # receive on the caller's thread: the learner's broadcast never waits for a step boundary
-            named = receiver.receive(names, dtypes, shapes)
+            named = receiver.receive(names, dtypes, shapes, flat=flat)  # flat: views of the received bucket
         except (RuntimeError, ValueError) as err:
             self._staged.pop(group_name, None)  # a version cut short is never applied in part
             raise EngineError(f"receiving weights for version {version} failed: {err}") from None

@@ -4,7 +4,7 @@ lengths with a long tail.
 A random-init policy emits eos at random, so its response lengths say nothing about a real
 workload. With `rollout.bench.lengths` set, `make_engine` wraps the engine in `SampledLengthEngine`:
 every sampled request (not a forced one, which is scored, not decoded) gets a `max_new_tokens` drawn
-from `lengths` with `length_weights` and ignores eos, so the engine decodes exactly that many tokens
+from `lengths` with `length_weights` and ignores eos and stop ids, so the engine decodes exactly that many tokens
 (fewer only where the model's context ends). The tokens are still sampled from the policy with
 exact logprobs and versions; only where a response ends is chosen by the benchmark. Each engine
 draws from its own seeded stream, so a run and a standalone measurement of one config see the same
@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from typing import Iterable, Sequence
-
-import torch
+from typing import Sequence
 
 from actors.rollout.engine import Engine, GenerateRequest, Generation
 
@@ -51,44 +49,43 @@ class SampledLengthEngine(Engine):
     def shaped(self, request: GenerateRequest) -> GenerateRequest:
         if request.forced_response is not None:
             return request
-        params = dataclasses.replace(request.params, max_new_tokens=self.draw(), ignore_eos=True)
+        # No stop at all: neither eos nor the chat template's end of turn ends a drawn length early.
+        params = dataclasses.replace(request.params, max_new_tokens=self.draw(), ignore_eos=True, stop_token_ids=())
         return dataclasses.replace(request, params=params)
 
     def generate(self, requests: list[GenerateRequest]) -> list[Generation]:
         return self.inner.generate([self.shaped(r) for r in requests])
 
-    # Everything else is the wrapped engine's.
+    # Everything else is the wrapped engine's, whatever its signature (so a change to the Engine
+    # interface never reaches this file), and so is every attribute the Engine interface does not name
+    # (`device`, which the cuda_ipc transport reads).
 
-    def abort(self, request_ids: Iterable[str] | None = None) -> None:
-        self.inner.abort(request_ids)
+    def abort(self, *args, **kwargs):
+        return self.inner.abort(*args, **kwargs)
 
-    def pause(self) -> None:
-        self.inner.pause()
+    def pause(self, *args, **kwargs):
+        return self.inner.pause(*args, **kwargs)
 
-    def resume(self) -> None:
-        self.inner.resume()
+    def resume(self, *args, **kwargs):
+        return self.inner.resume(*args, **kwargs)
 
-    def release_memory(self) -> None:
-        self.inner.release_memory()
+    def release_memory(self, *args, **kwargs):
+        return self.inner.release_memory(*args, **kwargs)
 
-    def resume_memory(self) -> None:
-        self.inner.resume_memory()
+    def resume_memory(self, *args, **kwargs):
+        return self.inner.resume_memory(*args, **kwargs)
 
-    def update_weights_from_tensors(self, tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        self.inner.update_weights_from_tensors(tensors, version)
+    def update_weights_from_tensors(self, *args, **kwargs):
+        return self.inner.update_weights_from_tensors(*args, **kwargs)
 
-    def update_weights_from_disk(self, path: str, version: int) -> None:
-        self.inner.update_weights_from_disk(path, version)
+    def update_weights_from_disk(self, *args, **kwargs):
+        return self.inner.update_weights_from_disk(*args, **kwargs)
 
-    def init_weights_update_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
-                                  group_name: str = "weight_update_group", backend: str = "nccl") -> None:
-        self.inner.init_weights_update_group(master_address, master_port, rank_offset, world_size, group_name,
-                                             backend)
+    def init_weights_update_group(self, *args, **kwargs):
+        return self.inner.init_weights_update_group(*args, **kwargs)
 
-    def update_weights_from_distributed(self, names: list[str], dtypes: list[str], shapes: list[list[int]],
-                                        version: int, group_name: str = "weight_update_group", *,
-                                        last: bool = True) -> None:
-        self.inner.update_weights_from_distributed(names, dtypes, shapes, version, group_name, last=last)
+    def update_weights_from_distributed(self, *args, **kwargs):
+        return self.inner.update_weights_from_distributed(*args, **kwargs)
 
     @property
     def weight_version(self) -> int:
@@ -99,3 +96,8 @@ class SampledLengthEngine(Engine):
 
     def close(self) -> None:
         self.inner.close()
+
+    def __getattr__(self, name: str):
+        if name == "inner":  # not set yet (unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.inner, name)

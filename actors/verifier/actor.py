@@ -69,7 +69,7 @@ class VerifierActor(Actor):
     # ------------------------------------------------------------------------------ lifecycle
 
     def start(self) -> dict[str, str]:
-        self.impl = self.reward_cls(self.cfg)
+        self.impl = self.reward_cls(self.cfg, **self.cfg.reward_actor_args)
         self.spawn(self.impl.warm, "warm")
         if self.ctx is not None:
             b = self.ctx.bind

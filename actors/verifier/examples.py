@@ -3,8 +3,9 @@
 Use it with `verifier.reward_actor: actors.verifier.examples.TextMatchReward` and the matching task
 source `replay.task_source: actors.buffer.examples.TextMatchTasks`. Tasks are of kind "text_match"
 with payload {"prompt": str, "answer": str}. The candidate's first line (stripped) is the answer:
-an exact match scores 1.0; anything else scores -1 + 1.5·r, with r the character overlap ratio
-(difflib), so partial credit lies in [-1, 0.5) and rises smoothly as a tiny model gets closer.
+an exact match scores 1.0; anything else scores -1 + w·r, with r the character overlap ratio
+(difflib) and w the constructor's `partial_credit` (1.5 unless `verifier.reward_actor_args` says
+otherwise), so partial credit lies in [-1, -1 + w) and rises smoothly as a tiny model gets closer.
 """
 
 from __future__ import annotations
@@ -20,8 +21,13 @@ KIND = "text_match"
 
 class TextMatchReward(RewardActor):
 
-    def __init__(self, cfg: VerifierConfig) -> None:
+    def __init__(self, cfg: VerifierConfig, *, partial_credit: float = 1.5) -> None:
+        """`partial_credit` (from `verifier.reward_actor_args`): the score a full character overlap
+        would add to -1; below 2, a near miss always scores under an exact match."""
+        if not 0 <= partial_credit < 2:
+            raise ValueError(f"partial_credit must lie in [0, 2), got {partial_credit}")
         self.cfg = cfg
+        self.partial_credit = float(partial_credit)
 
     def verify(self, request: VerifyRequest) -> VerifyResult:
         task = request.task
@@ -36,7 +42,8 @@ class TextMatchReward(RewardActor):
             return self._result(request, passed=True, error_class=None, q=1.0, score=1.0,
                                 feedback="Correct.", got=got)
         overlap = difflib.SequenceMatcher(None, got, answer).ratio()
-        return self._result(request, passed=False, error_class="correctness", q=overlap, score=-1.0 + 1.5 * overlap,
+        return self._result(request, passed=False, error_class="correctness", q=overlap,
+                            score=-1.0 + self.partial_credit * overlap,
                             feedback=f"Wrong answer {got!r}: {overlap:.0%} of the characters match the expected "
                                      "answer. Answer on the first line, nothing else.", got=got)
 

@@ -3,7 +3,7 @@
 A reward actor is a plain class named by dotted path in `verifier.reward_actor`:
 
     class MyReward:
-        def __init__(self, cfg: configs.VerifierConfig) -> None: ...
+        def __init__(self, cfg: configs.VerifierConfig, **args) -> None: ...   # args: verifier.reward_actor_args
         def verify(self, request: protocols.VerifyRequest) -> protocols.VerifyResult: ...
         def warm(self) -> None: ...           # optional: slow preparation, on a background thread
         def close(self) -> None: ...          # optional: release processes, files, devices
@@ -34,7 +34,7 @@ class RewardActor(Protocol):
     """The reward-actor interface. `verify` is required; `warm` and `close` are optional hooks with
     default bodies, which a plug-in inherits by subclassing this class (the shipped ones do)."""
 
-    def __init__(self, cfg: VerifierConfig) -> None: ...
+    def __init__(self, cfg: VerifierConfig, **args) -> None: ...
 
     def verify(self, request: VerifyRequest) -> VerifyResult:
         """The verdict on `request`; may be called from several threads at once."""

@@ -1,16 +1,21 @@
 """GPU acceptance check of the megatron backend: prints one table, writes JSON to $OUT when set.
 
-    torchrun --nproc-per-node 2 -m launch.bench.gpu_megatron [--quick]   # all checks
-    python -m launch.bench.gpu_megatron [--quick]                        # 1 GPU: TP/DP rows SKIP
+    torchrun --nproc-per-node 2 -m launch.bench.gpu_megatron [--quick] [--profile]   # all checks
+    python -m launch.bench.gpu_megatron [--quick] [--profile]                        # 1 GPU: TP/PP/DP rows SKIP
 
 Rows: HF -> megatron -> HF round trip through the live model (bit-exact), export_hf reloads in
 transformers (bit-exact), TP=1 logits/logprobs vs the HF model (bf16), a training step (finite loss,
 weights move, MirrorPop drops the drifted sequence), checkpoint save/load restores the weights,
 TP=2 vs TP=1 logits/logprobs, one train step under (TP=1, DP=2) vs (TP=2, DP=1) from the same weights
-(same loss, grad norm and updated weights), and throughput of a ~1.1B Qwen3-style model at 8192
-tokens per GPU per step (MFU = 6·N·tokens / (seconds · 989e12) for the SFT step; the RL step also
-runs the no-grad π_prox pass before its updates and the no-grad drift pass after them, so it is
-counted 10·N). Each row runs in its own try/except.
+(same loss, grad norm and updated weights), PP=2 vs PP=1: the weights gathered from both stages
+(bit-exact), logprobs through the pipeline, one RL step (same loss and grad norm within bf16
+rounding), and the memory of a ~1.1B model's PP=2 step on each stage against the placement plan's
+estimate (within 15%). Throughput of a ~1.1B Qwen3-style model at 8192 tokens per GPU per step, for
+each kernel switch of `learner.megatron` on its own and all together, with peak memory against the
+plan's estimate: MFU = 6·N·tokens / (seconds · 989e12) for the SFT step; the RL step also runs the
+no-grad π_prox pass before its updates and the no-grad drift pass after them, so it is counted 10·N.
+`--profile` adds torch.profiler's top 15 CUDA kernels of one SFT step with every switch off and
+with every switch on (tables printed and written to $OUT). Each row runs in its own try/except.
 """
 
 from __future__ import annotations
@@ -32,10 +37,11 @@ import torch.distributed as dist
 
 from actors.learner.algorithm import Trainer
 from actors.learner.megatron.backend import MegatronBackend
-from actors.learner.megatron.model import packed_forward
+from actors.learner.megatron.model import Kernels, packed_forward
 from actors.learner.megatron.parallel import init_distributed
 from actors.policy.model import build_model
 from configs import AlgoConfig, LearnerConfig, ModelConfig
+from configs.schema import MegatronKernelsConfig
 from protocols import TrainBatch
 
 H100_BF16_FLOPS = 989e12
@@ -117,7 +123,7 @@ def megatron_logits(backend: MegatronBackend, batch: TrainBatch) -> torch.Tensor
     pos = torch.as_tensor(np.concatenate([np.arange(b - a) for a, b in zip(cu, cu[1:])]), device=backend.device)
     backend.model.eval()
     with torch.no_grad():
-        local = packed_forward(backend.model, tokens, pos, [int(x) for x in cu], backend.rope).float()
+        local = packed_forward(backend.model, tokens, pos, [int(x) for x in cu], backend.rope)[0].float()
     tp = backend.layout.tp
     if tp > 1:
         from megatron.core import parallel_state
@@ -165,6 +171,7 @@ def diff_stats(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer timed steps")
+    parser.add_argument("--profile", action="store_true", help="top 15 CUDA kernels of an SFT step, before/after")
     args = parser.parse_args()
     device = init_distributed("cuda")
     world = dist.get_world_size()
@@ -174,9 +181,9 @@ def main() -> None:
     batch = make_batch(SMALL, [300, 517, 128, 700, 64, 911, 400], seed=1)
     state: dict = {}
 
-    def small_backend(tp: int) -> Trainer:
-        return Trainer(MegatronBackend(SMALL, dataclasses.replace(learner, tensor_parallel=tp), device=device), algo,
-                       temperature=T)
+    def small_backend(tp: int, pp: int = 1) -> Trainer:
+        return Trainer(MegatronBackend(SMALL, dataclasses.replace(learner, tensor_parallel=tp, pipeline_parallel=pp),
+                                       device=device), algo, temperature=T)
 
     # ---------------------------------------------------------------- TP = 1 (DP = world)
     b1 = None
@@ -290,44 +297,16 @@ def main() -> None:
         row("TP=2 vs TP=1 logits", None, "needs 2 GPUs (torchrun --nproc-per-node 2)")
         row("train step DP vs TP layout", None, "needs 2 GPUs")
 
+    # ---------------------------------------------------------------- PP = 2
+    if world >= 2 and world % 2 == 0:
+        pipeline_rows(small_backend, batch, state, world)
+    else:
+        for name in ("PP=2 weights from both stages", "PP=2 vs PP=1 logprobs", "RL step PP=2 vs PP=1",
+                     "PP=2 memory vs plan"):
+            row(name, None, "needs 2 GPUs (torchrun --nproc-per-node 2)")
+
     # ---------------------------------------------------------------- throughput
-    @check("throughput ~1B")
-    def _():
-        # lr = 0: the same arithmetic, but the weights stay put, so μ stays on-policy and MirrorPop keeps
-        # every sequence in every timed RL step (a moving policy would make it drop them all).
-        big = Trainer(MegatronBackend(LARGE, dataclasses.replace(learner, micro_batch_tokens=8192, lr=0.0),
-                                      device=device), algo, temperature=1.0)
-        n_params = sum(t.numel() for _, t in big.named_weights())
-        per_gpu = 8192
-        dp = big.backend.layout.dp
-        tokens_batch = make_batch(LARGE, [2048] * (4 * dp), seed=7)
-        rl_batch = with_behaviour(tokens_batch, big.logprobs(tokens_batch, 1.0).numpy(), drifted=None, seed=8)
-        steps = 2 if args.quick else 4
-
-        def timed(fn) -> float:
-            fn(rl_batch)  # warm-up
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            for _ in range(steps):
-                fn(rl_batch)
-            torch.cuda.synchronize()
-            return (time.perf_counter() - start) / steps
-
-        torch.cuda.reset_peak_memory_stats()
-        sft_s = timed(big.sft_step)
-        rl_s = timed(big.train_step)
-        kept = big.train_step(rl_batch).metrics["kept_fraction"]
-        if kept < 1.0:
-            raise RuntimeError(f"MirrorPop kept only {kept:.2f} of the timed RL batch: the RL time is not a full step")
-        mfu_sft = 6 * n_params * per_gpu / (sft_s * H100_BF16_FLOPS)
-        mfu_rl = 10 * n_params * per_gpu / (rl_s * H100_BF16_FLOPS)
-        peak = torch.cuda.max_memory_allocated() / 2**30
-        row("throughput ~1B", True,
-            f"N={n_params / 1e9:.2f}B, {per_gpu} tok/GPU/step, dp={dp}: SFT step {sft_s:.3f}s "
-            f"{per_gpu / sft_s:,.0f} tok/s/GPU MFU {mfu_sft:.1%}; RL step {rl_s:.3f}s {per_gpu / rl_s:,.0f} tok/s/GPU "
-            f"MFU(10N) {mfu_rl:.1%}; peak mem {peak:.1f} GiB",
-            params=n_params, sft_seconds=sft_s, rl_seconds=rl_s, mfu_sft=mfu_sft, mfu_rl=mfu_rl, peak_gib=peak,
-            device=torch.cuda.get_device_name())
+    throughput(learner, algo, device, world, steps=2 if args.quick else 4, profile=args.profile)
 
     if rank0():
         print(f"\n{'check':36s} {'status':6s} detail")
@@ -339,6 +318,207 @@ def main() -> None:
             Path(out, "megatron_gpu_check.json").write_text(json.dumps(ROWS, indent=1))
     dist.barrier()
     dist.destroy_process_group()
+
+
+def free() -> None:
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+# -------------------------------------------------------------------- pipeline parallelism (2 GPUs)
+
+
+def pipeline_rows(small_backend, batch: TrainBatch, state: dict, world: int) -> None:
+    """PP=2 (TP=1; DP = world / 2) against the (TP=1, DP=world) rows above: the same initial weights,
+    logprobs and RL step; then the memory of a ~1.1B PP=2 step against the plan."""
+    b = None
+
+    @check("PP=2 weights from both stages")
+    def _():
+        nonlocal b
+        b = small_backend(1, pp=2)
+        ref = initial_weights(b.backend.device)
+        got = weights(b)
+        expected = [n for n in ref if not (n == "lm_head.weight" and b.backend.shape.tied_embeddings)]
+        exact = set(got) == set(expected) and all(torch.equal(got[n], ref[n].float()) for n in expected)
+        row("PP=2 weights from both stages", exact, f"stage {b.backend.layout.pp_rank} of 2 yields {len(got)} tensors, "
+            f"bit-exact={exact}")
+
+    @check("PP=2 vs PP=1 logprobs")
+    def _():
+        pmax, pmean = diff_stats(b.logprobs(batch, T), state["lp_tp1"])
+        row("PP=2 vs PP=1 logprobs", pmean < 1e-2, f"logprobs max {pmax:.3g} mean {pmean:.3g} (bf16)",
+            logprobs_max=pmax, logprobs_mean=pmean)
+
+    @check("RL step PP=2 vs PP=1")
+    def _():
+        result = b.train_step(state["batch"])
+        ref = state["step_tp1"]
+        wdiff = max_diff(weights(b), state["weights_tp1"])
+        ok = abs(result.loss - ref.loss) <= 2e-2 * abs(ref.loss) + 1e-3 \
+            and abs(result.grad_norm - ref.grad_norm) <= 5e-2 * ref.grad_norm \
+            and result.trained_tokens == ref.trained_tokens
+        row("RL step PP=2 vs PP=1", ok,
+            f"(pp1,dp{world}) loss {ref.loss:.5g} gn {ref.grad_norm:.4g} vs (pp2,dp{world // 2}) loss {result.loss:.5g} "
+            f"gn {result.grad_norm:.4g}; max|Δw| {wdiff:.3g}", loss=result.loss, grad_norm=result.grad_norm,
+            weight_diff=wdiff)
+
+    del b
+    free()
+
+    @check("PP=2 memory vs plan")
+    def _():
+        learner = LearnerConfig(backend="megatron", lr=0.0, micro_batch_tokens=8192, pipeline_parallel=2)
+        big = Trainer(MegatronBackend(LARGE, learner, device=torch.device("cuda", torch.cuda.current_device())),
+                      AlgoConfig(), temperature=1.0)
+        layout = big.backend.layout
+        sequences = make_batch(LARGE, [2048] * (16 * layout.dp), seed=9)  # 4 micro-batches per DP replica
+        big.sft_step(sequences)  # the optimizer's state exists from here on
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        result = big.sft_step(sequences)
+        peak = torch.cuda.max_memory_allocated()
+        estimate = plan_estimate(learner, tp=1, pp=2, dp=layout.dp, stage=layout.pp_rank)
+        ratio = peak / estimate
+        peaks = [None] * world
+        dist.all_gather_object(peaks, (layout.pp_rank, peak / 2**30, estimate / 2**30, ratio))
+        ok = all(abs(r - 1) <= 0.15 for *_, r in peaks) and math.isfinite(result.loss)
+        row("PP=2 memory vs plan", ok, "; ".join(f"stage {s}: peak {p:.1f} GiB vs plan {e:.1f} GiB ({r:.2f}x)"
+                                               for s, p, e, r in sorted(peaks)[::world // 2]),
+            stages=peaks)
+        del big
+        free()
+
+
+def plan_estimate(learner: LearnerConfig, *, tp: int, pp: int, dp: int, stage: int) -> float:
+    """The placement plan's bytes for this pipeline stage of the LARGE model under `learner`."""
+    from launch.plan import megatron_stage_memory, model_shape
+
+    stages = megatron_stage_memory(model_shape(LARGE), learner, tp=tp, pp=pp, dp=dp)
+    return sum((stages[0] if stage == 0 else stages[-1]).values())
+
+
+# -------------------------------------------------------------------- throughput and kernels
+
+
+VARIANTS = {  # learner.megatron switches: every one off, each alone, all on
+    "plain": dict(fused_logprobs=False, fused_swiglu=False, fused_rope=False),
+    "fused_logprobs": dict(fused_logprobs=True, fused_swiglu=False, fused_rope=False),
+    "fused_swiglu": dict(fused_logprobs=False, fused_swiglu=True, fused_rope=False),
+    "fused_rope": dict(fused_logprobs=False, fused_swiglu=False, fused_rope=True),
+    "all fused": dict(fused_logprobs=True, fused_swiglu=True, fused_rope=True),
+}
+
+
+def throughput(learner: LearnerConfig, algo: AlgoConfig, device, world: int, *, steps: int, profile: bool) -> None:
+    big, n_params = None, 0
+    per_gpu = 8192
+
+    @check("throughput ~1B")
+    def _():
+        nonlocal big, n_params
+        # lr = 0: the same arithmetic, but the weights stay put, so μ stays on-policy and MirrorPop keeps
+        # every sequence in every timed RL step (a moving policy would make it drop them all).
+        big = Trainer(MegatronBackend(LARGE, dataclasses.replace(learner, micro_batch_tokens=per_gpu, lr=0.0),
+                                      device=device), algo, temperature=1.0)
+        n_params = sum(t.numel() for _, t in big.named_weights())
+        row("throughput ~1B", True, f"N={n_params / 1e9:.2f}B, {per_gpu} tok/GPU/step (4 x 2048), "
+            f"dp={big.backend.layout.dp}, TP=1; MFU = 6·N·tokens/(s·989e12)", params=n_params)
+
+    if big is None:
+        return
+    backend = big.backend
+    dp = backend.layout.dp
+    tokens_batch = make_batch(LARGE, [2048] * (4 * dp), seed=7)
+    rl_batch = with_behaviour(tokens_batch, big.logprobs(tokens_batch, 1.0).numpy(), drifted=None, seed=8)
+
+    def timed(fn) -> float:
+        fn(rl_batch)  # warm-up (and the compiled kernels' first compilation)
+        fn(rl_batch)
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(steps):
+            fn(rl_batch)
+        torch.cuda.synchronize()
+        return (time.perf_counter() - start) / steps
+
+    mfu = {}
+    for name, switches in VARIANTS.items():
+        @check(f"SFT step: {name}")
+        def _():
+            backend.kernels = Kernels(**switches, compile=True)
+            torch.cuda.reset_peak_memory_stats()
+            sft_s = timed(big.sft_step)
+            peak = torch.cuda.max_memory_allocated()
+            estimate = plan_estimate(dataclasses.replace(learner, micro_batch_tokens=per_gpu,
+                                                         megatron=MegatronKernelsConfig(**switches)),
+                                     tp=1, pp=1, dp=dp, stage=0)
+            mfu[name] = 6 * n_params * per_gpu / (sft_s * H100_BF16_FLOPS)
+            extra = ""
+            if name in ("plain", "all fused"):
+                rl_s = timed(big.train_step)
+                kept = big.train_step(rl_batch).metrics["kept_fraction"]
+                if kept < 1.0:
+                    raise RuntimeError(f"MirrorPop kept only {kept:.2f} of the timed RL batch: not a full step")
+                extra = f"; RL step {rl_s:.3f}s MFU(10N) {10 * n_params * per_gpu / (rl_s * H100_BF16_FLOPS):.1%}"
+            row(f"SFT step: {name}", True,
+                f"{sft_s:.3f}s {per_gpu / sft_s:,.0f} tok/s/GPU MFU {mfu[name]:.1%}{extra}; peak {peak / 2**30:.1f} GiB "
+                f"vs plan {estimate / 2**30:.1f} GiB ({peak / estimate:.2f}x)",
+                seconds=sft_s, mfu=mfu[name], peak_gib=peak / 2**30, plan_gib=estimate / 2**30,
+                device=torch.cuda.get_device_name())
+
+    if "plain" in mfu and "all fused" in mfu:
+        row("MFU target (>= 40%)", mfu["all fused"] >= 0.40,
+            f"SFT step {mfu['plain']:.1%} -> {mfu['all fused']:.1%} with every switch on (dp={dp})")
+    if profile:
+        for name in ("plain", "all fused"):
+            @check(f"profile: {name}")
+            def _():
+                backend.kernels = Kernels(**VARIANTS[name], compile=True)
+                big.sft_step(rl_batch)  # warm
+                table = kernel_table(lambda: big.sft_step(rl_batch))
+                if rank0():
+                    print(f"\n[gpu_check] top CUDA kernels of one SFT step ({name}):\n{table}", flush=True)
+                    out = os.environ.get("OUT")
+                    if out:
+                        Path(out, f"profile_sft_{name.replace(' ', '_')}.md").write_text(table + "\n")
+                row(f"profile: {name}", True, "top 15 kernels printed above" + (" and in $OUT" if os.environ.get("OUT") else ""))
+    del big
+    free()
+
+
+def kernel_table(step, top: int = 15) -> str:
+    """torch.profiler over one call of `step`: the `top` CUDA kernels by GPU time, as a markdown
+    table, and how the step's GPU time splits into GEMMs, attention, communication and the rest."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    wall = time.perf_counter() - start
+    kernels = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+    time_of = lambda e: getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)  # noqa: E731
+    kernels.sort(key=time_of, reverse=True)
+    busy = sum(time_of(e) for e in kernels)  # µs
+    lines = [f"GPU busy {busy / 1e3:.1f} ms of {wall * 1e3:.1f} ms wall (profiled; the profiler slows the host)",
+             "", "| # | kernel | calls | total ms | % of GPU time | avg µs |", "| --- | --- | --- | --- | --- | --- |"]
+    for i, e in enumerate(kernels[:top], 1):
+        name = e.key if len(e.key) <= 90 else e.key[:87] + "..."
+        lines.append(f"| {i} | `{name}` | {e.count} | {time_of(e) / 1e3:.2f} | {time_of(e) / busy:.1%} | "
+                     f"{time_of(e) / e.count:.0f} |")
+    groups: dict[str, float] = {}
+    for e in kernels:
+        key = e.key.lower()
+        kind = ("GEMM" if any(k in key for k in ("gemm", "cutlass", "xmma", "nvjet", "cublas")) else
+                "attention" if any(k in key for k in ("flash", "fmha", "attention", "sdpa")) else
+                "communication" if "nccl" in key else
+                "copies" if any(k in key for k in ("copy", "memcpy", "memset", "cat")) else "elementwise / reductions")
+        groups[kind] = groups.get(kind, 0.0) + time_of(e)
+    lines += ["", "| kind | ms | % of GPU time |", "| --- | --- | --- |"]
+    lines += [f"| {k} | {v / 1e3:.1f} | {v / busy:.1%} |" for k, v in sorted(groups.items(), key=lambda kv: -kv[1])]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

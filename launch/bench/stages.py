@@ -32,11 +32,11 @@ from pathlib import Path
 
 import numpy as np
 
-from actors.policy.prompts import first_prompt
 from actors.policy.tokenizer import load_tokenizer
 from actors.rollout.engine import GenerateRequest, Generation, SamplingParams
 from actors.rollout.engines import make_engine, resolve_device
 from actors.rollout.forced import CandidatePool
+from actors.rollout.turns import Attempt, Prompt, TurnPolicy, TurnRules
 from configs import KilnConfig
 from protocols import Episode, Task, Turn, VerifyRequest
 
@@ -111,9 +111,28 @@ class Workload:
         tasks = load_task_set(cfg.replay, cfg.verifier.backend).train
         return cls(cfg=cfg, tasks=tasks, tokenizer=load_tokenizer(cfg.model), rng=random.Random(cfg.rollout.seed))
 
+    def params(self) -> SamplingParams:
+        """The rollout actor's sampling settings, its stop ids included."""
+        r = self.cfg.rollout
+        return SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+                              max_new_tokens=r.max_new_tokens, stop_token_ids=tuple(self.tokenizer.stop_ids))
+
     def prompt(self, i: int) -> tuple[Task, list[int]]:
-        task = self.tasks[i % len(self.tasks)]
-        return task, self.tokenizer.prompt_ids(first_prompt(task))
+        """The first prompt of the i-th task (in turn), as the turn policy poses it in the loop."""
+        policy = TurnPolicy(TurnRules.from_config(self.cfg.rollout, self.cfg.model), self.tokenizer)
+        for k in range(len(self.tasks)):
+            task = self.tasks[(i + k) % len(self.tasks)]
+            first = policy.next_prompt(Attempt.of(task), None)
+            if isinstance(first, Prompt):
+                return task, list(first.ids)
+        raise ValueError("no training task fits model.max_seq_len with rollout.max_new_tokens of room")
+
+    def forced_ids(self, text: str, prompt: list[int]) -> list[int]:
+        """A forced candidate's tokens as the rollout scores them: with the end-of-turn token, cut to fit."""
+        end = self.tokenizer.end_of_turn_id
+        ids = self.tokenizer.encode(text) + ([int(end)] if end is not None else [])
+        room = self.cfg.model.max_seq_len - len(prompt)
+        return ids[:max(1, min(room, self.cfg.rollout.max_new_tokens))]
 
     def pool(self) -> CandidatePool | None:
         r = self.cfg.rollout
@@ -125,8 +144,7 @@ class Workload:
 def measure(cfg: KilnConfig, out: Path, *, engine_requests: int, verifier_requests: int,
             learner_steps: int) -> Stages:
     work = Workload.of(cfg)
-    eos = getattr(work.tokenizer, "eos_token_id", None)
-    engine = make_engine(cfg.rollout, cfg.model, index=0, eos_token_ids=[] if eos is None else [int(eos)])
+    engine = make_engine(cfg.rollout, cfg.model, index=0, eos_token_ids=list(work.tokenizer.stop_ids))
     try:
         engine_stage = measure_engine(engine, work, engine_requests)
         log.info("engine alone: %.1f decoded tok/s", engine_stage.decoded_tokens_per_s)
@@ -146,8 +164,7 @@ def measure(cfg: KilnConfig, out: Path, *, engine_requests: int, verifier_reques
 
 
 def measure_engine(engine, work: Workload, requests: int) -> EngineStage:
-    r = work.cfg.rollout
-    params = SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_new_tokens=r.max_new_tokens)
+    r, params = work.cfg.rollout, work.params()
     task, prompt = work.prompt(0)  # warm-up: one forced scoring builds whatever the first call builds
     engine.generate([GenerateRequest("warm", prompt, params, forced_response=prompt[:8])])
     asked = [work.prompt(i) for i in range(requests)]
@@ -175,16 +192,14 @@ def learner_batch(engine, work: Workload):
     from actors.buffer.packing import pack_batch
 
     cfg, pool = work.cfg, work.pool()
-    r = cfg.rollout
-    params = SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_new_tokens=r.max_new_tokens)
+    params = work.params()
     episodes, sampled = [], iter(work.sampled * (1 + cfg.algo.batch_groups * cfg.algo.group_size))
     for g in range(cfg.algo.batch_groups):
         for i in range(cfg.algo.group_size):
             task, prompt, gen = next(sampled)
             text = pool.draw(task) if pool is not None else None
             if text is not None:
-                room = cfg.model.max_seq_len - len(prompt)
-                forced = work.tokenizer.encode(text)[:max(1, min(room, r.max_new_tokens))]
+                forced = work.forced_ids(text, prompt)
                 (gen,) = engine.generate([GenerateRequest(f"forced-{g}-{i}", prompt, params, forced_response=forced)])
             turn = Turn(prompt_ids=np.asarray(prompt, np.int64), response_ids=gen.output_ids, logprobs=gen.logprobs,
                         versions=gen.versions, finish_reason=gen.finish_reason)
@@ -223,7 +238,7 @@ def verify_requests(work: Workload, n: int) -> tuple[list[VerifyRequest], int]:
         task, _, gen = work.sampled[i % len(work.sampled)]
         text = pool.draw(task) if pool is not None else None
         forced += text is not None
-        candidate = text if text is not None else work.tokenizer.decode(gen.output_ids)
+        candidate = text if text is not None else work.tokenizer.split_response(gen.output_ids).answer
         requests.append(VerifyRequest(request_id=f"bench-{i}-{uuid.uuid4().hex[:8]}", task=task, candidate=candidate,
                                       episode_id=f"bench-{i}"))
     return requests, forced
@@ -271,20 +286,47 @@ def measure_verifier(work: Workload, n: int, cache: Path) -> VerifierStage:
 
 
 def measure_sync(cfg: KilnConfig, pushes: int = 3) -> SyncStage:
+    """The learner's `WeightServer`, set up as the learner sets it up, publishing the run's model to one
+    `TorchEngine` + `WeightClient` in its own process; `pushes` timed pushes after one untimed one
+    (set-up: the group join, the engine's staging)."""
+    import tempfile
+
+    from actors.learner.weight_sync import WeightServer
     from actors.policy.model import build_model
     from actors.policy.weights import choose_transport
-    from launch.bench.weight_sync import push_seconds
+    from launch.bench.weight_sync import EngineProcess
 
     device = resolve_device(cfg.learner.device)
     colocated = cfg.cluster.layout == "colocated"
-    transport = choose_transport(cfg.learner.weight_sync.transport, device, colocated)
+    ws = cfg.learner.weight_sync
+    transport = choose_transport(ws.transport, device, colocated)
     engine_device = device
     if device.startswith("cuda") and not colocated:
         import torch
 
         engine_device = "cuda:1" if torch.cuda.device_count() > 1 else device
     model = build_model(cfg.model, device)
-    (publish, confirmed, nbytes), = push_seconds(model, cfg.model, transport, [cfg.learner.weight_sync.bucket_mb],
-                                                 engine_device, versions=pushes).values()
+    publish, confirmed, nbytes = [], [], 0
+    with tempfile.TemporaryDirectory() as run_dir:
+        server = WeightServer(run_dir, transport, ws.bucket_mb, timeout_s=ws.process_group.push_timeout_s,
+                              join_timeout_s=ws.process_group.join_timeout_s,
+                              flat_buckets=ws.process_group.flat_buckets)
+        engine = None
+        try:
+            engine = EngineProcess(server.start(), cfg.model, engine_device, "bench-sync")
+            for v in range(1, pushes + 2):
+                start = time.perf_counter()
+                report = server.publish(v, model.named_parameters)
+                published = time.perf_counter() - start
+                if not server.wait_confirmed(v, ["bench-sync"], timeout_s=ws.process_group.push_timeout_s):
+                    raise TimeoutError(f"weight sync alone: version {v} was not confirmed: {server.health()}")
+                if v > 1:
+                    publish.append(published)
+                    confirmed.append(time.perf_counter() - start)
+                nbytes = report.bytes
+        finally:
+            if engine is not None:
+                engine.stop()
+            server.stop()
     return SyncStage(transport=transport, bytes=nbytes, publish_s_median=statistics.median(publish),
                      confirmed_s_median=statistics.median(confirmed), pushes=len(publish))

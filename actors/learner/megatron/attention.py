@@ -9,10 +9,13 @@ restart at each sequence (`RotaryTables`, HF's default RoPE exactly), then runs 
 `scaled_dot_product_attention` per sequence (flash / cuDNN kernels, no mask tensor, no
 cross-sequence attention). KV heads are repeated to the query heads of this rank (GQA) so every
 fused SDPA backend applies. `SelfAttention` has already applied Qwen3's q/k norm (HF's order too).
+With `fused_rope` the rotation of q and of k runs as one torch.compile'd kernel each (forward and
+backward) instead of eager cat / mul / add.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -42,6 +45,11 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return x * cos + rotated * sin
 
 
+@functools.cache
+def _compiled_rotary():
+    return torch.compile(apply_rotary, dynamic=True)
+
+
 @dataclass
 class PackedSequences(PackedSeqParams):
     """megatron's THD parameters plus what `SDPAAttention` needs without touching the device: the
@@ -50,16 +58,19 @@ class PackedSequences(PackedSeqParams):
     boundaries: tuple[int, ...] = ()
     rope_cos: torch.Tensor | None = None  # float32 [t, 1, head_dim]
     rope_sin: torch.Tensor | None = None
+    fused_rope: bool = False  # rotate with the compiled kernel
 
     @classmethod
-    def build(cls, boundaries: list[int], positions: torch.Tensor, rope: RotaryTables) -> "PackedSequences":
+    def build(cls, boundaries: list[int], positions: torch.Tensor, rope: RotaryTables, *,
+              fused_rope: bool = False) -> "PackedSequences":
         """`boundaries`: rising token offsets [0, ..., t] of the non-empty sequences; `positions`:
         each token's position in its sequence [t]."""
         cu = torch.tensor(boundaries, dtype=torch.int32, device=positions.device)
         longest = max((b - a for a, b in zip(boundaries, boundaries[1:])), default=0)
         cos, sin = rope.cos_sin(positions)
         return cls(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=longest,
-                   max_seqlen_kv=longest, boundaries=tuple(boundaries), rope_cos=cos, rope_sin=sin)
+                   max_seqlen_kv=longest, boundaries=tuple(boundaries), rope_cos=cos, rope_sin=sin,
+                   fused_rope=fused_rope)
 
 
 def _causal_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None) -> torch.Tensor:
@@ -91,7 +102,8 @@ class SDPAAttention(MegatronModule):
         if not isinstance(packed_seq_params, PackedSequences) or packed_seq_params.rope_cos is None:
             raise ValueError("SDPAAttention needs PackedSequences with RoPE tables (use model.packed_forward)")
         cos, sin = packed_seq_params.rope_cos, packed_seq_params.rope_sin
-        query, key = apply_rotary(query, cos, sin), apply_rotary(key, cos, sin)
+        rotate = _compiled_rotary() if packed_seq_params.fused_rope else apply_rotary
+        query, key = rotate(query, cos, sin), rotate(key, cos, sin)
         bounds = packed_seq_params.boundaries
         outputs = []
         for start, stop in zip(bounds, bounds[1:]):

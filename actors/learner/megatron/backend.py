@@ -1,22 +1,27 @@
-"""The `megatron` learner backend: megatron-core GPTModel, TP x DP, distributed optimizer (GPU only).
+"""The `megatron` learner backend: megatron-core GPTModel, TP x PP x DP, distributed optimizer (GPU only).
 
 One instance per rank; under torchrun/Ray every rank constructs it and calls every method in step
 (they are collectives). Every rank receives the same TrainBatch; the RL step hands each DP rank its
-micro-batches, and the TP ranks of one DP group work on the same ones. Model code only: the RL and
-SFT steps are `actors.learner.algorithm`'s.
-  `forward_backward` runs megatron-core's own schedule (`get_forward_backward_func`): each
-      micro-batch runs as one packed row, its vocab-parallel logits become logprobs (and, on demand,
-      entropies) over the full vocabulary, and the caller's loss is backpropagated into megatron's
-      fp32 grad buffers. The loss arrives normalised already (calculate_per_token_loss), so DDP sums
-      over DP rather than averaging;
-  `step` reduce-scatters the grads over DP and sums the q/k-norm grads over TP (finalize_model_grads),
-      then the distributed optimizer clips the global grad norm, steps AdamW on its fp32 shard and
-      all-gathers the updated weights.
+micro-batches, and the TP and PP ranks of one DP replica work on the same ones. Model code only: the
+RL and SFT steps are `actors.learner.algorithm`'s.
+  `forward_backward` runs megatron-core's own schedule (`get_forward_backward_func`: no pipelining
+      with PP = 1, 1F1B across the stages otherwise): each micro-batch runs as one packed row, the
+      last stage's vocab-parallel logits become logprobs (and, on demand, entropies) over the full
+      vocabulary, and the caller's loss is backpropagated into megatron's fp32 grad buffers. The loss
+      function runs on the last stage only; what it reports is broadcast to the other stages of the
+      pipeline, so every rank returns the same reports. The loss arrives normalised already
+      (calculate_per_token_loss), so DDP sums over DP rather than averaging;
+  `step` reduce-scatters the grads over DP, sums the q/k-norm grads over TP and the two copies of a
+      tied embedding over the first and last stage (finalize_model_grads), then the distributed
+      optimizer clips the global grad norm, steps AdamW on its fp32 shard and all-gathers the
+      updated weights.
 Weights always come from an HF state dict (`model.path`, or the engines' seeded random init), so
-learner and engines start identical; with a KL term a second, frozen GPTModel holds those initial
-weights as the reference. Refused with a ConfigError: pipeline parallelism and float16.
+learner and engines start identical; each stage loads the layers it holds. With a KL term a second,
+frozen GPTModel holds those initial weights as the reference. `named_weights` gathers every tensor
+from its TP group and broadcasts it from its stage, so every rank yields the whole model. Refused
+with a ConfigError: float16. `learner.megatron` switches the fused kernels (model.Kernels).
 Checkpoints are per rank: `rank-XXXXX.pt` holds the model shard, the optimizer's fp32 shard and
-AdamW state, and the RNG state; they load into the same TP x DP layout.
+AdamW state, and the RNG state; they load into the same TP x PP x DP layout.
 """
 
 from __future__ import annotations
@@ -40,11 +45,13 @@ from actors.learner.checkpoint import atomic_directory, rng_state, set_rng_state
 from actors.learner.data_parallel import DataParallel
 from actors.learner.megatron import hf_mapping as hm
 from actors.learner.megatron.model import (
+    Kernels,
     build_gpt,
     hf_tensors,
     load_hf_weights,
     packed_forward,
     rotary_tables,
+    use_kernels,
     vocab_parallel_entropy,
     vocab_parallel_logprobs,
 )
@@ -60,18 +67,27 @@ def _rank_file(rank: int) -> str:
     return f"rank-{rank:05d}.pt"
 
 
+def _move(obj: Any, device: str | torch.device) -> Any:
+    """`obj` with every tensor inside tuples, lists and dicts moved to `device`."""
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_move(x, device) for x in obj)
+    if isinstance(obj, dict):
+        return {k: _move(v, device) for k, v in obj.items()}
+    return obj
+
+
 class MegatronBackend(LearnerBackend):
     def __init__(self, model_cfg: ModelConfig, learner_cfg: LearnerConfig, *, device: str | torch.device = "cuda",
                  reference: bool = False):
-        if learner_cfg.pipeline_parallel != 1:
-            raise ConfigError("learner.pipeline_parallel: the megatron backend supports only 1 (TP x DP); "
-                              f"got {learner_cfg.pipeline_parallel}")
         if model_cfg.dtype == "float16":
             raise ConfigError("model.dtype: the megatron backend trains in bfloat16 or float32, not float16")
         self.model_cfg, self.learner_cfg = model_cfg, learner_cfg
         self.micro_batch_tokens = learner_cfg.micro_batch_tokens
         self.device = init_distributed(device)
-        self.layout: Layout = init_model_parallel(learner_cfg.tensor_parallel, model_cfg.seed)
+        self.layout: Layout = init_model_parallel(learner_cfg.tensor_parallel, model_cfg.seed,
+                                                  learner_cfg.pipeline_parallel)
         self.dp_group = parallel_state.get_data_parallel_group()
         self.dp = DataParallel(self.layout.dp, self.layout.dp_rank, self.dp_group, self.device)
 
@@ -80,9 +96,14 @@ class MegatronBackend(LearnerBackend):
         try:
             self.shape = hm.ModelShape.from_hf_config(self.hf_config, learner_cfg.tensor_parallel)
             hm.check_tp(self.shape, learner_cfg.tensor_parallel)
+            self.stage = hm.stage(self.shape, self.layout.pp, self.layout.pp_rank)
             self.rope = rotary_tables(self.hf_config, self.shape)
         except ValueError as err:
             raise ConfigError(f"learner (megatron): {err}") from None
+        k = learner_cfg.megatron
+        self.kernels = Kernels(fused_logprobs=k.fused_logprobs, logprob_chunk_rows=k.logprob_chunk_rows,
+                               fused_swiglu=k.fused_swiglu, fused_rope=k.fused_rope,
+                               compile=self.device.type == "cuda")
         self.gpt = self._build_gpt(hf_model.state_dict())
         self.reference = None
         if reference:  # the initial policy, frozen: the KL term's π_ref
@@ -108,7 +129,7 @@ class MegatronBackend(LearnerBackend):
 
     def _build_gpt(self, hf_state: dict[str, torch.Tensor]):
         gpt = build_gpt(self.hf_config, self.shape, tensor_parallel=self.learner_cfg.tensor_parallel,
-                        dtype=self.model_cfg.dtype, max_seq_len=self.model_cfg.max_seq_len)
+                        dtype=self.model_cfg.dtype, max_seq_len=self.model_cfg.max_seq_len, stage=self.stage)
         load_hf_weights(gpt, hf_state, self.shape)
         return gpt
 
@@ -124,14 +145,19 @@ class MegatronBackend(LearnerBackend):
             if self.reference is None:
                 raise RuntimeError("no reference model: the backend builds one only for a KL term (algo.kl_coef > 0)")
             model, forward_only = self.reference, True
-        if not micro_batches:  # this DP rank has no share; megatron's schedule needs at least one
+        if not micro_batches:  # this DP replica has no share; megatron's schedule needs at least one
             return []
         model.train(not forward_only)
-        vocab = self.shape.vocab_size
+        kernels, vocab = self.kernels, self.shape.vocab_size
+        use_kernels(self.gpt, kernels)
+        if self.reference is not None:
+            use_kernels(self.reference, kernels)
 
-        def loss_func(mb: MicroBatch, logits: torch.Tensor):
-            out = PolicyOutput(logprobs=vocab_parallel_logprobs(logits, packed.targets[mb.positions], temperature, vocab),
-                               entropy_of=lambda: vocab_parallel_entropy(logits, temperature, vocab))
+        def loss_func(mb: MicroBatch, output: torch.Tensor):
+            logits = output[0]  # [t, V/tp]: one packed row
+            out = PolicyOutput(
+                logprobs=vocab_parallel_logprobs(logits, packed.targets[mb.positions], temperature, vocab, kernels),
+                entropy_of=lambda: vocab_parallel_entropy(logits, temperature, vocab, kernels))
             loss, report = loss_fn(mb, out)
             if loss is None:
                 loss = torch.zeros((), dtype=torch.float32, device=logits.device)
@@ -143,15 +169,28 @@ class MegatronBackend(LearnerBackend):
             mb = next(data)
             p = mb.positions
             bounds = [int(b) - mb.start for b in packed.cu_seqlens[mb.first_seq:mb.end_seq + 1]]
-            logits = packed_forward(module, packed.tokens[p], packed.position_ids[p], bounds, self.rope)
-            return logits, lambda output: loss_func(mb, output)
+            output = packed_forward(module, packed.tokens[p], packed.position_ids[p], bounds, self.rope,
+                                    fused_rope=kernels.fused_rope and kernels.compile)
+            return output, lambda out: loss_func(mb, out)
 
         schedule = get_forward_backward_func()
         with torch.no_grad() if forward_only else contextlib.nullcontext():
-            return schedule(forward_step_func=forward_step, data_iterator=iter(micro_batches), model=model,
-                            num_microbatches=len(micro_batches),
-                            seq_length=max(mb.stop - mb.start for mb in micro_batches), micro_batch_size=1,
-                            forward_only=forward_only)
+            reports = schedule(forward_step_func=forward_step, data_iterator=iter(micro_batches), model=model,
+                               num_microbatches=len(micro_batches),
+                               seq_length=max(mb.stop - mb.start for mb in micro_batches), micro_batch_size=1,
+                               forward_only=forward_only)
+        return self._from_last_stage(reports)
+
+    def _from_last_stage(self, reports: list[Any]) -> list[Any]:
+        """The loss function ran on the last pipeline stage only: its reports, on every stage (tensors
+        travel through the host, so no rank ever touches another rank's GPU)."""
+        if self.layout.pp == 1:
+            return reports
+        group = parallel_state.get_pipeline_model_parallel_group()
+        payload = [_move(reports, "cpu") if self.stage.post_process else None]
+        dist.broadcast_object_list(payload, src=dist.get_process_group_ranks(group)[-1], group=group,
+                                   device=self.device)
+        return reports if self.stage.post_process else _move(payload[0], self.device)
 
     def zero_grad(self) -> None:
         self.model.zero_grad_buffer()
@@ -183,9 +222,10 @@ class MegatronBackend(LearnerBackend):
     # ------------------------------------------------------------------------------ weights
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """HF-named full tensors in the engines' dtype. Every rank of the TP group must iterate in step
-        (each tensor is an all-gather); every one of them gets the full tensors. With tied embeddings
-        only model.embed_tokens.weight is sent (lm_head shares its storage in the engines)."""
+        """HF-named full tensors of the whole model in the engines' dtype. Every rank must iterate in
+        step (each tensor is an all-gather within its stage's TP group and, with PP > 1, a broadcast
+        from that stage); every rank gets every tensor. With tied embeddings only
+        model.embed_tokens.weight is sent (lm_head shares its storage in the engines)."""
         dtype = DTYPES[self.model_cfg.dtype]
         for name, tensor in hf_tensors(self.gpt, self.shape):
             yield name, tensor.to(dtype)
@@ -212,7 +252,7 @@ class MegatronBackend(LearnerBackend):
         dist.barrier()
         inner = self._torch_optimizers()
         state = {
-            "layout": (self.layout.tp, self.layout.dp),
+            "layout": (self.layout.tp, self.layout.pp, self.layout.dp),
             "model": self.gpt.state_dict(),
             "main_params": [[p.detach().clone() for g in o.param_groups for p in g["params"]] for o in inner],
             "optimizers": [o.state_dict() for o in inner],
@@ -229,9 +269,10 @@ class MegatronBackend(LearnerBackend):
     def load_checkpoint(self, path: Path) -> None:
         # CPU first: the RNG states must stay CPU ByteTensors; weights are copied onto the GPU below.
         state = torch.load(Path(path) / _rank_file(self.layout.rank), map_location="cpu", weights_only=False)
-        if tuple(state["layout"]) != (self.layout.tp, self.layout.dp):
-            raise ValueError(f"checkpoint was written with (tp, dp) = {tuple(state['layout'])}, "
-                             f"this job is {(self.layout.tp, self.layout.dp)}")
+        layout = (self.layout.tp, self.layout.pp, self.layout.dp)
+        if tuple(state["layout"]) != layout:
+            raise ValueError(f"checkpoint was written with (tp, pp, dp) = {tuple(state['layout'])}, "
+                             f"this job is {layout}")
         self.gpt.load_state_dict(state["model"])
         inner = self._torch_optimizers()
         mains = [[p for g in o.param_groups for p in g["params"]] for o in inner]

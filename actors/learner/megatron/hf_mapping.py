@@ -1,8 +1,12 @@
-"""HF (Qwen2/Qwen3/Llama) <-> megatron-core GPTModel weights, and megatron tensor-parallel sharding.
+"""HF (Qwen2/Qwen3/Llama) <-> megatron-core GPTModel weights, megatron tensor-parallel sharding and
+pipeline stages.
 
-Pure torch, no megatron import: it runs and is tested on CPU. Three layers of one contract:
+Pure torch, no megatron import: it runs and is tested on CPU. Four layers of one contract:
 
 * `ModelShape` — the sizes both sides agree on (taken from an HF config).
+* `Stage` / `stage_names` — which parameters a pipeline stage holds: megatron numbers each stage's
+  decoder layers from 0, so a stage's names map to the whole model's names (`decoder.layers.{first
+  + i}`); every function below speaks whole-model names.
 * `to_megatron` / `to_hf` — one megatron parameter <-> the HF tensors it is made of, as full (unsharded)
   tensors. Megatron fuses q/k/v into `linear_qkv` in per-KV-group order [group g: its q heads, k_g, v_g]
   (what `SelfAttention.get_query_key_value_tensors` splits), and gate/up into `linear_fc1` as
@@ -96,23 +100,95 @@ def _layer(i: int) -> str:
     return f"decoder.layers.{i}."
 
 
+def _layer_suffixes(shape: ModelShape) -> list[str]:
+    """The parameters of one decoder layer, after its "decoder.layers.{i}." prefix, in megatron's order."""
+    names = ["input_layernorm.weight", "self_attention.linear_qkv.weight"]
+    if shape.qkv_bias:
+        names.append("self_attention.linear_qkv.bias")
+    if shape.qk_norm:
+        names += ["self_attention.q_layernorm.weight", "self_attention.k_layernorm.weight"]
+    return names + ["self_attention.linear_proj.weight", "pre_mlp_layernorm.weight", "mlp.linear_fc1.weight",
+                    "mlp.linear_fc2.weight"]
+
+
+@dataclass(frozen=True)
+class Stage:
+    """What one pipeline stage of `size` holds: decoder layers [first_layer, first_layer + num_layers)
+    (megatron splits them evenly and names them from 0 on every stage), the embedding on the first
+    stage, the final norm and the output layer on the last. With tied embeddings and more than one
+    stage the last stage holds its own copy of the embedding as `output_layer.weight` (megatron keeps
+    the copies equal by summing their gradients); with one stage the output layer reuses the embedding."""
+
+    rank: int
+    size: int
+    first_layer: int
+    num_layers: int
+
+    @property
+    def pre_process(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def post_process(self) -> bool:
+        return self.rank == self.size - 1
+
+    def layers(self) -> range:
+        return range(self.first_layer, self.first_layer + self.num_layers)
+
+
+def stage(shape: ModelShape, pipeline_parallel: int = 1, pp_rank: int = 0) -> Stage:
+    """Pipeline stage `pp_rank` of `pipeline_parallel` (ValueError when the layers do not split evenly)."""
+    if not 0 <= pp_rank < pipeline_parallel:
+        raise ValueError(f"pipeline rank {pp_rank} is outside a pipeline of {pipeline_parallel}")
+    if shape.num_layers % pipeline_parallel:
+        raise ValueError(f"pipeline_parallel={pipeline_parallel} does not divide num_layers {shape.num_layers}")
+    per_stage = shape.num_layers // pipeline_parallel
+    return Stage(rank=pp_rank, size=pipeline_parallel, first_layer=pp_rank * per_stage, num_layers=per_stage)
+
+
+def stage_names(shape: ModelShape, where: Stage) -> list[tuple[str, str]]:
+    """(name on the stage, name in the whole model) of every megatron parameter the stage holds, in
+    megatron's order. Every mapping function below takes whole-model names."""
+    out = []
+    if where.pre_process:
+        out.append(("embedding.word_embeddings.weight",) * 2)
+    for local, layer in enumerate(where.layers()):
+        out += [(_layer(local) + suffix, _layer(layer) + suffix) for suffix in _layer_suffixes(shape)]
+    if where.post_process:
+        out.append(("decoder.final_layernorm.weight",) * 2)
+        if not shape.tied_embeddings or not where.pre_process:
+            out.append(("output_layer.weight",) * 2)
+    return out
+
+
 def megatron_names(shape: ModelShape) -> list[str]:
-    """Every megatron parameter name of the model, in a fixed order (embedding, layers, head)."""
-    names = ["embedding.word_embeddings.weight"]
-    for i in range(shape.num_layers):
-        p = _layer(i)
-        names.append(p + "input_layernorm.weight")
-        names.append(p + "self_attention.linear_qkv.weight")
-        if shape.qkv_bias:
-            names.append(p + "self_attention.linear_qkv.bias")
-        if shape.qk_norm:
-            names += [p + "self_attention.q_layernorm.weight", p + "self_attention.k_layernorm.weight"]
-        names += [p + "self_attention.linear_proj.weight", p + "pre_mlp_layernorm.weight",
-                  p + "mlp.linear_fc1.weight", p + "mlp.linear_fc2.weight"]
-    names.append("decoder.final_layernorm.weight")
-    if not shape.tied_embeddings:
-        names.append("output_layer.weight")
-    return names
+    """Every megatron parameter name of the model on one stage, in a fixed order (embedding, layers, head)."""
+    return [name for name, _ in stage_names(shape, stage(shape))]
+
+
+def is_tied_copy(mg_name: str, shape: ModelShape) -> bool:
+    """A later stage's copy of the tied embedding: its values are the embedding's, exported once."""
+    return mg_name == "output_layer.weight" and shape.tied_embeddings
+
+
+def full_shape(mg_name: str, shape: ModelShape) -> tuple[int, ...]:
+    """The shape of the full (TP-gathered) megatron tensor `mg_name`: what a stage that does not hold
+    it receives from the stage that does."""
+    h, d, ffn = shape.hidden_size, shape.head_dim, shape.intermediate_size
+    if mg_name in ("embedding.word_embeddings.weight", "output_layer.weight"):
+        return (shape.padded_vocab_size, h)
+    if mg_name == "decoder.final_layernorm.weight":
+        return (h,)
+    qkv = (shape.num_heads + 2 * shape.num_kv_heads) * d
+    shapes = {"input_layernorm.weight": (h,), "pre_mlp_layernorm.weight": (h,),
+              "self_attention.linear_qkv.weight": (qkv, h), "self_attention.linear_qkv.bias": (qkv,),
+              "self_attention.q_layernorm.weight": (d,), "self_attention.k_layernorm.weight": (d,),
+              "self_attention.linear_proj.weight": (h, shape.num_heads * d), "mlp.linear_fc1.weight": (2 * ffn, h),
+              "mlp.linear_fc2.weight": (h, ffn)}
+    _, rest = _split_layer_name(mg_name)
+    if rest not in shapes:
+        raise KeyError(f"unknown megatron parameter {mg_name!r}")
+    return shapes[rest]
 
 
 # HF name (after the "model.layers.{i}." prefix) of each megatron parameter that maps one to one.
@@ -138,8 +214,8 @@ def hf_sources(mg_name: str, shape: ModelShape) -> list[str]:
     """The HF names that megatron parameter `mg_name` is built from."""
     if mg_name == "embedding.word_embeddings.weight":
         return ["model.embed_tokens.weight"]
-    if mg_name == "output_layer.weight":
-        return ["lm_head.weight"]
+    if mg_name == "output_layer.weight":  # tied: a later pipeline stage's copy of the embedding
+        return ["model.embed_tokens.weight" if shape.tied_embeddings else "lm_head.weight"]
     if mg_name in _TOP_ONE_TO_ONE:
         return [_TOP_ONE_TO_ONE[mg_name]]
     i, rest = _split_layer_name(mg_name)

@@ -3,13 +3,16 @@
 Owns: the TransformerConfig for Qwen3/Qwen2/Llama (RMSNorm, SwiGLU, GQA, Qwen3's q/k norm, Qwen2's
 qkv bias; no other biases, no dropout), the local layer spec with `SDPAAttention` as core attention
 (which also applies RoPE, so the GPTModel has position_embedding_type "none"; Transformer Engine is
-not required), copying HF weights into this rank's TP shards, gathering full tensors back from the
-TP group, the packed-sequence forward, and vocab-parallel token logprobs and entropies at a
-temperature. Megatron is imported here and in the other modules of this package only.
+not required), one pipeline stage's part of the model, copying HF weights into this rank's TP shards
+of its stage, gathering full tensors back from the TP group and every pipeline stage, the
+packed-sequence forward, and vocab-parallel token logprobs and entropies at a temperature (`Kernels`
+chooses between the plain fp32 path and the chunked, compiled one of `logprobs`). Megatron is
+imported here and in the other modules of this package only.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Iterator, Mapping
 
 import torch
@@ -19,8 +22,8 @@ from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.transformer.transformer_config import TransformerConfig
 
-from actors.learner.losses import ENTROPY_ROWS
 from actors.learner.megatron import hf_mapping as hm
+from actors.learner.megatron import logprobs as chunked
 from actors.learner.megatron.attention import PackedSequences, RotaryTables, SDPAAttention
 
 PARAM_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -39,9 +42,22 @@ def rope_theta(hf_config) -> float:
     return float(theta)
 
 
-def transformer_config(hf_config, shape: hm.ModelShape, *, tensor_parallel: int, dtype: str) -> TransformerConfig:
+@dataclass
+class Kernels:
+    """Which kernels the model runs; each switch can change between steps (gpu_check times both sides
+    of each in one process). `learner.megatron` in the config sets them."""
+
+    fused_logprobs: bool = True  # chunked logprobs/entropies by compiled kernels (`logprobs`), else fp32 over all logits
+    logprob_chunk_rows: int = 2048  # rows per chunk of the chunked path
+    fused_swiglu: bool = True  # megatron's compiled SwiGLU (fwd and bwd) instead of silu and mul apart
+    fused_rope: bool = True  # RoPE of q and k by one compiled kernel each (attention.py)
+    compile: bool = True  # the fused paths use torch.compile (False on CPU: the same chunked math, eager)
+
+
+def transformer_config(hf_config, shape: hm.ModelShape, *, tensor_parallel: int, dtype: str,
+                       pipeline_parallel: int = 1) -> TransformerConfig:
     params_dtype = PARAM_DTYPES[dtype]
-    return TransformerConfig(
+    config = TransformerConfig(
         num_layers=shape.num_layers,
         hidden_size=shape.hidden_size,
         num_attention_heads=shape.num_heads,
@@ -58,7 +74,7 @@ def transformer_config(hf_config, shape: hm.ModelShape, *, tensor_parallel: int,
         hidden_dropout=0.0,
         attention_dropout=0.0,
         tensor_model_parallel_size=tensor_parallel,
-        pipeline_model_parallel_size=1,
+        pipeline_model_parallel_size=pipeline_parallel,
         params_dtype=params_dtype,
         pipeline_dtype=params_dtype,
         bf16=params_dtype == torch.bfloat16,
@@ -68,12 +84,17 @@ def transformer_config(hf_config, shape: hm.ModelShape, *, tensor_parallel: int,
         # (`tensor_model_parallel`) only while initialising them; untagged, the grad norm (and so the
         # clip) would count every sharded weight on TP rank 0 alone, as if it were replicated.
         perform_initialization=True,
-        bias_activation_fusion=False,
+        bias_activation_fusion=False,  # the SwiGLU switch (Kernels.fused_swiglu), set per forward
         masked_softmax_fusion=False,
         apply_rope_fusion=False,
         gradient_accumulation_fusion=False,
         persist_layer_norm=False,
     )
+    # Micro-batches are packed rows of different lengths: the pipeline sends each activation's shape
+    # first. Set after construction: __post_init__ refuses it together with the default MoE token
+    # dispatcher, which a dense model never uses.
+    config.variable_seq_lengths = pipeline_parallel > 1
+    return config
 
 
 def layer_spec(shape: hm.ModelShape):
@@ -83,21 +104,23 @@ def layer_spec(shape: hm.ModelShape):
 
 
 def build_gpt(hf_config, shape: hm.ModelShape, *, tensor_parallel: int, dtype: str, max_seq_len: int,
-              on_cpu: bool = False) -> GPTModel:
-    """An uninitialised GPTModel on the current CUDA device, or on the CPU for tests (parallel state
-    must be set up)."""
+              stage: hm.Stage | None = None, on_cpu: bool = False) -> GPTModel:
+    """This pipeline stage's part (all of it by default) of an uninitialised GPTModel on the current CUDA
+    device, or on the CPU for tests (parallel state must be set up)."""
     if dtype not in PARAM_DTYPES:
         raise ValueError(f"the megatron backend trains in {sorted(PARAM_DTYPES)}, not {dtype!r}")
     hm.check_tp(shape, tensor_parallel)
-    config = transformer_config(hf_config, shape, tensor_parallel=tensor_parallel, dtype=dtype)
+    stage = stage or hm.stage(shape)
+    config = transformer_config(hf_config, shape, tensor_parallel=tensor_parallel, dtype=dtype,
+                                pipeline_parallel=stage.size)
     config.use_cpu_initialization = on_cpu
     model = GPTModel(
         config=config,
         transformer_layer_spec=layer_spec(shape),
         vocab_size=shape.padded_vocab_size,
         max_sequence_length=max_seq_len,
-        pre_process=True,
-        post_process=True,
+        pre_process=stage.pre_process,
+        post_process=stage.post_process,
         parallel_output=True,
         share_embeddings_and_output_weights=shape.tied_embeddings,
         position_embedding_type="none",  # RoPE happens in SDPAAttention (see attention.py)
@@ -107,26 +130,35 @@ def build_gpt(hf_config, shape: hm.ModelShape, *, tensor_parallel: int, dtype: s
     # torch's RMSNorm is also created on the default device: move it to where megatron's layers live (the
     # DDP wrapper re-homes the trained model's parameters, but a frozen reference model has no wrapper).
     device = torch.device("cpu") if on_cpu else torch.device("cuda", torch.cuda.current_device())
-    return model.to(device=device, dtype=config.params_dtype)
+    model = model.to(device=device, dtype=config.params_dtype)
+    model.kiln_stage = stage
+    return model
+
+
+def use_kernels(model: GPTModel, kernels: Kernels) -> None:
+    """Apply the switches megatron reads from the model's config at every forward."""
+    model.config.bias_activation_fusion = kernels.fused_swiglu and kernels.compile
 
 
 # ------------------------------------------------------------------------------ weights
 
 
 def local_parameters(model: GPTModel, shape: hm.ModelShape) -> dict[str, torch.nn.Parameter]:
-    """This rank's parameters by megatron name, checked against the mapping's names (a parameter the
-    mapping does not know would silently never reach the engines)."""
+    """This rank's parameters by their whole-model megatron name, checked against the mapping's names
+    for its pipeline stage (a parameter the mapping does not know would silently never reach the
+    engines)."""
     params = dict(model.named_parameters())
-    expected = hm.megatron_names(shape)
-    if set(params) != set(expected):
-        extra, missing = sorted(set(params) - set(expected))[:4], sorted(set(expected) - set(params))[:4]
+    expected = hm.stage_names(shape, model.kiln_stage)
+    if set(params) != {local for local, _ in expected}:
+        names = {local for local, _ in expected}
+        extra, missing = sorted(set(params) - names)[:4], sorted(names - set(params))[:4]
         raise RuntimeError(f"GPTModel parameters differ from the mapping: extra {extra}, missing {missing}")
-    return {name: params[name] for name in expected}
+    return {whole: params[local] for local, whole in expected}
 
 
 @torch.no_grad()
 def load_hf_weights(model: GPTModel, hf: Mapping[str, torch.Tensor], shape: hm.ModelShape) -> None:
-    """Copy this TP rank's shard of every HF tensor into `model`."""
+    """Copy this TP rank's shard of every HF tensor its pipeline stage holds into `model`."""
     tp = parallel_state.get_tensor_model_parallel_world_size()
     rank = parallel_state.get_tensor_model_parallel_rank()
     for name, param in local_parameters(model, shape).items():
@@ -136,25 +168,46 @@ def load_hf_weights(model: GPTModel, hf: Mapping[str, torch.Tensor], shape: hm.M
         param.copy_(local.to(device=param.device, dtype=param.dtype))
 
 
+def _tp_gathered(name: str, param: torch.Tensor) -> torch.Tensor:
+    tp = parallel_state.get_tensor_model_parallel_world_size()
+    if tp == 1 or hm.parallel_kind(name) == "replicated":
+        return param.detach()
+    shards = [torch.empty_like(param) for _ in range(tp)]
+    torch.distributed.all_gather(shards, param.detach().contiguous(),
+                                 group=parallel_state.get_tensor_model_parallel_group())
+    return hm.gather(name, shards)
+
+
 @torch.no_grad()
 def full_megatron_tensors(model: GPTModel, shape: hm.ModelShape) -> Iterator[tuple[str, torch.Tensor]]:
-    """(megatron name, full tensor) for every parameter, TP shards all-gathered. Every rank of the TP
-    group must consume this iterator in step (each tensor is a collective)."""
-    tp = parallel_state.get_tensor_model_parallel_world_size()
-    group = parallel_state.get_tensor_model_parallel_group()
-    for name, param in local_parameters(model, shape).items():
-        if tp == 1 or hm.parallel_kind(name) == "replicated":
-            yield name, param.detach()
-            continue
-        shards = [torch.empty_like(param) for _ in range(tp)]
-        torch.distributed.all_gather(shards, param.detach().contiguous(), group=group)
-        yield name, hm.gather(name, shards)
+    """(whole-model megatron name, full tensor) of every parameter of every pipeline stage, stage by
+    stage: TP shards all-gathered within the stage that holds them, then broadcast from that stage
+    to the others of the pipeline group, so every rank gets every tensor. Every rank must consume
+    this iterator in step (each tensor is a collective)."""
+    here = model.kiln_stage
+    mine = local_parameters(model, shape)
+    group = parallel_state.get_pipeline_model_parallel_group() if here.size > 1 else None
+    ranks = torch.distributed.get_process_group_ranks(group) if group is not None else []
+    dtype = model.config.params_dtype
+    device = next(iter(mine.values())).device
+    for pp_rank in range(here.size):
+        for _, name in hm.stage_names(shape, hm.stage(shape, here.size, pp_rank)):
+            if pp_rank == here.rank:
+                full = _tp_gathered(name, mine[name])
+            else:
+                full = torch.empty(hm.full_shape(name, shape), dtype=dtype, device=device)
+            if group is not None:
+                full = full.contiguous()
+                torch.distributed.broadcast(full, src=ranks[pp_rank], group=group)
+            yield name, full
 
 
 def hf_tensors(model: GPTModel, shape: hm.ModelShape) -> Iterator[tuple[str, torch.Tensor]]:
-    """HF-named full tensors in megatron's parameter order (collective, like `full_megatron_tensors`)."""
+    """HF-named full tensors of the whole model in megatron's parameter order (collective, like
+    `full_megatron_tensors`); a later stage's copy of a tied embedding is left out."""
     for name, full in full_megatron_tensors(model, shape):
-        yield from hm.to_hf(name, full, shape)
+        if not hm.is_tied_copy(name, shape):
+            yield from hm.to_hf(name, full, shape)
 
 
 # ------------------------------------------------------------------------------ forward
@@ -165,22 +218,36 @@ def rotary_tables(hf_config, shape: hm.ModelShape) -> RotaryTables:
 
 
 def packed_forward(model, tokens: torch.Tensor, position_ids: torch.Tensor, boundaries: list[int],
-                   rope: RotaryTables) -> torch.Tensor:
-    """Logits [t, padded_vocab / tp] (this rank's vocab slice) of one packed row of whole sequences;
-    `boundaries` are the token offsets [0, ..., t] of its sequences (empty ones are dropped) and
-    `position_ids` restart at 0 in each."""
+                   rope: RotaryTables, *, fused_rope: bool = False) -> torch.Tensor:
+    """The model's output for one packed row of whole sequences: on the last pipeline stage the logits
+    [1, t, padded_vocab / tp] (this rank's vocab slice), on the others the hidden states [t, 1, h]
+    that go to the next stage (a stage after the first takes its input from the schedule, not from
+    `tokens`). `boundaries` are the token offsets [0, ..., t] of the row's sequences (empty ones are
+    dropped) and `position_ids` restart at 0 in each."""
     bounds = [b for i, b in enumerate(boundaries) if i == 0 or b != boundaries[i - 1]]
-    packed = PackedSequences.build(bounds, position_ids, rope)
-    logits = model(input_ids=tokens[None], position_ids=position_ids[None], attention_mask=None,
-                   packed_seq_params=packed)
-    return logits[0]
+    packed = PackedSequences.build(bounds, position_ids, rope, fused_rope=fused_rope)
+    return model(input_ids=tokens[None], position_ids=position_ids[None], attention_mask=None,
+                 packed_seq_params=packed)
+
+
+def vocab_slice(local_columns: int, vocab_size: int) -> chunked.VocabSlice:
+    """This TP rank's columns of the logits: which are real vocabulary ids, and the group to reduce over."""
+    start = parallel_state.get_tensor_model_parallel_rank() * local_columns
+    return chunked.VocabSlice(start=start, valid=max(0, min(local_columns, vocab_size - start)),
+                              group=parallel_state.get_tensor_model_parallel_group())
 
 
 def vocab_parallel_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float,
-                            vocab_size: int) -> torch.Tensor:
-    """float32 log softmax(logits / T)[target] from this rank's vocab slice of the logits [t, V/tp]:
-    megatron's vocab-parallel cross entropy is −log p. Padding rows of the vocabulary (ids >= the
-    HF vocab size) are masked to −inf so the distribution is the HF model's."""
+                            vocab_size: int, kernels: Kernels | None = None) -> torch.Tensor:
+    """float32 log softmax(logits / T)[target] from this rank's vocab slice of the logits [t, V/tp],
+    over the HF model's vocabulary (padding columns are left out). Fused: `logprobs.token_logprobs`
+    (the backward writes into the logits' storage: nothing else may backpropagate through them).
+    Plain: an fp32 copy of all logits through megatron's vocab-parallel cross entropy (−log p)."""
+    kernels = kernels or Kernels(fused_logprobs=False)
+    if kernels.fused_logprobs:
+        return chunked.token_logprobs(logits, targets, temperature, vocab_slice(logits.shape[-1], vocab_size),
+                                      chunk_rows=kernels.logprob_chunk_rows, compiled=kernels.compile,
+                                      overwrite=True)
     local = logits.shape[-1]
     start = parallel_state.get_tensor_model_parallel_rank() * local
     scaled = logits.float() / temperature
@@ -192,24 +259,13 @@ def vocab_parallel_logprobs(logits: torch.Tensor, targets: torch.Tensor, tempera
 
 
 @torch.no_grad()
-def vocab_parallel_entropy(logits: torch.Tensor, temperature: float, vocab_size: int) -> torch.Tensor:
-    """float32 entropy of softmax(logits / T) over the full vocabulary [t], from this rank's vocab slice
-    of the logits [t, V/tp]. A metric, so no gradient; padding rows of the vocabulary are left out, as
-    in `vocab_parallel_logprobs`. Row chunks of ENTROPY_ROWS bound the float32 temporaries; every TP
-    rank has the same t, so they make the same all-reduces: per chunk, the max, Σ e^z and Σ e^z·z.
-    With z = logits / T - max: H = log Σ e^z - Σ e^z·z / Σ e^z."""
-    local = logits.shape[-1]
-    start = parallel_state.get_tensor_model_parallel_rank() * local
-    group = parallel_state.get_tensor_model_parallel_group()
-    real = torch.arange(start, start + local, device=logits.device) < vocab_size
-    out = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
-    for row in range(0, logits.shape[0], ENTROPY_ROWS):
-        scaled = (logits[row:row + ENTROPY_ROWS].float() / temperature).masked_fill(~real, float("-inf"))
-        top = scaled.max(dim=-1).values
-        torch.distributed.all_reduce(top, op=torch.distributed.ReduceOp.MAX, group=group)
-        z = (scaled - top[:, None]).masked_fill(~real, 0.0)
-        e = torch.exp(z).masked_fill(~real, 0.0)
-        sums = torch.stack([e.sum(-1), (e * z).sum(-1)])
-        torch.distributed.all_reduce(sums, group=group)
-        out[row:row + ENTROPY_ROWS] = torch.log(sums[0]) - sums[1] / sums[0]
-    return out
+def vocab_parallel_entropy(logits: torch.Tensor, temperature: float, vocab_size: int,
+                           kernels: Kernels | None = None) -> torch.Tensor:
+    """float32 entropy of softmax(logits / T) over the HF model's vocabulary [t], from this rank's vocab
+    slice of the logits [t, V/tp]: a metric, so no gradient. Row chunks bound the float32 temporaries
+    (compiled kernels when `kernels.fused_logprobs`); every TP rank has the same t, so they make the
+    same all-reduces."""
+    kernels = kernels or Kernels(fused_logprobs=False)
+    return chunked.token_entropy(logits, temperature, vocab_slice(logits.shape[-1], vocab_size),
+                                 chunk_rows=kernels.logprob_chunk_rows,
+                                 compiled=kernels.fused_logprobs and kernels.compile)

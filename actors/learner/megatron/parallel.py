@@ -1,8 +1,9 @@
-"""Process groups for the megatron backend: torch.distributed and megatron's TP x DP layout.
+"""Process groups for the megatron backend: torch.distributed and megatron's TP x DP x PP layout.
 
 Under torchrun or Ray the standard env vars (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_RANK)
 name the job and env:// initialises it; without them the process is a world of one on a free
-loopback port. PP and CP are always 1 (the backend refuses pipeline parallelism).
+loopback port. Megatron orders the ranks TP fastest, then DP, then PP (the placement plan's order);
+CP is always 1.
 """
 
 from __future__ import annotations
@@ -20,13 +21,15 @@ from megatron.core import parallel_state, tensor_parallel
 
 @dataclass(frozen=True)
 class Layout:
-    """This rank's place in the TP x DP grid."""
+    """This rank's place in the TP x DP x PP grid."""
 
     tp: int
     dp: int
     tp_rank: int
     dp_rank: int
     rank: int  # global
+    pp: int = 1
+    pp_rank: int = 0
 
 
 def _free_port() -> int:
@@ -53,19 +56,20 @@ def init_distributed(device: str | torch.device) -> torch.device:
     return device
 
 
-def init_model_parallel(tp: int, seed: int) -> Layout:
-    """megatron's TP x DP groups (PP = 1) over the whole world; re-initialised if a different TP
-    size is asked for (one process may build several backends, as gpu_check does)."""
+def init_model_parallel(tp: int, seed: int, pp: int = 1) -> Layout:
+    """megatron's TP x DP x PP groups over the whole world; re-initialised if a different layout is
+    asked for (one process may build several backends, as gpu_check does)."""
     world = dist.get_world_size()
-    if world % tp:
-        raise ValueError(f"tensor_parallel={tp} does not divide the world size {world}")
+    if world % (tp * pp):
+        raise ValueError(f"tensor_parallel={tp} x pipeline_parallel={pp} does not divide the world size {world}")
     if parallel_state.model_parallel_is_initialized():
-        if parallel_state.get_tensor_model_parallel_world_size() != tp:
+        if (parallel_state.get_tensor_model_parallel_world_size(),
+                parallel_state.get_pipeline_model_parallel_world_size()) != (tp, pp):
             parallel_state.destroy_model_parallel()
     if not parallel_state.model_parallel_is_initialized():
-        parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=1)
+        parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
     tensor_parallel.model_parallel_cuda_manual_seed(seed)
     return Layout(tp=tp, dp=parallel_state.get_data_parallel_world_size(),
                   tp_rank=parallel_state.get_tensor_model_parallel_rank(),
-                  dp_rank=parallel_state.get_data_parallel_rank(), rank=dist.get_rank())
-
+                  dp_rank=parallel_state.get_data_parallel_rank(), rank=dist.get_rank(), pp=pp,
+                  pp_rank=parallel_state.get_pipeline_model_parallel_rank())

@@ -48,8 +48,9 @@ class Published:
 
     version: int  # -1 before the first publish
     manifest: list[TensorSpec]
-    bucket_bytes: int  # the bucket plan: protocols.weights.plan_buckets(manifest, bucket_bytes)
+    bucket_bytes: int  # the bucket plan: protocols.weights.plan_buckets(manifest, bucket_bytes, by_dtype=flat)
     named: NamedTensors | None  # re-reads the learner's current tensors (for a late join); None before any
+    flat: bool = False  # process groups: one flat broadcast per (single-dtype) bucket, else one per tensor
 
 
 def unique_tensors(named: Iterable[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
@@ -122,7 +123,7 @@ class EngineWeights(Protocol):
 
     def update_weights_from_distributed(self, names: list[str], dtypes: list[str], shapes: list[list[int]],
                                         version: int, group_name: str = "weight_update_group", *,
-                                        last: bool = True) -> None: ...
+                                        last: bool = True, flat: bool = False) -> None: ...
 
 
 class Loader(abc.ABC):

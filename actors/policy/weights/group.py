@@ -1,11 +1,21 @@
-"""Weights over a process group, the code the `gloo` (CPU) and `nccl` (GPU) transports share.
+"""Weight broadcast over a torch.distributed process group (gloo or NCCL), and the `gloo`/`nccl`
+transport built on it.
 
-The mechanics: the learner is rank 0 (`WeightBroadcaster`) and broadcasts HF-named tensors; an engine
-joins at its rank (`WeightReceiver`) and receives them in the announced order. The group is built
-directly on a TCPStore (`ProcessGroupGloo` on CPU, `ProcessGroupNCCL` on GPU), never through
-`torch.distributed.init_process_group`, so it does not touch the process's default group (a learner or
-an engine may have its own). This is the contract of SGLang's `/init_weights_update_group` and
-`/update_weights_from_distributed`: the same learner code feeds an SGLang server or Kiln's engine.
+The group: world = 1 learner + N engines, the learner (`WeightBroadcaster`, rank 0) broadcasts a
+version as buckets; an engine joins at its rank (`WeightReceiver`) and receives them in the
+announced order. The group is built directly on a TCPStore (`ProcessGroupGloo` on CPU,
+`ProcessGroupNCCL` on GPU), never through `torch.distributed.init_process_group`, so it does not
+touch the process's default group (a learner or an engine may have its own). This is the contract
+of SGLang's `/init_weights_update_group` and `/update_weights_from_distributed`: the same learner
+code feeds an SGLang server or Kiln's engine.
+
+Two bucket formats, named by the announcement (`WeightAnnouncement.flat`). Flat (the default,
+`learner.weight_sync.flat_buckets`): every bucket holds one dtype and travels as ONE broadcast of its
+tensors flattened and concatenated (`protocols.weights.flat_offsets`; SGLang's
+`load_format: flattened_bucket`); the learner packs bucket i+1 while bucket i is on the wire (NCCL
+runs on its own stream; at most `FLAT_DEPTH` packed buckets exist at a time) and the engine's
+tensors are views of the bucket it received, so nothing is unpacked. Per tensor: one broadcast per
+tensor, in the manifest's order (SGLang servers without the flat format).
 
 The transport (`GroupSender`, `GroupLoader`): one 2-rank group per engine (learner rank 0, engine
 rank 1), formed when the engine sends a `WeightRequest`. The answer announces the current version and
@@ -20,7 +30,9 @@ falls back to disk.
 
 from __future__ import annotations
 
+import collections
 import datetime
+import math
 import socket
 import threading
 from typing import Callable, Iterable
@@ -29,11 +41,12 @@ import torch
 import torch.distributed as dist
 
 from actors.policy.weights.base import EngineWeights, Load, Loader, Published, Sender, SenderSettings, unique_tensors
-from protocols import ErrorReply, Record, WeightAnnouncement, WeightHandles, WeightRequest
+from protocols import ErrorReply, Record, TensorSpec, WeightAnnouncement, WeightHandles, WeightRequest
+from protocols.weights import flat_offsets, parse_location, plan_buckets
 from protocols.weights import group_name as unique_group_name
-from protocols.weights import parse_location, plan_buckets
 
 DROP_POLL_S = 0.05  # how soon a push notices that the server took an engine away mid-push
+FLAT_DEPTH = 2  # flat buckets packed ahead of the one on the wire (bounds the learner's extra memory)
 
 
 def _dtype(name: str) -> torch.dtype:
@@ -89,10 +102,19 @@ class WeightReceiver:
         self._store, self.group = _group(master_address, master_port, rank, world_size, group_name, backend,
                                          timeout_s, self.device)
 
-    def receive(self, names: list[str], dtypes: list[str], shapes: list[list[int]]) -> list[tuple[str, torch.Tensor]]:
-        """Receive one bucket: the tensors the learner broadcasts next, in this order."""
+    def receive(self, names: list[str], dtypes: list[str], shapes: list[list[int]], *,
+                flat: bool = False) -> list[tuple[str, torch.Tensor]]:
+        """Receive one bucket: the tensors the learner broadcasts next, in this order. `flat`: the
+        bucket comes as one tensor of its single dtype; the tensors returned are views of it."""
         if not len(names) == len(dtypes) == len(shapes):
             raise ValueError("names, dtypes and shapes differ in length")
+        if flat:
+            specs = [TensorSpec(name=n, dtype=d, shape=list(s)) for n, d, s in zip(names, dtypes, shapes)]
+            offsets, total = flat_offsets(specs)
+            bucket = torch.empty(total, dtype=_dtype(dtypes[0]) if names else torch.uint8, device=self.device)
+            self.group.broadcast(bucket, 0).wait()
+            return [(s.name, bucket[o:o + math.prod(s.shape)].view(s.shape))
+                    for s, o in zip(specs, offsets)]
         out = []
         for name, dtype, shape in zip(names, dtypes, shapes):
             tensor = torch.empty(shape, dtype=_dtype(dtype), device=self.device)
@@ -129,8 +151,25 @@ class WeightBroadcaster:
         self.group = _form(self._store, 0, world_size, group_name or default_name, backend, timeout_s)
 
     def broadcast(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """One bucket, one broadcast per tensor."""
         for _, tensor in tensors:
             self.group.broadcast(tensor.contiguous(), 0).wait()
+
+    def broadcast_flat(self, buckets: Iterable[list[tuple[str, torch.Tensor]]],
+                       still_wanted: Callable[[], bool] = lambda: True) -> None:
+        """Each bucket (one dtype) as one broadcast of its tensors concatenated; bucket i+1 is packed
+        while bucket i is on the wire, and at most FLAT_DEPTH + 1 packed buckets exist. Stops with an
+        error when `still_wanted()` turns False (the engine was dropped)."""
+        in_flight: collections.deque = collections.deque()
+        for bucket in buckets:
+            if not still_wanted():
+                raise RuntimeError("the engine was dropped")
+            flat = pack_flat([t for _, t in bucket])
+            in_flight.append((self.group.broadcast(flat, 0), flat))
+            if len(in_flight) > FLAT_DEPTH:
+                _finished(*in_flight.popleft())
+        while in_flight:
+            _finished(*in_flight.popleft())
 
     def close(self) -> None:
         """Drop the group (an NCCL communicator is aborted, so a dead peer holds nothing)."""
@@ -141,6 +180,23 @@ class WeightBroadcaster:
             except RuntimeError:
                 pass
         self._store = None
+
+
+def pack_flat(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """The tensors (one dtype) flattened and concatenated in order: a view when there is one."""
+    if len(tensors) == 1 and tensors[0].is_contiguous():
+        return tensors[0].view(-1)
+    return torch.cat([t.reshape(-1) for t in tensors])
+
+
+def _finished(work, flat: torch.Tensor) -> None:
+    """Wait for a broadcast to be done with its packed bucket (NCCL's wait() only orders the streams:
+    the host waits too, which is what bounds the packed buckets alive)."""
+    work.wait()
+    if flat.is_cuda:  # the push runs on a thread of its own: name the device's stream, not the thread's default
+        done = torch.cuda.Event()
+        done.record(torch.cuda.current_stream(flat.device))
+        done.synchronize()
 
 
 def manifest(tensors: list[tuple[str, torch.Tensor]]) -> tuple[list[str], list[str], list[list[int]]]:
@@ -170,17 +226,14 @@ class GroupSender(Sender):
         targets = dict(self.groups)
         if not targets:
             return {}
-        tensors = dict(named)
-        buckets = [[(s.name, tensors[s.name]) for s in b] for b in plan_buckets(current.manifest, current.bucket_bytes)]
+        buckets = _buckets(current, dict(named))
         outcome: dict[str, BaseException | None] = {}
         finished = threading.Condition()
 
         def run(engine_id: str, group: WeightBroadcaster) -> None:
             try:
-                for bucket in buckets:
-                    if self.groups.get(engine_id) is not group:  # forgotten meanwhile (the engine died)
-                        raise RuntimeError("the engine was dropped")
-                    group.broadcast(bucket)
+                # forgotten meanwhile: the engine died
+                send(group, buckets, current.flat, still_wanted=lambda: self.groups.get(engine_id) is group)
                 settle(named)
                 err = None
             except BaseException as e:  # reported; the server drops the engine
@@ -210,13 +263,12 @@ class GroupSender(Sender):
             raise
         location = f"{s.advertise}:{group.port}"
         reply(WeightAnnouncement(version=current.version, manifest=current.manifest, transport=self.name,
-                                 location=location, bucket_bytes=current.bucket_bytes))
+                                 location=location, bucket_bytes=current.bucket_bytes, flat=current.flat))
         try:
             group.form(unique_group_name(request.engine_id, location))
             if current.version > request.have_version:
                 tensors = dict(unique_tensors(current.named()))
-                for bucket in plan_buckets(current.manifest, current.bucket_bytes):
-                    group.broadcast([(b.name, tensors[b.name]) for b in bucket])
+                send(group, _buckets(current, tensors), current.flat)
                 settle(list(tensors.items()))
         except Exception:
             group.close()
@@ -238,6 +290,23 @@ class GroupSender(Sender):
     def close(self) -> None:
         for engine_id in list(self.groups):
             self.forget(engine_id)
+
+
+def _buckets(current: Published, tensors: dict[str, torch.Tensor]) -> list[list[tuple[str, torch.Tensor]]]:
+    plan = plan_buckets(current.manifest, current.bucket_bytes, by_dtype=current.flat)
+    return [[(s.name, tensors[s.name]) for s in bucket] for bucket in plan]
+
+
+def send(group: WeightBroadcaster, buckets: list[list[tuple[str, torch.Tensor]]], flat: bool,
+         still_wanted: Callable[[], bool] = lambda: True) -> None:
+    """A version's buckets into one engine's group, in the announced format."""
+    if flat:
+        group.broadcast_flat(buckets, still_wanted)
+        return
+    for bucket in buckets:
+        if not still_wanted():
+            raise RuntimeError("the engine was dropped")
+        group.broadcast(bucket)
 
 
 class GroupLoader(Loader):
@@ -271,8 +340,8 @@ class GroupLoader(Loader):
         return lambda: self._receive(engine, announcement)
 
     def _receive(self, engine: EngineWeights, announcement: WeightAnnouncement) -> None:
-        buckets = plan_buckets(announcement.manifest, announcement.bucket_bytes)
+        buckets = plan_buckets(announcement.manifest, announcement.bucket_bytes, by_dtype=announcement.flat)
         for i, bucket in enumerate(buckets):
             engine.update_weights_from_distributed(
                 [s.name for s in bucket], [s.dtype for s in bucket], [list(s.shape) for s in bucket],
-                announcement.version, group_name=self.link, last=i == len(buckets) - 1)
+                announcement.version, group_name=self.link, last=i == len(buckets) - 1, flat=announcement.flat)
