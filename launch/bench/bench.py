@@ -76,6 +76,9 @@ class Plan:
     overrides: list[str]
     etas: list[int]
     kill: tuple[str, int] | None
+    # Set by cmd_bench, not on the command line: `model.path=DIR` when the config names Kiln's tiny
+    # checkpoint, so the stages and every loop run load the one built (or found) under logging.root.
+    resolved: list[str] = dataclasses.field(default_factory=list)
 
 
 def parse(args: argparse.Namespace) -> Plan | str:
@@ -125,6 +128,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
               f"{', '.join(actor_names(base))})", file=sys.stderr)
         return 2
     logging.basicConfig(level=base.logging.level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from launch.tiny_checkpoint import resolve_model_path
+
+    model_path = resolve_model_path(base).model.path
+    if model_path != base.model.path:
+        plan.resolved.append(f"model.path={model_path}")
     out = Path(args.out or Path(base.logging.root) / f"bench-{time.strftime('%Y%m%d-%H%M%S')}")
     if (out / "bench.json").exists():
         print(f"kiln bench: {out} holds a bench report already; choose another --out", file=sys.stderr)
@@ -154,14 +162,14 @@ def bench(base: KilnConfig, plan: Plan, out: Path, args: argparse.Namespace):
                          date=time.strftime(DATE_FORMAT), device=describe_device(base), load_average=_load_average(), stages=None, loops=[],
                          warmup=args.warmup, steps=args.steps)
     if not args.no_stages:
-        stages_cfg = load_config(plan.config, plan.overrides)
+        stages_cfg = load_config(plan.config, plan.overrides + plan.resolved)
         r, v = stages_cfg.rollout, stages_cfg.verifier
         report.stages = measure(stages_cfg, out / "stages",
                                 engine_requests=args.engine_requests or 2 * r.max_batch,
                                 verifier_requests=args.verifier_requests or 4 * v.max_inflight * v.num_actors,
                                 learner_steps=args.learner_steps)
     for eta in plan.etas:
-        cfg = load_config(plan.config, plan.overrides + [
+        cfg = load_config(plan.config, plan.overrides + plan.resolved + [
             f"replay.max_staleness={eta}", f"logging.root={out}", f"logging.run_name=eta{eta}", "logging.live=false",
             f"algo.total_steps={args.warmup + args.steps + 2}",  # past the window: no end-of-run effects inside it
             f"verifier.cache_dir={(out / 'verifier-cache' / f'eta{eta}').resolve()}", "eval.every=0"])

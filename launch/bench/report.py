@@ -157,7 +157,8 @@ def render_stages(s: Stages) -> list[str]:
         f"forced, {v.compiled_share:.0%} real compiles, modelled latency {v.modelled_s_mean:.2f} s mean; "
         f"stages: {stages} |",
         f"| learner | {_f(learner.step_s_median, 2)} s/step | median of {len(learner.step_s)}; {learner.sequences} "
-        f"sequences, {learner.tokens:,} tokens, {learner.gradient_tokens:,} with gradient |",
+        f"sequences, {learner.tokens:,} tokens, {learner.gradient_tokens:,} with gradient, {learner.torch_threads} torch "
+        f"thread(s) |",
         f"| weight sync | {_f(sync.publish_s_median, 3)} s publish, {_f(sync.confirmed_s_median, 3)} s to confirmed "
         f"| {sync.transport}, {sync.bytes / 1e6:.1f} MB, median of {sync.pushes} |",
     ]

@@ -1,7 +1,8 @@
 """Each stage of the loop alone, on the run's own model and workload (`kiln bench`, part a).
 
-* Engine: the run's engine (`make_engine`, so the same backend, `rollout.torch_threads` and sampled
-  lengths as in the loop), `requests` first-turn prompts of the run's training tasks submitted at
+* Engine: the run's engine (`make_engine`, so the same backend and sampled lengths as in the loop,
+  and the torch threads its actor has there: `rollout.torch_threads`, else a Ray actor's one),
+  `requests` first-turn prompts (posed by the turn policy, with the rollout's stop ids) of the run's training tasks submitted at
   once; the engine keeps `rollout.max_batch` of them decoding and admits the next as rows finish.
   Capacity = tokens the engine itself counts as decoded ÷ the time until the last one finished.
   Forced candidates are scored, not decoded, so none is submitted here.
@@ -11,7 +12,7 @@
   the rest the engine's own sampled responses from above. Capacity = verifications per minute.
 * Learner: the run's learner backend on one batch of the run's shape: `algo.batch_groups` groups of
   `algo.group_size` first turns, each a sampled response from above or a forced candidate scored by
-  the engine, in the run's proportion. One untimed step, then `steps` timed ones, all at learning
+  the engine, in the run's proportion, on the torch threads the learner has in the loop. One untimed step, then `steps` timed ones, all at learning
   rate 0: the weights stay those the batch was sampled with, so every step keeps what MirrorPop keeps
   in the first and does the same arithmetic (a moving policy would soon have MirrorPop drop the whole
   batch and leave steps that train nothing).
@@ -22,6 +23,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import statistics
@@ -75,6 +77,7 @@ class LearnerStage:
     sequences: int
     tokens: int
     gradient_tokens: int
+    torch_threads: int = 0
 
 
 @dataclass
@@ -144,20 +147,45 @@ class Workload:
 def measure(cfg: KilnConfig, out: Path, *, engine_requests: int, verifier_requests: int,
             learner_steps: int) -> Stages:
     work = Workload.of(cfg)
-    engine = make_engine(cfg.rollout, cfg.model, index=0, eos_token_ids=list(work.tokenizer.stop_ids))
-    try:
-        engine_stage = measure_engine(engine, work, engine_requests)
-        log.info("engine alone: %.1f decoded tok/s", engine_stage.decoded_tokens_per_s)
-        batch = learner_batch(engine, work)
-    finally:
-        engine.close()
+    with torch_threads(loop_threads(cfg.rollout.torch_threads, cfg)):
+        engine = make_engine(cfg.rollout, cfg.model, index=0, eos_token_ids=list(work.tokenizer.stop_ids))
+        try:
+            engine_stage = measure_engine(engine, work, engine_requests)
+            log.info("engine alone: %.1f decoded tok/s", engine_stage.decoded_tokens_per_s)
+            batch = learner_batch(engine, work)
+        finally:
+            engine.close()
     verifier_stage = measure_verifier(work, verifier_requests, out / "verifier-cache")
     log.info("verifier alone: %.1f verifications/min", verifier_stage.verifications_per_min)
-    learner_stage = measure_learner(cfg, batch, learner_steps)
+    with torch_threads(loop_threads(cfg.learner.torch_threads, cfg)):
+        learner_stage = measure_learner(cfg, batch, learner_steps)
     log.info("learner alone: %.2f s/step", learner_stage.step_s_median)
     sync_stage = measure_sync(cfg)
     log.info("weight sync alone: %.3f s", sync_stage.publish_s_median)
     return Stages(engine=engine_stage, verifier=verifier_stage, learner=learner_stage, sync=sync_stage)
+
+
+def loop_threads(configured: int, cfg: KilnConfig) -> int:
+    """The torch intra-op threads an actor has in the loop: its `torch_threads` setting, else a Ray
+    actor's default (one), else (in-process) this process's."""
+    import torch
+
+    if configured:
+        return configured
+    return 1 if cfg.cluster.use_ray else torch.get_num_threads()
+
+
+@contextlib.contextmanager
+def torch_threads(n: int):
+    """This process's intra-op pool at `n` threads inside the block (a stage measured as the loop runs it)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 # ------------------------------------------------------------------------------------- engine
@@ -223,8 +251,11 @@ def measure_learner(cfg: KilnConfig, batch, steps: int) -> LearnerStage:
         started = time.perf_counter()
         result = trainer.train_step(batch)
         times.append(time.perf_counter() - started)
+    import torch
+
     return LearnerStage(step_s_median=statistics.median(times), step_s=times, sequences=len(batch.advantages),
-                        tokens=int(result.tokens), gradient_tokens=int(result.trained_tokens))
+                        tokens=int(result.tokens), gradient_tokens=int(result.trained_tokens),
+                        torch_threads=torch.get_num_threads())
 
 
 # ----------------------------------------------------------------------------------- verifier
