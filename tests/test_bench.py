@@ -125,6 +125,28 @@ def test_sampled_lengths_are_drawn_per_request_and_forced_responses_pass_unchang
         load_config(TEXT_MATCH, ["rollout.bench.lengths=[0]"])
 
 
+def test_the_engine_alone_is_timed_while_its_batch_is_full_and_the_long_tail_drain_is_left_out(one_torch_thread):
+    from actors.rollout.engines import make_engine
+    from launch.bench.stages import Workload, measure_engine
+
+    cfg = load_config(TEXT_MATCH, ["rollout.max_batch=4", "rollout.bench.lengths=[8,160]",
+                                   "rollout.bench.length_weights=[3,1]"])
+    work = Workload.of(cfg)
+    engine = make_engine(cfg.rollout, cfg.model, index=0, eos_token_ids=list(work.tokenizer.stop_ids))
+    try:
+        stage = measure_engine(engine, work, requests=24, poll_s=0.01)
+        assert stage.decoded_tokens == sum(len(g.output_ids) for _, _, g in work.sampled)
+        assert {len(g.output_ids) for _, _, g in work.sampled} == {8, 160}
+        # The batch was seen full while requests waited: that stretch's rate is the capacity.
+        assert stage.full_batch_tokens_per_s is not None and stage.full_batch_s > 0
+        assert stage.decoded_tokens_per_s == stage.full_batch_tokens_per_s
+        assert stage.overall_tokens_per_s == pytest.approx(stage.decoded_tokens / stage.seconds)
+        alone = measure_engine(engine, work, requests=4, poll_s=0.01)  # never more than max_batch: no queue
+        assert alone.full_batch_tokens_per_s is None and alone.decoded_tokens_per_s == alone.overall_tokens_per_s
+    finally:
+        engine.close()
+
+
 def test_unique_forced_candidates_differ_in_their_cpp_source_only():
     from actors.buffer.task_source import load_task_set
     from actors.rollout.forced import _CPP_BLOCK, CandidatePool

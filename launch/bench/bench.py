@@ -159,8 +159,8 @@ def bench(base: KilnConfig, plan: Plan, out: Path, args: argparse.Namespace):
     from launch.bench.train import run_loop
 
     report = BenchReport(config=plan.config or "(schema defaults)", command=_command(plan, args),
-                         date=time.strftime(DATE_FORMAT), device=describe_device(base), load_average=_load_average(), stages=None, loops=[],
-                         warmup=args.warmup, steps=args.steps)
+                         date=time.strftime(DATE_FORMAT), device=describe_device(base),
+                         load_average=_load_average(), stages=None, loops=[], warmup=args.warmup, steps=args.steps)
     if not args.no_stages:
         stages_cfg = load_config(plan.config, plan.overrides + plan.resolved)
         r, v = stages_cfg.rollout, stages_cfg.verifier

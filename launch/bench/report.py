@@ -150,15 +150,18 @@ def render_stages(s: Stages) -> list[str]:
         "### Each stage alone", "",
         "| stage | capacity | how |", "| --- | --- | --- |",
         f"| engine | {_f(e.decoded_tokens_per_s, 1)} decoded tok/s | {e.requests} requests at once, max_batch "
-        f"{e.max_batch}, {e.torch_threads} torch thread(s), {e.decoded_tokens:,} tokens in {e.seconds:.1f} s "
-        f"(mean {e.mean_response_tokens:.0f} per response) |",
+        f"{e.max_batch}, {e.torch_threads} torch thread(s); "
+        + (f"{_f(e.full_batch_tokens_per_s, 1)} tok/s over the {e.full_batch_s:.1f} s with max_batch rows decoding, "
+           if e.full_batch_tokens_per_s else "the batch never seen full: the overall rate; ")
+        + f"overall {_f(e.overall_tokens_per_s, 1)} tok/s ({e.decoded_tokens:,} tokens in {e.seconds:.1f} s, "
+        f"mean {e.mean_response_tokens:.0f} per response) |",
         f"| verifier | {_f(v.verifications_per_min, 1)} verifications/min ({_f(v.per_actor_per_min, 1)} per actor) | "
         f"{v.requests} attempts at once to {v.actors} actor(s) × {v.max_inflight} in flight, {v.forced_share:.0%} "
         f"forced, {v.compiled_share:.0%} real compiles, modelled latency {v.modelled_s_mean:.2f} s mean; "
         f"stages: {stages} |",
         f"| learner | {_f(learner.step_s_median, 2)} s/step | median of {len(learner.step_s)}; {learner.sequences} "
-        f"sequences, {learner.tokens:,} tokens, {learner.gradient_tokens:,} with gradient, {learner.torch_threads} torch "
-        f"thread(s) |",
+        f"sequences, {learner.tokens:,} tokens, {learner.gradient_tokens:,} with gradient, "
+        f"{learner.torch_threads} torch thread(s) |",
         f"| weight sync | {_f(sync.publish_s_median, 3)} s publish, {_f(sync.confirmed_s_median, 3)} s to confirmed "
         f"| {sync.transport}, {sync.bytes / 1e6:.1f} MB, median of {sync.pushes} |",
     ]

@@ -2,20 +2,27 @@
 
 * Engine: the run's engine (`make_engine`, so the same backend and sampled lengths as in the loop,
   and the torch threads its actor has there: `rollout.torch_threads`, else a Ray actor's one),
-  `requests` first-turn prompts (posed by the turn policy, with the rollout's stop ids) of the run's training tasks submitted at
-  once; the engine keeps `rollout.max_batch` of them decoding and admits the next as rows finish.
-  Capacity = tokens the engine itself counts as decoded ÷ the time until the last one finished.
+  `requests` first-turn prompts of the run's training tasks (posed by the turn policy, with the
+  rollout's stop ids) submitted at once; the engine keeps `rollout.max_batch` of them decoding and
+  admits the next as rows finish.
+  Capacity = tokens the engine itself counts as decoded per second while `rollout.max_batch` rows
+  were decoding and more requests waited (its counters read 4× a second): the drain at the end,
+  where a long tail of lengths leaves a few rows decoding alone, is not decoding at max_batch. The
+  overall rate (all tokens ÷ the time until the last one finished) is reported beside it, and is
+  the capacity where the batch was never seen full (an engine that reports no queue, or `requests`
+  <= max_batch).
   Forced candidates are scored, not decoded, so none is submitted here.
 * Verifier: `verifier.num_actors` real `VerifierActor`s (modelled latency included) with an empty
   cache, sent `requests` attempts at once through the rollout's own verifier client. The attempts are
   the run's candidate mix: a `rollout.forced_fraction` share drawn from the forced-candidate pool,
   the rest the engine's own sampled responses from above. Capacity = verifications per minute.
-* Learner: the run's learner backend on one batch of the run's shape: `algo.batch_groups` groups of
-  `algo.group_size` first turns, each a sampled response from above or a forced candidate scored by
-  the engine, in the run's proportion, on the torch threads the learner has in the loop. One untimed step, then `steps` timed ones, all at learning
-  rate 0: the weights stay those the batch was sampled with, so every step keeps what MirrorPop keeps
-  in the first and does the same arithmetic (a moving policy would soon have MirrorPop drop the whole
-  batch and leave steps that train nothing).
+* Learner: the run's learner backend on one batch of the run's shape, on the torch threads the
+  learner has in the loop: `algo.batch_groups` groups of `algo.group_size` first turns, each a
+  sampled response from above or a forced candidate scored by the engine, in the run's proportion.
+  One untimed step, then `steps` timed ones, all at learning rate 0: the weights stay those the
+  batch was sampled with, so every step keeps what MirrorPop keeps in the first and does the same
+  arithmetic (a moving policy would soon have MirrorPop drop the whole batch and leave steps that
+  train nothing).
 * Weight sync: the learner's `WeightServer` publishing the run's model to one engine process over
   the run's transport (gloo on CPU); the publish (until the engine received it) and publish → the
   engine's confirmation, after one untimed push.
@@ -27,6 +34,7 @@ import contextlib
 import logging
 import random
 import statistics
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -44,16 +52,21 @@ from protocols import Episode, Task, Turn, VerifyRequest
 
 log = logging.getLogger(__name__)
 
+FULL_BATCH_POLL_S = 0.25  # how often the engine's counters are read while it decodes alone
+
 
 @dataclass
 class EngineStage:
-    decoded_tokens_per_s: float
+    decoded_tokens_per_s: float  # the capacity: full_batch_tokens_per_s where measured, else overall
     requests: int
     decoded_tokens: int
     seconds: float
     max_batch: int
     torch_threads: int  # 0: torch's default in this process
     mean_response_tokens: float
+    overall_tokens_per_s: float = 0.0  # all the decoded tokens ÷ the time until the last one finished
+    full_batch_tokens_per_s: float | None = None  # while max_batch rows were decoding; None: never seen
+    full_batch_s: float = 0.0  # how long the batch was seen full
 
 
 @dataclass
@@ -191,24 +204,53 @@ def torch_threads(n: int):
 # ------------------------------------------------------------------------------------- engine
 
 
-def measure_engine(engine, work: Workload, requests: int) -> EngineStage:
+def measure_engine(engine, work: Workload, requests: int, poll_s: float = FULL_BATCH_POLL_S) -> EngineStage:
+    """The requests all at once. With a long tail of lengths the batch drains at the end (a few long
+    responses decode alone), which is no longer decoding at max_batch: the engine's counters, read
+    every `poll_s` while it runs, give the rate over the stretch in which max_batch rows
+    were decoding and more waited, and that is the capacity. An engine that reports no queue (SGLang),
+    or `requests` <= max_batch, gets the overall rate."""
     r, params = work.cfg.rollout, work.params()
     task, prompt = work.prompt(0)  # warm-up: one forced scoring builds whatever the first call builds
     engine.generate([GenerateRequest("warm", prompt, params, forced_response=prompt[:8])])
     asked = [work.prompt(i) for i in range(requests)]
     before = int(engine.health().get("tokens", 0))
+    readings: list[tuple[float, int, bool]] = []  # (time, decoded so far, max_batch rows decoding)
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(poll_s):
+            h = engine.health()
+            # Full while requests still wait: the engine refills a finished row from the queue at once
+            # (a finished row is only dropped from `running` when the batch is rebuilt).
+            full = int(h.get("queued", 0)) > 0 and int(h.get("running", -1)) >= r.max_batch
+            readings.append((time.perf_counter(), int(h.get("tokens", 0)), full))
+
+    watcher = threading.Thread(target=watch, name="kiln-bench-engine-watch", daemon=True)
     started = time.perf_counter()
-    gens = engine.generate([GenerateRequest(f"bench-{i}", p, params) for i, (_, p) in enumerate(asked)])
+    watcher.start()
+    try:
+        gens = engine.generate([GenerateRequest(f"bench-{i}", p, params) for i, (_, p) in enumerate(asked)])
+    finally:
+        done.set()
+        watcher.join()
     seconds = time.perf_counter() - started
     decoded = int(engine.health().get("tokens", 0)) - before
     if decoded <= 0:  # an engine that does not count (SGLang reports no counter): count what came back
         decoded = sum(len(g.output_ids) for g in gens)
     work.sampled = [(t, p, g) for (t, p), g in zip(asked, gens)]
+    full = [(t, n) for t, n, is_full in readings if is_full]
+    full_rate, full_s = None, 0.0
+    if len(full) >= 2 and full[-1][0] > full[0][0]:
+        full_s = full[-1][0] - full[0][0]
+        full_rate = (full[-1][1] - full[0][1]) / full_s
     import torch
 
-    return EngineStage(decoded_tokens_per_s=decoded / seconds, requests=requests, decoded_tokens=decoded,
-                       seconds=seconds, max_batch=r.max_batch, torch_threads=torch.get_num_threads(),
-                       mean_response_tokens=decoded / max(requests, 1))
+    overall = decoded / seconds
+    return EngineStage(decoded_tokens_per_s=full_rate if full_rate else overall, requests=requests,
+                       decoded_tokens=decoded, seconds=seconds, max_batch=r.max_batch,
+                       torch_threads=torch.get_num_threads(), mean_response_tokens=decoded / max(requests, 1),
+                       overall_tokens_per_s=overall, full_batch_tokens_per_s=full_rate, full_batch_s=full_s)
 
 
 # ------------------------------------------------------------------------------------ learner
