@@ -15,9 +15,10 @@ current version before it serves and then applies every announced version; the e
 between decode steps (policy `rollout.on_weight_update`), so every token's version is exact. Without
 a learner the engine serves its initial weights (rollout-only mode).
 
-Evaluation: `evaluate()` samples every validation task `eval.samples` times (first turn only) with
-the current weights, verifies them like training samples and returns the metrics; it asks replay,
-which owns the task set and its split, for the validation tasks.
+Evaluation: `evaluate()` samples every validation task `eval.samples` times (first turn only, at the
+evaluation's sampling settings, never from forced candidates) with the current weights, verifies them
+like training samples and returns the verified attempts (actors/rollout/evaluation.py, the path
+`kiln eval` shares); it asks replay, which owns the task set and its split, for the validation tasks.
 
 Timeline: the actor records when its engine is generating (a generate call in flight) and when it
 loads new weights (protocols.timeline); its `busy_s` is that time, the engine's real work.
@@ -30,6 +31,7 @@ the requests that were in flight are run again; an episode is never dropped befo
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -43,14 +45,14 @@ from actors.policy.tokenizer import load_tokenizer
 from actors.rollout.engine import Engine, EngineError, GenerateRequest, Generation, SamplingParams
 from actors.rollout.engines import make_engine
 from actors.rollout.episodes import GroupRunner, Verifier
-from actors.rollout.evaluation import eval_metrics
+from actors.rollout.evaluation import EvalAttempt, eval_max_new_tokens, eval_params, first_turn_answers, verified_attempts
 from actors.rollout.forced import CandidatePool
 from actors.rollout.health import RolloutHealth, WeightSyncHealth
 from actors.rollout.reporting import Reporter, group_report
 from actors.rollout.turns import TurnPolicy, TurnRules
 from actors.rollout.weight_client import WeightClient
 from configs import EvalConfig, ModelConfig, RolloutConfig
-from protocols import Task, TaskList, TaskListRequest, TaskReply, TaskRequest, VerifyResult
+from protocols import Task, TaskList, TaskListRequest, TaskReply, TaskRequest
 from protocols.channels import ChannelTimeout, NoServer, ReconnectingClient, RemoteError
 from protocols.episodes import EpisodeSender
 from protocols.timeline import SpanRecorder
@@ -66,8 +68,8 @@ class RolloutActor(Actor):
     role = "rollout"
 
     def __init__(self, rollout: RolloutConfig, model: ModelConfig, evaluation: EvalConfig, ctx: RunContext, *,
-                 follow_learner: bool = True, sample_episodes: bool = False, episode_log: bool = False) -> None:
-        """`sample_episodes` sends one episode per group to the driver (its readable dumps);
+                 follow_learner: bool = True, send_episodes: bool = False, episode_log: bool = False) -> None:
+        """`send_episodes` sends each group's episodes to the driver (its readable dumps);
         `episode_log` appends every episode to RUN_DIR/episodes_log/<name>.kiln (rollout-only mode)."""
         super().__init__()
         self.cfg, self.model_cfg, self.eval_cfg, self.ctx = rollout, model, evaluation, ctx
@@ -98,8 +100,8 @@ class RolloutActor(Actor):
         if episode_log:
             (ctx.path / "episodes_log").mkdir(parents=True, exist_ok=True)
             log_path = str(ctx.path / "episodes_log" / f"{self.actor_id}.kiln")
-        self.reporter = Reporter(registry.address("driver", "metrics") or None, sample_episodes=sample_episodes,
-                                 episode_log=log_path, seed=rollout.seed + self.index)
+        self.reporter = Reporter(registry.address("driver", "metrics") or None, send_episodes=send_episodes,
+                                 episode_log=log_path)
         self._runner: GroupRunner | None = None
         # Groups run on `rollout.concurrent_groups` threads, so the engine batches several groups'
         # samples while others wait on the verifier; the feed, the sender and the reporter are shared
@@ -108,7 +110,8 @@ class RolloutActor(Actor):
         self._engine_lock = threading.Lock()
         self._workers = 0
         self.pool = (CandidatePool(rollout.forced_candidates, seed=rollout.seed + self.index,
-                                   fraction=rollout.forced_fraction, unique=rollout.bench.unique_forced)
+                                   fraction=rollout.forced_fraction, mix=rollout.forced_mix,
+                                   unique=rollout.bench.unique_forced)
                      if rollout.forced_candidates else None)
 
     # ------------------------------------------------------------------------------ lifecycle
@@ -203,27 +206,28 @@ class RolloutActor(Actor):
                            tokenizer=self.tokenizer, params=self.params, policy=policy,
                            force=self.pool.draw if self.pool is not None else None)
 
-    def evaluate(self) -> dict[str, float]:
+    def evaluate(self) -> list[EvalAttempt]:
         """First-turn attempts at every validation task (`eval.samples` each) with the current weights,
-        verified by the same verifier as training; nothing goes to replay. Returns the `eval/` metrics
-        (pass@k, avg@k, fast_1; see actors.rollout.evaluation); {} when there is no validation task."""
-        started = time.monotonic()
+        sampled at the evaluation's settings (eval.temperature, eval.top_p; never forced candidates)
+        and verified by the training verifier; nothing goes to replay. Returns one `EvalAttempt` per
+        attempt, which the driver turns into the table `kiln eval` writes (launch/eval/); [] when
+        there is no validation task."""
         tasks = self._validation_tasks()
         if not tasks:
-            return {}
-        runner = self._group_runner(max_turns=1)
-        samples = self.eval_cfg.samples
+            return []
+        rules = TurnRules.from_config(self.cfg, self.model_cfg, max_turns=1)
+        policy = TurnPolicy(dataclasses.replace(rules, max_new_tokens=eval_max_new_tokens(self.eval_cfg, self.cfg)),
+                            self.tokenizer)
+        params = eval_params(self.eval_cfg, self.cfg, self.eos)
 
-        def one(item: tuple[int, Task]) -> tuple[str, list[VerifyResult]]:
-            i, task = item
-            reply = TaskReply(status="task", task=task, group_id=f"eval-{i}", group_size=samples)
-            return task.task_id, [ep.turns[0].result for ep in runner.run(reply) if ep.turns[0].result]
+        def one(task: Task) -> list[EvalAttempt]:
+            pairs = [(task, sample) for sample in range(self.eval_cfg.samples)]
+            answers = first_turn_answers(pairs, generate=self.generate, tokenizer=self.tokenizer, policy=policy,
+                                         params=params)
+            return verified_attempts(answers, self.verifier.verify_all)
 
         with ThreadPoolExecutor(max_workers=EVAL_CONCURRENCY, thread_name_prefix="kiln-rollout-eval") as pool:
-            results = dict(pool.map(one, enumerate(tasks)))
-        values = eval_metrics(results, self.eval_cfg.k)
-        values.update({"eval/val_tasks": float(len(tasks)), "eval/seconds": time.monotonic() - started})
-        return values
+            return [attempt for attempts in pool.map(one, tasks) for attempt in attempts]
 
     def _validation_tasks(self) -> list[Task]:
         """The validation split, from replay (which owns the task set and its split)."""

@@ -154,7 +154,8 @@ class Workload:
         r = self.cfg.rollout
         if not r.forced_candidates:
             return None
-        return CandidatePool(r.forced_candidates, seed=r.seed, fraction=r.forced_fraction, unique=r.bench.unique_forced)
+        return CandidatePool(r.forced_candidates, seed=r.seed, fraction=r.forced_fraction, mix=r.forced_mix,
+                             unique=r.bench.unique_forced)
 
 
 def measure(cfg: KilnConfig, out: Path, *, engine_requests: int, verifier_requests: int,
