@@ -87,6 +87,7 @@ class ActorHealth:
     looping: bool = True  # its work threads run; False = one of them died (the supervisor restarts it)
     finished: bool = False  # its work is done: not dead, though its threads have ended
     busy_s: float | None = None  # seconds spent working so far, for the driver's busy shares; None = not counted
+    pid: int = field(default_factory=os.getpid)  # the actor's process (benchmarks account its CPU time)
 
     @property
     def healthy(self) -> bool:

@@ -9,6 +9,7 @@ from configs.schema import (
     LearnerConfig,
     LoggingConfig,
     ModelConfig,
+    ModelledLatencyConfig,
     ReplayConfig,
     RolloutConfig,
     SGLangConfig,
@@ -19,6 +20,6 @@ from configs.schema import (
 
 __all__ = [
     "AlgoConfig", "ClusterConfig", "ConfigError", "EvalConfig", "KilnConfig", "LearnerConfig", "LoggingConfig",
-    "ModelConfig", "ReplayConfig", "RolloutConfig", "SGLangConfig", "VerifierConfig", "WarmStartConfig",
+    "ModelConfig", "ModelledLatencyConfig", "ReplayConfig", "RolloutConfig", "SGLangConfig", "VerifierConfig", "WarmStartConfig",
     "WeightSyncConfig", "load_config", "to_dict", "to_yaml",
 ]

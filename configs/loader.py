@@ -214,6 +214,13 @@ def _check_consistency(cfg: KilnConfig) -> None:
     if cfg.eval.k > cfg.eval.samples:
         raise ConfigError(f"eval.k={cfg.eval.k} exceeds eval.samples={cfg.eval.samples}: pass@k needs k samples "
                           "per task")
+    bench = cfg.rollout.bench
+    if any(n < 1 for n in bench.lengths):
+        raise ConfigError(f"rollout.bench.lengths={list(bench.lengths)}: every length must be >= 1")
+    if bench.length_weights and (len(bench.length_weights) != len(bench.lengths) or
+                                 any(w < 0 for w in bench.length_weights) or sum(bench.length_weights) <= 0):
+        raise ConfigError(f"rollout.bench.length_weights={list(bench.length_weights)}: one weight >= 0 per entry "
+                          f"of rollout.bench.lengths ({len(bench.lengths)}), not all zero")
     if cfg.learner.backend == "megatron":  # what the megatron backend refuses at start-up
         if m.dtype == "float16":
             raise ConfigError("model.dtype=float16: the megatron backend trains in bfloat16 or float32")

@@ -75,6 +75,13 @@ class SGLangConfig:
 
 
 @dataclass
+class RolloutBenchConfig:
+    lengths: List[int] = F([], "Benchmarks only (kiln bench): response lengths in tokens to draw from; every sampled (not forced) request gets its max_new_tokens drawn from them and ignores eos, so its response is exactly that long (shorter only where the context ends). A random-init policy's eos would otherwise end responses at random. [] = off: max_new_tokens and eos as usual")
+    length_weights: List[float] = F([], "Benchmarks only: the probability of each entry of lengths (normalised; [] = equally likely)")
+    unique_forced: bool = F(False, "Benchmarks only: with forced_candidates, append a unique comment to the C++ source of every drawn candidate, so each one is a real compile (no build or verdict cache hit), as every sampled kernel of a real policy would be")
+
+
+@dataclass
 class RolloutConfig:
     engine: str = F("torch", "Inference engine: 'torch' (embedded), 'sglang', or a dotted path to an engine class", choices=["torch", "sglang"], dotted_ok=True)
     num_actors: int = F(1, "Rollout actors (each drives one engine)", ge=1)
@@ -100,6 +107,8 @@ class RolloutConfig:
     forced_candidates: Optional[str] = F(None, "Benchmarks and the CPU demo only: a solutions directory; attempts are drawn from candidates built from it (the solution, compile-broken, wrong-result, fallback and cut-off variants) and scored by the engine instead of sampled; null = sample (the default)")
     forced_fraction: float = F(1.0, "With forced_candidates: the share of attempts drawn from the pool; the others are sampled (benchmarks that also need real decoding)", ge=0.0, le=1.0)
     forced_mix: Dict[str, float] = F(dict(FORCED_MIX), "With forced_candidates: the weight of each variant in a draw (solution, compile_error, wrong_result, fallback, cut_off, hang: an endless loop, a timeout verdict that costs verifier.run_timeout_s); a draw picks a variant the task has with probability proportional to its weight. Variants left out of a YAML mapping keep these defaults")
+    torch_threads: int = F(0, "Intra-op threads of the embedded torch engine (torch.set_num_threads in its process; in-process runs share one process, so the last actor to start sets it); 0 = leave torch's default (Ray actors: 1)", ge=0)
+    bench: RolloutBenchConfig = F(RolloutBenchConfig(), "Benchmark-only workload knobs (kiln bench); all off by default")
 
 
 @dataclass
@@ -113,6 +122,14 @@ class RewardConfig:
 class LegalityConfig:
     allow_vendor_libs: bool = F(True, "Allow cuBLAS/cuDNN/CUTLASS called natively from C++/CUDA (reported in diagnostics)")
     review_speedup: float = F(20.0, "Speedups above this are flagged for human review", gt=1.0)
+
+
+@dataclass
+class ModelledLatencyConfig:
+    median_s: float = F(0.0, "Benchmarks only (kiln bench): a modelled GPU-side verification time added to every verification as a sleep, after the real one (extract, compile, run); 0 = off", ge=0.0)
+    sigma: float = F(1.0, "Shape of the modelled time: log-normal with this σ of its logarithm, so the tail is long (σ = 1: p90 3.6×, p99 10× the median); 0 = always the median", ge=0.0)
+    max_s: float = F(60.0, "Cap on one modelled time", gt=0.0)
+    seed: int = F(0, "Seed of the modelled times (each verifier actor adds its rank)", ge=0)
 
 
 @dataclass
@@ -137,6 +154,7 @@ class VerifierConfig:
     reward_timeout_s: Optional[float] = F(None, "Seconds a verifier actor waits for its reward actor's verify() on one request before answering 'infra'; null = compile_timeout_s + run_timeout_s + 120", gt=0.0)
     reward: RewardConfig = F(RewardConfig(), "MooreEval reward hierarchy")
     legality: LegalityConfig = F(LegalityConfig(), "Anti-fallback / anti-cheat policy")
+    modelled_latency: ModelledLatencyConfig = F(ModelledLatencyConfig(), "Benchmark-only: a long-tailed sleep standing in for GPU-side verification on a CPU machine (kiln bench); off by default")
 
 
 @dataclass
@@ -205,6 +223,7 @@ class LearnerConfig:
     export_every: int = F(0, "Steps between servable HF exports under RUN_DIR/exports/step-NNNNNN/ (weights, tokenizer, chat template, generation config); 0 = only RUN_DIR/final/ at the end", ge=0)
     device: str = F("auto", "Device of the torch learner: 'auto' (cuda when present), 'cpu' or 'cuda[:i]'")
     cpu_ranks: int = F(1, "Data-parallel ranks of a CPU learner (torch backend over gloo, one process and full replica each; needs Ray); a GPU learner has one rank per cluster.learner_gpus", ge=1)
+    torch_threads: int = F(0, "Intra-op threads of a CPU learner (torch.set_num_threads in its process; in-process runs share one process with the engines); 0 = leave torch's default (Ray actors: 1)", ge=0)
 
 
 @dataclass

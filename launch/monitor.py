@@ -3,9 +3,10 @@ PUSH to the driver"), turned into one row of metrics per learner step; and each 
 time spent working, from the busy counters in their health records (`busy_shares`).
 
 Actors push `Metrics` (the learner, once per step, with the ids of the episodes it trained and those
-MirrorPop dropped), `GroupReport` (a rollout actor, once per task group) and the groups' `Episode`
-records (for the readable dumps). Between two learner steps the monitor adds up the groups that
-finished; when the learner's step arrives it closes the step's row: the learner's values, the
+MirrorPop dropped), `GroupReport` (a rollout actor, once per task group), the groups' `Episode`
+records (for the readable dumps) and `Timeline` records (each actor's spans of work, about once a
+second; the session keeps them in RUN_DIR/timeline.jsonl). Between two learner steps the monitor
+adds up the groups that finished; when the learner's step arrives it closes the step's row: the learner's values, the
 rollout side's rates, rewards and verifier outcomes, and run-wide counts (distinct compiled
 sources, groups whose rewards are not all tied). A step in whose window no group finished (the end
 of a run, where every group is admitted already) reports no rollout rates rather than zeros.
@@ -25,7 +26,7 @@ from typing import Iterable
 
 from actors.buffer.formulas import prime_echo, rewards_tie
 from configs import AlgoConfig
-from protocols import Episode, GroupReport, Metrics, Record
+from protocols import Episode, GroupReport, Metrics, Record, Span, Timeline
 from protocols.channels import PullChannel
 
 log = logging.getLogger(__name__)
@@ -79,9 +80,11 @@ class RunMonitor:
         # received since the last take, for the dumps (the newest, when nobody takes them: rollout-only runs)
         self.episodes: collections.deque[Episode] = collections.deque(maxlen=EPISODES_KEPT)
         self.learner_episodes: dict[str, list[str]] = collections.defaultdict(list)  # what the steps did to them
+        self.spans: list[tuple[str, Span]] = []  # (actor, span) received since the last take_spans()
         self.last_step = 0
         self.last_step_at: float | None = None  # monotonic time of the last learner step
         self.last_values: dict[str, float] = {}
+        self.step_times: dict[int, float] = {}  # step -> when the learner sent it (its wall clock)
 
     def close(self) -> None:
         self.channel.close()
@@ -103,6 +106,8 @@ class RunMonitor:
             self._add_group(rec)
         elif isinstance(rec, Episode):
             self.episodes.append(rec)
+        elif isinstance(rec, Timeline):
+            self.spans += [(rec.actor_id, span) for span in rec.spans]
         elif isinstance(rec, Metrics):
             if rec.step < 0:  # a warm-start step: the learner's warm-start report sums them up
                 return None
@@ -120,6 +125,10 @@ class RunMonitor:
         """The rollout side's window since the last progress row; a new one opens."""
         window, self.progress = self.progress, Window()
         return window
+
+    def take_spans(self) -> list[tuple[str, Span]]:
+        spans, self.spans = self.spans, []
+        return spans
 
     # ---------------------------------------------------------------------------------- rows
 
@@ -175,6 +184,7 @@ class RunMonitor:
             self.learner_episodes[kind].extend(ids)
         self.window = Window(start=now)
         self.last_step, self.last_values, self.last_step_at = m.step, values, now
+        self.step_times[m.step] = m.ts
         return m.step, values
 
 

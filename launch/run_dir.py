@@ -2,6 +2,7 @@
 
     RUN_DIR/config.yaml        the resolved config (what `--resume` reloads)
     RUN_DIR/metrics.jsonl      one row per learner step (+ eval rows); tb/ TensorBoard events
+    RUN_DIR/timeline.jsonl     the actors' spans of work (generating, verifying, training, syncing)
     RUN_DIR/episodes/          sampled episodes as readable text, one file per step
     RUN_DIR/registry.json      every running actor's endpoints (the address registry)
     RUN_DIR/replay/            replay's write-ahead log and snapshots

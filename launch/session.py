@@ -39,6 +39,7 @@ from launch.report import write_report
 from launch.run_dir import RunDirectory
 from launch.supervisor import Supervisor
 from launch.tiny_checkpoint import resolve_model_path
+from launch.timeline import TimelineLog
 from protocols.registry import Registry
 
 log = logging.getLogger(__name__)
@@ -61,6 +62,7 @@ class Session:
         self.monitor: RunMonitor | None = None
         self.metrics: MetricsLog | None = None
         self.view: LiveView | None = None
+        self.timeline: TimelineLog | None = None
         self.last_step = 0
         self.started = time.monotonic()  # the run's wall time (report.md and `kiln train` print it) counts from here
         self.rollouts_started: float | None = None
@@ -93,14 +95,23 @@ class Session:
                                   recent_groups=self.cfg.logging.no_progress_groups)
         registry.register("driver", "driver", {"metrics": self.monitor.address})
         self.metrics = MetricsLog(self.run.path, self.cfg.logging)
+        self.timeline = TimelineLog(self.run.path)
         self.view = LiveView(self.cfg.logging.live, self.cfg.algo.total_steps,
                              refresh_s=self.cfg.logging.live_refresh_s, started=self.started).__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
         if self.supervisor is not None:
-            self.supervisor.stop_all(STOP_ORDER)
-        for close in (lambda: self.view.__exit__(None, None, None), self.metrics.close, self.monitor.close):
+            # A stopped engine is forgotten by the learner at once: a weight push in flight to it (a
+            # run ended mid-step) fails now instead of at the push timeout.
+            self.supervisor.stop_all(STOP_ORDER, on_stopped=self._forget_engine)
+        try:  # the spans the actors pushed as they stopped
+            self.monitor.poll(timeout_s=0.5)
+            self.timeline.write(self.monitor.take_spans())
+        except Exception:
+            log.exception("saving the last timeline spans")
+        for close in (lambda: self.view.__exit__(None, None, None), self.metrics.close, self.timeline.close,
+                      self.monitor.close):
             try:
                 close()
             except Exception:
@@ -237,6 +248,7 @@ class Session:
         self._busy_at = now
         self.metrics.log(step, values)
         self.view.update(step, values)
+        self.timeline.write(self.monitor.take_spans())
         self._dump_episodes(step, values)
 
     def _dump_episodes(self, step: int, values: dict[str, float]) -> None:

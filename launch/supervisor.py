@@ -136,8 +136,8 @@ class Supervisor:
             return [handle]
         return [h for h in self.handles.values() if h.spec.group == handle.spec.group]
 
-    def stop_all(self, order: list[str]) -> None:
-        """Stop actors by role prefix in `order`, then any left."""
+    def stop_all(self, order: list[str], on_stopped: Callable[[str], None] | None = None) -> None:
+        """Stop actors by role prefix in `order`, then any left; `on_stopped(name)` runs after each."""
         names = [n for prefix in order for n in self.handles if n.startswith(prefix)]
         names += [n for n in self.handles if n not in names]
         for name in names:
@@ -148,4 +148,6 @@ class Supervisor:
                 log.warning("%s: stop failed: %s", name, err)
             handle.discard()
             self.registry.unregister(name)
+            if on_stopped is not None:
+                on_stopped(name)
         self.handles.clear()

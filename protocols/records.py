@@ -411,6 +411,38 @@ class GroupReport(Record):
             raise ValueError("turn_scores and turn_passed differ in length")
 
 
+# Activities of an actor's timeline (the benchmark's Gantt rows). "waiting" is what an actor does when
+# it records none of the others: no actor records it, the timeline shows it as the gaps.
+Activity = Literal["generating", "verifying", "training", "syncing"]
+
+
+@record
+class Span(Record):
+    """One stretch of an actor's work on the timeline: from the first of the overlapping units of work
+    (generate calls, verifications, learner steps) that it covers to the end of the last; times are
+    wall-clock seconds (time.time()), comparable across processes and hosts."""
+
+    activity: Activity
+    start: float
+    end: float
+    units: int = 1  # units of work that began within it
+
+    def check(self) -> None:
+        if not self.end >= self.start:
+            raise ValueError(f"span ends at {self.end} before it starts at {self.start}")
+        if self.units < 0:
+            raise ValueError(f"units must be >= 0, got {self.units}")
+
+
+@record
+class Timeline(Record):
+    """An actor's spans since its last push, sent to the driver's metrics socket
+    (protocols.timeline.SpanRecorder)."""
+
+    actor_id: str
+    spans: list[Span]
+
+
 @record
 class ErrorReply(Record):
     """Sent back on a request/reply channel when the request could not be decoded or handled."""

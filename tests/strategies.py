@@ -159,7 +159,19 @@ def group_report(draw):
         seconds=draw(st.floats(0, 1e6)))
 
 
-CONSTRAINED = {P.KernelSpec: kernel_spec, P.Task: task, P.TaskReply: task_reply, P.VerifyResult: verify_result,
+@st.composite
+def span(draw):
+    start = draw(st.floats(0, 2e9))
+    return P.Span(activity=draw(st.sampled_from(P.Activity.__args__)), start=start,
+                  end=start + draw(st.floats(0, 1e6)), units=draw(st.integers(0, 2**31)))
+
+
+@st.composite
+def timeline(draw):
+    return P.Timeline(actor_id=draw(text), spans=draw(st.lists(span(), max_size=4)))
+
+
+CONSTRAINED = {P.Span: span, P.Timeline: timeline, P.KernelSpec: kernel_spec, P.Task: task, P.TaskReply: task_reply, P.VerifyResult: verify_result,
                P.Turn: turn, P.Episode: episode, P.TrainBatch: train_batch, P.BatchReply: batch_reply,
                P.BatchRequest: batch_request, P.GroupReport: group_report}
 

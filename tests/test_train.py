@@ -138,30 +138,31 @@ def test_dry_run_prints_the_plan_and_refuses_infeasible_ones():
     assert bad.returncode == 2 and "infeasible placement" in bad.stderr
 
 
-def test_bench_train_measures_a_run_and_its_recovery_from_a_kill(tmp_path):
-    from launch.bench.train import main
+def bench_loop(tmp_path, *args: str) -> dict:
+    """One loop run of `kiln bench` (no stages alone, no η = 0 run), in-process; its LoopResult as JSON."""
+    from launch.cli import main
 
     out = tmp_path / "bench.json"
-    assert main(["--config", str(TEXT_MATCH), "--kill", "rollout-0@2", "--json", str(out),
-                 f"logging.root={tmp_path}", "cluster.use_ray=false", "algo.total_steps=8"]) == 0
-    result = json.loads(out.read_text())
+    assert main(["bench", str(TEXT_MATCH), "cluster.use_ray=false", "--no-stages", "--no-sync", "--eta", "1",
+                 "--out", str(tmp_path / "bench"), "--json", str(out), *args]) == 0
+    (loop,) = json.loads(out.read_text())["loops"]
+    return loop
+
+
+def test_bench_measures_a_run_and_its_recovery_from_a_kill(tmp_path):
+    result = bench_loop(tmp_path, "--kill", "rollout-0@2", "--warmup", "1", "--steps", "7")
     # (enough steps after the kill for the driver's 5-second supervision tick to see the death)
     assert result["steps"] == 8 and result["restarts"] == ["rollout-0"] and result["versions_monotonic"]
     assert result["recovery_s"] is not None and result["recovery_s"] < 60  # no wait for a push timeout
-    assert result["sync_s_max"] < 60
-    assert result["samples_per_s"] > 0 and result["generated_tokens_per_s"] > 0 and result["trained_tokens_per_s"] > 0
-    assert set(result["busy"]) == {"learner", "rollout-0"}
+    assert result["sync_s"]["max"] < 60
+    assert result["samples_per_s"] > 0 and result["decoded_tokens_per_s"] > 0 and result["trained_tokens_per_s"] > 0
+    assert set(result["busy"]) == {"learner", "rollout-0", "verifier-0"}
     ep = result["episodes"]
     assert ep["invariant_ok"] and ep["emitted"] == ep["trained"] + ep["filtered_total"] + ep["pending"]
 
 
-def test_bench_train_stop_after_ends_the_run_at_a_step_and_summarises_it(tmp_path, capsys):
-    from launch.bench.train import main
-
-    out = tmp_path / "bench.json"
-    assert main(["--config", str(TEXT_MATCH), "--stop-after", "0", "--json", str(out), f"logging.root={tmp_path}",
-                 "cluster.use_ray=false", "algo.total_steps=50"]) == 0
-    result = json.loads(out.read_text())
+def test_bench_stop_after_ends_the_run_at_a_step_and_summarises_it(tmp_path, capsys):
+    result = bench_loop(tmp_path, "--stop-after", "0", "--warmup", "1", "--steps", "48")
     assert result["steps"] == 2 and not result["finished"]  # step 2 is the first with a window
     assert result["samples_per_s"] > 0 and result["episodes"]["invariant_ok"]
-    assert "2 (stopped by --stop-after)" in capsys.readouterr().out
+    assert "1 / " in capsys.readouterr().out and "(stopped)" in (tmp_path / "bench" / "report.md").read_text()

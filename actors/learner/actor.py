@@ -15,6 +15,9 @@ Exports (`export_hf`: RUN_DIR/final/ at the driver's request, RUN_DIR/exports/st
 `learner.export_every` steps) are servable HF directories: the backend's weights and config plus the
 tokenizer, chat template and a generation config with the rollout's sampling settings.
 
+Timeline: each step is recorded as "training" and each weight push (with, at η = 0, the wait for the
+engines' confirmations) as "syncing" (protocols.timeline), pushed to the driver.
+
 It finds replay and the driver's metrics socket in the run's registry and registers its weight
 endpoints there as "learner", where engines look them up. Runs in-process and as a Ray actor.
 
@@ -50,6 +53,7 @@ from protocols import (BatchReply, BatchRequest, Metrics, TaskList, TaskListRequ
                        VersionsSeenRequest)
 from protocols.channels import ChannelTimeout, NoServer, PushChannel, ReconnectingClient, RemoteError
 from protocols.lease import DeviceLease
+from protocols.timeline import SpanRecorder
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +97,7 @@ class LearnerActor(Actor):
         self.backend: Trainer | LeaderBackend | None = None
         self.weights: WeightServer | None = None
         self._metrics: PushChannel | None = None
+        self.timeline = SpanRecorder(ctx.name or self.learner_id, None)  # until start() finds the driver
         self._finished = False
         self.warm_start_report: WarmStartReport | None = None
         self.stats = {"steps": 0, "batch_waits": 0, "replay_timeouts": 0, "checkpoints": 0, "push_s": 0.0,
@@ -103,6 +108,8 @@ class LearnerActor(Actor):
     def start(self) -> dict[str, str]:
         """Build (or restore, or warm-start) the model, serve its weights, register them and start the
         training loop. A follower rank joins its group, follows its leader's calls and serves nothing."""
+        metrics = self.ctx.registry.address("driver", "metrics")
+        self.timeline = SpanRecorder(self.ctx.name or self.learner_id, metrics or None)
         channel = join(self._rendezvous(), self.device) if self.world_size > 1 else None
         backend = make_trainer(self.model_cfg, self.cfg, self.algo, temperature=self.temperature,
                                device=self.device)
@@ -111,7 +118,6 @@ class LearnerActor(Actor):
             self.spawn(lambda: follow(backend, channel, self._count_call), "follow")
             return {}
         self.backend = LeaderBackend(backend, channel) if channel is not None else backend
-        metrics = self.ctx.registry.address("driver", "metrics")
         if metrics:
             self._metrics = PushChannel(metrics)
         ws = self.cfg.weight_sync
@@ -147,6 +153,8 @@ class LearnerActor(Actor):
 
     def _count_call(self, method: str, seconds: float) -> None:
         if method in ("train_step", "sft_step"):
+            now = time.time()
+            self.timeline.record("training", now - seconds, now)
             self.busy_s += seconds
             self.stats["steps"] += method == "train_step"
 
@@ -154,6 +162,7 @@ class LearnerActor(Actor):
         if isinstance(self.backend, LeaderBackend):
             self.backend.stop_followers()
         super().stop()
+        self.timeline.close()
         self._replay.close()
         if self.weights is not None:
             self.weights.stop()
@@ -186,7 +195,8 @@ class LearnerActor(Actor):
             return
         losses = []
         for i in range(w.steps):
-            result = self.backend.sft_step(batches[i % len(batches)], lr=w.lr)
+            with self.timeline.span("training"):
+                result = self.backend.sft_step(batches[i % len(batches)], lr=w.lr)
             losses.append(result.loss)
             self._emit(-1, {"sft/loss": result.loss, "sft/step_s": result.seconds})
         if self.cfg.checkpoint_every:
@@ -219,18 +229,20 @@ class LearnerActor(Actor):
             if batch is None:
                 continue
             t = time.perf_counter()
-            if self.shares_gpu:  # colocated: the engines give the GPU back for the step
-                self.weights.release_engines()
-            # The step holds the shared device lease: a verifier timing a kernel on this device holds
-            # it exclusively, and the learner waits (between steps, never inside one) until it is done.
-            with self.weights.updating(), self.lease.shared():  # no engine may read a half-stepped model
-                result = self.backend.train_step(batch)
+            with self.timeline.span("training"):
+                if self.shares_gpu:  # colocated: the engines give the GPU back for the step
+                    self.weights.release_engines()
+                # The step holds the shared device lease: a verifier timing a kernel on this device holds
+                # it exclusively, and the learner waits (between steps, never inside one) until it is done.
+                with self.weights.updating(), self.lease.shared():  # no engine may read a half-stepped model
+                    result = self.backend.train_step(batch)
             self.version += 1
             self.step += 1
             self.stats["steps"] += 1
-            push_s = self._push()
-            if self.confirm_before_next:
-                self.weights.wait_confirmed(self.version, None, CONFIRM_TIMEOUT_S)
+            with self.timeline.span("syncing"):
+                push_s = self._push()
+                if self.confirm_before_next:
+                    self.weights.wait_confirmed(self.version, None, CONFIRM_TIMEOUT_S)
             self.busy_s += time.perf_counter() - t
             self._emit(self.step, self._step_values(result, batch, push_s), _step_episodes(result, batch))
             if self.cfg.checkpoint_every and self.step % self.cfg.checkpoint_every == 0:

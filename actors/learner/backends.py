@@ -17,6 +17,8 @@ def make_backend(model_cfg: ModelConfig, learner_cfg: LearnerConfig, *, device: 
                  reference: bool = False) -> LearnerBackend:
     """The backend for `learner_cfg.backend` on `device` ('cpu', 'cuda', 'cuda:1'), with a frozen
     reference model when `reference` (a KL term needs one)."""
+    if learner_cfg.torch_threads:  # the whole process's intra-op pool: in a Ray actor, this rank's own
+        torch.set_num_threads(learner_cfg.torch_threads)
     if learner_cfg.backend == "torch":
         from actors.learner.torch_backend import TorchBackend
 

@@ -20,6 +20,9 @@ evaluation's sampling settings, never from forced candidates) with the current w
 like training samples and returns the verified attempts (actors/rollout/evaluation.py, the path
 `kiln eval` shares); it asks replay, which owns the task set and its split, for the validation tasks.
 
+Timeline: the actor records when its engine is generating (a generate call in flight) and when it
+loads new weights (protocols.timeline); its `busy_s` is that time, the engine's real work.
+
 Robustness: an engine that crashes is restarted, fetches the current weights before it serves, and
 the requests that were in flight are run again; an episode is never dropped before its ack
 (`EpisodeSender`), so a replay restart loses nothing. Runs in-process and as a Ray actor
@@ -52,6 +55,7 @@ from configs import EvalConfig, ModelConfig, RolloutConfig
 from protocols import Task, TaskList, TaskListRequest, TaskReply, TaskRequest
 from protocols.channels import ChannelTimeout, NoServer, ReconnectingClient, RemoteError
 from protocols.episodes import EpisodeSender
+from protocols.timeline import SpanRecorder
 
 log = logging.getLogger(__name__)
 
@@ -71,9 +75,10 @@ class RolloutActor(Actor):
         self.cfg, self.model_cfg, self.eval_cfg, self.ctx = rollout, model, evaluation, ctx
         self.actor_id, self.index = ctx.name or f"rollout-{ctx.rank}", ctx.rank
         registry = ctx.registry
+        self.timeline = SpanRecorder(self.actor_id, registry.address("driver", "metrics") or None)
         # The learner's weight endpoints ("weights", "announce", "announce_sync"); none while it starts.
-        self.weights = WeightClient(self.actor_id, lambda: _weight_endpoints(registry.endpoints("learner"))) \
-            if follow_learner else None
+        self.weights = WeightClient(self.actor_id, lambda: _weight_endpoints(registry.endpoints("learner")),
+                                    timeline=self.timeline) if follow_learner else None
         self.tokenizer = load_tokenizer(model)
         # Where a response ends: generation_config.json's eos ids and the chat template's end of turn.
         # Every request carries them, so an SGLang server (which knows only the config's eos) stops there too.
@@ -97,7 +102,6 @@ class RolloutActor(Actor):
             log_path = str(ctx.path / "episodes_log" / f"{self.actor_id}.kiln")
         self.reporter = Reporter(registry.address("driver", "metrics") or None, send_episodes=send_episodes,
                                  episode_log=log_path)
-        self.busy_s = 0.0
         self._runner: GroupRunner | None = None
         # Groups run on `rollout.concurrent_groups` threads, so the engine batches several groups'
         # samples while others wait on the verifier; the feed, the sender and the reporter are shared
@@ -105,9 +109,9 @@ class RolloutActor(Actor):
         self._io = threading.Lock()
         self._engine_lock = threading.Lock()
         self._workers = 0
-        self._in_flight, self._busy_since = 0, 0.0
         self.pool = (CandidatePool(rollout.forced_candidates, seed=rollout.seed + self.index,
-                                   fraction=rollout.forced_fraction, mix=rollout.forced_mix)
+                                   fraction=rollout.forced_fraction, mix=rollout.forced_mix,
+                                   unique=rollout.bench.unique_forced)
                      if rollout.forced_candidates else None)
 
     # ------------------------------------------------------------------------------ lifecycle
@@ -129,7 +133,8 @@ class RolloutActor(Actor):
         if self.engine is not None:
             self.engine.close()
         super().stop()
-        for close in (self.verifier.close, self.sender.close, self._feed.close, self.reporter.close):
+        for close in (self.verifier.close, self.sender.close, self._feed.close, self.reporter.close,
+                      self.timeline.close):
             close()
         if self.weights is not None:
             self.weights.close()
@@ -137,7 +142,8 @@ class RolloutActor(Actor):
     def health(self) -> RolloutHealth:
         engine = self.engine.health() if self.engine is not None else {"alive": False}
         return RolloutHealth(role=self.role, alive=not self.stopping, looping=self.threads_running,
-                             finished=self._finished, busy_s=self.busy_s, actor_id=self.actor_id, **self.stats,
+                             finished=self._finished, busy_s=self.timeline.busy_s(), actor_id=self.actor_id,
+                             **self.stats,
                              unacked=self.sender.unacked, acked=len(self.sender.acked),
                              verify_infra=self.verifier.stats["infra"], engine_alive=bool(engine.get("alive")),
                              decoded_tokens=int(engine.get("tokens", 0)), engine=engine,
@@ -175,7 +181,8 @@ class RolloutActor(Actor):
         for attempt in range(ENGINE_RESTARTS_PER_CALL + 1):
             engine = self.engine
             try:
-                return engine.generate(requests)
+                with self.timeline.span("generating"):
+                    return engine.generate(requests)
             except EngineError as err:
                 if self.stopping or attempt == ENGINE_RESTARTS_PER_CALL:
                     raise
@@ -248,7 +255,6 @@ class RolloutActor(Actor):
             if reply.status == "stop":
                 break
             started = time.monotonic()
-            self._busy(+1)
             try:
                 episodes = runner.run(reply)
             except Exception:
@@ -260,8 +266,6 @@ class RolloutActor(Actor):
                     self.stats["group_errors"] += 1
                 self._stop.wait(1.0)
                 continue
-            finally:
-                self._busy(-1)
             with self._io:
                 for episode in episodes:
                     self.sender.submit(episode)
@@ -278,15 +282,6 @@ class RolloutActor(Actor):
                 pass
             # A stopped actor is not finished: the supervisor must see it dead (an in-process kill is a stop).
             self._finished = not self.stopping
-
-    def _busy(self, delta: int) -> None:
-        """busy_s counts the time with at least one group in flight (not the sum over threads)."""
-        with self._io:
-            now = time.monotonic()
-            if self._in_flight:
-                self.busy_s += now - self._busy_since
-            self._busy_since = now
-            self._in_flight += delta
 
     def _ask_for_task(self) -> TaskReply | None:
         try:

@@ -32,6 +32,13 @@ def engine_class(name: str) -> type[Engine]:
 def make_engine(rollout: RolloutConfig, model: ModelConfig, *, index: int, eos_token_ids: list[int],
                 gpu_ids: tuple[str, ...] = ()) -> Engine:
     """`gpu_ids`: the actor's GPUs from the placement plan (`Slot.device_ids()`), where a launched
-    SGLang server runs; () leaves the engine the devices this process sees."""
-    return engine_class(rollout.engine).from_config(rollout, model, index=index, eos_token_ids=eos_token_ids,
-                                                     gpu_ids=gpu_ids)
+    SGLang server runs; () leaves the engine the devices this process sees. With the benchmark's
+    sampled lengths (`rollout.bench.lengths`) the engine is wrapped to draw them (actors/rollout/workload.py)."""
+    engine = engine_class(rollout.engine).from_config(rollout, model, index=index, eos_token_ids=eos_token_ids,
+                                                       gpu_ids=gpu_ids)
+    if not rollout.bench.lengths:
+        return engine
+    from actors.rollout.workload import LengthDraw, SampledLengthEngine
+
+    draw = LengthDraw(rollout.bench.lengths, rollout.bench.length_weights, seed=rollout.seed + index)
+    return SampledLengthEngine(engine, draw)

@@ -24,12 +24,17 @@ afresh, so a failed first turn's repair turn may draw a passing candidate. With
 `rollout.forced_fraction` < 1 the other attempts are sampled as usual, so the engine also does real
 decoding work (throughput benchmarks of a random-init policy: its samples score as extraction
 failures, the forced ones give the verifier its compiles, runs and timings).
+
+With `rollout.bench.unique_forced` (benchmarks) every drawn candidate's C++ source gets a unique
+comment, so it misses the verifier's build and verdict caches and is compiled for real, as a sampled
+kernel of a real policy would be; without it each distinct variant compiles once per cache.
 """
 
 from __future__ import annotations
 
 import random
 import re
+import uuid
 from pathlib import Path
 from typing import Mapping
 
@@ -128,11 +133,12 @@ class CandidatePool:
     """Draws forced responses for a rollout actor, seeded per actor."""
 
     def __init__(self, solutions: str | Path, seed: int, fraction: float = 1.0,
-                 mix: Mapping[str, float] | None = None) -> None:
+                 mix: Mapping[str, float] | None = None, unique: bool = False) -> None:
         self.solutions = Path(solutions)
         self.rng = random.Random(seed)
         self.fraction = fraction  # share of attempts forced; the rest are sampled by the engine
         self.mix = check_mix(FORCED_MIX if mix is None else mix)
+        self.unique = unique  # a unique comment in every drawn candidate's C++ source (real compiles)
         self._cache: dict[str, tuple[list[str], list[float]]] = {}
 
     def draw(self, task: Task) -> str | None:
@@ -146,4 +152,7 @@ class CandidatePool:
         texts, weights = pool
         if not texts or (self.fraction < 1 and self.rng.random() >= self.fraction):
             return None
-        return self.rng.choices(texts, weights)[0]
+        text = self.rng.choices(texts, weights)[0]
+        if self.unique:
+            text = _in_kernel_code(text, lambda code: f"{code.rstrip()}\n// kiln bench {uuid.uuid4().hex}\n") or text
+        return text

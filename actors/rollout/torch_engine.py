@@ -121,6 +121,8 @@ class TorchEngine(Engine):
         # In a Ray actor the placement already restricts the visible devices to `gpu_ids`.
         from actors.rollout.engines import resolve_device
 
+        if rollout.torch_threads:  # the whole process's intra-op pool: in a Ray actor, this engine's own
+            torch.set_num_threads(rollout.torch_threads)
         return cls(model, max_batch=rollout.max_batch, device=resolve_device(rollout.device),
                    eos_token_ids=eos_token_ids, on_weight_update=rollout.on_weight_update, seed=rollout.seed + index)
 

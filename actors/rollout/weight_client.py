@@ -16,6 +16,7 @@ to the current version.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -26,6 +27,7 @@ from actors.rollout.engine import Engine, EngineError
 from protocols import Control, ErrorReply, WeightAnnouncement, WeightRequest, WeightsLoaded
 from protocols.channels import ChannelTimeout, ReconnectingClient, RemoteError, Subscriber
 from protocols.schema import Record
+from protocols.timeline import SpanRecorder
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +41,11 @@ class WeightSyncError(RuntimeError):
 
 class WeightClient:
     def __init__(self, engine_id: str, learner: LearnerEndpoints | Callable[[], LearnerEndpoints], *,
-                 request_timeout_s: float = 120.0, confirm_timeout_s: float = 10.0, poll_s: float = 0.2) -> None:
+                 request_timeout_s: float = 120.0, confirm_timeout_s: float = 10.0, poll_s: float = 0.2,
+                 timeline: SpanRecorder | None = None) -> None:
+        """`timeline`: where the engine's weight loads are recorded as "syncing" (the rollout actor's)."""
         self.engine_id = engine_id
+        self.timeline = timeline
         self._learner = learner if callable(learner) else (lambda: learner)
         # Requests follow the learner's registered "weights" address across restarts.
         self._req = ReconnectingClient(lambda: dict(self._learner()).get("weights", ""),
@@ -215,7 +220,8 @@ class WeightClient:
             return
         start = time.monotonic()
         try:
-            load()
+            with self._syncing():
+                load()
         except Exception as err:
             self.stats["failures"] += 1
             self.last_error = f"version {version}: {err}"
@@ -225,6 +231,9 @@ class WeightClient:
         self.stats["loaded"] += 1
         self.stats["last_seconds"] = seconds
         self._confirm(version, ok=True, seconds=seconds)
+
+    def _syncing(self):
+        return self.timeline.span("syncing") if self.timeline is not None else contextlib.nullcontext()
 
     def _confirm(self, version: int, *, ok: bool, seconds: float, error: str = "") -> None:
         rec = WeightsLoaded(engine_id=self.engine_id, version=version, ok=ok, error=error, seconds=seconds)
@@ -240,7 +249,8 @@ class WeightClient:
             self.stats["skipped"] += 1
             return
         try:
-            load = applying.receive(engine, ann)
+            with self._syncing():  # receiving (a broadcast, a copy) is part of the sync
+                load = applying.receive(engine, ann)
             if load is None:  # the transport reaches this engine only through a new request
                 self._join()
             else:

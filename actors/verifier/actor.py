@@ -13,6 +13,12 @@ client while still in flight is not verified twice.
 It registers its address in the run's registry under its name (role "verifier"); rollout actors send
 to every registered verifier as one pool and pick up a restarted one from the registry.
 
+Timeline: every verification is recorded as "verifying" (protocols.timeline), pushed to the driver;
+`busy_s` is the time with at least one verification under way.
+
+Benchmarks: `verifier.modelled_latency` (off by default) adds a long-tailed sleep after each
+verification, standing in for GPU-side work on a CPU machine (actors/verifier/latency.py).
+
 Guard: each verify() runs on its own thread under `verifier.reward_timeout_s`. An exception, a hang, or a
 return value that is not a valid VerifyResult for that request becomes an `infra` result (score 0;
 replay excludes infra results from training), and the actor keeps serving.
@@ -29,9 +35,11 @@ from concurrent.futures import Future
 from actors.base import Actor, RunContext, load_plugin
 from actors.verifier.health import VerifierHealth
 from actors.verifier.interface import DEFAULT_REWARD_ACTOR, RewardActor
+from actors.verifier.latency import ModelledLatency
 from configs import VerifierConfig
 from protocols import ErrorReply, ProtocolError, VerifyRequest, VerifyResult, encode, infra_result
 from protocols.channels import ReplyServer, Request
+from protocols.timeline import SpanRecorder
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +59,12 @@ class VerifierActor(Actor):
         self._work: queue.Queue = queue.Queue()
         self._outbox: queue.Queue = queue.Queue()
         self._inflight: set[tuple[bytes, bytes]] = set()
-        self.stats = {"received": 0, "replied": 0, "infra": 0, "hung": 0, "rejected": 0}
+        self.stats = {"received": 0, "replied": 0, "infra": 0, "hung": 0, "rejected": 0, "compiled": 0,
+                      "modelled_s": 0.0}
         self._stats_lock = threading.Lock()
+        self.latency = ModelledLatency(cfg.modelled_latency, rank=ctx.rank if ctx is not None else 0)
+        metrics = ctx.registry.address("driver", "metrics") if ctx is not None else ""
+        self.timeline = SpanRecorder(ctx.name if ctx is not None else "verifier", metrics or None)
 
     # ------------------------------------------------------------------------------ lifecycle
 
@@ -73,6 +85,7 @@ class VerifierActor(Actor):
 
     def stop(self) -> None:
         super().stop()
+        self.timeline.close()
         if self.server is not None:
             self.server.close()
         if self.impl is not None:
@@ -85,8 +98,8 @@ class VerifierActor(Actor):
         with self._stats_lock:
             stats = dict(self.stats)
         return VerifierHealth(role=self.role, alive=not self.stopping, looping=self.threads_running,
-                              address=self.server.address if self.server else "", **stats,
-                              queued=self._work.qsize(), inflight=len(self._inflight),
+                              busy_s=self.timeline.busy_s(), address=self.server.address if self.server else "",
+                              **stats, queued=self._work.qsize(), inflight=len(self._inflight),
                               reward_actor=f"{self.reward_cls.__module__}.{self.reward_cls.__qualname__}")
 
     # --------------------------------------------------------------------------------- serving
@@ -101,9 +114,9 @@ class VerifierActor(Actor):
                     done, answer = self._outbox.get_nowait()
                 except queue.Empty:
                     break
-                self.server.reply(done, answer)
+                self._count("replied")  # before the send: a client that has its answer sees it counted
                 self._inflight.discard((done.peer, done.corr))
-                self._count("replied")
+                self.server.reply(done, answer)
 
     def _accept(self, req: Request) -> None:
         if not isinstance(req.record, VerifyRequest):
@@ -127,7 +140,22 @@ class VerifierActor(Actor):
             self._outbox.put((req, self.verify(req.record)))
 
     def verify(self, request: VerifyRequest) -> VerifyResult:
-        """Run the reward actor on one request under the guard (also callable directly / via Ray)."""
+        """Run the reward actor on one request under the guard (also callable directly / via Ray), then
+        sleep the modelled GPU-side latency if one is configured; all of it is "verifying"."""
+        with self.timeline.span("verifying"):
+            result = self._guarded(request)
+            if result.error_class != "infra":
+                self._model_gpu_work()
+            return result
+
+    def _model_gpu_work(self) -> None:
+        seconds = self.latency.draw()
+        if seconds > 0:
+            self._stop.wait(seconds)
+            with self._stats_lock:
+                self.stats["modelled_s"] += seconds
+
+    def _guarded(self, request: VerifyRequest) -> VerifyResult:
         done: Future = Future()
 
         def call() -> None:
@@ -148,6 +176,8 @@ class VerifierActor(Actor):
         problem = validate_result(result, request)
         if problem:
             return self._infra(request, f"the reward actor returned an invalid result: {problem}")
+        if compiled(result):
+            self._count("compiled")
         return result
 
     def _infra(self, request: VerifyRequest, message: str) -> VerifyResult:
@@ -157,6 +187,13 @@ class VerifierActor(Actor):
     def _count(self, key: str) -> None:
         with self._stats_lock:
             self.stats[key] += 1
+
+
+def compiled(result: VerifyResult) -> bool:
+    """Whether the verification ran a real compile: the kernel verifier reports its build stage in
+    `timings["compile"]` and whether the build came from its cache in `diagnostics["build"]`."""
+    build = result.diagnostics.get("build") if not result.cached else None
+    return "compile" in result.timings and isinstance(build, dict) and build.get("cached") is False
 
 
 def validate_result(result, request: VerifyRequest) -> str:

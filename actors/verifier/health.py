@@ -18,3 +18,5 @@ class VerifierHealth(ActorHealth):
     queued: int = 0  # waiting for a worker
     inflight: int = 0
     reward_actor: str = ""  # the reward-actor class, as module.qualname
+    compiled: int = 0  # verifications that ran a real compile (a build not served from a cache)
+    modelled_s: float = 0.0  # seconds of modelled GPU-side latency slept (verifier.modelled_latency)

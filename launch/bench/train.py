@@ -1,189 +1,250 @@
-"""Throughput of a whole `kiln train` run, for async-RL systems benchmarks (docs/BENCHMARKS.md).
+"""One run of the loop for `kiln bench` (part b): `kiln train` as it runs, watched step by step.
 
-    python -m launch.bench.train --config configs/four_gpu.yaml [--kill rollout-0@5] [--json F] [k=v ...]
+`run_loop` runs `launch.train.train` on the config it is given, optionally kills an actor (a Ray
+actor dies without a clean stop) once the learner has recorded a given step, and ends the run at a
+fixed step (or `stop_after` seconds in, from step 2 on): the driver writes the summary and raises
+`StopRun` from its step hook, so no final export or evaluation runs. After each recorded step
+`Probe` reads every actor's health (decoded tokens, verifications, real compiles, its process id)
+and the CPU time of each actor's process tree, and stamps the time of the reading.
 
-Runs `launch.train.train` as `kiln train` does, optionally kills an actor (a Ray actor dies without a
-clean stop) once the learner has recorded a given step, and summarises the run from its metrics and
-summary.json. Rates are over the steady window, from the first recorded learner step to the last
-(start-up, model builds and the first compiles are outside it):
+Two clocks: the driver records a step up to a second after the learner sent it (it polls), so the
+window is measured on the learner's own send times (Metrics.ts), over which samples/s, the
+learner's token rates, the busy shares and the Gantt are taken; counters read by the probe (decoded
+tokens, verifications, CPU time) are divided by the time between their own readings.
 
-  samples/s        trained sequences per second
-  generated tok/s  tokens the engines decoded (sampled, not forced-and-scored) per second
-  trained tok/s    tokens in the learner's batches per second (prompt + response)
-  sync             the learner's weight publish, until every engine received the version
-  busy             each actor's share of the window spent working (its busy_s counter)
+`summarise` turns that into a `LoopResult` over the steady window: from the step that ends the
+warm-up to the last one. Rates:
 
-Run it once with replay.max_staleness=0 and once with η ≥ 1 for the async/sync ratio.
+  samples/s          trained sequences per second
+  decoded tok/s      tokens the engines decoded (sampled, not forced-and-scored) per second
+  trained tok/s      tokens in the learner's batches per second (prompt + response)
+  gradient tok/s     tokens that carried gradient (MirrorPop kept) per second
+  verifications/min  verifier replies per minute; the share that were real compiles
+  busy               each actor's share of the window inside its recorded spans (RUN_DIR/timeline.jsonl)
+  CPU share          CPU time of each actor's process tree ÷ (window × cores); the machine's too
+  sync               the learner's weight publish, until every engine received the version
 
-`--stop-after S` ends the run at the first step recorded S seconds or more after the start (and not
-before step 2, so that there is a window), for benchmarks under a wall-clock budget: the table then
-covers the steps recorded so far and says that the run was stopped. The learner is not checkpointed
-and no final export is written.
+Counters of an actor that restarted start again at zero; `Counters` adds them up across restarts.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
+import logging
+import os
 import statistics
-import sys
 import time
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field
 
-from configs import load_config
+from configs import KilnConfig
+from launch.bench import cpu
 from launch.metrics import read_metrics
 from launch.run_dir import RunDirectory
+from launch.timeline import activity_shares, busy_shares, read_timeline
 from launch.train import train
+
+log = logging.getLogger(__name__)
 
 
 class StopRun(Exception):
-    """Raised from the step hook to end the run at `--stop-after`; the summary is already written."""
+    """Raised from the step hook to end the run; the summary is already written."""
+
+
+class Counters:
+    """Running totals of counters that restart from zero when their actor does (a new process id, or a
+    reading below the last one: all of the new reading is new)."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, tuple[object, float]] = {}
+        self.total: dict[str, float] = {}
+
+    def update(self, key: str, value: float, identity: object = None) -> None:
+        last = self._last.get(key)
+        if last is None:
+            self.total[key] = 0.0  # the first reading is the baseline
+        elif last[0] != identity or value < last[1]:
+            self.total[key] += value
+        else:
+            self.total[key] += value - last[1]
+        self._last[key] = (identity, value)
+
+
+@dataclass
+class Mark:
+    """What the driver read after one recorded learner step."""
+
+    time: float  # when the learner sent the step (its wall clock, like the spans)
+    read_at: float  # when the counters below were read (wall clock)
+    step: int
+    decoded: dict[str, float]  # engine -> decoded tokens since the first mark
+    verified: dict[str, float]  # verifier -> replies since the first mark
+    compiled: dict[str, float]  # verifier -> real compiles since the first mark
+    cpu: dict[str, float] | None  # actor (or "driver") -> CPU seconds since the first mark
+    machine_cpu: float | None  # the whole machine's busy CPU seconds (all users)
 
 
 @dataclass
 class Probe:
-    """What the driver sees after each recorded step: time, decoded tokens, the kill to inject."""
-
-    kill: tuple[str, int] | None
-    stop_at: float | None = None  # monotonic time after which the next recorded step ends the run
-    marks: list[tuple[float, int, int]] = field(default_factory=list)  # (monotonic s, step, decoded tokens)
-    killed_at: float | None = None
-    _decoded: dict[str, tuple[int, int]] = field(default_factory=dict)  # actor -> (last seen, total)
+    kill: tuple[str, int] | None = None
+    last_step: int | None = None  # end the run once this step is recorded
+    stop_at: float | None = None  # monotonic time after which the next recorded step (from step 2) ends the run
+    marks: list[Mark] = field(default_factory=list)
+    killed_at: float | None = None  # wall clock
+    _counts: Counters = field(default_factory=Counters)
+    _cpu: Counters = field(default_factory=Counters)
 
     def __call__(self, session, step: int) -> None:
-        self.marks.append((time.monotonic(), step, self._decoded_tokens(session)))
+        self.marks.append(self._mark(session, step))
         if self.kill is not None and step >= self.kill[1] and self.killed_at is None:
             session.supervisor[self.kill[0]].kill()
-            self.killed_at = time.monotonic()
-        if self.stop_at is not None and time.monotonic() >= self.stop_at and len(self.marks) >= 2:
+            self.killed_at = time.time()
+        stopped = self.stop_at is not None and time.monotonic() >= self.stop_at and len(self.marks) >= 2
+        if stopped or (self.last_step is not None and step >= self.last_step):
             session.write_summary()  # the ledger as of this step; train() will not reach its own
             raise StopRun
 
-    def _decoded_tokens(self, session) -> int:
-        """Tokens decoded by all engines so far; a restarted engine's counter starts again at 0."""
-        for handle in session.rollouts:
+    def _mark(self, session, step: int) -> Mark:
+        decoded, verified, compiled, pids = {}, {}, {}, {"driver": os.getpid()}
+        for name, handle in list(session.supervisor.handles.items()):
             try:
-                now = handle.health(timeout_s=10.0).decoded_tokens
-            except Exception:
+                health = handle.health(timeout_s=10.0)
+            except Exception:  # dead or wedged: the supervisor deals with it
                 continue
-            last, total = self._decoded.get(handle.name, (0, 0))
-            total += now - last if now >= last else now
-            self._decoded[handle.name] = (now, total)
-        return sum(total for _, total in self._decoded.values())
+            pids[name] = health.pid
+            if name.startswith("rollout-"):
+                self._counts.update(f"decoded/{name}", health.decoded_tokens, health.pid)
+                decoded[name] = self._counts.total[f"decoded/{name}"]
+            elif name.startswith("verifier-"):
+                for kind, value, out in (("verified", health.replied, verified),
+                                         ("compiled", health.compiled, compiled)):
+                    self._counts.update(f"{kind}/{name}", value, health.pid)
+                    out[name] = self._counts.total[f"{kind}/{name}"]
+        cpu_s, machine = self._cpu_reading(pids), cpu.machine_busy_s()
+        return Mark(time=session.monitor.step_times.get(step, time.time()), read_at=time.time(), step=step,
+                    decoded=decoded, verified=verified, compiled=compiled, cpu=cpu_s, machine_cpu=machine)
+
+    def _cpu_reading(self, pids: dict[str, int]) -> dict[str, float] | None:
+        if len(set(pids.values())) == 1:  # in-process: one process holds every stage, none is separable
+            pids = {"in-process": os.getpid()}
+        reading = cpu.tree_cpu_s(pids, alone=frozenset({"driver"}))
+        if reading is None:
+            return None
+        for name, seconds in reading.items():
+            self._cpu.update(name, seconds, pids[name])
+        return {name: self._cpu.total[name] for name in reading}
 
 
 @dataclass
-class BenchResult:
-    steps: int
-    wall_s: float
+class LoopResult:
+    eta: int  # replay.max_staleness of this run
+    run_dir: str
+    steps: int  # learner steps recorded in the whole run
+    window_steps: int  # learner steps inside the window
+    window: tuple[float, float]  # wall-clock start and end of the window
+    step_times: list[tuple[int, float]]  # (step, wall clock when the driver recorded it) inside the window
     window_s: float
+    wall_s: float
     samples_per_s: float
-    generated_tokens_per_s: float
+    decoded_tokens_per_s: float
     trained_tokens_per_s: float
-    grad_tokens_per_s: float
+    gradient_tokens_per_s: float
+    trained_samples: int  # in the window
+    decoded_tokens: float  # in the window
+    decoded_per_engine: dict[str, float]  # engine -> decoded tok/s
+    counters_s: float  # the time between the counters' readings that the rates of counters divide by
+    verifications: float  # in the window
+    verifications_per_min: dict[str, float]  # verifier -> replies per minute
+    compiled_share: float | None  # of the window's verifications, real compiles
     learner_step_s_median: float
-    sync_s_median: float
-    sync_s_max: float
-    busy: dict[str, float]
-    staleness: dict[str, float]
+    sync_s: dict[str, float]  # p50, p99, max over the window's steps, and n
+    busy: dict[str, float]  # actor -> share of the window inside its spans
+    activities: dict[str, dict[str, float]]  # actor -> activity -> share of the window
+    cpu_share: dict[str, float] | None  # actor, "driver", "machine" -> CPU seconds ÷ (window × cores)
+    cores: int
+    staleness: dict[str, int]  # lag -> samples trained in the window
     restarts: list[str]
     versions_monotonic: bool
     episodes: dict
     killed: str | None
     recovery_s: float | None  # kill -> the next learner step recorded
-    finished: bool  # False when --stop-after ended the run before algo.total_steps
+    finished: bool  # False when stop_after ended the run before its last step
 
 
-def summarise(run: RunDirectory, probe: Probe, wall_s: float, kill: tuple[str, int] | None,
-              finished: bool = True) -> BenchResult:
-    rows = [r for r in read_metrics(run.path) if "train/loss" in r]
-    summary = json.loads((run.path / "summary.json").read_text())
-    (t0, first, tok0), (t1, last, tok1) = probe.marks[0], probe.marks[-1]
-    window = max(t1 - t0, 1e-9)
-    steady = [r for r in rows if first < r["step"] <= last]
-    versions = [int(r["weights/version"]) for r in rows if "weights/version" in r]
-    busy_names = sorted({k for r in steady for k in r if k.startswith("busy/")})
-    lags = {k: sum(r.get(k, 0.0) for r in rows) for k in sorted({k for r in rows for k in r
-                                                                 if k.startswith("staleness/lag_")})}
-    recovery = None
-    if probe.killed_at is not None:
-        after = [t for t, _, _ in probe.marks if t > probe.killed_at]
-        recovery = after[0] - probe.killed_at if after else None
-    return BenchResult(
-        steps=len(rows), wall_s=wall_s, window_s=window,
-        samples_per_s=sum(r.get("train/sequences", 0.0) for r in steady) / window,
-        generated_tokens_per_s=(tok1 - tok0) / window,
-        trained_tokens_per_s=sum(r.get("train/tokens", 0.0) for r in steady) / window,
-        grad_tokens_per_s=sum(r.get("train/trained_tokens", 0.0) for r in steady) / window,
-        learner_step_s_median=statistics.median(r["train/step_s"] for r in rows),
-        sync_s_median=statistics.median(r.get("weights/sync_s", 0.0) for r in rows),
-        sync_s_max=max(r.get("weights/sync_s", 0.0) for r in rows),
-        busy={k.removeprefix("busy/"): statistics.fmean(r[k] for r in steady if k in r) for k in busy_names},
-        staleness=lags,
-        restarts=[r["actor"] for r in summary["restarts"]],
-        versions_monotonic=versions == sorted(set(versions)),
-        episodes=summary["episodes"],
-        killed=f"{kill[0]} at step {kill[1]}" if kill else None,
-        recovery_s=recovery, finished=finished)
-
-
-def render(r: BenchResult) -> str:
-    lines = [f"| metric | value |", "| --- | --- |"]
-    for name, value in [
-        ("learner steps", r.steps if r.finished else f"{r.steps} (stopped by --stop-after)"),
-        ("wall s (whole run)", f"{r.wall_s:.0f}"),
-        ("steady window s", f"{r.window_s:.1f}"), ("samples/s (trained)", f"{r.samples_per_s:.2f}"),
-        ("generated tok/s", f"{r.generated_tokens_per_s:,.0f}"), ("trained tok/s", f"{r.trained_tokens_per_s:,.0f}"),
-        ("gradient tok/s", f"{r.grad_tokens_per_s:,.0f}"), ("learner step s (median)", f"{r.learner_step_s_median:.2f}"),
-        ("weight sync s (median / max)", f"{r.sync_s_median:.3f} / {r.sync_s_max:.3f}"),
-        *((f"busy {name}", f"{v:.2f}") for name, v in r.busy.items()),
-        ("staleness (trained samples by lag)", ", ".join(f"{k.removeprefix('staleness/')}: {v:.0f}"
-                                                         for k, v in r.staleness.items())),
-        ("killed", r.killed or "-"), ("kill -> next step s", "-" if r.recovery_s is None else f"{r.recovery_s:.1f}"),
-        ("restarts", ", ".join(r.restarts) or "-"), ("versions only grow", r.versions_monotonic),
-        ("episodes emitted = trained + filtered + pending",
-         f"{r.episodes['emitted']} = {r.episodes['trained']} + {r.episodes['filtered_total']} + "
-         f"{r.episodes['pending']} ({'holds' if r.episodes['invariant_ok'] else 'BROKEN'})"),
-    ]:
-        lines.append(f"| {name} | {value} |")
-    return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m launch.bench.train", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", required=True)
-    p.add_argument("--kill", metavar="ACTOR@STEP", help="kill this actor once the learner recorded STEP")
-    p.add_argument("--json", metavar="FILE", help="also write the result as JSON")
-    p.add_argument("--stop-after", metavar="S", type=float,
-                   help="end the run at the first step recorded S seconds after the start (from step 2)")
-    p.add_argument("overrides", nargs="*", help="section.key=value")
-    args = p.parse_intermixed_args(argv)
-    kill = None
-    if args.kill:
-        actor, _, step = args.kill.rpartition("@")
-        if not actor or not step.isdigit():
-            p.error(f"--kill wants ACTOR@STEP, got {args.kill!r}")
-        kill = (actor, int(step))
-    cfg = load_config(args.config, args.overrides + ["logging.live=false"])
-    import logging
-
-    logging.basicConfig(level=cfg.logging.level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    run = RunDirectory.create(cfg)
-    started = time.monotonic()
-    probe = Probe(kill=kill, stop_at=None if args.stop_after is None else started + args.stop_after)
+def run_loop(cfg: KilnConfig, run: RunDirectory, *, warmup: int, steps: int | None, kill: tuple[str, int] | None = None,
+             stop_after: float | None = None) -> LoopResult:
+    """Run the loop on `cfg` in `run`; `steps` after `warmup` steps (None: until algo.total_steps)."""
+    started, started_wall = time.monotonic(), time.time()
+    last = warmup + steps if steps is not None else None
+    probe = Probe(kill=kill, last_step=last, stop_at=None if stop_after is None else started + stop_after)
+    finished = True
     try:
         train(cfg, run, on_step=probe)
-        finished = True
     except StopRun:
-        finished = False
-    result = summarise(run, probe, time.monotonic() - started, kill, finished)
-    print(render(result))
-    if args.json:
-        Path(args.json).write_text(json.dumps(asdict(result), indent=1))
-    return 0
+        finished = last is not None and probe.marks[-1].step >= last
+    return summarise(cfg, run, probe, warmup, time.time() - started_wall, kill, finished)
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+def summarise(cfg: KilnConfig, run: RunDirectory, probe: Probe, warmup: int, wall_s: float,
+              kill: tuple[str, int] | None, finished: bool) -> LoopResult:
+    if len(probe.marks) < 2:
+        raise RuntimeError(f"{run.path}: fewer than two learner steps were recorded; no window to measure")
+    start = next((m for m in probe.marks if m.step >= warmup), probe.marks[0])
+    if start is probe.marks[-1]:
+        start = probe.marks[-2]
+    end = probe.marks[-1]
+    t0, t1 = start.time, end.time
+    window = max(t1 - t0, 1e-9)
+    between = max(end.read_at - start.read_at, 1e-9)
+    rows = [r for r in read_metrics(run.path) if "train/loss" in r]
+    steady = [r for r in rows if start.step < r["step"] <= end.step]
+    summary = json.loads((run.path / "summary.json").read_text())
+    versions = [int(r["weights/version"]) for r in rows if "weights/version" in r]
+    spans = read_timeline(run.path)
+    delta = lambda a, b: {k: a.get(k, 0.0) - b.get(k, 0.0) for k in a}  # noqa: E731
+    decoded = delta(end.decoded, start.decoded)
+    verified = delta(end.verified, start.verified)
+    compiled = delta(end.compiled, start.compiled)
+    verifications = sum(verified.values())
+    cpu_share = None
+    if end.cpu is not None and start.cpu is not None:
+        cores = cpu.cores()
+        cpu_share = {k: v / (between * cores) for k, v in delta(end.cpu, start.cpu).items()}
+        if end.machine_cpu is not None and start.machine_cpu is not None:
+            cpu_share["machine"] = (end.machine_cpu - start.machine_cpu) / (between * cores)
+    syncs = [float(r.get("weights/sync_s", 0.0)) for r in steady] or [0.0]
+    lags: dict[str, int] = {}
+    for r in steady:
+        for key, value in r.items():
+            if key.startswith("staleness/lag_"):
+                lag = key.removeprefix("staleness/lag_")
+                lags[lag] = lags.get(lag, 0) + int(value)
+    samples = sum(r.get("train/sequences", 0.0) for r in steady)
+    recovery = None
+    if probe.killed_at is not None:
+        after = [m.read_at for m in probe.marks if m.read_at > probe.killed_at]
+        recovery = after[0] - probe.killed_at if after else None
+    return LoopResult(
+        eta=cfg.replay.max_staleness, run_dir=str(run.path), steps=len(rows), window_steps=len(steady),
+        window=(t0, t1), step_times=[(m.step, m.time) for m in probe.marks if start.step <= m.step <= end.step],
+        window_s=window, wall_s=wall_s,
+        samples_per_s=samples / window, decoded_tokens_per_s=sum(decoded.values()) / between,
+        trained_tokens_per_s=sum(r.get("train/tokens", 0.0) for r in steady) / window,
+        gradient_tokens_per_s=sum(r.get("train/trained_tokens", 0.0) for r in steady) / window,
+        trained_samples=int(samples), decoded_tokens=sum(decoded.values()),
+        decoded_per_engine={k: v / between for k, v in sorted(decoded.items())}, counters_s=between,
+        verifications=verifications,
+        verifications_per_min={k: 60.0 * v / between for k, v in sorted(verified.items())},
+        compiled_share=sum(compiled.values()) / verifications if verifications else None,
+        learner_step_s_median=statistics.median(r["train/step_s"] for r in (steady or rows)),
+        sync_s={"p50": _percentile(syncs, 0.5), "p99": _percentile(syncs, 0.99), "max": max(syncs),
+                "n": float(len(steady))},
+        busy=busy_shares(spans, t0, t1), activities=activity_shares(spans, t0, t1),
+        cpu_share=cpu_share, cores=cpu.cores(), staleness=dict(sorted(lags.items(), key=lambda kv: int(kv[0]))),
+        restarts=[r["actor"] for r in summary["restarts"]], versions_monotonic=versions == sorted(set(versions)),
+        episodes=summary["episodes"], killed=f"{kill[0]} at step {kill[1]}" if kill else None,
+        recovery_s=recovery, finished=finished)
