@@ -34,7 +34,9 @@ FEEDBACK = {
     "lazy_subclass": ["subclass"],
     "cached_result": ["earlier call"],
     "cached_copy": ["exactly the output of trial"],
-    "call_count": ["while timed"],
+    # A no-op timed run returns fresh uninitialised memory, which may still hold an earlier output's bytes:
+    # then it is caught as a replay before the comparison (either names the timed run).
+    "call_count": [("while timed", "timed run")],
     "late_thread": ["after forward returned"],
     "python_thread": ["import threading"],
     "numpy_roundtrip": ["numpy"],
@@ -124,8 +126,10 @@ def test_adversarial_case_gets_its_verdict(case, results):
     assert not r.passed and r.score < 0
     if case.expect == "cheating":
         assert r.score == -1.0 and r.stage == "legality" and r.diagnostics["violations"]
-    for needle in FEEDBACK[case.name]:
-        assert needle in r.feedback, f"{case.name}: {needle!r} missing from feedback:\n{r.feedback}"
+    for needle in FEEDBACK[case.name]:  # a tuple: any one of its alternatives
+        alternatives = needle if isinstance(needle, tuple) else (needle,)
+        assert any(n in r.feedback for n in alternatives), \
+            f"{case.name}: {needle!r} missing from feedback:\n{r.feedback}"
 
 
 def test_default_shape_only_gets_partial_credit(results):
