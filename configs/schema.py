@@ -78,7 +78,7 @@ class RolloutConfig:
     temperature: float = F(1.0, "Sampling temperature T; behaviour logprobs are log softmax(logits / T)", gt=0.0)
     top_p: float = F(1.0, "Nucleus sampling; 1.0 keeps the logprob convention exact (no renormalisation)", gt=0.0, le=1.0)
     top_k: int = F(0, "Top-k sampling; 0 disables it", ge=0)
-    concurrent_groups: int = F(1, "Task groups a rollout actor works on at once: the engine batches their samples while other groups wait on the verifier (raise it until the engine's batch is full)", ge=1)
+    max_inflight: int = F(0, "In-flight budget of a rollout actor, in attempts (generating, or being verified): a new task group is admitted whenever fewer are in flight (and replay's admission allows it); 0 = 2 × max_batch, so the engine's batch stays full while about half the attempts wait on verifiers", ge=0)
     max_turns: int = F(3, "Turns T per episode: the first attempt plus up to T-1 repair or performance turns with verifier feedback", ge=1)
     history: str = F("full", "What a repair prompt shows of the attempt so far: 'full' = the task and every earlier answer and its feedback as a dialogue; 'last' = the task, the last answer and its feedback. Either way older turns are left out (and the prompt says so) when the dialogue plus max_new_tokens would exceed model.max_seq_len", choices=["full", "last"])
     history_thinking: bool = F(False, "Earlier answers in a repair prompt keep their thinking text; false leaves it out (it stays in the episode)")

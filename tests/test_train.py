@@ -56,7 +56,7 @@ def test_a_run_in_process_trains_pushes_weights_and_reports(tmp_path):
 
 def test_killing_a_rollout_and_the_learner_mid_run_loses_nothing(tmp_path, ray_session):
     cfg, run = text_match(tmp_path, "faults", "cluster.use_ray=true", "algo.total_steps=12",
-                          "learner.checkpoint_every=2", "rollout.concurrent_groups=3")  # the dead rollout's groups are released, not timed out
+                          "learner.checkpoint_every=2", "rollout.max_inflight=6")  # the dead rollout's groups are released, not timed out
     killed: dict[str, int] = {}
 
     def inject(session, step: int) -> None:

@@ -27,6 +27,7 @@ the requests that were in flight are run again; an episode is never dropped befo
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -39,22 +40,22 @@ from actors.base import Actor, RunContext
 from actors.policy.tokenizer import load_tokenizer
 from actors.rollout.engine import Engine, EngineError, GenerateRequest, Generation, SamplingParams
 from actors.rollout.engines import make_engine
-from actors.rollout.episodes import GroupRunner, Verifier
+from actors.rollout.episodes import Pipeline
 from actors.rollout.evaluation import eval_metrics
 from actors.rollout.forced import CandidatePool
 from actors.rollout.health import RolloutHealth, WeightSyncHealth
 from actors.rollout.reporting import Reporter, group_report
 from actors.rollout.turns import TurnPolicy, TurnRules
+from actors.rollout.verify_pool import VerifierPool
 from actors.rollout.weight_client import WeightClient
 from configs import EvalConfig, ModelConfig, RolloutConfig
-from protocols import Task, TaskList, TaskListRequest, TaskReply, TaskRequest, VerifyResult
+from protocols import Episode, Task, TaskList, TaskListRequest, TaskReply, TaskRequest, VerifyResult
 from protocols.channels import ChannelTimeout, NoServer, ReconnectingClient, RemoteError
 from protocols.episodes import EpisodeSender
 
 log = logging.getLogger(__name__)
 
 ENGINE_RESTARTS_PER_CALL = 3
-EVAL_CONCURRENCY = 4  # validation tasks in flight at once (their samples batch together in the engine)
 TASK_LIST_TIMEOUT_S = 60.0
 
 
@@ -78,8 +79,9 @@ class RolloutActor(Actor):
         self.eos = self.tokenizer.stop_ids
         self.params = SamplingParams(temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k,
                                      max_new_tokens=rollout.max_new_tokens, stop_token_ids=tuple(self.eos))
-        self.verifier = Verifier(registry.pool_resolver("verifier", "verifier"),
-                                 timeout_s=rollout.verify_reply_timeout_s, retries=rollout.verify_retries)
+        # The in-flight budget: attempts generating or being verified (admission stops at it).
+        self.max_inflight = rollout.max_inflight or 2 * rollout.max_batch
+        self.verify_stats: dict[str, int] = {}  # the verifier pool front's counters (sent, moved, infra, ...)
         replay = registry.resolver("replay", "replay")
         self.sender = EpisodeSender(replay, timeout_s=rollout.ack_timeout_s)
         self._feed = ReconnectingClient(replay, timeout_s=rollout.task_wait_s, retries=0)
@@ -96,13 +98,11 @@ class RolloutActor(Actor):
         self.reporter = Reporter(registry.address("driver", "metrics") or None, sample_episodes=sample_episodes,
                                  episode_log=log_path, seed=rollout.seed + self.index)
         self.busy_s = 0.0
-        self._runner: GroupRunner | None = None
-        # Groups run on `rollout.concurrent_groups` threads, so the engine batches several groups'
-        # samples while others wait on the verifier; the feed, the sender and the reporter are shared
-        # and taken under this lock.
-        self._io = threading.Lock()
+        # The task feed, the episode sender and the reporter block on their sockets: the event loop
+        # calls them on this one thread (which also keeps each socket on one thread).
+        self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kiln-rollout-io")
         self._engine_lock = threading.Lock()
-        self._workers = 0
+        self._pipeline_now: Pipeline | None = None
         self._in_flight, self._busy_since = 0, 0.0
         self.pool = (CandidatePool(rollout.forced_candidates, seed=rollout.seed + self.index,
                                    fraction=rollout.forced_fraction)
@@ -114,10 +114,7 @@ class RolloutActor(Actor):
         self.engine = self._start_engine()
         if self.weights is not None:
             self.spawn(lambda: self.weights.run(self._stop), "weights")
-        self._runner = self._group_runner(self.cfg.max_turns)
-        self._workers = self.cfg.concurrent_groups
-        for i in range(self.cfg.concurrent_groups):
-            self.spawn(self._loop, f"episodes-{i}")
+        self.spawn(self._loop, "episodes")
         return {}
 
     def stop(self) -> None:
@@ -127,7 +124,7 @@ class RolloutActor(Actor):
         if self.engine is not None:
             self.engine.close()
         super().stop()
-        for close in (self.verifier.close, self.sender.close, self._feed.close, self.reporter.close):
+        for close in (self.sender.close, self._feed.close, self.reporter.close):
             close()
         if self.weights is not None:
             self.weights.close()
@@ -137,7 +134,8 @@ class RolloutActor(Actor):
         return RolloutHealth(role=self.role, alive=not self.stopping, looping=self.threads_running,
                              finished=self._finished, busy_s=self.busy_s, actor_id=self.actor_id, **self.stats,
                              unacked=self.sender.unacked, acked=len(self.sender.acked),
-                             verify_infra=self.verifier.stats["infra"], engine_alive=bool(engine.get("alive")),
+                             verify_infra=self.verify_stats.get("infra", 0),
+                             inflight=self._pipeline_now.inflight if self._pipeline_now else 0, engine_alive=bool(engine.get("alive")),
                              decoded_tokens=int(engine.get("tokens", 0)), engine=engine,
                              weights=WeightSyncHealth(**self.weights.health()) if self.weights is not None else None)
 
@@ -168,56 +166,75 @@ class RolloutActor(Actor):
                 raise
         return engine
 
-    def generate(self, requests: list[GenerateRequest]) -> list[Generation]:
-        """Generate on the engine; a crashed engine is restarted and the requests run again."""
+    async def generate(self, request: GenerateRequest) -> Generation:
+        """One request on the engine; a crashed engine is restarted (off the event loop, so the other
+        attempts' verifications go on) and the request runs again."""
+        loop = asyncio.get_running_loop()
         for attempt in range(ENGINE_RESTARTS_PER_CALL + 1):
             engine = self.engine
             try:
-                return engine.generate(requests)
+                return await asyncio.wrap_future(engine.submit(request))
             except EngineError as err:
                 if self.stopping or attempt == ENGINE_RESTARTS_PER_CALL:
                     raise
-                with self._engine_lock:
-                    if self.engine is not engine:  # another group's thread restarted it already
-                        continue
-                    log.error("%s: engine failed (%s); restarting it", self.actor_id, err)
-                    self.stats["engine_restarts"] += 1
-                    try:
-                        engine.close()
-                    except Exception:
-                        log.exception("%s: closing the failed engine", self.actor_id)
-                    self.engine = self._start_engine()
+                await loop.run_in_executor(None, self._restart_engine, engine, err)
         raise AssertionError("unreachable")
+
+    def _restart_engine(self, failed: Engine, err: Exception) -> None:
+        with self._engine_lock:
+            if self.engine is not failed:  # another attempt's failure restarted it already
+                return
+            log.error("%s: engine failed (%s); restarting it", self.actor_id, err)
+            self.stats["engine_restarts"] += 1
+            try:
+                failed.close()
+            except Exception:
+                log.exception("%s: closing the failed engine", self.actor_id)
+            self.engine = self._start_engine()
 
     # ------------------------------------------------------------------------------ episodes
 
-    def _group_runner(self, max_turns: int) -> GroupRunner:
+    def _pipeline(self, verifier: VerifierPool, max_turns: int) -> Pipeline:
         policy = TurnPolicy(TurnRules.from_config(self.cfg, self.model_cfg, max_turns=max_turns), self.tokenizer)
-        return GroupRunner(actor_id=self.actor_id, generate=self.generate, verifier=self.verifier,
-                           tokenizer=self.tokenizer, params=self.params, policy=policy,
-                           force=self.pool.draw if self.pool is not None else None)
+        return Pipeline(actor_id=self.actor_id, generate=self.generate, verify=verifier.verify,
+                        tokenizer=self.tokenizer, params=self.params, policy=policy,
+                        force=self.pool.draw if self.pool is not None else None)
+
+    def _verifier_pool(self) -> VerifierPool:
+        return VerifierPool(self.ctx.registry.pool_resolver("verifier", "verifier"),
+                            timeout_s=self.cfg.verify_reply_timeout_s, retries=self.cfg.verify_retries,
+                            stats=self.verify_stats)
 
     def evaluate(self) -> dict[str, float]:
         """First-turn attempts at every validation task (`eval.samples` each) with the current weights,
-        verified by the same verifier as training; nothing goes to replay. Returns the `eval/` metrics
-        (pass@k, avg@k, fast_1; see actors.rollout.evaluation); {} when there is no validation task."""
+        verified by the same verifier pool as training; nothing goes to replay. Returns the `eval/`
+        metrics (pass@k, avg@k, fast_1; see actors.rollout.evaluation); {} when there is no validation
+        task. Runs its own event loop on the caller's thread; its attempts share the engine's batch
+        with training's."""
         started = time.monotonic()
         tasks = self._validation_tasks()
         if not tasks:
             return {}
-        runner = self._group_runner(max_turns=1)
-        samples = self.eval_cfg.samples
-
-        def one(item: tuple[int, Task]) -> tuple[str, list[VerifyResult]]:
-            i, task = item
-            reply = TaskReply(status="task", task=task, group_id=f"eval-{i}", group_size=samples)
-            return task.task_id, [ep.turns[0].result for ep in runner.run(reply) if ep.turns[0].result]
-
-        with ThreadPoolExecutor(max_workers=EVAL_CONCURRENCY, thread_name_prefix="kiln-rollout-eval") as pool:
-            results = dict(pool.map(one, enumerate(tasks)))
+        results = asyncio.run(self._evaluate(tasks))
         values = eval_metrics(results, self.eval_cfg.k)
         values.update({"eval/val_tasks": float(len(tasks)), "eval/seconds": time.monotonic() - started})
         return values
+
+    async def _evaluate(self, tasks: list[Task]) -> dict[str, list[VerifyResult]]:
+        verifier = self._verifier_pool()
+        pipeline = self._pipeline(verifier, max_turns=1)
+        budget = asyncio.Semaphore(max(1, self.max_inflight // self.eval_cfg.samples))
+
+        async def one(i: int, task: Task) -> tuple[str, list[VerifyResult]]:
+            async with budget:
+                reply = TaskReply(status="task", task=task, group_id=f"eval-{i}", group_size=self.eval_cfg.samples)
+                episodes = await pipeline.run_group(reply)
+            return task.task_id, [ep.turns[0].result for ep in episodes if ep.turns[0].result]
+
+        try:
+            return dict(await asyncio.gather(*(one(i, t) for i, t in enumerate(tasks))))
+        finally:
+            await verifier.close()
 
     def _validation_tasks(self) -> list[Task]:
         """The validation split, from replay (which owns the task set and its split)."""
@@ -231,59 +248,99 @@ class RolloutActor(Actor):
         return reply.tasks
 
     def _loop(self) -> None:
-        """One group at a time on this thread; `rollout.concurrent_groups` threads run this loop."""
-        runner = self._runner
-        while not self.stopping:
-            with self._io:
-                reply = self._ask_for_task()
+        """The episode loop's thread: one event loop carries every attempt of this actor."""
+        try:
+            asyncio.run(self._serve())
+        finally:
+            self._io.shutdown(wait=True)
+
+    async def _serve(self) -> None:
+        """Admit task groups while fewer than `max_inflight` attempts are in flight (and replay's
+        admission control says yes); run each group's attempts through the pipeline; send each
+        group's episodes to replay when its last attempt is done."""
+        loop = asyncio.get_running_loop()
+        io = lambda fn, *args: loop.run_in_executor(self._io, fn, *args)  # noqa: E731 - feed/sender/reporter thread
+        verifier = self._verifier_pool()
+        pipeline = self._pipeline(verifier, self.cfg.max_turns)
+        self._pipeline_now = pipeline
+        groups: set[asyncio.Task] = set()
+        try:
+            while not self.stopping:
+                if pipeline.inflight >= self.max_inflight:
+                    pipeline.room.clear()
+                    await self._until(pipeline.room, 0.2)
+                    continue
+                reply = await io(self._ask_for_task)
                 if reply is None or reply.status == "wait":
                     self.stats["waits"] += 1
-                    self.sender.pump()
-            if reply is None or reply.status == "wait":
-                self._stop.wait(reply.retry_after_s if reply else 0.2)
-                continue
-            if reply.status == "stop":
-                break
-            started = time.monotonic()
-            self._busy(+1)
-            try:
-                episodes = runner.run(reply)
-            except Exception:
-                if self.stopping:
-                    return
-                # Nothing of this group was emitted; replay re-issues its task when the group expires.
-                log.exception("%s: group %s failed", self.actor_id, reply.group_id)
-                with self._io:
-                    self.stats["group_errors"] += 1
-                self._stop.wait(1.0)
-                continue
-            finally:
-                self._busy(-1)
-            with self._io:
-                for episode in episodes:
-                    self.sender.submit(episode)
-                self.reporter.group(group_report(self.actor_id, reply, episodes, time.monotonic() - started),
-                                    episodes)
-                self.stats["groups"] += 1
-                self.stats["episodes"] += len(episodes)
-                self.sender.pump()
-        with self._io:
-            self._workers -= 1
-            if self._workers:
+                    await io(self.sender.pump)
+                    await self._until(None, reply.retry_after_s if reply else 0.2)
+                    continue
+                if reply.status == "stop":
+                    break
+                self._busy(+reply.group_size)
+                group = asyncio.create_task(self._group(pipeline, reply, io))
+                groups.add(group)
+                group.add_done_callback(groups.discard)
+            while groups and not self.stopping:  # the feed said stop: finish what is in flight
+                await asyncio.wait(groups, timeout=0.2)
+            if not self.stopping:
+                while not self.stopping and not await io(self.sender.flush, 1.0):
+                    pass
+                # A stopped actor is not finished: the supervisor must see it dead (an in-process kill is a stop).
+                self._finished = not self.stopping
+        finally:
+            for group in groups:
+                group.cancel()
+            await asyncio.gather(*groups, return_exceptions=True)
+            await verifier.close()
+
+    async def _group(self, pipeline: Pipeline, reply: TaskReply, io) -> None:
+        started = time.monotonic()
+        try:
+            episodes = await pipeline.run_group(reply)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            if self.stopping:
                 return
-            while not self.stopping and not self.sender.flush(timeout_s=1.0):
+            # Nothing of this group was emitted; replay re-issues its task when the group expires.
+            log.exception("%s: group %s failed", self.actor_id, reply.group_id)
+            self.stats["group_errors"] += 1
+            return
+        finally:
+            self._busy(-reply.group_size)
+        await io(self._emit, reply, episodes, time.monotonic() - started)
+
+    def _emit(self, reply: TaskReply, episodes: list[Episode], seconds: float) -> None:
+        """On the io thread: hand the group's episodes to the sender (kept until acked) and report it."""
+        for episode in episodes:
+            self.sender.submit(episode)
+        self.reporter.group(group_report(self.actor_id, reply, episodes, seconds), episodes)
+        self.stats["groups"] += 1
+        self.stats["episodes"] += len(episodes)
+        self.sender.pump()
+
+    async def _until(self, event: asyncio.Event | None, timeout_s: float) -> None:
+        """Wait for `event` (or just `timeout_s`), waking early when the actor stops."""
+        deadline = time.monotonic() + timeout_s
+        while not self.stopping and (left := deadline - time.monotonic()) > 0:
+            if event is None:
+                await asyncio.sleep(min(left, 0.1))
+                continue
+            try:
+                await asyncio.wait_for(event.wait(), timeout=min(left, 0.1))
+                return
+            except asyncio.TimeoutError:
                 pass
-            # A stopped actor is not finished: the supervisor must see it dead (an in-process kill is a stop).
-            self._finished = not self.stopping
 
     def _busy(self, delta: int) -> None:
-        """busy_s counts the time with at least one group in flight (not the sum over threads)."""
-        with self._io:
-            now = time.monotonic()
-            if self._in_flight:
-                self.busy_s += now - self._busy_since
-            self._busy_since = now
-            self._in_flight += delta
+        """busy_s counts the time with at least one attempt in flight (not the sum over attempts)."""
+        now = time.monotonic()
+        if self._in_flight:
+            self.busy_s += now - self._busy_since
+        self._busy_since = now
+        self._in_flight += delta
 
     def _ask_for_task(self) -> TaskReply | None:
         try:

@@ -132,6 +132,17 @@ class TorchEngine(Engine):
             self._cv.notify_all()
         return [row.future.result() for row in rows]
 
+    def submit(self, request: GenerateRequest) -> Future:
+        """Queue one request; its future is the row's own (no thread waits on it)."""
+        row = self._row(request)
+        with self._cv:
+            if self._closed:
+                raise EngineError("engine is closed")
+            self._queue.append(row)
+            self.stats["requests"] += 1
+            self._cv.notify_all()
+        return row.future
+
     def abort(self, request_ids: Iterable[str] | None = None) -> None:
         with self._cv:
             if request_ids is None:
