@@ -8,6 +8,8 @@ the same driver is `make demo` (README) and tests/test_demo.py.
 from __future__ import annotations
 
 import json
+import statistics
+import time
 import subprocess
 import sys
 from pathlib import Path
@@ -165,3 +167,40 @@ def test_bench_train_stop_after_ends_the_run_at_a_step_and_summarises_it(tmp_pat
     assert result["steps"] == 2 and not result["finished"]  # step 2 is the first with a window
     assert result["samples_per_s"] > 0 and result["episodes"]["invariant_ok"]
     assert "2 (stopped by --stop-after)" in capsys.readouterr().out
+
+
+def kill_and_time(kills: dict[int, str], health_of: list[str]):
+    """An `on_step` that kills `kills[step]` after that step and records when every step arrived and
+    each rollout actor's count of attempts marked infra."""
+    times: dict[int, float] = {}
+    infra: list[int] = []
+
+    def inject(session, step: int) -> None:
+        times.setdefault(step, time.monotonic())
+        infra.extend(h.health().verify_infra for h in session.rollouts if h.name in health_of)
+        if step in kills and kills[step] in session.supervisor.handles:
+            session.supervisor[kills.pop(step)].kill()
+
+    return inject, times, infra
+
+
+def assert_next_step_on_time(times: dict[int, float], killed_at: int) -> None:
+    """After the kill (right after step `killed_at`), the next step comes within 1.5 × the median of
+    the three step intervals before it."""
+    before = [times[s] - times[s - 1] for s in (killed_at - 2, killed_at - 1, killed_at)]
+    after = times[killed_at + 1] - times[killed_at]
+    assert after <= 1.5 * statistics.median(before), (killed_at, after, before, times)
+
+
+def test_killing_replay_and_a_verifier_of_two_mid_run_loses_nothing_and_keeps_the_pace(tmp_path):
+    cfg, run = text_match(tmp_path, "faults2", "cluster.use_ray=false", "algo.total_steps=10",
+                          "verifier.num_actors=2", "learner.checkpoint_every=2")
+    inject, times, infra = kill_and_time({4: "verifier-0", 8: "replay"}, ["rollout-0"])
+    train(cfg, run, on_step=inject)
+    summary = json.loads((run.path / "summary.json").read_text())
+    assert {r["actor"] for r in summary["restarts"]} >= {"verifier-0", "replay"}
+    ep = summary["episodes"]
+    assert ep["invariant_ok"] and ep["emitted"] == ep["trained"] + ep["filtered_total"] + ep["pending"]
+    assert infra and max(infra) == 0  # no attempt was marked infra by a verify timeout
+    for killed_at in (4, 8):
+        assert_next_step_on_time(times, killed_at)
