@@ -1,6 +1,9 @@
-"""`RolloutActor` (DESIGN.md §2, §5): asks the task feed for work, runs each task group through the
-multi-turn episode loop on its engine, and sends the `Episode` records to replay, keeping each until
-replay acknowledges it.
+"""`RolloutActor` (DESIGN.md §2, §5): asks the task feed for work, runs every attempt of every task
+group through the per-attempt pipeline (actors/rollout/episodes.py) on one event loop, and sends
+each group's `Episode` records to replay when its last attempt is done, keeping each until replay
+acknowledges it. Admission: a new group whenever fewer than `rollout.max_inflight` attempts are in
+flight (0 = 2 × `rollout.max_batch`) and replay's admission control gives one. Verification goes
+through the actor's front to the verifier pool (actors/rollout/verify_pool.py).
 
 Prompts are chat conversations rendered by the model's tokenizer (actors/policy/tokenizer.py); the
 turn policy (actors/rollout/turns.py) decides each next turn. Every request stops at the tokenizer's
@@ -209,13 +212,15 @@ class RolloutActor(Actor):
         """First-turn attempts at every validation task (`eval.samples` each) with the current weights,
         verified by the same verifier pool as training; nothing goes to replay. Returns the `eval/`
         metrics (pass@k, avg@k, fast_1; see actors.rollout.evaluation); {} when there is no validation
-        task. Runs its own event loop on the caller's thread; its attempts share the engine's batch
+        task. Runs its own event loop on a thread of its own; its attempts share the engine's batch
         with training's."""
         started = time.monotonic()
         tasks = self._validation_tasks()
         if not tasks:
             return {}
-        results = asyncio.run(self._evaluate(tasks))
+        # A thread of its own: the caller's may already run an event loop (a Ray actor's method thread).
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="kiln-rollout-eval") as thread:
+            results = thread.submit(asyncio.run, self._evaluate(tasks)).result()
         values = eval_metrics(results, self.eval_cfg.k)
         values.update({"eval/val_tasks": float(len(tasks)), "eval/seconds": time.monotonic() - started})
         return values
