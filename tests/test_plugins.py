@@ -68,7 +68,9 @@ def test_reward_actor_args_reach_the_constructor_of_the_served_reward_actor():
     import difflib
 
     from actors.buffer.examples import TextMatchTasks
-    from actors.rollout.episodes import Verifier
+    import asyncio
+
+    from actors.rollout.verify_pool import VerifierPool
     from configs import ConfigError, ReplayConfig
 
     task = TextMatchTasks(ReplayConfig(), "cpu").tasks()[0]
@@ -77,11 +79,18 @@ def test_reward_actor_args_reach_the_constructor_of_the_served_reward_actor():
     for args, weight in (([], 1.5), (["verifier.reward_actor_args={partial_credit: 0.5}"], 0.5)):
         cfg = load_config(None, ["verifier.reward_actor=actors.verifier.examples.TextMatchReward", *args]).verifier
         actor = VerifierActor(cfg)
-        client = Verifier(actor.start()["verifier"], timeout_s=10.0, retries=0)
-        try:  # through the actor's socket, as a rollout asks
-            result = client.verify(VerifyRequest(request_id="x", task=task, candidate=near_miss))
+        address = actor.start()["verifier"]
+
+        async def ask():  # through the actor's socket, as a rollout asks
+            pool = VerifierPool(address, timeout_s=10.0, retries=0)
+            try:
+                return await pool.verify(VerifyRequest(request_id="x", task=task, candidate=near_miss))
+            finally:
+                await pool.close()
+
+        try:
+            result = asyncio.run(ask())
         finally:
-            client.close()
             actor.stop()
         assert result.score == pytest.approx(-1.0 + weight * overlap)
     with pytest.raises(ConfigError, match="reward_actor_args are the constructor arguments of a plug-in"):
