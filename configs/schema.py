@@ -115,7 +115,7 @@ class VerifierConfig:
     reward_actor: Optional[str] = F(None, "Dotted path of a reward-actor class that replaces the kernel verifier; null = the verifier")
     reward_actor_args: Dict[str, Any] = F({}, "Keyword arguments of the reward actor's constructor: cls(cfg: VerifierConfig, **reward_actor_args)")
     num_actors: int = F(1, "Verifier actors (one per GPU for cuda)", ge=1)
-    compile_workers: int = F(2, "Parallel compile processes per verifier actor", ge=1)
+    compile_workers: int = F(0, "Parallel compile processes per verifier actor; 0 = the node's cores (those the verifier's process may use) divided by the verifier actors of the run, at least 1 (verifiers spread over several nodes: set it per node's cores ÷ verifiers there)", ge=0)
     run_workers: int = F(1, "Sandboxed execution workers per verifier actor", ge=1)
     trials: int = F(4, "Randomized correctness trials per candidate (fresh seeds; at least one other shape where the task allows)", ge=1)
     run_timeout_s: float = F(60.0, "Wall-clock limit of one candidate execution (correctness + timing)", gt=0.0)
