@@ -53,6 +53,7 @@ class RunMonitor:
         self.episodes: list[Episode] = []  # sampled since the last step, for the dump
         self.last_step = 0
         self.last_values: dict[str, float] = {}
+        self.step_times: dict[int, float] = {}  # when the learner finished each step (its wall clock)
 
     def close(self) -> None:
         self.channel.close()
@@ -105,6 +106,7 @@ class RunMonitor:
             self.untied_groups += 1
 
     def _close_step(self, m: Metrics) -> tuple[int, dict[str, float]]:
+        self.step_times[m.step] = m.ts
         w, now = self.window, time.monotonic()
         seconds = max(now - w.start, 1e-9)
         values = dict(m.values)
