@@ -17,7 +17,7 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from configs.schema import KilnConfig
+from configs.schema import FORCED_VARIANTS, KilnConfig
 
 PRESETS = Path(__file__).resolve().parent
 DEFAULT_PRESET = PRESETS / "default.yaml"
@@ -202,6 +202,14 @@ def _check_consistency(cfg: KilnConfig) -> None:
     if cfg.replay.task_source_args and not cfg.replay.task_source:
         raise ConfigError("replay.task_source_args are the constructor arguments of a plug-in task source; "
                           "set replay.task_source, or leave them empty for replay.tasks")
+    mix = cfg.rollout.forced_mix
+    unknown = sorted(set(mix) - set(FORCED_VARIANTS))
+    if unknown:
+        raise ConfigError(f"rollout.forced_mix: unknown variant(s) {', '.join(unknown)}; the variants are "
+                          f"{', '.join(FORCED_VARIANTS)}")
+    if any(w < 0 for w in mix.values()) or not any(w > 0 for w in mix.values()):
+        raise ConfigError(f"rollout.forced_mix: weights must be >= 0 and one at least > 0, got "
+                          f"{', '.join(f'{k}={w:g}' for k, w in mix.items())}")
     if cfg.algo.early_bonus_turn2 > cfg.algo.early_bonus_turn1:
         raise ConfigError("algo.early_bonus_turn2 must not exceed algo.early_bonus_turn1 (an earlier pass earns more)")
     if cfg.eval.k > cfg.eval.samples:

@@ -58,6 +58,11 @@ class ModelConfig:
     seed: int = F(0, "Seed of the random init", ge=0)
 
 
+# The forced-candidate variants (actors/rollout/forced.py builds them) and their default weights.
+FORCED_VARIANTS = ("solution", "compile_error", "wrong_result", "fallback", "cut_off", "hang")
+FORCED_MIX = {"solution": 1.0, "compile_error": 1.0, "wrong_result": 1.0, "fallback": 1.0, "cut_off": 1.0, "hang": 0.0}
+
+
 @dataclass
 class SGLangConfig:
     urls: List[str] = F([], "URLs of running SGLang servers (or one router) to use instead of launching engines")
@@ -94,6 +99,7 @@ class RolloutConfig:
     ack_timeout_s: float = F(5.0, "Seconds to wait for replay to acknowledge an episode before resending", gt=0.0)
     forced_candidates: Optional[str] = F(None, "Benchmarks and the CPU demo only: a solutions directory; attempts are drawn from candidates built from it (the solution, compile-broken, wrong-result, fallback and cut-off variants) and scored by the engine instead of sampled; null = sample (the default)")
     forced_fraction: float = F(1.0, "With forced_candidates: the share of attempts drawn from the pool; the others are sampled (benchmarks that also need real decoding)", ge=0.0, le=1.0)
+    forced_mix: Dict[str, float] = F(dict(FORCED_MIX), "With forced_candidates: the weight of each variant in a draw (solution, compile_error, wrong_result, fallback, cut_off, hang: an endless loop, a timeout verdict that costs verifier.run_timeout_s); a draw picks a variant the task has with probability proportional to its weight. Variants left out of a YAML mapping keep these defaults")
 
 
 @dataclass
@@ -219,6 +225,8 @@ class AlgoConfig:
     ppo_epochs: int = F(1, "Passes over the batch's mini-batches; updates per batch = ppo_minibatches × ppo_epochs, all against the same π_prox. Why 1: neither AReaL nor slime offers a second pass for this objective; each sample trains once, being off-policy by up to η versions already, and a second pass would drive r_t further past the clip on the same samples", ge=1)
     kl_coef: float = F(0.0, "KL penalty weight; 0 disables it and its reference-model pass", ge=0.0)
     seed: int = F(0, "Seed of sampling and task order", ge=0)
+    drop_tied_groups: bool = F(True, "Dynamic sampling: a group whose rewards all tie has zero advantages and is filtered ('tied'), its admission slot going to a new group. Off: tied groups are trained like any other; they add no policy gradient (every advantage is 0) but fill batches, so the learner steps (and its version advances) even when every group ties")
+    stop_after_no_progress_s: Optional[float] = F(None, "End the run cleanly (final export, summary and report; no final evaluation) when no learner step happened for this many seconds since the rollouts started or the last step; set it above the longest learner step. null = never", gt=0.0)
 
 
 @dataclass
@@ -233,7 +241,11 @@ class WarmStartConfig:
 class EvalConfig:
     every: int = F(0, "Learner steps between evaluations on the validation split; 0 = only at the end of the run", ge=0)
     samples: int = F(4, "n: first-turn samples per validation task in an evaluation", ge=1)
-    k: int = F(1, "k of the validation metrics pass@k and avg@k; at most eval.samples (a task needs k samples that are not infra to count)", ge=1)
+    k: int = F(1, "k of the validation metric pass@k; at most eval.samples (a task needs k samples that are not infra to count)", ge=1)
+    temperature: float = F(0.7, "Sampling temperature of evaluation attempts (the model card's quickstart), separate from rollout.temperature", gt=0.0)
+    top_p: float = F(0.95, "Nucleus sampling of evaluation attempts (the model card's quickstart), separate from rollout.top_p", gt=0.0, le=1.0)
+    max_new_tokens: Optional[int] = F(None, "Length limit of one evaluation answer; null = rollout.max_new_tokens", ge=1)
+    fast_threshold: float = F(1.1, "An attempt counts as faster than eager / torch.compile when it passed and its speedup is above this (the paper's 1.1: a 1.05x kernel is not faster)", gt=0.0)
 
 
 @dataclass
@@ -247,8 +259,12 @@ class LoggingConfig:
     wandb_entity: Optional[str] = F(None, "Weights & Biases entity (team or user); null = the logged-in user's default")
     wandb_run_name: Optional[str] = F(None, "Weights & Biases run name; null = the run directory's name")
     live: bool = F(True, "Show the live rich view on a terminal")
-    episodes_per_step: int = F(2, "Episodes dumped as readable text per step, for spotting reward hacking", ge=0)
+    episodes_per_step: int = F(4, "Episodes dumped as readable conversations per step, chosen by kind (the best, the worst, a retry, a filtered one); the first episode to show each mechanism of the report's table is dumped as well. 0 = no dumps", ge=0)
     live_refresh_s: float = F(0.5, "Seconds between redraws of the live view", gt=0.0)
+    rollout_every_s: float = F(30.0, "Seconds between rollout-side progress rows (progress/*: groups and episodes, filtered by reason, pass rate and verdict mix, decoded tok/s, retry buffer) in metrics.jsonl, TensorBoard and the live view; they come with or without learner steps", gt=0.0)
+    no_progress_groups: int = F(32, "K: when the last K groups all tied (dynamic sampling filters them all), the driver warns once in the log and the live view, naming the tie's reward and stage and the usual remedies", ge=1)
+    no_progress_s: float = F(600.0, "The driver also warns when no group became trainable for this many seconds while the rollouts were free to work (not held back by the admission bound)", gt=0.0)
+    html_report: bool = F(True, "Also write report.html beside report.md (the same content, the plots embedded)")
 
 
 @dataclass

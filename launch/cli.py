@@ -42,13 +42,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     from launch.tasks_cli import add_tasks_parser
     from launch.export import add_export_parser
+    from launch.rft.cli import add_rft_parser
+    from launch.sft.cli import add_sft_parser
     from launch.train import add_train_parser
     from launch.verify import add_verify_parser
+    from launch.eval.cli import add_eval_parser
 
     add_train_parser(sub)
     add_verify_parser(sub)
     add_tasks_parser(sub)
     add_export_parser(sub)
+    add_eval_parser(sub)
+    add_rft_parser(sub)
+    add_sft_parser(sub)
     return parser
 
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from actors.base import ActorHealth
 from actors.buffer.health import ReplayHealth
 from actors.learner.health import LearnerHealth
+from actors.rollout.evaluation import EvalAttempt
 from actors.rollout.health import RolloutHealth
 from actors.verifier.health import VerifierHealth
 
@@ -106,8 +107,8 @@ class RolloutHandle(ActorHandle):
     def health(self, timeout_s: float = HEALTH_TIMEOUT_S) -> RolloutHealth:
         return super().health(timeout_s)
 
-    def evaluate(self, timeout_s: float = CALL_TIMEOUT_S) -> dict[str, float]:
-        """Evaluate the current weights on the validation split; returns the `eval/` metrics."""
+    def evaluate(self, timeout_s: float = CALL_TIMEOUT_S) -> list[EvalAttempt]:
+        """Evaluate the current weights on the validation split; returns the verified attempts."""
         return self._invoke(self.ref.evaluate, timeout_s=timeout_s)
 
 

@@ -3,7 +3,10 @@ TensorBoard (`run_dir/tb/`) and, when asked for and installed, to Weights & Bias
 
 metrics.jsonl is the record of truth: the report and any later analysis read it back with
 `read_metrics`, which tolerates a torn last line (a run killed mid-write). Keys are the driver's
-(`train/loss`, `verifier/compile`, `eval/pass@4`, ...); every value is a plain float.
+(`train/loss`, `verifier/compile`, `eval/pass@4`, ...); every value is a plain float. A row's `step`
+is the learner step it belongs to; rollout-side progress rows (`progress/*`, written with or without
+learner steps) carry the last step and `progress/elapsed_s`, and TensorBoard plots them against
+seconds since the run started (their `tb_step`), since their step may not move for a long time.
 """
 
 from __future__ import annotations
@@ -36,9 +39,10 @@ class MetricsLog:
         self._tb = _tensorboard_writer(self.run_dir / "tb") if logging_cfg.tensorboard else None
         self._wandb = _wandb_run(self.run_dir, logging_cfg) if logging_cfg.wandb else None
 
-    def log(self, step: int, values: dict[str, float]) -> None:
+    def log(self, step: int, values: dict[str, float], *, tb_step: int | None = None) -> None:
         """Record `values` at `step`. Non-finite and non-numeric values are kept in the JSON line as
-        null (so a NaN loss is visible there) and left out of TensorBoard / wandb."""
+        null (so a NaN loss is visible there) and left out of TensorBoard / wandb. `tb_step`: the x of
+        these values in TensorBoard when it is not `step` (progress rows: seconds since the start)."""
         clean = {k: _as_float(v) for k, v in values.items()}
         row = {"step": int(step), "time": time.time(), **clean}
         self._file.write(json.dumps(row, allow_nan=False) + "\n")
@@ -46,10 +50,10 @@ class MetricsLog:
         finite = {k: v for k, v in clean.items() if v is not None}
         if self._tb is not None:
             for key, value in finite.items():
-                self._tb.add_scalar(key, value, global_step=int(step))
+                self._tb.add_scalar(key, value, global_step=int(step if tb_step is None else tb_step))
             self._tb.flush()
-        if self._wandb is not None:
-            self._wandb.log(finite, step=int(step))
+        if self._wandb is not None:  # wandb's step must not go down: progress rows go without one
+            self._wandb.log(finite, step=int(step) if tb_step is None else None)
 
     def close(self) -> None:
         if not self._file.closed:

@@ -1,76 +1,94 @@
-"""The end-of-run report: `run_dir/report.md` with PNG plots in `run_dir/plots/`, from metrics.jsonl.
+"""The end-of-run report: `run_dir/report.md` (and `report.html`, the same content with the plots
+embedded) with PNG plots in `run_dir/plots/`, from metrics.jsonl, summary.json and the episode dumps'
+index.
+
+Sections: the run's figures (its wall time is the one `kiln train` printed: summary.json's `wall_s`),
+warnings the run raised (a run that could not learn), the mechanisms table (launch/mechanisms.py:
+each mechanism of the algorithm, how often it acted, and the episode dump that shows it), the
+validation table, the plots (launch/report_plots.py), what was not recorded, and links to the files.
 
 It must work for a run of a handful of steps and for a run that recorded only some metrics (a
-rollout-only run has no loss; a cpu run no compile speedups): every plot draws the series that
-exist, and the report lists what was not recorded instead of failing. Plots use matplotlib's Agg
-backend (no display needed).
+rollout-only run has no loss; a cpu run no compile speedups; a run that never got a batch only
+progress rows): every plot draws the series that exist, and the report lists what was not recorded
+instead of failing.
 """
 
 from __future__ import annotations
 
+import json
 import re
-from collections import defaultdict
 from datetime import datetime, timezone
 from pathlib import Path
 
-from launch.live import STAGES
+from launch import mechanisms
+from launch.eval.table import caption, row_values
+from launch.episode_dump import read_index
 from launch.metrics import read_metrics
+from launch.report_doc import Block, Bullets, Heading, Image, Para, Table, to_html, to_markdown
+from launch.report_plots import PLOTS, Series, step_series
 
-Series = dict[str, list[tuple[int, float]]]  # key -> (step, value) in step order
 
-
-def write_report(run_dir: Path) -> Path:
-    """Write report.md (and plots/) for the run in `run_dir`; returns the report's path."""
+def write_report(run_dir: Path, *, html: bool = True) -> Path:
+    """Write report.md (and report.html, plots/) for the run in `run_dir`; returns report.md's path."""
     run_dir = Path(run_dir)
     rows = read_metrics(run_dir)
-    series = _series(rows)
+    summary = _read_summary(run_dir)
     plots_dir = run_dir / "plots"
     plots_dir.mkdir(parents=True, exist_ok=True)
-    lines = [f"# Kiln run report: {run_dir.name}", ""]
+    title = f"Kiln run report: {run_dir.name}"
+    blocks: list[Block] = [Heading(title, 1)]
     if not rows:
-        lines += ["No metrics were recorded (metrics.jsonl is missing or empty)."]
+        blocks.append(Para("No metrics were recorded (metrics.jsonl is missing or empty)."))
     else:
-        lines += _summary(rows, series) + [""] + _eval_table(rows) + [""]
+        series = step_series(rows)
+        blocks += _summary(rows, series, summary) + _warnings(summary) + _mechanisms(rows, run_dir)
+        blocks += _eval_table(rows) + _last_eval_levels(run_dir)
         missing: list[str] = []
-        for title, draw in _PLOTS:
-            image, absent = draw(series, plots_dir)
+        for name, draw in PLOTS:
+            image, absent = draw(series, rows, run_dir, plots_dir)
             missing += absent
             if image is not None:
-                lines += [f"## {title}", "", f"![{title}](plots/{image.name})", ""]
+                blocks += [Heading(name), Image(name, image, f"plots/{image.name}")]
         if missing:
-            lines += ["## Not recorded in this run", "", ", ".join(f"`{k}`" for k in missing), ""]
-    lines += _links(run_dir)
+            blocks += [Heading("Not recorded in this run"), Para(", ".join(f"`{k}`" for k in missing))]
+    blocks += _links(run_dir)
     path = run_dir / "report.md"
-    path.write_text("\n".join(lines), encoding="utf-8")
+    path.write_text(to_markdown(blocks), encoding="utf-8")
+    if html:
+        (run_dir / "report.html").write_text(to_html(blocks, title), encoding="utf-8")
     return path
 
 
 # ------------------------------------------------------------------------------------ tables
 
 
-def _series(rows: list[dict]) -> Series:
-    out: Series = defaultdict(list)
-    for row in rows:
-        for key, value in row.items():
-            if key not in ("step", "time") and isinstance(value, (int, float)):
-                out[key].append((row["step"], float(value)))
-    for points in out.values():
-        points.sort(key=lambda p: p[0])
-    return out
+def _read_summary(run_dir: Path) -> dict:
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return summary if isinstance(summary, dict) else {}
 
 
 def _last(series: Series, key: str) -> float | None:
     return series[key][-1][1] if series.get(key) else None
 
 
-def _summary(rows: list[dict], series: Series) -> list[str]:
-    steps = sorted({row["step"] for row in rows})
-    times = [r["time"] for r in rows if isinstance(r.get("time"), (int, float))]
-    seconds = max(times) - min(times) if times else None
+def _summary(rows: list[dict], series: Series, summary: dict) -> list[Block]:
+    trained = sorted({r["step"] for r in rows if "train/loss" in r})
+    wall = summary.get("wall_s")
+    if not isinstance(wall, (int, float)):
+        times = [r["time"] for r in rows if isinstance(r.get("time"), (int, float))]
+        wall = max(times) - min(times) if times else None
+        wall_text = f"{wall:.0f} s (first to last metrics row)" if wall is not None else None
+    else:
+        wall_text = f"{wall:.0f} s"
     facts = [
-        ("steps logged", f"{len(steps)} (steps {steps[0]}..{steps[-1]})"),
-        ("wall time", f"{seconds:.0f} s" if seconds is not None else None),
+        ("learner steps", f"{len(trained)} (steps {trained[0]}..{trained[-1]})" if trained else "none"),
+        ("wall time (this session, as `kiln train` printed it)", wall_text),
+        ("stopped early", summary.get("stopped")),
         ("weight versions", _int(_max(series, "weights/version"))),
+        ("groups completed", _int(_latest(rows, ("progress/groups", "run/groups")))),
         ("distinct compiled sources", _int(_last(series, "run/distinct_sources"))),
         ("untied groups (rewards not all equal)", _int(_last(series, "run/untied_groups"))),
         ("final reward mean", _num(_last(series, "reward/mean"))),
@@ -80,41 +98,93 @@ def _summary(rows: list[dict], series: Series) -> list[str]:
         ("mean rollout samples/s", _num(_mean(series, "rollout/samples_per_s"))),
         ("max staleness", _int(_max(series, "staleness/max"))),
     ]
-    lines = [f"Written {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC from metrics.jsonl.", "",
-             "| quantity | value |", "|---|---|"]
-    lines += [f"| {name} | {value if value is not None else 'not recorded'} |" for name, value in facts]
-    return lines
+    return [Para(f"Written {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC from metrics.jsonl."),
+            Table(["quantity", "value"], [[name, value if value is not None else "not recorded"]
+                                          for name, value in facts if name != "stopped early" or value])]
 
 
-def _eval_table(rows: list[dict]) -> list[str]:
+def _warnings(summary: dict) -> list[Block]:
+    warnings = [w for w in summary.get("warnings") or [] if isinstance(w, str)]
+    return [Heading("Warnings"), Bullets(warnings)] if warnings else []
+
+
+def _mechanisms(rows: list[dict], run_dir: Path) -> list[Block]:
+    """Each mechanism, how often it acted, and the first dumped episode that shows it."""
+    index = read_index(run_dir)
+    table = []
+    for m in mechanisms.MECHANISMS:
+        n = m.count(rows)
+        shown = "-"
+        if m.tag is not None:
+            first = next((r for r in index if m.tag in r["tags"]), None)
+            if first is not None:
+                shown = f"[{first['file']}](episodes/{first['file']}) `{first['episode_id']}`"
+            elif n:
+                shown = "no dump (the episode was not held, or dumps are off)"
+        table.append([m.name, f"{n} {m.unit}" if n else "0", shown])
+    return [Heading("Mechanisms"),
+            Para("How often each mechanism of the algorithm acted in this run, and the episode dump that shows it "
+                 "(search the file for the episode id)."),
+            Table(["mechanism", "acted", "shown in"], table, align=["l", "r", "l"])]
+
+
+def _eval_table(rows: list[dict]) -> list[Block]:
     """The MusaCoder model-card columns, one line per validation run, the final one in bold."""
     evals = [r for r in rows if any(k.startswith("eval/") for k in r)]
     if not evals:
-        return ["## Validation", "", "No validation run was recorded (no `eval/*` metrics)."]
+        return [Heading("Validation"), Para("No validation run was recorded (no `eval/*` metrics).")]
     ks = sorted({int(m.group(1)) for r in evals for k in r if (m := re.fullmatch(r"eval/pass@(\d+)", k))})
-    columns = [(f"pass@{k}", f"eval/pass@{k}") for k in ks] + [(f"avg@{k}", f"eval/avg@{k}") for k in ks]
-    columns += [("fast_1 eager", "eval/fast1_eager"), ("fast_1 compile", "eval/fast1_compile"), ("tasks", "eval/tasks")]
-    lines = ["## Validation", "", "| step | " + " | ".join(c for c, _ in columns) + " |",
-             "|---|" + "---|" * len(columns)]
+    ns = sorted({int(m.group(1)) for r in evals for k in r if (m := re.fullmatch(r"eval/avg@(\d+)", k))})
+    columns = [(f"pass@{k}", f"eval/pass@{k}") for k in ks] + [(f"avg@{n}", f"eval/avg@{n}") for n in ns]
+    columns += [("faster eager", "eval/faster_eager"), ("faster compile", "eval/faster_compile"), ("tasks", "eval/tasks")]
+    table = []
     for i, row in enumerate(evals):
         cells = [_num(row.get(key)) or "-" for _, key in columns]
         if i == len(evals) - 1:
             cells = [f"**{c}**" for c in cells]
-        lines.append(f"| {row['step']}{' (final)' if i == len(evals) - 1 else ''} | " + " | ".join(cells) + " |")
-    return lines
+        table.append([f"{row['step']}{' (final)' if i == len(evals) - 1 else ''}", *cells])
+    return [Heading("Validation"), Table(["step", *(c for c, _ in columns)], table)]
 
 
-def _links(run_dir: Path) -> list[str]:
+def _last_eval_levels(run_dir: Path) -> list[Block]:
+    """The newest validation by level, from the summary `kiln eval`'s writer left in
+    RUN_DIR/eval/step-N/ (the same numbers as its table.md, levels as rows)."""
+    found = sorted((run_dir / "eval").glob("step-*/summary.json")) if (run_dir / "eval").is_dir() else []
+    if not found:
+        return []
+    try:
+        summary = json.loads(found[-1].read_text())
+        values = row_values(summary)
+    except (OSError, ValueError, KeyError, TypeError):
+        return [Para(f"The validation summary {found[-1].parent.name}/summary.json could not be read.")]
+    metrics = list(dict.fromkeys(metric for metric, _ in values))
+    labels = [r["label"] for r in summary["rows"]]
+    table = [[label, *("n/a" if values[(m, label)] is None else f"{100 * values[(m, label)]:.1f}" for m in metrics)]
+             for label in labels]
+    return [Heading(f"By level ({found[-1].parent.name})", 3), Table(["", *metrics], table, align=["l"] + ["r"] * len(metrics)),
+            Para(caption(summary))]
+
+
+def _links(run_dir: Path) -> list[Block]:
     """Where to read further, for the parts of the run directory that exist."""
     episodes = sorted((run_dir / "episodes").glob("step-*.txt")) if (run_dir / "episodes").is_dir() else []
     links = [(run_dir / "config.yaml", "the resolved config", "config.yaml"),
+             (run_dir / "summary.json", "the episode ledger and run summary", "summary.json"),
              (run_dir / "tb", "TensorBoard events (`tensorboard --logdir tb`)", "tb/"),
              (run_dir / "final", "the final model (HF checkpoint)", "final/")]
-    lines = [f"* [{name}]({href})" for path, name, href in links if path.exists()]
+    items = [f"[{name}]({href})" for path, name, href in links if path.exists()]
     if episodes:
-        lines.append(f"* episode dumps: {len(episodes)} steps, the last is "
+        items.append(f"episode dumps: {len(episodes)} steps, the last is "
                      f"[{episodes[-1].name}](episodes/{episodes[-1].name})")
-    return ["## Files", ""] + lines + [""] if lines else []
+    return [Heading("Files"), Bullets(items)] if items else []
+
+
+def _latest(rows: list[dict], keys: tuple[str, ...]) -> float | None:
+    """The value of any of `keys` in the latest row (by time) that has one: progress rows and step rows
+    come interleaved, and whichever came last counts the most groups."""
+    found = [(r.get("time") or 0.0, i, r[k]) for i, r in enumerate(rows) for k in keys
+             if isinstance(r.get(k), (int, float))]
+    return max(found)[2] if found else None
 
 
 def _max(series: Series, key: str) -> float | None:
@@ -131,116 +201,3 @@ def _int(x: float | None) -> str | None:
 
 def _num(x: float | None) -> str | None:
     return None if x is None else f"{x:.4g}"
-
-
-# ------------------------------------------------------------------------------------ plots
-
-
-def _figure():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _line_plot(series: Series, plots_dir: Path, name: str, panels: list[list[tuple[str, str]]]):
-    """One subplot per panel, each a set of (key, label) lines; keys without data are reported absent."""
-    absent = [key for panel in panels for key, _ in panel if not series.get(key)]
-    panels = [[(k, label) for k, label in panel if series.get(k)] for panel in panels]
-    panels = [p for p in panels if p]
-    if not panels:
-        return None, absent
-    plt = _figure()
-    fig, axes = plt.subplots(len(panels), 1, figsize=(8, 2.8 * len(panels)), squeeze=False, sharex=True)
-    for ax, panel in zip(axes[:, 0], panels):
-        for key, label in panel:
-            steps, values = zip(*series[key])
-            ax.plot(steps, values, marker="o" if len(steps) < 30 else None, label=label)
-        ax.legend(loc="best")
-        ax.grid(alpha=0.3)
-    axes[-1, 0].set_xlabel("learner step")
-    fig.tight_layout()
-    path = plots_dir / f"{name}.png"
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path, absent
-
-
-def _plot_reward(series: Series, plots_dir: Path):
-    return _line_plot(series, plots_dir, "reward", [
-        [("reward/mean", "reward mean")], [("reward/pass_rate", "pass rate")]])
-
-
-def _plot_training(series: Series, plots_dir: Path):
-    return _line_plot(series, plots_dir, "training", [
-        [("train/loss", "loss")],
-        [("train/grad_norm", "grad norm (before clipping)")],
-        [("train/kept_fraction", "MirrorPop kept"), ("train/clip_low_fraction", "clipped low"),
-         ("train/clip_high_fraction", "clipped high"), ("train/is_truncated_fraction", "IS weight truncated"),
-         ("replay/bdr_share", "BDR share")],
-        [("train/entropy", "entropy of sampled positions")],
-        [("train/response_length", "response tokens per sequence")]])
-
-
-def _plot_throughput(series: Series, plots_dir: Path):
-    return _line_plot(series, plots_dir, "throughput", [
-        [("rollout/samples_per_s", "rollout samples/s")],
-        [("rollout/tokens_per_s", "rollout tokens/s"), ("train/tokens_per_s", "learner tokens/s")]])
-
-
-def _plot_verifier(series: Series, plots_dir: Path):
-    """Stacked bars per step: how far each verified attempt got (stage), and failures by class."""
-    stage_keys = [f"verifier/{s}" for s in STAGES if s != "passed" and series.get(f"verifier/{s}")]
-    error_keys = sorted(k for k in series if k.startswith("verifier/error/"))
-    panels = [(keys, title) for keys, title in ((stage_keys, "attempts by furthest stage reached"),
-                                                 (error_keys, "failures by error class")) if keys]
-    if not panels:
-        return None, ["verifier/<stage>"]
-    plt = _figure()
-    fig, axes = plt.subplots(len(panels), 1, figsize=(8, 2.8 * len(panels)), squeeze=False, sharex=True)
-    for ax, (keys, title) in zip(axes[:, 0], panels):
-        steps = sorted({s for k in keys for s, _ in series[k]})
-        bottom = [0.0] * len(steps)
-        for key in keys:
-            values = dict(series[key])
-            heights = [values.get(s, 0.0) for s in steps]
-            ax.bar(steps, heights, 0.8, bottom=bottom, label=key.removeprefix("verifier/").removeprefix("error/"))
-            bottom = [b + h for b, h in zip(bottom, heights)]
-        ax.set_title(title, fontsize="medium")
-        ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize="small")
-    axes[-1, 0].set_xlabel("learner step")
-    fig.tight_layout()
-    path = plots_dir / "verifier.png"
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path, []
-
-
-def _plot_staleness(series: Series, plots_dir: Path):
-    """Histogram of trained samples by version lag, summed over the run."""
-    lags = {int(k.rsplit("_", 1)[1]): sum(v for _, v in series[k])
-            for k in series if re.fullmatch(r"staleness/lag_\d+", k)}
-    if not lags:
-        return None, ["staleness/lag_<k>"]
-    plt = _figure()
-    fig, ax = plt.subplots(1, 1, figsize=(6, 3))
-    ax.bar(sorted(lags), [lags[k] for k in sorted(lags)])
-    ax.set_xticks(sorted(lags))
-    ax.set_xlabel("version lag of trained samples")
-    ax.set_ylabel("samples")
-    fig.tight_layout()
-    path = plots_dir / "staleness.png"
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path, []
-
-
-_PLOTS = (
-    ("Reward and pass rate", _plot_reward),
-    ("Verifier outcomes", _plot_verifier),
-    ("Throughput", _plot_throughput),
-    ("Staleness", _plot_staleness),
-    ("Training", _plot_training),
-)

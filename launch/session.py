@@ -4,8 +4,10 @@
 `cluster.use_ray` is false) with one placement group whose bundles are the placement plan's GPU
 slots, clears the run's address registry and registers its own metrics socket there, launches the
 actors through the `Supervisor`, turns what the actors push into metrics rows, the live view and
-episode dumps, asks a rollout actor for evaluations, and at the end exports the model, writes the
-summary and the report and stops everything in order (rollouts, learner, verifiers, replay).
+episode dumps, writes rollout-side progress rows every `logging.rollout_every_s` and warns when the
+run makes no progress (launch/progress.py), asks a rollout actor for evaluations, and at the end
+exports the model, writes the summary and the report and stops everything in order (rollouts,
+learner, verifiers, replay).
 
 The driver decides when things happen, never how the algorithm runs: warm start, restore,
 synchronous confirmation, minimum versions and the evaluation's tasks are the actors' business.
@@ -25,12 +27,14 @@ from actors.policy.tokenizer import load_tokenizer
 from configs import KilnConfig
 from launch import wiring
 from launch.checks import StartupError, errors, on_cluster
-from launch.episode_dump import dump_episodes
+from launch.episode_dump import EpisodeDumper
+from launch.eval.validation import record_validation
 from launch.handles import LearnerHandle, ReplayHandle, RolloutHandle
 from launch.live import LiveView
 from launch.metrics import MetricsLog
 from launch.monitor import RunMonitor, busy_shares
 from launch.plan import PlacementPlan, bundles, plan
+from launch.progress import NoProgressCheck, ProgressRows, ReplayCounts
 from launch.report import write_report
 from launch.run_dir import RunDirectory
 from launch.supervisor import Supervisor
@@ -58,6 +62,16 @@ class Session:
         self.metrics: MetricsLog | None = None
         self.view: LiveView | None = None
         self.last_step = 0
+        self.started = time.monotonic()  # the run's wall time (report.md and `kiln train` print it) counts from here
+        self.rollouts_started: float | None = None
+        self.progress: ProgressRows | None = None
+        self.no_progress: NoProgressCheck | None = None
+        self.warning: str | None = None  # the current no-progress warning
+        self.warnings: list[str] = []  # every distinct one, for the summary and the report
+        self._warned_at = 0.0
+        self.stopped_for_no_progress = False
+        self.dumper: EpisodeDumper | None = None
+        self._decoded: dict[str, tuple[int, int]] = {}  # rollout actor -> (last reading, running total)
         self._last_supervise = 0.0
         self._busy: dict[str, float] = {}
         self._busy_at = time.monotonic()
@@ -75,11 +89,12 @@ class Session:
             self._placement_group = reserve_bundles(self.placement)
         self.supervisor = Supervisor(self.run.path, use_ray=c.use_ray, placement_group=self._placement_group,
                                      bind=Bind(host=c.bind_host, transport=c.transport, advertise=c.advertise_host))
-        self.monitor = RunMonitor(self.cfg.algo, host=c.bind_host, transport=c.transport, advertise=c.advertise_host)
+        self.monitor = RunMonitor(self.cfg.algo, host=c.bind_host, transport=c.transport, advertise=c.advertise_host,
+                                  recent_groups=self.cfg.logging.no_progress_groups)
         registry.register("driver", "driver", {"metrics": self.monitor.address})
         self.metrics = MetricsLog(self.run.path, self.cfg.logging)
         self.view = LiveView(self.cfg.logging.live, self.cfg.algo.total_steps,
-                             refresh_s=self.cfg.logging.live_refresh_s).__enter__()
+                             refresh_s=self.cfg.logging.live_refresh_s, started=self.started).__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
@@ -146,6 +161,11 @@ class Session:
         for spec in wiring.rollout_specs(self.cfg, self.placement, follow_learner=follow_learner,
                                          episode_log=episode_log):
             self.supervisor.launch(spec)
+        now = time.monotonic()
+        self.rollouts_started = now
+        self.progress = ProgressRows(self.cfg.logging.rollout_every_s, started=self.started)
+        self.no_progress = NoProgressCheck(self.cfg.logging.no_progress_groups, self.cfg.logging.no_progress_s,
+                                           started=now)
 
     @property
     def replay(self) -> ReplayHandle:
@@ -216,17 +236,31 @@ class Session:
         self.last_step = step
         values.update(self._replay_values())
         now = time.monotonic()
-        values.update(busy_shares(self.supervisor.handles.values(), self._busy, now - self._busy_at))
+        busy = busy_shares(self.supervisor.handles.values(), self._busy, now - self._busy_at)
+        if not values.get("rollout/groups"):  # no group finished in this window: no rollout share to show
+            busy = {k: v for k, v in busy.items() if not k.startswith("busy/rollout-")}
+        values.update(busy)
         self._busy_at = now
         self.metrics.log(step, values)
         self.view.update(step, values)
-        episodes = self.monitor.take_episodes()
-        if episodes and self.cfg.logging.episodes_per_step:
-            dump_episodes(self.run.path, step, episodes, self.tokenizer.decode, self.cfg.logging.episodes_per_step,
-                          decode_prompt=self.tokenizer.decode_prompt)
+        self._dump_episodes(step, values)
+
+    def _dump_episodes(self, step: int, values: dict[str, float]) -> None:
+        if not self.cfg.logging.episodes_per_step:
+            return
+        if self.dumper is None:
+            self.dumper = EpisodeDumper(self.run.path, self.cfg.algo, self.tokenizer.decode,
+                                        decode_prompt=self.tokenizer.decode_prompt,
+                                        per_step=self.cfg.logging.episodes_per_step)
+        episodes, named = self.monitor.take_episodes()
+        self.dumper.add(episodes)
+        version = values.get("weights/version")  # the version the step made; it trained for the one before
+        self.dumper.learner_step(step, int(version) - 1 if version is not None else None, named)
+        self.dumper.dump(step)
 
     def _replay_values(self) -> dict[str, float]:
-        """Staleness of the samples trained since the last row, and the episode-id invariant."""
+        """Staleness of the samples trained since the last row, the episode-id invariant, and replay's
+        run totals of the retry buffer and of filtered groups."""
         try:
             health = self.replay.health()
         except Exception:
@@ -241,8 +275,71 @@ class Session:
             out["staleness/max"] = float(max(new))
         out.update({"replay/emitted": float(health.emitted), "replay/trained": float(health.trained),
                     "replay/filtered": float(health.filtered_total), "replay/pending": float(health.pending),
-                    "replay/invariant_ok": float(health.invariant_ok)})
+                    "replay/invariant_ok": float(health.invariant_ok),
+                    "replay/retry_buffer": float(health.retry.size),
+                    "replay/retry_admitted": float(health.retry.admitted),
+                    "replay/retry_served": float(health.retry.served),
+                    "replay/retry_trained": float(health.groups.retry_trained)})
+        out.update({f"replay/filtered_groups/{reason}": float(n) for reason, n in health.groups.filtered.items()})
         return out
+
+    # ------------------------------------------------------------------------ rollout progress
+
+    def watch_progress(self) -> None:
+        """Every `logging.rollout_every_s`: a rollout-side progress row (metrics.jsonl, TensorBoard, the
+        live view); and the no-progress warning, in the log and the live view, while it holds."""
+        if self.progress is None:
+            return
+        now = time.monotonic()
+        if not self.progress.due(now):
+            return
+        try:
+            counts = ReplayCounts.of(self.replay.health())
+        except Exception:  # replay restarting: the supervisor deals with it; the row goes without it
+            counts = None
+        values = self.progress.row(now, counts, self.monitor.take_progress(), self._decoded_tokens())
+        self.metrics.log(self.last_step, values, tb_step=int(values["progress/elapsed_s"]))
+        warning = self.no_progress.check(now, self.monitor.recent, counts, self.monitor.last_step_at)
+        self._warn(warning, now)
+        self.view.progress(values, warning)
+
+    def _warn(self, warning: str | None, now: float) -> None:
+        """Log a warning when it starts, and again every logging.no_progress_s while it lasts."""
+        if warning is not None and (warning.split(";")[0] != (self.warning or "").split(";")[0]
+                                    or now - self._warned_at >= self.cfg.logging.no_progress_s):
+            log.warning("%s", warning)
+            self._warned_at = now
+            if warning not in self.warnings:
+                self.warnings.append(warning)
+        self.warning = warning
+
+    def no_progress_stop(self) -> bool:
+        """True once `algo.stop_after_no_progress_s` passed without a learner step (since the rollouts
+        started, or the last step): the run ends cleanly."""
+        limit = self.cfg.algo.stop_after_no_progress_s
+        if limit is None or self.rollouts_started is None:
+            return False
+        since = max(self.rollouts_started, self.monitor.last_step_at or 0.0)
+        if time.monotonic() - since < limit:
+            return False
+        log.warning("no learner step for %.0f s (algo.stop_after_no_progress_s): ending the run; the report "
+                    "follows", limit)
+        self.stopped_for_no_progress = True
+        return True
+
+    def _decoded_tokens(self) -> int | None:
+        """Tokens the engines decoded so far, over every rollout actor (a restarted engine's counter
+        starts again at 0); None when no rollout actor answered."""
+        answered = False
+        for handle in self.rollouts:
+            try:
+                now = handle.health(timeout_s=10.0).decoded_tokens
+            except Exception:
+                continue
+            answered = True
+            last, total = self._decoded.get(handle.name, (0, 0))
+            self._decoded[handle.name] = (now, total + (now - last if now >= last else now))
+        return sum(total for _, total in self._decoded.values()) if answered else None
 
     def drain_metrics(self, seconds: float = 2.0) -> None:
         for step, values in self.monitor.poll(timeout_s=seconds):
@@ -261,13 +358,15 @@ class Session:
         return bool(every) and step % every == 0
 
     def evaluate(self, step: int, *, final: bool = False) -> dict[str, float]:
-        """The validation split through rollout-0 (its engine, the training verifier); the rollout
-        actor loads the tasks from replay and returns the metrics."""
+        """The validation split through rollout-0 (its engine, the training verifier, the evaluation's
+        sampling settings); the rollout actor loads the tasks from replay and returns the verified
+        attempts, which `kiln eval`'s code summarizes and writes to RUN_DIR/eval/step-NNNNNN/."""
         if not self.rollouts:
             return {}
-        values = self.rollouts[0].evaluate()
-        if not values:
+        attempts = self.rollouts[0].evaluate()
+        if not attempts:
             return {}
+        values = record_validation(self.cfg, self.run.path, step, attempts)
         values["eval/final"] = float(final)
         self.metrics.log(step, values)
         log.info("evaluation at step %d: %s", step, {k: round(v, 3) for k, v in values.items()})
@@ -300,12 +399,18 @@ class Session:
             "highest_version_seen": replay.highest_version_seen,
             "learner": {"version": learner.version, "step": learner.step, "restored_from": learner.restored_from},
             "restarts": [{"time": t, "actor": name} for t, name in self.supervisor.restarts],
+            "retry": dataclasses.asdict(replay.retry),
+            "wall_s": round(time.monotonic() - self.started, 1),
+            "stopped": "no progress (algo.stop_after_no_progress_s)" if self.stopped_for_no_progress else None,
+            "warnings": self.warnings,
         }
         (self.run.path / "summary.json").write_text(json.dumps(summary, indent=1))
         return summary
 
     def write_report(self) -> Path:
-        return write_report(self.run.path)
+        """report.md (and report.html) of the run; its wall time is this session's, the one `kiln train`
+        prints (summary.json's `wall_s`)."""
+        return write_report(self.run.path, html=self.cfg.logging.html_report)
 
 
 def reserve_bundles(placement: PlacementPlan, timeout_s: float = PLACEMENT_TIMEOUT_S):

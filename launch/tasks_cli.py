@@ -1,10 +1,13 @@
 """`kiln tasks`: task-set tools. One subcommand so far:
 
     kiln tasks synth --out DIR --count N --seed S [--ops NAME ...] [--max-ops K] [--exclude DIR ...]
+                     [--tasks DIR] [--config F] [section.key=value ...]
 
 writes N KernelBench-format tasks synthesized from random operator graphs (tasks/synth/) to DIR, in
 `levelK/` subdirectories, so `replay.tasks=DIR` and `kiln verify --reference DIR/levelK/FILE` read
-them. It prints the mix (levels, op families) and the rejection counts; exit status 0 when all N
+them. Evaluation tasks are never generated (launch/decontam.py): graphs matching a task under
+--exclude or a task of the validation split of --tasks (default `replay.tasks`, split by
+`replay.val_fraction` / `replay.split_seed`) are dropped and counted. It prints the mix (levels, op families) and the rejection counts; exit status 0 when all N
 were written, 1 when the op set ran out of distinct graphs first, 2 on a bad argument (one line).
 """
 
@@ -38,6 +41,10 @@ def add_tasks_parser(sub) -> None:
     s.add_argument("--max-ops", type=int, default=6, metavar="K", help="most ops per graph (default 6)")
     s.add_argument("--exclude", nargs="+", action="extend", default=[], metavar="DIR",
                    help="task directories (a KernelBench clone, a validation split) whose graphs are dropped")
+    s.add_argument("--tasks", metavar="DIR", help="task set whose validation split is excluded too (default replay.tasks)")
+    from launch.cli import add_config_arguments
+
+    add_config_arguments(s)
     s.set_defaults(func=cmd_synth)
 
 
@@ -56,10 +63,14 @@ def cmd_synth(args: argparse.Namespace) -> int:
     if missing:
         print(f"{PROG}: missing {', '.join(missing)}", file=sys.stderr)
         return 2
+    from configs import load_config
+    from launch.decontam import validation_files
+
     ops = tuple(name for entry in args.ops for name in entry.split(",") if name)
-    cfg = SynthConfig(out=Path(args.out), count=args.count, seed=args.seed, ops=ops, max_ops=args.max_ops,
-                      exclude=tuple(Path(p) for p in args.exclude))
     try:
+        validation = [tf.path for tf in validation_files(load_config(args.config, args.overrides).replay, args.tasks)]
+        cfg = SynthConfig(out=Path(args.out), count=args.count, seed=args.seed, ops=ops, max_ops=args.max_ops,
+                          exclude=(*(Path(p) for p in args.exclude), *validation))
         report = synthesize(cfg)
     except (SynthError, OpSelectionError, ExcludeError) as err:
         print(f"{PROG}: {err}", file=sys.stderr)

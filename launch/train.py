@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import logging
 import sys
-import time
 from pathlib import Path
 from typing import Callable
 
@@ -37,29 +37,34 @@ log = logging.getLogger(__name__)
 
 def train(cfg: KilnConfig, run: RunDirectory, *, placement: PlacementPlan | None = None,
           on_step: Callable[[Session, int], None] | None = None) -> Path:
-    """Run until `algo.total_steps` learner steps; returns the report's path. `on_step(session, step)`
-    runs after each recorded step (custom logic: extra logging, fault injection in tests)."""
+    """Run until `algo.total_steps` learner steps (or `algo.stop_after_no_progress_s` without one);
+    returns the report's path. `on_step(session, step)` runs after each recorded step (custom logic:
+    extra logging, fault injection in tests)."""
     with Session(cfg, run, placement) as s:
         s.check_components()  # on a Ray cluster: where each component runs (a local run checked already)
         s.start_replay_and_verifiers()
         s.start_learner()  # restores or warm-starts, publishes its version, starts training
         s.start_rollouts()
         try:
-            while not s.learner_finished():
+            while not s.learner_finished() and not s.no_progress_stop():
                 for step, values in s.monitor.poll(timeout_s=1.0):
                     s.record_step(step, values)
                     if s.evaluation_due(step):
                         s.evaluate(step)
                     if on_step is not None:
                         on_step(s, step)
+                s.watch_progress()  # rollout-side progress rows, and the no-progress warning
                 s.supervise()
         except KeyboardInterrupt:
             log.warning("interrupted: checkpointing the learner; `kiln train --resume %s` continues", run.path)
             s.checkpoint()
             raise
         s.drain_metrics()
+        if s.stopped_for_no_progress:
+            s.checkpoint()  # what --resume continues from; the final evaluation would measure untrained weights
         s.export_final()
-        s.evaluate(s.last_step, final=True)
+        if not s.stopped_for_no_progress:
+            s.evaluate(s.last_step, final=True)
         s.write_summary()
         return s.write_report()
 
@@ -75,6 +80,7 @@ def rollout_only(cfg: KilnConfig, run: RunDirectory, placement: PlacementPlan | 
         s.start_rollouts(follow_learner=False, episode_log=True)
         while not s.rollouts_done(cfg.algo.total_steps * cfg.algo.batch_groups):
             s.monitor.poll(timeout_s=1.0)
+            s.watch_progress()
             s.supervise()
         return run.episode_log
 
@@ -159,7 +165,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     elif args.train_only:
         print(f"kiln: report {train_only(cfg, run, Path(args.train_only), placement)}")
     else:
-        started = time.monotonic()
         report = train(cfg, run, placement=placement)
-        print(f"kiln: finished in {time.monotonic() - started:.0f} s; report {report}")
+        wall = json.loads((run.path / "summary.json").read_text()).get("wall_s")  # report.md's wall time
+        print(f"kiln: finished in {wall:.0f} s; report {report}")
     return 0

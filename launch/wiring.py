@@ -51,7 +51,7 @@ def learner_specs(cfg: KilnConfig, placement: PlacementPlan) -> list[ActorSpec]:
 
 def rollout_specs(cfg: KilnConfig, placement: PlacementPlan, *, follow_learner: bool = True,
                   episode_log: bool = False) -> list[ActorSpec]:
-    settings = {"follow_learner": follow_learner, "sample_episodes": cfg.logging.episodes_per_step > 0,
+    settings = {"follow_learner": follow_learner, "send_episodes": cfg.logging.episodes_per_step > 0,
                 "episode_log": episode_log}
     return [ActorSpec(name=f"rollout-{i}", cls=RolloutActor, handle=RolloutHandle,
                       args=(cfg.rollout, cfg.model, cfg.eval), kwargs=settings, rank=i,

@@ -379,12 +379,14 @@ class Control(Record):
     args: JsonDict = field(default_factory=dict)
 
 
-@record
+@record(schema=2)
 class Metrics(Record):
     source: str
     step: int
     ts: float
     values: dict[str, float]
+    # episode ids by what the step did with them ("trained", "mirrorpop_dropped"), for the driver's dumps
+    episodes: dict[str, list[str]] = field(default_factory=dict)
 
 
 @record

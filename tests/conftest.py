@@ -50,7 +50,7 @@ def tiny_chat_model(tmp_path_factory):
     from launch.tiny_checkpoint import TinyChatSpec, tiny_chat_checkpoint
 
     return tiny_chat_checkpoint(tmp_path_factory.mktemp("models"),
-                                TinyChatSpec(hidden_size=64, num_layers=2, intermediate_size=128, max_seq_len=4096))
+                                TinyChatSpec(hidden_size=64, num_layers=2, intermediate_size=128, max_seq_len=8192))
 
 
 @dataclass(frozen=True)
@@ -61,16 +61,25 @@ class DemoRun:
     cfg: object  # the KilnConfig of the first session
     rows: list  # metrics rows of the first session
     summary: dict  # summary.json after the first session
+    report: str  # report.md after the first session
     resumed_summary: dict  # summary.json after the resumed session
+
+
+# `make demo`'s configuration in its CI-sized form: the test-sized chat checkpoint, and the task set's
+# level 2 (5 training tasks and 1 validation task, so candidates repeat and compile once per session);
+# the workload (candidate mix, retry probability, δ, learning rate, steps) is the demo's own.
+DEMO_CI = ["model.max_seq_len=8192", "replay.tasks=tasks/level2", "warm_start.solutions=tasks/solutions/cpu",
+           "warm_start.steps=3", "warm_start.lr=1e-3", "eval.samples=1", "verifier.compile_baseline=never"]
 
 
 @pytest.fixture(scope="session")
 def demo_run(tmp_path_factory, tiny_chat_model, verifier_cache_dir):
-    """`make demo`'s configuration (configs/default.yaml) through `kiln train`, in-process, on the
-    test-sized real-format chat checkpoint: prompts through its chat template, the warm start on the
-    shipped solutions, RL steps whose failed attempts get repair turns, a servable export at step 2
-    (`learner.export_every`), the final evaluation and export; then `kiln train --resume` for one more
-    step. One run per test session: test_demo.py and the export tests read it."""
+    """`make demo`'s configuration (configs/default.yaml) through `kiln train`, in-process, in its CI-sized
+    form (DEMO_CI) on the test-sized real-format chat checkpoint: prompts through its chat template, the
+    warm start on the shipped solutions, RL steps in which every mechanism of the algorithm acts (the
+    report's mechanisms table), a servable export at step 2 (`learner.export_every`), the final
+    evaluation and export; then `kiln train --resume` for one more step. One run per test session:
+    test_demo.py and the export tests read it."""
     import torch
 
     from configs import load_config
@@ -85,20 +94,18 @@ def demo_run(tmp_path_factory, tiny_chat_model, verifier_cache_dir):
             mp.chdir(ROOT)  # the config's task and solution paths are relative to the repository
             cfg = load_config(ROOT / "configs" / "default.yaml", [
                 f"logging.root={tmp_path_factory.mktemp('demo')}", "logging.run_name=demo", "logging.live=false",
-                "logging.tensorboard=false", "logging.episodes_per_step=4", "cluster.use_ray=false",
-                f"verifier.cache_dir={verifier_cache_dir}", "verifier.compile_baseline=never",
-                f"model.path={tiny_chat_model}", "model.max_seq_len=4096", "rollout.max_new_tokens=2560",
-                "algo.total_steps=2", "warm_start.steps=3", "warm_start.lr=1e-3", "eval.samples=1",
-                "learner.checkpoint_every=1", "learner.export_every=2"])
+                "logging.tensorboard=false", "cluster.use_ray=false", f"verifier.cache_dir={verifier_cache_dir}",
+                f"model.path={tiny_chat_model}", *DEMO_CI, "learner.checkpoint_every=1", "learner.export_every=2"])
             run = RunDirectory.create(cfg)
             train(cfg, run)
             rows = read_metrics(run.path)
             summary = json.loads((run.path / "summary.json").read_text())
-            # `kiln train --resume RUN_DIR algo.total_steps=4`: the restored learner continues above
-            # version 2 (at 3) and takes one more step
-            more = load_config(run.config_path, ["algo.total_steps=4"])
+            report = (run.path / "report.md").read_text()
+            # `kiln train --resume RUN_DIR algo.total_steps=N+2`: the restored learner continues above
+            # version N (at N+1) and takes one more step
+            more = load_config(run.config_path, [f"algo.total_steps={cfg.algo.total_steps + 2}"])
             train(more, RunDirectory.open(run.path))
             resumed = json.loads((run.path / "summary.json").read_text())
     finally:
         torch.set_num_threads(threads)
-    return DemoRun(path=run.path, cfg=cfg, rows=rows, summary=summary, resumed_summary=resumed)
+    return DemoRun(path=run.path, cfg=cfg, rows=rows, summary=summary, report=report, resumed_summary=resumed)

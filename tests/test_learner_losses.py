@@ -67,7 +67,10 @@ def test_filter_stats_count_before_and_after_filtering():
     assert m["kept_abs_log_rho_mean"] == pytest.approx(0.625 / 3)
     assert m["is_weight_mean"] == pytest.approx((math.exp(0.125) + math.exp(-0.25) + 1.25) / 3)
     assert (m["is_weight_max"], m["is_weight_min"]) == pytest.approx((1.25, math.exp(-0.25)))
-    assert m["is_truncated_fraction"] == pytest.approx(1 / 3)
+    assert m["is_truncated_fraction"] == pytest.approx(1 / 3) and m["is_truncated"] == 1
+    # MirrorPop dropped sequence 0 (its deviation 0.5 > δ); sequence 2 has no gradient token to drop
+    assert stats.dropped == (0,) and m["mirrorpop_dropped"] == 1
+    assert m["deviation_max"] == pytest.approx(0.5)
 
 
 # ---------------------------------------------------------------------------------- policy loss
@@ -104,7 +107,8 @@ def test_policy_loss_matches_hand_computation():
     # Clipped tokens (a, b) get no gradient; c: d/dlogπ of -w·r·A = -1·1.5·(-1) = 1.5; d: -1·0.5·1 = -0.5.
     assert logprobs.grad.tolist() == pytest.approx([0.0, 0.0, 1.5 / NORMALIZER, -0.5 / NORMALIZER, 0.0], abs=1e-7)
     assert stats == ClipStats(tokens=4, clipped_low=1, clipped_high=1)  # b below, a above
-    assert stats.metrics() == {"clip_fraction": 0.5, "clip_low_fraction": 0.25, "clip_high_fraction": 0.25}
+    assert stats.metrics() == {"clip_fraction": 0.5, "clip_low_fraction": 0.25, "clip_high_fraction": 0.25,
+                               "clipped": 2.0}
 
 
 def test_is_weight_carries_no_gradient_into_the_proximal_logprobs():

@@ -203,6 +203,15 @@ def test_tied_groups_free_their_slot_without_reissue(make_actor):
     assert r3.status == "task" and r3.task.task_id not in (r1.task.task_id, r2.task.task_id)
 
 
+def test_with_dynamic_sampling_off_tied_groups_are_trained(make_actor):
+    a = make_actor(max_staleness=0, algo={"drop_tied_groups": False, "batch_groups": 1})
+    fill(a, a.handle(TaskRequest(actor_id="r")), scores=(-1.0, -1.0))
+    h = a.health()
+    assert h.filtered == {} and h.groups.ready == 1  # no signal, but trainable: the learner steps on
+    batch = a.handle(BatchRequest(learner_id="l", version=0)).batch
+    assert batch.advantages.tolist() == [0.0, 0.0]  # zero advantages: no policy gradient
+
+
 def test_validation_tasks_only_on_request_and_outside_admission(make_actor):
     a = make_actor(val_fraction=0.1, max_staleness=0)
     val = [a.handle(TaskRequest(actor_id="eval", split="val")) for _ in range(3)]

@@ -156,6 +156,9 @@ def test_all_failed_group_is_retried_with_its_best_attempt_until_success(actor):
     assert h.groups.ready == 2  # the first (fresh, untied) group and the successful retry
     batch = actor.handle(BatchRequest(learner_id="l", version=0)).batch
     assert len(batch.episode_ids) == 2
+    assert actor.health().groups.trained == 1 and actor.health().groups.retry_trained == 0  # the fresh group
+    assert actor.handle(BatchRequest(learner_id="l", version=1)).status == "batch"
+    assert actor.health().groups.retry_trained == 1  # the successful retry group was trained
 
 
 def test_retry_mismatched_episode_is_rejected(actor):

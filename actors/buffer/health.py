@@ -25,6 +25,7 @@ class GroupCounts:
     running: int = 0  # handed out, not complete
     ready: int = 0  # complete and trainable, waiting for a batch
     trained: int = 0
+    retry_trained: int = 0  # Buffered-Dynamic-Retry (repair task) groups among `trained`
     filtered: dict[str, int] = field(default_factory=dict)  # reason -> groups
 
     @property
@@ -137,7 +138,8 @@ def replay_health(state: "ReplayState", store: "ReplayStore", **actor) -> Replay
         **actor, **ledger,
         learner_version=state.learner_version, highest_version_seen=state.highest_version_seen,
         groups=GroupCounts(issued=c.groups_issued, running=len(state.running), ready=len(state.ready),
-                           trained=c.groups_trained, filtered=dict(c.groups_filtered)),
+                           trained=c.groups_trained, retry_trained=c.retry_groups_trained,
+                           filtered=dict(c.groups_filtered)),
         admission=Admission(admitted=state.admitted, limit=state.admission_bound, waits=c.admission_waits),
         batches=c.batches, batch_waits=c.batch_waits,
         trained_lag=TrainedLag(max=max(lags) if lags else None, histogram=dict(sorted(lags.items()))),

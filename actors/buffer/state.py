@@ -43,6 +43,7 @@ SNAPSHOT_FORMAT = 2
 class Counters:
     groups_issued: int = 0
     groups_trained: int = 0
+    retry_groups_trained: int = 0  # Buffered-Dynamic-Retry groups among groups_trained
     batches: int = 0
     groups_filtered: collections.Counter = field(default_factory=collections.Counter)
     trained_lag: collections.Counter = field(default_factory=collections.Counter)  # lag -> samples
@@ -202,7 +203,7 @@ class ReplayState:
             pass  # a late group of a task that left the feed: never buffered for retry
         elif not verdict.any_passed and verdict.best_failed is not None:
             self.retry.admit(group.task, verdict.best_failed, group.group_id)
-        if verdict.tied:
+        if verdict.tied and self.algo.drop_tied_groups:  # dynamic sampling: no signal, no slot
             self._filter(group, "tied", reissue=False)
             return
         group.advantages = verdict.advantages
@@ -281,6 +282,7 @@ class ReplayState:
                 lag = episode_lag(ep, v, self.algo.train_turns)
                 self.counters.trained_lag[0 if lag is None else lag] += 1
         self.counters.groups_trained += len(groups)
+        self.counters.retry_groups_trained += sum(g.is_retry for g in groups)
         self.counters.batches += 1
         self.served = ServedBatch(version=v, groups=groups)
         return BatchReply(status="batch", batch=self._pack(groups, v)), True

@@ -32,6 +32,8 @@ import os
 import time
 from pathlib import Path
 
+import numpy as np
+
 from actors.base import Actor, RunContext
 from actors.learner.algorithm import StepResult, Trainer
 from actors.learner.backends import make_trainer
@@ -226,7 +228,7 @@ class LearnerActor(Actor):
             if self.confirm_before_next:
                 self.weights.wait_confirmed(self.version, None, CONFIRM_TIMEOUT_S)
             self.busy_s += time.perf_counter() - t
-            self._emit(self.step, self._step_values(result, batch, push_s))
+            self._emit(self.step, self._step_values(result, batch, push_s), _step_episodes(result, batch))
             if self.cfg.checkpoint_every and self.step % self.cfg.checkpoint_every == 0:
                 self.checkpoint()
             if self.cfg.export_every and self.step % self.cfg.export_every == 0:
@@ -275,6 +277,7 @@ class LearnerActor(Actor):
             "train/trained_tokens": float(result.trained_tokens),
             "train/tokens_per_s": result.tokens / max(result.seconds, 1e-9),
             "train/sequences": float(len(batch.advantages)),
+            "train/off_policy_kept": float(_off_policy_kept(result, batch)),
             "weights/version": float(self.version), "weights/sync_s": push_s,
             **{f"train/{k}": float(v) for k, v in result.metrics.items()},
         }
@@ -346,14 +349,35 @@ class LearnerActor(Actor):
     def _record_announced(self, version: int) -> None:
         _write_json(self._announced_path(), {"version": version})
 
-    def _emit(self, step: int, values: dict[str, float]) -> None:
+    def _emit(self, step: int, values: dict[str, float], episodes: dict[str, list[str]] | None = None) -> None:
         if self._metrics is None:
             return
         try:
-            self._metrics.send(Metrics(source=self.learner_id, step=step, ts=time.time(), values=values),
-                               timeout_s=1.0)
+            self._metrics.send(Metrics(source=self.learner_id, step=step, ts=time.time(), values=values,
+                                       episodes=episodes or {}), timeout_s=1.0)
         except Exception as err:  # metrics are best effort; training goes on
             log.debug("%s: metrics push failed: %s", self.learner_id, err)
+
+
+def _step_episodes(result: StepResult, batch: TrainBatch) -> dict[str, list[str]]:
+    """The step's episodes by what happened to them, for the driver's episode dumps: those trained on
+    (MirrorPop kept them) and those MirrorPop dropped. Named when sequences map one to one onto
+    episodes (`algo.train_turns = first`); otherwise the metrics only count them."""
+    if len(batch.episode_ids) != len(batch.advantages):
+        return {}
+    dropped = set(result.dropped)
+    return {"trained": [e for i, e in enumerate(batch.episode_ids) if i not in dropped],
+            "mirrorpop_dropped": [batch.episode_ids[i] for i in sorted(dropped)]}
+
+
+def _off_policy_kept(result: StepResult, batch: TrainBatch) -> int:
+    """Sequences trained on (MirrorPop kept them) whose oldest gradient-carrying token was made by an
+    older version than the batch's: the off-policy samples the step learned from."""
+    dropped, n = set(result.dropped), 0
+    for s, (lo, hi) in enumerate(zip(batch.cu_seqlens[:-1], batch.cu_seqlens[1:])):
+        versions = np.asarray(batch.versions[lo:hi])[np.asarray(batch.loss_mask[lo:hi], dtype=bool)]
+        n += s not in dropped and versions.size > 0 and int(versions.min()) < batch.version
+    return n
 
 
 def _write_json(path: Path, value) -> None:

@@ -57,6 +57,7 @@ class StepResult:
     trained_tokens: int  # gradient-carrying tokens that MirrorPop kept
     seconds: float
     metrics: dict[str, float] = field(default_factory=dict)  # kept_fraction, clip_fraction, entropy, ...
+    dropped: tuple[int, ...] = ()  # RL: the batch's sequences that MirrorPop dropped (indices)
 
 
 # ------------------------------------------------------------------------------------ RL step
@@ -89,7 +90,8 @@ def rl_step(backend: LearnerBackend, batch: TrainBatch, algo: AlgoConfig, *, tem
     if algo.kl_coef > 0:
         metrics["kl"] = kl_sum / n
     return StepResult(loss=loss_sum / n, grad_norm=sum(grad_norms) / len(grad_norms), tokens=packed.num_tokens,
-                      trained_tokens=filtered.kept_tokens, seconds=time.perf_counter() - started, metrics=metrics)
+                      trained_tokens=filtered.kept_tokens, seconds=time.perf_counter() - started, metrics=metrics,
+                      dropped=filtered.dropped)
 
 
 @dataclass

@@ -77,24 +77,29 @@ class FilterStats:
     abs_log_rho_sum: float  # Σ |log ρ| over the gradient-carrying tokens
     kept_abs_log_rho_sum: float
     deviation_sum: float  # Σ D_s over the sequences with gradient-carrying tokens
+    deviation_max: float  # max D_s over them
     is_weight_sum: float  # Σ w over the kept tokens
     is_weight_max: float
     is_weight_min: float
     truncated: int  # kept tokens whose importance weight hit the cap C
+    dropped: tuple[int, ...] = ()  # indices of the sequences with gradient-carrying tokens that were not kept
 
     def metrics(self) -> dict[str, float]:
         """The metrics stream's view: fractions and means (0 where nothing was counted)."""
         kept = max(self.kept_tokens, 1)
         return {
             "kept_fraction": self.kept_sequences / self.sequences if self.sequences else 0.0,
+            "mirrorpop_dropped": float(len(self.dropped)),
             "kept_token_fraction": self.kept_tokens / self.tokens if self.tokens else 0.0,
             "deviation_mean": self.deviation_sum / self.sequences if self.sequences else 0.0,
+            "deviation_max": self.deviation_max,
             "abs_log_rho_mean": self.abs_log_rho_sum / self.tokens if self.tokens else 0.0,
             "kept_abs_log_rho_mean": self.kept_abs_log_rho_sum / kept,
             "is_weight_mean": self.is_weight_sum / kept,
             "is_weight_max": self.is_weight_max if self.kept_tokens else 0.0,
             "is_weight_min": self.is_weight_min if self.kept_tokens else 0.0,
             "is_truncated_fraction": self.truncated / kept,
+            "is_truncated": float(self.truncated),
         }
 
 
@@ -112,10 +117,12 @@ def filter_stats(prox_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, 
         tokens=int(mask.sum()), kept_tokens=int(kept.sum()),
         abs_log_rho_sum=float(log_rho[mask].abs().sum()), kept_abs_log_rho_sum=float(log_rho[kept].abs().sum()),
         deviation_sum=float(deviation[has_tokens].sum()),
+        deviation_max=float(deviation[has_tokens].max()) if bool(has_tokens.any()) else 0.0,
         is_weight_sum=float(w.sum()),
         is_weight_max=float(w.max()) if w.numel() else 0.0,
         is_weight_min=float(w.min()) if w.numel() else 0.0,
-        truncated=int((torch.exp(log_rho[kept]) >= is_cap).sum()))
+        truncated=int((torch.exp(log_rho[kept]) >= is_cap).sum()),
+        dropped=tuple(int(i) for i in torch.nonzero(has_tokens & ~keep).flatten().tolist()))
 
 
 @dataclass
@@ -135,7 +142,8 @@ class ClipStats:
     def metrics(self) -> dict[str, float]:
         n = max(self.tokens, 1)
         return {"clip_fraction": (self.clipped_low + self.clipped_high) / n,
-                "clip_low_fraction": self.clipped_low / n, "clip_high_fraction": self.clipped_high / n}
+                "clip_low_fraction": self.clipped_low / n, "clip_high_fraction": self.clipped_high / n,
+                "clipped": float(self.clipped_low + self.clipped_high)}
 
 
 def policy_loss(logprobs: torch.Tensor, prox_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor,

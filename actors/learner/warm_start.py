@@ -1,22 +1,25 @@
-"""Supervised warm-start data (DESIGN.md §7, the SFT path): (prompt, reference solution) pairs turned
-into `TrainBatch`es for `Trainer.sft_step`.
+"""Supervised warm-start data (DESIGN.md §7, the SFT path): the training tasks' reference solutions as
+chat examples, packed into `TrainBatch`es for `Trainer.sft_step` by the same code as `kiln sft`
+(`actors.policy.chat_tokens`, `actors.learner.sft_data`).
 
-Each sequence is exactly what the policy will see and say in RL: the task's opening conversation
-(system rules, user task) rendered by the tokenizer's chat template as the rollout renders its first
-prompt, then the solution file in a ```python fenced block (what the verifier's extract stage reads)
-and the token that ends an assistant turn. Only the response tokens carry loss. Only training-split
-tasks with a solution file are used, so the warm start never sees a validation task's answer: the
-learner asks replay, which owns the split, for the training tasks (`warm_start_batches`).
+Each example is exactly what the policy will see and say in RL: the task's opening conversation
+(system rules, user task), answered by the solution file in a ```python fenced block (what the
+verifier's extract stage reads); the tokenizer renders it as the rollout renders its first prompt, and
+the response ends with the token that ends an assistant turn. Only the response tokens carry loss.
+Only training-split tasks with a solution file are used, so the warm start never sees a validation
+task's answer: the learner asks replay, which owns the split, for the training tasks
+(`warm_start_batches`).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
-
+from actors.policy.chat_data import ChatExample
+from actors.policy.chat_tokens import fit, tokenize_example
 from actors.policy.prompts import opening
-from actors.policy.tokenizer import load_tokenizer
+from actors.policy.tokenizer import Message, load_tokenizer
+from actors.learner.sft_data import pack_sequences
 from configs import ModelConfig, WarmStartConfig
 from protocols import Task, TrainBatch
 
@@ -54,46 +57,19 @@ def response_text(solution: str) -> str:
     return f"```python\n{solution.rstrip()}\n```\n"
 
 
+def solution_example(task: Task, solution: str) -> ChatExample:
+    """The opening conversation of `task` answered by `solution`."""
+    return ChatExample(messages=(*opening(task), Message("assistant", response_text(solution))), task_id=task.task_id)
+
+
 def sft_batches(pairs: list[tuple[Task, str]], tokenizer, *, max_seq_len: int, batch_tokens: int,
                 enable_thinking: bool = False) -> list[TrainBatch]:
     """Pack the pairs into batches of at most `batch_tokens` tokens (one sequence per pair; a pair
     longer than `max_seq_len` is cut at the end of its response and still trains on its start)."""
-    end = tokenizer.end_of_turn_id
     sequences = []
     for task, solution in pairs:
-        prompt = tokenizer.render(opening(task), enable_thinking=enable_thinking)
-        response = tokenizer.encode(response_text(solution)) + ([int(end)] if end is not None else [])
-        keep = max_seq_len - len(prompt)
-        if keep < 1:
-            continue
-        sequences.append((prompt, response[:keep]))
-    batches, current, size = [], [], 0
-    for prompt, response in sequences:
-        n = len(prompt) + len(response)
-        if current and size + n > batch_tokens:
-            batches.append(_pack(current))
-            current, size = [], 0
-        current.append((prompt, response))
-        size += n
-    if current:
-        batches.append(_pack(current))
-    return batches
-
-
-def _pack(sequences: list[tuple[list[int], list[int]]]) -> TrainBatch:
-    tokens, mask, lengths = [], [], []
-    for prompt, response in sequences:
-        tokens += prompt + response
-        mask += [False] * len(prompt) + [True] * len(response)
-        lengths.append(len(prompt) + len(response))
-    n = len(tokens)
-    return TrainBatch(
-        version=0,
-        episode_ids=[f"sft/{i}" for i in range(len(sequences))],
-        tokens=np.asarray(tokens, dtype=np.int64),
-        cu_seqlens=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
-        loss_mask=np.asarray(mask, dtype=bool),
-        behaviour_logprobs=np.zeros(n, dtype=np.float32),
-        advantages=np.zeros(len(sequences), dtype=np.float32),
-        versions=np.full(n, -1, dtype=np.int64),
-    )
+        for seq in tokenize_example(solution_example(task, solution), tokenizer, enable_thinking=enable_thinking):
+            cut = fit(seq, max_seq_len)
+            if cut is not None:
+                sequences.append(cut)
+    return pack_sequences(sequences, batch_tokens)

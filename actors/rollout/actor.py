@@ -18,9 +18,10 @@ current version before it serves and then applies every announced version; the e
 between decode steps (policy `rollout.on_weight_update`), so every token's version is exact. Without
 a learner the engine serves its initial weights (rollout-only mode).
 
-Evaluation: `evaluate()` samples every validation task `eval.samples` times (first turn only) with
-the current weights, verifies them like training samples and returns the metrics; it asks replay,
-which owns the task set and its split, for the validation tasks.
+Evaluation: `evaluate()` samples every validation task `eval.samples` times (first turn only, at the
+evaluation's sampling settings, never from forced candidates) with the current weights, verifies them
+like training samples and returns the verified attempts (actors/rollout/evaluation.py, the path
+`kiln eval` shares); it asks replay, which owns the task set and its split, for the validation tasks.
 
 Robustness: an engine that crashes is restarted, fetches the current weights before it serves, and
 the requests that were in flight are run again; an episode is never dropped before its ack
@@ -31,6 +32,7 @@ the requests that were in flight are run again; an episode is never dropped befo
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import threading
 import time
@@ -43,8 +45,8 @@ from actors.base import Actor, RunContext
 from actors.policy.tokenizer import load_tokenizer
 from actors.rollout.engine import Engine, EngineError, GenerateRequest, Generation, SamplingParams
 from actors.rollout.engines import make_engine
-from actors.rollout.episodes import Pipeline
-from actors.rollout.evaluation import eval_metrics
+from actors.rollout.episodes import Pipeline, Verifier
+from actors.rollout.evaluation import EvalAttempt, eval_max_new_tokens, eval_params, first_turn_answers, verified_attempts
 from actors.rollout.forced import CandidatePool
 from actors.rollout.health import RolloutHealth, WeightSyncHealth
 from actors.rollout.reporting import Reporter, group_report
@@ -52,13 +54,14 @@ from actors.rollout.turns import TurnPolicy, TurnRules
 from actors.rollout.verify_pool import VerifierPool
 from actors.rollout.weight_client import WeightClient
 from configs import EvalConfig, ModelConfig, RolloutConfig
-from protocols import Episode, Task, TaskList, TaskListRequest, TaskReply, TaskRequest, VerifyResult
+from protocols import Episode, Task, TaskList, TaskListRequest, TaskReply, TaskRequest
 from protocols.channels import ChannelTimeout, NoServer, ReconnectingClient, RemoteError
 from protocols.episodes import EpisodeSender
 
 log = logging.getLogger(__name__)
 
 ENGINE_RESTARTS_PER_CALL = 3
+EVAL_CONCURRENCY = 4  # validation tasks in flight at once (their samples batch together in the engine)
 TASK_LIST_TIMEOUT_S = 60.0
 
 
@@ -66,8 +69,8 @@ class RolloutActor(Actor):
     role = "rollout"
 
     def __init__(self, rollout: RolloutConfig, model: ModelConfig, evaluation: EvalConfig, ctx: RunContext, *,
-                 follow_learner: bool = True, sample_episodes: bool = False, episode_log: bool = False) -> None:
-        """`sample_episodes` sends one episode per group to the driver (its readable dumps);
+                 follow_learner: bool = True, send_episodes: bool = False, episode_log: bool = False) -> None:
+        """`send_episodes` sends each group's episodes to the driver (its readable dumps);
         `episode_log` appends every episode to RUN_DIR/episodes_log/<name>.kiln (rollout-only mode)."""
         super().__init__()
         self.cfg, self.model_cfg, self.eval_cfg, self.ctx = rollout, model, evaluation, ctx
@@ -98,8 +101,8 @@ class RolloutActor(Actor):
         if episode_log:
             (ctx.path / "episodes_log").mkdir(parents=True, exist_ok=True)
             log_path = str(ctx.path / "episodes_log" / f"{self.actor_id}.kiln")
-        self.reporter = Reporter(registry.address("driver", "metrics") or None, sample_episodes=sample_episodes,
-                                 episode_log=log_path, seed=rollout.seed + self.index)
+        self.reporter = Reporter(registry.address("driver", "metrics") or None, send_episodes=send_episodes,
+                                 episode_log=log_path)
         self.busy_s = 0.0
         # The task feed, the episode sender and the reporter block on their sockets: the event loop
         # calls them on this one thread (which also keeps each socket on one thread).
@@ -108,7 +111,7 @@ class RolloutActor(Actor):
         self._pipeline_now: Pipeline | None = None
         self._in_flight, self._busy_since = 0, 0.0
         self.pool = (CandidatePool(rollout.forced_candidates, seed=rollout.seed + self.index,
-                                   fraction=rollout.forced_fraction)
+                                   fraction=rollout.forced_fraction, mix=rollout.forced_mix)
                      if rollout.forced_candidates else None)
 
     # ------------------------------------------------------------------------------ lifecycle
@@ -183,6 +186,19 @@ class RolloutActor(Actor):
                 await loop.run_in_executor(None, self._restart_engine, engine, err)
         raise AssertionError("unreachable")
 
+    def generate_all(self, requests: list[GenerateRequest]) -> list[Generation]:
+        """Synchronous generation for evaluation (a driver's call on its own thread), with the same
+        engine restart."""
+        for attempt in range(ENGINE_RESTARTS_PER_CALL + 1):
+            engine = self.engine
+            try:
+                return engine.generate(requests)
+            except EngineError as err:
+                if self.stopping or attempt == ENGINE_RESTARTS_PER_CALL:
+                    raise
+                self._restart_engine(engine, err)
+        raise AssertionError("unreachable")
+
     def _restart_engine(self, failed: Engine, err: Exception) -> None:
         with self._engine_lock:
             if self.engine is not failed:  # another attempt's failure restarted it already
@@ -208,38 +224,34 @@ class RolloutActor(Actor):
                             timeout_s=self.cfg.verify_reply_timeout_s, retries=self.cfg.verify_retries,
                             stats=self.verify_stats)
 
-    def evaluate(self) -> dict[str, float]:
+    def evaluate(self) -> list[EvalAttempt]:
         """First-turn attempts at every validation task (`eval.samples` each) with the current weights,
-        verified by the same verifier pool as training; nothing goes to replay. Returns the `eval/`
-        metrics (pass@k, avg@k, fast_1; see actors.rollout.evaluation); {} when there is no validation
-        task. Runs its own event loop on a thread of its own; its attempts share the engine's batch
-        with training's."""
-        started = time.monotonic()
+        sampled at the evaluation's settings (eval.temperature, eval.top_p; never forced candidates)
+        and verified by the training verifier; nothing goes to replay. Returns one `EvalAttempt` per
+        attempt, which the driver turns into the table `kiln eval` writes (launch/eval/); [] when
+        there is no validation task."""
         tasks = self._validation_tasks()
         if not tasks:
-            return {}
-        # A thread of its own: the caller's may already run an event loop (a Ray actor's method thread).
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="kiln-rollout-eval") as thread:
-            results = thread.submit(asyncio.run, self._evaluate(tasks)).result()
-        values = eval_metrics(results, self.eval_cfg.k)
-        values.update({"eval/val_tasks": float(len(tasks)), "eval/seconds": time.monotonic() - started})
-        return values
+            return []
+        rules = TurnRules.from_config(self.cfg, self.model_cfg, max_turns=1)
+        policy = TurnPolicy(dataclasses.replace(rules, max_new_tokens=eval_max_new_tokens(self.eval_cfg, self.cfg)),
+                            self.tokenizer)
+        params = eval_params(self.eval_cfg, self.cfg, self.eos)
 
-    async def _evaluate(self, tasks: list[Task]) -> dict[str, list[VerifyResult]]:
-        verifier = self._verifier_pool()
-        pipeline = self._pipeline(verifier, max_turns=1)
-        budget = asyncio.Semaphore(max(1, self.max_inflight // self.eval_cfg.samples))
+        def one(task: Task) -> list[EvalAttempt]:
+            pairs = [(task, sample) for sample in range(self.eval_cfg.samples)]
+            answers = first_turn_answers(pairs, generate=self.generate_all, tokenizer=self.tokenizer, policy=policy,
+                                         params=params)
+            return verified_attempts(answers, verifier.verify_all)
 
-        async def one(i: int, task: Task) -> tuple[str, list[VerifyResult]]:
-            async with budget:
-                reply = TaskReply(status="task", task=task, group_id=f"eval-{i}", group_size=self.eval_cfg.samples)
-                episodes = await pipeline.run_group(reply)
-            return task.task_id, [ep.turns[0].result for ep in episodes if ep.turns[0].result]
-
+        # Evaluation is a driver's call on its own thread: a synchronous verifier client of its own.
+        verifier = Verifier(self.ctx.registry.pool_resolver("verifier", "verifier"),
+                            timeout_s=self.cfg.verify_reply_timeout_s, retries=self.cfg.verify_retries)
         try:
-            return dict(await asyncio.gather(*(one(i, t) for i, t in enumerate(tasks))))
+            with ThreadPoolExecutor(max_workers=EVAL_CONCURRENCY, thread_name_prefix="kiln-rollout-eval") as pool:
+                return [attempt for attempts in pool.map(one, tasks) for attempt in attempts]
         finally:
-            await verifier.close()
+            verifier.close()
 
     def _validation_tasks(self) -> list[Task]:
         """The validation split, from replay (which owns the task set and its split)."""

@@ -15,7 +15,10 @@ the prompt ids, response ids, behaviour logprobs, per-token weight versions and 
 from __future__ import annotations
 
 import asyncio
+import logging
+import threading
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from typing import Awaitable, Callable
 
 import numpy as np
@@ -23,6 +26,55 @@ import numpy as np
 from actors.rollout.engine import GenerateRequest, Generation, SamplingParams
 from actors.rollout.turns import Attempt, Done, Prompt, TurnPolicy
 from protocols import Episode, Task, TaskReply, Turn, VerifyRequest, VerifyResult, infra_result
+from protocols.channels import ChannelTimeout, ReconnectingClient, RemoteError
+
+log = logging.getLogger(__name__)
+
+class Verifier:
+    """A synchronous verifier client for callers outside the event loop (evaluation, `kiln eval`,
+    `kiln rft`): concurrent VerifyRequests over one DEALER per worker thread (zmq sockets are not
+    thread-safe). Training's attempts go through the pool's front instead (verify_pool.py).
+    `address` is the verifier pool ("a,b,..."), or a function that looks it up in the run's registry:
+    each thread's client then follows restarted verifiers to their new addresses."""
+
+    def __init__(self, address: str | Callable[[], str], *, timeout_s: float, retries: int,
+                 concurrency: int = 16) -> None:
+        self.address, self.timeout_s, self.retries = address, timeout_s, retries
+        self._local = threading.local()
+        self._clients: list[ReconnectingClient] = []
+        self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="kiln-rollout-verify")
+        self.stats = {"sent": 0, "infra": 0}
+
+    def verify_all(self, requests: list[VerifyRequest]) -> list[VerifyResult]:
+        return list(self._pool.map(self.verify, requests))
+
+    def verify(self, request: VerifyRequest) -> VerifyResult:
+        client = getattr(self._local, "client", None)
+        if client is None:
+            client = self._local.client = ReconnectingClient(self.address, timeout_s=self.timeout_s,
+                                                             retries=self.retries)
+            self._clients.append(client)
+        self.stats["sent"] += 1
+        try:
+            result = client.request(request)
+        except ChannelTimeout as err:
+            return self.infra(request, f"no verifier answer: {err}")
+        except RemoteError as err:
+            return self.infra(request, f"verifier refused the request: {err}")
+        if not isinstance(result, VerifyResult) or result.request_id != request.request_id:
+            return self.infra(request, f"unexpected verifier answer {type(result).__name__}")
+        return result
+
+    def infra(self, request: VerifyRequest, message: str) -> VerifyResult:
+        self.stats["infra"] += 1
+        log.warning("attempt %s turn %d marked infra: %s", request.episode_id, request.turn, message)
+        return infra_result(request, message)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+        for c in self._clients:
+            c.close()
+
 
 Generate = Callable[[GenerateRequest], Awaitable[Generation]]
 Verify = Callable[[VerifyRequest], Awaitable[VerifyResult]]
@@ -101,6 +153,29 @@ class Pipeline:
         if text is None:
             return None
         return _forced_ids(self.tokenizer, text, self.params.max_new_tokens)
+
+
+class GroupRunner:
+    """A synchronous façade for tools (`kiln rft`): one group through the per-attempt `Pipeline` on an
+    event loop of its own, with a blocking `generate(requests)` and `verifier.verify_all(requests)`
+    called on threads, one request per attempt at a time (each attempt still flows on its own)."""
+
+    def __init__(self, *, actor_id: str, generate: Callable[[list[GenerateRequest]], list[Generation]], verifier,
+                 tokenizer, params: SamplingParams, policy: TurnPolicy,
+                 force: Callable[[Task], str | None] | None = None) -> None:
+        self.actor_id, self.generate, self.verifier = actor_id, generate, verifier
+        self.tokenizer, self.params, self.policy, self.force = tokenizer, params, policy, force
+
+    def run(self, reply: TaskReply) -> list[Episode]:
+        async def generate(request: GenerateRequest) -> Generation:
+            return (await asyncio.to_thread(self.generate, [request]))[0]
+
+        async def verify(request: VerifyRequest) -> VerifyResult:
+            return (await asyncio.to_thread(self.verifier.verify_all, [request]))[0]
+
+        pipeline = Pipeline(actor_id=self.actor_id, generate=generate, verify=verify, tokenizer=self.tokenizer,
+                            params=self.params, policy=self.policy, force=self.force)
+        return asyncio.run(pipeline.run_group(reply))
 
 
 def _forced_ids(tokenizer, text: str, max_new_tokens: int) -> list[int]:

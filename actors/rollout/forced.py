@@ -4,16 +4,23 @@ With `rollout.forced_candidates` set to a solutions directory, a rollout actor d
 attempts: it draws each one from a pool of candidate files for the task and has the engine score
 it (`GenerateRequest.forced_response`), so the behaviour logprobs are still exact under the current
 weights and the learner's step is a real policy-gradient step on them. The pool gives the verifier
-a realistic mix of work when the policy is too small to write kernels:
+a realistic mix of work when the policy is too small to write kernels. Its variants, by name:
 
-* the shipped solution (passes, with a speedup or not);
-* the same solution with one statement terminator removed from its C++ source (a compile error);
-* the same solution with its kernel's first `+` turned into `-` (compiles, fails correctness);
-* the reference program with `Model` renamed `ModelNew` (a PyTorch fallback: the legality gate
-  scores it as cheating);
-* the solution cut off half-way (nothing to extract).
+* `solution`: the shipped solution (passes, with a speedup or not);
+* `compile_error`: one statement terminator removed from its C++ source (a compile error);
+* `wrong_result`: its kernel's first ` + ` turned into ` - ` (compiles, fails correctness; only
+  for solutions whose kernel code has one);
+* `fallback`: the reference program with `Model` renamed `ModelNew` (a PyTorch fallback: the
+  legality gate scores it as cheating);
+* `cut_off`: the solution cut off half-way (an unclosed fence: nothing to extract);
+* `hang`: an endless loop (on a `volatile` flag, so no compiler may drop it) as the first statement
+  of the kernel source's first function body: it compiles and runs until `verifier.run_timeout_s`
+  ends it (a timeout verdict; timeouts are never cached, so each costs the whole limit).
 
-The variants are mechanical and deterministic, so each distinct source compiles once per run. With
+`rollout.forced_mix` weighs the variants: each draw picks a variant with probability proportional
+to its weight among the variants the task has, then that variant's text. Every variant is
+mechanical and deterministic, so each distinct source compiles once per run; every turn draws
+afresh, so a failed first turn's repair turn may draw a passing candidate. With
 `rollout.forced_fraction` < 1 the other attempts are sampled as usual, so the engine also does real
 decoding work (throughput benchmarks of a random-init policy: its samples score as extraction
 failures, the forced ones give the verifier its compiles, runs and timings).
@@ -24,10 +31,18 @@ from __future__ import annotations
 import random
 import re
 from pathlib import Path
+from typing import Mapping
 
+from configs import ConfigError
+from configs.schema import FORCED_MIX, FORCED_VARIANTS as VARIANTS
 from protocols import Task
 
 _CPP_BLOCK = re.compile(r'(cpp_sources|cuda_sources|source)\s*=\s*(r?""")(.*?)(""")', re.S)
+_FUNCTION_BODY = re.compile(r"\)\s*(?:const\s*)?\{")  # the `{` that opens a function's body
+
+# The endless loop of the `hang` variant: a volatile flag makes every test a side effect, so the
+# loop is well defined and stays in the program at any optimisation level.
+SPIN = "for (volatile int kiln_spin = 1; kiln_spin;) {}"
 
 
 def solution_file(task: Task, solutions: Path) -> Path | None:
@@ -62,42 +77,73 @@ def _flip_plus(code: str) -> str | None:
     return None if i < 0 else code[:i] + " - " + code[i + 3:]
 
 
+def _spin_first(code: str) -> str | None:
+    m = _FUNCTION_BODY.search(code)
+    return None if m is None else code[:m.end()] + "\n    " + SPIN + code[m.end():]
+
+
 def fenced(code: str) -> str:
     return f"```python\n{code.rstrip()}\n```\n"
 
 
-def candidates(task: Task, solutions: Path) -> list[str]:
-    """The model-output texts of the task's pool (empty for a task without a solution file)."""
+def variants(task: Task, solutions: Path) -> dict[str, str]:
+    """The model-output text of each variant the task has, by name (empty for a task without a
+    solution file)."""
     path = solution_file(task, solutions)
     if path is None:
-        return []
+        return {}
     solution = path.read_text(encoding="utf-8")
-    pool = [fenced(solution)]
-    for edit in (_drop_terminator, _flip_plus):
+    out = {"solution": fenced(solution)}
+    for name, edit in (("compile_error", _drop_terminator), ("wrong_result", _flip_plus), ("hang", _spin_first)):
         varied = _in_kernel_code(solution, edit)
         if varied is not None:
-            pool.append(fenced(varied))
-    fallback = re.sub(r"\bclass Model\(", "class ModelNew(", task.kernel.reference, count=1)
-    pool.append(fenced(fallback))
-    pool.append("```python\n" + solution[: len(solution) // 2])  # cut off: no closed fence, nothing to extract
-    return pool
+            out[name] = fenced(varied)
+    out["fallback"] = fenced(re.sub(r"\bclass Model\(", "class ModelNew(", task.kernel.reference, count=1))
+    out["cut_off"] = "```python\n" + solution[: len(solution) // 2]  # no closed fence, nothing to extract
+    return out
+
+
+def candidates(task: Task, solutions: Path) -> list[str]:
+    """The model-output texts of the task's pool, every variant once."""
+    return list(variants(task, solutions).values())
+
+
+def check_mix(mix: Mapping[str, float]) -> dict[str, float]:
+    """`rollout.forced_mix` with every variant named (those left out weigh 0); ConfigError naming the
+    problem for an unknown variant, a negative weight or nothing to draw."""
+    unknown = sorted(set(mix) - set(VARIANTS))
+    if unknown:
+        raise ConfigError(f"rollout.forced_mix: unknown variant(s) {', '.join(unknown)}; the variants are "
+                          f"{', '.join(VARIANTS)}")
+    weights = {name: float(mix.get(name, 0.0)) for name in VARIANTS}
+    negative = [name for name, w in weights.items() if w < 0]
+    if negative:
+        raise ConfigError(f"rollout.forced_mix: weights must be >= 0, got {', '.join(f'{n}={weights[n]:g}' for n in negative)}")
+    if not any(weights.values()):
+        raise ConfigError("rollout.forced_mix: every weight is 0, so there is nothing to draw")
+    return weights
 
 
 class CandidatePool:
     """Draws forced responses for a rollout actor, seeded per actor."""
 
-    def __init__(self, solutions: str | Path, seed: int, fraction: float = 1.0) -> None:
+    def __init__(self, solutions: str | Path, seed: int, fraction: float = 1.0,
+                 mix: Mapping[str, float] | None = None) -> None:
         self.solutions = Path(solutions)
         self.rng = random.Random(seed)
         self.fraction = fraction  # share of attempts forced; the rest are sampled by the engine
-        self._cache: dict[str, list[str]] = {}
+        self.mix = check_mix(FORCED_MIX if mix is None else mix)
+        self._cache: dict[str, tuple[list[str], list[float]]] = {}
 
     def draw(self, task: Task) -> str | None:
         """One candidate text for `task`, or None when this attempt is to be sampled (by the fraction,
-        or because the task has no pool)."""
+        or because the task has no variant of positive weight)."""
         pool = self._cache.get(task.task_id)
         if pool is None:
-            pool = self._cache[task.task_id] = candidates(task, self.solutions)
-        if not pool or (self.fraction < 1 and self.rng.random() >= self.fraction):
+            texts = variants(task, self.solutions)
+            names = [n for n in VARIANTS if n in texts and self.mix[n] > 0]
+            pool = self._cache[task.task_id] = ([texts[n] for n in names], [self.mix[n] for n in names])
+        texts, weights = pool
+        if not texts or (self.fraction < 1 and self.rng.random() >= self.fraction):
             return None
-        return self.rng.choice(pool)
+        return self.rng.choices(texts, weights)[0]

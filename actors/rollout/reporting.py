@@ -2,15 +2,16 @@
 
 `group_report` condenses one finished group into a `GroupReport` (turn scores and passes, verifier
 stages and error classes, compiled source hashes, tokens, time) for the live view and the report.
-`Reporter` pushes those, plus one sampled episode per group for the readable dumps, to the driver's
-metrics socket (best effort: the driver being slow or gone never stalls rollouts), and appends every
-episode to an `EpisodeLog` in rollout-only mode.
+`Reporter` pushes those, plus the group's episodes for the readable dumps, to the driver's metrics
+socket (best effort: the driver being slow or gone never stalls rollouts), and appends every episode
+to an `EpisodeLog` in rollout-only mode. The driver needs a whole group to show an episode's
+advantage, and whichever episode turns out to show a mechanism (a MirrorPop drop is known only at
+the learner's step), so it gets every episode and keeps the last few steps' worth.
 """
 
 from __future__ import annotations
 
 import logging
-import random
 
 from protocols import Episode, GroupReport, TaskReply
 from protocols.channels import PushChannel
@@ -35,11 +36,10 @@ def group_report(actor_id: str, reply: TaskReply, episodes: list[Episode], secon
 
 
 class Reporter:
-    def __init__(self, metrics: str | None, *, sample_episodes: bool, episode_log: str | None, seed: int) -> None:
+    def __init__(self, metrics: str | None, *, send_episodes: bool, episode_log: str | None) -> None:
         self._push = PushChannel(metrics) if metrics else None
-        self._sample = sample_episodes
+        self._send_episodes = send_episodes
         self._log = EpisodeLog(episode_log) if episode_log else None
-        self._rng = random.Random(seed)
         self.dropped = 0
 
     def group(self, report: GroupReport, episodes: list[Episode]) -> None:
@@ -48,7 +48,7 @@ class Reporter:
                 self._log.append(ep)
         if self._push is None:
             return
-        records = [report] + ([self._rng.choice(episodes)] if self._sample and episodes else [])
+        records = [report] + (list(episodes) if self._send_episodes else [])
         for rec in records:
             try:
                 self._push.send(rec, timeout_s=0.5)

@@ -162,23 +162,33 @@ class ExcludeIndex:
         return None
 
 
-def build_index(paths: list[Path]) -> ExcludeIndex:
+def build_index(paths: list[Path], *, trace: bool = True) -> ExcludeIndex:
+    """The index of every task under `paths` (directories or files); ExcludeError for a path without one.
+    `trace=False` indexes normalised sources only and runs no task code."""
     index = ExcludeIndex()
     for root in paths:
         try:
             found = discover(root)
         except TaskLoadError as err:
             raise ExcludeError(f"--exclude {root}: {err}") from None
-        for tf in found:
-            index.files += 1
-            text = tf.path.read_text(encoding="utf-8", errors="replace")
-            norm = normalised_source_hash(text)
-            if norm is not None:
-                index.sources.setdefault(norm, str(tf.path))
-            try:
-                index.structures.setdefault(source_signature(text, str(tf.path)), str(tf.path))
-            except LoadError as err:
-                index.untraced[str(tf.path)] = f"does not load: {err}"
-            except Exception as err:
-                index.untraced[str(tf.path)] = f"not traceable: {type(err).__name__}: {str(err)[:120]}"
+        index_files(index, [tf.path for tf in found], trace=trace)
+    return index
+
+
+def index_files(index: ExcludeIndex, files: list[Path], *, trace: bool = True) -> ExcludeIndex:
+    """Add task files to `index` (by normalised source, and by op structure when `trace`)."""
+    for path in files:
+        index.files += 1
+        text = path.read_text(encoding="utf-8", errors="replace")
+        norm = normalised_source_hash(text)
+        if norm is not None:
+            index.sources.setdefault(norm, str(path))
+        if not trace:
+            continue
+        try:
+            index.structures.setdefault(source_signature(text, str(path)), str(path))
+        except LoadError as err:
+            index.untraced[str(path)] = f"does not load: {err}"
+        except Exception as err:
+            index.untraced[str(path)] = f"not traceable: {type(err).__name__}: {str(err)[:120]}"
     return index

@@ -1,0 +1,44 @@
+"""GPU check of `kiln eval`: the shipped CUDA solutions as an answer set, verified on the cuda backend
+with the eager and torch.compile baselines timed, and the model-card table printed (for
+docs/BENCHMARKS.md). With --variants each solution's broken variants join it (a compile error, a
+wrong result, a PyTorch fallback, a cut-off answer), which must all fail.
+
+    python -m launch.bench.eval_solutions [--out runs/eval/cuda-solutions] [--variants] [section.key=value ...]
+
+Equivalent to:
+    python -m launch.eval.answers --tasks tasks --solutions tasks/solutions/cuda --out OUT.jsonl
+    kiln eval --answers OUT.jsonl --tasks tasks --backend cuda --k 1 --out OUT verifier.compile_baseline=always
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from launch.cli import main as kiln
+from launch.eval.answers import main as write_answers
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m launch.bench.eval_solutions")
+    p.add_argument("--out", default="runs/eval/cuda-solutions")
+    p.add_argument("--variants", action="store_true")
+    p.add_argument("overrides", nargs="*")
+    args = p.parse_args(argv)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    answers = out.with_suffix(".jsonl")
+    code = write_answers(["--tasks", str(ROOT / "tasks"), "--solutions", str(ROOT / "tasks" / "solutions" / "cuda"),
+                          "--out", str(answers)] + (["--variants"] if args.variants else []))
+    if code:
+        return code
+    return kiln(["eval", "--answers", str(answers), "--tasks", str(ROOT / "tasks"), "--backend", "cuda", "--k", "1",
+                 "--out", str(out), "--name", "shipped cuda solutions" + (" + variants" if args.variants else ""),
+                 "verifier.compile_baseline=always", *args.overrides])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
