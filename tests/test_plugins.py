@@ -114,7 +114,7 @@ def test_optional_hooks_come_from_the_interface_not_from_getattr():
 
 @pytest.mark.parametrize("key, value, message", [
     ("rollout.engine", "no_such.Engine", "rollout.engine='no_such.Engine': cannot import module 'no_such'"),
-    ("rollout.engine", "actors.buffer.examples.TextMatchTasks", r"lacks from_config\(\), generate\(\), abort\(\)"),
+    ("rollout.engine", "actors.buffer.examples.TextMatchTasks", r"lacks from_config\(\), generate\(\), submit\(\), abort\(\)"),
     ("replay.task_source", "actors.verifier.examples.TextMatchReward", r"lacks tasks\(\) of TaskSource"),
     ("verifier.reward_actor", "actors.buffer.examples.KIND", "names a str, not a class"),
 ])
