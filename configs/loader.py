@@ -30,6 +30,7 @@ class ConfigError(ValueError):
 # Keys of earlier layouts and their names now. A YAML file or override that uses one is refused with
 # "X was renamed to Y" (a silent alias would leave two spellings of one setting in circulation).
 RENAMED = {
+    "rollout.concurrent_groups": "rollout.max_inflight",  # a budget of attempts in flight, not of groups
     "rollout.sglang_urls": "rollout.sglang.urls",
     "rollout.sglang_launch_module": "rollout.sglang.launch_module",
     "rollout.sglang_tp_size": "rollout.sglang.tp_size",

@@ -84,7 +84,7 @@ class RunMonitor:
         self.last_step = 0
         self.last_step_at: float | None = None  # monotonic time of the last learner step
         self.last_values: dict[str, float] = {}
-        self.step_times: dict[int, float] = {}  # step -> when the learner sent it (its wall clock)
+        self.step_times: dict[int, float] = {}  # step -> when the learner finished it and sent it (its wall clock)
 
     def close(self) -> None:
         self.channel.close()
@@ -158,6 +158,7 @@ class RunMonitor:
                                         stages=dict(collections.Counter(g.stages))))
 
     def _close_step(self, m: Metrics) -> tuple[int, dict[str, float]]:
+        self.step_times[m.step] = m.ts
         w, now = self.window, time.monotonic()
         seconds = max(now - w.start, 1e-9)
         values = dict(m.values)
@@ -184,7 +185,6 @@ class RunMonitor:
             self.learner_episodes[kind].extend(ids)
         self.window = Window(start=now)
         self.last_step, self.last_values, self.last_step_at = m.step, values, now
-        self.step_times[m.step] = m.ts
         return m.step, values
 
 

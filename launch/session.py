@@ -44,7 +44,7 @@ from protocols.registry import Registry
 
 log = logging.getLogger(__name__)
 
-SUPERVISE_EVERY_S = 5.0
+SUPERVISE_EVERY_S = 1.0  # a dead actor is seen within a second (its peers wait on it until then)
 PLACEMENT_TIMEOUT_S = 300.0
 STOP_ORDER = ["rollout-", "learner", "verifier-", "replay"]
 
@@ -212,10 +212,16 @@ class Session:
         if now - self._last_supervise < SUPERVISE_EVERY_S:
             return []
         self._last_supervise = now
-        restarted = self.supervisor.check(on_restart=self._release_groups, on_death=self._forget_engine)
+        restarted = self.supervisor.check(on_death=self._on_death)
         if restarted:
             self.metrics.log(self.last_step, {"run/restarts": float(len(self.supervisor.restarts))})
         return restarted
+
+    def _on_death(self, name: str) -> None:
+        # Before the replacement starts (seconds, for a rollout actor that loads a model): the dead
+        # actor's groups go to the live rollout actors now, and the learner stops pushing to it.
+        self._release_groups(name)
+        self._forget_engine(name)
 
     def _forget_engine(self, name: str) -> None:
         """The learner stops pushing to a dead rollout actor's engine at once: a dead NCCL peer would
@@ -228,7 +234,7 @@ class Session:
             log.exception("telling the learner that %s died failed", name)
 
     def _release_groups(self, name: str) -> None:
-        """A restarted rollout actor's in-flight groups are re-issued at once, not at their timeout."""
+        """A dead rollout actor's in-flight groups are re-issued at once, not at their timeout."""
         if not name.startswith("rollout-") or "replay" not in self.supervisor.handles:
             return
         try:

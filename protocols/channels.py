@@ -182,7 +182,10 @@ class RequestClient(_Channel):
         self._nonce = uuid.uuid4().bytes[:8]
         self._ids = itertools.count(1)
 
-    def request(self, rec: Record, timeout_s: float | None = None, retries: int | None = None) -> Record:
+    def request(self, rec: Record, timeout_s: float | None = None, retries: int | None = None, *,
+                moved: Callable[[], bool] | None = None, check_s: float = 1.0) -> Record:
+        """`moved()`, asked every `check_s` while waiting, says the server was replaced (a restart on a
+        new address): the wait ends at once with `ChannelTimeout` instead of at the timeout."""
         timeout_s = self.timeout_s if timeout_s is None else timeout_s
         retries = self.retries if retries is None else retries
         corr = self._nonce + _SEQ.pack(next(self._ids))
@@ -195,8 +198,10 @@ class RequestClient(_Channel):
                 self.stats.resent += 1
             self.stats.sent += 1
             while (left := deadline - time.monotonic()) > 0:
-                if not self._poll(left):
-                    break
+                if not self._poll(left if moved is None else min(left, check_s)):
+                    if moved is not None and time.monotonic() < deadline and moved():
+                        raise ChannelTimeout(f"{self.address} was replaced while a {type(rec).__name__} waited")
+                    continue
                 frames = self.sock.recv_multipart(copy=False)
                 if len(frames) < 2 or frames[0].bytes != corr:
                     self.stats.drop("stale", "reply to an earlier request")  # e.g. a resend's answer
@@ -243,8 +248,8 @@ class ReconnectingClient:
 
     def request(self, rec: Record, timeout_s: float | None = None, retries: int | None = None) -> Record:
         client = self._connected()
-        try:
-            return client.request(rec, timeout_s=timeout_s, retries=retries)
+        try:  # a restarted server ends the wait at once (the registry names its new address)
+            return client.request(rec, timeout_s=timeout_s, retries=retries, moved=self.moved, check_s=self.recheck_s)
         except ChannelTimeout:
             self.close()  # the server may be restarting on a new address: look it up again next time
             raise

@@ -68,7 +68,9 @@ def test_reward_actor_args_reach_the_constructor_of_the_served_reward_actor():
     import difflib
 
     from actors.buffer.examples import TextMatchTasks
-    from actors.rollout.episodes import Verifier
+    import asyncio
+
+    from actors.rollout.verify_pool import VerifierPool
     from configs import ConfigError, ReplayConfig
 
     task = TextMatchTasks(ReplayConfig(), "cpu").tasks()[0]
@@ -77,11 +79,18 @@ def test_reward_actor_args_reach_the_constructor_of_the_served_reward_actor():
     for args, weight in (([], 1.5), (["verifier.reward_actor_args={partial_credit: 0.5}"], 0.5)):
         cfg = load_config(None, ["verifier.reward_actor=actors.verifier.examples.TextMatchReward", *args]).verifier
         actor = VerifierActor(cfg)
-        client = Verifier(actor.start()["verifier"], timeout_s=10.0, retries=0)
-        try:  # through the actor's socket, as a rollout asks
-            result = client.verify(VerifyRequest(request_id="x", task=task, candidate=near_miss))
+        address = actor.start()["verifier"]
+
+        async def ask():  # through the actor's socket, as a rollout asks
+            pool = VerifierPool(address, timeout_s=10.0, retries=0)
+            try:
+                return await pool.verify(VerifyRequest(request_id="x", task=task, candidate=near_miss))
+            finally:
+                await pool.close()
+
+        try:
+            result = asyncio.run(ask())
         finally:
-            client.close()
             actor.stop()
         assert result.score == pytest.approx(-1.0 + weight * overlap)
     with pytest.raises(ConfigError, match="reward_actor_args are the constructor arguments of a plug-in"):
@@ -105,7 +114,7 @@ def test_optional_hooks_come_from_the_interface_not_from_getattr():
 
 @pytest.mark.parametrize("key, value, message", [
     ("rollout.engine", "no_such.Engine", "rollout.engine='no_such.Engine': cannot import module 'no_such'"),
-    ("rollout.engine", "actors.buffer.examples.TextMatchTasks", r"lacks from_config\(\), generate\(\), abort\(\)"),
+    ("rollout.engine", "actors.buffer.examples.TextMatchTasks", r"lacks from_config\(\), generate\(\), submit\(\), abort\(\)"),
     ("replay.task_source", "actors.verifier.examples.TextMatchReward", r"lacks tasks\(\) of TaskSource"),
     ("verifier.reward_actor", "actors.buffer.examples.KIND", "names a str, not a class"),
 ])

@@ -5,6 +5,7 @@ an engine crash (restart with the current weights, requests re-run), and the act
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import threading
 import time
@@ -21,7 +22,7 @@ from actors.policy.prompts import shape_summary
 from actors.policy.tokenizer import ByteTokenizer
 from actors.rollout.actor import RolloutActor
 from actors.rollout.engine import SamplingParams
-from actors.rollout.episodes import GroupRunner, Verifier
+from actors.rollout.episodes import Pipeline
 from actors.rollout.turns import TurnPolicy, TurnRules
 from actors.verifier.actor import VerifierActor
 from configs import AlgoConfig, EvalConfig, ModelConfig, ReplayConfig, RolloutConfig, VerifierConfig
@@ -124,25 +125,22 @@ def test_kernel_prompt_reads_shapes_statically_per_backend():
 
 
 def test_a_task_without_a_prompt_becomes_infra_episodes_not_a_crash():
-    verifier = ScriptedVerifier()
-    runner = GroupRunner(actor_id="r", generate=lambda reqs: pytest.fail("nothing to generate"),
-                         verifier=Verifier(verifier.address, timeout_s=1.0, retries=0), tokenizer=ByteTokenizer(),
-                         params=SamplingParams(max_new_tokens=8),
-                         policy=TurnPolicy(TurnRules(max_turns=3, max_seq_len=64, max_new_tokens=8), ByteTokenizer()))
-    try:
-        reply = TaskReply(status="task", task=Task(task_id="t", kind="text_match", payload={}), group_id="g7",
-                          group_size=2)
-        episodes = runner.run(reply)
-        assert [e.episode_id for e in episodes] == ["g7/0", "g7/1"]
-        for ep in episodes:
-            decode(encode(ep))  # a valid record for replay
-            (turn,) = ep.turns
-            assert turn.result.error_class == "infra" and "payload['prompt']" in turn.result.feedback
-            assert ep.rewards == [0.0]
-        assert not verifier.received
-    finally:
-        runner.verifier.close()
-        verifier.close()
+    async def never(request):
+        pytest.fail("nothing to generate or verify")
+
+    pipeline = Pipeline(actor_id="r", generate=never, verify=never, tokenizer=ByteTokenizer(),
+                        params=SamplingParams(max_new_tokens=8),
+                        policy=TurnPolicy(TurnRules(max_turns=3, max_seq_len=64, max_new_tokens=8), ByteTokenizer()))
+    reply = TaskReply(status="task", task=Task(task_id="t", kind="text_match", payload={}), group_id="g7",
+                      group_size=2)
+    episodes = asyncio.run(pipeline.run_group(reply))
+    assert [e.episode_id for e in episodes] == ["g7/0", "g7/1"]
+    for ep in episodes:
+        decode(encode(ep))  # a valid record for replay
+        (turn,) = ep.turns
+        assert turn.result.error_class == "infra" and "payload['prompt']" in turn.result.feedback
+        assert ep.rewards == [0.0]
+    assert pipeline.inflight == 0
 
 
 @pytest.fixture

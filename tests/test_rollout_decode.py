@@ -139,7 +139,7 @@ def check_pipelined_against_plain(update_at: int | None, device: str) -> None:
     piped, piped_stats = run_engine(pipeline=True, update_at=update_at, device=device)
     if device == "cuda":
         assert piped_stats["graph_steps"] > 0
-    assert plain_stats["rebuilds"] >= 3  # refills happened
+    assert plain_stats["rebuilds"] + plain_stats["inserted"] >= 3 and plain_stats["inserted"] >= 1  # refills happened
     reasons = {g.finish_reason for g in plain}
     assert reasons == {"stop", "length"}  # rows ended both ways
     assert len({len(g.output_ids) for g in plain}) >= 4  # ... at different steps

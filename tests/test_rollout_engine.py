@@ -52,7 +52,8 @@ def test_logprobs_match_a_full_forward_under_continuous_batching(engine, tempera
     reqs = [GenerateRequest(str(i), p, SamplingParams(temperature=temperature, top_p=top_p, max_new_tokens=4 + 3 * i))
             for i, p in enumerate(prompts(7))]
     gens = engine.generate(reqs)
-    assert engine.stats["rebuilds"] >= 3  # 7 requests through 3 slots: finished rows were refilled
+    # 7 requests through 3 slots: finished rows' slots were refilled, prefilling only the new rows
+    assert engine.stats["inserted"] >= 2 and engine.stats["rebuilds"] + engine.stats["inserted"] >= 4
     errors = []
     for req, gen in zip(reqs, gens):
         assert len(gen.output_ids) == len(gen.logprobs) == len(gen.versions) >= 1

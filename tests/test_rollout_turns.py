@@ -4,6 +4,8 @@ cannot fit, performance turns, thinking text kept out of what is verified, and t
 
 from __future__ import annotations
 
+import asyncio
+
 import dataclasses
 
 import numpy as np
@@ -11,7 +13,7 @@ import pytest
 
 from actors.policy.tokenizer import ByteTokenizer, HFTokenizer, Message, Response, plain_text
 from actors.rollout.engine import GenerateRequest, Generation, SamplingParams
-from actors.rollout.episodes import GroupRunner
+from actors.rollout.episodes import Pipeline
 from actors.rollout.turns import Attempt, Done, Prompt, TurnPolicy, TurnRules
 from protocols import RepairContext, Task, TaskReply, VerifyRequest, VerifyResult, decode, encode
 from tasks.loader import load_tasks
@@ -177,20 +179,20 @@ def test_thinking_is_split_from_the_answer_and_only_the_answer_is_verified(chat)
     class Recorder:  # the verifier's side of the loop: what was it asked to verify?
         requests: list[VerifyRequest] = []
 
-        def verify_all(self, requests):
-            self.requests += requests
-            return [dataclasses.replace(verdict(passed=True), request_id=r.request_id) for r in requests]
+        async def verify(self, request):
+            self.requests.append(request)
+            return dataclasses.replace(verdict(passed=True), request_id=request.request_id)
 
-    def generate(requests: list[GenerateRequest]) -> list[Generation]:
+    async def generate(r: GenerateRequest) -> Generation:
         out = np.asarray(ids, dtype=np.int64)
-        return [Generation(request_id=r.request_id, output_ids=out, logprobs=np.zeros(len(out), np.float32),
-                           versions=np.zeros(len(out), np.int64), finish_reason="stop") for r in requests]
+        return Generation(request_id=r.request_id, output_ids=out, logprobs=np.zeros(len(out), np.float32),
+                          versions=np.zeros(len(out), np.int64), finish_reason="stop")
 
     recorder = Recorder()
-    runner = GroupRunner(actor_id="r", generate=generate, verifier=recorder, tokenizer=chat,
-                         params=SamplingParams(max_new_tokens=256),
-                         policy=TurnPolicy(TurnRules(max_turns=2, max_seq_len=4096, max_new_tokens=256), chat))
-    (episode,) = runner.run(TaskReply(status="task", task=RELU, group_id="g", group_size=1))
+    pipeline = Pipeline(actor_id="r", generate=generate, verify=recorder.verify, tokenizer=chat,
+                        params=SamplingParams(max_new_tokens=256),
+                        policy=TurnPolicy(TurnRules(max_turns=2, max_seq_len=4096, max_new_tokens=256), chat))
+    (episode,) = asyncio.run(pipeline.run_group(TaskReply(status="task", task=RELU, group_id="g", group_size=1)))
     assert [r.candidate for r in recorder.requests] == [ANSWER]
     turn = episode.turns[0]
     assert turn.text == ANSWER and "inside the thinking" in turn.reasoning  # the episode keeps the thinking
@@ -199,10 +201,13 @@ def test_thinking_is_split_from_the_answer_and_only_the_answer_is_verified(chat)
 
 def test_an_unservable_task_becomes_marked_episodes_that_replay_can_drop():
     tok = ByteTokenizer()
-    runner = GroupRunner(actor_id="r", generate=lambda reqs: pytest.fail("nothing to generate"), verifier=None,
-                         tokenizer=tok, params=SamplingParams(max_new_tokens=64),
-                         policy=TurnPolicy(TurnRules(max_turns=2, max_seq_len=200, max_new_tokens=64), tok))
-    episodes = runner.run(TaskReply(status="task", task=RELU, group_id="g", group_size=2))
+    async def never(request):
+        pytest.fail("nothing to generate or verify")
+
+    pipeline = Pipeline(actor_id="r", generate=never, verify=never, tokenizer=tok,
+                        params=SamplingParams(max_new_tokens=64),
+                        policy=TurnPolicy(TurnRules(max_turns=2, max_seq_len=200, max_new_tokens=64), tok))
+    episodes = asyncio.run(pipeline.run_group(TaskReply(status="task", task=RELU, group_id="g", group_size=2)))
     for ep in episodes:
         decode(encode(ep))
         assert "exceeds model.max_seq_len = 200" in ep.unservable and ep.turns[0].result.error_class == "infra"

@@ -1,6 +1,9 @@
-"""`RolloutActor` (DESIGN.md §2, §5): asks the task feed for work, runs each task group through the
-multi-turn episode loop on its engine, and sends the `Episode` records to replay, keeping each until
-replay acknowledges it.
+"""`RolloutActor` (DESIGN.md §2, §5): asks the task feed for work, runs every attempt of every task
+group through the per-attempt pipeline (actors/rollout/episodes.py) on one event loop, and sends
+each group's `Episode` records to replay when its last attempt is done, keeping each until replay
+acknowledges it. Admission: a new group whenever fewer than `rollout.max_inflight` attempts are in
+flight (0 = 2 × `rollout.max_batch`) and replay's admission control gives one. Verification goes
+through the actor's front to the verifier pool (actors/rollout/verify_pool.py).
 
 Prompts are chat conversations rendered by the model's tokenizer (actors/policy/tokenizer.py); the
 turn policy (actors/rollout/turns.py) decides each next turn. Every request stops at the tokenizer's
@@ -31,6 +34,7 @@ the requests that were in flight are run again; an episode is never dropped befo
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import threading
@@ -44,15 +48,16 @@ from actors.base import Actor, RunContext
 from actors.policy.tokenizer import load_tokenizer
 from actors.rollout.engine import Engine, EngineError, GenerateRequest, Generation, SamplingParams
 from actors.rollout.engines import make_engine
-from actors.rollout.episodes import GroupRunner, Verifier
+from actors.rollout.episodes import Pipeline, Verifier
 from actors.rollout.evaluation import EvalAttempt, eval_max_new_tokens, eval_params, first_turn_answers, verified_attempts
 from actors.rollout.forced import CandidatePool
 from actors.rollout.health import RolloutHealth, WeightSyncHealth
 from actors.rollout.reporting import Reporter, group_report
 from actors.rollout.turns import TurnPolicy, TurnRules
+from actors.rollout.verify_pool import VerifierPool
 from actors.rollout.weight_client import WeightClient
 from configs import EvalConfig, ModelConfig, RolloutConfig
-from protocols import Task, TaskList, TaskListRequest, TaskReply, TaskRequest
+from protocols import Episode, Task, TaskList, TaskListRequest, TaskReply, TaskRequest
 from protocols.channels import ChannelTimeout, NoServer, ReconnectingClient, RemoteError
 from protocols.episodes import EpisodeSender
 from protocols.timeline import SpanRecorder
@@ -85,8 +90,9 @@ class RolloutActor(Actor):
         self.eos = self.tokenizer.stop_ids
         self.params = SamplingParams(temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k,
                                      max_new_tokens=rollout.max_new_tokens, stop_token_ids=tuple(self.eos))
-        self.verifier = Verifier(registry.pool_resolver("verifier", "verifier"),
-                                 timeout_s=rollout.verify_reply_timeout_s, retries=rollout.verify_retries)
+        # The in-flight budget: attempts generating or being verified (admission stops at it).
+        self.max_inflight = rollout.max_inflight or 2 * rollout.max_batch
+        self.verify_stats: dict[str, int] = {}  # the verifier pool front's counters (sent, moved, infra, ...)
         replay = registry.resolver("replay", "replay")
         self.sender = EpisodeSender(replay, timeout_s=rollout.ack_timeout_s)
         self._feed = ReconnectingClient(replay, timeout_s=rollout.task_wait_s, retries=0)
@@ -102,13 +108,11 @@ class RolloutActor(Actor):
             log_path = str(ctx.path / "episodes_log" / f"{self.actor_id}.kiln")
         self.reporter = Reporter(registry.address("driver", "metrics") or None, send_episodes=send_episodes,
                                  episode_log=log_path)
-        self._runner: GroupRunner | None = None
-        # Groups run on `rollout.concurrent_groups` threads, so the engine batches several groups'
-        # samples while others wait on the verifier; the feed, the sender and the reporter are shared
-        # and taken under this lock.
-        self._io = threading.Lock()
+        # The task feed, the episode sender and the reporter block on their sockets: the event loop
+        # calls them on this one thread (which also keeps each socket on one thread).
+        self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kiln-rollout-io")
         self._engine_lock = threading.Lock()
-        self._workers = 0
+        self._pipeline_now: Pipeline | None = None
         self.pool = (CandidatePool(rollout.forced_candidates, seed=rollout.seed + self.index,
                                    fraction=rollout.forced_fraction, mix=rollout.forced_mix,
                                    unique=rollout.bench.unique_forced)
@@ -120,10 +124,7 @@ class RolloutActor(Actor):
         self.engine = self._start_engine()
         if self.weights is not None:
             self.spawn(lambda: self.weights.run(self._stop), "weights")
-        self._runner = self._group_runner(self.cfg.max_turns)
-        self._workers = self.cfg.concurrent_groups
-        for i in range(self.cfg.concurrent_groups):
-            self.spawn(self._loop, f"episodes-{i}")
+        self.spawn(self._loop, "episodes")
         return {}
 
     def stop(self) -> None:
@@ -133,8 +134,7 @@ class RolloutActor(Actor):
         if self.engine is not None:
             self.engine.close()
         super().stop()
-        for close in (self.verifier.close, self.sender.close, self._feed.close, self.reporter.close,
-                      self.timeline.close):
+        for close in (self.sender.close, self._feed.close, self.reporter.close, self.timeline.close):
             close()
         if self.weights is not None:
             self.weights.close()
@@ -145,7 +145,8 @@ class RolloutActor(Actor):
                              finished=self._finished, busy_s=self.timeline.busy_s(), actor_id=self.actor_id,
                              **self.stats,
                              unacked=self.sender.unacked, acked=len(self.sender.acked),
-                             verify_infra=self.verifier.stats["infra"], engine_alive=bool(engine.get("alive")),
+                             verify_infra=self.verify_stats.get("infra", 0),
+                             inflight=self._pipeline_now.inflight if self._pipeline_now else 0, engine_alive=bool(engine.get("alive")),
                              decoded_tokens=int(engine.get("tokens", 0)), engine=engine,
                              weights=WeightSyncHealth(**self.weights.health()) if self.weights is not None else None)
 
@@ -176,8 +177,24 @@ class RolloutActor(Actor):
                 raise
         return engine
 
-    def generate(self, requests: list[GenerateRequest]) -> list[Generation]:
-        """Generate on the engine; a crashed engine is restarted and the requests run again."""
+    async def generate(self, request: GenerateRequest) -> Generation:
+        """One request on the engine; a crashed engine is restarted (off the event loop, so the other
+        attempts' verifications go on) and the request runs again."""
+        loop = asyncio.get_running_loop()
+        for attempt in range(ENGINE_RESTARTS_PER_CALL + 1):
+            engine = self.engine
+            try:
+                with self.timeline.span("generating"):  # overlapping attempts: one span while any runs
+                    return await asyncio.wrap_future(engine.submit(request))
+            except EngineError as err:
+                if self.stopping or attempt == ENGINE_RESTARTS_PER_CALL:
+                    raise
+                await loop.run_in_executor(None, self._restart_engine, engine, err)
+        raise AssertionError("unreachable")
+
+    def generate_all(self, requests: list[GenerateRequest]) -> list[Generation]:
+        """Synchronous generation for evaluation (a driver's call on its own thread), with the same
+        engine restart."""
         for attempt in range(ENGINE_RESTARTS_PER_CALL + 1):
             engine = self.engine
             try:
@@ -186,25 +203,33 @@ class RolloutActor(Actor):
             except EngineError as err:
                 if self.stopping or attempt == ENGINE_RESTARTS_PER_CALL:
                     raise
-                with self._engine_lock:
-                    if self.engine is not engine:  # another group's thread restarted it already
-                        continue
-                    log.error("%s: engine failed (%s); restarting it", self.actor_id, err)
-                    self.stats["engine_restarts"] += 1
-                    try:
-                        engine.close()
-                    except Exception:
-                        log.exception("%s: closing the failed engine", self.actor_id)
-                    self.engine = self._start_engine()
+                self._restart_engine(engine, err)
         raise AssertionError("unreachable")
+
+    def _restart_engine(self, failed: Engine, err: Exception) -> None:
+        with self._engine_lock:
+            if self.engine is not failed:  # another attempt's failure restarted it already
+                return
+            log.error("%s: engine failed (%s); restarting it", self.actor_id, err)
+            self.stats["engine_restarts"] += 1
+            try:
+                failed.close()
+            except Exception:
+                log.exception("%s: closing the failed engine", self.actor_id)
+            self.engine = self._start_engine()
 
     # ------------------------------------------------------------------------------ episodes
 
-    def _group_runner(self, max_turns: int) -> GroupRunner:
+    def _pipeline(self, verifier: VerifierPool, max_turns: int) -> Pipeline:
         policy = TurnPolicy(TurnRules.from_config(self.cfg, self.model_cfg, max_turns=max_turns), self.tokenizer)
-        return GroupRunner(actor_id=self.actor_id, generate=self.generate, verifier=self.verifier,
-                           tokenizer=self.tokenizer, params=self.params, policy=policy,
-                           force=self.pool.draw if self.pool is not None else None)
+        return Pipeline(actor_id=self.actor_id, generate=self.generate, verify=verifier.verify,
+                        tokenizer=self.tokenizer, params=self.params, policy=policy,
+                        force=self.pool.draw if self.pool is not None else None)
+
+    def _verifier_pool(self) -> VerifierPool:
+        return VerifierPool(self.ctx.registry.pool_resolver("verifier", "verifier"),
+                            timeout_s=self.cfg.verify_reply_timeout_s, retries=self.cfg.verify_retries,
+                            stats=self.verify_stats)
 
     def evaluate(self) -> list[EvalAttempt]:
         """First-turn attempts at every validation task (`eval.samples` each) with the current weights,
@@ -222,12 +247,18 @@ class RolloutActor(Actor):
 
         def one(task: Task) -> list[EvalAttempt]:
             pairs = [(task, sample) for sample in range(self.eval_cfg.samples)]
-            answers = first_turn_answers(pairs, generate=self.generate, tokenizer=self.tokenizer, policy=policy,
+            answers = first_turn_answers(pairs, generate=self.generate_all, tokenizer=self.tokenizer, policy=policy,
                                          params=params)
-            return verified_attempts(answers, self.verifier.verify_all)
+            return verified_attempts(answers, verifier.verify_all)
 
-        with ThreadPoolExecutor(max_workers=EVAL_CONCURRENCY, thread_name_prefix="kiln-rollout-eval") as pool:
-            return [attempt for attempts in pool.map(one, tasks) for attempt in attempts]
+        # Evaluation is a driver's call on its own thread: a synchronous verifier client of its own.
+        verifier = Verifier(self.ctx.registry.pool_resolver("verifier", "verifier"),
+                            timeout_s=self.cfg.verify_reply_timeout_s, retries=self.cfg.verify_retries)
+        try:
+            with ThreadPoolExecutor(max_workers=EVAL_CONCURRENCY, thread_name_prefix="kiln-rollout-eval") as pool:
+                return [attempt for attempts in pool.map(one, tasks) for attempt in attempts]
+        finally:
+            verifier.close()
 
     def _validation_tasks(self) -> list[Task]:
         """The validation split, from replay (which owns the task set and its split)."""
@@ -241,47 +272,88 @@ class RolloutActor(Actor):
         return reply.tasks
 
     def _loop(self) -> None:
-        """One group at a time on this thread; `rollout.concurrent_groups` threads run this loop."""
-        runner = self._runner
-        while not self.stopping:
-            with self._io:
-                reply = self._ask_for_task()
+        """The episode loop's thread: one event loop carries every attempt of this actor."""
+        try:
+            asyncio.run(self._serve())
+        finally:
+            self._io.shutdown(wait=True)
+
+    async def _serve(self) -> None:
+        """Admit task groups while fewer than `max_inflight` attempts are in flight (and replay's
+        admission control says yes); run each group's attempts through the pipeline; send each
+        group's episodes to replay when its last attempt is done."""
+        loop = asyncio.get_running_loop()
+        io = lambda fn, *args: loop.run_in_executor(self._io, fn, *args)  # noqa: E731 - feed/sender/reporter thread
+        verifier = self._verifier_pool()
+        pipeline = self._pipeline(verifier, self.cfg.max_turns)
+        self._pipeline_now = pipeline
+        groups: set[asyncio.Task] = set()
+        try:
+            while not self.stopping:
+                if pipeline.inflight >= self.max_inflight:
+                    pipeline.room.clear()
+                    await self._until(pipeline.room, 0.2)
+                    continue
+                reply = await io(self._ask_for_task)
                 if reply is None or reply.status == "wait":
                     self.stats["waits"] += 1
-                    self.sender.pump()
-            if reply is None or reply.status == "wait":
-                self._stop.wait(reply.retry_after_s if reply else 0.2)
-                continue
-            if reply.status == "stop":
-                break
-            started = time.monotonic()
-            try:
-                episodes = runner.run(reply)
-            except Exception:
-                if self.stopping:
-                    return
-                # Nothing of this group was emitted; replay re-issues its task when the group expires.
-                log.exception("%s: group %s failed", self.actor_id, reply.group_id)
-                with self._io:
-                    self.stats["group_errors"] += 1
-                self._stop.wait(1.0)
-                continue
-            with self._io:
-                for episode in episodes:
-                    self.sender.submit(episode)
-                self.reporter.group(group_report(self.actor_id, reply, episodes, time.monotonic() - started),
-                                    episodes)
-                self.stats["groups"] += 1
-                self.stats["episodes"] += len(episodes)
-                self.sender.pump()
-        with self._io:
-            self._workers -= 1
-            if self._workers:
+                    await io(self.sender.pump)
+                    await self._until(None, reply.retry_after_s if reply else 0.2)
+                    continue
+                if reply.status == "stop":
+                    break
+                group = asyncio.create_task(self._group(pipeline, reply, io))
+                groups.add(group)
+                group.add_done_callback(groups.discard)
+            while groups and not self.stopping:  # the feed said stop: finish what is in flight
+                await asyncio.wait(groups, timeout=0.2)
+            if not self.stopping:
+                while not self.stopping and not await io(self.sender.flush, 1.0):
+                    pass
+                # A stopped actor is not finished: the supervisor must see it dead (an in-process kill is a stop).
+                self._finished = not self.stopping
+        finally:
+            for group in groups:
+                group.cancel()
+            await asyncio.gather(*groups, return_exceptions=True)
+            await verifier.close()
+
+    async def _group(self, pipeline: Pipeline, reply: TaskReply, io) -> None:
+        started = time.monotonic()
+        try:
+            episodes = await pipeline.run_group(reply)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            if self.stopping:
                 return
-            while not self.stopping and not self.sender.flush(timeout_s=1.0):
+            # Nothing of this group was emitted; replay re-issues its task when the group expires.
+            log.exception("%s: group %s failed", self.actor_id, reply.group_id)
+            self.stats["group_errors"] += 1
+            return
+        await io(self._emit, reply, episodes, time.monotonic() - started)
+
+    def _emit(self, reply: TaskReply, episodes: list[Episode], seconds: float) -> None:
+        """On the io thread: hand the group's episodes to the sender (kept until acked) and report it."""
+        for episode in episodes:
+            self.sender.submit(episode)
+        self.reporter.group(group_report(self.actor_id, reply, episodes, seconds), episodes)
+        self.stats["groups"] += 1
+        self.stats["episodes"] += len(episodes)
+        self.sender.pump()
+
+    async def _until(self, event: asyncio.Event | None, timeout_s: float) -> None:
+        """Wait for `event` (or just `timeout_s`), waking early when the actor stops."""
+        deadline = time.monotonic() + timeout_s
+        while not self.stopping and (left := deadline - time.monotonic()) > 0:
+            if event is None:
+                await asyncio.sleep(min(left, 0.1))
+                continue
+            try:
+                await asyncio.wait_for(event.wait(), timeout=min(left, 0.1))
+                return
+            except asyncio.TimeoutError:
                 pass
-            # A stopped actor is not finished: the supervisor must see it dead (an in-process kill is a stop).
-            self._finished = not self.stopping
 
     def _ask_for_task(self) -> TaskReply | None:
         try:

@@ -10,6 +10,8 @@ engine library; the rollout actor imports this interface.
 from __future__ import annotations
 
 import abc
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterable, Literal
 
@@ -18,6 +20,9 @@ import torch
 
 if TYPE_CHECKING:
     from configs import ModelConfig, RolloutConfig
+
+SUBMIT_THREADS = 256  # requests in flight through the default `Engine.submit`
+_SUBMIT_LOCK = threading.Lock()
 
 FinishReason = Literal["stop", "length", "abort"]
 
@@ -93,6 +98,17 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def generate(self, requests: list[GenerateRequest]) -> list[Generation]:
         """Run the requests (batched with any others in flight); results in request order."""
+
+    def submit(self, request: GenerateRequest) -> Future:
+        """Start one request and return its future (a `Generation`, or an `EngineError`). The rollout's
+        event loop awaits hundreds of these at once. This default runs `generate([request])` on a
+        bounded pool of `SUBMIT_THREADS` threads; engines with their own queue override it."""
+        with _SUBMIT_LOCK:
+            pool = self.__dict__.get("_submit_pool")
+            if pool is None:
+                pool = self.__dict__["_submit_pool"] = ThreadPoolExecutor(
+                    max_workers=SUBMIT_THREADS, thread_name_prefix="kiln-engine-submit")
+        return pool.submit(lambda: self.generate([request])[0])
 
     @abc.abstractmethod
     def abort(self, request_ids: Iterable[str] | None = None) -> None:

@@ -1,21 +1,25 @@
-"""The multi-turn episode loop of one task group (DESIGN.md §5): sample G attempts, verify each, and
-ask the turn policy (actors/rollout/turns.py) what each attempt is asked next: a repair turn, a
-performance turn, or nothing more.
+"""The per-attempt episode pipeline (DESIGN.md §5): every attempt of a task group flows on its own —
+generate, verify, ask the turn policy (actors/rollout/turns.py) what comes next, and again — and a
+group is complete when its last attempt is.
 
-`GroupRunner.run(reply)` returns the group's `Episode` records, one per attempt, each turn carrying
+Everything runs on one asyncio event loop. An attempt awaits its engine request (the engine batches
+it with every other attempt in flight) and then its verification (sent the moment its generation
+ends, through the verifier pool's front); no attempt waits for a sibling, and no group waits for
+another. `Pipeline.inflight` counts the attempts in flight, which is what the rollout actor's
+admission (`rollout.max_inflight`) weighs.
+
+`Pipeline.run_group(reply)` returns the group's `Episode` records, one per attempt, each turn carrying
 the prompt ids, response ids, behaviour logprobs, per-token weight versions and its VerifyResult.
-Verification goes through `Verifier` (DEALER requests to the verifier or any reward actor, all of a
-turn's attempts at once); one that does not answer in time is resent, then marked `infra`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import Callable
+from typing import Awaitable, Callable
 
 import numpy as np
 
@@ -26,9 +30,10 @@ from protocols.channels import ChannelTimeout, ReconnectingClient, RemoteError
 
 log = logging.getLogger(__name__)
 
-
 class Verifier:
-    """Concurrent VerifyRequests over one DEALER per worker thread (zmq sockets are not thread-safe).
+    """A synchronous verifier client for callers outside the event loop (evaluation, `kiln eval`,
+    `kiln rft`): concurrent VerifyRequests over one DEALER per worker thread (zmq sockets are not
+    thread-safe). Training's attempts go through the pool's front instead (verify_pool.py).
     `address` is the verifier pool ("a,b,..."), or a function that looks it up in the run's registry:
     each thread's client then follows restarted verifiers to their new addresses."""
 
@@ -71,41 +76,66 @@ class Verifier:
             c.close()
 
 
-@dataclass
-class _Attempt:
-    episode_id: str
-    sample_index: int
-    prompt: Prompt | None  # the next turn's prompt; None once the turn policy said done
-    turns: list[Turn] = field(default_factory=list)
-    rewards: list[float] = field(default_factory=list)
+Generate = Callable[[GenerateRequest], Awaitable[Generation]]
+Verify = Callable[[VerifyRequest], Awaitable[VerifyResult]]
 
 
-class GroupRunner:
-    """Runs one task group: generation through `generate`, verification through `verifier`, and what
-    comes after each verdict through the turn policy (`actors.rollout.turns`)."""
+class Pipeline:
+    """Attempts of many groups in flight at once: generation through `generate`, verification through
+    `verify`, and what comes after each verdict through the turn policy."""
 
-    def __init__(self, *, actor_id: str, generate: Callable[[list[GenerateRequest]], list[Generation]],
-                 verifier: Verifier, tokenizer, params: SamplingParams, policy: TurnPolicy,
-                 force: Callable[[Task], str | None] | None = None) -> None:
-        self.actor_id, self.generate, self.verifier = actor_id, generate, verifier
+    def __init__(self, *, actor_id: str, generate: Generate, verify: Verify, tokenizer, params: SamplingParams,
+                 policy: TurnPolicy, force: Callable[[Task], str | None] | None = None) -> None:
+        self.actor_id, self.generate, self.verify = actor_id, generate, verify
         # Forced-response mode (benchmarks, the CPU demo): the text to score instead of sampling.
         self.force = force
         self.tokenizer, self.params, self.policy = tokenizer, params, policy
+        self.inflight = 0  # attempts admitted and not finished
+        self.room = asyncio.Event()  # set whenever an attempt finishes (admission may go on)
 
-    def run(self, reply: TaskReply) -> list[Episode]:
+    async def run_group(self, reply: TaskReply) -> list[Episode]:
+        """The group's episodes once its last attempt is done. If an attempt fails (an engine that
+        cannot be restarted), the others still run to their end, then the first error is raised."""
         task = reply.task
         first = self.policy.next_prompt(Attempt.of(task), None)
         if isinstance(first, Done):  # a task this actor cannot pose: replay takes it out of the feed
             return [self._unservable(reply, i, first.detail) for i in range(reply.group_size)]
-        attempts = [_Attempt(episode_id=f"{reply.group_id}/{i}", sample_index=i, prompt=first)
-                    for i in range(reply.group_size)]
-        turn = 0
-        while live := [a for a in attempts if a.prompt is not None]:
-            self._turn(task, turn, live)
-            turn += 1
-        return [Episode(episode_id=a.episode_id, task=task, group_id=reply.group_id, sample_index=a.sample_index,
-                        turns=a.turns, rewards=a.rewards, is_retry=task.repair is not None, actor_id=self.actor_id)
-                for a in attempts]
+        self.inflight += reply.group_size
+        results = await asyncio.gather(*(self._attempt(reply, i, first) for i in range(reply.group_size)),
+                                       return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+        return list(results)
+
+    async def _attempt(self, reply: TaskReply, index: int, prompt: Prompt) -> Episode:
+        task, episode_id = reply.task, f"{reply.group_id}/{index}"
+        turns: list[Turn] = []
+        try:
+            while True:
+                turn = len(turns)
+                # The turn policy sized every prompt to leave max_new_tokens of room in model.max_seq_len.
+                gen = await self.generate(GenerateRequest(
+                    request_id=f"{episode_id}/t{turn}/{uuid.uuid4().hex[:8]}", prompt_ids=list(prompt.ids),
+                    params=self.params, forced_response=self._forced(task)))
+                # The verifier sees the answer only: code inside a thinking block is never extracted.
+                response = self.tokenizer.split_response(gen.output_ids)
+                result = await self.verify(VerifyRequest(request_id=f"{episode_id}/t{turn}", task=task,
+                                                         candidate=response.answer, episode_id=episode_id, turn=turn))
+                turns.append(Turn(prompt_ids=np.asarray(prompt.ids, dtype=np.int64), response_ids=gen.output_ids,
+                                  logprobs=gen.logprobs, versions=gen.versions, finish_reason=gen.finish_reason,
+                                  text=response.answer, reasoning=response.reasoning, kind=prompt.kind,
+                                  result=result))
+                decision = self.policy.next_prompt(prompt.attempt.answered(prompt.kind, response), result)
+                if not isinstance(decision, Prompt):
+                    break
+                prompt = decision
+        finally:
+            self.inflight -= 1
+            self.room.set()
+        return Episode(episode_id=episode_id, task=task, group_id=reply.group_id, sample_index=index, turns=turns,
+                       rewards=[t.result.score for t in turns], is_retry=task.repair is not None,
+                       actor_id=self.actor_id)
 
     def _unservable(self, reply: TaskReply, index: int, message: str) -> Episode:
         episode_id = f"{reply.group_id}/{index}"
@@ -124,25 +154,28 @@ class GroupRunner:
             return None
         return _forced_ids(self.tokenizer, text, self.params.max_new_tokens)
 
-    def _turn(self, task: Task, turn: int, live: list[_Attempt]) -> None:
-        # The turn policy sized every prompt to leave max_new_tokens of room in model.max_seq_len.
-        gens = self.generate([
-            GenerateRequest(request_id=f"{a.episode_id}/t{turn}/{uuid.uuid4().hex[:8]}", prompt_ids=list(a.prompt.ids),
-                            params=self.params, forced_response=self._forced(task))
-            for a in live])
-        # The verifier sees the answer only: code inside a thinking block is never extracted.
-        responses = [self.tokenizer.split_response(g.output_ids) for g in gens]
-        results = self.verifier.verify_all([
-            VerifyRequest(request_id=f"{a.episode_id}/t{turn}", task=task, candidate=r.answer,
-                          episode_id=a.episode_id, turn=turn) for a, r in zip(live, responses)])
-        for a, gen, response, result in zip(live, gens, responses, results):
-            prompt = a.prompt
-            a.turns.append(Turn(prompt_ids=np.asarray(prompt.ids, dtype=np.int64), response_ids=gen.output_ids,
-                                logprobs=gen.logprobs, versions=gen.versions, finish_reason=gen.finish_reason,
-                                text=response.answer, reasoning=response.reasoning, kind=prompt.kind, result=result))
-            a.rewards.append(result.score)
-            decision = self.policy.next_prompt(prompt.attempt.answered(prompt.kind, response), result)
-            a.prompt = decision if isinstance(decision, Prompt) else None
+
+class GroupRunner:
+    """A synchronous façade for tools (`kiln rft`): one group through the per-attempt `Pipeline` on an
+    event loop of its own, with a blocking `generate(requests)` and `verifier.verify_all(requests)`
+    called on threads, one request per attempt at a time (each attempt still flows on its own)."""
+
+    def __init__(self, *, actor_id: str, generate: Callable[[list[GenerateRequest]], list[Generation]], verifier,
+                 tokenizer, params: SamplingParams, policy: TurnPolicy,
+                 force: Callable[[Task], str | None] | None = None) -> None:
+        self.actor_id, self.generate, self.verifier = actor_id, generate, verifier
+        self.tokenizer, self.params, self.policy, self.force = tokenizer, params, policy, force
+
+    def run(self, reply: TaskReply) -> list[Episode]:
+        async def generate(request: GenerateRequest) -> Generation:
+            return (await asyncio.to_thread(self.generate, [request]))[0]
+
+        async def verify(request: VerifyRequest) -> VerifyResult:
+            return (await asyncio.to_thread(self.verifier.verify_all, [request]))[0]
+
+        pipeline = Pipeline(actor_id=self.actor_id, generate=generate, verify=verify, tokenizer=self.tokenizer,
+                            params=self.params, policy=self.policy, force=self.force)
+        return asyncio.run(pipeline.run_group(reply))
 
 
 def _forced_ids(tokenizer, text: str, max_new_tokens: int) -> list[int]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Iterable
 
 import numpy as np
@@ -58,6 +58,10 @@ class SGLangClient(Engine):
 
     def generate(self, requests: list[GenerateRequest]) -> list[Generation]:
         return list(self._pool.map(self._generate_one, requests))
+
+    def submit(self, request: GenerateRequest) -> Future:
+        # One HTTP request per prompt on the client's bounded pool (max_concurrency at once).
+        return self._pool.submit(self._generate_one, request)
 
     def _generate_one(self, req: GenerateRequest) -> Generation:
         p = req.params

@@ -5,12 +5,17 @@ One scheduler thread owns the model. `generate()` from any thread queues request
 scheduler admits queued requests into free batch slots, decodes one token for every row per step,
 and finishes rows at a stop token or a length limit (flagged "length", i.e. truncated).
 
-Continuous batching by re-prefill: when rows finish while requests wait, or new weights land, the
-scheduler rebuilds the batch (the still-running rows' prompt + generated tokens, left-padded) into a
-fresh static cache. A rebuild costs one prefill; in exchange every row of a batch shares one cache
-column per step, which is what HF's StaticCache supports and what keeps the decode step's shapes
-fixed. Logprobs already emitted are never recomputed, so each token keeps the exact logprob and
-weight version it was sampled with.
+Continuous batching: every row of a batch shares one cache column per step (what HF's StaticCache
+supports, and what keeps the decode step's shapes fixed). A request admitted while the batch runs
+takes the slot of a finished row: only its own context is prefilled (into a small cache of its own),
+and its keys and values are copied into the batch's cache in the columns just before the current
+one, with the slot's mask and position ids set to match (`_insert`). The running rows are not
+touched. A rebuild (the running rows' prompt + generated tokens, left-padded, plus the new ones,
+prefilled into a fresh cache) happens only when the batch must grow past its rows, when a new
+context is longer than the columns before the current one, when its budget would run past the
+cache's end (a rebuild leaves `admit_slack` × the budget of spare columns for this), and after new
+weights land. Logprobs already emitted are never recomputed, so each token keeps the exact logprob
+and weight version it was sampled with.
 
 Decode speed: the step is pipelined (step t+1's decode is queued on the GPU before the host reads
 step t's tokens, so bookkeeping overlaps the GPU), and decoding attends over the un-repeated KV heads
@@ -78,7 +83,7 @@ class TorchEngine(Engine):
     def __init__(self, model_cfg: ModelConfig, *, max_batch: int = 8, device: str = "cpu",
                  eos_token_ids: Iterable[int] = (), on_weight_update: str = "finish", seed: int = 0,
                  version: int = 0, cuda_graphs: bool = True, pipeline: bool = True,
-                 gqa_decode: bool = True) -> None:
+                 gqa_decode: bool = True, insert: bool = True, admit_slack: float = 1.0) -> None:
         if on_weight_update not in ("finish", "abort"):
             raise ValueError(f"on_weight_update must be 'finish' or 'abort', got {on_weight_update!r}")
         self.model_cfg = model_cfg
@@ -88,6 +93,10 @@ class TorchEngine(Engine):
         self.policy = on_weight_update
         self.cuda_graphs = cuda_graphs  # capture the decode step on GPU (ignored on CPU)
         self.pipeline = pipeline  # launch step t+1's decode before reading step t's tokens (see _step)
+        # insert: admit a request into a finished row's slot, prefilling only it (False: rebuild the
+        # whole batch on every admission, the engine before insertion; kept for the benchmark).
+        self.insert = insert
+        self.admit_slack = admit_slack  # spare cache columns a rebuild leaves, × the batch's budget
         # gqa_decode: attend over the un-repeated KV heads when decoding (actors/rollout/attention.py)
         self.model = build_model(model_cfg, self.device, attention=attention.register() if gqa_decode else "sdpa")
         # A checkpoint's own config decides its vocabulary and longest context.
@@ -106,8 +115,8 @@ class TorchEngine(Engine):
         self._batch: _Batch | None = None
         self._groups: dict[str, object] = {}  # weight-broadcast groups joined, by name
         self._staged: dict[str, list[tuple[str, torch.Tensor]]] = {}  # received buckets of a version, by group
-        self.stats = {"requests": 0, "tokens": 0, "rebuilds": 0, "steps": 0, "graph_steps": 0, "updates": 0,
-                      "aborted": 0}
+        self.stats = {"requests": 0, "tokens": 0, "rebuilds": 0, "inserted": 0, "steps": 0, "graph_steps": 0,
+                      "updates": 0, "aborted": 0}
         self.step_hook: Callable[[int], None] | None = None  # tests: called after each decode step
         # Each cycle of work on the device holds the shared device lease: a verifier timing a kernel on
         # this device holds it exclusively, and the engine waits between its steps until it is done.
@@ -137,6 +146,17 @@ class TorchEngine(Engine):
             self.stats["requests"] += len(rows)
             self._cv.notify_all()
         return [row.future.result() for row in rows]
+
+    def submit(self, request: GenerateRequest) -> Future:
+        """Queue one request; its future is the row's own (no thread waits on it)."""
+        row = self._row(request)
+        with self._cv:
+            if self._closed:
+                raise EngineError("engine is closed")
+            self._queue.append(row)
+            self.stats["requests"] += 1
+            self._cv.notify_all()
+        return row.future
 
     def abort(self, request_ids: Iterable[str] | None = None) -> None:
         with self._cv:
@@ -282,11 +302,15 @@ class TorchEngine(Engine):
         self._finish_aborted()
         if held:  # aborts are answered while paused; decoding waits for resume()
             return True
+        # The decode cycle holds the shared device lease: a verifier timing a kernel on this device
+        # holds it exclusively, and decoding waits between cycles until the window closes.
         with self.lease.shared():
             forced = [r for r in admitted if r.req.forced_response is not None]
             if forced:
                 self._score_forced(forced)
             sampled = [r for r in admitted if r.req.forced_response is None]
+            if sampled and self.insert and self._batch is not None and not self._batch_needs_rebuild():
+                sampled = self._insert(sampled)  # what did not fit goes into a rebuild
             if sampled or (self._batch and self._batch_needs_rebuild()):
                 self._rebuild(sampled)
             if self._batch is not None:
@@ -410,6 +434,8 @@ class TorchEngine(Engine):
         contexts = [r.req.prompt_ids + r.out for r in rows]
         width = max(len(c) for c in contexts)
         budget = max(self._budget(r) for r in rows)
+        slack = int(budget * self.admit_slack) if self.insert else 0  # room for rows admitted later
+        budget = min(budget + slack, max(budget, self.max_seq_len - width))
         B, dev = len(rows), self.device
         ids = torch.zeros(B, width, dtype=torch.long)
         mask = torch.zeros(B, width + budget, dtype=torch.long)
@@ -436,6 +462,56 @@ class TorchEngine(Engine):
                      torch.empty(B, dtype=torch.float32, pin_memory=pinned)),
         )
         self.stats["rebuilds"] += 1
+
+    @torch.no_grad()
+    def _insert(self, admitted: list[_Row]) -> list[_Row]:
+        """Admit rows into finished rows' slots of the running batch, prefilling only them; returns the
+        rows that do not fit (no free slot, a context longer than the columns before the current one,
+        or a budget past the cache's end), which the caller rebuilds with."""
+        from transformers import StaticCache
+
+        b = self._batch
+        step, column, dev = b.step, b.step.column, self.device
+        free = [i for i, r in enumerate(b.rows) if r.finish is not None]
+        placed: list[tuple[int, _Row]] = []
+        rest: list[_Row] = []
+        for row in admitted:
+            context = len(row.req.prompt_ids)
+            if free and context <= column and column + self._budget(row) <= step.cache_len:
+                placed.append((free.pop(0), row))
+            else:
+                rest.append(row)
+        if not placed:
+            return rest
+        contexts = [r.req.prompt_ids + r.out for _, r in placed]
+        width = max(len(c) for c in contexts)
+        ids = torch.zeros(len(placed), width, dtype=torch.long)
+        mask = torch.zeros(len(placed), width, dtype=torch.long)
+        for j, ctx in enumerate(contexts):
+            ids[j, width - len(ctx):] = torch.tensor(ctx)
+            mask[j, width - len(ctx):] = 1
+        ids, mask = ids.to(dev), mask.to(dev)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = StaticCache(config=self.model.config, max_cache_len=width)
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                         cache_position=torch.arange(width, device=dev), use_cache=True, logits_to_keep=1)
+        for j, ((slot, row), ctx) in enumerate(zip(placed, contexts)):
+            n = len(ctx)
+            # Keys carry their rotary position already: any columns before the current one will do,
+            # as long as the slot's mask shows exactly them (and every column decoded from here on).
+            for src, dst in zip(cache.layers, b.cache.layers):
+                dst.keys[slot, :, column - n:column] = src.keys[j, :, width - n:]
+                dst.values[slot, :, column - n:column] = src.values[j, :, width - n:]
+            step.mask[slot] = False
+            step.mask[slot, 0, 0, column - n:column] = True
+            step.positions[slot] = n
+            b.logits[slot] = out.logits[j, -1]
+            p = row.req.params
+            b.temperature[slot], b.top_p[slot], b.top_k[slot] = p.temperature, p.top_p, p.top_k
+            b.rows[slot] = row
+        b.filtered = any(r.req.params.top_p < 1 or r.req.params.top_k > 0 for r in b.rows if r.finish is None)
+        self.stats["inserted"] += len(placed)
+        return rest
 
     def _budget(self, row: _Row) -> int:
         context = len(row.req.prompt_ids) + len(row.out)
@@ -487,7 +563,7 @@ class TorchEngine(Engine):
         self.stats["steps"] += 1
         if all(r.finish for r in b.rows):
             self._batch = None
-        elif finished_any and self._queue:
+        elif finished_any and self._queue and not self.insert:
             b.cache = None  # refill the free slots: rebuild on the next cycle
         elif not ahead:
             self._decode(tokens)

@@ -1,6 +1,6 @@
 """The turn policy of one attempt (DESIGN.md §5): after each verdict, what the policy is asked next,
 or that the attempt is done. A pure function of the attempt so far and the verdict, so the episode
-loop that calls it (today's lock-step `GroupRunner`, or a per-attempt pipeline) holds no turn logic.
+loop that calls it (the per-attempt pipeline, actors/rollout/episodes.py) holds no turn logic.
 
 Interface:
 

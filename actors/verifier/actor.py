@@ -26,6 +26,7 @@ replay excludes infra results from training), and the actor keeps serving.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import queue
@@ -36,6 +37,7 @@ from actors.base import Actor, RunContext, load_plugin
 from actors.verifier.health import VerifierHealth
 from actors.verifier.interface import DEFAULT_REWARD_ACTOR, RewardActor
 from actors.verifier.latency import ModelledLatency
+from actors.verifier.workers import node_compile_workers
 from configs import VerifierConfig
 from protocols import ErrorReply, ProtocolError, VerifyRequest, VerifyResult, encode, infra_result
 from protocols.channels import ReplyServer, Request
@@ -50,6 +52,8 @@ class VerifierActor(Actor):
     def __init__(self, cfg: VerifierConfig, ctx: RunContext | None = None) -> None:
         """Without a run context (tools, tests) it serves on loopback and registers nowhere."""
         super().__init__()
+        if cfg.compile_workers == 0:  # follow the node's cores, shared by the run's verifiers
+            cfg = dataclasses.replace(cfg, compile_workers=node_compile_workers(ctx.world_size if ctx else 1))
         self.cfg, self.ctx = cfg, ctx
         self.reward_cls = load_plugin(cfg.reward_actor or DEFAULT_REWARD_ACTOR, RewardActor,
                                       key="verifier.reward_actor")

@@ -64,9 +64,11 @@ class KernelVerifier(RewardActor):
             torch.backends.cudnn.allow_tf32 = False
         self.cache_dir = resolve_cache_dir(cfg)
         from actors.verifier.build import BuildService  # noqa: PLC0415 - the compile subsystem
+        from actors.verifier.workers import node_compile_workers  # noqa: PLC0415
 
         self.zygote = Zygote()
-        self.builds = BuildService(self.cache_dir / "build", cfg.backend, cfg.compile_workers, cfg.compile_timeout_s,
+        workers = cfg.compile_workers or node_compile_workers()  # 0 = the node's cores
+        self.builds = BuildService(self.cache_dir / "build", cfg.backend, workers, cfg.compile_timeout_s,
                                    memory_limit_mb=cfg.memory_limit_mb, zygote=self.zygote)
         self.toolchain = str(self.builds.toolchain_id)
         self.pool = SandboxPool(cfg.backend, cfg.run_workers, cfg.memory_limit_mb, zygote=self.zygote,
