@@ -1,4 +1,4 @@
-"""The driver's view of a run: one PULL socket that every actor pushes to (DESIGN.md §2, "metrics
+"""The driver's view of a run: one PULL socket that every actor pushes to (docs/architecture.md, "metrics
 PUSH to the driver"), turned into one row of metrics per learner step; and each actor's share of
 time spent working, from the busy counters in their health records (`busy_shares`).
 

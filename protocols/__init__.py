@@ -1,4 +1,4 @@
-"""Kiln's wire layer: every record, the msgpack codec and the ZMQ channels (DESIGN.md §2-3).
+"""Kiln's wire layer: every record, the msgpack codec and the ZMQ channels (docs/architecture.md).
 
 Actors never build raw sockets or raw dicts: they send records through these channels.
 """

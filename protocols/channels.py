@@ -1,4 +1,4 @@
-"""ZMQ channels that carry Kiln records (DESIGN.md §2).
+"""ZMQ channels that carry Kiln records (docs/architecture.md).
 
 Patterns:
 * `PushChannel` -> `PullChannel`: one-way streams (metrics).

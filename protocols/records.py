@@ -1,4 +1,4 @@
-"""Every message that crosses an actor boundary in Kiln (DESIGN.md §2-3).
+"""Every message that crosses an actor boundary in Kiln (docs/architecture.md).
 
 One record type per message. Arrays are numpy arrays (or CPU torch tensors where noted) and travel
 out of band, so token ids and log-probabilities never pass through Python lists.
@@ -181,7 +181,7 @@ class Turn(Record):
 
     prompt_ids: IntArray
     response_ids: IntArray
-    logprobs: FloatArray  # log softmax(logits / T) of each sampled token (DESIGN.md §5)
+    logprobs: FloatArray  # log softmax(logits / T) of each sampled token (docs/rollout.md)
     versions: IntArray  # weight version that produced each response token
     finish_reason: Literal["stop", "length", "abort"]
     # The decoded answer without its thinking: what the verifier saw, what later turns show as the

@@ -1,4 +1,4 @@
-"""The weight-push plan both ends cut from one `WeightAnnouncement` (DESIGN.md §7), without torch.
+"""The weight-push plan both ends cut from one `WeightAnnouncement` (docs/training.md), without torch.
 
 A learner pushes a version as an ordered list of buckets; an engine receives them in the same order.
 Both sides derive the buckets from the announced manifest, bucket size and format with

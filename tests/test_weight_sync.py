@@ -1,4 +1,4 @@
-"""Weight sync learner -> engines on CPU (DESIGN.md §2, §7): a learner-side HF model pushed over gloo
+"""Weight sync learner -> engines on CPU (docs/training.md): a learner-side HF model pushed over gloo
 to RolloutActor engines in separate processes (Ray actors) whose logprobs then equal the learner's
 own forward; a killed engine does not block the next push; a late engine is brought to the current
 version before it serves; a multi-bucket version applies atomically under a running generation; the

@@ -1,5 +1,5 @@
 """The replay actor: task feed with admission control, durable episode intake, PrimeEcho rewards,
-group advantages, staleness filtering, Buffered Dynamic Retry and learner batches (DESIGN.md §6).
+group advantages, staleness filtering, Buffered Dynamic Retry and learner batches (docs/replay.md).
 See docs/replay.md.
 
 Modules: `formulas` (pure formulas), `task_source` (task sources and the split), `task_feed`,

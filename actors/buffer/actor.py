@@ -1,4 +1,4 @@
-"""The replay actor (DESIGN.md §6): one ReplyServer that serves the task feed, episode intake and the
+"""The replay actor (docs/replay.md): one ReplyServer that serves the task feed, episode intake and the
 learner's batches, with every state change made durable before its reply.
 
     TaskRequest         -> TaskReply     (a task to sample G times, wait with retry_after_s, or stop)

@@ -1,4 +1,4 @@
-"""The replay's formulas as small pure functions (DESIGN.md §6), so the learner, the docs and the tests
+"""The replay's formulas as small pure functions (docs/replay.md), so the learner, the docs and the tests
 can point at one definition of each.
 
 * `prime_echo`: the episode reward R = α·s_first + (1-α)·max_k s_k + b_early.

@@ -1,6 +1,6 @@
 """The episode ledger: every episode id replay has stored and what became of it.
 
-Invariant over episode ids (DESIGN.md §6): emitted = trained + filtered (by reason) + pending, where
+Invariant over episode ids (docs/replay.md): emitted = trained + filtered (by reason) + pending, where
 emitted is every distinct episode id stored. Duplicates and rejected records never enter the ledger
 (they are counted apart). The ledger is also the duplicate filter, so it keeps every id of the run.
 """

@@ -1,4 +1,4 @@
-"""Buffered Dynamic Retry (DESIGN.md §6): a bounded FIFO of tasks whose whole group failed.
+"""Buffered Dynamic Retry (docs/replay.md): a bounded FIFO of tasks whose whole group failed.
 
 An entry holds the task, the group's best failed attempt (the highest-scoring failed turn) and the
 verifier's feedback on it. The task feed takes an entry with probability p and serves it as a

@@ -1,5 +1,5 @@
 """The replay's state machine: task feed with admission control, episode intake and grouping,
-group verdicts, staleness filtering and batch assembly (DESIGN.md §6). No sockets, files or clocks:
+group verdicts, staleness filtering and batch assembly (docs/replay.md). No sockets, files or clocks:
 the caller passes `now` and makes every change durable (actors/buffer/actor.py).
 
 Determinism is what makes recovery exact. Every state change comes from a request (TaskRequest that

@@ -1,4 +1,4 @@
-"""The task feed's choice of the next task (DESIGN.md §2, §6). Admission control is not here: the
+"""The task feed's choice of the next task (docs/architecture.md, docs/replay.md). Admission control is not here: the
 replay state asks the feed for a task only once a new group may start.
 
 Order of precedence for a training task:

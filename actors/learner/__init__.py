@@ -1,4 +1,4 @@
-"""The learner (DESIGN.md §7): losses, the RL and SFT steps, training backends, checkpoints and the
+"""The learner (docs/training.md): losses, the RL and SFT steps, training backends, checkpoints and the
 weight push.
 
 `losses` holds the backend-free loss functions (MirrorPop, decoupled PPO, SFT, KL); `algorithm` the

@@ -1,4 +1,4 @@
-"""`LearnerActor` (DESIGN.md §2, §7): asks replay for a batch at its weight version, takes one
+"""`LearnerActor` (docs/architecture.md, docs/training.md): asks replay for a batch at its weight version, takes one
 off-policy-corrected step on it (its mini-batch updates: actors.learner.algorithm), pushes the new
 weights to the engines and announces the version. One batch is one weight version.
 

@@ -1,4 +1,4 @@
-"""The learner's algorithm, written once for every backend (DESIGN.md §7): the RL step and the SFT
+"""The learner's algorithm, written once for every backend (docs/training.md): the RL step and the SFT
 step over the `LearnerBackend` interface, and `Trainer`, which binds them to one backend.
 
 One RL step takes one batch, and makes one weight version of it:

@@ -1,4 +1,4 @@
-"""The learner-backend interface (DESIGN.md §7): the model code a training library supplies.
+"""The learner-backend interface (docs/training.md): the model code a training library supplies.
 
 A backend owns the policy model, its optimizer and, when a KL term is on, a frozen reference model.
 It knows nothing of RL: the algorithm (`actors.learner.algorithm`: the RL step with π_prox,

@@ -1,4 +1,4 @@
-"""The learner's losses (DESIGN.md §7) as pure torch functions, shared by every learner backend.
+"""The learner's losses (docs/training.md) as pure torch functions, shared by every learner backend.
 
 No model, no config objects: tensors in, tensors (and plain-number statistics) out. Every per-token
 tensor here is flat [N] and aligned: entry t holds the quantities of one predicted token — the policy

@@ -1,4 +1,4 @@
-"""A learner of several ranks (DESIGN.md §7): rank 0 leads, the other ranks follow it.
+"""A learner of several ranks (docs/training.md): rank 0 leads, the other ranks follow it.
 
 Every learner call (a `Trainer`'s: steps, logprobs, weights, checkpoints) is collective across the
 ranks (TP all-gathers, DP gradient sums, checkpoint barriers), so every rank must make the same calls

@@ -1,4 +1,4 @@
-"""Supervised warm-start data (DESIGN.md §7, the SFT path): the training tasks' reference solutions as
+"""Supervised warm-start data (docs/training.md, the SFT path): the training tasks' reference solutions as
 chat examples, packed into `TrainBatch`es for `Trainer.sft_step` by the same code as `kiln sft`
 (`actors.policy.chat_tokens`, `actors.learner.sft_data`).
 

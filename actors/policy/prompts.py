@@ -1,4 +1,4 @@
-"""What the policy is asked, as chat messages (DESIGN.md §5). The turn policy
+"""What the policy is asked, as chat messages (docs/rollout.md). The turn policy
 (actors/rollout/turns.py) assembles them into a conversation; the tokenizer's chat template renders it.
 
 A kernel task opens with a system message holding the rules (`ModelNew`, no fallback, one fenced

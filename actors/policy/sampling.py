@@ -1,4 +1,4 @@
-"""Sampling with Kiln's logprob convention (DESIGN.md §5), shared by every torch code path.
+"""Sampling with Kiln's logprob convention (docs/rollout.md), shared by every torch code path.
 
 The reported behaviour logprob is log softmax(logits / T) of the sampled token. Top-k and top-p only
 restrict which tokens may be drawn; the logprob is never renormalised over the kept set, so with the

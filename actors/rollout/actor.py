@@ -1,4 +1,4 @@
-"""`RolloutActor` (DESIGN.md §2, §5): asks the task feed for work, runs every attempt of every task
+"""`RolloutActor` (docs/architecture.md, docs/rollout.md): asks the task feed for work, runs every attempt of every task
 group through the per-attempt pipeline (actors/rollout/episodes.py) on one event loop, and sends
 each group's `Episode` records to replay when its last attempt is done, keeping each until replay
 acknowledges it. Admission: a new group whenever fewer than `rollout.max_inflight` attempts are in

@@ -1,4 +1,4 @@
-"""The inference-engine interface of the rollout actors (DESIGN.md §5), and the types it speaks.
+"""The inference-engine interface of the rollout actors (docs/rollout.md), and the types it speaks.
 
 An engine turns token-id prompts into sampled responses with exact behaviour log-probabilities:
 log softmax(logits / T) of each sampled token, with no top-p/top-k renormalisation, plus the weight

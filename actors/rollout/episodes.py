@@ -1,4 +1,4 @@
-"""The per-attempt episode pipeline (DESIGN.md §5): every attempt of a task group flows on its own —
+"""The per-attempt episode pipeline (docs/rollout.md): every attempt of a task group flows on its own —
 generate, verify, ask the turn policy (actors/rollout/turns.py) what comes next, and again — and a
 group is complete when its last attempt is.
 

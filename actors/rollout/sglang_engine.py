@@ -1,4 +1,4 @@
-"""The `sglang` engine (DESIGN.md §5): one SGLang server per rollout actor, launched from the config
+"""The `sglang` engine (docs/rollout.md): one SGLang server per rollout actor, launched from the config
 (`python -m sglang.launch_server` on the GPUs the placement plan gives the actor) or reached at
 `rollout.sglang.urls` (servers or a router), driven through `SGLangClient` (which also carries SGLang's weight-update endpoints).
 

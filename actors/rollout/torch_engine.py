@@ -1,4 +1,4 @@
-"""The embedded `torch` engine (DESIGN.md §5): an HF transformers causal LM served with a static KV
+"""The embedded `torch` engine (docs/rollout.md): an HF transformers causal LM served with a static KV
 cache, batched decoding and continuous batching, on CPU or GPU.
 
 One scheduler thread owns the model. `generate()` from any thread queues requests and waits; the

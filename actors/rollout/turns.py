@@ -1,4 +1,4 @@
-"""The turn policy of one attempt (DESIGN.md §5): after each verdict, what the policy is asked next,
+"""The turn policy of one attempt (docs/rollout.md): after each verdict, what the policy is asked next,
 or that the attempt is done. A pure function of the attempt so far and the verdict, so the episode
 loop that calls it (the per-attempt pipeline, actors/rollout/episodes.py) holds no turn logic.
 

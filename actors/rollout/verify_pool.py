@@ -1,5 +1,5 @@
 """The rollout actor's front to the verifier pool: one load-balancing dispatcher, on the episode loop's
-event loop, in front of every registered verifier (DESIGN.md §4, §5).
+event loop, in front of every registered verifier (docs/verifier.md, docs/rollout.md).
 
 Each attempt's verification is sent the moment its generation ends (`await pool.verify(request)`).
 The front holds one DEALER per verifier and knows each one's queue depth as the requests it has

@@ -1,4 +1,4 @@
-"""GPU benchmark of the embedded torch engine (DESIGN.md §5 targets), run on the GPU machine:
+"""GPU benchmark of the embedded torch engine (docs/rollout.md targets), run on the GPU machine:
 
     python -m launch.bench.engine            # ~0.3B Qwen3-style model, random init, bf16
 

@@ -1,4 +1,4 @@
-"""GPU benchmark of the learner -> engine weight push (DESIGN.md §7), against the link it runs on.
+"""GPU benchmark of the learner -> engine weight push (docs/training.md), against the link it runs on.
 
     torchrun --nproc-per-node 2 -m launch.bench.weight_sync     # 2 GPUs: rank 0 learner, rank 1 engine
     python -m launch.bench.weight_sync                          # 1 GPU: what one GPU can measure

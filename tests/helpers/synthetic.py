@@ -1,7 +1,7 @@
 """Synthetic, fully valid `Episode` records for driving the replay without engines or verifiers: the
 staleness simulation, the ack-latency benchmark and the tests build their episodes here.
 
-Scores follow the MooreEval hierarchy (DESIGN.md §4): a pass scores >= 1 with q = 1; a failure
+Scores follow the MooreEval hierarchy (docs/verifier.md): a pass scores >= 1 with q = 1; a failure
 scores in [-1, -0.5) with q = 2s + 1 clipped to [0, 1]; an infra failure is the system's fault.
 """
 

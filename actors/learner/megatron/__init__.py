@@ -1,4 +1,4 @@
-"""The megatron-core learner backend (DESIGN.md §7), GPU only.
+"""The megatron-core learner backend (docs/training.md), GPU only.
 
   hf_mapping  HF <-> megatron weight names/layouts, TP sharding, pipeline stages (pure torch; no megatron import)
   attention   SDPA core attention for packed sequences (replaces megatron's unfused local attention)
