@@ -118,6 +118,10 @@ class Toolchain:
         if with_cuda:
             libs.append("-ltorch_cuda")
         libs += ["-ltorch", "-ltorch_python"]
+        # The C++ runtime by its soname: inside the build jail the compiler's `libstdc++.so` link
+        # may not resolve, and ld then links libstdc++.a in silently, whose file and futex calls
+        # (open, fdopen, syscall) the symbol check rightly refuses in an extension.
+        libs.append("-l:libstdc++.so.6")
         if with_cuda and self.cuda_libdir:
             libs += [f"-L{self.cuda_libdir}", "-lcudart"]
         return libs
