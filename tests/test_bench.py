@@ -277,7 +277,7 @@ def test_a_small_bench_reports_every_figure_and_async_beats_sync(tmp_path, capsy
     assert main(["bench", str(TEXT_MATCH), "cluster.use_ray=false", "rollout.bench.lengths=[16]",
                  "verifier.modelled_latency.median_s=0.3", "verifier.modelled_latency.sigma=1.0",
                  "verifier.modelled_latency.max_s=3", "algo.group_size=4", "algo.batch_groups=2",
-                 "rollout.concurrent_groups=4", "verifier.max_inflight=32", "rollout.torch_threads=1",
+                 "rollout.max_inflight=16", "verifier.max_inflight=32", "rollout.torch_threads=1",
                  "learner.torch_threads=1", "logging.level=WARNING", "--eta", "1", "--warmup", "1", "--steps", "4",
                  "--engine-requests", "64", "--verifier-requests", "64", "--learner-steps", "2",
                  "--out", str(out)]) == 0

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CLUSTER = ROOT / "launch" / "cluster"
 
 # Each preset and the GPUs it is written for (default.yaml: CPU only).
-INTENDED_GPUS = {"default.yaml": 0, "single_gpu.yaml": 1, "two_gpu.yaml": 2, "four_gpu.yaml": 4,
+INTENDED_GPUS = {"default.yaml": 0, "bench_cpu.yaml": 0, "single_gpu.yaml": 1, "two_gpu.yaml": 2, "four_gpu.yaml": 4,
                  "eight_gpu.yaml": 8, "musacoder_27b.yaml": 24}
 
 

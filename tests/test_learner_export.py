@@ -45,7 +45,7 @@ def test_the_final_export_loads_with_auto_classes_and_gives_the_learners_logprob
     end_of_text, end_of_turn = tok.convert_tokens_to_ids(["<|endoftext|>", "<|im_end|>"])
     assert sorted(gen.eos_token_id) == sorted([end_of_text, end_of_turn])  # stops where a rollout stopped
     assert (gen.do_sample, gen.temperature, gen.top_p, gen.max_new_tokens) == \
-        (True, cfg.rollout.temperature, cfg.rollout.top_p, 2560)
+        (True, cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.max_new_tokens)
     # the exported template renders the rollout's prompt, token for token
     task = load_tasks("tasks", "cpu")[0]
     messages = [m.as_template_dict() for m in opening(task)]

@@ -43,7 +43,7 @@ def test_template_renders_a_repair_dialogue_with_thinking(tiny_chat_model):
 
 
 def test_build_is_cached_by_its_inputs(tiny_chat_model):
-    spec = TinyChatSpec(hidden_size=64, num_layers=2, intermediate_size=128, max_seq_len=4096)
+    spec = TinyChatSpec(hidden_size=64, num_layers=2, intermediate_size=128, max_seq_len=8192)  # as conftest builds it
     assert tiny_chat_model.name == f"tiny-chat-{cache_key(spec, corpus_files())}"
     assert cache_key(TinyChatSpec(seed=1), corpus_files()) != cache_key(TinyChatSpec(), corpus_files())
     assert json.loads((tiny_chat_model / "config.json").read_text())["hidden_size"] == 64

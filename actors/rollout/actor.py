@@ -177,7 +177,7 @@ class RolloutActor(Actor):
                 raise
         return engine
 
-    async def generate(self, request: GenerateRequest) -> Generation:
+    async def generate_one(self, request: GenerateRequest) -> Generation:
         """One request on the engine; a crashed engine is restarted (off the event loop, so the other
         attempts' verifications go on) and the request runs again."""
         loop = asyncio.get_running_loop()
@@ -192,8 +192,8 @@ class RolloutActor(Actor):
                 await loop.run_in_executor(None, self._restart_engine, engine, err)
         raise AssertionError("unreachable")
 
-    def generate_all(self, requests: list[GenerateRequest]) -> list[Generation]:
-        """Synchronous generation for evaluation (a driver's call on its own thread), with the same
+    def generate(self, requests: list[GenerateRequest]) -> list[Generation]:
+        """Synchronous generation (evaluation, tools and tests call it on their own thread), with the same
         engine restart."""
         for attempt in range(ENGINE_RESTARTS_PER_CALL + 1):
             engine = self.engine
@@ -222,7 +222,7 @@ class RolloutActor(Actor):
 
     def _pipeline(self, verifier: VerifierPool, max_turns: int) -> Pipeline:
         policy = TurnPolicy(TurnRules.from_config(self.cfg, self.model_cfg, max_turns=max_turns), self.tokenizer)
-        return Pipeline(actor_id=self.actor_id, generate=self.generate, verify=verifier.verify,
+        return Pipeline(actor_id=self.actor_id, generate=self.generate_one, verify=verifier.verify,
                         tokenizer=self.tokenizer, params=self.params, policy=policy,
                         force=self.pool.draw if self.pool is not None else None)
 
@@ -247,7 +247,7 @@ class RolloutActor(Actor):
 
         def one(task: Task) -> list[EvalAttempt]:
             pairs = [(task, sample) for sample in range(self.eval_cfg.samples)]
-            answers = first_turn_answers(pairs, generate=self.generate_all, tokenizer=self.tokenizer, policy=policy,
+            answers = first_turn_answers(pairs, generate=self.generate, tokenizer=self.tokenizer, policy=policy,
                                          params=params)
             return verified_attempts(answers, verifier.verify_all)
 
