@@ -108,9 +108,9 @@ def test_a_finished_evaluation_is_not_verified_again_and_other_settings_are_refu
                                                                                    verifier_cache_dir):
     _, out, tasks, answers = variants_eval
     common = ["--answers", str(answers), "--tasks", str(tasks), "--backend", "cpu", "--out", str(out),
-              f"verifier.cache_dir={verifier_cache_dir}"]
+              f"verifier.cache_dir={verifier_cache_dir}", "verifier.run_timeout_s=5"]
     code, text, _ = run_eval(capsys, *common, "--k", "1,4")
-    assert code == 0 and "0 attempts verified now, 9 resumed" in text
+    assert code == 0 and "0 attempts verified now, 11 resumed" in text
     code, _, err = run_eval(capsys, *common, "verifier.trials=2")
     assert code == 2 and "other settings (verifier differ)" in err
 
