@@ -216,3 +216,24 @@ def test_cuda_issue_cases_compile(tmp_path, monkeypatch):
            "-o", str(tmp_path / "cases.o")]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+
+
+def test_an_include_line_stands_for_the_shared_file_and_a_missing_one_stops_the_suite(tmp_path):
+    """Cases that share one extension hold it once (`# kiln-adversarial-include: _name.py`): the
+    verifier gets the text as if written out, `_` files are not cases, and an include that is not
+    there is one error naming the case."""
+    cases = tmp_path / "cpu"
+    cases.mkdir()
+    (cases / "_shared.py").write_text("import torch\nEXT = 1\n")
+    (cases / "uses.py").write_text("# kiln-adversarial: task=level1/01_relu expect=cheating\n# why\n"
+                                   "# kiln-adversarial-include: _shared.py\n\nclass ModelNew: pass\n")
+    (case,) = load_suite("cpu", tmp_path)
+    assert case.name == "uses"
+    assert case.source() == ("# kiln-adversarial: task=level1/01_relu expect=cheating\n# why\n"
+                             "import torch\nEXT = 1\n\nclass ModelNew: pass\n")
+    (cases / "_shared.py").unlink()
+    with pytest.raises(ValueError, match=r"uses\.py: includes _shared\.py, which is not in"):
+        load_suite("cpu", tmp_path)
+    shipped = [c for backend in ("cpu", "cuda") for c in load_suite(backend)]
+    assert sum("kiln-adversarial-include" in c.path.read_text() for c in shipped) >= 30
+    assert all("kiln-adversarial-include" not in c.source() for c in shipped)

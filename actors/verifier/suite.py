@@ -7,7 +7,12 @@ A case is one .py file under tests/adversarial/{cpu,cuda}/ that starts with
     # one line saying what the candidate tries
 
 `expect` is an error class (cheating, correctness, runtime, timeout, ...) or `pass` for the control
-cases. The suite runs the same way in CI (cpu) and on the GPU machine
+cases. Cases built on the same extension hold it once: a line
+
+    # kiln-adversarial-include: _relu_extension.py
+
+stands for that file of the same directory (a name starting with "_" is not a case), so the verifier
+gets the same text as if it were written out, and identical extensions are built once per run. The suite runs the same way in CI (cpu) and on the GPU machine
 (`python -m launch.bench.gpu_verifier`, cuda).
 """
 
@@ -29,6 +34,7 @@ def suite_dir() -> Path:
     here = Path.cwd() / "tests" / "adversarial"
     return here if here.is_dir() else REPO / "tests" / "adversarial"
 _HEADER = re.compile(r"^# kiln-adversarial: task=(\S+) expect=(\S+)\s*$")
+_INCLUDE = re.compile(r"^# kiln-adversarial-include: (_\w+\.py)\s*$")
 
 
 @dataclass(frozen=True)
@@ -40,19 +46,34 @@ class SuiteCase:
     why: str
 
     def source(self) -> str:
-        return self.path.read_text(encoding="utf-8")
+        """The candidate as the verifier gets it: the file, each include line replaced by the file it names."""
+        parts = []
+        for line in self.path.read_text(encoding="utf-8").splitlines(keepends=True):
+            m = _INCLUDE.match(line)
+            if m is None:
+                parts.append(line)
+                continue
+            shared = self.path.parent / m.group(1)
+            if not shared.is_file():
+                raise ValueError(f"{self.path}: includes {m.group(1)}, which is not in {self.path.parent}")
+            parts.append(shared.read_text(encoding="utf-8"))
+        return "".join(parts)
 
 
 def load_suite(backend: str, root: Path | None = None) -> list[SuiteCase]:
     root = root or suite_dir()
     cases = []
     for path in sorted((root / backend).glob("*.py")):
+        if path.name.startswith("_"):  # shared text that cases include, not a case
+            continue
         lines = path.read_text(encoding="utf-8").splitlines()
         m = _HEADER.match(lines[0]) if lines else None
         if m is None:
             raise ValueError(f"{path}: first line must be '# kiln-adversarial: task=... expect=...'")
         why = lines[1].lstrip("# ").strip() if len(lines) > 1 else ""
-        cases.append(SuiteCase(path.stem, path, m.group(1), m.group(2), why))
+        case = SuiteCase(path.stem, path, m.group(1), m.group(2), why)
+        case.source()  # an include that is not there stops the suite here, naming the case
+        cases.append(case)
     return cases
 
 

@@ -33,7 +33,7 @@ import threading
 import time
 from pathlib import Path
 
-from .facade import FACADE_BRIDGE, FACADE_CUDA_PRELUDE, FACADE_HEADER, FACADE_LIB_SOURCE
+from .facade_lib import FACADE_BRIDGE, FACADE_CUDA_PRELUDE, FACADE_HEADER, FACADE_LIB_SOURCE
 from .fence_lib import SOURCE as FENCE_SOURCE
 from .thunks import SHELL_SOURCE, THUNK_HEADER
 
@@ -99,7 +99,7 @@ sys.exit(subprocess.call(sys.argv[3:]))
 PRELUDE_DIGEST = hashlib.sha256(("".join(PRELUDES[k] for k in sorted(PRELUDES)) + SHELL_SOURCE
                                   + FACADE_LIB_SOURCE).encode()).hexdigest()[:10]
 SHELL = "shell"  # the thunk module shell object, built next to the PCH variants
-FACADE_LIB = "facade"  # the CUDA facade's out-of-line parts (facade.py), built next to them too
+FACADE_LIB = "facade"  # the CUDA facade's out-of-line parts (facade_lib.py), built next to them too
 FENCE = "fence"  # the compute fence's native library (fence_lib.py), built next to them too
 
 # Flags that decide whether gcc accepts a PCH, and that are safe to run outside the sandbox.
