@@ -54,6 +54,11 @@ class NoServer(ChannelTimeout):
     """No server address is known yet (the peer has not registered); a caller treats it as a timeout."""
 
 
+class ServerMoved(ChannelTimeout):
+    """The server was replaced (restarted on a new address) while a request waited to be sent or
+    answered: the old one will never answer."""
+
+
 @dataclass
 class ChannelStats:
     sent: int = 0
@@ -185,14 +190,17 @@ class RequestClient(_Channel):
     def request(self, rec: Record, timeout_s: float | None = None, retries: int | None = None, *,
                 moved: Callable[[], bool] | None = None, check_s: float = 1.0) -> Record:
         """`moved()`, asked every `check_s` while waiting, says the server was replaced (a restart on a
-        new address): the wait ends at once with `ChannelTimeout` instead of at the timeout."""
+        new address): the wait ends at once with `ServerMoved` instead of at the timeout. That holds for
+        both waits: for the reply, and for a connection to send on (a request made after the server
+        died, while its address is still registered, would otherwise wait out the whole timeout for a
+        connection that never comes back)."""
         timeout_s = self.timeout_s if timeout_s is None else timeout_s
         retries = self.retries if retries is None else retries
         corr = self._nonce + _SEQ.pack(next(self._ids))
         parts = encode_parts(rec)
         for attempt in range(retries + 1):
             deadline = time.monotonic() + timeout_s
-            if not self._send_within([corr, *parts], timeout_s):
+            if not self._send_within([corr, *parts], deadline, moved, check_s):
                 continue  # no live connection to the server within this try
             if attempt:
                 self.stats.resent += 1
@@ -200,7 +208,7 @@ class RequestClient(_Channel):
             while (left := deadline - time.monotonic()) > 0:
                 if not self._poll(left if moved is None else min(left, check_s)):
                     if moved is not None and time.monotonic() < deadline and moved():
-                        raise ChannelTimeout(f"{self.address} was replaced while a {type(rec).__name__} waited")
+                        raise ServerMoved(f"{self.address} was replaced while a {type(rec).__name__} waited")
                     continue
                 frames = self.sock.recv_multipart(copy=False)
                 if len(frames) < 2 or frames[0].bytes != corr:
@@ -216,43 +224,61 @@ class RequestClient(_Channel):
             f"no reply from {self.address} to {type(rec).__name__} after {retries + 1} tries of {timeout_s:g}s"
         )
 
-    def _send_within(self, frames: list, timeout_s: float) -> bool:
+    def _send_within(self, frames: list, deadline: float, moved: Callable[[], bool] | None, check_s: float) -> bool:
+        """Send once a connection can take the frames; False at the deadline. With IMMEDIATE a DEALER
+        has no connection to send on while its server is down, so `moved()` is asked here too."""
         try:  # fast path: a live connection with room in its queue
             self.sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
             return True
         except zmq.Again:
             pass
-        if not self.sock.poll(int(timeout_s * 1000), zmq.POLLOUT):
-            return False
-        self.sock.send_multipart(frames, copy=False)
-        return True
+        while (left := deadline - time.monotonic()) > 0:
+            if self.sock.poll(int(1000 * (left if moved is None else min(left, check_s))), zmq.POLLOUT):
+                self.sock.send_multipart(frames, copy=False)
+                return True
+            if moved is not None and time.monotonic() < deadline and moved():
+                raise ServerMoved(f"{self.address} was replaced while a request waited to be sent")
+        return False
 
 
 class ReconnectingClient:
     """A request/reply client that follows its server across restarts.
 
     The address comes from `resolve()` (a registry lookup; '' while the server is not registered).
-    It is looked up again after every timeout, and otherwise at most every `recheck_s` seconds; a
-    changed address closes the old connection and opens one to the new. `request` raises
+    It is looked up again after every timeout, every `watch_s` while a request waits (a replaced
+    server gets the request again on its new address at once), and otherwise at most every
+    `recheck_s` seconds; a changed address closes the old connection and opens one to the new. `request` raises
     `ChannelTimeout` (`NoServer` when no address is known) and `RemoteError` like `RequestClient`;
     the caller decides what a timeout means for it. One thread at a time, like the socket beneath."""
 
     def __init__(self, resolve: str | Callable[[], str], *, timeout_s: float = 5.0, retries: int = 0,
-                 recheck_s: float = 1.0) -> None:
+                 recheck_s: float = 1.0, watch_s: float = 0.25) -> None:
+        """`watch_s`: how often a waiting request looks the address up (one small file read), so a
+        request to a server that died is re-sent to its replacement within `watch_s` of its start."""
         self._resolve = resolve if callable(resolve) else (lambda: resolve)
-        self.timeout_s, self.retries, self.recheck_s = timeout_s, retries, recheck_s
+        self.timeout_s, self.retries, self.recheck_s, self.watch_s = timeout_s, retries, recheck_s, watch_s
         self._client: RequestClient | None = None
         self.address = ""  # the address connected to ('' when none)
         self._checked = 0.0
         self.connects = 0
 
     def request(self, rec: Record, timeout_s: float | None = None, retries: int | None = None) -> Record:
-        client = self._connected()
-        try:  # a restarted server ends the wait at once (the registry names its new address)
-            return client.request(rec, timeout_s=timeout_s, retries=retries, moved=self.moved, check_s=self.recheck_s)
-        except ChannelTimeout:
-            self.close()  # the server may be restarting on a new address: look it up again next time
-            raise
+        """A server replaced while the request waited gets it again at once, on its new address (the
+        caller would ask again anyway; replies to a resent request are the server's business, as for
+        any resend). Any other timeout is the caller's to handle."""
+        for last in (False, True):
+            client = self._connected()
+            try:  # a restarted server ends the wait at once (the registry names its new address)
+                return client.request(rec, timeout_s=timeout_s, retries=retries, moved=self.moved,
+                                      check_s=self.watch_s)
+            except ServerMoved:
+                self.close()  # connect to the new address now
+                if last:
+                    raise
+            except ChannelTimeout:
+                self.close()  # the server may be restarting on a new address: look it up again next time
+                raise
+        raise AssertionError("unreachable")
 
     def moved(self) -> bool:
         """Look the address up now: True when it names a server other than the one connected to."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import threading
+import time
 
 import pytest
 
@@ -85,10 +86,38 @@ def test_the_reconnecting_client_follows_a_restarted_server(tmp_path):
     serving2 = _serve(second, stop2, "second")
     registry.register("replay", "replay", {"replay": second.address})
     assert client.moved()
-    with pytest.raises(TimeoutError):
-        client.request(P.TaskRequest(actor_id="r"))  # the old address times out; the client drops it
-    assert client.request(P.TaskRequest(actor_id="r")).group_id == "second"  # ...and looks the address up again
+    # The request goes to the dead address first (no lookup for 60 s): the wait sees the new address
+    # within `watch_s` and the same request goes to the new server, long before the timeout.
+    started = time.monotonic()
+    assert client.request(P.TaskRequest(actor_id="r"), timeout_s=30.0).group_id == "second"
+    assert time.monotonic() - started < 5.0
     assert client.connects == 2 and not client.moved()
+    client.close()
+    stop2.set()
+    serving2.join(5)
+    second.close()
+
+
+def test_a_request_made_while_its_server_is_down_goes_to_the_replacement_at_once(tmp_path):
+    # The server dies with its address still registered (the supervisor has not noticed yet): the
+    # client has no connection to send on. Its request must reach the replacement as soon as that
+    # registers, not wait out the timeout (30 s for the learner's batch requests) on the dead address.
+    registry = Registry(tmp_path)
+    client = ReconnectingClient(registry.resolver("replay", "replay"), timeout_s=30.0, retries=1)
+    first, stop = ReplyServer(), threading.Event()
+    serving = _serve(first, stop, "first")
+    registry.register("replay", "replay", {"replay": first.address})
+    assert client.request(P.TaskRequest(actor_id="r")).group_id == "first"
+    stop.set()
+    serving.join(5)
+    first.close()
+    time.sleep(0.3)  # the client's connection to the dead server is gone
+    second, stop2 = ReplyServer(), threading.Event()
+    serving2 = _serve(second, stop2, "second")
+    threading.Timer(1.0, lambda: registry.register("replay", "replay", {"replay": second.address})).start()
+    started = time.monotonic()
+    assert client.request(P.TaskRequest(actor_id="r")).group_id == "second"
+    assert time.monotonic() - started < 3.0
     client.close()
     stop2.set()
     serving2.join(5)
