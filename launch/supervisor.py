@@ -122,7 +122,9 @@ class Supervisor:
                 self.registry.unregister(member.name)
                 if on_death is not None:
                     on_death(member.name)
+            started = time.monotonic()
             self.launch_group([h.spec for h in group])
+            log.info("restarted %s in %.2f s", ", ".join(h.name for h in group), time.monotonic() - started)
             for member in group:
                 self.restarts.append((time.time(), member.name))
                 restarted.append(member.name)

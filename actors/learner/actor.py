@@ -102,17 +102,21 @@ class LearnerActor(Actor):
         self.warm_start_report: WarmStartReport | None = None
         self.stats = {"steps": 0, "batch_waits": 0, "replay_timeouts": 0, "checkpoints": 0, "push_s": 0.0,
                       "restored_from": -1}
+        # Seconds of each phase of start() (build, restore or warm_start, serve): what a restart costs.
+        self.start_phases: dict[str, float] = {}
 
     # ------------------------------------------------------------------------------ lifecycle
 
     def start(self) -> dict[str, str]:
         """Build (or restore, or warm-start) the model, serve its weights, register them and start the
         training loop. A follower rank joins its group, follows its leader's calls and serves nothing."""
+        clock = time.perf_counter()
         metrics = self.ctx.registry.address("driver", "metrics")
         self.timeline = SpanRecorder(self.ctx.name or self.learner_id, metrics or None)
         channel = join(self._rendezvous(), self.device) if self.world_size > 1 else None
         backend = make_trainer(self.model_cfg, self.cfg, self.algo, temperature=self.temperature,
                                device=self.device)
+        self.start_phases["build"] = time.perf_counter() - clock
         if not self.is_leader:
             self.backend = backend
             self.spawn(lambda: follow(backend, channel, self._count_call), "follow")
@@ -126,13 +130,18 @@ class LearnerActor(Actor):
                                     timeout_s=ws.process_group.push_timeout_s,
                                     join_timeout_s=ws.process_group.join_timeout_s, keep_disk=ws.disk.keep_versions,
                                     flat_buckets=ws.process_group.flat_buckets)
+        clock = time.perf_counter()
         if self._read_announced() >= 0:  # this run's learner announced before: continue above it
             self._restore()
+            self.start_phases["restore"] = time.perf_counter() - clock
         else:
             self._warm_start()
+            self.start_phases["warm_start"] = time.perf_counter() - clock
+        clock = time.perf_counter()
         endpoints = self.weights.start()
         self._push()  # version 0 (or the restored version) before any engine asks for weights
         self.ctx.registry.register(NAME, self.role, {**self.ctx.registry.endpoints(NAME), **endpoints})
+        self.start_phases["serve"] = time.perf_counter() - clock
         self.spawn(self._loop, "train")
         return endpoints
 
@@ -174,6 +183,7 @@ class LearnerActor(Actor):
                              finished=self._finished, busy_s=self.busy_s, learner_id=self.learner_id,
                              rank=self.ctx.rank, version=self.version, step=self.step,
                              discarded_above=self.discarded_above, **self.stats, warm_start=self.warm_start_report,
+                             start_phases=dict(self.start_phases),
                              weights=self.weights.health() if self.weights is not None else {})
 
     # --------------------------------------------------------------------------- warm start

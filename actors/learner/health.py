@@ -38,4 +38,5 @@ class LearnerHealth(ActorHealth):
     push_s: float = 0.0  # the last weight publish
     restored_from: int = -1  # the checkpoint version it restored; -1 = none
     warm_start: WarmStartReport | None = None
+    start_phases: dict[str, float] = field(default_factory=dict)  # seconds of each phase of start(): build, restore, serve
     weights: dict[str, Any] = field(default_factory=dict)  # the weight server's report (transport, engines, last push)
