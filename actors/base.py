@@ -106,6 +106,10 @@ class Actor:
         """Bind channels, register them, start serving; return {endpoint name: address}."""
         raise NotImplementedError
 
+    def prepare(self) -> None:
+        """Do ahead what `start()` needs and involves no peer (imports, building a model), so that a
+        standby (`ActorSpec.standby`) takes over at once when started. Nothing by default."""
+
     def stop(self) -> None:
         self._stop.set()
         for t in self._threads:

@@ -223,6 +223,7 @@ class LearnerConfig:
     export_every: int = F(0, "Steps between servable HF exports under RUN_DIR/exports/step-NNNNNN/ (weights, tokenizer, chat template, generation config); 0 = only RUN_DIR/final/ at the end", ge=0)
     device: str = F("auto", "Device of the torch learner: 'auto' (cuda when present), 'cpu' or 'cuda[:i]'")
     cpu_ranks: int = F(1, "Data-parallel ranks of a CPU learner (torch backend over gloo, one process and full replica each; needs Ray); a GPU learner has one rank per cluster.learner_gpus", ge=1)
+    standby: bool = F(True, "Ray runs: keep a warm standby of a one-rank CPU learner, a spare process started ahead (imports done, model built) that restores the latest checkpoint and takes over when the learner dies, instead of a new process built after the death. Not for a learner with GPUs (the spare would hold a second copy of the model there) nor for several ranks (they restart as a group)")
     torch_threads: int = F(0, "Intra-op threads of a CPU learner (torch.set_num_threads in its process; in-process runs share one process with the engines); 0 = leave torch's default (Ray actors: 1)", ge=0)
 
 

@@ -12,6 +12,12 @@ actors' own ZMQ channels, never through Ray.
 Actors that only work together (the ranks of one learner: each `start()` blocks until all have
 joined, and a dead rank stalls the others' collectives) share a `group`: `launch_group` builds them
 all before starting any, and when one dies `check` restarts the whole group.
+
+An actor whose spec asks for a `standby` (a one-rank CPU learner) has a spare built next to it and
+prepared ahead (`Actor.prepare()`: its process started, its imports done, its model built), holding
+nothing and registering nothing. When the actor dies, `check` starts the spare instead of building a
+new one, so the takeover costs only `start()` (for the learner: restore the latest checkpoint and
+serve), and a new spare is prepared behind it without the driver waiting for it (with Ray).
 """
 
 from __future__ import annotations
@@ -42,6 +48,16 @@ class ActorSpec:
     slot: Slot = field(default_factory=Slot)
     restartable: bool = True
     group: str | None = None  # actors that start, die and restart together (a learner's ranks)
+    standby: bool = False  # keep a prepared spare that takes over when this actor dies (not for groups)
+
+
+@dataclass
+class Spare:
+    """A standby: built and being prepared (`ready` is the Ray call of its prepare(); None in-process,
+    where prepare() returned before the spare was kept)."""
+
+    handle: ActorHandle
+    ready: Any = None
 
 
 class Supervisor:
@@ -50,14 +66,16 @@ class Supervisor:
         self.registry = Registry(run_dir)
         self.placement_group = placement_group  # the plan's GPU bundles (Ray with GPUs), else None
         self.handles: dict[str, ActorHandle] = {}
+        self.spares: dict[str, Spare] = {}  # by the name of the actor each would replace
         self.restarts: list[tuple[float, str]] = []
 
     def launch(self, spec: ActorSpec) -> ActorHandle:
         return self.launch_group([spec])[0]
 
-    def launch_group(self, specs: list[ActorSpec]) -> list[ActorHandle]:
-        """Build every actor, then start them all at once (in-process: one after the other) and wait."""
-        handles = [spec.handle(spec=spec, ref=self._build(spec), ray=self.use_ray) for spec in specs]
+    def launch_group(self, specs: list[ActorSpec], built: list[ActorHandle] | None = None) -> list[ActorHandle]:
+        """Build every actor (or take the `built` ones: a standby), then start them all at once
+        (in-process: one after the other) and wait. An actor with `standby` gets its spare prepared."""
+        handles = built or [spec.handle(spec=spec, ref=self._build(spec), ray=self.use_ray) for spec in specs]
         if self.use_ray and len(handles) > 1:
             import ray
 
@@ -71,7 +89,38 @@ class Supervisor:
                 handle.restarts = previous.restarts + 1
             self.handles[handle.name] = handle
             log.info("started %s %s", handle.name, handle.endpoints)
+        for spec in specs:
+            if spec.standby and spec.group is None and spec.name not in self.spares:
+                self._prepare_spare(spec)
         return handles
+
+    def _prepare_spare(self, spec: ActorSpec) -> None:
+        """Build `spec`'s spare and prepare it: with Ray in the background (the driver does not wait),
+        in-process now. A spare that cannot be built is logged; the actor then restarts cold."""
+        try:
+            handle = spec.handle(spec=spec, ref=self._build(spec), ray=self.use_ray)
+            ready = handle.ref.prepare.remote() if self.use_ray else handle.ref.prepare()
+        except Exception:
+            log.exception("%s: preparing its standby failed (a restart will start a new actor)", spec.name)
+            return
+        self.spares[spec.name] = Spare(handle, ready)
+
+    def _take_spare(self, name: str) -> ActorHandle | None:
+        """The prepared spare of `name` (waiting for its prepare() if it is still running: it started
+        earlier than a new actor would), or None when there is none or it failed."""
+        spare = self.spares.pop(name, None)
+        if spare is None:
+            return None
+        if self.use_ray:
+            import ray
+
+            try:
+                ray.get(spare.ready, timeout=CALL_TIMEOUT_S)
+            except Exception as err:
+                log.warning("%s: its standby is unusable (%s); starting a new actor", name, err)
+                spare.handle.discard()
+                return None
+        return spare.handle
 
     def context(self, spec: ActorSpec) -> RunContext:
         return RunContext(run_dir=str(self.run_dir), name=spec.name, rank=spec.rank, world_size=spec.world_size,
@@ -123,8 +172,10 @@ class Supervisor:
                 if on_death is not None:
                     on_death(member.name)
             started = time.monotonic()
-            self.launch_group([h.spec for h in group])
-            log.info("restarted %s in %.2f s", ", ".join(h.name for h in group), time.monotonic() - started)
+            spare = self._take_spare(name) if len(group) == 1 else None
+            self.launch_group([h.spec for h in group], built=[spare] if spare is not None else None)
+            log.info("%s %s in %.2f s", "standby took over from" if spare is not None else "restarted",
+                     ", ".join(h.name for h in group), time.monotonic() - started)
             for member in group:
                 self.restarts.append((time.time(), member.name))
                 restarted.append(member.name)
@@ -153,3 +204,6 @@ class Supervisor:
             if on_stopped is not None:
                 on_stopped(name)
         self.handles.clear()
+        for spare in self.spares.values():  # never started: nothing to stop, only the Ray process to end
+            spare.handle.discard()
+        self.spares.clear()

@@ -43,9 +43,14 @@ def learner_specs(cfg: KilnConfig, placement: PlacementPlan) -> list[ActorSpec]:
     sections = (cfg.model, cfg.learner, cfg.algo, warm_start_section(cfg))
     settings = {"temperature": cfg.rollout.temperature, "max_staleness": cfg.replay.max_staleness,
                 "generation": GenerationSettings.from_rollout(cfg.rollout)}
+    slots = [actor_slot(placement, "learner", rank) for rank in range(world)]
+    # A warm standby only where a restart pays for a new process (Ray), and where the spare costs no GPU
+    # memory and restarts alone: one rank, no GPU.
+    standby = (cfg.learner.standby and cfg.cluster.use_ray and world == 1 and not slots[0].gpus
+               and not slots[0].num_gpus)
     return [ActorSpec(name="learner" if rank == 0 else f"learner-{rank}", cls=LearnerActor, handle=LearnerHandle,
-                      args=sections, kwargs=settings, rank=rank, world_size=world,
-                      slot=actor_slot(placement, "learner", rank), group="learner" if world > 1 else None)
+                      args=sections, kwargs=settings, rank=rank, world_size=world, slot=slots[rank],
+                      group="learner" if world > 1 else None, standby=standby)
             for rank in range(world)]
 
 

@@ -102,8 +102,10 @@ class LearnerActor(Actor):
         self.warm_start_report: WarmStartReport | None = None
         self.stats = {"steps": 0, "batch_waits": 0, "replay_timeouts": 0, "checkpoints": 0, "push_s": 0.0,
                       "restored_from": -1}
-        # Seconds of each phase of start() (build, restore or warm_start, serve): what a restart costs.
+        # Seconds of each phase of start() (build, restore or warm_start, serve): what a restart costs;
+        # "prepare" is the model build a standby did ahead ("build" is then only what was left).
         self.start_phases: dict[str, float] = {}
+        self._prepared: Trainer | None = None  # built by prepare(), taken by start()
 
     # ------------------------------------------------------------------------------ lifecycle
 
@@ -114,8 +116,9 @@ class LearnerActor(Actor):
         metrics = self.ctx.registry.address("driver", "metrics")
         self.timeline = SpanRecorder(self.ctx.name or self.learner_id, metrics or None)
         channel = join(self._rendezvous(), self.device) if self.world_size > 1 else None
-        backend = make_trainer(self.model_cfg, self.cfg, self.algo, temperature=self.temperature,
-                               device=self.device)
+        if self._prepared is None:
+            self.prepare()
+        backend, self._prepared = self._prepared, None
         self.start_phases["build"] = time.perf_counter() - clock
         if not self.is_leader:
             self.backend = backend
@@ -144,6 +147,15 @@ class LearnerActor(Actor):
         self.start_phases["serve"] = time.perf_counter() - clock
         self.spawn(self._loop, "train")
         return endpoints
+
+    def prepare(self) -> None:
+        """Build the model and its optimizer, and nothing else: no checkpoint is read, nothing is served
+        or registered. A warm standby (the supervisor's spare learner) is prepared ahead, so that taking
+        over from a dead learner costs only `start()`'s restore and serve (`start_phases`)."""
+        clock = time.perf_counter()
+        self._prepared = make_trainer(self.model_cfg, self.cfg, self.algo, temperature=self.temperature,
+                                      device=self.device)
+        self.start_phases["prepare"] = time.perf_counter() - clock
 
     def _rendezvous(self) -> RankSpec:
         """The rank group's rendezvous: rank 0 picks a free port and registers it; the others wait for it.

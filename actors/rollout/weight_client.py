@@ -31,7 +31,7 @@ from protocols.timeline import SpanRecorder
 
 log = logging.getLogger(__name__)
 
-LEARNER_CHECK_S = 2.0  # how often the endpoints are re-read to follow a restarted learner
+LEARNER_CHECK_S = 0.25  # how often the endpoints are re-read (a small file) to follow a restarted learner at once
 LearnerEndpoints = Mapping[str, str]  # WeightServer.start(): "weights", "announce", "announce_sync"
 
 
