@@ -52,12 +52,14 @@ class ActorSpec:
 
 
 @dataclass
-class Spare:
-    """A standby: built and being prepared (`ready` is the Ray call of its prepare(); None in-process,
-    where prepare() returned before the spare was kept)."""
+class Restart:
+    """Replacements of a dead actor (or group) being started: their handles, their start() calls (Ray
+    ObjectRefs; none in-process, where start() has returned) and since when."""
 
-    handle: ActorHandle
-    ready: Any = None
+    handles: list[ActorHandle]
+    calls: list
+    since: float  # time.monotonic()
+    standby: bool = False  # a spare took over
 
 
 class Supervisor:
@@ -66,7 +68,10 @@ class Supervisor:
         self.registry = Registry(run_dir)
         self.placement_group = placement_group  # the plan's GPU bundles (Ray with GPUs), else None
         self.handles: dict[str, ActorHandle] = {}
-        self.spares: dict[str, Spare] = {}  # by the name of the actor each would replace
+        # Standbys, by the name of the actor each would replace: built, and prepared (in-process) or
+        # preparing in the background (Ray: their prepare() calls are not waited for).
+        self.spares: dict[str, ActorHandle] = {}
+        self.restarting: dict[str, Restart] = {}  # Ray replacements still starting, by actor name
         self.restarts: list[tuple[float, str]] = []
 
     def launch(self, spec: ActorSpec) -> ActorHandle:
@@ -82,6 +87,12 @@ class Supervisor:
             replies = ray.get([h.ref.start.remote() for h in handles], timeout=CALL_TIMEOUT_S)
         else:
             replies = [h.start() for h in handles]
+        self._install(handles, replies)
+        return handles
+
+    def _install(self, handles: list[ActorHandle], replies: list) -> None:
+        """Make started actors the current ones (their start() replies are their endpoints), and prepare
+        the spare of each that asks for a standby."""
         for handle, endpoints in zip(handles, replies):
             handle.endpoints = endpoints or {}
             previous = self.handles.get(handle.name)
@@ -89,38 +100,25 @@ class Supervisor:
                 handle.restarts = previous.restarts + 1
             self.handles[handle.name] = handle
             log.info("started %s %s", handle.name, handle.endpoints)
-        for spec in specs:
+        for spec in (h.spec for h in handles):
             if spec.standby and spec.group is None and spec.name not in self.spares:
                 self._prepare_spare(spec)
-        return handles
 
     def _prepare_spare(self, spec: ActorSpec) -> None:
         """Build `spec`'s spare and prepare it: with Ray in the background (the driver does not wait),
         in-process now. A spare that cannot be built is logged; the actor then restarts cold."""
         try:
             handle = spec.handle(spec=spec, ref=self._build(spec), ray=self.use_ray)
-            ready = handle.ref.prepare.remote() if self.use_ray else handle.ref.prepare()
+            handle.ref.prepare.remote() if self.use_ray else handle.ref.prepare()
         except Exception:
             log.exception("%s: preparing its standby failed (a restart will start a new actor)", spec.name)
             return
-        self.spares[spec.name] = Spare(handle, ready)
+        self.spares[spec.name] = handle
 
     def _take_spare(self, name: str) -> ActorHandle | None:
-        """The prepared spare of `name` (waiting for its prepare() if it is still running: it started
-        earlier than a new actor would), or None when there is none or it failed."""
-        spare = self.spares.pop(name, None)
-        if spare is None:
-            return None
-        if self.use_ray:
-            import ray
-
-            try:
-                ray.get(spare.ready, timeout=CALL_TIMEOUT_S)
-            except Exception as err:
-                log.warning("%s: its standby is unusable (%s); starting a new actor", name, err)
-                spare.handle.discard()
-                return None
-        return spare.handle
+        """The spare of `name`, or None. One still preparing is taken too (it started earlier than a new
+        actor would; its start() waits for its prepare()); one whose prepare() failed builds in start()."""
+        return self.spares.pop(name, None)
 
     def context(self, spec: ActorSpec) -> RunContext:
         return RunContext(run_dir=str(self.run_dir), name=spec.name, rank=spec.rank, world_size=spec.world_size,
@@ -158,11 +156,17 @@ class Supervisor:
 
     def check(self, on_restart: Callable[[str], None] | None = None,
               on_death: Callable[[str], None] | None = None) -> list[str]:
-        """Restart every dead restartable actor; returns their names. `on_death(name)` runs once the dead
-        actor is gone (and unregistered) and before its replacement starts, `on_restart(name)` after."""
-        restarted = []
+        """Restart every dead restartable actor; returns the names of those restarted (with Ray: whose
+        replacements finished starting since the last check). `on_death(name)` runs once the dead actor
+        is gone (and unregistered) and before its replacement starts, `on_restart(name)` once it has.
+
+        With Ray the driver does not wait for a replacement's start() (seconds for a rollout actor
+        that loads a model): it is collected at a later check, and meanwhile the driver records steps
+        and supervises the others. In-process, start() runs here."""
+        restarted = self._collect_restarts(on_restart)
         for name, handle in list(self.handles.items()):
-            if name in restarted or not handle.spec.restartable or self.alive(handle):
+            if (name in restarted or name in self.restarting or not handle.spec.restartable
+                    or self.alive(handle)):
                 continue
             group = self.group_of(handle)
             log.error("%s died; restarting %s", name, ", ".join(h.name for h in group))
@@ -171,17 +175,56 @@ class Supervisor:
                 self.registry.unregister(member.name)
                 if on_death is not None:
                     on_death(member.name)
-            started = time.monotonic()
             spare = self._take_spare(name) if len(group) == 1 else None
+            if self.use_ray:
+                handles = [spare] if spare is not None else [
+                    h.spec.handle(spec=h.spec, ref=self._build(h.spec), ray=True) for h in group]
+                pending = Restart(handles, [h.ref.start.remote() for h in handles], time.monotonic(),
+                                  standby=spare is not None)
+                self.restarting.update({h.name: pending for h in handles})
+                continue
+            started = time.monotonic()
             self.launch_group([h.spec for h in group], built=[spare] if spare is not None else None)
-            log.info("%s %s in %.2f s", "standby took over from" if spare is not None else "restarted",
-                     ", ".join(h.name for h in group), time.monotonic() - started)
-            for member in group:
-                self.restarts.append((time.time(), member.name))
-                restarted.append(member.name)
-                if on_restart is not None:
-                    on_restart(member.name)
+            self._restarted(Restart(group, [], started, standby=spare is not None), restarted, on_restart)
         return restarted
+
+    def _collect_restarts(self, on_restart: Callable[[str], None] | None, timeout_s: float = 0.0) -> list[str]:
+        """Install the Ray replacements whose start() has answered (waiting up to `timeout_s`). One whose
+        start() raised ends the run with that error, as a first start that fails does."""
+        restarted: list[str] = []
+        if not self.restarting:
+            return restarted
+        import ray
+
+        for pending in {id(r): r for r in self.restarting.values()}.values():
+            done, _ = ray.wait(pending.calls, num_returns=len(pending.calls), timeout=timeout_s)
+            if len(done) < len(pending.calls):
+                continue
+            for handle in pending.handles:
+                self.restarting.pop(handle.name, None)
+            try:
+                replies = ray.get(pending.calls)
+            except Exception:
+                log.error("%s: the replacement failed to start", ", ".join(h.name for h in pending.handles))
+                for handle in pending.handles:
+                    handle.discard()
+                raise
+            self._install(pending.handles, replies)
+            self._restarted(pending, restarted, on_restart)
+        return restarted
+
+    def _restarted(self, pending: Restart, restarted: list[str], on_restart: Callable[[str], None] | None) -> None:
+        log.info("%s %s in %.2f s", "standby took over from" if pending.standby else "restarted",
+                 ", ".join(h.name for h in pending.handles), time.monotonic() - pending.since)
+        for handle in pending.handles:
+            self.restarts.append((time.time(), handle.name))
+            restarted.append(handle.name)
+            if on_restart is not None:
+                on_restart(handle.name)
+
+    def settle(self, on_restart: Callable[[str], None] | None = None, timeout_s: float = CALL_TIMEOUT_S) -> list[str]:
+        """Wait for the replacements still starting (before the end of a run uses every actor)."""
+        return self._collect_restarts(on_restart, timeout_s)
 
     def group_of(self, handle: ActorHandle) -> list[ActorHandle]:
         """`handle` and the actors it starts and restarts with, in launch order."""
@@ -204,6 +247,10 @@ class Supervisor:
             if on_stopped is not None:
                 on_stopped(name)
         self.handles.clear()
+        for pending in self.restarting.values():  # replacements still starting: end them
+            for handle in pending.handles:
+                handle.discard()
+        self.restarting.clear()
         for spare in self.spares.values():  # never started: nothing to stop, only the Ray process to end
-            spare.handle.discard()
+            spare.discard()
         self.spares.clear()

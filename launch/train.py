@@ -59,6 +59,7 @@ def train(cfg: KilnConfig, run: RunDirectory, *, placement: PlacementPlan | None
             log.warning("interrupted: checkpointing the learner; `kiln train --resume %s` continues", run.path)
             s.checkpoint()
             raise
+        s.supervisor.settle()  # a replacement still starting (Ray) is needed by the final evaluation
         s.drain_metrics()
         if s.stopped_for_no_progress:
             s.checkpoint()  # what --resume continues from; the final evaluation would measure untrained weights

@@ -252,7 +252,7 @@ class ReconnectingClient:
     the caller decides what a timeout means for it. One thread at a time, like the socket beneath."""
 
     def __init__(self, resolve: str | Callable[[], str], *, timeout_s: float = 5.0, retries: int = 0,
-                 recheck_s: float = 1.0, watch_s: float = 0.25) -> None:
+                 recheck_s: float = 1.0, watch_s: float = 0.1) -> None:
         """`watch_s`: how often a waiting request looks the address up (one small file read), so a
         request to a server that died is re-sent to its replacement within `watch_s` of its start."""
         self._resolve = resolve if callable(resolve) else (lambda: resolve)

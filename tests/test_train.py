@@ -56,15 +56,20 @@ def test_a_run_in_process_trains_pushes_weights_and_reports(tmp_path):
     assert model.config.hidden_size == cfg.model.hidden_size
 
 
-def test_killing_a_rollout_and_the_learner_mid_run_loses_nothing(tmp_path, ray_session):
-    # Two rollout actors: while the dead one restarts, the other keeps the learner fed (its groups are
-    # released at once, not timed out)
-    cfg, run = text_match(tmp_path, "faults", "cluster.use_ray=true", "algo.total_steps=14", "rollout.num_actors=2",
-                          "learner.checkpoint_every=2", "rollout.max_inflight=24")
+def test_killing_a_rollout_of_two_and_the_learner_mid_run_loses_nothing_and_keeps_the_pace(tmp_path, ray_session):
+    # Two rollout actors: while the dead one restarts, the other keeps the learner fed (the dead one's
+    # groups are released at once, not timed out). The learner has a warm standby (learner.standby):
+    # a spare process, prepared ahead, restores the checkpoint of the last step and takes over.
+    # η = 0 and no tied-group filter: every step takes one batch of fresh samples, so the step intervals
+    # are regular (see the replay and verifier test below).
+    cfg, run = text_match(tmp_path, "faults", "cluster.use_ray=true", "algo.total_steps=18", "rollout.num_actors=2",
+                          "learner.checkpoint_every=1", "rollout.max_inflight=24", "replay.max_staleness=0",
+                          "algo.drop_tied_groups=false")
     inject, times, killed, infra = kill_and_time({4: "rollout-0", 7: "learner"}, ["rollout-0", "rollout-1"])
     train(cfg, run, on_step=inject)
     summary = json.loads((run.path / "summary.json").read_text())
     assert {r["actor"] for r in summary["restarts"]} >= {"rollout-0", "learner"}
+    assert set(killed) == {"rollout-0", "learner"}
     seen = versions(run)
     assert seen == sorted(set(seen)), f"weight versions must only grow: {seen}"
     assert seen[-1] >= cfg.algo.total_steps, (seen, summary["learner"])
@@ -72,12 +77,7 @@ def test_killing_a_rollout_and_the_learner_mid_run_loses_nothing(tmp_path, ray_s
     ep = summary["episodes"]
     assert ep["invariant_ok"] and ep["emitted"] == ep["trained"] + ep["filtered_total"] + ep["pending"]
     assert infra and max(infra) == 0  # no attempt was marked infra by a verify timeout
-    # A dead rollout actor takes its share of generation with it until its replacement has loaded the
-    # model, and a dead learner restarts from its checkpoint in a new process: on this shared 2-core
-    # machine neither comes back within 1.5 × a ~2 s step (the replay and verifier kills do, below).
-    # The gap is printed for the record, not asserted.
-    for name, killed_at in killed.items():
-        print(f"{name} killed: next step after {step_gap_ratio(times, killed_at):.2f} × the median interval")
+    assert_next_step_on_time(times, killed)
 
 
 def test_a_two_rank_learner_trains_and_restarts_as_a_group_when_a_rank_dies(tmp_path, ray_session):
@@ -172,24 +172,31 @@ def test_bench_stop_after_ends_the_run_at_a_step_and_summarises_it(tmp_path, cap
 def kill_and_time(kills: dict[int, str], health_of: list[str]):
     """An `on_step` that kills `kills[step]` once the driver has seen that step, and records when the
     learner finished every step, when each kill happened, and the rollout actors' counts of attempts
-    marked infra."""
+    marked infra. A kill waits (to a later step) while an earlier victim's replacement is still
+    starting and until three steps were taken after it: the pace it is measured against is a steady one."""
     times: dict[int, float] = {}
     killed: dict[str, float] = {}
     infra: list[int] = []
+    steady_from = [0]  # the first step whose three intervals before it are all after the last restart
 
     def inject(session, step: int) -> None:
         times.update(session.monitor.step_times)
-        if step in kills or step % 3 == 0:  # health calls slow the driver: before each kill, and now and then
+        due = [s for s in kills if s <= step]
+        if due or step % 3 == 0:  # health calls slow the driver: before each kill, and now and then
             for handle in session.rollouts:
                 if handle.name in health_of:
                     try:
                         infra.append(handle.health().verify_infra)
                     except Exception:  # the one killed a moment ago, not restarted yet
                         pass
-        if step in kills and kills[step] in session.supervisor.handles:
-            name = kills.pop(step)
+        if session.supervisor.restarting:
+            steady_from[0] = step + 4
+            return
+        if due and step >= steady_from[0]:
+            name = kills.pop(min(due))
             killed[name] = time.time()
             session.supervisor[name].kill()
+            steady_from[0] = step + 4
 
     return inject, times, killed, infra
 
@@ -206,23 +213,28 @@ def assert_next_step_on_time(times: dict[int, float], killed: dict[str, float]) 
     """The first learner step after each kill comes within 1.5 × the median of the three step intervals
     before it."""
     ratios = {name: round(step_gap_ratio(times, at), 2) for name, at in killed.items()}
+    print(f"the step after each kill, in median step intervals: {ratios}")  # for the record (`pytest -s`)
     assert max(ratios.values()) <= 1.5, f"the step after a kill took this many median intervals: {ratios}"
 
 
 def test_killing_replay_and_a_verifier_of_two_mid_run_loses_nothing_and_keeps_the_pace(tmp_path):
-    # η = 0: every step waits for fresh samples, so the step intervals are regular (at η = 1 the learner
-    # takes steps in bursts from samples made ahead, and the median interval before a kill is noise)
-    cfg, run = text_match(tmp_path, "faults2", "cluster.use_ray=false", "algo.total_steps=10", "replay.max_staleness=0",
-                          "verifier.num_actors=2", "learner.checkpoint_every=2")
-    inject, times, killed, infra = kill_and_time({4: "verifier-0", 8: "replay"}, ["rollout-0"])
+    # η = 0 and no tied-group filter: every step waits for one batch of fresh samples, so the step
+    # intervals are regular (at η = 1 the learner takes steps in bursts from samples made ahead, and
+    # with the filter on, the groups a step needs vary with how many tie: either way the median
+    # interval before a kill is noise, not a pace)
+    # The kills come after step 6: by then the retry buffer serves repair tasks (longer prompts) and the
+    # pace has settled.
+    cfg, run = text_match(tmp_path, "faults2", "cluster.use_ray=false", "algo.total_steps=13", "replay.max_staleness=0",
+                          "verifier.num_actors=2", "algo.drop_tied_groups=false")
+    inject, times, killed, infra = kill_and_time({6: "verifier-0", 10: "replay"}, ["rollout-0"])
     train(cfg, run, on_step=inject)
     summary = json.loads((run.path / "summary.json").read_text())
     assert {r["actor"] for r in summary["restarts"]} >= {"verifier-0", "replay"}
+    assert set(killed) == {"verifier-0", "replay"}
     ep = summary["episodes"]
     assert ep["invariant_ok"] and ep["emitted"] == ep["trained"] + ep["filtered_total"] + ep["pending"]
     assert infra and max(infra) == 0  # no attempt was marked infra by a verify timeout
-    # One of two verifiers dies: its requests move to the other at once, and the pace holds.
-    assert_next_step_on_time(times, {"verifier-0": killed["verifier-0"]})
-    # Replay's restart is printed, not asserted: on this shared machine the step after it took from
-    # 0.9 to 38 × the median interval (a wait of ~30 s in some runs, not yet traced).
-    print(f"replay killed: next step after {step_gap_ratio(times, killed['replay']):.2f} × the median interval")
+    # One of two verifiers dies: its requests move to the other at once. Replay dies: it restarts from
+    # its log, and every request that waited on the dead one (or was made while it was down) goes to
+    # the new one as soon as it registers. Either way the pace holds.
+    assert_next_step_on_time(times, killed)

@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -106,6 +107,7 @@ class LearnerActor(Actor):
         # "prepare" is the model build a standby did ahead ("build" is then only what was left).
         self.start_phases: dict[str, float] = {}
         self._prepared: Trainer | None = None  # built by prepare(), taken by start()
+        self._preparing = threading.Lock()
 
     # ------------------------------------------------------------------------------ lifecycle
 
@@ -116,9 +118,10 @@ class LearnerActor(Actor):
         metrics = self.ctx.registry.address("driver", "metrics")
         self.timeline = SpanRecorder(self.ctx.name or self.learner_id, metrics or None)
         channel = join(self._rendezvous(), self.device) if self.world_size > 1 else None
-        if self._prepared is None:
-            self.prepare()
-        backend, self._prepared = self._prepared, None
+        with self._preparing:  # a standby started while still preparing waits for its model
+            if self._prepared is None:
+                self._prepared = self._build()
+            backend, self._prepared = self._prepared, None
         self.start_phases["build"] = time.perf_counter() - clock
         if not self.is_leader:
             self.backend = backend
@@ -153,9 +156,13 @@ class LearnerActor(Actor):
         or registered. A warm standby (the supervisor's spare learner) is prepared ahead, so that taking
         over from a dead learner costs only `start()`'s restore and serve (`start_phases`)."""
         clock = time.perf_counter()
-        self._prepared = make_trainer(self.model_cfg, self.cfg, self.algo, temperature=self.temperature,
-                                      device=self.device)
+        with self._preparing:
+            if self._prepared is None:
+                self._prepared = self._build()
         self.start_phases["prepare"] = time.perf_counter() - clock
+
+    def _build(self) -> Trainer:
+        return make_trainer(self.model_cfg, self.cfg, self.algo, temperature=self.temperature, device=self.device)
 
     def _rendezvous(self) -> RankSpec:
         """The rank group's rendezvous: rank 0 picks a free port and registers it; the others wait for it.
