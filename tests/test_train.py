@@ -84,11 +84,11 @@ def test_killing_a_rollout_of_two_and_the_learner_mid_run_loses_nothing(tmp_path
     #   partial batch is lost and its replacement (new Ray actor, torch import, model, engine, weights:
     #   9-12 s) takes CPU from the survivor: the step after the kill took 0.8-2.0 × the median.
     # * learner: the warm standby takes over in 0.03-0.05 s of start() (restore 0.02-0.04 s, serve
-    #   0.01 s; its prepare, 4-5 s, ran ahead), where a cold restart took 11.6 s (6.7 s building the
+    #   0.01 s; its prepare, 3.9-4.8 s, ran ahead), where a cold restart took 11.6 s (6.7 s building the
     #   model). But the driver sees the death at its next check (up to 1 s), the rollouts join the new
     #   learner (up to 0.25 s, then a weight load), and the restored learner continues one version
     #   above the checkpoint, so at η = 0 the batch being generated is stale and is made again: the
-    #   step after the kill took 1.5-3.8 × the median.
+    #   step after the kill took 1.7-3.8 × the median.
     for name, at in killed.items():
         after = [s for s, t in times.items() if t > at]
         print(f"{name} killed: next step after {step_gap_ratio(times, at):.2f} × the median interval"
