@@ -110,6 +110,8 @@ def test_cpu_candidate_builds_imports_prebuilt_and_computes(relu_result):
     assert r.phases["kernel_compile"] > 0 and r.phases["link"] > 0
     assert "torch::empty_like" in r.torch_calls and "data_ptr" in r.tensor_methods
     assert any("binding: compiled (thunk)" in n for n in r.notes), r.notes
+    # Inside the build jail, gcc took the precompiled lean prelude for both units (it says so when not).
+    assert not any("was not used" in n for n in r.notes), r.notes
     p = run_prebuilt(r, relu_candidate(), """
         x = torch.randn(1000)
         y = mod.ModelNew()(x)
@@ -123,6 +125,16 @@ def test_cpu_candidate_builds_imports_prebuilt_and_computes(relu_result):
         print("OK")
         """)
     assert p.returncode == 0 and "OK" in p.stdout, p.stderr
+
+
+def test_a_refused_precompiled_prelude_is_named_with_gccs_reason(service):
+    # A macro the prelude's headers test, defined on the command line: gcc cannot use the PCH built
+    # without it and parses the whole prelude; the result's notes say which unit and why.
+    r = service.submit(candidate(RELU_KERNEL.format(scale="1.0f"), "t_strip",
+                                 flags=("-O2", "-DSTRIP_ERROR_MESSAGES"))).result()
+    assert r.ok, r.error
+    refused = [n for n in r.notes if "the precompiled lean prelude was not used" in n]
+    assert refused and all("STRIP_ERROR_MESSAGES" in n for n in refused), r.notes
 
 
 def test_second_submit_is_a_cache_hit(service, relu_result):

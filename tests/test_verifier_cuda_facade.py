@@ -106,6 +106,9 @@ def test_builder_tries_the_facade_then_falls_back_to_lean(cuda_builder, tmp_path
     (tmp_path / "relu").mkdir()
     plan = cuda_builder._plan(relu, tmp_path / "relu")
     assert plan.facade and {u.how for u in plan.units} == {"facade_cuda", "thunk-facade"}
+    # The facade thunk binding parses no torch header either: none is on its include path.
+    thunk = next(u for u in plan.units if u.how == "thunk-facade")
+    assert not {*cuda_builder.tc.torch_includes, cuda_builder.tc.python_include} & set(thunk.cmd), thunk.cmd
     cuda_builder._compile(relu, tmp_path / "relu", plan)
     assert all(u.ok for u in plan.units), [u.output[-2000:] for u in plan.units if not u.ok]
     assert {u.how for u in plan.units} == {"facade_cuda", "thunk-facade"}

@@ -99,8 +99,13 @@ def run(args) -> int:
     actor.impl.warm()
     pch_s = _wait_pch(actor)
     started = time.perf_counter()
+    def ask(job):  # a line per verdict as it comes: a run cut short still shows how far it got
+        r = _ask(address, job[2])
+        print(f"  [{time.perf_counter() - started:6.1f} s] {job[0]:<45} {verdict(r)}", flush=True)
+        return r
+
     with ThreadPoolExecutor(len(work)) as pool:
-        results = list(pool.map(lambda job: _ask(address, job[2]), work))
+        results = list(pool.map(ask, work))
     wall = time.perf_counter() - started
     control = next(c for c in load_suite(args.backend) if c.name == "control_correct")
     after = _ask(address, _request(work[-1][2].task, control.source() + f"\n# after {uuid.uuid4().hex}\n"))
