@@ -81,6 +81,12 @@ def jobs(args) -> list[tuple[str, str, VerifyRequest]]:
     return out
 
 
+def _task(args, task_id: str):
+    from tasks.loader import discover, to_task
+
+    return next(to_task(tf, args.backend) for tf in discover(args.tasks) if tf.task_id == task_id)
+
+
 def _request(task, source: str) -> VerifyRequest:
     return VerifyRequest(request_id=uuid.uuid4().hex, task=task, candidate=source)
 
@@ -112,7 +118,7 @@ def run(args) -> int:
         results = list(pool.map(ask, work))
     wall = time.perf_counter() - started
     control = next(c for c in load_suite(args.backend) if c.name == "control_correct")
-    after = _ask(address, _request(work[-1][2].task, control.source() + f"\n# after {uuid.uuid4().hex}\n"))
+    after = _ask(address, _request(_task(args, control.task_id), control.source() + f"\n# after {uuid.uuid4().hex}\n"))
     health = actor.health()
     actor.stop()
     rows = [(name, expect, r) for (name, expect, _), r in zip(work, results)]
