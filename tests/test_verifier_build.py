@@ -435,12 +435,13 @@ def test_cuda_candidate_builds_and_runs_on_the_gpu(tmp_path):
         return y;
     }
     """
-    src = textwrap.dedent(f"""
+    src = textwrap.dedent("""
         import torch
         from torch.utils.cpp_extension import load_inline
         ext = load_inline(name="t_add_one", cpp_sources="torch::Tensor add_one_fwd(torch::Tensor x);",
-                          cuda_sources=r'''{cu}''', functions=["add_one_fwd"])
-        """)
+                          cuda_sources=r'''CUDA_SOURCE''', functions=["add_one_fwd"])
+        """).replace("CUDA_SOURCE", cu)  # after the dedent: the CUDA text has its own indentation
+
     with BuildService(tmp_path, "cuda", workers=1, timeout_s=300) as svc:
         r = svc.submit(src).result()
     assert r.ok, r.error

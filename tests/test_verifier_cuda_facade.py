@@ -334,13 +334,14 @@ def test_facade_built_candidate_runs_on_the_current_stream(tmp_path):
         return (int64_t)(uintptr_t)(cudaStream_t)at::cuda::getCurrentCUDAStream(device);
     }
     '''
-    src = textwrap.dedent(f"""
+    src = textwrap.dedent("""
         import torch
         from torch.utils.cpp_extension import load_inline
         ext = load_inline(name="t_facade_gpu", cpp_sources="torch::Tensor add_one_fwd(torch::Tensor x);\\n"
                           "int64_t stream_of(int64_t device);",
-                          cuda_sources=r'''{cu}''', functions=["add_one_fwd", "stream_of"])
-        """)
+                          cuda_sources=r'''CUDA_SOURCE''', functions=["add_one_fwd", "stream_of"])
+        """).replace("CUDA_SOURCE", cu)  # after the dedent: the CUDA text has its own indentation
+
     with BuildService(tmp_path, "cuda", workers=1, timeout_s=300) as svc:
         svc.wait_pch(300)
         r = svc.submit(src).result()
