@@ -171,6 +171,29 @@ def test_parallel_submits(service, relu_result):
     assert len({next(iter(r.artifacts.values())) for r in results}) == 3
 
 
+def test_two_extensions_in_one_candidate_are_two_modules(service):
+    # Both are split builds (each a kiln_ext.so): imported under one name, the second would come
+    # back as the first one's module (pybind11 caches modules by import name) and lack its function.
+    src = textwrap.dedent(f"""
+        import torch
+        from torch.utils.cpp_extension import load_inline
+        # session {NONCE}
+        twice = load_inline(name="t_twice", cpp_sources="torch::Tensor twice(torch::Tensor x) {{ return x.mul(2); }}",
+                            functions=["twice"])
+        thrice = load_inline(name="t_thrice", cpp_sources="torch::Tensor thrice(torch::Tensor x) {{ return x.mul(3); }}",
+                             functions=["thrice"])
+        """)
+    r = service.submit(src).result()
+    assert r.ok and len(r.artifacts) == 2, r.error
+    p = run_prebuilt(r, src, """
+        x = torch.randn(8)
+        assert mod.twice is not mod.thrice
+        assert torch.equal(mod.twice.twice(x), x * 2) and torch.equal(mod.thrice.thrice(x), x * 3)
+        print("OK")
+        """)
+    assert p.returncode == 0 and "OK" in p.stdout, p.stderr
+
+
 def test_module_level_calls_into_the_extension_work(service):
     # Also: an explicit #include <torch/extension.h> (common in model output) still compiles lean.
     src = candidate("#include <torch/extension.h>\n" + RELU_KERNEL.format(scale="1.0f"), "t_relu_selftest",
