@@ -250,7 +250,7 @@ class CandidateRun:
         self.current_op = "the timed runs"
         budget_s = min(max(self.budget.left * 0.5, 1.0), 20.0)
         reported, trips, nulls = [], [], []
-        with self.lease.exclusive():
+        with self.lease.exclusive(), timing.responsive_gil():
             for w in range(self.cfg.warmup):  # untimed, on inputs the candidate has seen already
                 self._one_run(child, self.primary_trials[w % len(self.primary_trials)].inputs)
             started = time.perf_counter()
