@@ -294,6 +294,9 @@ def test_a_small_bench_reports_every_figure_and_async_beats_sync(tmp_path, capsy
     assert set(report["stages"]) == {"engine", "verifier", "learner", "sync"}
     assert report["stages"]["engine"]["decoded_tokens"] == 64 * 16
     assert report["stages"]["learner"]["gradient_tokens"] > 0
+    verifier = report["stages"]["verifier"]  # 64 requests on 32 slots: the capacity is the slots' rate
+    assert verifier["verifications_per_min"] == pytest.approx(60.0 * 32 / verifier["slot_s_mean"])
+    assert verifier["overall_per_min"] == pytest.approx(60.0 * 64 / verifier["seconds"])
     sync, async_ = report["loops"]
     assert (sync["eta"], async_["eta"]) == (0, 1) and sync["window_steps"] == async_["window_steps"] == 4
     for loop in report["loops"]:
