@@ -193,6 +193,9 @@ def render_loops(report: BenchReport) -> list[str]:
     for actor in occupants:
         rows.append((f"occupancy {actor}",
                      [_f(report.occupancy.get(f"eta={loop.eta}", {}).get(actor)) for loop in loops]))
+    for engine in sorted({e for loop in loops for e in loop.rows_per_step}):
+        rows.append((f"rows per decode step {engine} (of max_batch)",
+                     [_f(loop.rows_per_step.get(engine), 1) for loop in loops]))
     cpu_names = sorted({k for loop in loops for k in (loop.cpu_share or {})}, key=lambda k: (k == "machine", k))
     for name in cpu_names:
         label = "CPU share, whole machine (all users)" if name == "machine" else f"CPU share {name}"
