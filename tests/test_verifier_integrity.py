@@ -406,3 +406,28 @@ def test_the_engine_pauses_between_steps_while_a_kernel_is_timed(tmp_path, monke
         assert steps and steps[0] >= closed_at
     finally:
         engine.close()
+
+
+def test_a_timed_run_and_its_null_run_do_the_same_work_but_the_forward(tmp_path, monkeypatch):
+    """The verifier's floor is (fastest run round trip) - (fastest null round trip): any check that
+    only the run request does lands in the candidate's time. Reading /proc/self/maps costs
+    milliseconds in a CUDA process (it made a 0.2 ms relu count as 7 ms on an H100), so the
+    shared-mapping check runs in its own untimed request after both."""
+    import socket
+
+    import torch
+
+    from actors.verifier import sandbox, timing
+    from actors.verifier.jail import JailReport
+
+    reads = []
+    monkeypatch.setattr(sandbox, "shared_mappings", lambda device_type: reads.append(device_type) or set())
+    a, b = socket.socketpair()
+    st = sandbox.ChildState(a, tmp_path, "cpu", JailReport(), -1)
+    st.model, st.clock = torch.nn.ReLU(), timing.Clock("cpu")
+    sandbox.handle_stage(st, {"inputs": [torch.randn(8)]})
+    reads.clear()
+    assert sandbox.handle_run(st, {})["ok"] and sandbox.handle_run(st, {"null": True})["ok"]
+    assert reads == []
+    assert sandbox.HANDLERS["settle"](st, {})["ok"] and reads == ["cpu"]
+    a.close(), b.close()

@@ -278,7 +278,8 @@ class CandidateRun:
 
     def _one_run(self, child: ChildSession, inputs: list):
         """Stage one run's inputs, then time it (sandbox clock and this process's round trip), then
-        time the same request without the forward. (reply, round trip, null round trip) or Nones."""
+        time the same request without the forward, then let the sandbox run its untimed post-run
+        checks. (reply, round trip, null round trip) or Nones."""
         reply = self.budget.ask(child, "stage", {"inputs": inputs})
         if not self._absorb(reply, "staging a timed run"):
             return None, 0.0, 0.0
@@ -295,6 +296,8 @@ class CandidateRun:
         null = self.budget.ask(child, "run", {"null": True})
         null_trip = time.perf_counter() - t0
         if not self._absorb(null, "a timed run"):
+            return None, 0.0, 0.0
+        if not self._absorb(self.budget.ask(child, "settle", {}), "a timed run"):
             return None, 0.0, 0.0
         return reply, trip, null_trip
 
