@@ -285,7 +285,8 @@ def test_a_small_bench_reports_every_figure_and_async_beats_sync(tmp_path, capsy
     for line in ("### Each stage alone", "| engine |", "| verifier |", "| learner |", "| weight sync |",
                  "### The loop", "| samples/s (trained) |", "| decoded tok/s |", "| trained tok/s |",
                  "| gradient tok/s |", "| occupancy rollout-0 |", "| occupancy verifier-0 |", "CPU share",
-                 "| weight sync s p50 / p99 (n) |", "| staleness: trained samples by lag |",
+                 "| weight sync s p50 / p99 (n) |", "| rows per decode step rollout-0 (of max_batch) |",
+                 "| staleness: trained samples by lag |",
                  "| fraction of the ideal-overlap bound |", "async/sync speedup", "### Ideal-overlap bound"):
         assert line in table, line
     report = json.loads((out / "bench.json").read_text())
@@ -294,6 +295,9 @@ def test_a_small_bench_reports_every_figure_and_async_beats_sync(tmp_path, capsy
     assert set(report["stages"]) == {"engine", "verifier", "learner", "sync"}
     assert report["stages"]["engine"]["decoded_tokens"] == 64 * 16
     assert report["stages"]["learner"]["gradient_tokens"] > 0
+    verifier = report["stages"]["verifier"]  # 64 requests on 32 slots: the capacity is the slots' rate
+    assert verifier["verifications_per_min"] == pytest.approx(60.0 * 32 / verifier["slot_s_mean"])
+    assert verifier["overall_per_min"] == pytest.approx(60.0 * 64 / verifier["seconds"])
     sync, async_ = report["loops"]
     assert (sync["eta"], async_["eta"]) == (0, 1) and sync["window_steps"] == async_["window_steps"] == 4
     for loop in report["loops"]:
@@ -302,6 +306,7 @@ def test_a_small_bench_reports_every_figure_and_async_beats_sync(tmp_path, capsy
         assert {"training", "syncing"} <= set(loop["activities"]["learner"])
         assert "generating" in loop["activities"]["rollout-0"] and "verifying" in loop["activities"]["verifier-0"]
         assert loop["sync_s"]["n"] == 4 and loop["cpu_share"] is not None
+        assert 1.0 <= loop["rows_per_step"]["rollout-0"] <= 64  # text_match.yaml's rollout.max_batch
     assert set(sync["staleness"]) == {"0"}  # η = 0 never trains on an older version
     assert report["bound"]["samples_per_s"] > 0 and set(report["bound_fraction"]) == {"eta=0", "eta=1"}
     assert report["async_sync_speedup"] == report["speedup"]["eta=1"] >= 1.3

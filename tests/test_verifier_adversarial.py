@@ -237,3 +237,14 @@ def test_an_include_line_stands_for_the_shared_file_and_a_missing_one_stops_the_
     shipped = [c for backend in ("cpu", "cuda") for c in load_suite(backend)]
     assert sum("kiln-adversarial-include" in c.path.read_text() for c in shipped) >= 30
     assert all("kiln-adversarial-include" not in c.source() for c in shipped)
+
+
+def test_every_shipped_case_parses_unless_it_tests_extraction():
+    """A case that does not parse is answered at extraction and never reaches the defence it is
+    there to test (the CUDA cases run only on the GPU machine, so CI checks their text here)."""
+    import ast
+
+    for backend in ("cpu", "cuda"):
+        for case in load_suite(backend):
+            if case.expect != "extract":
+                ast.parse(case.source(), filename=str(case.path))

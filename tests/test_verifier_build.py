@@ -110,6 +110,8 @@ def test_cpu_candidate_builds_imports_prebuilt_and_computes(relu_result):
     assert r.phases["kernel_compile"] > 0 and r.phases["link"] > 0
     assert "torch::empty_like" in r.torch_calls and "data_ptr" in r.tensor_methods
     assert any("binding: compiled (thunk)" in n for n in r.notes), r.notes
+    # Inside the build jail, gcc took the precompiled lean prelude for both units (it says so when not).
+    assert not any("was not used" in n for n in r.notes), r.notes
     p = run_prebuilt(r, relu_candidate(), """
         x = torch.randn(1000)
         y = mod.ModelNew()(x)
@@ -123,6 +125,16 @@ def test_cpu_candidate_builds_imports_prebuilt_and_computes(relu_result):
         print("OK")
         """)
     assert p.returncode == 0 and "OK" in p.stdout, p.stderr
+
+
+def test_a_refused_precompiled_prelude_is_named_with_gccs_reason(service):
+    # A macro the prelude's headers test, defined on the command line: gcc cannot use the PCH built
+    # without it and parses the whole prelude; the result's notes say which unit and why.
+    r = service.submit(candidate(RELU_KERNEL.format(scale="1.0f"), "t_strip",
+                                 flags=("-O2", "-DSTRIP_ERROR_MESSAGES"))).result()
+    assert r.ok, r.error
+    refused = [n for n in r.notes if "the precompiled lean prelude was not used" in n]
+    assert refused and all("STRIP_ERROR_MESSAGES" in n for n in refused), r.notes
 
 
 def test_second_submit_is_a_cache_hit(service, relu_result):
@@ -157,6 +169,29 @@ def test_parallel_submits(service, relu_result):
     results = [f.result() for f in futures]
     assert len(done) == 3 and all(r.ok for r in results), [r.error for r in results]
     assert len({next(iter(r.artifacts.values())) for r in results}) == 3
+
+
+def test_two_extensions_in_one_candidate_are_two_modules(service):
+    # Both are split builds (each a kiln_ext.so): imported under one name, the second would come
+    # back as the first one's module (pybind11 caches modules by import name) and lack its function.
+    src = textwrap.dedent(f"""
+        import torch
+        from torch.utils.cpp_extension import load_inline
+        # session {NONCE}
+        twice = load_inline(name="t_twice", cpp_sources="torch::Tensor twice(torch::Tensor x) {{ return x.mul(2); }}",
+                            functions=["twice"])
+        thrice = load_inline(name="t_thrice", cpp_sources="torch::Tensor thrice(torch::Tensor x) {{ return x.mul(3); }}",
+                             functions=["thrice"])
+        """)
+    r = service.submit(src).result()
+    assert r.ok and len(r.artifacts) == 2, r.error
+    p = run_prebuilt(r, src, """
+        x = torch.randn(8)
+        assert mod.twice is not mod.thrice
+        assert torch.equal(mod.twice.twice(x), x * 2) and torch.equal(mod.thrice.thrice(x), x * 3)
+        print("OK")
+        """)
+    assert p.returncode == 0 and "OK" in p.stdout, p.stderr
 
 
 def test_module_level_calls_into_the_extension_work(service):
@@ -423,12 +458,13 @@ def test_cuda_candidate_builds_and_runs_on_the_gpu(tmp_path):
         return y;
     }
     """
-    src = textwrap.dedent(f"""
+    src = textwrap.dedent("""
         import torch
         from torch.utils.cpp_extension import load_inline
         ext = load_inline(name="t_add_one", cpp_sources="torch::Tensor add_one_fwd(torch::Tensor x);",
-                          cuda_sources=r'''{cu}''', functions=["add_one_fwd"])
-        """)
+                          cuda_sources=r'''CUDA_SOURCE''', functions=["add_one_fwd"])
+        """).replace("CUDA_SOURCE", cu)  # after the dedent: the CUDA text has its own indentation
+
     with BuildService(tmp_path, "cuda", workers=1, timeout_s=300) as svc:
         r = svc.submit(src).result()
     assert r.ok, r.error

@@ -106,6 +106,9 @@ def test_builder_tries_the_facade_then_falls_back_to_lean(cuda_builder, tmp_path
     (tmp_path / "relu").mkdir()
     plan = cuda_builder._plan(relu, tmp_path / "relu")
     assert plan.facade and {u.how for u in plan.units} == {"facade_cuda", "thunk-facade"}
+    # The facade thunk binding parses no torch header either: none is on its include path.
+    thunk = next(u for u in plan.units if u.how == "thunk-facade")
+    assert not {*cuda_builder.tc.torch_includes, cuda_builder.tc.python_include} & set(thunk.cmd), thunk.cmd
     cuda_builder._compile(relu, tmp_path / "relu", plan)
     assert all(u.ok for u in plan.units), [u.output[-2000:] for u in plan.units if not u.ok]
     assert {u.how for u in plan.units} == {"facade_cuda", "thunk-facade"}
@@ -331,13 +334,14 @@ def test_facade_built_candidate_runs_on_the_current_stream(tmp_path):
         return (int64_t)(uintptr_t)(cudaStream_t)at::cuda::getCurrentCUDAStream(device);
     }
     '''
-    src = textwrap.dedent(f"""
+    src = textwrap.dedent("""
         import torch
         from torch.utils.cpp_extension import load_inline
         ext = load_inline(name="t_facade_gpu", cpp_sources="torch::Tensor add_one_fwd(torch::Tensor x);\\n"
                           "int64_t stream_of(int64_t device);",
-                          cuda_sources=r'''{cu}''', functions=["add_one_fwd", "stream_of"])
-        """)
+                          cuda_sources=r'''CUDA_SOURCE''', functions=["add_one_fwd", "stream_of"])
+        """).replace("CUDA_SOURCE", cu)  # after the dedent: the CUDA text has its own indentation
+
     with BuildService(tmp_path, "cuda", workers=1, timeout_s=300) as svc:
         svc.wait_pch(300)
         r = svc.submit(src).result()

@@ -406,3 +406,79 @@ def test_the_engine_pauses_between_steps_while_a_kernel_is_timed(tmp_path, monke
         assert steps and steps[0] >= closed_at
     finally:
         engine.close()
+
+
+def test_a_timed_run_and_its_null_run_do_the_same_work_but_the_forward(tmp_path, monkeypatch):
+    """The verifier's floor is (fastest run round trip) - (fastest null round trip): any check that
+    only the run request does lands in the candidate's time. Reading /proc/self/maps costs
+    milliseconds in a CUDA process (it made a 0.2 ms relu count as 7 ms on an H100), so the
+    shared-mapping check runs in its own untimed request after both."""
+    import socket
+
+    import torch
+
+    from actors.verifier import sandbox, timing
+    from actors.verifier.jail import JailReport
+
+    reads = []
+    monkeypatch.setattr(sandbox, "shared_mappings", lambda device_type: reads.append(device_type) or set())
+    a, b = socket.socketpair()
+    st = sandbox.ChildState(a, tmp_path, "cpu", JailReport(), -1)
+    st.model, st.clock = torch.nn.ReLU(), timing.Clock("cpu")
+    sandbox.handle_stage(st, {"inputs": [torch.randn(8)]})
+    reads.clear()
+    assert sandbox.handle_run(st, {})["ok"] and sandbox.handle_run(st, {"null": True})["ok"]
+    assert reads == []
+    assert sandbox.HANDLERS["settle"](st, {})["ok"] and reads == ["cpu"]
+    a.close(), b.close()
+
+
+def test_a_busy_verifier_thread_does_not_delay_the_round_trip_clock():
+    """The verifier times a run from one thread while its other threads work. Waking from the reply,
+    that thread needs the GIL back, which CPython hands over every switch interval (5 ms): a 0.2 ms
+    kernel then read as 5-7 ms on an H100 and the verifier's floor overruled the sandbox's clock.
+    Inside `responsive_gil` (the timed runs) it comes back within a fraction of a millisecond, and
+    the interval is restored when the last overlapping window closes."""
+    import socket
+    import statistics
+    import sys
+    import threading
+    import time
+
+    from actors.verifier import timing
+
+    default = sys.getswitchinterval()
+    stop = threading.Event()
+
+    def busy():  # pure Python: holds the GIL until asked to drop it
+        x = 0
+        while not stop.is_set():
+            x += 1
+
+    def wake_latencies(n: int) -> list[float]:
+        out = []
+        for _ in range(n):
+            a, b = socket.socketpair()
+            sent = []
+            replier = threading.Thread(target=lambda: (time.sleep(0.002), sent.append(time.perf_counter()),
+                                                       b.sendall(b"x")))
+            replier.start()
+            a.recv(1)
+            out.append(time.perf_counter() - sent[0])
+            replier.join()
+            a.close(), b.close()
+        return out
+
+    spinner = threading.Thread(target=busy, daemon=True)
+    spinner.start()
+    try:
+        with timing.responsive_gil():
+            with timing.responsive_gil():  # a second window overlapping the first
+                assert sys.getswitchinterval() == pytest.approx(timing.TIMING_SWITCH_INTERVAL_S)
+            assert sys.getswitchinterval() == pytest.approx(timing.TIMING_SWITCH_INTERVAL_S)
+            latency = statistics.median(wake_latencies(20))
+        assert sys.getswitchinterval() == default
+    finally:
+        stop.set()
+        spinner.join()
+    assert latency < 2.5e-3, f"woke {latency * 1e3:.2f} ms after the reply (the default switch interval is 5 ms)"

@@ -250,12 +250,13 @@ class CandidateRun:
         self.current_op = "the timed runs"
         budget_s = min(max(self.budget.left * 0.5, 1.0), 20.0)
         reported, trips, nulls = [], [], []
-        with self.lease.exclusive():
+        handled: dict[str, list[float]] = {"run": [], "null": []}  # the sandbox's own time per request
+        with self.lease.exclusive(), timing.responsive_gil():
             for w in range(self.cfg.warmup):  # untimed, on inputs the candidate has seen already
                 self._one_run(child, self.primary_trials[w % len(self.primary_trials)].inputs)
             started = time.perf_counter()
             for i, inputs in enumerate(sets):
-                reply, trip, null = self._one_run(child, inputs)
+                reply, trip, null = self._one_run(child, inputs, handled)
                 if reply is None:
                     return
                 reported.append(float(reply.get("seconds") or 0.0))
@@ -270,15 +271,20 @@ class CandidateRun:
         self.out.timing_runs = len(trips)
         self.out.timing = {"clock": clock, "sandbox_s": timing.median(reported), "round_trip_s": min(trips),
                            "null_s": min(nulls), "runs": len(trips),
+                           # where a round trip goes: the sandbox's handling of each request, which it
+                           # reports (untrusted, so diagnostics only, never the verdict)
+                           "run_handled_s": min(handled["run"], default=None),
+                           "null_handled_s": min(handled["null"], default=None),
                            "checked": sorted(i for i in checked if i < len(trips))}
         if clock == "verifier":
             self.out.notes.append("the sandbox reported less time than the verifier measured around its runs: "
                                   "the verifier's clock counts")
         self._plausibility(seconds)
 
-    def _one_run(self, child: ChildSession, inputs: list):
+    def _one_run(self, child: ChildSession, inputs: list, handled: dict[str, list[float]] | None = None):
         """Stage one run's inputs, then time it (sandbox clock and this process's round trip), then
-        time the same request without the forward. (reply, round trip, null round trip) or Nones."""
+        time the same request without the forward, then let the sandbox run its untimed post-run
+        checks. (reply, round trip, null round trip) or Nones."""
         reply = self.budget.ask(child, "stage", {"inputs": inputs})
         if not self._absorb(reply, "staging a timed run"):
             return None, 0.0, 0.0
@@ -296,6 +302,12 @@ class CandidateRun:
         null_trip = time.perf_counter() - t0
         if not self._absorb(null, "a timed run"):
             return None, 0.0, 0.0
+        if not self._absorb(self.budget.ask(child, "settle", {}), "a timed run"):
+            return None, 0.0, 0.0
+        if handled is not None:
+            for key, r in (("run", reply), ("null", null)):
+                if isinstance(r.get("handled_s"), (int, float)):
+                    handled[key].append(float(r["handled_s"]))
         return reply, trip, null_trip
 
     def _check_timed(self, child: ChildSession, index: int, inputs: list) -> bool:

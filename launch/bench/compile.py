@@ -102,9 +102,12 @@ def run_service_mode(label, files, backend, policy, pch_dir, deadline, passes=1)
                     r = svc.submit(unique_source(f)).result()
                     rows.append({"file": str(f.relative_to(REPO)), "ok": r.ok, "seconds": r.seconds,
                                  "phases": r.phases, "preludes": list(r.preludes.values()),
-                                 "error": r.error[:300]})
+                                 "notes": r.notes, "error": r.error[:300]})
                     print(f"  {label if p == 0 else label + '-warm':<11} {f.parent.name}/{f.name:<32} "
                           f"{r.seconds:6.1f}s ok={r.ok} {','.join(r.preludes.values())}", flush=True)
+                    for note in r.notes:  # a refused precompiled prelude explains a slow compile
+                        if "was not used" in note:
+                            print(f"      {note}", flush=True)
                 out[label if p == 0 else f"{label}-warm"] = rows
         finally:
             svc.close()

@@ -156,7 +156,10 @@ def render_stages(s: Stages) -> list[str]:
         + f"overall {_f(e.overall_tokens_per_s, 1)} tok/s ({e.decoded_tokens:,} tokens in {e.seconds:.1f} s, "
         f"mean {e.mean_response_tokens:.0f} per response) |",
         f"| verifier | {_f(v.verifications_per_min, 1)} verifications/min ({_f(v.per_actor_per_min, 1)} per actor) | "
-        f"{v.requests} attempts at once to {v.actors} actor(s) × {v.max_inflight} in flight, {v.forced_share:.0%} "
+        f"{v.requests} attempts at once to {v.actors} actor(s) × {v.max_inflight} in flight; "
+        + (f"every slot busy: {v.actors * v.max_inflight} slots ÷ {v.slot_s_mean:.2f} s mean per verification, "
+           if v.requests > v.actors * v.max_inflight and v.slot_s_mean > 0 else "fewer requests than slots: the overall rate; ")
+        + f"overall {_f(v.overall_per_min, 1)}/min ({v.seconds:.1f} s, the drain included); {v.forced_share:.0%} "
         f"forced, {v.compiled_share:.0%} real compiles, modelled latency {v.modelled_s_mean:.2f} s mean; "
         f"stages: {stages} |",
         f"| learner | {_f(learner.step_s_median, 2)} s/step | median of {len(learner.step_s)}; {learner.sequences} "
@@ -190,6 +193,9 @@ def render_loops(report: BenchReport) -> list[str]:
     for actor in occupants:
         rows.append((f"occupancy {actor}",
                      [_f(report.occupancy.get(f"eta={loop.eta}", {}).get(actor)) for loop in loops]))
+    for engine in sorted({e for loop in loops for e in loop.rows_per_step}):
+        rows.append((f"rows per decode step {engine} (of max_batch)",
+                     [_f(loop.rows_per_step.get(engine), 1) for loop in loops]))
     cpu_names = sorted({k for loop in loops for k in (loop.cpu_share or {})}, key=lambda k: (k == "machine", k))
     for name in cpu_names:
         label = "CPU share, whole machine (all users)" if name == "machine" else f"CPU share {name}"

@@ -15,7 +15,15 @@
 * Verifier: `verifier.num_actors` real `VerifierActor`s (modelled latency included) with an empty
   cache, sent `requests` attempts at once through the rollout's own verifier client. The attempts are
   the run's candidate mix: a `rollout.forced_fraction` share drawn from the forced-candidate pool,
-  the rest the engine's own sampled responses from above. Capacity = verifications per minute.
+  the rest the engine's own sampled responses from above.
+  Capacity = verifications per minute with every one of the `verifier.max_inflight` worker slots
+  busy: slots × actors ÷ the mean time one verification holds its slot (Little's law; each slot
+  works through its verifications one after another). As for the engine, the drain at the end is
+  left out: with a long-tailed modelled latency and a few requests per slot, the last slow
+  verifications run nearly alone, and the overall rate (requests ÷ the time until the last reply,
+  reported beside it) is mostly that drain. The slot times are taken with all slots busy at the
+  start, so they include the contention of a full verifier (compiles waiting for compile workers,
+  executions sharing the cores). Fewer requests than slots: the overall rate.
 * Learner: the run's learner backend on one batch of the run's shape, on the torch threads the
   learner has in the loop: `algo.batch_groups` groups of `algo.group_size` first turns, each a
   sampled response from above or a forced candidate scored by the engine, in the run's proportion.
@@ -71,7 +79,7 @@ class EngineStage:
 
 @dataclass
 class VerifierStage:
-    verifications_per_min: float  # all verifier actors together
+    verifications_per_min: float  # the capacity, all verifier actors together: with every slot busy
     per_actor_per_min: float
     requests: int
     seconds: float
@@ -81,6 +89,8 @@ class VerifierStage:
     compiled_share: float  # of the verifications, real compiles
     modelled_s_mean: float  # modelled GPU-side latency slept per verification
     stages: dict[str, int] = field(default_factory=dict)  # verifier stage reached -> verifications
+    overall_per_min: float = 0.0  # requests ÷ the time until the last reply (the drain included)
+    slot_s_mean: float = 0.0  # mean time one verification held its worker slot (modelled latency included)
 
 
 @dataclass
@@ -324,9 +334,23 @@ def measure_verifier(work: Workload, n: int, cache: Path) -> VerifierStage:
     from actors.rollout.episodes import Verifier
     from actors.verifier.actor import VerifierActor
 
+    class SlotTimedVerifier(VerifierActor):
+        """A verifier actor that records how long each verification holds its worker slot."""
+
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            self.slot_s: list[float] = []
+
+        def verify(self, request: VerifyRequest):
+            started = time.perf_counter()
+            try:
+                return super().verify(request)
+            finally:
+                self.slot_s.append(time.perf_counter() - started)  # list.append: safe across worker threads
+
     cfg = work.cfg
     vcfg = dataclasses.replace(cfg.verifier, cache_dir=str(cache / uuid.uuid4().hex[:8]))
-    actors = [VerifierActor(vcfg) for _ in range(vcfg.num_actors)]
+    actors = [SlotTimedVerifier(vcfg) for _ in range(vcfg.num_actors)]
     for actor in actors:
         actor.start()
     requests, forced = verify_requests(work, n)
@@ -336,6 +360,8 @@ def measure_verifier(work: Workload, n: int, cache: Path) -> VerifierStage:
         warm = VerifyRequest(request_id="warm", task=requests[0].task, candidate="no code", episode_id="warm")
         client.verify(warm)  # untimed: the sandbox and build services start on first use
         before = [a.health() for a in actors]
+        for actor in actors:
+            actor.slot_s.clear()  # the warm-up's verification is not timed
         started = time.perf_counter()
         results = client.verify_all(requests)
         seconds = time.perf_counter() - started
@@ -349,11 +375,16 @@ def measure_verifier(work: Workload, n: int, cache: Path) -> VerifierStage:
     stages: dict[str, int] = {}
     for res in results:
         stages[res.stage] = stages.get(res.stage, 0) + 1
-    per_min = 60.0 * n / seconds
+    overall = 60.0 * n / seconds
+    slot_s = [s for a in actors for s in a.slot_s]
+    slot_mean = statistics.fmean(slot_s) if slot_s else 0.0
+    slots = vcfg.max_inflight * len(actors)
+    per_min = 60.0 * slots / slot_mean if n > slots and slot_mean > 0 else overall
     return VerifierStage(verifications_per_min=per_min, per_actor_per_min=per_min / len(actors), requests=n,
                          seconds=seconds, actors=len(actors), max_inflight=vcfg.max_inflight,
                          forced_share=forced / max(n, 1), compiled_share=compiled / max(n, 1),
-                         modelled_s_mean=modelled / max(n, 1), stages=stages)
+                         modelled_s_mean=modelled / max(n, 1), stages=stages, overall_per_min=overall,
+                         slot_s_mean=slot_mean)
 
 
 # -------------------------------------------------------------------------------- weight sync

@@ -17,6 +17,8 @@ warm-up to the last one. Rates:
 
   samples/s          trained sequences per second
   decoded tok/s      tokens the engines decoded (sampled, not forced-and-scored) per second
+  rows per step      an engine's decoded tokens ÷ its decode steps: how full its batch was on average
+                     (engines that count their steps: the torch engine)
   trained tok/s      tokens in the learner's batches per second (prompt + response)
   gradient tok/s     tokens that carried gradient (MirrorPop kept) per second
   verifications/min  verifier replies per minute; the share that were real compiles
@@ -77,6 +79,7 @@ class Mark:
     read_at: float  # when the counters below were read (wall clock)
     step: int
     decoded: dict[str, float]  # engine -> decoded tokens since the first mark
+    decode_steps: dict[str, float]  # engine -> decode steps since the first mark (engines that count them)
     verified: dict[str, float]  # verifier -> replies since the first mark
     compiled: dict[str, float]  # verifier -> real compiles since the first mark
     cpu: dict[str, float] | None  # actor (or "driver") -> CPU seconds since the first mark
@@ -104,7 +107,7 @@ class Probe:
             raise StopRun
 
     def _mark(self, session, step: int) -> Mark:
-        decoded, verified, compiled, pids = {}, {}, {}, {"driver": os.getpid()}
+        decoded, decode_steps, verified, compiled, pids = {}, {}, {}, {}, {"driver": os.getpid()}
         for name, handle in list(session.supervisor.handles.items()):
             try:
                 health = handle.health(timeout_s=10.0)
@@ -114,6 +117,9 @@ class Probe:
             if name.startswith("rollout-"):
                 self._counts.update(f"decoded/{name}", health.decoded_tokens, health.pid)
                 decoded[name] = self._counts.total[f"decoded/{name}"]
+                if "steps" in health.engine:
+                    self._counts.update(f"steps/{name}", health.engine["steps"], health.pid)
+                    decode_steps[name] = self._counts.total[f"steps/{name}"]
             elif name.startswith("verifier-"):
                 for kind, value, out in (("verified", health.replied, verified),
                                          ("compiled", health.compiled, compiled)):
@@ -121,7 +127,7 @@ class Probe:
                     out[name] = self._counts.total[f"{kind}/{name}"]
         cpu_s, machine = self._cpu_reading(pids), cpu.machine_busy_s()
         return Mark(time=session.monitor.step_times.get(step, time.time()), read_at=time.time(), step=step,
-                    decoded=decoded, verified=verified, compiled=compiled, cpu=cpu_s, machine_cpu=machine)
+                    decoded=decoded, decode_steps=decode_steps, verified=verified, compiled=compiled, cpu=cpu_s, machine_cpu=machine)
 
     def _cpu_reading(self, pids: dict[str, int]) -> dict[str, float] | None:
         if len(set(pids.values())) == 1:  # in-process: one process holds every stage, none is separable
@@ -168,6 +174,8 @@ class LoopResult:
     killed: str | None
     recovery_s: float | None  # kill -> the next learner step recorded
     finished: bool  # False when stop_after ended the run before its last step
+    # engine -> decoded tokens ÷ decode steps in the window: its mean batch fill (of rollout.max_batch)
+    rows_per_step: dict[str, float] = field(default_factory=dict)
 
 
 def run_loop(cfg: KilnConfig, run: RunDirectory, *, warmup: int, steps: int | None, kill: tuple[str, int] | None = None,
@@ -207,6 +215,7 @@ def summarise(cfg: KilnConfig, run: RunDirectory, probe: Probe, warmup: int, wal
     spans = read_timeline(run.path)
     delta = lambda a, b: {k: a.get(k, 0.0) - b.get(k, 0.0) for k in a}  # noqa: E731
     decoded = delta(end.decoded, start.decoded)
+    decode_steps = {k: v for k, v in delta(end.decode_steps, start.decode_steps).items() if v > 0}
     verified = delta(end.verified, start.verified)
     compiled = delta(end.compiled, start.compiled)
     verifications = sum(verified.values())
@@ -237,6 +246,7 @@ def summarise(cfg: KilnConfig, run: RunDirectory, probe: Probe, warmup: int, wal
         gradient_tokens_per_s=sum(r.get("train/trained_tokens", 0.0) for r in steady) / window,
         trained_samples=int(samples), decoded_tokens=sum(decoded.values()),
         decoded_per_engine={k: v / between for k, v in sorted(decoded.items())}, counters_s=between,
+        rows_per_step={k: decoded.get(k, 0.0) / n for k, n in sorted(decode_steps.items())},
         verifications=verifications,
         verifications_per_min={k: 60.0 * v / between for k, v in sorted(verified.items())},
         compiled_share=sum(compiled.values()) / verifications if verifications else None,

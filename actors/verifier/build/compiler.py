@@ -139,6 +139,7 @@ class ExtensionBuilder:
         for u in plan.units:
             phases[f"{u.label}_compile"] = phases.get(f"{u.label}_compile", 0.0) + u.seconds
         self._raise_first_failure(plan, bdir, phases)
+        plan.notes += self._pch_notes(plan.units)
 
         binding = None
         if plan.bindable is not None and plan.binding_obj is None:
@@ -362,8 +363,11 @@ class ExtensionBuilder:
         return "\n".join(parts) + "\n"
 
     def _gxx_cmd(self, spec: ExtensionSpec, module: str, user_flags: list[str], src: str, obj: str) -> list[str]:
+        # -Winvalid-pch: gcc otherwise skips a precompiled header it cannot use without a word, and
+        # the unit silently costs a full parse (see `_pch_notes`).
+        pch = ["-Winvalid-pch", "-Wno-error=invalid-pch"] if self.tc.cxx_is_gcc else []
         return [self.tc.cxx, *self.tc.cxx_flags(), *self.tc.common_flags(module, spec.extra_include_paths),
-                *user_flags, "-c", src, "-o", obj]
+                *user_flags, *pch, "-c", src, "-o", obj]
 
     def _kernel_unit(self, spec, bdir, cpp_names, prelude) -> _Unit:
         src, obj = f"kernel_{prelude}.cpp", f"kernel_{prelude}.o"
@@ -386,21 +390,32 @@ class ExtensionBuilder:
                      self._gxx_cmd(spec, spec.name, flags, "main.cpp", "main.o"), profile=profile)
 
     def _thunk_unit(self, spec, bdir, bindable: cxx_scan.Bindable, with_facade: bool = False) -> _Unit:
-        """The thunk binding; `with_facade`: for a facade-built CUDA unit (declarations in the
-        facade's types, each function adapted to at::Tensor by kiln_facade_bridge.h)."""
+        """The thunk binding; `with_facade`: for a facade-built CUDA unit, with the declarations in
+        the facade's types and no torch header in the TU (kiln_facade_thunk.h, facade_lib.py)."""
         decls = [facade.facade_declaration(d.text) if with_facade else d.text for d in bindable.declarations]
         body = thunks.thunk_source(bindable.preamble, decls, spec.functions, spec.docstrings,
                                    spec.with_pytorch_error_handling, facade=with_facade)
-        stem = "thunk_facade" if with_facade else "thunk"
-        bridge = f'#include "{self.pch.header("kiln_facade_bridge")}"\n' if with_facade else ""
-        (bdir / f"{stem}.cpp").write_text(f'#include "{self.pch.header("lean")}"\n'
-                                          f'#include "{self.pch.header("kiln_thunk")}"\n{bridge}'
-                                          f'#line 1 "kiln_binding.cpp"\n{body}\n')
         flags = [*BINDING_OPT, *_binding_defines(spec)]
-        return _Unit("binding", "lean", f"{stem}.cpp", f"{stem}.o",
-                     self._gxx_cmd(spec, SPLIT_MODULE, flags, f"{stem}.cpp", f"{stem}.o"),
-                     profile=flag_profile(flags) if self.tc.cxx_is_gcc else None,
-                     how="thunk-facade" if with_facade else "thunk")
+        if with_facade:
+            (bdir / "thunk_facade.cpp").write_text(f'#include "{self.pch.header("kiln_facade_thunk")}"\n'
+                                                   f'#line 1 "kiln_binding.cpp"\n{body}\n')
+            cmd = [self.tc.cxx, *self.tc.cxx_flags(), *self._without_torch(self.tc.common_flags(SPLIT_MODULE, spec.extra_include_paths)),
+                   *flags, "-c", "thunk_facade.cpp", "-o", "thunk_facade.o"]
+            return _Unit("binding", "facade", "thunk_facade.cpp", "thunk_facade.o", cmd, profile=None,
+                         how="thunk-facade")
+        (bdir / "thunk.cpp").write_text(f'#include "{self.pch.header("lean")}"\n'
+                                        f'#include "{self.pch.header("kiln_thunk")}"\n'
+                                        f'#line 1 "kiln_binding.cpp"\n{body}\n')
+        return _Unit("binding", "lean", "thunk.cpp", "thunk.o",
+                     self._gxx_cmd(spec, SPLIT_MODULE, flags, "thunk.cpp", "thunk.o"),
+                     profile=flag_profile(flags) if self.tc.cxx_is_gcc else None, how="thunk")
+
+    def _without_torch(self, flags: list[str]) -> list[str]:
+        """Compiler flags with torch's and Python's include directories removed: a facade unit
+        reaches no torch header, so nothing slips past the facade and nothing heavy is parsed."""
+        hidden = {*self.tc.torch_includes, self.tc.python_include}
+        return [f for i, f in enumerate(flags)
+                if f not in hidden and not (f == "-isystem" and i + 1 < len(flags) and flags[i + 1] in hidden)]
 
     def _binding_unit(self, spec, bdir, bindable: cxx_scan.Bindable) -> _Unit:
         body = "\n".join([*bindable.preamble, *(d.text for d in bindable.declarations),
@@ -415,10 +430,8 @@ class ExtensionBuilder:
         src, obj = f"cuda_{prelude}.cu", f"cuda_{prelude}.o"
         (bdir / src).write_text(self._tu_text(prelude, cu_names, spec.cuda_sources))
         common = self.tc.common_flags(spec.name, spec.extra_include_paths)
-        if prelude == "facade_cuda":  # no torch or Python header is reachable: nothing slips past the facade
-            hidden = {*self.tc.torch_includes, self.tc.python_include}
-            common = [f for i, f in enumerate(common)
-                      if f not in hidden and not (f == "-isystem" and i + 1 < len(common) and common[i + 1] in hidden)]
+        if prelude == "facade_cuda":
+            common = self._without_torch(common)
         cmd = [self.tc.nvcc or "nvcc", *common,
                *self.tc.nvcc_flags(tuple(_split_flags(spec.extra_cuda_cflags))), "-c", src, "-o", obj]
         return _Unit("cuda", prelude, src, obj, cmd, profile=None)
@@ -429,6 +442,20 @@ class ExtensionBuilder:
                            spec.functions, spec.docstrings, spec.with_pytorch_error_handling,
                            _binding_defines(spec)])
         return f"{kind}-{hashlib.sha256(blob.encode()).hexdigest()[:32]}"
+
+    def _pch_notes(self, units: list[_Unit]) -> list[str]:
+        """One note per unit whose precompiled prelude variant exists but gcc refused it, with
+        gcc's reason: a slow compile that parsed the whole prelude says why."""
+        notes = []
+        for u in units:
+            if u.profile is None or not self.pch.has(u.prelude, u.profile):
+                continue
+            variant = self.pch.variant(u.prelude, u.profile).name
+            reasons = {line.split("not used because", 1)[1].replace("[-Winvalid-pch]", "").strip().rstrip(".")
+                       for line in u.output.splitlines() if variant in line and "not used because" in line}
+            if reasons:
+                notes.append(f"{u.label}: the precompiled {u.prelude} prelude was not used ({'; '.join(sorted(reasons))})")
+        return notes
 
     def _path_names(self, bdir: Path) -> dict[str, str]:
         names = {f"{bdir}/": "", str(bdir): ".", f"{self.pch.root}/": "<kiln-prelude>/",

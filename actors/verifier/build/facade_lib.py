@@ -6,12 +6,14 @@
 * `facade_cuda.h` (FACADE_CUDA_PRELUDE, the prelude nvcc sees): the facade plus the torch/at/c10
   spellings of it, TORCH_CHECK, C10_CUDA_CHECK, C10_CUDA_KERNEL_LAUNCH_CHECK and AT_DISPATCH_* for
   the usual types.
-* `kiln_facade_bridge.h` (FACADE_BRIDGE): the conversion between `at::Tensor` and the facade handle,
-  and `kiln::fc::Adapt`, which turns a facade-typed function into an at::Tensor-typed one so the
-  thunk binding (thunks.py) calls it unchanged.
+* `kiln_facade_bridge.h` (FACADE_BRIDGE): the conversion between `at::Tensor` and the facade handle.
+* `kiln_facade_thunk.h` (FACADE_THUNK_HEADER): the thunk binding (thunks.py) for facade-typed
+  functions, with no torch header: it fills the opaque argument and result values through the
+  facade library's accessors.
 * `facade.cpp` (FACADE_LIB_SOURCE): the out-of-line parts, compiled once per toolchain by the
   trusted service against real ATen (like the thunk module shell) and linked into facade-built
   extensions. It only allocates, reads metadata and converts: what it imports is tensor plumbing.
+  It also holds the facade thunk ABI's accessors.
 """
 
 from __future__ import annotations
@@ -320,15 +322,12 @@ FACADE_CUDA_PRELUDE = (
     "#define C10_CUDA_KERNEL_LAUNCH_CHECK() C10_CUDA_CHECK(cudaGetLastError())\n"
     + _dispatch_macros() + "#endif\n")
 
-# The conversions between torch's tensor and the facade handle, for the facade library and the
-# facade-mode thunk TU (both compiled by g++ against the real ATen headers).
+# The conversions between torch's tensor and the facade handle, for the facade library (compiled by
+# g++ against the real ATen headers once per toolchain).
 FACADE_BRIDGE = r"""// Kiln facade bridge: at::Tensor <-> kiln::fc::Tensor (facade_lib.py)
 #ifndef KILN_FACADE_BRIDGE_H
 #define KILN_FACADE_BRIDGE_H
 #include <ATen/core/Tensor.h>
-#include <optional>
-#include <tuple>
-#include <vector>
 #include "kiln_facade.h"
 
 namespace kiln {
@@ -343,54 +342,144 @@ inline at::Tensor to_aten(const Tensor& t) {
       static_cast<c10::TensorImpl*>(t.unsafeGetTensorImpl())));
 }
 
-// Side<T>: the type a binding passes for a facade-side type T, and the conversions both ways.
-template <typename T> struct Side {
-  using type = T;
-  static T in(T x) { return x; }
-  static T out(T x) { return x; }
+}  // namespace fc
+}  // namespace kiln
+#endif
+"""
+
+# The facade-mode thunk ABI: what a thunk TU for a facade-built CUDA unit includes instead of the
+# lean prelude and kiln_thunk.h. `kiln::Value` stays opaque; the accessors that move values in and
+# out of it live in the facade library (compiled against ATen once), so the per-candidate TU parses
+# the facade header and a few standard headers only. The type codes are kiln_thunk.h's.
+FACADE_THUNK_HEADER = r"""// Kiln facade thunk ABI: thunk TUs for facade-built CUDA units, no torch header (facade_lib.py)
+#ifndef KILN_FACADE_THUNK_H
+#define KILN_FACADE_THUNK_H
+#include "kiln_thunk_abi.h"
+#include "kiln_facade.h"
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace kiln {
+namespace fc {
+namespace thunk {
+
+// Implemented in the facade library, against the real kiln::Value (kiln_thunk.h).
+Value* item(Value* values, size_t k);  // values[k]
+Tensor take_tensor(Value* v);
+int64_t get_int(Value* v);
+double get_double(Value* v);
+bool get_bool(Value* v);
+std::vector<Tensor> take_tensors(Value* v);
+std::vector<int64_t> take_ints(Value* v);
+void put_tensor(Value* v, Tensor x);
+void put_int(Value* v, char code, int64_t x);
+void put_double(Value* v, char code, double x);
+void put_bool(Value* v, bool x);
+void put_tensors(Value* v, std::vector<Tensor> x);
+void put_ints(Value* v, std::vector<int64_t> x);
+void put_void(Value* v);
+Value* put_tuple(Value* v, size_t n);  // makes v a tuple of n values; returns the first
+
+template <typename T> struct Conv;  // no specialisation: the type is not carried (the build falls back)
+
+#define KILN_FC_INT_CONV(TYPE, CODE)                                               \
+  template <> struct Conv<TYPE> {                                                  \
+    static std::string code() { return CODE; }                                     \
+    static TYPE get(Value* v) { return static_cast<TYPE>(get_int(v)); }            \
+    static void put(Value* v, TYPE x) { put_int(v, CODE[0], static_cast<int64_t>(x)); } \
+  };
+KILN_FC_INT_CONV(long, "l")
+KILN_FC_INT_CONV(long long, "q")
+KILN_FC_INT_CONV(int, "i")
+#undef KILN_FC_INT_CONV
+template <> struct Conv<double> {
+  static std::string code() { return "d"; }
+  static double get(Value* v) { return get_double(v); }
+  static void put(Value* v, double x) { put_double(v, 'd', x); }
 };
-template <> struct Side<Tensor> {
-  using type = at::Tensor;
-  static Tensor in(at::Tensor x) { return from_aten(std::move(x)); }
-  static at::Tensor out(Tensor x) { return to_aten(x); }
+template <> struct Conv<float> {
+  static std::string code() { return "f"; }
+  static float get(Value* v) { return static_cast<float>(get_double(v)); }
+  static void put(Value* v, float x) { put_double(v, 'f', x); }
 };
-template <> struct Side<std::vector<Tensor>> {
-  using type = std::vector<at::Tensor>;
-  static std::vector<Tensor> in(std::vector<at::Tensor> x) {
-    std::vector<Tensor> r;
-    for (auto& t : x) r.push_back(from_aten(std::move(t)));
-    return r;
+template <> struct Conv<bool> {
+  static std::string code() { return "b"; }
+  static bool get(Value* v) { return get_bool(v); }
+  static void put(Value* v, bool x) { put_bool(v, x); }
+};
+template <> struct Conv<Tensor> {
+  static std::string code() { return "T"; }
+  static Tensor get(Value* v) { return take_tensor(v); }
+  static void put(Value* v, Tensor x) { put_tensor(v, std::move(x)); }
+};
+template <> struct Conv<std::vector<Tensor>> {
+  static std::string code() { return "L"; }
+  static std::vector<Tensor> get(Value* v) { return take_tensors(v); }
+  static void put(Value* v, std::vector<Tensor> x) { put_tensors(v, std::move(x)); }
+};
+template <> struct Conv<std::vector<int64_t>> {
+  static std::string code() { return "I"; }
+  static std::vector<int64_t> get(Value* v) { return take_ints(v); }
+  static void put(Value* v, std::vector<int64_t> x) { put_ints(v, std::move(x)); }
+};
+template <typename... Ts> struct Conv<std::tuple<Ts...>> {  // result only
+  static std::string code() { return "(" + (std::string() + ... + Conv<Ts>::code()) + ")"; }
+  static void put(Value* v, std::tuple<Ts...> x) {
+    Value* first = put_tuple(v, sizeof...(Ts));
+    put_each(first, std::move(x), std::index_sequence_for<Ts...>{});
   }
-  static std::vector<at::Tensor> out(std::vector<Tensor> x) {
-    std::vector<at::Tensor> r;
-    for (auto& t : x) r.push_back(to_aten(t));
-    return r;
-  }
-};
-template <typename... Ts> struct Side<std::tuple<Ts...>> {
-  using type = std::tuple<typename Side<Ts>::type...>;
-  static type out(std::tuple<Ts...> x) {
-    return std::apply([](auto&&... v) { return type(Side<std::decay_t<decltype(v)>>::out(std::move(v))...); },
-                      std::move(x));
+  template <size_t... I>
+  static void put_each(Value* first, std::tuple<Ts...>&& x, std::index_sequence<I...>) {
+    (Conv<Ts>::put(item(first, I), std::move(std::get<I>(x))), ...);
   }
 };
 
-template <typename T> using Bare = std::remove_cv_t<std::remove_reference_t<T>>;
+template <typename T> using Plain = std::remove_cv_t<std::remove_reference_t<T>>;
 
-// Adapt<decltype(&f)>::call<&f>: f with its facade types replaced by torch's.
-template <typename Sig> struct Adapt;
-template <typename R, typename... A> struct Adapt<R (*)(A...)> {
-  template <R (*F)(A...)>
-  static typename Side<Bare<R>>::type call(typename Side<Bare<A>>::type... a) {
+template <typename R> std::string result_code() {
+  if constexpr (std::is_void_v<R>) {
+    return "v";
+  } else {
+    return Conv<Plain<R>>::code();
+  }
+}
+
+template <typename R, typename... A>
+struct FnTraits {
+  static const char* signature() {
+    static const std::string s = (std::string() + ... + Conv<Plain<A>>::code()) + ":" + result_code<R>();
+    return s.c_str();
+  }
+  template <typename F, size_t... I>
+  static void invoke(F f, Value* in, Value* out, std::index_sequence<I...>) {
+    std::tuple<Plain<A>...> args{Conv<Plain<A>>::get(item(in, I))...};
     if constexpr (std::is_void_v<R>) {
-      F(Side<Bare<A>>::in(std::move(a))...);
+      f(std::get<I>(args)...);
+      put_void(out);
     } else {
-      return Side<Bare<R>>::out(F(Side<Bare<A>>::in(std::move(a))...));
+      Conv<Plain<R>>::put(out, f(std::get<I>(args)...));
     }
   }
 };
-template <typename R, typename... A> struct Adapt<R (*)(A...) noexcept> : Adapt<R (*)(A...)> {};
 
+template <typename Sig> struct Fn;
+template <typename R, typename... A> struct Fn<R (*)(A...)> : FnTraits<R, A...> {
+  template <R (*F)(A...)> static void call(Value* in, Value* out) {
+    FnTraits<R, A...>::invoke(F, in, out, std::index_sequence_for<A...>{});
+  }
+};
+template <typename R, typename... A> struct Fn<R (*)(A...) noexcept> : FnTraits<R, A...> {
+  template <R (*F)(A...) noexcept> static void call(Value* in, Value* out) {
+    FnTraits<R, A...>::invoke(F, in, out, std::index_sequence_for<A...>{});
+  }
+};
+
+}  // namespace thunk
 }  // namespace fc
 }  // namespace kiln
 #endif
@@ -399,6 +488,8 @@ template <typename R, typename... A> struct Adapt<R (*)(A...) noexcept> : Adapt<
 FACADE_LIB_SOURCE = r"""// Kiln facade library: the out-of-line parts of kiln_facade.h, on real ATen (facade_lib.py)
 #include "lean.h"
 #include "kiln_facade_bridge.h"
+#include "kiln_facade_thunk.h"
+#include "kiln_thunk.h"
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/core/Stream.h>
 
@@ -546,6 +637,38 @@ CUDAStream getCurrentCUDAStream(int device_index) {
   r.device_ = Device(DeviceType::CUDA, dev.index());
   return r;
 }
+
+namespace thunk {
+// The facade thunk ABI (kiln_facade_thunk.h) on the real kiln::Value.
+Value* item(Value* values, size_t k) { return values + k; }
+Tensor take_tensor(Value* v) { return from_aten(std::move(v->t)); }
+int64_t get_int(Value* v) { return v->i; }
+double get_double(Value* v) { return v->d; }
+bool get_bool(Value* v) { return v->b; }
+std::vector<Tensor> take_tensors(Value* v) {
+  std::vector<Tensor> r;
+  for (at::Tensor& t : v->extra().tl) r.push_back(from_aten(std::move(t)));
+  return r;
+}
+std::vector<int64_t> take_ints(Value* v) { return std::move(v->extra().il); }
+void put_tensor(Value* v, Tensor x) { v->code = 'T'; v->t = to_aten(x); }
+void put_int(Value* v, char code, int64_t x) { v->code = code; v->i = x; }
+void put_double(Value* v, char code, double x) { v->code = code; v->d = x; }
+void put_bool(Value* v, bool x) { v->code = 'b'; v->b = x; }
+void put_tensors(Value* v, std::vector<Tensor> x) {
+  v->code = 'L';
+  std::vector<at::Tensor>& out = v->extra().tl;
+  out.clear();
+  for (const Tensor& t : x) out.push_back(to_aten(t));
+}
+void put_ints(Value* v, std::vector<int64_t> x) { v->code = 'I'; v->extra().il = std::move(x); }
+void put_void(Value* v) { v->code = 'v'; }
+Value* put_tuple(Value* v, size_t n) {
+  v->code = '(';
+  v->extra().tuple.resize(n);
+  return v->extra().tuple.data();
+}
+}  // namespace thunk
 
 namespace detail {
 void check_failed(const char* func, const char* file, int line, const std::string& msg) {

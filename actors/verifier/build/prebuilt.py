@@ -7,6 +7,7 @@ loader that computes the call's spec key and imports the .so the compile stage b
 
 from __future__ import annotations
 
+import hashlib
 import importlib.machinery
 import importlib.util
 from pathlib import Path
@@ -20,10 +21,16 @@ class PrebuiltMissing(RuntimeError):
 
 
 def import_extension(so_path: str | Path) -> ModuleType:
-    """Import a built extension .so (its module name is the file's stem)."""
-    path = Path(so_path)
-    loader = importlib.machinery.ExtensionFileLoader(path.stem, str(path))
-    spec = importlib.util.spec_from_file_location(path.stem, str(path), loader=loader)
+    """Import a built extension .so (its init function is named after the file's stem).
+
+    The module's import name is `kiln_<hash of the path>.<stem>`: Python finds `PyInit_<stem>`
+    from the last part, and pybind11, which caches initialised modules by that name, keeps two
+    extensions apart. Every split build is a `kiln_ext.so`, so under the bare stem the second
+    extension a candidate loads would come back as the first one's module."""
+    path = Path(so_path).resolve()
+    name = f"kiln_{hashlib.sha256(str(path).encode()).hexdigest()[:16]}.{path.stem}"
+    loader = importlib.machinery.ExtensionFileLoader(name, str(path))
+    spec = importlib.util.spec_from_file_location(name, str(path), loader=loader)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -33,9 +33,9 @@ import threading
 import time
 from pathlib import Path
 
-from .facade_lib import FACADE_BRIDGE, FACADE_CUDA_PRELUDE, FACADE_HEADER, FACADE_LIB_SOURCE
+from .facade_lib import FACADE_BRIDGE, FACADE_CUDA_PRELUDE, FACADE_HEADER, FACADE_LIB_SOURCE, FACADE_THUNK_HEADER
 from .fence_lib import SOURCE as FENCE_SOURCE
-from .thunks import SHELL_SOURCE, THUNK_HEADER
+from .thunks import SHELL_SOURCE, THUNK_ABI_HEADER, THUNK_HEADER
 
 _TORCH_SPELLINGS = """
 namespace torch {
@@ -79,10 +79,12 @@ PRELUDES: dict[str, str] = {
     "full_cuda": "// load_inline's implicit CUDA headers\n#include <torch/types.h>\n#include <cuda.h>\n"
                  "#include <cuda_runtime.h>\n",
 }
+PRELUDES["kiln_thunk_abi"] = THUNK_ABI_HEADER
 PRELUDES["kiln_thunk"] = THUNK_HEADER
 PRELUDES["kiln_facade"] = FACADE_HEADER
 PRELUDES["facade_cuda"] = FACADE_CUDA_PRELUDE
 PRELUDES["kiln_facade_bridge"] = FACADE_BRIDGE
+PRELUDES["kiln_facade_thunk"] = FACADE_THUNK_HEADER
 PCH_PRELUDES = ("lean", "binding", "full")  # the ones g++ compiles; nvcc has no PCH
 # Runs the compiler niced in its own process group, and kills that group when the service process
 # dies (PR_SET_PDEATHSIG): an orphaned cc1plus would hold a core and leave a half-written file.

@@ -11,6 +11,9 @@ signature. Kiln splits the binding instead:
   PYBIND11_MODULE: it converts Python arguments with pybind11's own casters for the descriptor's
   types (so conversions match a pybind11 binding), calls the thunk inside torch's error handling
   (what `torch::wrap_pybind_function` does), and converts the result back.
+* a facade-mode thunk TU (a CUDA unit built against the facade, facade.py) includes no torch header
+  either: `kiln_facade_thunk.h` (facade_lib.py) moves values in and out of the opaque `kiln::Value`
+  through the facade library, so it compiles in a fraction of a second with no precompiled header.
 A parameter or result type outside the supported set fails the thunk TU's compile (no `Conv<T>`),
 and the builder falls back to the generated pybind11 binding, then to one load_inline-style TU.
 """
@@ -22,9 +25,34 @@ import json
 # Type codes: T Tensor, l int64_t/long, q long long, i int, d double, f float, b bool,
 # L vector<Tensor>, O optional<Tensor>, I vector<int64_t>, A IntArrayRef, s string, v void,
 # (...) tuple (results only).
+# What a thunk TU exports and the shell reads. `Value` stays opaque here, so a facade-mode thunk
+# TU (facade_lib.py) declares the same table without any torch header.
+THUNK_ABI_HEADER = r"""// Kiln thunk ABI: the binding table (thunks.py)
+#ifndef KILN_THUNK_ABI_H
+#define KILN_THUNK_ABI_H
+namespace kiln {
+
+struct Value;  // one argument or result (kiln_thunk.h)
+using Call = void (*)(Value* args, Value* result);
+
+struct Binding {
+  const char* name;
+  const char* doc;
+  const char* signature;  // argument codes, ':', result code ("TTd:T")
+  Call call;
+  bool error_handling;  // load_inline's with_pytorch_error_handling
+};
+
+}  // namespace kiln
+
+extern "C" const kiln::Binding* kiln_bindings(int* count);
+#endif
+"""
+
 THUNK_HEADER = r"""// Kiln thunk ABI: shared by per-signature thunk TUs and the module shell
 #ifndef KILN_THUNK_H
 #define KILN_THUNK_H
+#include "kiln_thunk_abi.h"
 #include <ATen/core/Tensor.h>
 #include <c10/util/ArrayRef.h>
 #include <cstdint>
@@ -70,16 +98,6 @@ inline Extra& Value::extra() {
   if (!x) x = std::make_unique<Extra>();
   return *x;
 }
-
-using Call = void (*)(Value* args, Value* result);
-
-struct Binding {
-  const char* name;
-  const char* doc;
-  const char* signature;  // argument codes, ':', result code ("TTd:T")
-  Call call;
-  bool error_handling;  // load_inline's with_pytorch_error_handling
-};
 
 template <typename T> struct Conv;  // no specialisation: the type is not supported by thunks
 
@@ -174,8 +192,6 @@ template <typename R, typename... A> struct Fn<R (*)(A...) noexcept> : FnTraits<
 };
 
 }  // namespace kiln
-
-extern "C" const kiln::Binding* kiln_bindings(int* count);
 #endif
 """
 
@@ -347,16 +363,18 @@ PYBIND11_MODULE(kiln_ext, m) {
 
 def thunk_source(preamble: tuple[str, ...], declarations: list[str], functions: tuple[str, ...],
                  docstrings: tuple[str, ...], error_handling: bool, facade: bool = False) -> str:
-    """The per-signature thunk TU body (after the lean prelude and kiln_thunk.h are included).
+    """The per-signature thunk TU body (after its headers are included).
 
-    `facade`: the functions were compiled against the CUDA facade (facade.py) and `declarations`
-    spell their tensors as `::kiln::fc::Tensor`; each is bound through `kiln::fc::Adapt`, which
-    converts to and from at::Tensor (kiln_facade_bridge.h must be included too)."""
+    Without `facade`, the lean prelude and kiln_thunk.h come first. With `facade`, the functions
+    were compiled against the CUDA facade (facade.py), `declarations` spell their tensors as
+    `::kiln::fc::Tensor`, and the TU includes only kiln_facade_thunk.h (facade_lib.py): its
+    `kiln::fc::thunk::Fn` builds the same table through the facade library's accessors, so the TU
+    parses no torch header at all."""
+    fn_template = "kiln::fc::thunk::Fn" if facade else "kiln::Fn"
     rows = []
     for name, doc in zip(functions, docstrings or functions):
-        target = f"(&::kiln::fc::Adapt<decltype(&{name})>::template call<&{name}>)" if facade else f"&{name}"
-        fn = f"kiln::Fn<decltype({target})>"
-        rows.append(f"    {{{json.dumps(name)}, {json.dumps(doc)}, {fn}::signature(), &{fn}::template call<{target}>, "
+        fn = f"{fn_template}<decltype(&{name})>"
+        rows.append(f"    {{{json.dumps(name)}, {json.dumps(doc)}, {fn}::signature(), &{fn}::template call<&{name}>, "
                     f"{'true' if error_handling else 'false'}}},")
     return "\n".join([*preamble, *declarations,
                       'extern "C" const kiln::Binding* kiln_bindings(int* count) {',

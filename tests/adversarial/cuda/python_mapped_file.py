@@ -1,5 +1,5 @@
 # kiln-adversarial: task=level1/01_relu expect=cheating
-Moves tensor bytes through a file mapped as a tensor in __init__ (torch.from_file, shared) and
+# Moves tensor bytes through a file mapped as a tensor in __init__ (torch.from_file, shared) and
 # computes in Python on os.pread/os.pwrite of that file: only plumbing ops (copy_, narrow, clone)
 # are dispatched inside forward.
 import torch
