@@ -73,6 +73,7 @@ class ChildState:
         self.model: torch.nn.Module | None = None
         self.owned: list[tuple[int, int]] = []  # storage ranges of the model's parameters and buffers
         self.previous: list[torch.Tensor] = []  # outputs of the last call, held to catch storage reuse
+        self.retired: list[torch.Tensor] = []  # the outputs before those, freed by the untimed `settle`
         self.calls = 0
         self.shared_maps: set[str] = set()  # shared mappings present before any candidate code ran
         self.clock: timing.Clock | None = None
@@ -221,6 +222,10 @@ def handle_stage(st: ChildState, req: dict) -> dict:
         st.feed = st.to_device(inputs)
     else:
         st.feed = [_TB.copy_(b, x) if isinstance(x, torch.Tensor) else x for b, x in zip(st.feed, inputs)]
+    # Free the received buffers here, untimed: dropped at the next request instead, a large input
+    # (128 MB for a level-1 task on cuda) would be unmapped inside the timed run's round trip.
+    del inputs
+    req.pop("inputs", None)
     st.last = []
     st.clock.prepare()
     return {"ok": True}
@@ -242,16 +247,19 @@ def handle_run(st: ChildState, req: dict) -> dict:
     if failure is None:
         _thread_check(st, session)
     st.calls += 1
+    st.retired = st.previous  # freed by `settle`, outside the round trip the verifier times
     st.previous = outs
     st.last = outs if failure is None else []
     return {"ok": True, "seconds": seconds, "failure": failure}
 
 
 def handle_settle(st: ChildState, req: dict) -> dict:
-    """After a timed run and its null run, outside both round trips: the checks whose cost would
-    otherwise sit in the run's round trip but not in the null's (reading /proc/self/maps takes
-    milliseconds in a CUDA process, more than a small kernel), which skews the verifier's floor."""
+    """After a timed run and its null run, outside both round trips: what would otherwise sit in the
+    run's round trip but not in the null's, and so skew the verifier's floor: the shared-mapping
+    check (reading /proc/self/maps takes milliseconds in a CUDA process) and freeing the previous
+    run's outputs (unmapping a large CPU tensor takes milliseconds too)."""
     check_shared_mappings(st)
+    st.retired = []
     return {"ok": True}
 
 
