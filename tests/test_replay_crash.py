@@ -206,7 +206,9 @@ def test_kill_9_of_the_replay_loses_no_episode(tmp_path):
         replay.terminate()
     assert all(s["recovered"]["log_entries"] or s["recovered"]["snapshot"] for s in replay.starts[1:])
     stats = producer.sender.stats
-    assert stats.timeouts > 0 and stats.duplicate >= 2 and not stats.rejected
+    # Sends caught by a crash are re-sent (to the replacement at once, since a send's wait watches the
+    # registry: no timeout needed); the ones replay had stored come back as duplicates.
+    assert stats.duplicate >= 2 and not stats.rejected
 
     # open the run directory in-process and audit every episode id
     cfg = load_config(None, OVERRIDES)
