@@ -52,9 +52,14 @@ RENAMED = {
 }
 
 
-def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -> KilnConfig:
-    """Resolve a config. `path` None means configs/default.yaml; overrides are `a.b=c` strings."""
+def load_config(path: str | Path | None = None, overrides: Iterable[str] = (), *,
+                preset_without: Iterable[str] = ()) -> KilnConfig:
+    """Resolve a config. `path` None means configs/default.yaml; overrides are `a.b=c` strings.
+    `preset_without`: top-level sections of the preset left at the schema's defaults (the command
+    line's overrides still apply to them)."""
     preset = _read_yaml(Path(path) if path is not None else DEFAULT_PRESET)
+    for section in preset_without:
+        preset.pop(section, None)
     dotlist = _parse_overrides(list(overrides))
     for source, tree in ((str(path or DEFAULT_PRESET), preset), ("command line", dotlist)):
         _check_keys(tree, KilnConfig, "", source)

@@ -19,6 +19,19 @@ def add_config_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("overrides", nargs="*", metavar="section.key=value", help="config overrides")
 
 
+def load_for_backend(config: str | None, overrides, backend: str | None):
+    """The config of a command that takes `--backend` (verify, eval). configs/default.yaml is the CPU
+    demo: its verifier section (a 5 s run limit, 3 trials, 5 timed runs) is sized for small CPU
+    candidates, and a CUDA task's correctness and timing alone take longer than its run limit. So
+    `--backend cuda` without `--config` verifies with the schema's protocol, as the GPU presets do;
+    an explicit preset and `verifier.*` overrides are kept as given."""
+    on_gpu_from_demo = backend == "cuda" and config is None
+    cfg = load_config(config, overrides, preset_without=("verifier",) if on_gpu_from_demo else ())
+    if backend:
+        cfg.verifier.backend = backend
+    return cfg
+
+
 def cmd_config(args: argparse.Namespace) -> int:
     """Print the resolved config (or the configuration reference as Markdown)."""
     if args.markdown:

@@ -23,8 +23,8 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from configs import load_config
 from launch.checks import verify_problem
+from launch.cli import load_for_backend
 from protocols import Task, VerifyRequest, VerifyResult
 
 BACKENDS = ("cpu", "cuda")
@@ -87,9 +87,7 @@ def _plan(args: argparse.Namespace):
         raise UsageError("--tasks and --solutions go together")
     if args.backend is not None and args.backend not in BACKENDS:
         raise UsageError(f"unknown backend {args.backend!r} (choose cpu or cuda)")
-    cfg = load_config(args.config, args.overrides).verifier
-    if args.backend:
-        cfg.backend = args.backend
+    cfg = load_for_backend(args.config, args.overrides, args.backend).verifier
     try:
         if single:
             for path in (args.reference, args.candidate):

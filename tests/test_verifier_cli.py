@@ -77,3 +77,26 @@ def test_every_shipped_cpu_solution_passes(verifier_cache_dir):
     assert clamped == {}, clamped
     table = kiln("--tasks", "tasks", "--solutions", "tasks/solutions/cpu", cache_dir=verifier_cache_dir)
     assert table.returncode == 0 and "24/24 passed" in table.stdout, table.stdout  # verdicts now cached
+
+
+def test_cuda_without_a_preset_verifies_with_the_production_protocol_not_the_cpu_demos():
+    """configs/default.yaml sizes its verifier for the CPU demo (a 5 s run limit): a CUDA task's
+    correctness and timing alone take longer. `--backend cuda` without `--config` takes the schema's
+    protocol, as the GPU presets do; an explicit preset and `verifier.*` overrides stay as given."""
+    import argparse
+
+    from configs import VerifierConfig
+    from launch.cli import load_for_backend
+    from launch.verify import _plan
+
+    production = VerifierConfig()
+    args = argparse.Namespace(reference="tasks/level1/01_relu.py", candidate="tasks/solutions/cuda/level1/01_relu.py",
+                              tasks=None, solutions=None, backend="cuda", config=None, overrides=[])
+    cfg, jobs = _plan(args)
+    assert cfg.backend == "cuda" and jobs[0][0].task_id == "level1/01_relu"
+    assert (cfg.run_timeout_s, cfg.trials, cfg.warmup, cfg.repeats) == (
+        production.run_timeout_s, production.trials, production.warmup, production.repeats)
+    demo = load_for_backend(None, [], None).verifier
+    assert demo.backend == "cpu" and demo.run_timeout_s == 5.0  # the demo itself is unchanged
+    assert load_for_backend("configs/default.yaml", [], "cuda").verifier.run_timeout_s == 5.0
+    assert load_for_backend(None, ["verifier.trials=2"], "cuda").verifier.trials == 2

@@ -19,7 +19,7 @@ import re
 import sys
 from pathlib import Path
 
-from configs import load_config
+from launch.cli import load_for_backend
 from launch.checks import StartupError, check_model, errors
 
 
@@ -110,8 +110,7 @@ def _plan(args: argparse.Namespace):
         raise UsageError("--tasks DIR [DIR ...] is required")
     if args.samples < 1:
         raise UsageError(f"--samples must be >= 1, got {args.samples}")
-    cfg = load_config(args.config, args.overrides)
-    cfg = _apply_flags(cfg, args)
+    cfg = _apply_flags(load_for_backend(args.config, args.overrides, args.backend), args)
     task_set = load_task_set(args.tasks, cfg.verifier.backend)
     mode = modes[0]
     answers, rejected, samples, sampling = None, [], args.samples, None
