@@ -1,4 +1,4 @@
-"""The adversarial suite on the cpu backend: every reward hack in tests/adversarial/cpu gets the verdict
+"""The adversarial suite on the cpu backend: every reward hack in tests/adversarial/{cpu,common} gets the verdict
 its header names (zero false passes), the control case passes, and the feedback names the trick.
 
 All cases run concurrently through one KernelVerifier (two sandbox slots), sharing the session's
@@ -231,6 +231,16 @@ def test_an_include_line_stands_for_the_shared_file_and_a_missing_one_stops_the_
     assert case.name == "uses"
     assert case.source() == ("# kiln-adversarial: task=level1/01_relu expect=cheating\n# why\n"
                              "import torch\nEXT = 1\n\nclass ModelNew: pass\n")
+    # a common case: its include comes from the backend's directory; a name in both is an error
+    (tmp_path / "common").mkdir()
+    (tmp_path / "common" / "shared_case.py").write_text("# kiln-adversarial: task=level1/01_relu expect=pass\n# why\n"
+                                                        "# kiln-adversarial-include: _shared.py\n")
+    by_name = {c.name: c for c in load_suite("cpu", tmp_path)}
+    assert by_name["shared_case"].source().endswith("import torch\nEXT = 1\n")
+    (tmp_path / "common" / "uses.py").write_text("# kiln-adversarial: task=level1/01_relu expect=pass\n# why\n")
+    with pytest.raises(ValueError, match="the case 'uses' is also in"):
+        load_suite("cpu", tmp_path)
+    (tmp_path / "common" / "uses.py").unlink()
     (cases / "_shared.py").unlink()
     with pytest.raises(ValueError, match=r"uses\.py: includes _shared\.py, which is not in"):
         load_suite("cpu", tmp_path)

@@ -32,7 +32,7 @@ def test_json_pass(verifier_cache_dir):
 def test_json_failure_with_forged_output_and_exit(verifier_cache_dir):
     """The candidate prints a passing JSON verdict and calls os._exit(0): stdout still holds exactly one
     JSON object, the verifier's, and it says cheating."""
-    p = kiln("--reference", RELU, "--candidate", "tests/adversarial/cpu/exit_forged_result.py", "--json",
+    p = kiln("--reference", RELU, "--candidate", "tests/adversarial/common/exit_forged_result.py", "--json",
              cache_dir=verifier_cache_dir)
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout)  # raises if anything else reached stdout

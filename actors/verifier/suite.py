@@ -1,7 +1,8 @@
 """The adversarial suite: candidate files that try the published reward hacks, each with the verdict
 the verifier must give it.
 
-A case is one .py file under tests/adversarial/{cpu,cuda}/ that starts with
+A case is one .py file under tests/adversarial/{cpu,cuda}/, or under tests/adversarial/common/ when
+the same text applies to every backend, that starts with
 
     # kiln-adversarial: task=level1/01_relu expect=cheating
     # one line saying what the candidate tries
@@ -11,8 +12,10 @@ cases. Cases built on the same extension hold it once: a line
 
     # kiln-adversarial-include: _relu_extension.py
 
-stands for that file of the same directory (a name starting with "_" is not a case), so the verifier
-gets the same text as if it were written out, and identical extensions are built once per run. The suite runs the same way in CI (cpu) and on the GPU machine
+stands for that file of the backend's directory (a name starting with "_" is not a case), so the
+verifier gets the same text as if it were written out, and identical extensions are built once per
+run. A common case that includes the relu extension thus gets the C++ one on cpu and the CUDA one on
+cuda. The suite runs the same way in CI (cpu) and on the GPU machine
 (`python -m launch.bench.gpu_verifier`, cuda).
 """
 
@@ -44,6 +47,7 @@ class SuiteCase:
     task_id: str
     expect: str  # an error class, or "pass"
     why: str
+    include_dir: Path  # where its include lines are resolved: the backend's directory
 
     def source(self) -> str:
         """The candidate as the verifier gets it: the file, each include line replaced by the file it names."""
@@ -53,28 +57,31 @@ class SuiteCase:
             if m is None:
                 parts.append(line)
                 continue
-            shared = self.path.parent / m.group(1)
+            shared = self.include_dir / m.group(1)
             if not shared.is_file():
-                raise ValueError(f"{self.path}: includes {m.group(1)}, which is not in {self.path.parent}")
+                raise ValueError(f"{self.path}: includes {m.group(1)}, which is not in {self.include_dir}")
             parts.append(shared.read_text(encoding="utf-8"))
         return "".join(parts)
 
 
 def load_suite(backend: str, root: Path | None = None) -> list[SuiteCase]:
+    """The backend's cases and the common ones, by name; a name in both is an error."""
     root = root or suite_dir()
-    cases = []
-    for path in sorted((root / backend).glob("*.py")):
+    cases: dict[str, SuiteCase] = {}
+    for path in sorted((root / backend).glob("*.py")) + sorted((root / "common").glob("*.py")):
         if path.name.startswith("_"):  # shared text that cases include, not a case
             continue
+        if path.stem in cases:
+            raise ValueError(f"{path}: the case {path.stem!r} is also in {cases[path.stem].path.parent}")
         lines = path.read_text(encoding="utf-8").splitlines()
         m = _HEADER.match(lines[0]) if lines else None
         if m is None:
             raise ValueError(f"{path}: first line must be '# kiln-adversarial: task=... expect=...'")
         why = lines[1].lstrip("# ").strip() if len(lines) > 1 else ""
-        case = SuiteCase(path.stem, path, m.group(1), m.group(2), why)
+        case = SuiteCase(path.stem, path, m.group(1), m.group(2), why, root / backend)
         case.source()  # an include that is not there stops the suite here, naming the case
-        cases.append(case)
-    return cases
+        cases[case.name] = case
+    return [cases[name] for name in sorted(cases)]
 
 
 def verdict(result: VerifyResult) -> str:

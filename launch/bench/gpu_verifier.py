@@ -3,7 +3,7 @@
 Through a real VerifierActor (ZMQ ROUTER, cuda backend, a cold cache directory) it verifies, all
 submitted at once as a training run would:
   * every shipped CUDA solution (tasks/solutions/cuda) -- each must pass;
-  * every CUDA adversarial candidate (tests/adversarial/cuda) -- each must get its expected verdict,
+  * every CUDA adversarial candidate (tests/adversarial/{cuda,common}) -- each must get its expected verdict,
     including an illegal memory access, a hung kernel, a segfault and a GPU OOM;
 then one more fresh control candidate, which must pass: the verifier still serves after all that.
 It prints expected vs got per case, then the benchmark figures for docs/BENCHMARKS.md: compile time
