@@ -194,6 +194,42 @@ def test_two_extensions_in_one_candidate_are_two_modules(service):
     assert p.returncode == 0 and "OK" in p.stdout, p.stderr
 
 
+def test_a_thunk_binding_carries_every_supported_type(service):
+    # The thunk ABI's types end to end (thunks.py): each argument converted by the module shell,
+    # each result back; a tuple result, lists, an optional, a string and a void function included.
+    cpp = """
+        #include <torch/extension.h>
+        #include <tuple>
+        std::tuple<torch::Tensor, int64_t> split(torch::Tensor x, int64_t k, double s, bool neg) {
+          return std::make_tuple(neg ? x.mul(-s) : x.mul(s), k + 1);
+        }
+        std::vector<torch::Tensor> twice_all(std::vector<torch::Tensor> xs, c10::IntArrayRef shape) {
+          std::vector<torch::Tensor> out;
+          for (auto& x : xs) out.push_back(x.mul(2).reshape(shape));
+          return out;
+        }
+        int count(c10::optional<torch::Tensor> x, std::string tag, std::vector<int64_t> dims) {
+          return (x.has_value() ? 100 : 0) + static_cast<int>(tag.size()) * 10 + static_cast<int>(dims.size());
+        }
+        void nothing(float f) {}
+        """
+    src = candidate(cpp, "t_types", functions=("split", "twice_all", "count", "nothing"), forward="twice_all")
+    r = service.submit(src).result()
+    assert r.ok, r.error
+    assert any("binding: compiled (thunk)" in n for n in r.notes), r.notes
+    p = run_prebuilt(r, src, """
+        x = torch.randn(6)
+        y, k = mod.ext.split(x, 4, 2.0, True)
+        assert torch.equal(y, x * -2.0) and k == 5
+        a, b = mod.ext.twice_all([x, x + 1], [2, 3])
+        assert torch.equal(a, (x * 2).reshape(2, 3)) and torch.equal(b, ((x + 1) * 2).reshape(2, 3))
+        assert mod.ext.count(x, "ab", [1, 2, 3]) == 123 and mod.ext.count(None, "", []) == 0
+        assert mod.ext.nothing(1.5) is None
+        print("OK")
+        """)
+    assert p.returncode == 0 and "OK" in p.stdout, p.stderr
+
+
 def test_module_level_calls_into_the_extension_work(service):
     # Also: an explicit #include <torch/extension.h> (common in model output) still compiles lean.
     src = candidate("#include <torch/extension.h>\n" + RELU_KERNEL.format(scale="1.0f"), "t_relu_selftest",

@@ -391,7 +391,7 @@ class ExtensionBuilder:
 
     def _thunk_unit(self, spec, bdir, bindable: cxx_scan.Bindable, with_facade: bool = False) -> _Unit:
         """The thunk binding; `with_facade`: for a facade-built CUDA unit, with the declarations in
-        the facade's types and no torch header in the TU (kiln_facade_thunk.h, facade_lib.py)."""
+        the facade's types and no torch header in the TU (kiln_facade_thunk.h, thunks.py)."""
         decls = [facade.facade_declaration(d.text) if with_facade else d.text for d in bindable.declarations]
         body = thunks.thunk_source(bindable.preamble, decls, spec.functions, spec.docstrings,
                                    spec.with_pytorch_error_handling, facade=with_facade)

@@ -7,13 +7,12 @@
   spellings of it, TORCH_CHECK, C10_CUDA_CHECK, C10_CUDA_KERNEL_LAUNCH_CHECK and AT_DISPATCH_* for
   the usual types.
 * `kiln_facade_bridge.h` (FACADE_BRIDGE): the conversion between `at::Tensor` and the facade handle.
-* `kiln_facade_thunk.h` (FACADE_THUNK_HEADER): the thunk binding (thunks.py) for facade-typed
-  functions, with no torch header: it fills the opaque argument and result values through the
-  facade library's accessors.
+* The facade thunk binding (`kiln_facade_thunk.h`, thunks.py) fills the opaque argument and result
+  values through accessors that this library defines.
 * `facade.cpp` (FACADE_LIB_SOURCE): the out-of-line parts, compiled once per toolchain by the
   trusted service against real ATen (like the thunk module shell) and linked into facade-built
   extensions. It only allocates, reads metadata and converts: what it imports is tensor plumbing.
-  It also holds the facade thunk ABI's accessors.
+  It also defines the facade thunk ABI's accessors (kiln_facade_thunk.h, thunks.py).
 """
 
 from __future__ import annotations
@@ -342,144 +341,6 @@ inline at::Tensor to_aten(const Tensor& t) {
       static_cast<c10::TensorImpl*>(t.unsafeGetTensorImpl())));
 }
 
-}  // namespace fc
-}  // namespace kiln
-#endif
-"""
-
-# The facade-mode thunk ABI: what a thunk TU for a facade-built CUDA unit includes instead of the
-# lean prelude and kiln_thunk.h. `kiln::Value` stays opaque; the accessors that move values in and
-# out of it live in the facade library (compiled against ATen once), so the per-candidate TU parses
-# the facade header and a few standard headers only. The type codes are kiln_thunk.h's.
-FACADE_THUNK_HEADER = r"""// Kiln facade thunk ABI: thunk TUs for facade-built CUDA units, no torch header (facade_lib.py)
-#ifndef KILN_FACADE_THUNK_H
-#define KILN_FACADE_THUNK_H
-#include "kiln_thunk_abi.h"
-#include "kiln_facade.h"
-#include <cstddef>
-#include <cstdint>
-#include <string>
-#include <tuple>
-#include <type_traits>
-#include <utility>
-#include <vector>
-
-namespace kiln {
-namespace fc {
-namespace thunk {
-
-// Implemented in the facade library, against the real kiln::Value (kiln_thunk.h).
-Value* item(Value* values, size_t k);  // values[k]
-Tensor take_tensor(Value* v);
-int64_t get_int(Value* v);
-double get_double(Value* v);
-bool get_bool(Value* v);
-std::vector<Tensor> take_tensors(Value* v);
-std::vector<int64_t> take_ints(Value* v);
-void put_tensor(Value* v, Tensor x);
-void put_int(Value* v, char code, int64_t x);
-void put_double(Value* v, char code, double x);
-void put_bool(Value* v, bool x);
-void put_tensors(Value* v, std::vector<Tensor> x);
-void put_ints(Value* v, std::vector<int64_t> x);
-void put_void(Value* v);
-Value* put_tuple(Value* v, size_t n);  // makes v a tuple of n values; returns the first
-
-template <typename T> struct Conv;  // no specialisation: the type is not carried (the build falls back)
-
-#define KILN_FC_INT_CONV(TYPE, CODE)                                               \
-  template <> struct Conv<TYPE> {                                                  \
-    static std::string code() { return CODE; }                                     \
-    static TYPE get(Value* v) { return static_cast<TYPE>(get_int(v)); }            \
-    static void put(Value* v, TYPE x) { put_int(v, CODE[0], static_cast<int64_t>(x)); } \
-  };
-KILN_FC_INT_CONV(long, "l")
-KILN_FC_INT_CONV(long long, "q")
-KILN_FC_INT_CONV(int, "i")
-#undef KILN_FC_INT_CONV
-template <> struct Conv<double> {
-  static std::string code() { return "d"; }
-  static double get(Value* v) { return get_double(v); }
-  static void put(Value* v, double x) { put_double(v, 'd', x); }
-};
-template <> struct Conv<float> {
-  static std::string code() { return "f"; }
-  static float get(Value* v) { return static_cast<float>(get_double(v)); }
-  static void put(Value* v, float x) { put_double(v, 'f', x); }
-};
-template <> struct Conv<bool> {
-  static std::string code() { return "b"; }
-  static bool get(Value* v) { return get_bool(v); }
-  static void put(Value* v, bool x) { put_bool(v, x); }
-};
-template <> struct Conv<Tensor> {
-  static std::string code() { return "T"; }
-  static Tensor get(Value* v) { return take_tensor(v); }
-  static void put(Value* v, Tensor x) { put_tensor(v, std::move(x)); }
-};
-template <> struct Conv<std::vector<Tensor>> {
-  static std::string code() { return "L"; }
-  static std::vector<Tensor> get(Value* v) { return take_tensors(v); }
-  static void put(Value* v, std::vector<Tensor> x) { put_tensors(v, std::move(x)); }
-};
-template <> struct Conv<std::vector<int64_t>> {
-  static std::string code() { return "I"; }
-  static std::vector<int64_t> get(Value* v) { return take_ints(v); }
-  static void put(Value* v, std::vector<int64_t> x) { put_ints(v, std::move(x)); }
-};
-template <typename... Ts> struct Conv<std::tuple<Ts...>> {  // result only
-  static std::string code() { return "(" + (std::string() + ... + Conv<Ts>::code()) + ")"; }
-  static void put(Value* v, std::tuple<Ts...> x) {
-    Value* first = put_tuple(v, sizeof...(Ts));
-    put_each(first, std::move(x), std::index_sequence_for<Ts...>{});
-  }
-  template <size_t... I>
-  static void put_each(Value* first, std::tuple<Ts...>&& x, std::index_sequence<I...>) {
-    (Conv<Ts>::put(item(first, I), std::move(std::get<I>(x))), ...);
-  }
-};
-
-template <typename T> using Plain = std::remove_cv_t<std::remove_reference_t<T>>;
-
-template <typename R> std::string result_code() {
-  if constexpr (std::is_void_v<R>) {
-    return "v";
-  } else {
-    return Conv<Plain<R>>::code();
-  }
-}
-
-template <typename R, typename... A>
-struct FnTraits {
-  static const char* signature() {
-    static const std::string s = (std::string() + ... + Conv<Plain<A>>::code()) + ":" + result_code<R>();
-    return s.c_str();
-  }
-  template <typename F, size_t... I>
-  static void invoke(F f, Value* in, Value* out, std::index_sequence<I...>) {
-    std::tuple<Plain<A>...> args{Conv<Plain<A>>::get(item(in, I))...};
-    if constexpr (std::is_void_v<R>) {
-      f(std::get<I>(args)...);
-      put_void(out);
-    } else {
-      Conv<Plain<R>>::put(out, f(std::get<I>(args)...));
-    }
-  }
-};
-
-template <typename Sig> struct Fn;
-template <typename R, typename... A> struct Fn<R (*)(A...)> : FnTraits<R, A...> {
-  template <R (*F)(A...)> static void call(Value* in, Value* out) {
-    FnTraits<R, A...>::invoke(F, in, out, std::index_sequence_for<A...>{});
-  }
-};
-template <typename R, typename... A> struct Fn<R (*)(A...) noexcept> : FnTraits<R, A...> {
-  template <R (*F)(A...) noexcept> static void call(Value* in, Value* out) {
-    FnTraits<R, A...>::invoke(F, in, out, std::index_sequence_for<A...>{});
-  }
-};
-
-}  // namespace thunk
 }  // namespace fc
 }  // namespace kiln
 #endif

@@ -33,9 +33,9 @@ import threading
 import time
 from pathlib import Path
 
-from .facade_lib import FACADE_BRIDGE, FACADE_CUDA_PRELUDE, FACADE_HEADER, FACADE_LIB_SOURCE, FACADE_THUNK_HEADER
+from .facade_lib import FACADE_BRIDGE, FACADE_CUDA_PRELUDE, FACADE_HEADER, FACADE_LIB_SOURCE
 from .fence_lib import SOURCE as FENCE_SOURCE
-from .thunks import SHELL_SOURCE, THUNK_ABI_HEADER, THUNK_HEADER
+from .thunks import FACADE_THUNK_HEADER, SHELL_SOURCE, THUNK_ABI_HEADER, THUNK_CALLS_HEADER, THUNK_HEADER
 
 _TORCH_SPELLINGS = """
 namespace torch {
@@ -80,6 +80,7 @@ PRELUDES: dict[str, str] = {
                  "#include <cuda_runtime.h>\n",
 }
 PRELUDES["kiln_thunk_abi"] = THUNK_ABI_HEADER
+PRELUDES["kiln_thunk_calls"] = THUNK_CALLS_HEADER
 PRELUDES["kiln_thunk"] = THUNK_HEADER
 PRELUDES["kiln_facade"] = FACADE_HEADER
 PRELUDES["facade_cuda"] = FACADE_CUDA_PRELUDE

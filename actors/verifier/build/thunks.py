@@ -4,7 +4,7 @@ Any TU that includes pybind11 pays ~4 s of template instantiation at its end, ev
 precompiled header and an empty module, so a generated pybind11 binding costs ~5 s per new
 signature. Kiln splits the binding instead:
 * the thunk TU (per signature set, cached like any binding object) includes only the lean prelude
-  and `kiln_thunk.h`; C++ templates turn each bound function into a type-erased call
+  and `kiln_thunk.h` (its calls are `kiln_thunk_calls.h`'s, shared with the facade mode below); C++ templates turn each bound function into a type-erased call
   `void call(kiln::Value* args, kiln::Value* result)` plus a type descriptor ("T(Tld)": returns a
   Tensor, takes Tensor, int64_t, double), listed in `extern "C" kiln_bindings()`. About 1 s.
 * the module shell (once per toolchain, built by the trusted service like a PCH) holds the
@@ -12,7 +12,7 @@ signature. Kiln splits the binding instead:
   types (so conversions match a pybind11 binding), calls the thunk inside torch's error handling
   (what `torch::wrap_pybind_function` does), and converts the result back.
 * a facade-mode thunk TU (a CUDA unit built against the facade, facade.py) includes no torch header
-  either: `kiln_facade_thunk.h` (facade_lib.py) moves values in and out of the opaque `kiln::Value`
+  either: `kiln_facade_thunk.h` moves values in and out of the opaque `kiln::Value`
   through the facade library, so it compiles in a fraction of a second with no precompiled header.
 A parameter or result type outside the supported set fails the thunk TU's compile (no `Conv<T>`),
 and the builder falls back to the generated pybind11 binding, then to one load_inline-style TU.
@@ -49,10 +49,86 @@ extern "C" const kiln::Binding* kiln_bindings(int* count);
 #endif
 """
 
+# The call machinery both thunk headers share: how a bound function becomes a type-erased call and a
+# signature string. Each header supplies a `Values` policy: how to reach argument k, convert a type
+# (`Values::Conv<T>`: code(), get(Value*), put(Value*, T)), mark a void result and make a tuple.
+THUNK_CALLS_HEADER = r"""// Kiln thunk calls: type-erased calls over kiln::Value, for both thunk headers (thunks.py)
+#ifndef KILN_THUNK_CALLS_H
+#define KILN_THUNK_CALLS_H
+#include "kiln_thunk_abi.h"
+#include <cstddef>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+namespace kiln {
+namespace calls {
+
+template <typename T> using Plain = std::remove_cv_t<std::remove_reference_t<T>>;
+
+template <typename Values, typename R> std::string result_code() {
+  if constexpr (std::is_void_v<R>) {
+    return "v";
+  } else {
+    return Values::template Conv<Plain<R>>::code();
+  }
+}
+
+// A tuple result ("(Tl)"): the Values' Conv<std::tuple<...>> derives from this.
+template <typename Values, typename... Ts> struct TupleResult {
+  static std::string code() { return "(" + (std::string() + ... + Values::template Conv<Ts>::code()) + ")"; }
+  static void put(Value* v, std::tuple<Ts...> x) {
+    put_each(Values::put_tuple(v, sizeof...(Ts)), std::move(x), std::index_sequence_for<Ts...>{});
+  }
+  template <size_t... I>
+  static void put_each(Value* first, std::tuple<Ts...>&& x, std::index_sequence<I...>) {
+    (Values::template Conv<Ts>::put(Values::item(first, I), std::move(std::get<I>(x))), ...);
+  }
+};
+
+template <typename Values, typename R, typename... A>
+struct FnTraits {
+  static const char* signature() {
+    static const std::string s =
+        (std::string() + ... + Values::template Conv<Plain<A>>::code()) + ":" + result_code<Values, R>();
+    return s.c_str();
+  }
+  template <typename F, size_t... I>
+  static void invoke(F f, Value* in, Value* out, std::index_sequence<I...>) {
+    std::tuple<Plain<A>...> args{Values::template Conv<Plain<A>>::get(Values::item(in, I))...};
+    if constexpr (std::is_void_v<R>) {
+      f(std::get<I>(args)...);
+      Values::put_void(out);
+    } else {
+      Values::template Conv<Plain<R>>::put(out, f(std::get<I>(args)...));
+    }
+  }
+};
+
+template <typename Values, typename Sig> struct Fn;
+template <typename Values, typename R, typename... A> struct Fn<Values, R (*)(A...)> : FnTraits<Values, R, A...> {
+  template <R (*F)(A...)> static void call(Value* in, Value* out) {
+    FnTraits<Values, R, A...>::invoke(F, in, out, std::index_sequence_for<A...>{});
+  }
+};
+template <typename Values, typename R, typename... A>
+struct Fn<Values, R (*)(A...) noexcept> : FnTraits<Values, R, A...> {
+  template <R (*F)(A...) noexcept> static void call(Value* in, Value* out) {
+    FnTraits<Values, R, A...>::invoke(F, in, out, std::index_sequence_for<A...>{});
+  }
+};
+
+}  // namespace calls
+}  // namespace kiln
+#endif
+"""
+
 THUNK_HEADER = r"""// Kiln thunk ABI: shared by per-signature thunk TUs and the module shell
 #ifndef KILN_THUNK_H
 #define KILN_THUNK_H
 #include "kiln_thunk_abi.h"
+#include "kiln_thunk_calls.h"
 #include <ATen/core/Tensor.h>
 #include <c10/util/ArrayRef.h>
 #include <cstdint>
@@ -60,7 +136,6 @@ THUNK_HEADER = r"""// Kiln thunk ABI: shared by per-signature thunk TUs and the 
 #include <optional>
 #include <string>
 #include <tuple>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -104,8 +179,8 @@ template <typename T> struct Conv;  // no specialisation: the type is not suppor
 #define KILN_SCALAR_CONV(TYPE, CODE, FIELD)                                  \
   template <> struct Conv<TYPE> {                                            \
     static std::string code() { return CODE; }                               \
-    static TYPE get(Value& v) { return static_cast<TYPE>(v.FIELD); }         \
-    static void put(Value& v, TYPE x) { v.code = CODE[0]; v.FIELD = x; }     \
+    static TYPE get(Value* v) { return static_cast<TYPE>(v->FIELD); }        \
+    static void put(Value* v, TYPE x) { v->code = CODE[0]; v->FIELD = x; }   \
   };
 KILN_SCALAR_CONV(long, "l", i)
 KILN_SCALAR_CONV(long long, "q", i)
@@ -117,15 +192,15 @@ KILN_SCALAR_CONV(bool, "b", b)
 
 template <> struct Conv<at::Tensor> {
   static std::string code() { return "T"; }
-  static at::Tensor get(Value& v) { return std::move(v.t); }
-  static void put(Value& v, at::Tensor x) { v.code = 'T'; v.t = std::move(x); }
+  static at::Tensor get(Value* v) { return std::move(v->t); }
+  static void put(Value* v, at::Tensor x) { v->code = 'T'; v->t = std::move(x); }
 };
 
 #define KILN_EXTRA_CONV(TYPE, CODE, FIELD)                                   \
   template <> struct Conv<TYPE> {                                            \
     static std::string code() { return CODE; }                               \
-    static TYPE get(Value& v) { return std::move(v.extra().FIELD); }         \
-    static void put(Value& v, TYPE x) { v.code = CODE[0]; v.extra().FIELD = std::move(x); } \
+    static TYPE get(Value* v) { return std::move(v->extra().FIELD); }        \
+    static void put(Value* v, TYPE x) { v->code = CODE[0]; v->extra().FIELD = std::move(x); } \
   };
 KILN_EXTRA_CONV(std::vector<at::Tensor>, "L", tl)
 KILN_EXTRA_CONV(std::optional<at::Tensor>, "O", ot)
@@ -135,62 +210,103 @@ KILN_EXTRA_CONV(std::string, "s", s)
 
 template <> struct Conv<c10::IntArrayRef> {  // argument only: it views the Value's storage
   static std::string code() { return "A"; }
-  static c10::IntArrayRef get(Value& v) { return c10::IntArrayRef(v.extra().il); }
+  static c10::IntArrayRef get(Value* v) { return c10::IntArrayRef(v->extra().il); }
 };
 
-template <typename... Ts> struct Conv<std::tuple<Ts...>> {  // result only
-  static std::string code() { return "(" + (std::string() + ... + Conv<Ts>::code()) + ")"; }
-  static void put(Value& v, std::tuple<Ts...> x) {
-    v.code = '(';
-    v.extra().tuple.resize(sizeof...(Ts));
-    put_each(v, std::move(x), std::index_sequence_for<Ts...>{});
-  }
-  template <size_t... I>
-  static void put_each(Value& v, std::tuple<Ts...>&& x, std::index_sequence<I...>) {
-    (Conv<Ts>::put(v.extra().tuple[I], std::move(std::get<I>(x))), ...);
-  }
-};
+struct AtenValues;
+template <typename... Ts> struct Conv<std::tuple<Ts...>> : calls::TupleResult<AtenValues, Ts...> {};  // result only
 
-template <typename T> using Plain = std::remove_cv_t<std::remove_reference_t<T>>;
-
-template <typename R> std::string result_code() {
-  if constexpr (std::is_void_v<R>) {
-    return "v";
-  } else {
-    return Conv<Plain<R>>::code();
-  }
-}
-
-template <typename R, typename... A>
-struct FnTraits {
-  static const char* signature() {
-    static const std::string s = (std::string() + ... + Conv<Plain<A>>::code()) + ":" + result_code<R>();
-    return s.c_str();
-  }
-  template <typename F, size_t... I>
-  static void invoke(F f, Value* in, Value* out, std::index_sequence<I...>) {
-    std::tuple<Plain<A>...> args{Conv<Plain<A>>::get(in[I])...};
-    if constexpr (std::is_void_v<R>) {
-      f(std::get<I>(args)...);
-      out->code = 'v';
-    } else {
-      Conv<Plain<R>>::put(*out, f(std::get<I>(args)...));
-    }
+// The Values policy of kiln::calls over the complete Value.
+struct AtenValues {
+  template <typename T> using Conv = ::kiln::Conv<T>;
+  static Value* item(Value* values, size_t k) { return values + k; }
+  static void put_void(Value* v) { v->code = 'v'; }
+  static Value* put_tuple(Value* v, size_t n) {
+    v->code = '(';
+    v->extra().tuple.resize(n);
+    return v->extra().tuple.data();
   }
 };
 
-template <typename Sig> struct Fn;
-template <typename R, typename... A> struct Fn<R (*)(A...)> : FnTraits<R, A...> {
-  template <R (*F)(A...)> static void call(Value* in, Value* out) {
-    FnTraits<R, A...>::invoke(F, in, out, std::index_sequence_for<A...>{});
-  }
-};
-template <typename R, typename... A> struct Fn<R (*)(A...) noexcept> : FnTraits<R, A...> {
-  template <R (*F)(A...) noexcept> static void call(Value* in, Value* out) {
-    FnTraits<R, A...>::invoke(F, in, out, std::index_sequence_for<A...>{});
-  }
+template <typename Sig> using Fn = calls::Fn<AtenValues, Sig>;
+
+}  // namespace kiln
+#endif
+"""
+
+# The facade-mode thunk ABI: what a thunk TU for a facade-built CUDA unit includes instead of the
+# lean prelude and kiln_thunk.h. `kiln::Value` stays opaque; the accessors that move values in and
+# out of it live in the facade library (facade_lib.py, compiled against ATen once), so the
+# per-candidate TU parses the facade header and a few standard headers only. The type codes are
+# kiln_thunk.h's.
+FACADE_THUNK_HEADER = r"""// Kiln facade thunk ABI: thunk TUs for facade-built CUDA units, no torch header (thunks.py)
+#ifndef KILN_FACADE_THUNK_H
+#define KILN_FACADE_THUNK_H
+#include "kiln_thunk_abi.h"
+#include "kiln_thunk_calls.h"
+#include "kiln_facade.h"
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+namespace kiln {
+namespace fc {
+namespace thunk {
+
+// Implemented in the facade library, against the real kiln::Value (kiln_thunk.h).
+Value* item(Value* values, size_t k);  // values[k]
+Tensor take_tensor(Value* v);
+int64_t get_int(Value* v);
+double get_double(Value* v);
+bool get_bool(Value* v);
+std::vector<Tensor> take_tensors(Value* v);
+std::vector<int64_t> take_ints(Value* v);
+void put_tensor(Value* v, Tensor x);
+void put_int(Value* v, char code, int64_t x);
+void put_double(Value* v, char code, double x);
+void put_bool(Value* v, bool x);
+void put_tensors(Value* v, std::vector<Tensor> x);
+void put_ints(Value* v, std::vector<int64_t> x);
+void put_void(Value* v);
+Value* put_tuple(Value* v, size_t n);  // makes v a tuple of n values; returns the first
+
+template <typename T> struct Conv;  // no specialisation: the type is not carried (the build falls back)
+
+#define KILN_FC_CONV(TYPE, CODE, GET, PUT)                                   \
+  template <> struct Conv<TYPE> {                                            \
+    static std::string code() { return CODE; }                               \
+    static TYPE get(Value* v) { return static_cast<TYPE>(GET(v)); }          \
+    static void put(Value* v, TYPE x) { PUT; }                               \
+  };
+KILN_FC_CONV(long, "l", get_int, put_int(v, 'l', x))
+KILN_FC_CONV(long long, "q", get_int, put_int(v, 'q', x))
+KILN_FC_CONV(int, "i", get_int, put_int(v, 'i', x))
+KILN_FC_CONV(double, "d", get_double, put_double(v, 'd', x))
+KILN_FC_CONV(float, "f", get_double, put_double(v, 'f', x))
+KILN_FC_CONV(bool, "b", get_bool, put_bool(v, x))
+KILN_FC_CONV(Tensor, "T", take_tensor, put_tensor(v, std::move(x)))
+KILN_FC_CONV(std::vector<Tensor>, "L", take_tensors, put_tensors(v, std::move(x)))
+KILN_FC_CONV(std::vector<int64_t>, "I", take_ints, put_ints(v, std::move(x)))
+#undef KILN_FC_CONV
+
+struct FacadeValues;
+template <typename... Ts> struct Conv<std::tuple<Ts...>> : ::kiln::calls::TupleResult<FacadeValues, Ts...> {};
+
+// The Values policy of kiln::calls over the opaque Value, through the library's accessors.
+struct FacadeValues {
+  template <typename T> using Conv = ::kiln::fc::thunk::Conv<T>;
+  static Value* item(Value* values, size_t k) { return ::kiln::fc::thunk::item(values, k); }
+  static void put_void(Value* v) { ::kiln::fc::thunk::put_void(v); }
+  static Value* put_tuple(Value* v, size_t n) { return ::kiln::fc::thunk::put_tuple(v, n); }
 };
 
+template <typename Sig> using Fn = ::kiln::calls::Fn<FacadeValues, Sig>;
+
+}  // namespace thunk
+}  // namespace fc
 }  // namespace kiln
 #endif
 """
@@ -376,8 +492,10 @@ def thunk_source(preamble: tuple[str, ...], declarations: list[str], functions: 
         fn = f"{fn_template}<decltype(&{name})>"
         rows.append(f"    {{{json.dumps(name)}, {json.dumps(doc)}, {fn}::signature(), &{fn}::template call<&{name}>, "
                     f"{'true' if error_handling else 'false'}}},")
+    # The table's own names are ones no candidate function takes: a bound function named `count` or
+    # `table` would otherwise be the parameter or the array inside the initializer.
     return "\n".join([*preamble, *declarations,
-                      'extern "C" const kiln::Binding* kiln_bindings(int* count) {',
-                      "  static const kiln::Binding table[] = {", *rows, "  };",
-                      "  *count = static_cast<int>(sizeof(table) / sizeof(table[0]));",
-                      "  return table;", "}"])
+                      'extern "C" const kiln::Binding* kiln_bindings(int* kiln_binding_count) {',
+                      "  static const kiln::Binding kiln_binding_table[] = {", *rows, "  };",
+                      "  *kiln_binding_count = static_cast<int>(sizeof(kiln_binding_table) / sizeof(kiln_binding_table[0]));",
+                      "  return kiln_binding_table;", "}"])
