@@ -63,11 +63,26 @@ def test_writers_in_several_processes_lose_no_entry(tmp_path):
     assert len(entries) == 75 and entries["w2-24"].endpoints == {"verifier": "tcp://10.0.0.2:1024"}
 
 
-def _serve(server: ReplyServer, stop: threading.Event, tag: str) -> threading.Thread:
-    t = threading.Thread(target=server.serve, args=(lambda rec: P.TaskReply(status="stop", group_id=tag), stop),
-                         daemon=True)
-    t.start()
-    return t
+class _Served:
+    """A ReplyServer on its own thread that answers every request with a TaskReply naming `tag`."""
+
+    def __init__(self, tag: str) -> None:
+        self.server, self.stop = ReplyServer(), threading.Event()
+        reply = lambda rec: P.TaskReply(status="stop", group_id=tag)  # noqa: E731
+        self.thread = threading.Thread(target=self.server.serve, args=(reply, self.stop), daemon=True)
+        self.thread.start()
+        self.address = self.server.address
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(5)
+        self.server.close()
+
+
+def _serve_registered(registry: Registry, tag: str) -> _Served:
+    served = _Served(tag)
+    registry.register("replay", "replay", {"replay": served.address})
+    return served
 
 
 def test_the_reconnecting_client_follows_a_restarted_server(tmp_path):
@@ -75,16 +90,10 @@ def test_the_reconnecting_client_follows_a_restarted_server(tmp_path):
     client = ReconnectingClient(registry.resolver("replay", "replay"), timeout_s=0.3, retries=0, recheck_s=60)
     with pytest.raises(NoServer):  # nothing registered yet: a timeout to the caller
         client.request(P.TaskRequest(actor_id="r"))
-    first, stop = ReplyServer(), threading.Event()
-    serving = _serve(first, stop, "first")
-    registry.register("replay", "replay", {"replay": first.address})
+    first = _serve_registered(registry, "first")
     assert client.request(P.TaskRequest(actor_id="r")).group_id == "first"
-    stop.set()
-    serving.join(5)
     first.close()
-    second, stop2 = ReplyServer(), threading.Event()
-    serving2 = _serve(second, stop2, "second")
-    registry.register("replay", "replay", {"replay": second.address})
+    second = _serve_registered(registry, "second")
     assert client.moved()
     # The request goes to the dead address first (no lookup for 60 s): the wait sees the new address
     # within `watch_s` and the same request goes to the new server, long before the timeout.
@@ -93,8 +102,6 @@ def test_the_reconnecting_client_follows_a_restarted_server(tmp_path):
     assert time.monotonic() - started < 5.0
     assert client.connects == 2 and not client.moved()
     client.close()
-    stop2.set()
-    serving2.join(5)
     second.close()
 
 
@@ -104,23 +111,16 @@ def test_a_request_made_while_its_server_is_down_goes_to_the_replacement_at_once
     # registers, not wait out the timeout (30 s for the learner's batch requests) on the dead address.
     registry = Registry(tmp_path)
     client = ReconnectingClient(registry.resolver("replay", "replay"), timeout_s=30.0, retries=1)
-    first, stop = ReplyServer(), threading.Event()
-    serving = _serve(first, stop, "first")
-    registry.register("replay", "replay", {"replay": first.address})
+    first = _serve_registered(registry, "first")
     assert client.request(P.TaskRequest(actor_id="r")).group_id == "first"
-    stop.set()
-    serving.join(5)
     first.close()
     time.sleep(0.3)  # the client's connection to the dead server is gone
-    second, stop2 = ReplyServer(), threading.Event()
-    serving2 = _serve(second, stop2, "second")
+    second = _Served("second")
     threading.Timer(1.0, lambda: registry.register("replay", "replay", {"replay": second.address})).start()
     started = time.monotonic()
     assert client.request(P.TaskRequest(actor_id="r")).group_id == "second"
     assert time.monotonic() - started < 3.0
     client.close()
-    stop2.set()
-    serving2.join(5)
     second.close()
 
 
