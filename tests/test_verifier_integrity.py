@@ -114,6 +114,16 @@ def test_the_sandbox_clock_counts_only_while_the_verifier_agrees():
     assert timing.trusted_seconds([112e-6] * 5, noisy_trips, nulls) == (112e-6, "sandbox")
     seconds, clock = timing.trusted_seconds([1e-9] * 5, noisy_trips, nulls)  # a forged sandbox clock
     assert clock == "verifier" and seconds == pytest.approx(110e-6)
+    # On an H100 an honest 0.24 ms kernel's floor was 0.45 ms: the cuda slack admits it (the cpu one
+    # would not), a clock forged to nothing still loses, and what a forger can claim and keep is
+    # bounded by (floor - slack) / ratio: the price of the slack, for short kernels.
+    h100_trips, h100_nulls = [0.65e-3, 0.70e-3], [0.20e-3, 0.22e-3]
+    assert timing.trusted_seconds([0.24e-3] * 5, h100_trips, h100_nulls, "cuda") == (0.24e-3, "sandbox")
+    assert timing.trusted_seconds([0.24e-3] * 5, h100_trips, h100_nulls, "cpu")[1] == "verifier"
+    assert timing.trusted_seconds([1e-9] * 5, h100_trips, h100_nulls, "cuda") == (pytest.approx(0.45e-3), "verifier")
+    least = (0.45e-3 - timing.CLOCK_SLACK_S["cuda"]) / timing.CLOCK_RATIO
+    assert timing.trusted_seconds([least * 0.9] * 5, h100_trips, h100_nulls, "cuda")[1] == "verifier"
+    assert timing.trusted_seconds([least * 1.1] * 5, h100_trips, h100_nulls, "cuda")[1] == "sandbox"
 
 
 def test_a_forged_sandbox_clock_earns_no_speed_bonus(verifier, relu_task, monkeypatch):

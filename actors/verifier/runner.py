@@ -19,6 +19,7 @@ those inputs. A time below the device's physical bound (`timing.Bandwidth`) earn
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import random
 import secrets
@@ -250,7 +251,8 @@ class CandidateRun:
         self.current_op = "the timed runs"
         budget_s = min(max(self.budget.left * 0.5, 1.0), 20.0)
         reported, trips, nulls = [], [], []
-        handled: dict[str, list[float]] = {"run": [], "null": []}  # the sandbox's own time per request
+        # the sandbox's own time per request, and its wall clock around the timed window
+        handled: dict[str, list[float]] = {"run": [], "null": [], "run_window": [], "null_window": []}
         with self.lease.exclusive(), timing.responsive_gil():
             for w in range(self.cfg.warmup):  # untimed, on inputs the candidate has seen already
                 self._one_run(child, self.primary_trials[w % len(self.primary_trials)].inputs)
@@ -259,14 +261,14 @@ class CandidateRun:
                 reply, trip, null = self._one_run(child, inputs, handled)
                 if reply is None:
                     return
-                reported.append(float(reply.get("seconds") or 0.0))
+                reported.append(_claimed_seconds(reply))
                 trips.append(trip)
                 nulls.append(null)
                 if i in checked and not self._check_timed(child, i, inputs):
                     return
                 if len(trips) >= timing.MIN_RUNS and time.perf_counter() - started > budget_s:
                     break
-        seconds, clock = timing.trusted_seconds(reported, trips, nulls)
+        seconds, clock = timing.trusted_seconds(reported, trips, nulls, self.baselines.device_type)
         self.out.candidate_s = seconds
         self.out.timing_runs = len(trips)
         self.out.timing = {"clock": clock, "sandbox_s": timing.median(reported), "round_trip_s": min(trips),
@@ -275,6 +277,8 @@ class CandidateRun:
                            # reports (untrusted, so diagnostics only, never the verdict)
                            "run_handled_s": min(handled["run"], default=None),
                            "null_handled_s": min(handled["null"], default=None),
+                           "run_window_s": min(handled["run_window"], default=None),
+                           "null_window_s": min(handled["null_window"], default=None),
                            "checked": sorted(i for i in checked if i < len(trips))}
         if clock == "verifier":
             self.out.notes.append("the sandbox reported less time than the verifier measured around its runs: "
@@ -306,8 +310,9 @@ class CandidateRun:
             return None, 0.0, 0.0
         if handled is not None:
             for key, r in (("run", reply), ("null", null)):
-                if isinstance(r.get("handled_s"), (int, float)):
-                    handled[key].append(float(r["handled_s"]))
+                for field, suffix in (("handled_s", ""), ("window_s", "_window")):
+                    if isinstance(r.get(field), (int, float)):
+                        handled[key + suffix].append(float(r[field]))
         return reply, trip, null_trip
 
     def _check_timed(self, child: ChildSession, index: int, inputs: list) -> bool:
@@ -402,6 +407,14 @@ def _tol_override(cfg: VerifierConfig, ref: Reference) -> tuple[float, float] | 
         task = ref.tolerance() or (1e-3, 1e-3)
         return (cfg.atol if cfg.atol is not None else task[0], cfg.rtol if cfg.rtol is not None else task[1])
     return ref.tolerance()
+
+
+def _claimed_seconds(reply: dict) -> float:
+    """The sandbox's own time for a run (untrusted: anything but a finite positive number is 0)."""
+    seconds = reply.get("seconds")
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds):
+        return 0.0
+    return max(float(seconds), 0.0)
 
 
 def _tensors(items) -> list[torch.Tensor]:

@@ -239,18 +239,20 @@ def handle_run(st: ChildState, req: dict) -> dict:
     call = (lambda: st.last) if null else (lambda: st.model(*st.feed))
     session = GateSession(st.findings, st.candidate_file, st.device_type, detailed=False).watch_threads()
     with torch.no_grad(), st.armed(), session:
+        opened = _perf()
         raw, seconds = st.clock.measure(call)
+        window = _perf() - opened  # this process's wall clock around the same window (diagnostics)
     outs, failure = check_outputs(st, raw, st.feed, record=not null)
     if null:
         session.new_threads(native_too=st.calls > 0)
-        return {"ok": True, "seconds": seconds}
+        return {"ok": True, "seconds": seconds, "window_s": window}
     if failure is None:
         _thread_check(st, session)
     st.calls += 1
     st.retired = st.previous  # freed by `settle`, outside the round trip the verifier times
     st.previous = outs
     st.last = outs if failure is None else []
-    return {"ok": True, "seconds": seconds, "failure": failure}
+    return {"ok": True, "seconds": seconds, "window_s": window, "failure": failure}
 
 
 def handle_settle(st: ChildState, req: dict) -> dict:
