@@ -78,7 +78,7 @@ def demo_run(tmp_path_factory, tiny_chat_model, verifier_cache_dir):
     form (DEMO_CI) on the test-sized real-format chat checkpoint: prompts through its chat template, the
     warm start on the shipped solutions, RL steps in which every mechanism of the algorithm acts (the
     report's mechanisms table), a servable export at step 2 (`learner.export_every`), the final
-    evaluation and export; then `kiln train --resume` for one more step. One run per test session:
+    evaluation and export; then `kiln train --resume` for two more steps. One run per test session:
     test_demo.py and the export tests read it."""
     import torch
 
@@ -101,8 +101,8 @@ def demo_run(tmp_path_factory, tiny_chat_model, verifier_cache_dir):
             rows = read_metrics(run.path)
             summary = json.loads((run.path / "summary.json").read_text())
             report = (run.path / "report.md").read_text()
-            # `kiln train --resume RUN_DIR algo.total_steps=N+2`: the restored learner continues above
-            # version N (at N+1) and takes one more step
+            # `kiln train --resume RUN_DIR algo.total_steps=N+2`: the final checkpoint is the newest
+            # state, so the restored learner continues at version N and takes two more steps
             more = load_config(run.config_path, [f"algo.total_steps={cfg.algo.total_steps + 2}"])
             train(more, RunDirectory.open(run.path))
             resumed = json.loads((run.path / "summary.json").read_text())

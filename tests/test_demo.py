@@ -82,9 +82,9 @@ def test_prompts_are_chat_dialogues_and_a_repair_turn_shows_the_earlier_attempt(
 def test_resume_continues_the_run_above_its_versions(demo_run):
     total = demo_run.cfg.algo.total_steps
     versions = [int(r["weights/version"]) for r in read_metrics(demo_run.path) if "train/loss" in r]
-    # version total + 1 = the restore's announcement
-    assert versions[:total] == list(range(1, total + 1)) and versions[total:] == [total + 2], versions
+    # the final checkpoint is the newest state: the resumed learner continues at its version
+    assert versions[:total] == list(range(1, total + 1)) and versions[total:] == [total + 1, total + 2], versions
     resumed = demo_run.resumed_summary
-    assert resumed["learner"]["restored_from"] == total and resumed["learner"]["step"] == total + 1
+    assert resumed["learner"]["restored_from"] == total and resumed["learner"]["step"] == total + 2
     assert resumed["episodes"]["invariant_ok"]
     assert resumed["episodes"]["trained"] > demo_run.summary["episodes"]["trained"]

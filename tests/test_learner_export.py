@@ -58,7 +58,7 @@ def test_the_final_export_loads_with_auto_classes_and_gives_the_learners_logprob
     T = cfg.rollout.temperature
     served = torch.log_softmax(logits / T, -1).gather(-1, torch.tensor(response)[:, None])[:, 0].numpy()
     state, meta = read_latest(demo_run.path)
-    assert meta.step == cfg.algo.total_steps + 1  # the resumed run's last step (it went 2 past the first run), which final/ holds
+    assert meta.step == cfg.algo.total_steps + 2  # the resumed run's last step (2 past the first run), which final/ holds
     np.testing.assert_allclose(served, learner_logprobs(cfg, state, prompt, response, T), atol=1e-5)
 
 

@@ -71,7 +71,6 @@ def test_killing_a_rollout_of_two_and_the_learner_mid_run_loses_nothing(tmp_path
     assert set(killed) == {"rollout-0", "learner"}
     seen = versions(run)
     assert seen == sorted(set(seen)), f"weight versions must only grow: {seen}"
-    # (a restore spends a version number, so the last version a step made may be one short of it)
     assert summary["learner"]["version"] >= cfg.algo.total_steps, (seen, summary["learner"])
     assert summary["learner"]["restored_from"] >= 0  # the new learner came from a checkpoint
     ep = summary["episodes"]

@@ -5,10 +5,11 @@ weights to the engines and announces the version. One batch is one weight versio
 Versions only grow. A fresh learner takes its warm-start steps (`warm_start.steps` cross-entropy steps
 on reference solutions, built here from the training tasks that replay serves and the solution files)
 and serves the result as version 0. A learner whose run already announced a version (a restart, or
-`kiln train --resume`) restores its last checkpoint instead and continues at a version above every
-version announced before: the highest it recorded, and the highest replay has seen (it asks replay).
-It pushes its weights at once and tells replay which versions the restore discarded, so samples they
-produced are dropped, never trained on. With η = 0 (`replay.max_staleness`) it waits for the engines
+`kiln train --resume`) restores its last checkpoint instead. When that checkpoint is as new as every
+version announced before (the highest it recorded, and the highest replay has seen: it asks replay),
+it continues at the checkpoint's version; otherwise at a version above all of them. It pushes its
+weights at once and tells replay which versions the restore discarded, so samples they produced are
+dropped, never trained on. With η = 0 (`replay.max_staleness`) it waits for the engines
 to confirm each version before asking for the next batch (synchronous mode).
 
 Exports (`export_hf`: RUN_DIR/final/ at the driver's request, RUN_DIR/exports/step-NNNNNN/ every
@@ -273,9 +274,11 @@ class LearnerActor(Actor):
                 if self.confirm_before_next:
                     self.weights.wait_confirmed(self.version, None, CONFIRM_TIMEOUT_S)
             self.busy_s += time.perf_counter() - t
-            self._emit(self.step, self._step_values(result, batch, push_s), _step_episodes(result, batch))
             if self.cfg.checkpoint_every and self.step % self.cfg.checkpoint_every == 0:
                 self.checkpoint()
+            # Reported once saved: a learner killed right after a step it reported restores that step,
+            # at its own version, and the batch being made for the next one stays on-policy.
+            self._emit(self.step, self._step_values(result, batch, push_s), _step_episodes(result, batch))
             if self.cfg.export_every and self.step % self.cfg.export_every == 0:
                 self.export_hf(self.dir / EXPORTS / step_dir_name(self.step))
         if not self.stopping:
@@ -377,10 +380,17 @@ class LearnerActor(Actor):
             log.info("%s: restored %s (version %d, step %d)", self.learner_id, path, meta.version, meta.step)
         else:
             log.warning("%s: no checkpoint in %s; starting from the initial weights", self.learner_id, self.dir)
-        # Above every version announced before, even when the checkpoint is the newest state, and above
-        # every version replay has seen.
+        # A checkpoint as new as every version announced and every version replay has seen is the state
+        # those versions were made from: continue at its version (the engines hold those weights and
+        # the samples made with them stay on-policy). Otherwise some announced version is lost: go
+        # above all of them, and samples they made are discarded.
         seen = self._ask_replay(VersionsSeenRequest(learner_id=self.learner_id), VersionsSeen)
-        self.version = max(announced + 1, seen.highest + 1, 0)
+        newest = max(announced, seen.highest)
+        if latest is not None and latest[1].version >= newest:
+            self.version = latest[1].version
+            self.discarded_above = -1  # nothing was lost
+        else:
+            self.version = max(newest + 1, 0)
 
     def _announced_path(self) -> Path:
         return self.dir / "learner" / ANNOUNCED_FILE
