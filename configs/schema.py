@@ -85,6 +85,7 @@ class RolloutBenchConfig:
 class RolloutConfig:
     engine: str = F("torch", "Inference engine: 'torch' (embedded), 'sglang', or a dotted path to an engine class", choices=["torch", "sglang"], dotted_ok=True)
     num_actors: int = F(1, "Rollout actors (each drives one engine)", ge=1)
+    standby: bool = F(True, "Ray runs: keep a warm standby of each rollout actor without GPUs, a spare process started ahead (imports done, tokenizer loaded, engine built) that joins the learner for its weights and takes over when the actor dies, instead of a new process built after the death. Not for engines on GPUs (the spare would hold a second copy of the model there)")
     max_batch: int = F(8, "Sequences an engine decodes at once", ge=1)
     max_new_tokens: int = F(512, "Length limit of one response; longer ones are cut and flagged truncated", ge=1)
     temperature: float = F(1.0, "Sampling temperature T; behaviour logprobs are log softmax(logits / T)", gt=0.0)

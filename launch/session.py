@@ -410,7 +410,7 @@ class Session:
             "groups": dataclasses.asdict(replay.groups),
             "highest_version_seen": replay.highest_version_seen,
             "learner": {"version": learner.version, "step": learner.step, "restored_from": learner.restored_from},
-            "restarts": [{"time": t, "actor": name} for t, name in self.supervisor.restarts],
+            "restarts": [dataclasses.asdict(r) for r in self.supervisor.restarts],
             "retry": dataclasses.asdict(replay.retry),
             "wall_s": round(time.monotonic() - self.started, 1),
             "stopped": "no progress (algo.stop_after_no_progress_s)" if self.stopped_for_no_progress else None,

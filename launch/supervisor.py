@@ -13,7 +13,7 @@ Actors that only work together (the ranks of one learner: each `start()` blocks 
 joined, and a dead rank stalls the others' collectives) share a `group`: `launch_group` builds them
 all before starting any, and when one dies `check` restarts the whole group.
 
-An actor whose spec asks for a `standby` (a one-rank CPU learner) has a spare built next to it and
+An actor whose spec asks for a `standby` (a one-rank CPU learner, a rollout actor without GPUs) has a spare built next to it and
 prepared ahead (`Actor.prepare()`: its process started, its imports done, its model built), holding
 nothing and registering nothing. When the actor dies, `check` starts the spare instead of building a
 new one, so the takeover costs only `start()` (for the learner: restore the latest checkpoint and
@@ -62,6 +62,18 @@ class Restart:
     standby: bool = False  # a spare took over
 
 
+@dataclass(frozen=True)
+class RestartRecord:
+    """One actor brought back: when (time.time()), which, whether its standby took over, and how long
+    from the death being seen to the replacement started (as the supervisor saw it: with Ray, at the
+    check that collected it)."""
+
+    time: float
+    actor: str
+    standby: bool
+    seconds: float
+
+
 class Supervisor:
     def __init__(self, run_dir: Path, *, use_ray: bool, bind: Bind = Bind(), placement_group=None) -> None:
         self.run_dir, self.use_ray, self.bind = run_dir, use_ray, bind
@@ -72,7 +84,7 @@ class Supervisor:
         # preparing in the background (Ray: their prepare() calls are not waited for).
         self.spares: dict[str, ActorHandle] = {}
         self.restarting: dict[str, Restart] = {}  # Ray replacements still starting, by actor name
-        self.restarts: list[tuple[float, str]] = []
+        self.restarts: list[RestartRecord] = []
 
     def launch(self, spec: ActorSpec) -> ActorHandle:
         return self.launch_group([spec])[0]
@@ -214,10 +226,11 @@ class Supervisor:
         return restarted
 
     def _restarted(self, pending: Restart, restarted: list[str], on_restart: Callable[[str], None] | None) -> None:
+        seconds = time.monotonic() - pending.since
         log.info("%s %s in %.2f s", "standby took over from" if pending.standby else "restarted",
-                 ", ".join(h.name for h in pending.handles), time.monotonic() - pending.since)
+                 ", ".join(h.name for h in pending.handles), seconds)
         for handle in pending.handles:
-            self.restarts.append((time.time(), handle.name))
+            self.restarts.append(RestartRecord(time.time(), handle.name, pending.standby, seconds))
             restarted.append(handle.name)
             if on_restart is not None:
                 on_restart(handle.name)

@@ -58,10 +58,13 @@ def rollout_specs(cfg: KilnConfig, placement: PlacementPlan, *, follow_learner: 
                   episode_log: bool = False) -> list[ActorSpec]:
     settings = {"follow_learner": follow_learner, "send_episodes": cfg.logging.episodes_per_step > 0,
                 "episode_log": episode_log}
+    slots = [actor_slot(placement, "rollout", i) for i in range(cfg.rollout.num_actors)]
     return [ActorSpec(name=f"rollout-{i}", cls=RolloutActor, handle=RolloutHandle,
                       args=(cfg.rollout, cfg.model, cfg.eval), kwargs=settings, rank=i,
-                      world_size=cfg.rollout.num_actors, slot=actor_slot(placement, "rollout", i))
-            for i in range(cfg.rollout.num_actors)]
+                      world_size=cfg.rollout.num_actors, slot=slot,
+                      # as the learner's: only where a restart pays for a new process and the spare holds no GPU
+                      standby=cfg.rollout.standby and cfg.cluster.use_ray and not slot.gpus and not slot.num_gpus)
+            for i, slot in enumerate(slots)]
 
 
 def warm_start_section(cfg: KilnConfig) -> WarmStartConfig:

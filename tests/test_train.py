@@ -57,9 +57,10 @@ def test_a_run_in_process_trains_pushes_weights_and_reports(tmp_path):
 
 
 def test_killing_a_rollout_of_two_and_the_learner_mid_run_loses_nothing(tmp_path, ray_session):
-    # Two rollout actors: while the dead one restarts, the other keeps the learner fed (the dead one's
-    # groups are released at once, not timed out). The learner has a warm standby (learner.standby):
-    # a spare process, prepared ahead, restores the checkpoint of the last step and takes over.
+    # Two rollout actors: while the dead one's standby takes over, the other keeps the learner fed (the
+    # dead one's groups are released at once, not timed out). Each has a warm standby (rollout.standby,
+    # learner.standby): a spare process, prepared ahead, takes over (the learner's restores the
+    # checkpoint of the last step).
     # η = 0 and no tied-group filter: every step takes one batch of fresh samples, so the step intervals
     # are regular (see the replay and verifier test below).
     cfg, run = text_match(tmp_path, "faults", "cluster.use_ray=true", "algo.total_steps=20", "rollout.num_actors=2",
@@ -68,6 +69,7 @@ def test_killing_a_rollout_of_two_and_the_learner_mid_run_loses_nothing(tmp_path
     train(cfg, run, on_step=inject)
     summary = json.loads((run.path / "summary.json").read_text())
     assert {r["actor"] for r in summary["restarts"]} >= {"rollout-0", "learner"}
+    assert all(r["standby"] for r in summary["restarts"]), summary["restarts"]  # each taken over by its spare
     assert set(killed) == {"rollout-0", "learner"}
     seen = versions(run)
     assert seen == sorted(set(seen)), f"weight versions must only grow: {seen}"
@@ -77,17 +79,13 @@ def test_killing_a_rollout_of_two_and_the_learner_mid_run_loses_nothing(tmp_path
     assert ep["invariant_ok"] and ep["emitted"] == ep["trained"] + ep["filtered_total"] + ep["pending"]
     assert infra and max(infra) == 0  # no attempt was marked infra by a verify timeout
     # The pace is printed for the record, not asserted: on this 2-core machine neither comes back within
-    # 1.5 × a step. Measured 2026-11-23 (docs/BENCHMARKS.md), steps of 0.3-0.7 s unloaded, 1.3-1.7 s
-    # under the CI suite's load:
-    # * rollout-0: its groups are released at once and rollout-1 keeps generating, but the dead one's
-    #   partial batch is lost and its replacement (new Ray actor, torch import, model, engine, weights:
-    #   9-12 s) takes CPU from the survivor: the step after the kill took 0.8-2.0 × the median.
-    # * learner: the warm standby takes over in 0.03-0.05 s of start() (restore 0.02-0.04 s, serve
-    #   0.01 s; its prepare, 3.9-4.8 s, ran ahead), where a cold restart took 11.6 s (6.7 s building the
-    #   model). But the driver sees the death at its next check (up to 1 s), the rollouts join the new
-    #   learner (up to 0.25 s, then a weight load), and the restored learner continues one version
-    #   above the checkpoint, so at η = 0 the batch being generated is stale and is made again: the
-    #   step after the kill took 1.7-3.8 × the median.
+    # 1.5 × a step every time. Measured 2026-11-23 (docs/BENCHMARKS.md), steps of 0.3-1.6 s:
+    # * rollout-0: a warm standby (rollout.standby: engine built ahead) takes over within about a
+    #   second of the kill (a cold restart took 9-12 s), but at η = 0 the survivor has usually taken the
+    #   batch's groups by then and makes them alone: 1.2-2.5 × the median.
+    # * learner: the warm standby restores the checkpoint of the step the driver saw, at that step's
+    #   version, so the batch being made for the next step stays on-policy: 0.4-1.6 × the median (it
+    #   was 1.7-3.8 while a restore spent a version and the batch was made again).
     for name, at in killed.items():
         after = [s for s, t in times.items() if t > at]
         print(f"{name} killed: next step after {step_gap_ratio(times, at):.2f} × the median interval"

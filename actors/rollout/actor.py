@@ -112,6 +112,8 @@ class RolloutActor(Actor):
         # calls them on this one thread (which also keeps each socket on one thread).
         self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kiln-rollout-io")
         self._engine_lock = threading.Lock()
+        self._preparing = threading.Lock()
+        self._prepared: Engine | None = None  # built by prepare() (a standby), taken by start()
         self._pipeline_now: Pipeline | None = None
         self.pool = (CandidatePool(rollout.forced_candidates, seed=rollout.seed + self.index,
                                    fraction=rollout.forced_fraction, mix=rollout.forced_mix,
@@ -121,11 +123,21 @@ class RolloutActor(Actor):
     # ------------------------------------------------------------------------------ lifecycle
 
     def start(self) -> dict[str, str]:
-        self.engine = self._start_engine()
+        with self._preparing:  # a standby started while still preparing waits for its engine
+            prepared, self._prepared = self._prepared, None
+        self.engine = self._start_engine(prepared)
         if self.weights is not None:
             self.spawn(lambda: self.weights.run(self._stop), "weights")
         self.spawn(self._loop, "episodes")
         return {}
+
+    def prepare(self) -> None:
+        """Build the engine (its model, on the rollout's devices) and nothing else: no weights are asked
+        for, no task is fetched. A warm standby (the supervisor's spare rollout actor) is prepared ahead,
+        so that taking over from a dead one costs only joining the learner for its weights."""
+        with self._preparing:
+            if self._prepared is None:
+                self._prepared = self._build_engine()
 
     def stop(self) -> None:
         # Close the engine first: a generation in flight fails at once instead of holding the join.
@@ -166,9 +178,13 @@ class RolloutActor(Actor):
 
     # ------------------------------------------------------------------------------ engine
 
-    def _start_engine(self) -> Engine:
-        engine = make_engine(self.cfg, self.model_cfg, index=self.index, eos_token_ids=self.eos,
-                             gpu_ids=self.ctx.slot.device_ids())
+    def _build_engine(self) -> Engine:
+        return make_engine(self.cfg, self.model_cfg, index=self.index, eos_token_ids=self.eos,
+                           gpu_ids=self.ctx.slot.device_ids())
+
+    def _start_engine(self, engine: Engine | None = None) -> Engine:
+        """`engine` (one prepared ahead) or a new one, with the learner's current weights loaded."""
+        engine = engine or self._build_engine()
         if self.weights is not None:  # a late or restarted engine loads the current weights before serving
             try:
                 self.weights.bootstrap(engine)
