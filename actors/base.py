@@ -127,6 +127,18 @@ class Actor:
     def threads_running(self) -> bool:
         return any(t.is_alive() for t in self._threads)
 
+    def ended(self) -> bool:
+        """Stopped, or every work thread it started has ended (its work done, or a thread died):
+        `health()` says which. Cheap, so the driver can look often."""
+        return self._stop.is_set() or (bool(self._threads) and not self.threads_running)
+
+    def vigil(self, poll_s: float = 0.1) -> None:
+        """Return once the actor has ended. The driver calls it through Ray right after `start()` and
+        never waits on it: the pending call fails the moment the actor's process dies, so a death is
+        noticed at once instead of at the next health check (the dead actor's peers wait until then)."""
+        while not self.ended():
+            self._stop.wait(poll_s)
+
     def spawn(self, target: Callable[[], None], name: str) -> threading.Thread:
         """Run `target` on a daemon thread; an exception is logged, never silently lost."""
 

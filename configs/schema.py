@@ -174,7 +174,7 @@ class ReplayConfig:
     split_seed: int = F(0, "Seed of the train/validation split", ge=0)
     max_staleness: int = F(1, "η: a sample whose oldest gradient-carrying token lags the learner by more than η versions is never trained on; 0 = synchronous (engines confirm each version before the learner asks for its next batch)", ge=0)
     admission: str = F("staleness", "How many groups the task feed hands out: 'staleness' = at most (η + v + 1)·B at learner version v, so every sample can still be trained; 'whole_run' = all total_steps·B at once (rollout-only runs, where no learner advances v)", choices=["staleness", "whole_run"])
-    retry_after_s: float = F(0.2, "Seconds a rollout or learner told to wait (admission bound, no batch yet) waits before asking again", gt=0.0)
+    retry_after_s: float = F(0.2, "Seconds replay holds a request that must wait (admission bound reached, no batch yet): answered the moment it can be served, else told to ask again when the hold ends", gt=0.0)
     infra_retries: int = F(3, "A task whose groups fail through the system's fault (infra) this many times in a row leaves the feed (counted, logged once); a task whose prompt cannot fit model.max_seq_len leaves at once", ge=1)
     group_timeout_s: float = F(3600.0, "A handed-out group with no new sample for this long is abandoned (its samples filtered 'expired') and its task re-issued", gt=0.0)
     snapshot_every: int = F(1000, "Logged state changes between atomic state snapshots (each snapshot compacts the episode log)", ge=1)

@@ -36,6 +36,8 @@ class ActorHandle:
     ray: bool
     endpoints: dict[str, str] = field(default_factory=dict)  # what start() returned (for logs)
     restarts: int = 0
+    vigil: Any = field(default=None, repr=False)  # Ray: the pending `Actor.vigil()` call (keep_vigil)
+    end_seen: bool = False  # ended() said so already: it says so once
 
     @property
     def name(self) -> str:
@@ -58,6 +60,25 @@ class ActorHandle:
 
     def health(self, timeout_s: float = HEALTH_TIMEOUT_S) -> ActorHealth:
         return self._invoke(self.ref.health, timeout_s=timeout_s)
+
+    def keep_vigil(self) -> None:
+        """Watch for the actor's end from now on (after its start()): with Ray, a call to its `vigil()`
+        that is left pending, and ends when the actor stops or its process dies."""
+        if self.ray:
+            self.vigil = self.ref.vigil.remote()
+
+    def ended(self) -> bool:
+        """True, once, when the actor has ended since it started (stopped, died, or its work threads
+        ended). Cheap: with Ray a local look at the pending vigil, in-process a flag and the threads."""
+        if self.end_seen:
+            return False
+        if self.ray:
+            import ray
+
+            self.end_seen = self.vigil is not None and bool(ray.wait([self.vigil], timeout=0)[0])
+        else:
+            self.end_seen = self.ref.ended()
+        return self.end_seen
 
     def kill(self) -> None:
         """Kill the actor without a clean stop (fault injection; a Ctrl-C uses stop)."""

@@ -22,7 +22,7 @@ import collections
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Callable, Iterable
 
 from actors.buffer.formulas import prime_echo, rewards_tie
 from configs import AlgoConfig
@@ -32,6 +32,7 @@ from protocols.channels import PullChannel
 log = logging.getLogger(__name__)
 
 EPISODES_KEPT = 1024  # episodes held between two takes at most
+LOOK_EVERY_S = 0.05  # how often poll() asks its `until` (a cheap local look) while records arrive
 
 
 @dataclass
@@ -89,17 +90,32 @@ class RunMonitor:
     def close(self) -> None:
         self.channel.close()
 
-    def poll(self, timeout_s: float) -> list[tuple[int, dict[str, float]]]:
-        """Take every record that arrives within `timeout_s`; returns the learner steps completed."""
+    def poll(self, timeout_s: float, until: Callable[[], bool] | None = None,
+             to_step: bool = False) -> list[tuple[int, dict[str, float]]]:
+        """Take every record that arrives within `timeout_s`, or until `until()` holds (looked at every
+        `LOOK_EVERY_S`: the driver's prompt notice of a dead actor), or with `to_step` as soon as a
+        learner step arrives (the driver acts on each step as it comes; what follows it waits for the
+        next poll);
+        returns the learner steps completed."""
         rows = []
         deadline = time.monotonic() + timeout_s
+        look_at = time.monotonic() + LOOK_EVERY_S
         while True:
-            rec = self.channel.recv(max(0.0, deadline - time.monotonic()))
-            if rec is None:
+            now = time.monotonic()
+            if until is not None and now >= look_at:
+                if until():
+                    return rows
+                look_at = now + LOOK_EVERY_S
+            if now >= deadline:
                 return rows
+            rec = self.channel.recv(max(0.0, min(deadline, look_at) - now))
+            if rec is None:
+                continue
             row = self.ingest(rec)
             if row is not None:
                 rows.append(row)
+                if to_step:
+                    return rows
 
     def ingest(self, rec: Record) -> tuple[int, dict[str, float]] | None:
         if isinstance(rec, GroupReport):

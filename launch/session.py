@@ -44,7 +44,7 @@ from protocols.registry import Registry
 
 log = logging.getLogger(__name__)
 
-SUPERVISE_EVERY_S = 1.0  # a dead actor is seen within a second (its peers wait on it until then)
+SUPERVISE_EVERY_S = 1.0  # health checks of every actor (a death is seen at once: Supervisor.end_seen)
 PLACEMENT_TIMEOUT_S = 300.0
 STOP_ORDER = ["rollout-", "learner", "verifier-", "replay"]
 
@@ -209,7 +209,7 @@ class Session:
 
     def supervise(self) -> list[str]:
         now = time.monotonic()
-        if now - self._last_supervise < SUPERVISE_EVERY_S:
+        if now - self._last_supervise < SUPERVISE_EVERY_S and not self.supervisor.end_seen():
             return []
         self._last_supervise = now
         restarted = self.supervisor.check(on_death=self._on_death)

@@ -5,7 +5,9 @@ its place in the run (name, rank, placement slot) and its handle type. `Supervis
 actor from those and a `RunContext`, calls `start()` (the actor registers its endpoints in the run's
 registry) and returns the typed handle. `Supervisor.check` finds the dead ones (a Ray actor that died,
 or an actor whose work threads stopped), removes them from the registry and starts them again from
-the same spec; the new actor registers its new addresses and its peers look them up. Ray places
+the same spec; the new actor registers its new addresses and its peers look them up. The driver runs
+`check` once a second, and at once when `end_seen()` says an actor ended: each started actor has a
+call to its `vigil()` pending, which ends when the actor stops or its process dies. Ray places
 (each actor into its bundle of the run's placement group) and supervises; records move over the
 actors' own ZMQ channels, never through Ray.
 
@@ -34,6 +36,11 @@ from launch.handles import CALL_TIMEOUT_S, ActorHandle
 from protocols.registry import Registry
 
 log = logging.getLogger(__name__)
+
+# A replacement that fails to start is tried again, cold, at the next check: what it needs at start
+# may be restarting too (a rollout actor joins the learner for its weights). A third failure in a row
+# ends the run with its error.
+MAX_START_ATTEMPTS = 3
 
 
 @dataclass(frozen=True)
@@ -85,6 +92,16 @@ class Supervisor:
         self.spares: dict[str, ActorHandle] = {}
         self.restarting: dict[str, Restart] = {}  # Ray replacements still starting, by actor name
         self.restarts: list[RestartRecord] = []
+        self._end_seen = False  # an actor's vigil said it ended since the last check
+        self._start_failures: dict[str, int] = {}  # replacements that failed to start in a row, by actor
+
+    def end_seen(self) -> bool:
+        """Whether an actor has ended (stopped, died, or its work threads ended) since the last
+        `check`: cheap (no call to any actor), so the driver looks often and checks at once, instead
+        of leaving a dead actor's peers waiting on it until the next periodic check."""
+        if not self._end_seen:
+            self._end_seen = any(h.ended() for name, h in list(self.handles.items()) if name not in self.restarting)
+        return self._end_seen
 
     def launch(self, spec: ActorSpec) -> ActorHandle:
         return self.launch_group([spec])[0]
@@ -107,6 +124,7 @@ class Supervisor:
         the spare of each that asks for a standby."""
         for handle, endpoints in zip(handles, replies):
             handle.endpoints = endpoints or {}
+            handle.keep_vigil()
             previous = self.handles.get(handle.name)
             if previous is not None:
                 handle.restarts = previous.restarts + 1
@@ -175,6 +193,7 @@ class Supervisor:
         With Ray the driver does not wait for a replacement's start() (seconds for a rollout actor
         that loads a model): it is collected at a later check, and meanwhile the driver records steps
         and supervises the others. In-process, start() runs here."""
+        self._end_seen = False
         restarted = self._collect_restarts(on_restart)
         for name, handle in list(self.handles.items()):
             if (name in restarted or name in self.restarting or not handle.spec.restartable
@@ -196,7 +215,14 @@ class Supervisor:
                 self.restarting.update({h.name: pending for h in handles})
                 continue
             started = time.monotonic()
-            self.launch_group([h.spec for h in group], built=[spare] if spare is not None else None)
+            try:
+                self.launch_group([h.spec for h in group], built=[spare] if spare is not None else None)
+            except Exception as err:
+                if not self._start_again(group, err):
+                    raise
+                continue
+            for member in group:
+                self._start_failures.pop(member.name, None)
             self._restarted(Restart(group, [], started, standby=spare is not None), restarted, on_restart)
         return restarted
 
@@ -216,14 +242,31 @@ class Supervisor:
                 self.restarting.pop(handle.name, None)
             try:
                 replies = ray.get(pending.calls)
-            except Exception:
-                log.error("%s: the replacement failed to start", ", ".join(h.name for h in pending.handles))
+            except Exception as err:
                 for handle in pending.handles:
                     handle.discard()
-                raise
+                if not self._start_again(pending.handles, err):
+                    raise
+                continue
+            for handle in pending.handles:
+                self._start_failures.pop(handle.name, None)
             self._install(pending.handles, replies)
             self._restarted(pending, restarted, on_restart)
         return restarted
+
+    def _start_again(self, handles: list[ActorHandle], err: Exception) -> bool:
+        """A replacement failed to start: True to try again at the next check (the dead actor is still
+        the current one, so the check restarts it, cold), False once it failed MAX_START_ATTEMPTS times
+        in a row (the run then ends with its error, as a first start that fails does)."""
+        names = ", ".join(h.name for h in handles)
+        failures = 1 + max(self._start_failures.get(h.name, 0) for h in handles)
+        for handle in handles:
+            self._start_failures[handle.name] = failures
+        if failures >= MAX_START_ATTEMPTS:
+            log.error("%s: the replacement failed to start %d times in a row: %s", names, failures, err)
+            return False
+        log.error("%s: the replacement failed to start (%s); starting another", names, err)
+        return True
 
     def _restarted(self, pending: Restart, restarted: list[str], on_restart: Callable[[str], None] | None) -> None:
         seconds = time.monotonic() - pending.since

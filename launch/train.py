@@ -47,7 +47,7 @@ def train(cfg: KilnConfig, run: RunDirectory, *, placement: PlacementPlan | None
         s.start_rollouts()
         try:
             while not s.learner_finished() and not s.no_progress_stop():
-                for step, values in s.monitor.poll(timeout_s=1.0):
+                for step, values in s.monitor.poll(timeout_s=1.0, until=s.supervisor.end_seen, to_step=True):
                     s.record_step(step, values)
                     if s.evaluation_due(step):
                         s.evaluate(step)
@@ -80,7 +80,7 @@ def rollout_only(cfg: KilnConfig, run: RunDirectory, placement: PlacementPlan | 
         s.start_replay_and_verifiers()
         s.start_rollouts(follow_learner=False, episode_log=True)
         while not s.rollouts_done(cfg.algo.total_steps * cfg.algo.batch_groups):
-            s.monitor.poll(timeout_s=1.0)
+            s.monitor.poll(timeout_s=1.0, until=s.supervisor.end_seen)
             s.watch_progress()
             s.supervise()
         return run.episode_log
@@ -95,7 +95,7 @@ def train_only(cfg: KilnConfig, run: RunDirectory, episodes: Path, placement: Pl
         s.start_offline_replay(episodes)
         s.start_learner()
         while not s.learner_finished():
-            for step, values in s.monitor.poll(timeout_s=1.0):
+            for step, values in s.monitor.poll(timeout_s=1.0, until=s.supervisor.end_seen):
                 s.record_step(step, values)
             s.supervise()
         s.drain_metrics()

@@ -79,6 +79,9 @@ class TaskRequest(Record):
     actor_id: str
     # "val" asks for held-out validation tasks: served outside admission control, never trained on.
     split: Literal["train", "val"] = "train"
+    # The asking process (a replacement keeps its actor's id): once replay released a dead actor's
+    # groups, its requests still queued or held must not open groups that nobody works on.
+    incarnation: str = ""
 
 
 @record

@@ -12,7 +12,11 @@ It registers its address as "replay" in the run's registry, where rollouts and t
 
 The serving loop takes every request that is ready, applies them in order to the `ReplayState`,
 appends the ones that changed the state to the write-ahead log, fsyncs once (group commit), and only
-then replies. So an acknowledged episode is on disk and a handed-out group or batch is remembered,
+then replies. A request told to wait (the admission bound is reached, no batch is ready) is held for
+up to `replay.retry_after_s` and tried again whenever the state changes, so the rollout or learner
+waiting on it hears the moment it can go on instead of at its next ask; a request still waiting at
+the end of its hold is told to ask again at once. The rollout actors' requests for more groups also
+wait while their actor holds its share of the admission window (actors/buffer/shares.py). So an acknowledged episode is on disk and a handed-out group or batch is remembered,
 and a kill -9 at any point loses nothing that anyone was told about. If the disk fails, the actor
 stops accepting work (fail-stop: every request gets an ErrorReply) rather than acknowledge what it
 cannot keep; a restart recovers the last durable state.
@@ -31,12 +35,14 @@ import numpy as np
 import protocols
 from actors.base import Actor, RunContext
 from actors.buffer.health import Latency, ReplayHealth, replay_health
+from actors.buffer.shares import AdmissionShares
 from actors.buffer.state import ReplayState
 from actors.buffer.storage import EntryKind, ReplayStore
 from actors.buffer.task_source import load_task_set
 from configs import AlgoConfig, ConfigError, ReplayConfig
-from protocols import BatchRequest, Episode, ErrorReply, Record, TaskListRequest, TaskRequest, VersionsSeenRequest
-from protocols.channels import ReplyServer
+from protocols import (BatchReply, BatchRequest, Episode, ErrorReply, Record, TaskListRequest, TaskReply, TaskRequest,
+                       VersionsSeenRequest)
+from protocols.channels import ReplyServer, Request
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +71,10 @@ class ReplayActor(Actor):
         self._handler_errors = 0
         self._ack_latency_s: collections.deque[float] = collections.deque(maxlen=20_000)
         self._next_expiry_check = 0.0
+        self._shares = AdmissionShares.for_retry_interval(replay.retry_after_s)
+        self._changed = False  # the state changed since the held requests were last tried
+        self._incarnations: dict[str, str] = {}  # rollout actor id -> the process that last asked under it
+        self._released: set[str] = set()  # processes whose groups were released: dead, never given a group
         self.recovered = self._recover()
 
     # ------------------------------------------------------------------------------- lifecycle
@@ -117,12 +127,13 @@ class ReplayActor(Actor):
 
     def _serve(self) -> None:
         server = self._server
+        held: list[tuple[Request, float]] = []  # told to wait: kept, and answered once served or at their hold's end
         while not self.stopping:
+            requests, received = [], {}
             first = server.recv(self._poll_s)
-            requests, received = [], []
             while first is not None:
                 requests.append(first)
-                received.append(time.perf_counter())
+                received[id(first)] = time.perf_counter()
                 if len(requests) >= MAX_GROUP_COMMIT:
                     break
                 first = server.recv(0)
@@ -130,11 +141,22 @@ class ReplayActor(Actor):
             with self._lock:
                 replies = self._apply_and_commit([r.record for r in requests], now)
                 self._expire_overdue(now)
-            latencies = []
-            for req, reply, t0 in zip(requests, replies, received):
+                # What just arrived (the episode that completed a batch, the step that opened admission)
+                # may serve a request held since: it is answered now, not when its client asks again.
+                changed, self._changed = self._changed, False
+                again = self._apply_and_commit([r.record for r, _ in held], now) if held and changed else []
+            answers = [(req, until, reply) for (req, until), reply in zip(held, again or [None] * len(held))]
+            answers += [(req, now + self.replay.retry_after_s, reply) for req, reply in zip(requests, replies)]
+            held, latencies = [], []
+            for req, until, reply in answers:
+                if reply is None or _is_wait(reply):  # None: held, and nothing changed that could serve it
+                    if now < until:
+                        held.append((req, until))
+                        continue
+                    reply = self._answer_waited(req.record)
                 server.reply(req, reply)
                 if isinstance(req.record, Episode):
-                    latencies.append(time.perf_counter() - t0)
+                    latencies.append(time.perf_counter() - received[id(req)])
             if latencies:
                 with self._lock:
                     self._ack_latency_s.extend(latencies)
@@ -158,6 +180,8 @@ class ReplayActor(Actor):
         return replies
 
     def _apply(self, rec: Record, now: float) -> Record:
+        if isinstance(rec, TaskRequest) and rec.split == "train" and not self._may_open(rec, now):
+            return TaskReply(status="wait", retry_after_s=self.replay.retry_after_s)
         try:
             reply, changed = self._dispatch(rec, now)
         except Exception as err:  # a bug must not take the replay down; the request was not logged
@@ -165,6 +189,7 @@ class ReplayActor(Actor):
             log.exception("replay: handling %s failed", type(rec).__name__)
             return ErrorReply(message=f"replay failed to handle {type(rec).__name__}: {type(err).__name__}: {err}")
         if changed:
+            self._changed = True
             try:
                 self._store.append(EntryKind.RECORD, protocols.encode(rec))
             except OSError as err:
@@ -186,11 +211,31 @@ class ReplayActor(Actor):
         return ErrorReply(message=f"replay serves TaskRequest, Episode, BatchRequest, TaskListRequest and "
                                   f"VersionsSeenRequest, not {type(rec).__name__}"), False
 
+    def _answer_waited(self, rec: Record) -> Record:
+        """The answer to a request held for its whole hold: still wait, and ask again at once."""
+        cls = TaskReply if isinstance(rec, TaskRequest) else BatchReply
+        return cls(status="wait", retry_after_s=0.0)
+
+    def _may_open(self, req: TaskRequest, now: float) -> bool:
+        """Whether a live request (never a re-applied one: recovery calls `_dispatch`) may open a group:
+        not from a process whose groups were released (it is dead: a request of its still queued, or
+        held, would open a group nobody works on until it expires), and within its actor's share of
+        the running window (actors/buffer/shares.py)."""
+        if req.incarnation and req.incarnation in self._released:
+            return False
+        if req.incarnation:
+            self._incarnations[req.actor_id] = req.incarnation
+        state = self._state
+        return self._shares.allows(req.actor_id, state.running_by_actor(), state.running_window, now)
+
     def release_actor(self, actor_id: str) -> int:
         """A rollout actor died: expire the groups it was working on now (their tasks are re-issued,
         late samples from them are stored but never trained). Logged like a timeout expiry, so a
         restart replays the same decision. Returns how many groups were released."""
         with self._lock:
+            self._shares.release(actor_id)
+            if actor_id in self._incarnations:
+                self._released.add(self._incarnations.pop(actor_id))
             if self._failure:
                 return 0
             held = self._state.held_by(actor_id)
@@ -203,6 +248,7 @@ class ReplayActor(Actor):
                 self._fail(err)
                 return 0
             self._state.expire(held)
+            self._changed = True
             return len(held)
 
     def _expire_overdue(self, now: float) -> None:
@@ -219,6 +265,7 @@ class ReplayActor(Actor):
             self._fail(err)
             return
         self._state.expire(overdue)
+        self._changed = True
 
     def _fail(self, err: OSError) -> None:
         self._failure = f"{type(err).__name__}: {err}"
@@ -247,3 +294,8 @@ class ReplayActor(Actor):
                           type(protocols.decode(payload)).__name__)
         return {"snapshot": found.snapshot is not None, "log_entries": len(found.entries),
                 "truncated_bytes": found.truncated_bytes, "seconds": round(time.perf_counter() - start, 3)}
+
+
+def _is_wait(reply: Record) -> bool:
+    """A "not yet" (admission bound reached, no batch ready): held, not sent, while it may still change."""
+    return isinstance(reply, (TaskReply, BatchReply)) and reply.status == "wait"

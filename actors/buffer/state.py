@@ -113,6 +113,14 @@ class ReplayState:
             return self.algo.total_steps * self.algo.batch_groups
         return admission_limit(self.eta, self.learner_version, self.algo.batch_groups, self.algo.total_steps)
 
+    @property
+    def running_window(self) -> int:
+        """Groups that may be running at once now: the admission bound less the complete ones."""
+        return self.admission_bound - len(self.ready) - self.counters.groups_trained
+
+    def running_by_actor(self) -> collections.Counter[str]:
+        return collections.Counter(g.actor_id for g in self.running.values())
+
     def on_task_request(self, req: TaskRequest, now: float) -> tuple[Record, bool]:
         if req.split == "val":
             return self._val_task(), False

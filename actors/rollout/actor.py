@@ -39,6 +39,7 @@ import dataclasses
 import logging
 import threading
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Iterable
 
@@ -79,6 +80,7 @@ class RolloutActor(Actor):
         super().__init__()
         self.cfg, self.model_cfg, self.eval_cfg, self.ctx = rollout, model, evaluation, ctx
         self.actor_id, self.index = ctx.name or f"rollout-{ctx.rank}", ctx.rank
+        self.incarnation = uuid.uuid4().hex[:12]  # this process: its replacement asks under the same actor id
         registry = ctx.registry
         self.timeline = SpanRecorder(self.actor_id, registry.address("driver", "metrics") or None)
         # The learner's weight endpoints ("weights", "announce", "announce_sync"); none while it starts.
@@ -108,9 +110,12 @@ class RolloutActor(Actor):
             log_path = str(ctx.path / "episodes_log" / f"{self.actor_id}.kiln")
         self.reporter = Reporter(registry.address("driver", "metrics") or None, send_episodes=send_episodes,
                                  episode_log=log_path)
-        # The task feed, the episode sender and the reporter block on their sockets: the event loop
-        # calls them on this one thread (which also keeps each socket on one thread).
+        # The episode sender and the reporter block on their sockets: the event loop calls them on this
+        # one thread (which also keeps each socket on one thread). The task feed has a thread of its own:
+        # replay holds an ask it cannot serve yet (up to replay.retry_after_s), which must not hold up
+        # the episodes of a group that just finished.
         self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kiln-rollout-io")
+        self._asks = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kiln-rollout-feed")
         self._engine_lock = threading.Lock()
         self._preparing = threading.Lock()
         self._prepared: Engine | None = None  # built by prepare() (a standby), taken by start()
@@ -192,6 +197,12 @@ class RolloutActor(Actor):
                 engine.close()
                 raise
         return engine
+
+    async def vigil(self, poll_s: float = 0.1) -> None:
+        """`Actor.vigil`, awaited: with an async method this class is an asyncio actor under Ray, whose
+        plain methods run on its event loop, so a blocking wait would hold every other call."""
+        while not self.ended():
+            await asyncio.sleep(poll_s)
 
     async def generate_one(self, request: GenerateRequest) -> Generation:
         """One request on the engine; a crashed engine is restarted (off the event loop, so the other
@@ -292,6 +303,7 @@ class RolloutActor(Actor):
         try:
             asyncio.run(self._serve())
         finally:
+            self._asks.shutdown(wait=True)
             self._io.shutdown(wait=True)
 
     async def _serve(self) -> None:
@@ -299,7 +311,7 @@ class RolloutActor(Actor):
         admission control says yes); run each group's attempts through the pipeline; send each
         group's episodes to replay when its last attempt is done."""
         loop = asyncio.get_running_loop()
-        io = lambda fn, *args: loop.run_in_executor(self._io, fn, *args)  # noqa: E731 - feed/sender/reporter thread
+        io = lambda fn, *args: loop.run_in_executor(self._io, fn, *args)  # noqa: E731 - sender/reporter thread
         verifier = self._verifier_pool()
         pipeline = self._pipeline(verifier, self.cfg.max_turns)
         self._pipeline_now = pipeline
@@ -310,7 +322,7 @@ class RolloutActor(Actor):
                     pipeline.room.clear()
                     await self._until(pipeline.room, 0.2)
                     continue
-                reply = await io(self._ask_for_task)
+                reply = await loop.run_in_executor(self._asks, self._ask_for_task)
                 if reply is None or reply.status == "wait":
                     self.stats["waits"] += 1
                     await io(self.sender.pump)
@@ -373,7 +385,7 @@ class RolloutActor(Actor):
 
     def _ask_for_task(self) -> TaskReply | None:
         try:
-            reply = self._feed.request(TaskRequest(actor_id=self.actor_id))
+            reply = self._feed.request(TaskRequest(actor_id=self.actor_id, incarnation=self.incarnation))
         except NoServer:  # replay has not registered yet
             return None
         except ChannelTimeout:  # replay may be restarting on a new address: the client looks it up again

@@ -63,13 +63,16 @@ class WeightClient:
 
     # ------------------------------------------------------------------------------ lifecycle
 
-    def bootstrap(self, engine: Engine) -> None:
-        """Attach `engine` and bring it to the learner's current version before it serves. Raises
+    def bootstrap(self, engine: Engine, fresh: bool = True) -> None:
+        """Attach `engine` and bring it to the learner's current version before it serves. `fresh`: the
+        engine was just built; False: it serves the weights of the version it reports (it rejoins a
+        restarted learner, and nothing moves when that learner continues at the same version). Raises
         WeightSyncError when neither the transport nor the disk fallback worked."""
         with self._lock:
             self.engine, self.loaders = engine, {}
+            self._await_learner()
             self._connect()
-            self._join(fresh=True)
+            self._join(fresh=fresh)
             self._joined = dict(self._endpoints)
             self.stats["bootstraps"] += 1
 
@@ -135,7 +138,7 @@ class WeightClient:
             return
         log.warning("%s: the learner moved to %s; joining it again", self.engine_id, endpoints.get("weights"))
         try:
-            self.bootstrap(self.engine)
+            self.bootstrap(self.engine, fresh=False)
         except Exception as err:  # the new learner may still be starting: try again at the next check
             self.stats["failures"] += 1
             self.last_error = f"rejoining the learner: {err}"
@@ -153,6 +156,14 @@ class WeightClient:
                 "version": self.engine.weight_version if self.engine is not None else None}
 
     # ------------------------------------------------------------------------------ protocol
+
+    def _await_learner(self) -> None:
+        """Wait (up to the request timeout) for the learner's endpoints to be registered: an engine that
+        starts while the learner restarts (both replaced after one failure) joins the new learner
+        instead of failing its start."""
+        deadline = time.monotonic() + self.request_timeout_s
+        while not dict(self._learner()) and time.monotonic() < deadline:
+            time.sleep(LEARNER_CHECK_S)
 
     def _connect(self) -> None:
         """(Re)connect to the learner's endpoints; subscribe BEFORE asking for weights, so no
