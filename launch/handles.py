@@ -63,8 +63,9 @@ class ActorHandle:
 
     def keep_vigil(self) -> None:
         """Watch for the actor's end from now on (after its start()): with Ray, a call to its `vigil()`
-        that is left pending, and ends when the actor stops or its process dies."""
-        if self.ray:
+        that is left pending, and ends when the actor stops or its process dies. A class without one
+        is seen dead at the periodic health check only."""
+        if self.ray and hasattr(self.ref, "vigil"):  # not every class the supervisor runs is an `Actor`
             self.vigil = self.ref.vigil.remote()
 
     def ended(self) -> bool:
@@ -76,7 +77,7 @@ class ActorHandle:
             import ray
 
             self.end_seen = self.vigil is not None and bool(ray.wait([self.vigil], timeout=0)[0])
-        else:
+        elif hasattr(self.ref, "ended"):
             self.end_seen = self.ref.ended()
         return self.end_seen
 

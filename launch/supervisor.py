@@ -94,6 +94,20 @@ class Supervisor:
         self.restarts: list[RestartRecord] = []
         self._end_seen = False  # an actor's vigil said it ended since the last check
         self._start_failures: dict[str, int] = {}  # replacements that failed to start in a row, by actor
+        self._preparing: dict[str, Any] = {}  # Ray: the spares' prepare() calls, by actor name
+
+    def standbys_preparing(self) -> list[str]:
+        """The actors whose spare is still being prepared (Ray: its prepare() has not answered). On a
+        machine short of cores a spare's preparation (a new process, its imports, its model) takes
+        CPU from the running actors for a few seconds."""
+        if not self._preparing:
+            return []
+        import ray
+
+        done, _ = ray.wait(list(self._preparing.values()), num_returns=len(self._preparing), timeout=0)
+        ready = {id(ref) for ref in done}
+        self._preparing = {n: ref for n, ref in self._preparing.items() if id(ref) not in ready}
+        return sorted(self._preparing)
 
     def end_seen(self) -> bool:
         """Whether an actor has ended (stopped, died, or its work threads ended) since the last
@@ -139,7 +153,10 @@ class Supervisor:
         in-process now. A spare that cannot be built is logged; the actor then restarts cold."""
         try:
             handle = spec.handle(spec=spec, ref=self._build(spec), ray=self.use_ray)
-            handle.ref.prepare.remote() if self.use_ray else handle.ref.prepare()
+            if self.use_ray:
+                self._preparing[spec.name] = handle.ref.prepare.remote()
+            else:
+                handle.ref.prepare()
         except Exception:
             log.exception("%s: preparing its standby failed (a restart will start a new actor)", spec.name)
             return
@@ -148,6 +165,7 @@ class Supervisor:
     def _take_spare(self, name: str) -> ActorHandle | None:
         """The spare of `name`, or None. One still preparing is taken too (it started earlier than a new
         actor would; its start() waits for its prepare()); one whose prepare() failed builds in start()."""
+        self._preparing.pop(name, None)
         return self.spares.pop(name, None)
 
     def context(self, spec: ActorSpec) -> RunContext:
@@ -310,3 +328,4 @@ class Supervisor:
         for spare in self.spares.values():  # never started: nothing to stop, only the Ray process to end
             spare.discard()
         self.spares.clear()
+        self._preparing.clear()

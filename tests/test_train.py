@@ -63,8 +63,9 @@ def test_killing_a_rollout_of_two_and_the_learner_mid_run_loses_nothing_and_keep
     # checkpoint of the last step).
     # η = 0, no tied-group filter and no repair tasks: every step takes one batch of fresh samples of
     # the same short prompts, so the step intervals are regular; 16 groups a step, so a step is long
-    # enough (about half a second here) that its pace is not the noise of a 2-core machine.
-    cfg, run = text_match(tmp_path, "faults", "cluster.use_ray=true", "algo.total_steps=30", "rollout.num_actors=2",
+    # enough (about half a second here) that its pace is not the noise of a 2-core machine. Each kill
+    # waits for the standbys to be prepared (at the start, and again after each takeover): 50 steps.
+    cfg, run = text_match(tmp_path, "faults", "cluster.use_ray=true", "algo.total_steps=50", "rollout.num_actors=2",
                           "learner.checkpoint_every=1", "replay.max_staleness=0", "algo.drop_tied_groups=false",
                           "replay.retry.probability=0", "algo.batch_groups=16")
     inject, times, killed, infra = kill_and_time({4: "rollout-0", 7: "learner"}, ["rollout-0", "rollout-1"])
@@ -179,7 +180,8 @@ def kill_and_time(kills: dict[int, str], health_of: list[str]):
     """An `on_step` that kills `kills[step]` once the driver has seen that step, and records when the
     learner finished every step, when each kill happened, and the rollout actors' counts of attempts
     marked infra. A kill waits (to a later step) while an earlier victim's replacement is still
-    starting and until three steps were taken after it: the pace it is measured against is a steady one."""
+    starting or a standby is being prepared, and until three steps were taken after that: the pace it
+    is measured against is a steady one."""
     times: dict[int, float] = {}
     killed: dict[str, float] = {}
     infra: list[int] = []
@@ -189,8 +191,8 @@ def kill_and_time(kills: dict[int, str], health_of: list[str]):
         times.update(session.monitor.step_times)
         step = max(times)  # rows come in batches: the pace is the newest step the driver has seen
         due = [s for s in kills if s <= step]
-        if session.supervisor.restarting:
-            steady_from[0] = step + 4
+        if session.supervisor.restarting or session.supervisor.standbys_preparing():
+            steady_from[0] = step + 4  # a spare being prepared takes CPU from the loop on 2 cores
         elif due and step >= steady_from[0]:  # at once: the kill lands right after the step, as the driver saw it
             name = kills.pop(min(due))
             killed[name] = time.time()

@@ -180,10 +180,8 @@ class ReplayActor(Actor):
         return replies
 
     def _apply(self, rec: Record, now: float) -> Record:
-        if isinstance(rec, TaskRequest) and rec.split == "train" and not self._may_open(rec, now):
-            return TaskReply(status="wait", retry_after_s=self.replay.retry_after_s)
         try:
-            reply, changed = self._dispatch(rec, now)
+            reply, changed = self._dispatch(rec, now, live=True)
         except Exception as err:  # a bug must not take the replay down; the request was not logged
             self._handler_errors += 1
             log.exception("replay: handling %s failed", type(rec).__name__)
@@ -197,11 +195,12 @@ class ReplayActor(Actor):
                 return self._refusal()
         return reply
 
-    def _dispatch(self, rec: Record, now: float) -> tuple[Record, bool]:
+    def _dispatch(self, rec: Record, now: float, live: bool = False) -> tuple[Record, bool]:
+        """`live`: a request just received (not one re-applied from the log at recovery)."""
         if isinstance(rec, Episode):
             return self._state.on_episode(rec, now)
         if isinstance(rec, TaskRequest):
-            return self._state.on_task_request(rec, now)
+            return self._state.on_task_request(rec, now, (lambda: self._may_open(rec, now)) if live else None)
         if isinstance(rec, BatchRequest):
             return self._state.on_batch_request(rec)
         if isinstance(rec, TaskListRequest):
@@ -217,7 +216,7 @@ class ReplayActor(Actor):
         return cls(status="wait", retry_after_s=0.0)
 
     def _may_open(self, req: TaskRequest, now: float) -> bool:
-        """Whether a live request (never a re-applied one: recovery calls `_dispatch`) may open a group:
+        """Whether a live request (never a re-applied one) that admission control lets in may open a group:
         not from a process whose groups were released (it is dead: a request of its still queued, or
         held, would open a group nobody works on until it expires), and within its actor's share of
         the running window (actors/buffer/shares.py)."""

@@ -19,6 +19,7 @@ import collections
 import dataclasses
 import logging
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -121,13 +122,18 @@ class ReplayState:
     def running_by_actor(self) -> collections.Counter[str]:
         return collections.Counter(g.actor_id for g in self.running.values())
 
-    def on_task_request(self, req: TaskRequest, now: float) -> tuple[Record, bool]:
+    def on_task_request(self, req: TaskRequest, now: float,
+                        may_open: Callable[[], bool] | None = None) -> tuple[Record, bool]:
+        """`may_open`: the caller's last word before a group opens for a live request (its actor's share
+        of the window); a re-applied request, which opened its group, passes none."""
         if req.split == "val":
             return self._val_task(), False
         if self.learner_version >= self.algo.total_steps:
             return TaskReply(status="stop"), False
         if self.admitted >= self.admission_bound:
             self.counters.admission_waits += 1
+            return TaskReply(status="wait", retry_after_s=self.replay.retry_after_s), False
+        if may_open is not None and not may_open():
             return TaskReply(status="wait", retry_after_s=self.replay.retry_after_s), False
         served = self.feed.next_train()
         if served is None:
