@@ -91,7 +91,7 @@ def engine_process(commands, results, endpoints: dict, model: ModelConfig, devic
     from actors.rollout.weight_client import WeightClient
 
     if device.startswith("cuda"):
-        torch.cuda.set_device(device)
+        torch.cuda.set_device(torch.device(device).index or 0)  # "cuda" names the current device: 0 here
     engine = TorchEngine(model, device=device, max_batch=2, cuda_graphs=False)
     client = WeightClient(engine_id, endpoints)
     stop = threading.Event()
@@ -135,10 +135,16 @@ class EngineProcess:
         self.ready_version = self._expect("ready", start_timeout_s)[1]
 
     def _expect(self, kind: str, timeout_s: float):
-        try:
-            msg = self.results.get(timeout=timeout_s)
-        except queue.Empty:
-            raise TimeoutError(f"engine process: no {kind!r} within {timeout_s:g}s") from None
+        deadline = time.monotonic() + timeout_s
+        while True:  # a child that died says so at once, not at the timeout
+            try:
+                msg = self.results.get(timeout=min(1.0, max(0.0, deadline - time.monotonic())))
+                break
+            except queue.Empty:
+                if not self.proc.is_alive():
+                    raise RuntimeError(f"engine process exited ({self.proc.exitcode}) before its {kind!r}") from None
+                if time.monotonic() >= deadline:
+                    raise TimeoutError(f"engine process: no {kind!r} within {timeout_s:g}s") from None
         if msg[0] != kind:
             raise RuntimeError(f"engine process: {msg}")
         return msg
