@@ -90,13 +90,9 @@ class RunMonitor:
     def close(self) -> None:
         self.channel.close()
 
-    def poll(self, timeout_s: float, until: Callable[[], bool] | None = None,
-             to_step: bool = False) -> list[tuple[int, dict[str, float]]]:
+    def poll(self, timeout_s: float, until: Callable[[], bool] | None = None) -> list[tuple[int, dict[str, float]]]:
         """Take every record that arrives within `timeout_s`, or until `until()` holds (looked at every
-        `LOOK_EVERY_S`: the driver's prompt notice of a dead actor), or with `to_step` as soon as a
-        learner step arrives (the driver acts on each step as it comes; what follows it waits for the
-        next poll);
-        returns the learner steps completed."""
+        `LOOK_EVERY_S`: the driver's prompt notice of a dead actor); returns the learner steps completed."""
         rows = []
         deadline = time.monotonic() + timeout_s
         look_at = time.monotonic() + LOOK_EVERY_S
@@ -114,8 +110,6 @@ class RunMonitor:
             row = self.ingest(rec)
             if row is not None:
                 rows.append(row)
-                if to_step:
-                    return rows
 
     def ingest(self, rec: Record) -> tuple[int, dict[str, float]] | None:
         if isinstance(rec, GroupReport):
