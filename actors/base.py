@@ -68,6 +68,9 @@ class RunContext:
     world_size: int = 1  # actors of its role (a learner's ranks)
     slot: Slot = field(default_factory=Slot)
     bind: Bind = field(default_factory=Bind)
+    # An actor in a process of its own (Ray) logs at this level into RUN_DIR/logs/NAME.log; "" = the
+    # process's logging is left as it is (in-process: the driver's).
+    log_level: str = ""
 
     @property
     def registry(self) -> Registry:
@@ -98,9 +101,11 @@ class ActorHealth:
 class Actor:
     role = "actor"
 
-    def __init__(self) -> None:
+    def __init__(self, ctx: RunContext | None = None) -> None:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
+        if ctx is not None and ctx.log_level:
+            log_to_run_dir(ctx)
 
     def start(self) -> dict[str, str]:
         """Bind channels, register them, start serving; return {endpoint name: address}."""
@@ -153,6 +158,37 @@ class Actor:
         t.start()
         self._threads.append(t)
         return t
+
+
+LOG_FORMAT = "%(asctime)s.%(msecs)03d %(levelname)s %(name)s [%(process)d %(threadName)s] %(message)s"
+_logging_to: set[str] = set()  # the log files this process writes
+
+
+def log_to_run_dir(ctx: RunContext) -> Path:
+    """Send this process's log records, at `ctx.log_level`, to RUN_DIR/logs/NAME.log, with the time to
+    the millisecond, the process and the thread: an actor's own account of a run, beside the driver's
+    (a replacement appends to its predecessor's file, so a failover reads in order). Warnings still go
+    to stderr too, which Ray shows on the driver's console. Once per process and file."""
+    path = Path(ctx.run_dir) / "logs" / f"{ctx.name or 'actor'}.log"
+    root = logging.getLogger()
+    if str(path) in _logging_to:
+        return path
+    if not _logging_to and not root.handlers:
+        console = logging.StreamHandler()
+        console.setLevel(logging.WARNING)
+        console.setFormatter(logging.Formatter(LOG_FORMAT, "%H:%M:%S"))
+        root.addHandler(console)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handler = logging.FileHandler(path, encoding="utf-8")
+    except OSError as err:  # a read-only or full run directory: the actor runs, logging to stderr only
+        log.warning("cannot write the log file %s: %s", path, err)
+        return path
+    handler.setFormatter(logging.Formatter(LOG_FORMAT, "%Y-%m-%d %H:%M:%S"))
+    root.addHandler(handler)
+    root.setLevel(ctx.log_level)
+    _logging_to.add(str(path))
+    return path
 
 
 def as_ray_actor(cls: type, **ray_options):

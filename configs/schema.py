@@ -273,7 +273,7 @@ class EvalConfig:
 class LoggingConfig:
     root: str = F("runs", "Directory under which each run gets its own run directory")
     run_name: Optional[str] = F(None, "Run directory name; null = a timestamp")
-    level: str = F("INFO", "Python log level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    level: str = F("INFO", "Python log level of the driver, and of each Ray actor, which logs into RUN_DIR/logs/NAME.log (a replacement appends to the file of the actor it replaces)", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     tensorboard: bool = F(True, "Write TensorBoard events to the run directory")
     wandb: bool = F(False, "Also log to Weights & Biases when it is installed")
     wandb_project: str = F("kiln", "Weights & Biases project of the run")

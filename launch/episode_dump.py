@@ -58,6 +58,15 @@ class _Held:
     dropped_at: int | None = None  # the step at which MirrorPop dropped it
 
 
+@dataclass
+class _Fate:
+    """What a learner step did to an episode before the driver received it: the step's row (from the
+    learner) and the episode (from its rollout actor) travel separately, so either may come first."""
+
+    trained: tuple[int, int | None] | None = None  # (step, the version it trained for)
+    dropped_at: int | None = None
+
+
 @dataclass(frozen=True)
 class RewardTerms:
     """An episode's reward, term by term, and its place in its group."""
@@ -81,6 +90,7 @@ class EpisodeDumper:
     held_limit: int = HELD_EPISODES
     _held: collections.OrderedDict = field(default_factory=collections.OrderedDict)
     _shown: set = field(default_factory=set)  # mechanism tags some earlier dump shows
+    _early: collections.OrderedDict = field(default_factory=collections.OrderedDict)  # id -> _Fate, not held yet
 
     def __post_init__(self) -> None:
         self.dir = Path(self.run_dir) / "episodes"
@@ -89,21 +99,40 @@ class EpisodeDumper:
 
     def add(self, episodes: list[Episode]) -> None:
         for ep in episodes:
-            self._held[ep.episode_id] = _Held(ep)
+            held = self._held[ep.episode_id] = _Held(ep)
             self._held.move_to_end(ep.episode_id)
+            fate = self._early.pop(ep.episode_id, None)
+            if fate is not None:  # a step named it before it arrived
+                if fate.trained is not None:
+                    self._mark_trained(held, *fate.trained)
+                held.dropped_at = fate.dropped_at
         while len(self._held) > self.held_limit:
             self._held.popitem(last=False)
 
     def learner_step(self, step: int, version: int | None, named: dict[str, list[str]]) -> None:
-        """What the learner's step `step` (trained for weights `version`, the version before it) did."""
+        """What the learner's step `step` (trained for weights `version`, the version before it) did.
+        An episode not received yet gets its fate when it arrives."""
         for eid in named.get("trained", ()):
             held = self._held.get(eid)
             if held is not None:
-                lag = episode_lag(held.episode, version, self.algo.train_turns) if version is not None else None
-                held.trained = (step, lag if lag is not None else 0)
+                self._mark_trained(held, step, version)
+            else:
+                self._fate(eid).trained = (step, version)
         for eid in named.get("mirrorpop_dropped", ()):
             if eid in self._held:
                 self._held[eid].dropped_at = step
+            else:
+                self._fate(eid).dropped_at = step
+
+    def _mark_trained(self, held: _Held, step: int, version: int | None) -> None:
+        lag = episode_lag(held.episode, version, self.algo.train_turns) if version is not None else None
+        held.trained = (step, lag if lag is not None else 0)
+
+    def _fate(self, episode_id: str) -> _Fate:
+        fate = self._early.setdefault(episode_id, _Fate())
+        while len(self._early) > self.held_limit:  # episodes that never come (the driver saw none of them)
+            self._early.popitem(last=False)
+        return fate
 
     def dump(self, step: int) -> Path | None:
         """Write this step's dumps; returns the file, or None when nothing was chosen."""

@@ -32,6 +32,7 @@ from protocols.channels import PullChannel
 log = logging.getLogger(__name__)
 
 EPISODES_KEPT = 1024  # episodes held between two takes at most
+QUEUED_MAX = 10_000  # records a step takes along from the queue behind it (a stream never holds the driver)
 LOOK_EVERY_S = 0.05  # how often poll() asks its `until` (a cheap local look) while records arrive
 
 
@@ -90,9 +91,13 @@ class RunMonitor:
     def close(self) -> None:
         self.channel.close()
 
-    def poll(self, timeout_s: float, until: Callable[[], bool] | None = None) -> list[tuple[int, dict[str, float]]]:
+    def poll(self, timeout_s: float, until: Callable[[], bool] | None = None,
+             to_step: bool = False) -> list[tuple[int, dict[str, float]]]:
         """Take every record that arrives within `timeout_s`, or until `until()` holds (looked at every
-        `LOOK_EVERY_S`: the driver's prompt notice of a dead actor); returns the learner steps completed."""
+        `LOOK_EVERY_S`: the driver's prompt notice of a dead actor), or with `to_step` until a learner
+        step arrives (and the records already queued behind it): the driver acts on each step as it
+        comes, so a fault injected after a step lands right after it. Returns the learner steps
+        completed."""
         rows = []
         deadline = time.monotonic() + timeout_s
         look_at = time.monotonic() + LOOK_EVERY_S
@@ -110,6 +115,20 @@ class RunMonitor:
             row = self.ingest(rec)
             if row is not None:
                 rows.append(row)
+                if to_step:
+                    return rows + self._take_queued()
+
+    def _take_queued(self) -> list[tuple[int, dict[str, float]]]:
+        """Ingest the records that have arrived already, without waiting; the steps among them."""
+        rows = []
+        for _ in range(QUEUED_MAX):
+            rec = self.channel.recv(0.0)
+            if rec is None:
+                break
+            row = self.ingest(rec)
+            if row is not None:
+                rows.append(row)
+        return rows
 
     def ingest(self, rec: Record) -> tuple[int, dict[str, float]] | None:
         if isinstance(rec, GroupReport):

@@ -5,6 +5,7 @@
     RUN_DIR/timeline.jsonl     the actors' spans of work (generating, verifying, training, syncing)
     RUN_DIR/episodes/          sampled episodes as readable text, one file per step
     RUN_DIR/registry.json      every running actor's endpoints (the address registry)
+    RUN_DIR/logs/              each Ray actor's log (NAME.log, at logging.level; a replacement appends)
     RUN_DIR/replay/            replay's write-ahead log and snapshots
     RUN_DIR/learner/           the learner's highest announced version
     RUN_DIR/checkpoints/       learner checkpoints; weights/ the disk weight transport

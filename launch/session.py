@@ -90,7 +90,8 @@ class Session:
             self._start_ray()
             self._placement_group = reserve_bundles(self.placement)
         self.supervisor = Supervisor(self.run.path, use_ray=c.use_ray, placement_group=self._placement_group,
-                                     bind=Bind(host=c.bind_host, transport=c.transport, advertise=c.advertise_host))
+                                     bind=Bind(host=c.bind_host, transport=c.transport, advertise=c.advertise_host),
+                                     log_level=self.cfg.logging.level)
         self.monitor = RunMonitor(self.cfg.algo, host=c.bind_host, transport=c.transport, advertise=c.advertise_host,
                                   recent_groups=self.cfg.logging.no_progress_groups)
         registry.register("driver", "driver", {"metrics": self.monitor.address})

@@ -82,8 +82,10 @@ class RestartRecord:
 
 
 class Supervisor:
-    def __init__(self, run_dir: Path, *, use_ray: bool, bind: Bind = Bind(), placement_group=None) -> None:
+    def __init__(self, run_dir: Path, *, use_ray: bool, bind: Bind = Bind(), placement_group=None,
+                 log_level: str = "INFO") -> None:
         self.run_dir, self.use_ray, self.bind = run_dir, use_ray, bind
+        self.log_level = log_level  # Ray actors log at this level into RUN_DIR/logs/NAME.log
         self.registry = Registry(run_dir)
         self.placement_group = placement_group  # the plan's GPU bundles (Ray with GPUs), else None
         self.handles: dict[str, ActorHandle] = {}
@@ -171,7 +173,7 @@ class Supervisor:
     def context(self, spec: ActorSpec) -> RunContext:
         return RunContext(run_dir=str(self.run_dir), name=spec.name, rank=spec.rank, world_size=spec.world_size,
                           slot=dataclasses.replace(spec.slot, isolated=self.use_ray and spec.slot.num_gpus > 0),
-                          bind=self.bind)
+                          bind=self.bind, log_level=self.log_level if self.use_ray else "")
 
     def _build(self, spec: ActorSpec):
         ctx = self.context(spec)
@@ -213,7 +215,8 @@ class Supervisor:
         and supervises the others. In-process, start() runs here."""
         self._end_seen = False
         restarted = self._collect_restarts(on_restart)
-        for name, handle in list(self.handles.items()):
+        # Those whose vigil ended first: a dead one is replaced before the others' health calls.
+        for name, handle in sorted(self.handles.items(), key=lambda item: not (item[1].ended() or item[1].end_seen)):
             if (name in restarted or name in self.restarting or not handle.spec.restartable
                     or self.alive(handle)):
                 continue

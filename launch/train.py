@@ -47,7 +47,7 @@ def train(cfg: KilnConfig, run: RunDirectory, *, placement: PlacementPlan | None
         s.start_rollouts()
         try:
             while not s.learner_finished() and not s.no_progress_stop():
-                for step, values in s.monitor.poll(timeout_s=1.0, until=s.supervisor.end_seen):
+                for step, values in s.monitor.poll(timeout_s=1.0, until=s.supervisor.end_seen, to_step=True):
                     s.record_step(step, values)
                     if s.evaluation_due(step):
                         s.evaluate(step)
@@ -95,7 +95,7 @@ def train_only(cfg: KilnConfig, run: RunDirectory, episodes: Path, placement: Pl
         s.start_offline_replay(episodes)
         s.start_learner()
         while not s.learner_finished():
-            for step, values in s.monitor.poll(timeout_s=1.0, until=s.supervisor.end_seen):
+            for step, values in s.monitor.poll(timeout_s=1.0, until=s.supervisor.end_seen, to_step=True):
                 s.record_step(step, values)
             s.supervise()
         s.drain_metrics()

@@ -215,7 +215,8 @@ def _failed(stage="compile", error="compile", feedback="error: expected ')' at l
     return _result(False, stage, error, 0.0, -1.0, feedback=feedback)
 
 
-def test_an_episode_reads_as_a_conversation_with_its_verdicts_reward_terms_and_fate(tmp_path):
+@pytest.mark.parametrize("step_first", [False, True], ids=["episodes-first", "step-first"])
+def test_an_episode_reads_as_a_conversation_with_its_verdicts_reward_terms_and_fate(tmp_path, step_first):
     failing = _turn("Write ModelNew for relu.", "```cpp\nbroken(\n```", _failed())
     fixed = _turn("Your code failed to compile: expected ')'", "```cpp\nfixed\n```",
                   _result(True, eager=25.0, compile_=3.5, feedback="passed; 25x faster", review=True,
@@ -226,8 +227,13 @@ def test_an_episode_reads_as_a_conversation_with_its_verdicts_reward_terms_and_f
     low = _episode("e0", [-1.0], [_turn("Write ModelNew for relu.", "no code here",
                                         _failed("extract", "extract", ""))], is_retry=True, task=repaired.task)
     dumper = _dumper(tmp_path)
-    dumper.add([low, repaired])
-    dumper.learner_step(12, 5, {"trained": ["e1"], "mirrorpop_dropped": ["e0"]})
+    fates = {"trained": ["e1"], "mirrorpop_dropped": ["e0"]}
+    if step_first:  # the step's row (from the learner) reached the driver before the episodes did
+        dumper.learner_step(12, 5, fates)
+        dumper.add([low, repaired])
+    else:
+        dumper.add([low, repaired])
+        dumper.learner_step(12, 5, fates)
     path = dumper.dump(12)
     assert path == tmp_path / "episodes" / "step-000012.txt"
     text = path.read_text()

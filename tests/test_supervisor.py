@@ -61,3 +61,40 @@ def test_a_replacement_that_fails_to_start_is_started_again_at_the_next_check_up
     finally:
         Ticker.failing_starts = 0
         supervisor.stop_all(["ticker"])
+
+
+LOGGING_PROCESS = """
+import logging, sys
+from actors.base import RunContext, log_to_run_dir
+ctx = RunContext(run_dir=sys.argv[1], name="learner", log_level="INFO")
+path = log_to_run_dir(ctx)
+log_to_run_dir(ctx)  # once per process and file: no line is written twice
+logging.getLogger("kiln.test").info("restored step %s", sys.argv[2])
+logging.getLogger("kiln.test").debug("below the level")
+logging.getLogger("kiln.test").warning("a warning")
+print(path)
+"""
+
+
+def test_an_actor_in_its_own_process_logs_into_the_run_directory_and_its_replacement_appends(tmp_path):
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    for step in ("7", "8"):  # the actor, then its replacement
+        done = subprocess.run([sys.executable, "-c", LOGGING_PROCESS, str(tmp_path), step], cwd=root,
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == str(tmp_path / "logs" / "learner.log")
+        assert "a warning" in done.stderr and "restored" not in done.stderr  # warnings reach the console too
+    lines = (tmp_path / "logs" / "learner.log").read_text().splitlines()
+    assert [line.split("] ", 1)[1] for line in lines] == ["restored step 7", "a warning", "restored step 8", "a warning"]
+    # the time to the millisecond, the level, the logger, the process and the thread
+    assert re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} INFO kiln\.test \[\d+ MainThread\] restored", lines[0])
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file where the run directory should be")
+    done = subprocess.run([sys.executable, "-c", LOGGING_PROCESS, str(blocked), "9"], cwd=root,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "cannot write the log file" in done.stderr  # the actor runs on

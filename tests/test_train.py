@@ -81,13 +81,15 @@ def test_killing_a_rollout_of_two_and_the_learner_mid_run_loses_nothing_and_keep
     ep = summary["episodes"]
     assert ep["invariant_ok"] and ep["emitted"] == ep["trained"] + ep["filtered_total"] + ep["pending"]
     assert infra and max(infra) == 0  # no attempt was marked infra by a verify timeout
-    # The driver sees each death at once (the actor's pending vigil call fails), the dead rollout's
-    # groups go to the survivor (replay's admission shares no longer count it), and a standby takes
-    # over: the learner's restores the checkpoint of the step the driver saw, at that step's version.
-    # The pace is printed, not asserted: measured 2026-11-24 (docs/BENCHMARKS.md) the rollout came back
-    # within 1.05-1.25 × the median step and the learner within 1.21-1.29 in six runs, but one clean-clone
-    # CI run gave the learner 2.29 (not traced), so the bound does not hold every time on 2 cores.
-    print_step_gaps(times, killed)
+    # Each Ray actor logs into RUN_DIR/logs/NAME.log; a standby appends to the file of the one it replaced.
+    assert (run.path / "logs" / "learner.log").read_text().count("serving version") == 2
+    assert (run.path / "logs" / "rollout-1.log").read_text().count("joined the learner's weights") >= 2
+    # The driver sees each death at once (the actor's pending vigil call fails) and acts on each step as
+    # it arrives, so each kill lands right after a step; the dead rollout's groups go to the survivor
+    # (replay's admission shares no longer count it), and a standby takes over: the learner's restores
+    # the checkpoint of the step the driver saw, at that step's version, and the engines rejoin it
+    # without holding its first step (their groups form outside the weight lock).
+    assert_next_step_on_time(times, killed)
 
 
 def test_a_two_rank_learner_trains_and_restarts_as_a_group_when_a_rank_dies(tmp_path, ray_session):
@@ -201,7 +203,8 @@ def kill_and_time(kills: dict[int, str], health_of: list[str]):
             killed[name] = time.time()
             session.supervisor[name].kill()
             steady_from[0] = step + 4
-            print(f"{name} killed {killed[name] - times[step]:.3f} s after the driver saw step {step}")
+            print(f"{name} killed {killed[name] - times[step]:.3f} s after the driver saw step {step} "
+                  f"(at {killed[name]:.3f})")
         if step % 3 == 0:  # health calls slow the driver: now and then (after a kill, the survivors')
             for handle in session.rollouts:
                 if handle.name in health_of:
@@ -219,11 +222,6 @@ def step_gap_ratio(times: dict[int, float], killed_at: float) -> float:
     n = min(s for s, t in times.items() if t > killed_at)
     before = [times[s] - times[s - 1] for s in (n - 3, n - 2, n - 1)]
     return (times[n] - times[n - 1]) / statistics.median(before)
-
-
-def print_step_gaps(times: dict[int, float], killed: dict[str, float]) -> None:
-    print(f"the step after each kill, in median step intervals: "
-          f"{ {name: round(step_gap_ratio(times, at), 2) for name, at in killed.items()} }")
 
 
 def assert_next_step_on_time(times: dict[int, float], killed: dict[str, float]) -> None:

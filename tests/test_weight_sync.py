@@ -312,6 +312,76 @@ def test_a_restarted_engine_rejoins_over_gloo_and_keeps_receiving(tmp_path):
         server.stop()
 
 
+def test_an_engine_rejoining_at_the_current_version_does_not_hold_the_learners_step(tmp_path):
+    # The learner restarted at the version the engine serves (it restored that step's checkpoint): the
+    # engine rejoins, and its end of the group forms when its process gets around to it (here 1.5 s
+    # late). The learner's step must not wait for that, and its next publish reaches the engine.
+    model = build_model(dataclasses.replace(TINY, seed=8))
+    first = WeightServer(tmp_path, transport="gloo", bucket_mb=0.05, timeout_s=30)
+    actor = rollout_actor(tmp_path, first.start(), "steady")
+    first.publish(1, model.named_parameters)
+    second = WeightServer(tmp_path, transport="gloo", bucket_mb=0.05, timeout_s=30)
+    try:
+        actor.start()
+        assert actor.engine.weight_version == 1
+        first.stop()  # the learner died
+        endpoints = second.start()
+        second.publish(1, model.named_parameters)  # its successor, restored at version 1
+        joining = threading.Event()
+        engine = actor.engine
+        join_group = engine.init_weights_update_group
+
+        def late_join(*args, **kwargs):
+            joining.set()
+            time.sleep(1.5)
+            return join_group(*args, **kwargs)
+
+        engine.init_weights_update_group = late_join
+        Registry(tmp_path).register("learner", "learner", endpoints)
+        assert joining.wait(10), "the engine did not rejoin the new learner"
+        started = time.monotonic()
+        with second.updating():  # the learner's next step
+            waited = time.monotonic() - started
+            with torch.no_grad():
+                model.model.norm.weight.mul_(1.25)
+        assert waited < 0.5, f"the step waited {waited:.2f} s for an engine's group to form"
+        report = second.publish(2, model.named_parameters)  # waits for the group, then pushes into it
+        assert report.engines == 1 and not report.dropped and second.stats["joins"] == 1
+        assert second.wait_confirmed(2, ["steady"], timeout_s=30) and engine.weight_version == 2
+        (gen,) = actor.generate(forced())
+        assert np.abs(gen.logprobs - learner_logprobs(model)).max() <= 1e-5
+    finally:
+        actor.stop()
+        first.stop()
+        second.stop()
+
+
+def test_a_join_between_a_step_and_its_publish_gets_the_new_version_not_the_old_label(tmp_path):
+    # Between the learner's optimizer step and the publish of its version, the weights are no published
+    # version: an engine joining then must not receive them labelled with the version before the step.
+    model = build_model(dataclasses.replace(TINY, seed=9))
+    server = WeightServer(tmp_path, transport="gloo", bucket_mb=0.05, timeout_s=30)
+    endpoints = server.start()
+    server.publish(1, model.named_parameters)
+    actor = rollout_actor(tmp_path, endpoints, "late")
+    try:
+        with server.updating():  # the step: weights of version 2 from here on, published below
+            with torch.no_grad():
+                model.model.norm.weight.mul_(0.8)
+        joined = threading.Thread(target=actor.start, daemon=True)
+        joined.start()
+        time.sleep(1.0)
+        assert joined.is_alive(), "the engine joined with the stepped weights before their version was published"
+        server.publish(2, model.named_parameters)
+        joined.join(30)
+        assert not joined.is_alive() and actor.engine.weight_version == 2
+        (gen,) = actor.generate(forced())
+        assert np.abs(gen.logprobs - learner_logprobs(model)).max() <= 1e-5
+    finally:
+        actor.stop()
+        server.stop()
+
+
 # ------------------------------------------------------------------------------- disk, fallbacks
 
 

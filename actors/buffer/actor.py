@@ -56,7 +56,7 @@ class ReplayActor(Actor):
     def __init__(self, replay: ReplayConfig, algo: AlgoConfig, ctx: RunContext, *, backend: str = "cpu",
                  poll_s: float = 0.05) -> None:
         """`backend` is the verifier's kernel backend: the task set holds the tasks it can run."""
-        super().__init__()
+        super().__init__(ctx)
         if algo.group_size < 2:  # the schema's bound too; also refused here for configs built in code
             raise ConfigError(f"algo.group_size={algo.group_size}: group-normalised advantages need at least 2 samples per group")
         self.replay, self.algo, self.ctx = replay, algo, ctx

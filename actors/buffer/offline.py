@@ -55,7 +55,7 @@ class OfflineReplayActor(Actor):
     role = "replay"
 
     def __init__(self, episodes: str | Path, algo: AlgoConfig, ctx: RunContext) -> None:
-        super().__init__()
+        super().__init__(ctx)
         self.algo, self.ctx = algo, ctx
         files = sorted(Path(episodes).glob("*.kiln")) if Path(episodes).is_dir() else [Path(episodes)]
         eps = [ep for f in files for ep in EpisodeLog.read(f)]

@@ -76,7 +76,7 @@ class LearnerActor(Actor):
         """`temperature` is the rollout temperature (the behaviour logprobs' convention); `max_staleness`
         is replay's η (0 = synchronous mode); `generation` the rollout's sampling settings, written into
         every HF export (default: sampling at `temperature`)."""
-        super().__init__()
+        super().__init__(ctx)
         self.model_cfg, self.cfg, self.algo, self.warm_cfg, self.ctx = model, learner, algo, warm_start, ctx
         self.temperature = temperature
         self.generation = generation or GenerationSettings(temperature=temperature)
@@ -149,6 +149,8 @@ class LearnerActor(Actor):
         self._push()  # version 0 (or the restored version) before any engine asks for weights
         self.ctx.registry.register(NAME, self.role, {**self.ctx.registry.endpoints(NAME), **endpoints})
         self.start_phases["serve"] = time.perf_counter() - clock
+        log.info("%s: serving version %d; start took %s", self.learner_id, self.version,
+                 ", ".join(f"{k} {v:.3f} s" for k, v in self.start_phases.items()))
         self.spawn(self._loop, "train")
         return endpoints
 

@@ -22,8 +22,11 @@ actors/policy/weights, chosen by name once): this server is the same for all of 
 
 Ordering: one lock serialises joins and publishes, so every publish after a join includes that engine
 and none before it does; the engine ignores announcements at or below the version it joined with. The
-learner also holds that lock (`updating()`) while it changes its weights, so a join never reads a
-half-stepped model. Tied tensors (an lm_head sharing the embedding's storage) are pushed once.
+learner also holds that lock (`updating()`) while it changes its weights, and a join that reads them
+waits until the changed weights are published, so a join never reads a half-stepped model nor one
+labelled with the version before its step. An engine that rejoins holding the current version (the
+learner restarted) reads no weights: its group forms outside the lock, while the learner steps, and
+the next publish waits for it. Tied tensors (an lm_head sharing the embedding's storage) are pushed once.
 """
 
 from __future__ import annotations
@@ -91,6 +94,7 @@ class WeightServer:
         self.flat = flat_buckets and transport in ("gloo", "nccl")  # the process-group bucket format
         self.host, self.advertise = host, advertise or host
         self.timeout_s = timeout_s  # each broadcast to an engine (a slower engine is dropped)
+        self.join_timeout_s = join_timeout_s
         # What an engine may ask for: the learner's transport, or the current version on disk.
         fallback = DiskSender(settings)
         self._senders: dict[str, Sender] = {fallback.name: fallback, transport: self.sender}
@@ -103,6 +107,9 @@ class WeightServer:
         self._manifest: list[TensorSpec] = []
         self._published_at: dict[int, float] = {}
         self._lock = threading.RLock()  # joins, publishes and the learner's own weight changes
+        self._forming = 0  # joins forming a group outside the lock (their engines hold the current version)
+        self._stepped = False  # the weights changed (`updating`) since the current version was published
+        self._settled = threading.Condition(self._lock)  # a forming join ended, or a publish cleared _stepped
         self._confirmed = threading.Condition()
         self._outbox: queue.SimpleQueue[tuple[Request, Record]] = queue.SimpleQueue()
         self._stop = threading.Event()
@@ -144,7 +151,10 @@ class WeightServer:
         """Hold while the learner changes the weights that `publish` reads (an optimizer step, a
         checkpoint restore): a late engine's join waits instead of reading a half-updated model."""
         with self._lock:
-            yield
+            try:
+                yield
+            finally:
+                self._stepped = True  # until the next publish, these weights are no published version
 
     # ------------------------------------------------------------------------------ publish
 
@@ -162,8 +172,15 @@ class WeightServer:
             if version <= self.version:
                 raise ValueError(f"versions only grow: {version} after {self.version}")
             start = time.monotonic()
+            # A group forming now is pushed this version once it has formed; one still forming after
+            # the join timeout misses it (its engine then fails to receive it and joins again).
+            if not self._settled.wait_for(lambda: not self._forming, self.join_timeout_s):
+                log.warning("weights: publishing version %d while %d engine group(s) still form", version,
+                            self._forming)
             named = unique_tensors(named_tensors())
             self._named, self._manifest, self.version = named_tensors, specs(named), version
+            self._stepped = False
+            self._settled.notify_all()
             report = PushReport(version=version, bytes=manifest_bytes(self._manifest))
             current = self._current()
             location = self.sender.publish(current, named)
@@ -281,18 +298,44 @@ class WeightServer:
     def _answer(self, rec: WeightRequest, answering: Sender, reply: Callable[[Record], None]) -> None:
         """A starting, late or restarted engine asks for the current version: `answering` (the learner's
         transport, or the disk fallback) tells it how to get it and, for process groups, forms its group
-        and pushes the version into it, all under the lock."""
+        and pushes the version into it, all under the lock. An engine that holds the current version
+        already (it rejoins a restarted learner) reads no weights: its group forms outside the lock, so
+        the learner's step goes on meanwhile (the engine's end of a join waits for that process to get
+        around to it), and the next publish waits for the group instead (`_forming`)."""
         with self._lock:
             state = self.engines.setdefault(rec.engine_id, EngineState(rec.engine_id))
             state.live = True
             if answering is not self.sender:
                 self.stats["disk_fallbacks"] += 1
-            try:
-                joined = answering.answer(rec, self._current(), reply)
-            except Exception as err:
+            current = self._current()
+            if not (answering.links_without_weights and rec.have_version >= current.version):
+                # A join that reads the weights waits while the learner's stepped weights are not yet
+                # published: read now, they would go out labelled with the version before the step.
+                self._settled.wait_for(lambda: not self._stepped, self.join_timeout_s)
+                self._join(state, answering, rec, self._current(), reply)
+                return
+            self._forming += 1
+        try:
+            self._join(state, answering, rec, current, reply)
+        finally:
+            with self._lock:
+                self._forming -= 1
+                self._settled.notify_all()
+
+    def _join(self, state: EngineState, answering: Sender, rec: WeightRequest, current: Published,
+              reply: Callable[[Record], None]) -> None:
+        """`answering` answers `rec` (under the lock, or not: see `_answer`); the outcome is recorded."""
+        started = time.monotonic()
+        try:
+            joined = answering.answer(rec, current, reply)
+            log.info("weights: %s joined at version %d (it had %d) in %.3f s", rec.engine_id, current.version,
+                     rec.have_version, time.monotonic() - started)
+        except Exception as err:
+            with self._lock:
                 self.stats["join_failures"] += 1
                 self._drop(state, f"join failed: {err}")
-                return
+            return
+        with self._lock:
             if joined:
                 state.last_error = ""
                 self.stats["joins"] += 1

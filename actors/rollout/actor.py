@@ -77,7 +77,7 @@ class RolloutActor(Actor):
                  follow_learner: bool = True, send_episodes: bool = False, episode_log: bool = False) -> None:
         """`send_episodes` sends each group's episodes to the driver (its readable dumps);
         `episode_log` appends every episode to RUN_DIR/episodes_log/<name>.kiln (rollout-only mode)."""
-        super().__init__()
+        super().__init__(ctx)
         self.cfg, self.model_cfg, self.eval_cfg, self.ctx = rollout, model, evaluation, ctx
         self.actor_id, self.index = ctx.name or f"rollout-{ctx.rank}", ctx.rank
         self.incarnation = uuid.uuid4().hex[:12]  # this process: its replacement asks under the same actor id

@@ -31,7 +31,7 @@ from protocols.timeline import SpanRecorder
 
 log = logging.getLogger(__name__)
 
-LEARNER_CHECK_S = 0.25  # how often the endpoints are re-read (a small file) to follow a restarted learner at once
+LEARNER_CHECK_S = 0.05  # how often the endpoints are re-read (a small file) to follow a restarted learner at once
 LearnerEndpoints = Mapping[str, str]  # WeightServer.start(): "weights", "announce", "announce_sync"
 
 
@@ -41,7 +41,7 @@ class WeightSyncError(RuntimeError):
 
 class WeightClient:
     def __init__(self, engine_id: str, learner: LearnerEndpoints | Callable[[], LearnerEndpoints], *,
-                 request_timeout_s: float = 120.0, confirm_timeout_s: float = 10.0, poll_s: float = 0.2,
+                 request_timeout_s: float = 120.0, confirm_timeout_s: float = 10.0, poll_s: float = LEARNER_CHECK_S,
                  timeline: SpanRecorder | None = None) -> None:
         """`timeline`: where the engine's weight loads are recorded as "syncing" (the rollout actor's)."""
         self.engine_id = engine_id
@@ -69,12 +69,16 @@ class WeightClient:
         restarted learner, and nothing moves when that learner continues at the same version). Raises
         WeightSyncError when neither the transport nor the disk fallback worked."""
         with self._lock:
+            started = time.monotonic()
             self.engine, self.loaders = engine, {}
             self._await_learner()
             self._connect()
+            connected = time.monotonic()
             self._join(fresh=fresh)
             self._joined = dict(self._endpoints)
             self.stats["bootstraps"] += 1
+            log.info("%s: joined the learner's weights at version %d in %.3f s (%.3f s to connect)", self.engine_id,
+                     engine.weight_version, time.monotonic() - started, connected - started)
 
     def run(self, stop: threading.Event) -> None:
         """Apply announcements until `stop` is set (the rollout actor runs this on a thread). A learner

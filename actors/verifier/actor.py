@@ -51,7 +51,7 @@ class VerifierActor(Actor):
 
     def __init__(self, cfg: VerifierConfig, ctx: RunContext | None = None) -> None:
         """Without a run context (tools, tests) it serves on loopback and registers nowhere."""
-        super().__init__()
+        super().__init__(ctx)
         if cfg.compile_workers == 0:  # follow the node's cores, shared by the run's verifiers
             cfg = dataclasses.replace(cfg, compile_workers=node_compile_workers(ctx.world_size if ctx else 1))
         self.cfg, self.ctx = cfg, ctx

@@ -23,7 +23,9 @@
   verifications run nearly alone, and the overall rate (requests ÷ the time until the last reply,
   reported beside it) is mostly that drain. The slot times are taken with all slots busy at the
   start, so they include the contention of a full verifier (compiles waiting for compile workers,
-  executions sharing the cores). Fewer requests than slots: the overall rate.
+  executions sharing the cores). Fewer requests than slots: the overall rate. The kernel verifier's
+  precompiled headers are built before the timing starts (once per machine and toolchain, then
+  reused by every run: a run's steady state, which a cold first minute would not show).
 * Learner: the run's learner backend on one batch of the run's shape, on the torch threads the
   learner has in the loop: `algo.batch_groups` groups of `algo.group_size` first turns, each a
   sampled response from above or a forced candidate scored by the engine, in the run's proportion.
@@ -61,6 +63,7 @@ from protocols import Episode, Task, Turn, VerifyRequest
 log = logging.getLogger(__name__)
 
 FULL_BATCH_POLL_S = 0.25  # how often the engine's counters are read while it decodes alone
+PCH_WAIT_S = 600.0  # the verifier stage waits at most this long for its precompiled headers
 
 
 @dataclass
@@ -333,6 +336,7 @@ def measure_verifier(work: Workload, n: int, cache: Path) -> VerifierStage:
 
     from actors.rollout.episodes import Verifier
     from actors.verifier.actor import VerifierActor
+    from actors.verifier.verifier import KernelVerifier
 
     class SlotTimedVerifier(VerifierActor):
         """A verifier actor that records how long each verification holds its worker slot."""
@@ -359,6 +363,9 @@ def measure_verifier(work: Workload, n: int, cache: Path) -> VerifierStage:
     try:
         warm = VerifyRequest(request_id="warm", task=requests[0].task, candidate="no code", episode_id="warm")
         client.verify(warm)  # untimed: the sandbox and build services start on first use
+        for actor in actors:  # and the precompiled headers every build uses (built once per machine)
+            if isinstance(actor.impl, KernelVerifier):
+                actor.impl.builds.wait_pch(PCH_WAIT_S)
         before = [a.health() for a in actors]
         for actor in actors:
             actor.slot_s.clear()  # the warm-up's verification is not timed

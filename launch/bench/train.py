@@ -7,7 +7,7 @@ fixed step (or `stop_after` seconds in, from step 2 on): the driver writes the s
 `Probe` reads every actor's health (decoded tokens, verifications, real compiles, its process id)
 and the CPU time of each actor's process tree, and stamps the time of the reading.
 
-Two clocks: the driver records a step up to a second after the learner sent it (it polls), so the
+Two clocks: the driver records a step a moment after the learner sent it (it polls), so the
 window is measured on the learner's own send times (Metrics.ts), over which samples/s, the
 learner's token rates, the busy shares and the Gantt are taken; counters read by the probe (decoded
 tokens, verifications, CPU time) are divided by the time between their own readings.

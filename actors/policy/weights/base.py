@@ -81,6 +81,9 @@ class Sender(abc.ABC):
     # True when `answer` may wait (a disk write, a group forming): the server then answers on a thread
     # of its own, not on the thread that serves every other request.
     waits: ClassVar[bool] = True
+    # True when `answer` reads no weights for an engine that holds the current version already (it only
+    # forms the engine's link): the server then lets the learner step while that link forms.
+    links_without_weights: ClassVar[bool] = False
 
     def publish(self, current: Published, named: list[tuple[str, torch.Tensor]]) -> str:
         """Make `current` reachable before it is announced; returns the announcement's `location`."""

@@ -35,6 +35,7 @@ import datetime
 import math
 import socket
 import threading
+import time
 from typing import Callable, Iterable
 
 import torch
@@ -46,6 +47,7 @@ from protocols.weights import flat_offsets, parse_location, plan_buckets
 from protocols.weights import group_name as unique_group_name
 
 DROP_POLL_S = 0.05  # how soon a push notices that the server took an engine away mid-push
+STORE_POLL_S = 0.002  # how often a forming group looks for its engine at the store
 FLAT_DEPTH = 2  # flat buckets packed ahead of the one on the wire (bounds the learner's extra memory)
 
 
@@ -143,11 +145,29 @@ class WeightBroadcaster:
         if form:
             self.form()
 
+    def listen(self) -> None:
+        """Open the group's store on `port` (without waiting for anyone): done before the engines are
+        told where to join, an engine's first connection finds it listening, instead of being refused
+        and retried after the store client's back-off (up to ~0.3 s measured)."""
+        if self._store is None:
+            world_size, _, _, _, join_timeout_s = self._args
+            # Its timeout bounds each rendezvous read: an engine that never comes costs join_timeout_s.
+            self._store = dist.TCPStore(self.address, self.port, world_size, is_master=True,
+                                        timeout=datetime.timedelta(seconds=join_timeout_s), wait_for_workers=False)
+
     def form(self, group_name: str | None = None) -> None:
-        """Listen, wait for the engines, form the group; `group_name` overrides the constructor's."""
+        """Listen (if not yet), wait for the engines, form the group; `group_name` overrides the
+        constructor's."""
         world_size, default_name, backend, timeout_s, join_timeout_s = self._args
-        self._store = dist.TCPStore(self.address, self.port, world_size, is_master=True,
-                                    timeout=datetime.timedelta(seconds=join_timeout_s), wait_for_workers=True)
+        self.listen()
+        # A torch store client counts itself in when it connects (one counter key, whatever the
+        # world): the engines are here once the store holds a key. Waited for here, within the join
+        # timeout; the group's own rendezvous would wait out timeout_s (its broadcasts' limit).
+        deadline = time.monotonic() + join_timeout_s
+        while self._store.num_keys() < 1:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no engine reached the weight group's store within {join_timeout_s:.0f} s")
+            time.sleep(STORE_POLL_S)
         self.group = _form(self._store, 0, world_size, group_name or default_name, backend, timeout_s)
 
     def broadcast(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -215,6 +235,8 @@ def settle(named: list[tuple[str, torch.Tensor]]) -> None:
 class GroupSender(Sender):
     """The learner's end: a `WeightBroadcaster` per engine; `name` is the process-group backend."""
 
+    links_without_weights = True  # `answer` pushes only a version newer than the engine's
+
     def __init__(self, settings: SenderSettings) -> None:
         self.settings = settings
         self.groups: dict[str, WeightBroadcaster] = {}  # engine id -> its group
@@ -262,6 +284,11 @@ class GroupSender(Sender):
             reply(ErrorReply(message=f"no rendezvous for a weight group: {err}"))
             raise
         location = f"{s.advertise}:{group.port}"
+        try:
+            group.listen()
+        except Exception as err:
+            reply(ErrorReply(message=f"no rendezvous for a weight group: {err}"))
+            raise
         reply(WeightAnnouncement(version=current.version, manifest=current.manifest, transport=self.name,
                                  location=location, bucket_bytes=current.bucket_bytes, flat=current.flat))
         try:
