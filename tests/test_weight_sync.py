@@ -2,7 +2,8 @@
 to RolloutActor engines in separate processes (Ray actors) whose logprobs then equal the learner's
 own forward; a killed engine does not block the next push; a late engine is brought to the current
 version before it serves; a multi-bucket version applies atomically under a running generation; the
-disk transport and the disk fallback of a failed group join; garbage to the weights endpoint."""
+disk transport; garbage to the weights endpoint; multi-bucket versions over HTTP; colocated engines
+giving their memory back for a step. How engines join and rejoin: tests/test_weight_joins.py."""
 
 from __future__ import annotations
 
@@ -16,80 +17,22 @@ import torch
 import zmq
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from helpers.weights import (PROMPT, RESPONSE, T, TINY, assert_serves, forced, learner_logprobs, register_learner,
+                             rollout_actor, rollout_cfg, train_a_little, wait_for)
 
-from actors.base import RunContext, as_ray_actor
+from actors.base import as_ray_actor
 from actors.learner.weight_sync import WeightServer
 from actors.policy.weights.base import specs, unique_tensors
 from actors.policy.model import build_model
 from actors.rollout.actor import RolloutActor
 from actors.rollout.engine import EngineError, GenerateRequest, SamplingParams
-from configs import EvalConfig, ModelConfig, RolloutConfig
+from configs import EvalConfig
 from protocols import ErrorReply, TaskRequest, TensorSpec, WeightRequest, WeightsLoaded, decode_parts, encode_parts
 from protocols.channels import RequestClient
-from protocols.registry import Registry
 from protocols.weights import ITEMSIZE, bucket_layout, flat_offsets, nbytes, plan_buckets
-
-TINY = ModelConfig(num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, intermediate_size=128,
-                   max_seq_len=256)
-NOWHERE = "tcp://127.0.0.1:9"  # a verifier nobody serves: these engines only generate on request
-PROMPT = [256, 72, 101, 108, 108, 111, 32]
-RESPONSE = [119, 111, 114, 108, 100, 33, 10, 65, 66]
-T = 0.7
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-def rollout_cfg(**kw) -> RolloutConfig:
-    return RolloutConfig(**{**dict(max_new_tokens=8, max_turns=1, max_batch=4, temperature=T, device="cpu",
-                                   task_wait_s=0.5), **kw})
-
-
-def register_learner(run_dir, endpoints) -> RunContext:
-    """A run in `run_dir` whose registry holds the learner's weight endpoints and a verifier nobody serves
-    (and no replay: these engines only generate on request)."""
-    registry = Registry(run_dir)
-    registry.register("learner", "learner", endpoints)
-    registry.register("verifier-0", "verifier", {"verifier": NOWHERE})
-    return RunContext(run_dir=str(run_dir))
-
-
-def rollout_actor(run_dir, endpoints, actor_id: str, **kw) -> RolloutActor:
-    ctx = dataclasses.replace(register_learner(run_dir, endpoints), name=actor_id)
-    return RolloutActor(rollout_cfg(**kw), TINY, EvalConfig(), ctx)
-
-
-def forced(prompt=PROMPT, response=RESPONSE) -> list[GenerateRequest]:
-    return [GenerateRequest("score", list(prompt), SamplingParams(temperature=T, max_new_tokens=len(response)),
-                            forced_response=list(response))]
-
-
-def learner_logprobs(model, prompt=PROMPT, response=RESPONSE) -> np.ndarray:
-    ids = torch.tensor([list(prompt) + list(response)])
-    with torch.no_grad():
-        logits = model(input_ids=ids).logits[0, len(prompt) - 1:-1].float()
-    return torch.log_softmax(logits / T, -1).gather(1, torch.tensor(response)[:, None])[:, 0].numpy()
-
-
-def train_a_little(model, steps=3, seed=0) -> None:
-    """A few optimizer steps on random tokens: the learner's weights move away from the engines'."""
-    g = torch.Generator().manual_seed(seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    model.train()
-    for _ in range(steps):
-        ids = torch.randint(0, 256, (2, 16), generator=g)
-        loss = model(input_ids=ids, labels=ids).loss
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    model.eval()
-
-
-def wait_for(predicate, timeout_s=60.0, what="condition"):
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 # ------------------------------------------------------------------------------------ the plan
@@ -184,8 +127,7 @@ def test_gloo_push_to_engines_in_other_processes_matches_the_learner(tmp_path, r
         late = rollout_actor(tmp_path, endpoints, "late")  # joins after version 2: gets it before serving
         late.start()
         assert late.engine.weight_version == 2
-        (gen,) = late.generate(forced())
-        assert np.abs(gen.logprobs - learner_logprobs(learner)).max() <= 1e-5
+        assert_serves(late, learner)
         assert server.wait_confirmed(2, ["late"], timeout_s=10)
         train_a_little(learner, seed=2)
         assert server.publish(3, learner.named_parameters).engines == 2
@@ -281,107 +223,6 @@ def test_a_multi_bucket_version_lands_whole_under_a_running_generation(tmp_path)
         server.stop()
 
 
-def test_a_restarted_engine_rejoins_over_gloo_and_keeps_receiving(tmp_path):
-    model = build_model(dataclasses.replace(TINY, seed=6))
-    server = WeightServer(tmp_path, transport="gloo", bucket_mb=0.05, timeout_s=30)
-    endpoints = server.start()
-    server.publish(1, model.named_parameters)
-    actor = rollout_actor(tmp_path, endpoints, "phoenix")
-    try:
-        actor.start()
-        first = actor.engine
-        assert first.weight_version == 1
-
-        def crash(step):
-            raise RuntimeError("simulated device fault")
-
-        first.step_hook = crash
-        params = SamplingParams(temperature=T, max_new_tokens=4, ignore_eos=True)
-        (gen,) = actor.generate([GenerateRequest("again", PROMPT, params)])  # restarted, re-bootstrapped
-        assert actor.engine is not first and gen.versions.tolist() == [1] * 4
-        assert actor.health().weights.bootstraps == 2 and server.stats["joins"] == 2
-        with torch.no_grad():
-            model.model.norm.weight.mul_(1.5)
-        report = server.publish(2, model.named_parameters)  # reaches the new engine's group only
-        assert report.engines == 1 and not report.dropped
-        assert server.wait_confirmed(2, ["phoenix"], timeout_s=30) and actor.engine.weight_version == 2
-        (gen,) = actor.generate(forced())
-        assert np.abs(gen.logprobs - learner_logprobs(model)).max() <= 1e-5
-    finally:
-        actor.stop()
-        server.stop()
-
-
-def test_an_engine_rejoining_at_the_current_version_does_not_hold_the_learners_step(tmp_path):
-    # The learner restarted at the version the engine serves (it restored that step's checkpoint): the
-    # engine rejoins, and its end of the group forms when its process gets around to it (here 1.5 s
-    # late). The learner's step must not wait for that, and its next publish reaches the engine.
-    model = build_model(dataclasses.replace(TINY, seed=8))
-    first = WeightServer(tmp_path, transport="gloo", bucket_mb=0.05, timeout_s=30)
-    actor = rollout_actor(tmp_path, first.start(), "steady")
-    first.publish(1, model.named_parameters)
-    second = WeightServer(tmp_path, transport="gloo", bucket_mb=0.05, timeout_s=30)
-    try:
-        actor.start()
-        assert actor.engine.weight_version == 1
-        first.stop()  # the learner died
-        endpoints = second.start()
-        second.publish(1, model.named_parameters)  # its successor, restored at version 1
-        joining = threading.Event()
-        engine = actor.engine
-        join_group = engine.init_weights_update_group
-
-        def late_join(*args, **kwargs):
-            joining.set()
-            time.sleep(1.5)
-            return join_group(*args, **kwargs)
-
-        engine.init_weights_update_group = late_join
-        Registry(tmp_path).register("learner", "learner", endpoints)
-        assert joining.wait(10), "the engine did not rejoin the new learner"
-        started = time.monotonic()
-        with second.updating():  # the learner's next step
-            waited = time.monotonic() - started
-            with torch.no_grad():
-                model.model.norm.weight.mul_(1.25)
-        assert waited < 0.5, f"the step waited {waited:.2f} s for an engine's group to form"
-        report = second.publish(2, model.named_parameters)  # waits for the group, then pushes into it
-        assert report.engines == 1 and not report.dropped and second.stats["joins"] == 1
-        assert second.wait_confirmed(2, ["steady"], timeout_s=30) and engine.weight_version == 2
-        (gen,) = actor.generate(forced())
-        assert np.abs(gen.logprobs - learner_logprobs(model)).max() <= 1e-5
-    finally:
-        actor.stop()
-        first.stop()
-        second.stop()
-
-
-def test_a_join_between_a_step_and_its_publish_gets_the_new_version_not_the_old_label(tmp_path):
-    # Between the learner's optimizer step and the publish of its version, the weights are no published
-    # version: an engine joining then must not receive them labelled with the version before the step.
-    model = build_model(dataclasses.replace(TINY, seed=9))
-    server = WeightServer(tmp_path, transport="gloo", bucket_mb=0.05, timeout_s=30)
-    endpoints = server.start()
-    server.publish(1, model.named_parameters)
-    actor = rollout_actor(tmp_path, endpoints, "late")
-    try:
-        with server.updating():  # the step: weights of version 2 from here on, published below
-            with torch.no_grad():
-                model.model.norm.weight.mul_(0.8)
-        joined = threading.Thread(target=actor.start, daemon=True)
-        joined.start()
-        time.sleep(1.0)
-        assert joined.is_alive(), "the engine joined with the stepped weights before their version was published"
-        server.publish(2, model.named_parameters)
-        joined.join(30)
-        assert not joined.is_alive() and actor.engine.weight_version == 2
-        (gen,) = actor.generate(forced())
-        assert np.abs(gen.logprobs - learner_logprobs(model)).max() <= 1e-5
-    finally:
-        actor.stop()
-        server.stop()
-
-
 # ------------------------------------------------------------------------------- disk, fallbacks
 
 
@@ -401,35 +242,9 @@ def test_disk_transport_writes_atomic_versions_and_engines_load_them(tmp_path):
         assert sorted(p.name for p in (tmp_path / "weights").iterdir()) == ["v4", "v5"]  # the last 2 kept
         assert {p.name for p in (tmp_path / "weights" / "v5").iterdir()} == {"config.json", "model.safetensors"}
         assert actor.engine.weight_version == 5
-        (gen,) = actor.generate(forced())
-        assert np.abs(gen.logprobs - learner_logprobs(model)).max() <= 1e-5
+        assert_serves(actor, model)
         with pytest.raises(ValueError, match="versions only grow"):
             server.publish(5, model.named_parameters)
-    finally:
-        actor.stop()
-        server.stop()
-
-
-def test_a_failed_group_join_falls_back_to_disk(tmp_path, monkeypatch):
-    model = build_model(dataclasses.replace(TINY, seed=4))
-    server = WeightServer(tmp_path, transport="gloo", join_timeout_s=2)
-    endpoints = server.start()
-    server.publish(7, model.named_parameters)
-
-    def refuse(self, *args, **kw):
-        raise EngineError("no route to the learner's rendezvous")
-
-    from actors.rollout.torch_engine import TorchEngine
-
-    monkeypatch.setattr(TorchEngine, "init_weights_update_group", refuse)
-    actor = rollout_actor(tmp_path, endpoints, "fallback")
-    try:
-        actor.start()
-        assert actor.engine.weight_version == 7
-        assert actor.health().weights.disk_fallbacks == 1 and server.stats["disk_fallbacks"] == 1
-        assert (tmp_path / "weights" / "v7" / "model.safetensors").exists()
-        (gen,) = actor.generate(forced())
-        assert np.abs(gen.logprobs - learner_logprobs(model)).max() <= 1e-5
     finally:
         actor.stop()
         server.stop()
@@ -559,8 +374,7 @@ def test_kiln_server_stages_buckets_sent_over_http_without_pausing(tmp_path):
             assert engine.weight_version == (2 if last else 0)  # the first half is only staged
             assert not engine.health()["paused"]
         thread.join(30)
-        (gen,) = engine.generate(forced())
-        assert np.abs(gen.logprobs - learner_logprobs(new)).max() <= 1e-5
+        assert_serves(engine, new)
         with pytest.raises(EngineError, match="load_format 'bogus'"):
             client.call("POST", "/update_weights_from_distributed", {
                 "names": [], "dtypes": [], "shapes": [], "group_name": "http-group", "load_format": "bogus"})

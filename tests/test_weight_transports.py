@@ -2,8 +2,8 @@
 and an engine end under one name, the factory refuses unknown names, `auto` picks what the placement
 allows, and the CUDA IPC snapshot rule (kept until every live engine confirmed it or a newer one, at
 most MAX_IPC_SNAPSHOTS, the newest always) holds. The transports themselves move real weights in
-tests/test_weight_sync.py (gloo, disk, the disk fallback) and tests/test_weight_sync_gpu.py (nccl,
-cuda_ipc)."""
+tests/test_weight_sync.py (gloo, disk), tests/test_weight_joins.py (joins, rejoins, the disk fallback)
+and tests/test_weight_sync_gpu.py (nccl, cuda_ipc)."""
 
 from __future__ import annotations
 
