@@ -47,7 +47,7 @@ def one_torch_thread():
 def tiny_chat_model(tmp_path_factory):
     """The tiny real-format chat checkpoint (BPE tokenizer, chat template, safetensors), built once per
     test run; tests that need the road a user's checkpoint takes use this directory as model.path."""
-    from launch.tiny_checkpoint import TinyChatSpec, tiny_chat_checkpoint
+    from launch.driver.tiny_checkpoint import TinyChatSpec, tiny_chat_checkpoint
 
     return tiny_chat_checkpoint(tmp_path_factory.mktemp("models"),
                                 TinyChatSpec(hidden_size=64, num_layers=2, intermediate_size=128, max_seq_len=8192))
@@ -83,9 +83,9 @@ def demo_run(tmp_path_factory, tiny_chat_model, verifier_cache_dir):
     import torch
 
     from configs import load_config
-    from launch.metrics import read_metrics
-    from launch.run_dir import RunDirectory
-    from launch.train import train
+    from launch.observe.metrics import read_metrics
+    from launch.driver.run_dir import RunDirectory
+    from launch.driver.train import train
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny models decode fastest on one thread (see one_torch_thread)

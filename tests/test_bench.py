@@ -16,7 +16,7 @@ import pytest
 
 import protocols as P
 from configs import ConfigError, ModelledLatencyConfig, load_config
-from launch.timeline import SpanRow, activity_shares, busy_shares, covered_s, union
+from launch.observe.timeline import SpanRow, activity_shares, busy_shares, covered_s, union
 from protocols.timeline import SpanRecorder
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -251,7 +251,7 @@ def test_the_ideal_overlap_bound_is_the_slowest_stage_in_samples_per_second():
 
 
 def test_bench_refuses_bad_arguments_in_one_line(capsys):
-    from launch.cli import main
+    from launch.cli.main import main
 
     assert main(["bench", str(TEXT_MATCH), "--kill", "nobody@2"]) == 2
     err = capsys.readouterr().err
@@ -273,7 +273,7 @@ def test_a_small_bench_reports_every_figure_and_async_beats_sync(tmp_path, capsy
     them. Every step trains the first two groups made for it (no tied-group filter, no repair tasks):
     with the filter on, the groups a step waited for varied with how many tied, and six runs gave
     async/sync 1.46-4.83 (one CI run 1.23); without it, 1.95-2.29 (docs/BENCHMARKS.md)."""
-    from launch.cli import main
+    from launch.cli.main import main
 
     out = tmp_path / "bench"
     assert main(["bench", str(TEXT_MATCH), "cluster.use_ray=false", "rollout.bench.lengths=[16]",

@@ -11,7 +11,7 @@ import pytest
 
 from configs import ConfigError, KilnConfig, load_config, to_yaml
 from configs.loader import PRESETS, RENAMED, all_keys
-from launch.config_doc import render_markdown
+from launch.cli.config_doc import render_markdown
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -16,9 +16,9 @@ import pytest
 from actors.policy.chat_data import ChatExample, DataError, parse_example, read_examples
 from actors.policy.chat_tokens import tokenize_example
 from actors.policy.tokenizer import HFTokenizer, Message
-from launch.cli import main as kiln_main
-from launch.rft.normalise import source_key
-from launch.rft.select import Candidate, TaskYield, choose
+from launch.cli.main import main as kiln_main
+from launch.stages.rft.normalise import source_key
+from launch.stages.rft.select import Candidate, TaskYield, choose
 
 ROOT = Path(__file__).resolve().parent.parent
 RELU = (ROOT / "tasks" / "solutions" / "cpu" / "level1" / "01_relu.py").read_text()
@@ -103,8 +103,8 @@ def test_a_bad_data_line_is_one_line_naming_file_and_line(line, message, tmp_pat
 
 def test_sft_drops_examples_of_evaluation_tasks_and_counts_them(tmp_path, tiny_chat_model):
     from configs import ReplayConfig
-    from launch.decontam import eval_tasks
-    from launch.sft.data import load_sft_data
+    from launch.stages.decontam import eval_tasks
+    from launch.stages.sft.data import load_sft_data
 
     kernelbench = tmp_path / "kb" / "level1"
     kernelbench.mkdir(parents=True)

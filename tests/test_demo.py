@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import re
 
-from launch import mechanisms
-from launch.episode_dump import read_index
-from launch.metrics import read_metrics
+from launch.observe import mechanisms
+from launch.observe.episode_dump import read_index
+from launch.observe.metrics import read_metrics
 
 
 def test_demo_warm_starts_then_trains_on_verified_kernels(demo_run):

@@ -1,6 +1,6 @@
 """`kiln eval` end to end on the cpu backend: answer sets (shipped solutions and their broken
 variants), a checkpoint (the tiny real-format chat model), a KernelBench-layout tree, resuming a
-killed evaluation, --compare, and the in-run validation sharing the same code (launch/eval/)."""
+killed evaluation, --compare, and the in-run validation sharing the same code (launch/stages/eval/)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from launch.cli import main
+from launch.cli.main import main
 
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTIONS = ROOT / "tasks" / "solutions" / "cpu"
@@ -29,7 +29,7 @@ def task_tree(root: Path, files: list[str]) -> Path:
 
 
 def write_answers(path: Path, tasks: Path, *, variants: bool) -> Path:
-    from launch.eval.answers import main as answers_main
+    from launch.stages.eval.answers import main as answers_main
 
     assert answers_main(["--tasks", str(tasks), "--solutions", str(SOLUTIONS), "--out", str(path)]
                         + (["--variants"] if variants else [])) == 0
@@ -208,7 +208,7 @@ def test_tiny_checkpoint_over_tasks_writes_every_output(tiny_chat_model, tmp_pat
 
 
 def test_in_run_validation_uses_the_evaluation_code_and_never_forced_candidates(demo_run):
-    """The demo trains on forced candidates; its validation samples the policy (launch/eval/ writes it)."""
+    """The demo trains on forced candidates; its validation samples the policy (launch/stages/eval/ writes it)."""
     from actors.rollout.forced import candidates
     from tasks.loader import discover, to_task
 

@@ -1,11 +1,11 @@
-"""The evaluation protocol's numbers on a hand-computed set of verdicts (launch/eval/metrics.py)."""
+"""The evaluation protocol's numbers on a hand-computed set of verdicts (launch/stages/eval/metrics.py)."""
 
 from __future__ import annotations
 
 import pytest
 
 from actors.rollout.evaluation import EvalAttempt
-from launch.eval.metrics import is_faster, pass_at_k, summarize
+from launch.stages.eval.metrics import is_faster, pass_at_k, summarize
 
 
 def att(task: str, level: int, passed: bool, eager=None, compile_=None, infra=False, sample=0) -> EvalAttempt:
@@ -91,7 +91,7 @@ def test_unmeasured_baseline_and_all_infra():
 def test_progress_eta_counts_only_this_runs_rate():
     import io
 
-    from launch.eval.progress import Progress, eta_seconds
+    from launch.stages.eval.progress import Progress, eta_seconds
 
     assert eta_seconds(0, 10, 5.0) is None and eta_seconds(4, 6, 8.0) == pytest.approx(12.0)
     now = [100.0]

@@ -7,6 +7,10 @@ two roles share lives in `actors.policy` or, torch-free, in `protocols`.
 The check walks every module's syntax tree: top-level and function-local `import` / `from ... import`
 (relative ones resolved against the module's package), and the string arguments of
 `importlib.import_module(...)` and `__import__(...)`.
+
+`launch/`'s rule: its import graph (the imports that run; those under `if TYPE_CHECKING:` never do) has
+no cycle, and only the `kiln` command itself (`launch/cli/`) imports `launch.cli`: subcommands take
+their shared config arguments from `launch.config_args`.
 """
 
 from __future__ import annotations
@@ -48,10 +52,15 @@ def resolve(importer: str, is_package: bool, module: str | None, level: int) -> 
     return ".".join(base + ([module] if module else []))
 
 
-def imports(source: str, importer: str, is_package: bool = False) -> list[tuple[int, str, tuple[str, ...]]]:
-    """(line, imported module, names taken from it) for every import in `source`, wherever it is written."""
+def imports(source: str, importer: str, is_package: bool = False,
+            runtime_only: bool = False) -> list[tuple[int, str, tuple[str, ...]]]:
+    """(line, imported module, names taken from it) for every import in `source`, wherever it is written;
+    with `runtime_only`, not those under `if TYPE_CHECKING:`, which never run."""
+    tree = ast.parse(source)
+    if runtime_only:
+        tree = _WithoutTypeChecking().visit(tree)
     found = []
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found += [(node.lineno, alias.name, ()) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -69,6 +78,15 @@ def imports(source: str, importer: str, is_package: bool = False) -> list[tuple[
                     text = resolve(package.value, True, text[dots:] or None, dots)
                 found.append((node.lineno, text, ()))
     return found
+
+
+class _WithoutTypeChecking(ast.NodeTransformer):
+    def visit_If(self, node: ast.If):
+        test = node.test
+        name = test.id if isinstance(test, ast.Name) else test.attr if isinstance(test, ast.Attribute) else ""
+        if name == "TYPE_CHECKING":
+            node.body = [ast.Pass()]
+        return self.generic_visit(node)
 
 
 def violations(source: str, importer: str, is_package: bool = False) -> list[tuple[int, str]]:
@@ -137,4 +155,77 @@ importlib.import_module("actors.learner.backend")
         (1, "actors.rollout")]
     assert violations("from ...buffer import sender\n", "actors.policy.weights", is_package=True) == [
         (1, "actors.buffer")]
-    assert violations("import launch.plan\n", "actors.buffer.actor") == [(1, "launch.plan")]
+    assert violations("import launch.driver.plan\n", "actors.buffer.actor") == [(1, "launch.driver.plan")]
+
+
+# ------------------------------------------------------------------------------------------ launch/
+
+
+def launch_graph() -> dict[str, set[str]]:
+    """Module -> the launch modules it imports when it runs (a `from pkg import name` that names a module
+    is an arrow to that module)."""
+    paths = {module_name(p): p for p in sorted((ROOT / "launch").rglob("*.py"))}
+    graph = {}
+    for importer, path in paths.items():
+        arrows = set()
+        for _, target, names in imports(path.read_text(), importer, path.name == "__init__.py", runtime_only=True):
+            if not within(target, "launch"):
+                continue
+            named = {f"{target}.{n}" for n in names if f"{target}.{n}" in paths}
+            arrows |= named or {target}
+        graph[importer] = arrows - {importer}
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One cycle of `graph` as [a, b, ..., a], or [] when it has none."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str]:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state:
+                found = visit(nxt)
+                if found:
+                    return found
+        path.pop()
+        state[node] = 2
+        return []
+
+    for node in sorted(graph):
+        if node not in state:
+            found = visit(node)
+            if found:
+                return found
+    return []
+
+
+def test_launch_import_graph_has_no_cycle():
+    cycle = find_cycle(launch_graph())
+    assert not cycle, "launch/ imports in a circle: " + " -> ".join(cycle)
+
+
+def test_nothing_outside_the_cli_imports_the_cli():
+    bad = [f"{importer} imports {target}" for importer, targets in launch_graph().items()
+           if not within(importer, "launch.cli") for target in sorted(targets) if within(target, "launch.cli")]
+    assert not bad, "only launch/cli/ imports launch.cli (take config arguments from launch.config_args):\n" + \
+        "\n".join(bad)
+
+
+def test_the_launch_checks_see_a_cycle_and_skip_type_only_imports():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) == []
+    source = """
+from typing import TYPE_CHECKING
+import launch.driver.plan
+if TYPE_CHECKING:
+    from launch.driver.supervisor import ActorSpec
+def late():
+    from launch.cli.main import main
+"""
+    assert [t for _, t, _ in imports(source, "launch.x", runtime_only=True)] == [
+        "typing", "launch.driver.plan", "launch.cli.main"]

@@ -1,4 +1,4 @@
-"""Start-up checks (launch/checks.py) and the one-line errors of the CLI: each bad input a new user
+"""Start-up checks (launch/driver/checks.py) and the one-line errors of the CLI: each bad input a new user
 met is one line on stderr and a non-zero exit, before anything starts."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from configs import load_config
-from launch.checks import Finding, on_cluster
-from launch.cli import main
-from launch.plan import plan
+from launch.driver.checks import Finding, on_cluster
+from launch.cli.main import main
+from launch.driver.plan import plan
 
 ROOT = Path(__file__).resolve().parent.parent
 TEXT_MATCH = str(ROOT / "configs" / "examples" / "text_match.yaml")  # fast to check: no compiler, no kernels

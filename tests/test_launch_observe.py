@@ -1,5 +1,5 @@
 """Observability of a training run: the metrics stream, the live view, episode dumps, validation
-metrics and the end-of-run report (launch/metrics.py, live.py, episode_dump.py,
+metrics and the end-of-run report (launch/observe/metrics.py, live.py, episode_dump.py,
 report.py)."""
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from rich.console import Console
 
 from actors.policy.tokenizer import ByteTokenizer, Message
 from configs import AlgoConfig, LoggingConfig
-from launch.episode_dump import EpisodeDumper, read_index
-from launch.live import LiveView
-from launch.metrics import MetricsLog, read_metrics
-from launch.report import write_report
+from launch.observe.episode_dump import EpisodeDumper, read_index
+from launch.observe.live import LiveView
+from launch.observe.metrics import MetricsLog, read_metrics
+from launch.observe.report import write_report
 from protocols import Episode, KernelSpec, RepairContext, Task, Turn, VerifyResult
 
 # ------------------------------------------------------------------------------------ metrics
@@ -51,7 +51,7 @@ def test_metrics_jsonl_is_flushed_per_line_and_mirrored_to_tensorboard(tmp_path)
 
 def test_tensorboard_off_and_wandb_missing_warns_once(tmp_path, caplog):
     wandb_missing = importlib.util.find_spec("wandb") is None  # (an installed wandb would try to log in)
-    with caplog.at_level(logging.WARNING, logger="launch.metrics"):
+    with caplog.at_level(logging.WARNING, logger="launch.observe.metrics"):
         metrics = MetricsLog(tmp_path, LoggingConfig(tensorboard=False, wandb=wandb_missing))
         for step in range(3):
             metrics.log(step, {"reward/mean": float(step)})
@@ -382,8 +382,8 @@ def test_report_from_a_full_run(tmp_path):
 
 
 def test_plots_have_titles_units_integer_steps_and_fixed_outcome_colours(tmp_path, monkeypatch):
-    from launch import report_plots
-    from launch.outcomes import COLOURS
+    from launch.observe import report_plots
+    from launch.observe.outcomes import COLOURS
 
     figures = {}
 
@@ -444,7 +444,7 @@ def test_report_of_an_empty_run(tmp_path):
 def test_busy_shares_count_a_restarted_actors_counter_from_zero():
     from types import SimpleNamespace
 
-    from launch.monitor import busy_shares
+    from launch.driver.monitor import busy_shares
 
     counters = {"learner": 10.0, "rollout-0": 50.0}
     handles = [SimpleNamespace(name=name, health=lambda timeout_s, name=name: SimpleNamespace(busy_s=counters[name]))
@@ -459,7 +459,7 @@ def test_busy_shares_count_a_restarted_actors_counter_from_zero():
 
 
 def test_the_timeline_draws_recorded_spans_when_the_run_has_them(tmp_path, monkeypatch):
-    from launch import report_plots
+    from launch.observe import report_plots
 
     _full_run(tmp_path, steps=2)
     rows = read_metrics(tmp_path)
@@ -482,7 +482,7 @@ def test_the_timeline_draws_recorded_spans_when_the_run_has_them(tmp_path, monke
 
 
 def test_per_step_plots_span_every_learner_step_also_one_without_rollout_figures(tmp_path, monkeypatch):
-    from launch import report_plots
+    from launch.observe import report_plots
 
     _full_run(tmp_path, steps=2)
     with MetricsLog(tmp_path, LoggingConfig(tensorboard=False)) as metrics:  # a last step with no group finished

@@ -1,4 +1,4 @@
-"""The placement plan (launch/plan.py), the GPU presets, and the cluster scripts' argument checks."""
+"""The placement plan (launch/driver/plan.py), the GPU presets, and the cluster scripts' argument checks."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 from configs import load_config
 from configs.loader import PRESETS
 from actors.base import Slot
-from launch.plan import PlanError, actor_slot, bundles, local_gpus, model_shape, plan, render
+from launch.driver.plan import PlanError, actor_slot, bundles, local_gpus, model_shape, plan, render
 
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTER = ROOT / "launch" / "cluster"

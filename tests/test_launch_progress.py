@@ -1,4 +1,4 @@
-"""A run that cannot learn says so (launch/progress.py, the driver's progress rows and warning):
+"""A run that cannot learn says so (launch/observe/progress.py, the driver's progress rows and warning):
 rollout-side progress rows come with or without learner steps, a warning names why no group is
 trainable and what helps, and `algo.stop_after_no_progress_s` ends such a run with its report."""
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from launch.monitor import GroupOutcome, Window
-from launch.progress import NoProgressCheck, ProgressRows, ReplayCounts, outcome_story
+from launch.driver.monitor import GroupOutcome, Window
+from launch.observe.progress import NoProgressCheck, ProgressRows, ReplayCounts, outcome_story
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -91,9 +91,9 @@ def test_a_run_that_cannot_learn_reports_progress_warns_and_stops_with_a_report(
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     from configs import load_config
-    from launch.metrics import read_metrics
-    from launch.run_dir import RunDirectory
-    from launch.train import train
+    from launch.observe.metrics import read_metrics
+    from launch.driver.run_dir import RunDirectory
+    from launch.driver.train import train
 
     monkeypatch.chdir(ROOT)
     threads = torch.get_num_threads()
@@ -106,7 +106,7 @@ def test_a_run_that_cannot_learn_reports_progress_warns_and_stops_with_a_report(
         "algo.stop_after_no_progress_s=20"])
     run = RunDirectory.create(cfg)
     try:
-        with caplog.at_level(logging.WARNING, logger="launch.session"):
+        with caplog.at_level(logging.WARNING, logger="launch.driver.session"):
             report = train(cfg, run)
     finally:
         torch.set_num_threads(threads)

@@ -14,7 +14,7 @@ from actors.learner.checkpoint import read_latest
 from actors.learner.torch_backend import TorchBackend
 from actors.policy.prompts import opening
 from actors.policy.tokenizer import HFTokenizer
-from launch.cli import main
+from launch.cli.main import main
 from protocols import TrainBatch
 from tasks.loader import load_tasks
 

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from configs import load_config
-from launch.metrics import read_metrics
-from launch.run_dir import RunDirectory
-from launch.train import train
+from launch.observe.metrics import read_metrics
+from launch.driver.run_dir import RunDirectory
+from launch.driver.train import train
 
 CONFIG = Path(__file__).resolve().parent.parent / "configs" / "examples" / "text_match.yaml"
 STEPS = 40

@@ -21,7 +21,7 @@ from actors.rollout.engine import EngineError, GenerateRequest, SamplingParams
 from actors.rollout.engines import make_engine
 from actors.rollout.sglang_engine import SGLangEngine, launch_spec
 from configs import ModelConfig, RolloutConfig, SGLangConfig, load_config
-from launch.plan import actor_slot, plan
+from launch.driver.plan import actor_slot, plan
 
 TINY = ModelConfig(num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, intermediate_size=128,
                    max_seq_len=256)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from actors.base import Actor, ActorHealth, RunContext
-from launch.handles import ActorHandle
-from launch.supervisor import MAX_START_ATTEMPTS, ActorSpec, Supervisor
+from launch.driver.handles import ActorHandle
+from launch.driver.supervisor import MAX_START_ATTEMPTS, ActorSpec, Supervisor
 
 
 class Ticker(Actor):

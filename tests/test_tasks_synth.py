@@ -17,7 +17,7 @@ import torch
 from actors.buffer.task_source import load_task_set
 from actors.verifier.reference import Reference
 from configs import ReplayConfig
-from launch.cli import main as kiln_main
+from launch.cli.main import main as kiln_main
 from tasks.loader import discover, to_task
 from tasks.synth import SynthConfig, synthesize
 from tasks.synth.builder import Builder

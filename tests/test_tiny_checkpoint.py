@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from launch.tiny_checkpoint import END_OF_TURN, TinyChatSpec, cache_key, corpus_files
+from launch.driver.tiny_checkpoint import END_OF_TURN, TinyChatSpec, cache_key, corpus_files
 
 SOLUTION = "tasks/solutions/cpu/level1/01_relu.py"
 

@@ -16,9 +16,9 @@ from pathlib import Path
 
 
 from configs import load_config
-from launch.metrics import read_metrics
-from launch.run_dir import RunDirectory
-from launch.train import rollout_only, train, train_only
+from launch.observe.metrics import read_metrics
+from launch.driver.run_dir import RunDirectory
+from launch.driver.train import rollout_only, train, train_only
 
 ROOT = Path(__file__).resolve().parent.parent
 TEXT_MATCH = ROOT / "configs" / "examples" / "text_match.yaml"
@@ -153,7 +153,7 @@ def test_dry_run_prints_the_plan_and_refuses_infeasible_ones():
 
 def bench_loop(tmp_path, *args: str) -> dict:
     """One loop run of `kiln bench` (no stages alone, no η = 0 run), in-process; its LoopResult as JSON."""
-    from launch.cli import main
+    from launch.cli.main import main
 
     out = tmp_path / "bench.json"
     assert main(["bench", str(TEXT_MATCH), "cluster.use_ray=false", "--no-stages", "--no-sync", "--eta", "1",

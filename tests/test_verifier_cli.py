@@ -86,8 +86,8 @@ def test_cuda_without_a_preset_verifies_with_the_production_protocol_not_the_cpu
     import argparse
 
     from configs import VerifierConfig
-    from launch.cli import load_for_backend
-    from launch.verify import _plan
+    from launch.config_args import load_for_backend
+    from launch.stages.verify import _plan
 
     production = VerifierConfig()
     args = argparse.Namespace(reference="tasks/level1/01_relu.py", candidate="tasks/solutions/cuda/level1/01_relu.py",

@@ -61,7 +61,7 @@ def build_model(cfg: ModelConfig, device: str | torch.device = "cpu", attention:
 
 def unresolved(path: str) -> None:
     """Refuse a `kiln:` model.path that nobody resolved: the driver turns `kiln:tiny-chat` into the
-    directory it builds (launch.tiny_checkpoint.resolve_model_path) before any model is built."""
+    directory it builds (launch.driver.tiny_checkpoint.resolve_model_path) before any model is built."""
     if path.startswith("kiln:"):
         raise ValueError(f"model.path={path} names a checkpoint that `kiln train` builds; resolve it first "
-                         "(launch.tiny_checkpoint.resolve_model_path)")
+                         "(launch.driver.tiny_checkpoint.resolve_model_path)")

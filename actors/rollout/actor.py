@@ -262,7 +262,7 @@ class RolloutActor(Actor):
         """First-turn attempts at every validation task (`eval.samples` each) with the current weights,
         sampled at the evaluation's settings (eval.temperature, eval.top_p; never forced candidates)
         and verified by the training verifier; nothing goes to replay. Returns one `EvalAttempt` per
-        attempt, which the driver turns into the table `kiln eval` writes (launch/eval/); [] when
+        attempt, which the driver turns into the table `kiln eval` writes (launch/stages/eval/); [] when
         there is no validation task."""
         tasks = self._validation_tasks()
         if not tasks:

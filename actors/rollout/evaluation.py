@@ -2,10 +2,10 @@
 settings, verified, and kept as one `EvalAttempt` record each.
 
 This is the one evaluation path of Kiln: `kiln train`'s in-run validation (`RolloutActor.evaluate`)
-and `kiln eval` (launch/eval/) both pose a task with the turn policy's first prompt, sample through
+and `kiln eval` (launch/stages/eval/) both pose a task with the turn policy's first prompt, sample through
 an engine with `eval_params(...)`, split the answer from the thinking, verify it with the training
 verifier, and turn each verdict into an `EvalAttempt` with `attempt_from_result`. The metrics and
-the table are computed from these records by launch/eval/metrics.py and launch/eval/table.py.
+the table are computed from these records by launch/stages/eval/metrics.py and launch/stages/eval/table.py.
 
 Forced candidates (`rollout.forced_candidates`) never reach this code: `first_turn_answers` has no
 forced-response input, so an evaluation always measures what the policy itself writes.

@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 
 from configs import KilnConfig, load_config
-from launch.run_dir import RunDirectory
+from launch.driver.run_dir import RunDirectory
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +110,7 @@ def parse(args: argparse.Namespace) -> Plan | str:
 
 
 def actor_names(cfg: KilnConfig) -> list[str]:
-    from launch.plan import learner_ranks
+    from launch.driver.plan import learner_ranks
 
     return (["replay", "learner"] + [f"learner-{r}" for r in range(1, learner_ranks(cfg))] +
             [f"rollout-{i}" for i in range(cfg.rollout.num_actors)] +
@@ -128,7 +128,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
               f"{', '.join(actor_names(base))})", file=sys.stderr)
         return 2
     logging.basicConfig(level=base.logging.level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from launch.tiny_checkpoint import resolve_model_path
+    from launch.driver.tiny_checkpoint import resolve_model_path
 
     model_path = resolve_model_path(base).model.path
     if model_path != base.model.path:

@@ -6,7 +6,7 @@ wrong result, a PyTorch fallback, a cut-off answer), which must all fail.
     python -m launch.bench.eval_solutions [--out runs/eval/cuda-solutions] [--variants] [section.key=value ...]
 
 Equivalent to:
-    python -m launch.eval.answers --tasks tasks --solutions tasks/solutions/cuda --out OUT.jsonl
+    python -m launch.stages.eval.answers --tasks tasks --solutions tasks/solutions/cuda --out OUT.jsonl
     kiln eval --answers OUT.jsonl --tasks tasks --backend cuda --k 1 --out OUT verifier.compile_baseline=always
 """
 
@@ -16,8 +16,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from launch.cli import main as kiln
-from launch.eval.answers import main as write_answers
+from configs import ConfigError
+from launch.stages.eval.answers import main as write_answers
+from launch.stages.eval.cli import add_eval_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -35,9 +36,25 @@ def main(argv: list[str] | None = None) -> int:
                           "--out", str(answers)] + (["--variants"] if args.variants else []))
     if code:
         return code
-    return kiln(["eval", "--answers", str(answers), "--tasks", str(ROOT / "tasks"), "--backend", "cuda", "--k", "1",
-                 "--out", str(out), "--name", "shipped cuda solutions" + (" + variants" if args.variants else ""),
-                 "verifier.compile_baseline=always", *args.overrides])
+    return kiln_eval(["--answers", str(answers), "--tasks", str(ROOT / "tasks"), "--backend", "cuda", "--k", "1",
+                      "--out", str(out), "--name", "shipped cuda solutions" + (" + variants" if args.variants else ""),
+                      "verifier.compile_baseline=always", *args.overrides])
+
+
+def kiln_eval(argv: list[str]) -> int:
+    """`kiln eval ARGV`: the subcommand's own parser and implementation, with the one-line errors of the
+    `kiln` entry point (launch/cli/main.py) for what `kiln eval --answers` can raise past its own."""
+    parser = argparse.ArgumentParser(prog="kiln")
+    add_eval_parser(parser.add_subparsers(dest="command", metavar="COMMAND"))
+    args = parser.parse_args(["eval", *argv])
+    try:
+        return args.func(args)
+    except ConfigError as err:
+        print(f"kiln: config error: {err}", file=sys.stderr)
+        return 2
+    except (FileExistsError, FileNotFoundError) as err:
+        print(f"kiln: {err}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from launch.bench.train import LoopResult
-from launch.timeline import SpanRow, read_timeline, union
+from launch.observe.timeline import SpanRow, read_timeline, union
 
 COLOURS = {"generating": "#1f77b4", "verifying": "#ff7f0e", "training": "#2ca02c", "syncing": "#9467bd"}
 WAITING = "#e6e6e6"

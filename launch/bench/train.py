@@ -1,6 +1,6 @@
 """One run of the loop for `kiln bench` (part b): `kiln train` as it runs, watched step by step.
 
-`run_loop` runs `launch.train.train` on the config it is given, optionally kills an actor (a Ray
+`run_loop` runs `launch.driver.train.train` on the config it is given, optionally kills an actor (a Ray
 actor dies without a clean stop) once the learner has recorded a given step, and ends the run at a
 fixed step (or `stop_after` seconds in, from step 2 on): the driver writes the summary and raises
 `StopRun` from its step hook, so no final export or evaluation runs. After each recorded step
@@ -40,10 +40,10 @@ from dataclasses import dataclass, field
 
 from configs import KilnConfig
 from launch.bench import cpu
-from launch.metrics import read_metrics
-from launch.run_dir import RunDirectory
-from launch.timeline import activity_shares, busy_shares, read_timeline
-from launch.train import train
+from launch.observe.metrics import read_metrics
+from launch.driver.run_dir import RunDirectory
+from launch.observe.timeline import activity_shares, busy_shares, read_timeline
+from launch.driver.train import train
 
 log = logging.getLogger(__name__)
 

@@ -1,1 +1,0 @@
-"""`kiln sft`: supervised fine-tuning on chat examples with the learner's own SFT step (launch/sft/cli.py)."""
