@@ -25,7 +25,7 @@ apply (copying the received tensors into its model; with flat buckets the receiv
 views, so there is no unpacking step), plus the CUDA IPC path (engine on the learner's GPU).
 Prints one table; writes it as JSON to $OUT/weight_sync.json when $OUT is set.
 
-`engine_process` is also the engine side of the GPU tests (tests/test_weight_sync_gpu.py).
+`engine_process` is also the engine side of the GPU tests (tests/weights/test_sync_gpu.py).
 """
 
 from __future__ import annotations

@@ -58,7 +58,7 @@ VERIFIER_GIB_PER_WORKER = 2.0
 # Activation bytes per token, hidden unit and layer at 2-byte activations, without recompute, of the
 # torch learner: the HF transformers model (sdpa attention, unfused MLP and norms), measured on an
 # H100 on 2026-11-22 at 56.1-56.2 for the single_gpu and four_gpu preset models (ffn = 3·hidden);
-# tests/test_launch_plan.py::test_torch_learner_memory_matches_the_estimate (gpu) re-measures it.
+# tests/launch/driver/test_plan.py::test_torch_learner_memory_matches_the_estimate (gpu) re-measures it.
 ACTIVATION_BYTES = {"torch": 56}
 # The megatron learner's activations per token and decoder layer, in bytes: replicated·h + (split·h +
 # swiglu·ffn) / TP. Counted on CPU with saved-tensor hooks over megatron's local layer spec with

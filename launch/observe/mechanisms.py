@@ -76,7 +76,7 @@ MECHANISMS = (
     Mechanism("importance weight truncated at C", "tokens", summed("train/is_truncated"), None),
 )
 
-# The mechanisms `make demo`'s workload is shaped to show (tests/test_demo.py asserts each acted).
+# The mechanisms `make demo`'s workload is shaped to show (tests/launch/driver/test_demo.py asserts each acted).
 DEMO_MECHANISMS = tuple(m for m in MECHANISMS if m.tag is not None)
 
 

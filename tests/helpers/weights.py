@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import time
 from typing import Iterator
 
 import numpy as np
@@ -78,13 +77,6 @@ def train_a_little(model, steps=3, seed=0) -> None:
         loss.backward()
         opt.step()
     model.eval()
-
-
-def wait_for(predicate, timeout_s=60.0, what="condition"):
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def tiny_model(seed: int):

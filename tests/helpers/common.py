@@ -1,0 +1,35 @@
+"""Small tools many test modules share: waiting for a condition, a free TCP port, and the reference
+logprobs of a response from one full-sequence forward."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+
+def wait_for(predicate, timeout_s: float = 60.0, what: str = "condition", actor=None, poll_s: float = 0.05) -> None:
+    """Poll `predicate` every `poll_s` until it holds; fail naming `what` after `timeout_s`. With `actor` (a
+    rollout actor), also fail as soon as its episode loop has died."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        assert actor is None or actor.health().looping, "the episode loop died"
+        time.sleep(poll_s)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def reference_logprobs(model, prompt, output, temperature: float = 1.0):
+    """log softmax(logits / T) of `output` from one full-sequence forward of the same model (a numpy array)."""
+    import torch
+
+    prompt, output = [int(t) for t in prompt], [int(t) for t in output]
+    ids = torch.tensor([prompt + output])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, len(prompt) - 1:-1].float()
+    return torch.log_softmax(logits / temperature, -1).gather(1, torch.tensor(output)[:, None])[:, 0].numpy()

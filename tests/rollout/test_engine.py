@@ -1,0 +1,254 @@
+"""The embedded torch engine on CPU: exact behaviour logprobs (continuous batching, T != 1, top-p),
+stop and length limits, forced-response scoring, abort, pause, weight updates between decode steps
+with exact per-token versions (both policies), from tensors and from disk, bad input, and a crash."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from actors.policy.model import build_model
+from actors.policy.weights.group import WeightBroadcaster, manifest
+from actors.rollout.engine import EngineError, GenerateRequest, SamplingParams
+from actors.rollout.torch_engine import TorchEngine
+from configs import ModelConfig
+from tests.helpers.common import free_port, reference_logprobs
+
+TINY = ModelConfig(num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, intermediate_size=128,
+                   max_seq_len=256)
+EOS = 257
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+
+def prompts(n, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [[256] + torch.randint(0, 256, (3 + 2 * i,), generator=g).tolist() for i in range(n)]
+
+
+@pytest.fixture
+def engine():
+    e = TorchEngine(TINY, max_batch=3, eos_token_ids=[EOS], on_weight_update="abort", seed=1)
+    yield e
+    e.close()
+
+
+@pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 1.0), (1.3, 0.9)])
+def test_logprobs_match_a_full_forward_under_continuous_batching(engine, temperature, top_p):
+    reqs = [GenerateRequest(str(i), p, SamplingParams(temperature=temperature, top_p=top_p, max_new_tokens=4 + 3 * i))
+            for i, p in enumerate(prompts(7))]
+    gens = engine.generate(reqs)
+    # 7 requests through 3 slots: finished rows' slots were refilled, prefilling only the new rows
+    assert engine.stats["inserted"] >= 2 and engine.stats["rebuilds"] + engine.stats["inserted"] >= 4
+    errors = []
+    for req, gen in zip(reqs, gens):
+        assert len(gen.output_ids) == len(gen.logprobs) == len(gen.versions) >= 1
+        assert gen.finish_reason in ("stop", "length")
+        assert gen.truncated == (gen.finish_reason == "length")
+        if gen.finish_reason == "length":
+            assert len(gen.output_ids) == req.params.max_new_tokens
+        else:
+            assert gen.output_ids[-1] == EOS
+        ref = reference_logprobs(engine.model, req.prompt_ids, gen.output_ids.tolist(), temperature)
+        errors.append(np.abs(ref - gen.logprobs))
+    assert np.concatenate(errors).mean() < 1e-4
+    assert all((g.versions == 0).all() for g in gens)
+
+
+def test_stop_tokens_length_limit_and_context_limit(engine):
+    stop_all = SamplingParams(max_new_tokens=50, stop_token_ids=tuple(range(259)))
+    (gen,) = engine.generate([GenerateRequest("s", [256, 1, 2], stop_all)])
+    assert gen.finish_reason == "stop" and len(gen.output_ids) == 1
+    long_prompt = [256] + [7] * 250  # max_seq_len 256 leaves room for 5 tokens
+    (gen,) = engine.generate([GenerateRequest("c", long_prompt, SamplingParams(max_new_tokens=50, ignore_eos=True))])
+    assert gen.finish_reason == "length" and len(gen.output_ids) == 5
+
+
+def test_forced_response_scores_the_given_tokens(engine):
+    prompt, response = [256, 5, 6, 7], [40, 41, 42, 43, 44]
+    (gen,) = engine.generate([GenerateRequest("f", prompt, SamplingParams(temperature=0.8, max_new_tokens=5),
+                                              forced_response=response)])
+    assert gen.output_ids.tolist() == response and gen.finish_reason == "length"
+    np.testing.assert_allclose(gen.logprobs, reference_logprobs(engine.model, prompt, response, 0.8), atol=1e-5)
+
+
+def test_bad_requests_are_refused_and_the_engine_keeps_serving(engine):
+    with pytest.raises(EngineError, match="vocabulary"):
+        engine.generate([GenerateRequest("bad", [256, 999])])
+    with pytest.raises(EngineError, match="empty prompt"):
+        engine.generate([GenerateRequest("empty", [])])
+    with pytest.raises(ValueError):
+        SamplingParams(temperature=0.0)
+    (gen,) = engine.generate([GenerateRequest("ok", [256, 1], SamplingParams(max_new_tokens=3))])
+    assert len(gen.output_ids) >= 1 and engine.health()["alive"]
+
+
+def _pause_at(engine, step):
+    """Pause the engine right after decode step `step` of the next generation; returns the event."""
+    reached = threading.Event()
+
+    def hook(n):
+        if n == step:
+            engine.pause()
+            reached.set()
+
+    engine.step_hook = hook
+    return reached
+
+
+def _generate_in_thread(engine, reqs):
+    out = {}
+    t = threading.Thread(target=lambda: out.setdefault("gens", engine.generate(reqs)))
+    t.start()
+    return t, out
+
+
+def new_weights(seed):
+    model = build_model(dataclasses.replace(TINY, seed=seed))
+    return model, list(model.state_dict().items())
+
+
+def test_abort_policy_switches_weights_between_decode_steps_with_exact_versions(engine):
+    reqs = [GenerateRequest(str(i), p, SamplingParams(temperature=0.9, max_new_tokens=12, ignore_eos=True))
+            for i, p in enumerate(prompts(2, seed=5))]
+    old = build_model(TINY)
+    new, tensors = new_weights(seed=7)
+    base = engine.stats["steps"]
+    reached = _pause_at(engine, base + 4)
+    t, out = _generate_in_thread(engine, reqs)
+    assert reached.wait(30)
+    engine.update_weights_from_tensors(tensors, version=1)  # applies while paused, between steps 4 and 5
+    engine.resume()
+    t.join(30)
+    assert engine.weight_version == 1
+    for req, gen in zip(reqs, out["gens"]):
+        assert gen.versions.tolist() == [0] * 4 + [1] * 8
+        ids = gen.output_ids.tolist()
+        ref_old = reference_logprobs(old, req.prompt_ids, ids, 0.9)[:4]
+        ref_new = reference_logprobs(new, req.prompt_ids, ids, 0.9)[4:]
+        assert np.abs(np.concatenate([ref_old, ref_new]) - gen.logprobs).mean() < 1e-4
+
+
+def test_finish_policy_completes_in_flight_requests_on_the_old_weights():
+    engine = TorchEngine(TINY, max_batch=2, eos_token_ids=[EOS], on_weight_update="finish")
+    try:
+        reached = _pause_at(engine, 3)
+        t, out = _generate_in_thread(engine, [GenerateRequest("a", [256, 3], SamplingParams(max_new_tokens=8,
+                                                                                        ignore_eos=True))])
+        assert reached.wait(30)
+        updater = threading.Thread(target=engine.update_weights_from_tensors, args=(new_weights(9)[1], 1))
+        updater.start()
+        engine.resume()
+        t.join(30)
+        updater.join(30)
+        assert out["gens"][0].versions.tolist() == [0] * 8
+        assert engine.weight_version == 1
+        (gen,) = engine.generate([GenerateRequest("b", [256, 3], SamplingParams(max_new_tokens=3, ignore_eos=True))])
+        assert gen.versions.tolist() == [1, 1, 1]
+    finally:
+        engine.close()
+
+
+def test_requests_that_arrive_with_an_update_are_served_after_it():
+    """The race behind a hang seen in `kiln train`: an idle engine finds a weight update and new
+    requests in the same scheduling cycle. The update runs; the requests must still be served."""
+    from concurrent.futures import Future
+
+    engine = TorchEngine(TINY, max_batch=2, eos_token_ids=[EOS], on_weight_update="finish")
+    try:
+        rows = [engine._row(GenerateRequest(str(i), [256, 3 + i], SamplingParams(max_new_tokens=3,
+                                                                                 ignore_eos=True)))
+                for i in range(2)]
+        applied: Future = Future()
+        with engine._cv:  # both land before the scheduler looks again
+            engine._queue.extend(rows)
+            engine._updates.append((lambda: None, 1, applied))
+            engine._cv.notify_all()
+        applied.result(timeout=30)
+        gens = [row.future.result(timeout=30) for row in rows]
+        assert [g.versions.tolist() for g in gens] == [[1, 1, 1]] * 2
+    finally:
+        engine.close()
+
+
+def test_update_from_disk_and_refusal_of_bad_weights(engine, tmp_path):
+    new, tensors = new_weights(seed=11)
+    save_file({k: v.contiguous() for k, v in tensors if k != "lm_head.weight"}, str(tmp_path / "model.safetensors"))
+    engine.update_weights_from_disk(str(tmp_path), version=3)
+    prompt = [256, 9, 8]
+    (gen,) = engine.generate([GenerateRequest("d", prompt, SamplingParams(max_new_tokens=6, ignore_eos=True))])
+    assert gen.versions.tolist() == [3] * 6
+    assert np.abs(reference_logprobs(new, prompt, gen.output_ids.tolist(), 1.0) - gen.logprobs).mean() < 1e-4
+    with pytest.raises(EngineError, match="unknown parameter"):
+        engine.update_weights_from_tensors([("no.such.weight", torch.zeros(1))], version=4)
+    with pytest.raises(EngineError, match="shape"):
+        engine.update_weights_from_tensors([("model.norm.weight", torch.zeros(3))], version=4)
+    assert engine.weight_version == 3  # a refused update leaves the served version alone
+
+
+def test_abort_finishes_in_flight_requests_early(engine):
+    reached = _pause_at(engine, engine.stats["steps"] + 2)
+    t, out = _generate_in_thread(engine, [GenerateRequest("x", [256, 1], SamplingParams(max_new_tokens=100,
+                                                                                      ignore_eos=True))])
+    assert reached.wait(30)
+    engine.abort(["x"])
+    t.join(30)  # answered while the engine is still paused (SGLang's pause mode "abort")
+    gen = out["gens"][0]
+    assert gen.finish_reason == "abort" and len(gen.output_ids) == 2
+    assert engine.health()["paused"]
+    engine.resume()
+    (gen,) = engine.generate([GenerateRequest("y", [256, 1], SamplingParams(max_new_tokens=2, ignore_eos=True))])
+    assert gen.finish_reason == "length"
+
+
+def test_release_and_resume_memory_keep_serving(engine):
+    engine.release_memory()
+    assert engine.health()["released"]
+    engine.resume_memory()
+    (gen,) = engine.generate([GenerateRequest("m", [256, 2], SamplingParams(max_new_tokens=2, ignore_eos=True))])
+    assert len(gen.output_ids) == 2
+
+
+def test_a_crashed_engine_fails_its_requests_instead_of_hanging():
+    engine = TorchEngine(TINY, max_batch=2)
+
+    def boom(step):
+        raise RuntimeError("simulated device fault")
+
+    engine.step_hook = boom
+    with pytest.raises(EngineError, match="crashed"):
+        engine.generate([GenerateRequest("c", [256, 1], SamplingParams(max_new_tokens=5))])
+    assert not engine.health()["alive"]
+    with pytest.raises(EngineError):
+        engine.generate([GenerateRequest("d", [256, 1])])
+    engine.close()
+
+
+def test_weights_broadcast_by_a_learner_over_gloo_load_as_one_version(engine):
+    new, tensors = new_weights(seed=13)
+    tensors = [(k, v) for k, v in tensors if k != "lm_head.weight"]  # tied to the embedding
+    names, dtypes, shapes = manifest(tensors)
+    port = free_port()
+
+    def learner():
+        sender = WeightBroadcaster("127.0.0.1", port, world_size=2, timeout_s=30)
+        sender.broadcast(tensors)
+
+    t = threading.Thread(target=learner)
+    t.start()
+    engine.init_weights_update_group("127.0.0.1", port, rank_offset=1, world_size=2, backend="gloo")
+    engine.update_weights_from_distributed(names, dtypes, shapes, version=6)
+    t.join(30)
+    assert engine.weight_version == 6
+    prompt = [256, 4, 2]
+    (gen,) = engine.generate([GenerateRequest("g", prompt, SamplingParams(max_new_tokens=5, ignore_eos=True))])
+    assert gen.versions.tolist() == [6] * 5
+    assert np.abs(reference_logprobs(new, prompt, gen.output_ids.tolist(), 1.0) - gen.logprobs).mean() < 1e-4
+    with pytest.raises(EngineError, match="no weight group"):
+        engine.update_weights_from_distributed(names, dtypes, shapes, version=7, group_name="other")

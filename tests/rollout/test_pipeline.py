@@ -1,0 +1,142 @@
+"""The per-attempt pipeline and the verifier pool's front, over real sockets: one slow verification
+holds up neither its siblings' next turns nor other groups' generation; a dead verifier's requests go
+to a live one at once (no reply timeout), and none is verified twice into an episode."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from actors.rollout.actor import RolloutActor
+from configs import EvalConfig
+from protocols import VerifyResult
+from protocols.channels import ReplyServer
+from protocols.registry import Registry
+from actors.base import RunContext
+from tests.helpers.common import wait_for
+from tests.rollout.test_actor import TINY, rollout_cfg, start_replay
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+class HoldingVerifier:
+    """A real ROUTER answering every VerifyRequest with a failure (so attempts take repair turns),
+    except the ones `hold(request)` picks, which wait until `release` is set. Records when each
+    request arrived."""
+
+    def __init__(self, hold=lambda request: False, *, delay_s: float = 0.0) -> None:
+        self.server = ReplyServer()
+        self.address = self.server.address
+        self.hold, self.delay_s = hold, delay_s
+        self.release = threading.Event()
+        self.arrived: dict[str, float] = {}
+        self.answered: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        held = []
+        while not self._stop.is_set():
+            req = self.server.recv(timeout_s=0.01)
+            if req is not None:
+                self.arrived.setdefault(req.record.request_id, time.monotonic())
+                if self.hold(req.record):
+                    held.append(req)
+                else:
+                    self._answer(req)
+            if self.release.is_set():
+                for r in held:
+                    self._answer(r)
+                held.clear()
+
+    def _answer(self, req) -> None:
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        r = req.record
+        self.answered.append(r.request_id)
+        self.server.reply(req, VerifyResult(request_id=r.request_id, task_id=r.task.task_id, passed=False,
+                                            stage="correctness", error_class="correctness", q=0.0, score=-1.0,
+                                            feedback="Wrong answer."))
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self.server.close()
+
+
+def actor_for(run_dir, cfg, name="rollout-0") -> RolloutActor:
+    return RolloutActor(cfg, TINY, EvalConfig(), RunContext(run_dir=str(run_dir), name=name), follow_learner=False)
+
+
+def test_one_slow_verification_delays_neither_its_siblings_nor_other_groups(tmp_path):
+    slow: list[str] = []
+
+    def hold(request) -> bool:  # the first request of all: attempt 0 of the first group, turn 0
+        if not slow:
+            slow.append(request.request_id)
+        return request.request_id == slow[0]
+
+    verifier = HoldingVerifier(hold)
+    Registry(tmp_path).register("verifier-0", "verifier", {"verifier": verifier.address})
+    replay = start_replay(tmp_path, G=2, B=2)
+    actor = actor_for(tmp_path, rollout_cfg(max_turns=3, max_new_tokens=4, max_inflight=8))
+    seen = []
+    actor.sender.submit = lambda ep, submit=actor.sender.submit: (seen.append(ep), submit(ep))[1]
+    try:
+        actor.start()
+        wait_for(lambda: slow, what="the first verify request", actor=actor)
+        group = slow[0].rsplit("/", 2)[0]
+        sibling = f"{group}/{1 - int(slow[0].rsplit('/', 2)[1])}"
+        # the sibling goes through all its turns while the held verification waits
+        wait_for(lambda: f"{sibling}/t2" in verifier.arrived, what="the sibling's third turn", actor=actor)
+        # and other groups are generated and verified meanwhile, to the end of their attempts
+        wait_for(lambda: any(not e.episode_id.startswith(group + "/") for e in seen),
+                 what="another group's episodes", actor=actor)
+        others = {rid.rsplit("/", 2)[0] for rid in verifier.arrived} - {group}
+        assert others, "no other group was generated while one verification was held"
+        assert slow[0] not in verifier.answered and not any(e.group_id == group for e in seen)
+        verifier.release.set()
+        wait_for(lambda: any(e.group_id == group for e in seen), what="the held group's episodes", actor=actor)
+        held = [e for e in seen if e.group_id == group]
+        assert len(held) == 2 and all(len(e.turns) == 3 for e in held)  # a complete group, every turn
+        assert actor.health().verify_infra == 0
+    finally:
+        actor.stop()
+        replay.stop()
+        verifier.close()
+
+
+def test_a_dead_verifiers_requests_go_to_a_live_one_at_once(tmp_path):
+    # The first verifier takes requests and never answers; it dies with them outstanding. The reply
+    # timeout is far longer than the test: the requests must move on the death itself.
+    first = HoldingVerifier(lambda request: True)
+    second = HoldingVerifier()
+    registry = Registry(tmp_path)
+    registry.register("verifier-0", "verifier", {"verifier": first.address})
+    replay = start_replay(tmp_path, G=2, B=2)
+    actor = actor_for(tmp_path, rollout_cfg(max_turns=1, max_new_tokens=4, verify_reply_timeout_s=300.0,
+                                            max_inflight=4))
+    seen = []
+    actor.sender.submit = lambda ep, submit=actor.sender.submit: (seen.append(ep), submit(ep))[1]
+    try:
+        actor.start()
+        wait_for(lambda: len(first.arrived) >= 2, what="requests held by the first verifier", actor=actor)
+        registry.register("verifier-1", "verifier", {"verifier": second.address})
+        time.sleep(1.0)  # the front sees the second verifier; the first keeps what it holds
+        held = set(first.arrived)
+        killed_at = time.monotonic()
+        first.close()  # dies with its requests outstanding (its registry entry is still there)
+        wait_for(lambda: held <= set(second.answered), timeout_s=10.0, what="the held requests re-sent", actor=actor)
+        assert time.monotonic() - killed_at < 5.0
+        wait_for(lambda: {e.episode_id for e in seen} >= {r.rsplit("/", 1)[0] for r in held},
+                 what="the moved attempts' episodes", actor=actor)
+        assert actor.health().verify_infra == 0 and actor.verify_stats["moved"] >= len(held)
+        for ep in seen:  # one verdict per turn, from the live verifier
+            assert [t.result.request_id for t in ep.turns] == [f"{ep.episode_id}/t0"]
+    finally:
+        actor.stop()
+        replay.stop()
+        second.close()
