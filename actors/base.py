@@ -213,8 +213,9 @@ def load_plugin(path: str, interface: type, *, key: str) -> type:
     try:
         module = importlib.import_module(module_name)
     except Exception as err:  # ImportError, or the module itself failed while importing
-        raise PluginError(f"{key}={path!r}: cannot import module {module_name!r}: "
-                          f"{type(err).__name__}: {err}") from None
+        raise PluginError(
+            f"{key}={path!r}: cannot import module {module_name!r}: {type(err).__name__}: {err}"
+        ) from None
     cls = getattr(module, attr, None)
     if cls is None:
         raise PluginError(f"{key}={path!r}: module {module_name!r} has no attribute {attr!r}")
@@ -222,9 +223,11 @@ def load_plugin(path: str, interface: type, *, key: str) -> type:
         raise PluginError(f"{key}={path!r} names a {type(cls).__name__}, not a class")
     missing = [name for name in interface_methods(interface) if not _provides(cls, name)]
     if missing:
-        raise PluginError(f"{key}={path!r}: {attr} lacks {', '.join(m + '()' for m in missing)} of "
-                          f"{interface.__name__} (subclass {interface.__module__}.{interface.__name__} "
-                          "to inherit its optional hooks)")
+        raise PluginError(
+            f"{key}={path!r}: {attr} lacks {', '.join(m + '()' for m in missing)} of "
+            f"{interface.__name__} (subclass {interface.__module__}.{interface.__name__} "
+            "to inherit its optional hooks)"
+        )
     return cls
 
 

@@ -19,7 +19,22 @@ from configs.schema import (
 )
 
 __all__ = [
-    "AlgoConfig", "ClusterConfig", "ConfigError", "EvalConfig", "KilnConfig", "LearnerConfig", "LoggingConfig",
-    "ModelConfig", "ModelledLatencyConfig", "ReplayConfig", "RolloutConfig", "SGLangConfig", "VerifierConfig", "WarmStartConfig",
-    "WeightSyncConfig", "load_config", "to_dict", "to_yaml",
+    "AlgoConfig",
+    "ClusterConfig",
+    "ConfigError",
+    "EvalConfig",
+    "KilnConfig",
+    "LearnerConfig",
+    "LoggingConfig",
+    "ModelConfig",
+    "ModelledLatencyConfig",
+    "ReplayConfig",
+    "RolloutConfig",
+    "SGLangConfig",
+    "VerifierConfig",
+    "WarmStartConfig",
+    "WeightSyncConfig",
+    "load_config",
+    "to_dict",
+    "to_yaml",
 ]

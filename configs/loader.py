@@ -52,8 +52,9 @@ RENAMED = {
 }
 
 
-def load_config(path: str | Path | None = None, overrides: Iterable[str] = (), *,
-                preset_without: Iterable[str] = ()) -> KilnConfig:
+def load_config(
+    path: str | Path | None = None, overrides: Iterable[str] = (), *, preset_without: Iterable[str] = ()
+) -> KilnConfig:
     """Resolve a config. `path` None means configs/default.yaml; overrides are `a.b=c` strings.
     `preset_without`: top-level sections of the preset left at the schema's defaults (the command
     line's overrides still apply to them)."""
@@ -199,40 +200,57 @@ def _check_consistency(cfg: KilnConfig) -> None:
     if m.hidden_size % m.num_heads:
         raise ConfigError(f"model.num_heads={m.num_heads} must divide model.hidden_size={m.hidden_size}")
     if m.tokenizer == "bytes" and not m.path and m.vocab_size < 259:
-        raise ConfigError(f"model.vocab_size={m.vocab_size}: the byte tokenizer needs at least 259 "
-                          "(256 bytes + 3 specials)")
+        raise ConfigError(
+            f"model.vocab_size={m.vocab_size}: the byte tokenizer needs at least 259 (256 bytes + 3 specials)"
+        )
     if cfg.verifier.reward_actor_args and not cfg.verifier.reward_actor:
-        raise ConfigError("verifier.reward_actor_args are the constructor arguments of a plug-in reward actor; "
-                          "set verifier.reward_actor, or leave them empty for the kernel verifier")
+        raise ConfigError(
+            "verifier.reward_actor_args are the constructor arguments of a plug-in reward actor; "
+            "set verifier.reward_actor, or leave them empty for the kernel verifier"
+        )
     if cfg.replay.task_source_args and not cfg.replay.task_source:
-        raise ConfigError("replay.task_source_args are the constructor arguments of a plug-in task source; "
-                          "set replay.task_source, or leave them empty for replay.tasks")
+        raise ConfigError(
+            "replay.task_source_args are the constructor arguments of a plug-in task source; "
+            "set replay.task_source, or leave them empty for replay.tasks"
+        )
     mix = cfg.rollout.forced_mix
     unknown = sorted(set(mix) - set(FORCED_VARIANTS))
     if unknown:
-        raise ConfigError(f"rollout.forced_mix: unknown variant(s) {', '.join(unknown)}; the variants are "
-                          f"{', '.join(FORCED_VARIANTS)}")
+        raise ConfigError(
+            f"rollout.forced_mix: unknown variant(s) {', '.join(unknown)}; the variants are "
+            f"{', '.join(FORCED_VARIANTS)}"
+        )
     if any(w < 0 for w in mix.values()) or not any(w > 0 for w in mix.values()):
-        raise ConfigError(f"rollout.forced_mix: weights must be >= 0 and one at least > 0, got "
-                          f"{', '.join(f'{k}={w:g}' for k, w in mix.items())}")
+        raise ConfigError(
+            f"rollout.forced_mix: weights must be >= 0 and one at least > 0, got "
+            f"{', '.join(f'{k}={w:g}' for k, w in mix.items())}"
+        )
     if cfg.algo.early_bonus_turn2 > cfg.algo.early_bonus_turn1:
         raise ConfigError("algo.early_bonus_turn2 must not exceed algo.early_bonus_turn1 (an earlier pass earns more)")
     if cfg.eval.k > cfg.eval.samples:
-        raise ConfigError(f"eval.k={cfg.eval.k} exceeds eval.samples={cfg.eval.samples}: pass@k needs k samples "
-                          "per task")
+        raise ConfigError(
+            f"eval.k={cfg.eval.k} exceeds eval.samples={cfg.eval.samples}: pass@k needs k samples per task"
+        )
     bench = cfg.rollout.bench
     if any(n < 1 for n in bench.lengths):
         raise ConfigError(f"rollout.bench.lengths={list(bench.lengths)}: every length must be >= 1")
-    if bench.length_weights and (len(bench.length_weights) != len(bench.lengths) or
-                                 any(w < 0 for w in bench.length_weights) or sum(bench.length_weights) <= 0):
-        raise ConfigError(f"rollout.bench.length_weights={list(bench.length_weights)}: one weight >= 0 per entry "
-                          f"of rollout.bench.lengths ({len(bench.lengths)}), not all zero")
+    if bench.length_weights and (
+        len(bench.length_weights) != len(bench.lengths)
+        or any(w < 0 for w in bench.length_weights)
+        or sum(bench.length_weights) <= 0
+    ):
+        raise ConfigError(
+            f"rollout.bench.length_weights={list(bench.length_weights)}: one weight >= 0 per entry "
+            f"of rollout.bench.lengths ({len(bench.lengths)}), not all zero"
+        )
     if cfg.learner.backend == "megatron":  # what the megatron backend refuses at start-up
         if m.dtype == "float16":
             raise ConfigError("model.dtype=float16: the megatron backend trains in bfloat16 or float32")
         if cfg.algo.kl_coef > 0:
-            raise ConfigError(f"algo.kl_coef={cfg.algo.kl_coef}: the megatron backend has no reference-model "
-                              "pass; use 0 or learner.backend=torch")
+            raise ConfigError(
+                f"algo.kl_coef={cfg.algo.kl_coef}: the megatron backend has no reference-model "
+                "pass; use 0 or learner.backend=torch"
+            )
 
 
 def _omegaconf_message(err: OmegaConfBaseException) -> str:

@@ -26,34 +26,76 @@ def F(default: Any, help: str, *, ge=None, gt=None, le=None, lt=None, choices=No
 
 @dataclass
 class ClusterConfig:
-    address: Optional[str] = F(None, "Ray cluster to join ('auto' or 'ray://host:10001'); null starts a local Ray sized to this machine")
+    address: Optional[str] = F(
+        None, "Ray cluster to join ('auto' or 'ray://host:10001'); null starts a local Ray sized to this machine"
+    )
     num_cpus: Optional[int] = F(None, "CPUs a local Ray instance may use; null = all of this machine's", ge=1)
     num_gpus: Optional[int] = F(None, "GPUs a local Ray instance may use; null = all visible ones", ge=0)
-    layout: str = F("disaggregated", "'colocated': engines and learner share GPUs (engine memory released around learner steps); 'disaggregated': separate GPU pools", choices=["colocated", "disaggregated"])
+    layout: str = F(
+        "disaggregated",
+        "'colocated': engines and learner share GPUs (engine memory released around learner steps); 'disaggregated': separate GPU pools",
+        choices=["colocated", "disaggregated"],
+    )
     bind_host: str = F("127.0.0.1", "Host every ZMQ endpoint binds on; loopback keeps a single-node run private")
-    advertise_host: Optional[str] = F(None, "Host peers use to reach endpoints bound on 0.0.0.0 (multi-node); null = bind_host")
-    transport: str = F("tcp", "ZMQ transport between actors: tcp, or ipc (unix sockets, same host only)", choices=["tcp", "ipc"])
-    use_ray: bool = F(True, "Run each actor as a Ray actor (placement, supervision); false = all actors in the driver's process (debugging, tests)")
-    learner_gpus: int = F(0, "GPUs for learner ranks: a multiple of learner.tensor_parallel × pipeline_parallel (the quotient is DP); 0 = learner on CPU (torch backend)", ge=0)
-    engine_gpus: int = F(0, "GPUs per rollout engine: 1 for the torch engine, rollout.sglang.tp_size for launched SGLang servers; 0 = engines on CPU. With rollout.sglang.urls the servers run outside Kiln and this only sizes the memory estimate", ge=0)
-    verifier_gpus: int = F(0, "GPUs dedicated to cuda verifier actors (actors spread round-robin over them); 0 with the cuda backend = verifiers share the engines' GPUs (else the learner's)", ge=0)
-    gpu_memory_gb: Optional[float] = F(None, "Memory of one GPU in GiB for the placement plan's memory check; null = ask the visible GPU, no check when there is none", gt=0.0)
+    advertise_host: Optional[str] = F(
+        None, "Host peers use to reach endpoints bound on 0.0.0.0 (multi-node); null = bind_host"
+    )
+    transport: str = F(
+        "tcp", "ZMQ transport between actors: tcp, or ipc (unix sockets, same host only)", choices=["tcp", "ipc"]
+    )
+    use_ray: bool = F(
+        True,
+        "Run each actor as a Ray actor (placement, supervision); false = all actors in the driver's process (debugging, tests)",
+    )
+    learner_gpus: int = F(
+        0,
+        "GPUs for learner ranks: a multiple of learner.tensor_parallel × pipeline_parallel (the quotient is DP); 0 = learner on CPU (torch backend)",
+        ge=0,
+    )
+    engine_gpus: int = F(
+        0,
+        "GPUs per rollout engine: 1 for the torch engine, rollout.sglang.tp_size for launched SGLang servers; 0 = engines on CPU. With rollout.sglang.urls the servers run outside Kiln and this only sizes the memory estimate",
+        ge=0,
+    )
+    verifier_gpus: int = F(
+        0,
+        "GPUs dedicated to cuda verifier actors (actors spread round-robin over them); 0 with the cuda backend = verifiers share the engines' GPUs (else the learner's)",
+        ge=0,
+    )
+    gpu_memory_gb: Optional[float] = F(
+        None,
+        "Memory of one GPU in GiB for the placement plan's memory check; null = ask the visible GPU, no check when there is none",
+        gt=0.0,
+    )
 
 
 @dataclass
 class ModelConfig:
-    path: Optional[str] = F(None, "Local HF checkpoint directory (config, safetensors, tokenizer with its chat template); 'kiln:tiny-chat' = Kiln's tiny chat checkpoint, built on first use under <logging.root>/models/; null = random init from the fields below")
-    allow_download: bool = F(False, "Let model.path name a Hugging Face hub id that is downloaded on first use; false = a local directory only (a hub id is refused at start-up)")
-    enable_thinking: bool = F(False, "Thinking models (Qwen3's <think> block): passed to the chat template as enable_thinking; false renders an empty think block, so the model answers at once. Extraction never reads the thinking")
+    path: Optional[str] = F(
+        None,
+        "Local HF checkpoint directory (config, safetensors, tokenizer with its chat template); 'kiln:tiny-chat' = Kiln's tiny chat checkpoint, built on first use under <logging.root>/models/; null = random init from the fields below",
+    )
+    allow_download: bool = F(
+        False,
+        "Let model.path name a Hugging Face hub id that is downloaded on first use; false = a local directory only (a hub id is refused at start-up)",
+    )
+    enable_thinking: bool = F(
+        False,
+        "Thinking models (Qwen3's <think> block): passed to the chat template as enable_thinking; false renders an empty think block, so the model answers at once. Extraction never reads the thinking",
+    )
     arch: str = F("qwen3", "HF model_type used for random init when path is null", choices=["qwen3", "qwen2", "llama"])
-    vocab_size: int = F(259, "Vocabulary size for random init (259 = the built-in byte tokenizer: 256 bytes + 3 specials)", ge=2)
+    vocab_size: int = F(
+        259, "Vocabulary size for random init (259 = the built-in byte tokenizer: 256 bytes + 3 specials)", ge=2
+    )
     hidden_size: int = F(128, "Model width for random init", ge=8)
     num_layers: int = F(4, "Transformer layers for random init", ge=1)
     num_heads: int = F(4, "Attention heads for random init", ge=1)
     num_kv_heads: int = F(2, "Key/value heads for random init (GQA); must divide num_heads", ge=1)
     intermediate_size: int = F(384, "MLP width for random init", ge=8)
     max_seq_len: int = F(4096, "Longest prompt + response the model serves and trains on", ge=16)
-    tokenizer: str = F("bytes", "'bytes' (built-in byte-level tokenizer) or a local tokenizer directory; ignored when path holds one")
+    tokenizer: str = F(
+        "bytes", "'bytes' (built-in byte-level tokenizer) or a local tokenizer directory; ignored when path holds one"
+    )
     dtype: str = F("float32", "Parameter dtype of engines and learner", choices=["float32", "bfloat16", "float16"])
     seed: int = F(0, "Seed of the random init", ge=0)
 
@@ -66,50 +108,126 @@ FORCED_MIX = {"solution": 1.0, "compile_error": 1.0, "wrong_result": 1.0, "fallb
 @dataclass
 class SGLangConfig:
     urls: List[str] = F([], "URLs of running SGLang servers (or one router) to use instead of launching engines")
-    launch_module: str = F("sglang.launch_server", "Module run as `python -m` to start one SGLang server per engine when urls is empty")
-    tp_size: int = F(1, "Tensor-parallel GPUs per launched SGLang server (= cluster.engine_gpus); each server runs on the GPUs the placement plan gives its actor", ge=1)
-    mem_fraction: float = F(0.8, "SGLang --mem-fraction-static: share of GPU memory for weights + KV cache", gt=0.0, le=1.0)
-    base_port: int = F(30000, "Port of the first launched SGLang server; actor i listens on base + i", ge=1024, le=65535)
+    launch_module: str = F(
+        "sglang.launch_server", "Module run as `python -m` to start one SGLang server per engine when urls is empty"
+    )
+    tp_size: int = F(
+        1,
+        "Tensor-parallel GPUs per launched SGLang server (= cluster.engine_gpus); each server runs on the GPUs the placement plan gives its actor",
+        ge=1,
+    )
+    mem_fraction: float = F(
+        0.8, "SGLang --mem-fraction-static: share of GPU memory for weights + KV cache", gt=0.0, le=1.0
+    )
+    base_port: int = F(
+        30000, "Port of the first launched SGLang server; actor i listens on base + i", ge=1024, le=65535
+    )
     start_timeout_s: float = F(600.0, "Seconds a launched SGLang server may take to answer /health", gt=0.0)
     extra_args: List[str] = F([], "Further command-line arguments for every launched SGLang server")
 
 
 @dataclass
 class RolloutBenchConfig:
-    lengths: List[int] = F([], "Benchmarks only (kiln bench): response lengths in tokens to draw from; every sampled (not forced) request gets its max_new_tokens drawn from them and ignores eos, so its response is exactly that long (shorter only where the context ends). A random-init policy's eos would otherwise end responses at random. [] = off: max_new_tokens and eos as usual")
-    length_weights: List[float] = F([], "Benchmarks only: the probability of each entry of lengths (normalised; [] = equally likely)")
-    unique_forced: bool = F(False, "Benchmarks only: with forced_candidates, append a unique comment to the C++ source of every drawn candidate, so each one is a real compile (no build or verdict cache hit), as every sampled kernel of a real policy would be")
+    lengths: List[int] = F(
+        [],
+        "Benchmarks only (kiln bench): response lengths in tokens to draw from; every sampled (not forced) request gets its max_new_tokens drawn from them and ignores eos, so its response is exactly that long (shorter only where the context ends). A random-init policy's eos would otherwise end responses at random. [] = off: max_new_tokens and eos as usual",
+    )
+    length_weights: List[float] = F(
+        [], "Benchmarks only: the probability of each entry of lengths (normalised; [] = equally likely)"
+    )
+    unique_forced: bool = F(
+        False,
+        "Benchmarks only: with forced_candidates, append a unique comment to the C++ source of every drawn candidate, so each one is a real compile (no build or verdict cache hit), as every sampled kernel of a real policy would be",
+    )
 
 
 @dataclass
 class RolloutConfig:
-    engine: str = F("torch", "Inference engine: 'torch' (embedded), 'sglang', or a dotted path to an engine class", choices=["torch", "sglang"], dotted_ok=True)
+    engine: str = F(
+        "torch",
+        "Inference engine: 'torch' (embedded), 'sglang', or a dotted path to an engine class",
+        choices=["torch", "sglang"],
+        dotted_ok=True,
+    )
     num_actors: int = F(1, "Rollout actors (each drives one engine)", ge=1)
-    standby: bool = F(True, "Ray runs: keep a warm standby of each rollout actor without GPUs, a spare process started ahead (imports done, tokenizer loaded, engine built) that joins the learner for its weights and takes over when the actor dies, instead of a new process built after the death. Not for engines on GPUs (the spare would hold a second copy of the model there)")
+    standby: bool = F(
+        True,
+        "Ray runs: keep a warm standby of each rollout actor without GPUs, a spare process started ahead (imports done, tokenizer loaded, engine built) that joins the learner for its weights and takes over when the actor dies, instead of a new process built after the death. Not for engines on GPUs (the spare would hold a second copy of the model there)",
+    )
     max_batch: int = F(8, "Sequences an engine decodes at once", ge=1)
     max_new_tokens: int = F(512, "Length limit of one response; longer ones are cut and flagged truncated", ge=1)
     temperature: float = F(1.0, "Sampling temperature T; behaviour logprobs are log softmax(logits / T)", gt=0.0)
-    top_p: float = F(1.0, "Nucleus sampling; 1.0 keeps the logprob convention exact (no renormalisation)", gt=0.0, le=1.0)
+    top_p: float = F(
+        1.0, "Nucleus sampling; 1.0 keeps the logprob convention exact (no renormalisation)", gt=0.0, le=1.0
+    )
     top_k: int = F(0, "Top-k sampling; 0 disables it", ge=0)
-    max_inflight: int = F(0, "In-flight budget of a rollout actor, in attempts (generating, or being verified): a new task group is admitted whenever fewer are in flight (and replay's admission allows it); 0 = 2 × max_batch, so the engine's batch stays full while about half the attempts wait on verifiers", ge=0)
-    max_turns: int = F(3, "Turns T per episode: the first attempt plus up to T-1 repair or performance turns with verifier feedback", ge=1)
-    history: str = F("full", "What a repair prompt shows of the attempt so far: 'full' = the task and every earlier answer and its feedback as a dialogue; 'last' = the task, the last answer and its feedback. Either way older turns are left out (and the prompt says so) when the dialogue plus max_new_tokens would exceed model.max_seq_len", choices=["full", "last"])
-    history_thinking: bool = F(False, "Earlier answers in a repair prompt keep their thinking text; false leaves it out (it stays in the episode)")
-    optimize_turns: int = F(0, "Performance turns: a kernel that passes but runs slower than optimize_below × the eager time gets up to this many turns (within max_turns) with its timing feedback, asking for a faster kernel; 0 = a pass ends the attempt", ge=0)
-    optimize_below: float = F(1.0, "A passing kernel is slow when its time exceeds optimize_below × the eager PyTorch time (speedup vs eager < 1 / optimize_below)", gt=0.0)
-    on_weight_update: str = F("finish", "A weight update mid-generation: 'finish' in-flight requests on the old weights, or 'abort' and resume them on the new", choices=["finish", "abort"])
-    verify_reply_timeout_s: float = F(600.0, "Seconds a rollout actor waits for a verifier's answer to one attempt before resending it", gt=0.0)
+    max_inflight: int = F(
+        0,
+        "In-flight budget of a rollout actor, in attempts (generating, or being verified): a new task group is admitted whenever fewer are in flight (and replay's admission allows it); 0 = 2 × max_batch, so the engine's batch stays full while about half the attempts wait on verifiers",
+        ge=0,
+    )
+    max_turns: int = F(
+        3,
+        "Turns T per episode: the first attempt plus up to T-1 repair or performance turns with verifier feedback",
+        ge=1,
+    )
+    history: str = F(
+        "full",
+        "What a repair prompt shows of the attempt so far: 'full' = the task and every earlier answer and its feedback as a dialogue; 'last' = the task, the last answer and its feedback. Either way older turns are left out (and the prompt says so) when the dialogue plus max_new_tokens would exceed model.max_seq_len",
+        choices=["full", "last"],
+    )
+    history_thinking: bool = F(
+        False,
+        "Earlier answers in a repair prompt keep their thinking text; false leaves it out (it stays in the episode)",
+    )
+    optimize_turns: int = F(
+        0,
+        "Performance turns: a kernel that passes but runs slower than optimize_below × the eager time gets up to this many turns (within max_turns) with its timing feedback, asking for a faster kernel; 0 = a pass ends the attempt",
+        ge=0,
+    )
+    optimize_below: float = F(
+        1.0,
+        "A passing kernel is slow when its time exceeds optimize_below × the eager PyTorch time (speedup vs eager < 1 / optimize_below)",
+        gt=0.0,
+    )
+    on_weight_update: str = F(
+        "finish",
+        "A weight update mid-generation: 'finish' in-flight requests on the old weights, or 'abort' and resume them on the new",
+        choices=["finish", "abort"],
+    )
+    verify_reply_timeout_s: float = F(
+        600.0, "Seconds a rollout actor waits for a verifier's answer to one attempt before resending it", gt=0.0
+    )
     verify_retries: int = F(1, "Resends before an attempt is marked 'infra' (not a policy failure)", ge=0)
-    sglang: SGLangConfig = F(SGLangConfig(), "SGLang engines (rollout.engine=sglang): launched per actor, or reached at running servers")
+    sglang: SGLangConfig = F(
+        SGLangConfig(), "SGLang engines (rollout.engine=sglang): launched per actor, or reached at running servers"
+    )
     device: str = F("auto", "Device of the embedded torch engine: 'auto' (cuda when present), 'cpu' or 'cuda[:i]'")
     seed: int = F(0, "Seed of the engine's sampler (each actor adds its index)", ge=0)
     task_wait_s: float = F(5.0, "Seconds to wait for the task feed to answer before asking again", gt=0.0)
     ack_timeout_s: float = F(5.0, "Seconds to wait for replay to acknowledge an episode before resending", gt=0.0)
-    forced_candidates: Optional[str] = F(None, "Benchmarks and the CPU demo only: a solutions directory; attempts are drawn from candidates built from it (the solution, compile-broken, wrong-result, fallback and cut-off variants) and scored by the engine instead of sampled; null = sample (the default)")
-    forced_fraction: float = F(1.0, "With forced_candidates: the share of attempts drawn from the pool; the others are sampled (benchmarks that also need real decoding)", ge=0.0, le=1.0)
-    forced_mix: Dict[str, float] = F(dict(FORCED_MIX), "With forced_candidates: the weight of each variant in a draw (solution, compile_error, wrong_result, fallback, cut_off, hang: an endless loop, a timeout verdict that costs verifier.run_timeout_s); a draw picks a variant the task has with probability proportional to its weight. Variants left out of a YAML mapping keep these defaults")
-    torch_threads: int = F(0, "Intra-op threads of the embedded torch engine (torch.set_num_threads in its process; in-process runs share one process, so the last actor to start sets it); 0 = leave torch's default (Ray actors: 1)", ge=0)
-    bench: RolloutBenchConfig = F(RolloutBenchConfig(), "Benchmark-only workload knobs (kiln bench); all off by default")
+    forced_candidates: Optional[str] = F(
+        None,
+        "Benchmarks and the CPU demo only: a solutions directory; attempts are drawn from candidates built from it (the solution, compile-broken, wrong-result, fallback and cut-off variants) and scored by the engine instead of sampled; null = sample (the default)",
+    )
+    forced_fraction: float = F(
+        1.0,
+        "With forced_candidates: the share of attempts drawn from the pool; the others are sampled (benchmarks that also need real decoding)",
+        ge=0.0,
+        le=1.0,
+    )
+    forced_mix: Dict[str, float] = F(
+        dict(FORCED_MIX),
+        "With forced_candidates: the weight of each variant in a draw (solution, compile_error, wrong_result, fallback, cut_off, hang: an endless loop, a timeout verdict that costs verifier.run_timeout_s); a draw picks a variant the task has with probability proportional to its weight. Variants left out of a YAML mapping keep these defaults",
+    )
+    torch_threads: int = F(
+        0,
+        "Intra-op threads of the embedded torch engine (torch.set_num_threads in its process; in-process runs share one process, so the last actor to start sets it); 0 = leave torch's default (Ray actors: 1)",
+        ge=0,
+    )
+    bench: RolloutBenchConfig = F(
+        RolloutBenchConfig(), "Benchmark-only workload knobs (kiln bench); all off by default"
+    )
 
 
 @dataclass
@@ -121,71 +239,160 @@ class RewardConfig:
 
 @dataclass
 class LegalityConfig:
-    allow_vendor_libs: bool = F(True, "Allow cuBLAS/cuDNN/CUTLASS called natively from C++/CUDA (reported in diagnostics)")
+    allow_vendor_libs: bool = F(
+        True, "Allow cuBLAS/cuDNN/CUTLASS called natively from C++/CUDA (reported in diagnostics)"
+    )
     review_speedup: float = F(20.0, "Speedups above this are flagged for human review", gt=1.0)
 
 
 @dataclass
 class ModelledLatencyConfig:
-    median_s: float = F(0.0, "Benchmarks only (kiln bench): a modelled GPU-side verification time added to every verification as a sleep, after the real one (extract, compile, run); 0 = off", ge=0.0)
-    sigma: float = F(1.0, "Shape of the modelled time: log-normal with this σ of its logarithm, so the tail is long (σ = 1: p90 3.6×, p99 10× the median); 0 = always the median", ge=0.0)
+    median_s: float = F(
+        0.0,
+        "Benchmarks only (kiln bench): a modelled GPU-side verification time added to every verification as a sleep, after the real one (extract, compile, run); 0 = off",
+        ge=0.0,
+    )
+    sigma: float = F(
+        1.0,
+        "Shape of the modelled time: log-normal with this σ of its logarithm, so the tail is long (σ = 1: p90 3.6×, p99 10× the median); 0 = always the median",
+        ge=0.0,
+    )
     max_s: float = F(60.0, "Cap on one modelled time", gt=0.0)
     seed: int = F(0, "Seed of the modelled times (each verifier actor adds its rank)", ge=0)
 
 
 @dataclass
 class VerifierConfig:
-    backend: str = F("cpu", "Kernel backend: 'cuda' (production) or 'cpu' (C++ kernels; CI and the embedded default)", choices=["cuda", "cpu"])
-    reward_actor: Optional[str] = F(None, "Dotted path of a reward-actor class that replaces the kernel verifier; null = the verifier")
-    reward_actor_args: Dict[str, Any] = F({}, "Keyword arguments of the reward actor's constructor: cls(cfg: VerifierConfig, **reward_actor_args)")
+    backend: str = F(
+        "cpu",
+        "Kernel backend: 'cuda' (production) or 'cpu' (C++ kernels; CI and the embedded default)",
+        choices=["cuda", "cpu"],
+    )
+    reward_actor: Optional[str] = F(
+        None, "Dotted path of a reward-actor class that replaces the kernel verifier; null = the verifier"
+    )
+    reward_actor_args: Dict[str, Any] = F(
+        {}, "Keyword arguments of the reward actor's constructor: cls(cfg: VerifierConfig, **reward_actor_args)"
+    )
     num_actors: int = F(1, "Verifier actors (one per GPU for cuda)", ge=1)
-    compile_workers: int = F(0, "Parallel compile processes per verifier actor; 0 = the node's cores (those the verifier's process may use) divided by the verifier actors of the run, at least 1 (verifiers spread over several nodes: set it per node's cores ÷ verifiers there)", ge=0)
+    compile_workers: int = F(
+        0,
+        "Parallel compile processes per verifier actor; 0 = the node's cores (those the verifier's process may use) divided by the verifier actors of the run, at least 1 (verifiers spread over several nodes: set it per node's cores ÷ verifiers there)",
+        ge=0,
+    )
     run_workers: int = F(1, "Sandboxed execution workers per verifier actor", ge=1)
-    trials: int = F(4, "Randomized correctness trials per candidate (fresh seeds; at least one other shape where the task allows)", ge=1)
+    trials: int = F(
+        4,
+        "Randomized correctness trials per candidate (fresh seeds; at least one other shape where the task allows)",
+        ge=1,
+    )
     run_timeout_s: float = F(60.0, "Wall-clock limit of one candidate execution (correctness + timing)", gt=0.0)
     compile_timeout_s: float = F(300.0, "Wall-clock limit of one compile", gt=0.0)
-    memory_limit_mb: int = F(8192, "Host memory limit of an execution worker (cgroup/RSS watchdog; not RLIMIT_AS, which breaks CUDA)", ge=256)
-    cache_dir: Optional[str] = F(None, "Compile and verdict cache directory; null = $KILN_CACHE_DIR/verifier, else ~/.cache/kiln/verifier")
+    memory_limit_mb: int = F(
+        8192, "Host memory limit of an execution worker (cgroup/RSS watchdog; not RLIMIT_AS, which breaks CUDA)", ge=256
+    )
+    cache_dir: Optional[str] = F(
+        None, "Compile and verdict cache directory; null = $KILN_CACHE_DIR/verifier, else ~/.cache/kiln/verifier"
+    )
     warmup: int = F(3, "Untimed warm-up runs before timing", ge=0)
     repeats: int = F(20, "Timed runs; the median is reported", ge=1)
-    compile_baseline: str = F("auto", "Also time torch.compile(reference) for speedup_compile: 'auto' = on cuda only (inductor's C++ build costs ~10-30 s per task on cpu), 'always', 'never'; always measured when reward.baseline is 'compile'", choices=["auto", "always", "never"])
-    atol: Optional[float] = F(None, "Absolute tolerance of the correctness check; null = the task's KILN_TOLERANCE, else by dtype (fp32 1e-3, fp16 1e-2, bf16 2e-2)", ge=0.0)
-    rtol: Optional[float] = F(None, "Relative tolerance of the correctness check; null = the task's KILN_TOLERANCE, else by dtype", ge=0.0)
-    max_inflight: int = F(8, "Requests a verifier actor works on at once (compiles overlap executions); further requests queue", ge=1)
-    reward_timeout_s: Optional[float] = F(None, "Seconds a verifier actor waits for its reward actor's verify() on one request before answering 'infra'; null = compile_timeout_s + run_timeout_s + 120", gt=0.0)
+    compile_baseline: str = F(
+        "auto",
+        "Also time torch.compile(reference) for speedup_compile: 'auto' = on cuda only (inductor's C++ build costs ~10-30 s per task on cpu), 'always', 'never'; always measured when reward.baseline is 'compile'",
+        choices=["auto", "always", "never"],
+    )
+    atol: Optional[float] = F(
+        None,
+        "Absolute tolerance of the correctness check; null = the task's KILN_TOLERANCE, else by dtype (fp32 1e-3, fp16 1e-2, bf16 2e-2)",
+        ge=0.0,
+    )
+    rtol: Optional[float] = F(
+        None, "Relative tolerance of the correctness check; null = the task's KILN_TOLERANCE, else by dtype", ge=0.0
+    )
+    max_inflight: int = F(
+        8, "Requests a verifier actor works on at once (compiles overlap executions); further requests queue", ge=1
+    )
+    reward_timeout_s: Optional[float] = F(
+        None,
+        "Seconds a verifier actor waits for its reward actor's verify() on one request before answering 'infra'; null = compile_timeout_s + run_timeout_s + 120",
+        gt=0.0,
+    )
     reward: RewardConfig = F(RewardConfig(), "MooreEval reward hierarchy")
     legality: LegalityConfig = F(LegalityConfig(), "Anti-fallback / anti-cheat policy")
-    modelled_latency: ModelledLatencyConfig = F(ModelledLatencyConfig(), "Benchmark-only: a long-tailed sleep standing in for GPU-side verification on a CPU machine (kiln bench); off by default")
+    modelled_latency: ModelledLatencyConfig = F(
+        ModelledLatencyConfig(),
+        "Benchmark-only: a long-tailed sleep standing in for GPU-side verification on a CPU machine (kiln bench); off by default",
+    )
 
 
 @dataclass
 class RetryConfig:
     capacity: int = F(64, "Buffered Dynamic Retry: FIFO capacity of all-failed groups", ge=0)
-    probability: float = F(0.25, "p: chance the task feed serves a repair task from the buffer instead of a fresh task", ge=0.0, le=1.0)
+    probability: float = F(
+        0.25, "p: chance the task feed serves a repair task from the buffer instead of a fresh task", ge=0.0, le=1.0
+    )
     max_retries: int = F(3, "An entry leaves the buffer after this many unsuccessful retries", ge=1)
 
 
 @dataclass
 class ReplayConfig:
     tasks: str = F("tasks", "Task directory (Kiln's tasks/, a KernelBench level directory, or one reference file)")
-    task_source: Optional[str] = F(None, "Dotted path of a task-source class with __init__(self, cfg: ReplayConfig, backend: str, **task_source_args) and tasks(self) -> list[protocols.Task]; null = load `tasks`")
-    task_source_args: Dict[str, Any] = F({}, "Keyword arguments of the task source's constructor: cls(cfg, backend, **task_source_args)")
+    task_source: Optional[str] = F(
+        None,
+        "Dotted path of a task-source class with __init__(self, cfg: ReplayConfig, backend: str, **task_source_args) and tasks(self) -> list[protocols.Task]; null = load `tasks`",
+    )
+    task_source_args: Dict[str, Any] = F(
+        {}, "Keyword arguments of the task source's constructor: cls(cfg, backend, **task_source_args)"
+    )
     val_fraction: float = F(0.125, "Fraction of tasks held out for validation", ge=0.0, lt=1.0)
     split_seed: int = F(0, "Seed of the train/validation split", ge=0)
-    max_staleness: int = F(1, "η: a sample whose oldest gradient-carrying token lags the learner by more than η versions is never trained on; 0 = synchronous (engines confirm each version before the learner asks for its next batch)", ge=0)
-    admission: str = F("staleness", "How many groups the task feed hands out: 'staleness' = at most (η + v + 1)·B at learner version v, so every sample can still be trained; 'whole_run' = all total_steps·B at once (rollout-only runs, where no learner advances v)", choices=["staleness", "whole_run"])
-    retry_after_s: float = F(0.2, "Seconds replay holds a request that must wait (admission bound reached, no batch yet): answered the moment it can be served, else told to ask again when the hold ends", gt=0.0)
-    infra_retries: int = F(3, "A task whose groups fail through the system's fault (infra) this many times in a row leaves the feed (counted, logged once); a task whose prompt cannot fit model.max_seq_len leaves at once", ge=1)
-    group_timeout_s: float = F(3600.0, "A handed-out group with no new sample for this long is abandoned (its samples filtered 'expired') and its task re-issued", gt=0.0)
-    snapshot_every: int = F(1000, "Logged state changes between atomic state snapshots (each snapshot compacts the episode log)", ge=1)
+    max_staleness: int = F(
+        1,
+        "η: a sample whose oldest gradient-carrying token lags the learner by more than η versions is never trained on; 0 = synchronous (engines confirm each version before the learner asks for its next batch)",
+        ge=0,
+    )
+    admission: str = F(
+        "staleness",
+        "How many groups the task feed hands out: 'staleness' = at most (η + v + 1)·B at learner version v, so every sample can still be trained; 'whole_run' = all total_steps·B at once (rollout-only runs, where no learner advances v)",
+        choices=["staleness", "whole_run"],
+    )
+    retry_after_s: float = F(
+        0.2,
+        "Seconds replay holds a request that must wait (admission bound reached, no batch yet): answered the moment it can be served, else told to ask again when the hold ends",
+        gt=0.0,
+    )
+    infra_retries: int = F(
+        3,
+        "A task whose groups fail through the system's fault (infra) this many times in a row leaves the feed (counted, logged once); a task whose prompt cannot fit model.max_seq_len leaves at once",
+        ge=1,
+    )
+    group_timeout_s: float = F(
+        3600.0,
+        "A handed-out group with no new sample for this long is abandoned (its samples filtered 'expired') and its task re-issued",
+        gt=0.0,
+    )
+    snapshot_every: int = F(
+        1000, "Logged state changes between atomic state snapshots (each snapshot compacts the episode log)", ge=1
+    )
     retry: RetryConfig = F(RetryConfig(), "Buffered Dynamic Retry")
 
 
 @dataclass
 class ProcessGroupSyncConfig:
-    push_timeout_s: float = F(120.0, "Seconds one version's broadcast to one engine may take; a slower engine is dropped from the push and rejoins with its next request", gt=0.0)
-    join_timeout_s: float = F(30.0, "Seconds an engine told where to join the learner's process group has to arrive before the join is abandoned", gt=0.0)
-    flat_buckets: bool = F(True, "Each bucket holds one dtype and travels as one flat broadcast, packed while the previous one is on the wire (SGLang: /update_weights_from_distributed with load_format flattened_bucket); false = one broadcast per tensor, for SGLang servers without that format")
+    push_timeout_s: float = F(
+        120.0,
+        "Seconds one version's broadcast to one engine may take; a slower engine is dropped from the push and rejoins with its next request",
+        gt=0.0,
+    )
+    join_timeout_s: float = F(
+        30.0,
+        "Seconds an engine told where to join the learner's process group has to arrive before the join is abandoned",
+        gt=0.0,
+    )
+    flat_buckets: bool = F(
+        True,
+        "Each bucket holds one dtype and travels as one flat broadcast, packed while the previous one is on the wire (SGLang: /update_weights_from_distributed with load_format flattened_bucket); false = one broadcast per tensor, for SGLang servers without that format",
+    )
 
 
 @dataclass
@@ -195,65 +402,132 @@ class DiskSyncConfig:
 
 @dataclass
 class WeightSyncConfig:
-    transport: str = F("auto", "Weight push to engines: auto (nccl across GPUs, cuda_ipc on a shared GPU, gloo on CPU), or force one", choices=["auto", "nccl", "cuda_ipc", "gloo", "disk"])
+    transport: str = F(
+        "auto",
+        "Weight push to engines: auto (nccl across GPUs, cuda_ipc on a shared GPU, gloo on CPU), or force one",
+        choices=["auto", "nccl", "cuda_ipc", "gloo", "disk"],
+    )
     bucket_mb: int = F(256, "Bucket size in MiB of the nccl / gloo broadcast and of the cuda_ipc buffers", ge=1)
-    process_group: ProcessGroupSyncConfig = F(ProcessGroupSyncConfig(), "nccl and gloo: one 2-rank process group per engine")
-    disk: DiskSyncConfig = F(DiskSyncConfig(), "disk: versions written under RUN_DIR/weights/ (also the fallback of a failed group join)")
+    process_group: ProcessGroupSyncConfig = F(
+        ProcessGroupSyncConfig(), "nccl and gloo: one 2-rank process group per engine"
+    )
+    disk: DiskSyncConfig = F(
+        DiskSyncConfig(), "disk: versions written under RUN_DIR/weights/ (also the fallback of a failed group join)"
+    )
 
 
 @dataclass
 class MegatronKernelsConfig:
-    fused_logprobs: bool = F(True, "Token logprobs and entropies in row chunks by torch.compile'd kernels: no fp32 copy of the logits over the whole vocabulary, the backward writes into the logits' storage; false = fp32 log-softmax over all logits at once (megatron's vocab-parallel cross entropy)")
+    fused_logprobs: bool = F(
+        True,
+        "Token logprobs and entropies in row chunks by torch.compile'd kernels: no fp32 copy of the logits over the whole vocabulary, the backward writes into the logits' storage; false = fp32 log-softmax over all logits at once (megatron's vocab-parallel cross entropy)",
+    )
     logprob_chunk_rows: int = F(2048, "Rows per chunk of fused_logprobs", ge=1)
-    fused_swiglu: bool = F(True, "SwiGLU as megatron's torch.compile'd kernel (forward and backward), keeping only its input for the backward; false = silu and mul apart")
+    fused_swiglu: bool = F(
+        True,
+        "SwiGLU as megatron's torch.compile'd kernel (forward and backward), keeping only its input for the backward; false = silu and mul apart",
+    )
     fused_rope: bool = F(True, "RoPE of q and k as one torch.compile'd kernel each; false = eager cat, mul and add")
 
 
 @dataclass
 class LearnerConfig:
-    backend: str = F("torch", "'torch' (HF model; CPU/GPU) or 'megatron' (megatron-core; GPU)", choices=["torch", "megatron"])
+    backend: str = F(
+        "torch", "'torch' (HF model; CPU/GPU) or 'megatron' (megatron-core; GPU)", choices=["torch", "megatron"]
+    )
     lr: float = F(1e-6, "AdamW learning rate", ge=0.0)
     weight_decay: float = F(0.0, "AdamW weight decay", ge=0.0)
     grad_clip: float = F(1.0, "Global gradient-norm clip; 0 disables", ge=0.0)
-    micro_batch_tokens: int = F(8192, "Tokens per packed micro-batch (gradient accumulation across micro-batches)", ge=16)
+    micro_batch_tokens: int = F(
+        8192, "Tokens per packed micro-batch (gradient accumulation across micro-batches)", ge=16
+    )
     tensor_parallel: int = F(1, "Megatron tensor-parallel size", ge=1)
-    pipeline_parallel: int = F(1, "Megatron pipeline-parallel size: the decoder layers split evenly over this many stages (it must divide num_layers), micro-batches run through megatron's 1F1B schedule", ge=1)
-    megatron: MegatronKernelsConfig = F(MegatronKernelsConfig(), "Kernels of the megatron backend (each switchable, to measure it)")
+    pipeline_parallel: int = F(
+        1,
+        "Megatron pipeline-parallel size: the decoder layers split evenly over this many stages (it must divide num_layers), micro-batches run through megatron's 1F1B schedule",
+        ge=1,
+    )
+    megatron: MegatronKernelsConfig = F(
+        MegatronKernelsConfig(), "Kernels of the megatron backend (each switchable, to measure it)"
+    )
     weight_sync: WeightSyncConfig = F(WeightSyncConfig(), "How new weights reach the rollout engines")
     checkpoint_every: int = F(50, "Steps between checkpoints; 0 = only at the end", ge=0)
-    export_every: int = F(0, "Steps between servable HF exports under RUN_DIR/exports/step-NNNNNN/ (weights, tokenizer, chat template, generation config); 0 = only RUN_DIR/final/ at the end", ge=0)
+    export_every: int = F(
+        0,
+        "Steps between servable HF exports under RUN_DIR/exports/step-NNNNNN/ (weights, tokenizer, chat template, generation config); 0 = only RUN_DIR/final/ at the end",
+        ge=0,
+    )
     device: str = F("auto", "Device of the torch learner: 'auto' (cuda when present), 'cpu' or 'cuda[:i]'")
-    cpu_ranks: int = F(1, "Data-parallel ranks of a CPU learner (torch backend over gloo, one process and full replica each; needs Ray); a GPU learner has one rank per cluster.learner_gpus", ge=1)
-    standby: bool = F(True, "Ray runs: keep a warm standby of a one-rank CPU learner, a spare process started ahead (imports done, model built) that restores the latest checkpoint and takes over when the learner dies, instead of a new process built after the death. Not for a learner with GPUs (the spare would hold a second copy of the model there) nor for several ranks (they restart as a group)")
-    torch_threads: int = F(0, "Intra-op threads of a CPU learner (torch.set_num_threads in its process; in-process runs share one process with the engines); 0 = leave torch's default (Ray actors: 1)", ge=0)
+    cpu_ranks: int = F(
+        1,
+        "Data-parallel ranks of a CPU learner (torch backend over gloo, one process and full replica each; needs Ray); a GPU learner has one rank per cluster.learner_gpus",
+        ge=1,
+    )
+    standby: bool = F(
+        True,
+        "Ray runs: keep a warm standby of a one-rank CPU learner, a spare process started ahead (imports done, model built) that restores the latest checkpoint and takes over when the learner dies, instead of a new process built after the death. Not for a learner with GPUs (the spare would hold a second copy of the model there) nor for several ranks (they restart as a group)",
+    )
+    torch_threads: int = F(
+        0,
+        "Intra-op threads of a CPU learner (torch.set_num_threads in its process; in-process runs share one process with the engines); 0 = leave torch's default (Ray actors: 1)",
+        ge=0,
+    )
 
 
 @dataclass
 class AlgoConfig:
-    total_steps: int = F(100, "Learner steps to run; a step is one batch with all its updates (ppo_minibatches × ppo_epochs) and makes one weight version", ge=1)
+    total_steps: int = F(
+        100,
+        "Learner steps to run; a step is one batch with all its updates (ppo_minibatches × ppo_epochs) and makes one weight version",
+        ge=1,
+    )
     group_size: int = F(8, "G: samples per task (GRPO group); group-normalised advantages need at least 2", ge=2)
     batch_groups: int = F(4, "B: groups per learner step", ge=1)
     alpha: float = F(0.75, "PrimeEcho α: R = α·s_first + (1-α)·max_k s_k + b_early", ge=0.0, le=1.0)
     early_bonus_turn1: float = F(0.2, "b_early for a pass at turn 1", ge=0.0)
     early_bonus_turn2: float = F(0.1, "b_early for a first pass at turn 2 (should not exceed turn 1's)", ge=0.0)
-    train_turns: str = F("first", "Tokens that carry gradient: 'first' turn only (the paper) or 'all' turns", choices=["first", "all"])
+    train_turns: str = F(
+        "first", "Tokens that carry gradient: 'first' turn only (the paper) or 'all' turns", choices=["first", "all"]
+    )
     adv_std_norm: bool = F(True, "Divide group-centred rewards by the group std")
     mirrorpop_delta: float = F(0.3, "MirrorPop δ: keep a sequence iff mean |log π_prox - log μ| <= δ", gt=0.0)
     eps_low: float = F(0.2, "PPO clip ε_low (ratio floor 1 - ε_low)", ge=0.0, lt=1.0)
     eps_high: float = F(0.28, "PPO clip ε_high (ratio ceiling 1 + ε_high)", ge=0.0)
     is_cap: float = F(5.0, "C: truncation of the importance weight w = min(π_prox/μ, C)", gt=0.0)
-    ppo_minibatches: int = F(4, "Optimizer updates per pass over a batch: the sequences MirrorPop kept split into this many mini-batches of consecutive sequences with about equal token counts, one step each, each loss a token mean over its own mini-batch. π_prox and MirrorPop are computed once per batch, so from the second update on r_t leaves 1 and the ε clip bounds how far the batch moves the policy (with 1 it never acts). Why 4: AReaL's PPO actor defaults to four mini-batches and keeps four in its asynchronous decoupled-loss recipe (boba_grpo); slime takes a single update per rollout unless asked, and its large-model scripts (DeepSeek-R1, Kimi-K2, GLM-4.7) ask for four", ge=1)
-    ppo_epochs: int = F(1, "Passes over the batch's mini-batches; updates per batch = ppo_minibatches × ppo_epochs, all against the same π_prox. Why 1: neither AReaL nor slime offers a second pass for this objective; each sample trains once, being off-policy by up to η versions already, and a second pass would drive r_t further past the clip on the same samples", ge=1)
+    ppo_minibatches: int = F(
+        4,
+        "Optimizer updates per pass over a batch: the sequences MirrorPop kept split into this many mini-batches of consecutive sequences with about equal token counts, one step each, each loss a token mean over its own mini-batch. π_prox and MirrorPop are computed once per batch, so from the second update on r_t leaves 1 and the ε clip bounds how far the batch moves the policy (with 1 it never acts). Why 4: AReaL's PPO actor defaults to four mini-batches and keeps four in its asynchronous decoupled-loss recipe (boba_grpo); slime takes a single update per rollout unless asked, and its large-model scripts (DeepSeek-R1, Kimi-K2, GLM-4.7) ask for four",
+        ge=1,
+    )
+    ppo_epochs: int = F(
+        1,
+        "Passes over the batch's mini-batches; updates per batch = ppo_minibatches × ppo_epochs, all against the same π_prox. Why 1: neither AReaL nor slime offers a second pass for this objective; each sample trains once, being off-policy by up to η versions already, and a second pass would drive r_t further past the clip on the same samples",
+        ge=1,
+    )
     kl_coef: float = F(0.0, "KL penalty weight; 0 disables it and its reference-model pass", ge=0.0)
     seed: int = F(0, "Seed of sampling and task order", ge=0)
-    drop_tied_groups: bool = F(True, "Dynamic sampling: a group whose rewards all tie has zero advantages and is filtered ('tied'), its admission slot going to a new group. Off: tied groups are trained like any other; they add no policy gradient (every advantage is 0) but fill batches, so the learner steps (and its version advances) even when every group ties")
-    stop_after_no_progress_s: Optional[float] = F(None, "End the run cleanly (final export, summary and report; no final evaluation) when no learner step happened for this many seconds since the rollouts started or the last step; set it above the longest learner step. null = never", gt=0.0)
+    drop_tied_groups: bool = F(
+        True,
+        "Dynamic sampling: a group whose rewards all tie has zero advantages and is filtered ('tied'), its admission slot going to a new group. Off: tied groups are trained like any other; they add no policy gradient (every advantage is 0) but fill batches, so the learner steps (and its version advances) even when every group ties",
+    )
+    stop_after_no_progress_s: Optional[float] = F(
+        None,
+        "End the run cleanly (final export, summary and report; no final evaluation) when no learner step happened for this many seconds since the rollouts started or the last step; set it above the longest learner step. null = never",
+        gt=0.0,
+    )
 
 
 @dataclass
 class WarmStartConfig:
-    steps: int = F(0, "Cross-entropy warm-start steps on reference solutions before RL (a fresh learner only; a restored one continues from its checkpoint); 0 = no warm start", ge=0)
-    solutions: Optional[str] = F(None, "Solution directory of the warm start (levelN/<task file name>); null = <replay.tasks>/solutions/<verifier.backend>")
+    steps: int = F(
+        0,
+        "Cross-entropy warm-start steps on reference solutions before RL (a fresh learner only; a restored one continues from its checkpoint); 0 = no warm start",
+        ge=0,
+    )
+    solutions: Optional[str] = F(
+        None,
+        "Solution directory of the warm start (levelN/<task file name>); null = <replay.tasks>/solutions/<verifier.backend>",
+    )
     lr: float = F(1e-3, "Learning rate of the warm-start steps (RL steps use learner.lr)", ge=0.0)
     batch_tokens: int = F(16384, "Tokens per warm-start batch", ge=16)
 
@@ -262,29 +536,68 @@ class WarmStartConfig:
 class EvalConfig:
     every: int = F(0, "Learner steps between evaluations on the validation split; 0 = only at the end of the run", ge=0)
     samples: int = F(4, "n: first-turn samples per validation task in an evaluation", ge=1)
-    k: int = F(1, "k of the validation metric pass@k; at most eval.samples (a task needs k samples that are not infra to count)", ge=1)
-    temperature: float = F(0.7, "Sampling temperature of evaluation attempts (the model card's quickstart), separate from rollout.temperature", gt=0.0)
-    top_p: float = F(0.95, "Nucleus sampling of evaluation attempts (the model card's quickstart), separate from rollout.top_p", gt=0.0, le=1.0)
-    max_new_tokens: Optional[int] = F(None, "Length limit of one evaluation answer; null = rollout.max_new_tokens", ge=1)
-    fast_threshold: float = F(1.1, "An attempt counts as faster than eager / torch.compile when it passed and its speedup is above this (the paper's 1.1: a 1.05x kernel is not faster)", gt=0.0)
+    k: int = F(
+        1,
+        "k of the validation metric pass@k; at most eval.samples (a task needs k samples that are not infra to count)",
+        ge=1,
+    )
+    temperature: float = F(
+        0.7,
+        "Sampling temperature of evaluation attempts (the model card's quickstart), separate from rollout.temperature",
+        gt=0.0,
+    )
+    top_p: float = F(
+        0.95,
+        "Nucleus sampling of evaluation attempts (the model card's quickstart), separate from rollout.top_p",
+        gt=0.0,
+        le=1.0,
+    )
+    max_new_tokens: Optional[int] = F(
+        None, "Length limit of one evaluation answer; null = rollout.max_new_tokens", ge=1
+    )
+    fast_threshold: float = F(
+        1.1,
+        "An attempt counts as faster than eager / torch.compile when it passed and its speedup is above this (the paper's 1.1: a 1.05x kernel is not faster)",
+        gt=0.0,
+    )
 
 
 @dataclass
 class LoggingConfig:
     root: str = F("runs", "Directory under which each run gets its own run directory")
     run_name: Optional[str] = F(None, "Run directory name; null = a timestamp")
-    level: str = F("INFO", "Python log level of the driver, and of each Ray actor, which logs into RUN_DIR/logs/NAME.log (a replacement appends to the file of the actor it replaces)", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    level: str = F(
+        "INFO",
+        "Python log level of the driver, and of each Ray actor, which logs into RUN_DIR/logs/NAME.log (a replacement appends to the file of the actor it replaces)",
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+    )
     tensorboard: bool = F(True, "Write TensorBoard events to the run directory")
     wandb: bool = F(False, "Also log to Weights & Biases when it is installed")
     wandb_project: str = F("kiln", "Weights & Biases project of the run")
     wandb_entity: Optional[str] = F(None, "Weights & Biases entity (team or user); null = the logged-in user's default")
     wandb_run_name: Optional[str] = F(None, "Weights & Biases run name; null = the run directory's name")
     live: bool = F(True, "Show the live rich view on a terminal")
-    episodes_per_step: int = F(4, "Episodes dumped as readable conversations per step, chosen by kind (the best, the worst, a retry, a filtered one); the first episode to show each mechanism of the report's table is dumped as well. 0 = no dumps", ge=0)
+    episodes_per_step: int = F(
+        4,
+        "Episodes dumped as readable conversations per step, chosen by kind (the best, the worst, a retry, a filtered one); the first episode to show each mechanism of the report's table is dumped as well. 0 = no dumps",
+        ge=0,
+    )
     live_refresh_s: float = F(0.5, "Seconds between redraws of the live view", gt=0.0)
-    rollout_every_s: float = F(30.0, "Seconds between rollout-side progress rows (progress/*: groups and episodes, filtered by reason, pass rate and verdict mix, decoded tok/s, retry buffer) in metrics.jsonl, TensorBoard and the live view; they come with or without learner steps", gt=0.0)
-    no_progress_groups: int = F(32, "K: when the last K groups all tied (dynamic sampling filters them all), the driver warns once in the log and the live view, naming the tie's reward and stage and the usual remedies", ge=1)
-    no_progress_s: float = F(600.0, "The driver also warns when no group became trainable for this many seconds while the rollouts were free to work (not held back by the admission bound)", gt=0.0)
+    rollout_every_s: float = F(
+        30.0,
+        "Seconds between rollout-side progress rows (progress/*: groups and episodes, filtered by reason, pass rate and verdict mix, decoded tok/s, retry buffer) in metrics.jsonl, TensorBoard and the live view; they come with or without learner steps",
+        gt=0.0,
+    )
+    no_progress_groups: int = F(
+        32,
+        "K: when the last K groups all tied (dynamic sampling filters them all), the driver warns once in the log and the live view, naming the tie's reward and stage and the usual remedies",
+        ge=1,
+    )
+    no_progress_s: float = F(
+        600.0,
+        "The driver also warns when no group became trainable for this many seconds while the rollouts were free to work (not held back by the admission bound)",
+        gt=0.0,
+    )
     html_report: bool = F(True, "Also write report.html beside report.md (the same content, the plots embedded)")
 
 

@@ -187,8 +187,15 @@ class RequestClient(_Channel):
         self._nonce = uuid.uuid4().bytes[:8]
         self._ids = itertools.count(1)
 
-    def request(self, rec: Record, timeout_s: float | None = None, retries: int | None = None, *,
-                moved: Callable[[], bool] | None = None, check_s: float = 1.0) -> Record:
+    def request(
+        self,
+        rec: Record,
+        timeout_s: float | None = None,
+        retries: int | None = None,
+        *,
+        moved: Callable[[], bool] | None = None,
+        check_s: float = 1.0,
+    ) -> Record:
         """`moved()`, asked every `check_s` while waiting, says the server was replaced (a restart on a
         new address): the wait ends at once with `ServerMoved` instead of at the timeout. That holds for
         both waits: for the reply, and for a connection to send on (a request made after the server
@@ -251,8 +258,15 @@ class ReconnectingClient:
     `ChannelTimeout` (`NoServer` when no address is known) and `RemoteError` like `RequestClient`;
     the caller decides what a timeout means for it. One thread at a time, like the socket beneath."""
 
-    def __init__(self, resolve: str | Callable[[], str], *, timeout_s: float = 5.0, retries: int = 0,
-                 recheck_s: float = 1.0, watch_s: float = 0.1) -> None:
+    def __init__(
+        self,
+        resolve: str | Callable[[], str],
+        *,
+        timeout_s: float = 5.0,
+        retries: int = 0,
+        recheck_s: float = 1.0,
+        watch_s: float = 0.1,
+    ) -> None:
         """`watch_s`: how often a waiting request looks the address up (one small file read), so a
         request to a server that died is re-sent to its replacement within `watch_s` of its start."""
         self._resolve = resolve if callable(resolve) else (lambda: resolve)
@@ -269,8 +283,7 @@ class ReconnectingClient:
         for last in (False, True):
             client = self._connected()
             try:  # a restarted server ends the wait at once (the registry names its new address)
-                return client.request(rec, timeout_s=timeout_s, retries=retries, moved=self.moved,
-                                      check_s=self.watch_s)
+                return client.request(rec, timeout_s=timeout_s, retries=retries, moved=self.moved, check_s=self.watch_s)
             except ServerMoved:
                 self.close()  # connect to the new address now
                 if last:
@@ -326,8 +339,15 @@ class Request:
 class ReplyServer(_Channel):
     """ROUTER side of request/reply."""
 
-    def __init__(self, host: str = "127.0.0.1", transport: str = "tcp", advertise: str | None = None,
-                 *, reply_cache: int = 4096, **kw):
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        transport: str = "tcp",
+        advertise: str | None = None,
+        *,
+        reply_cache: int = 4096,
+        **kw,
+    ):
         super().__init__(zmq.ROUTER, **kw)
         self._bind(host, transport, advertise)
         self._cache: collections.OrderedDict[tuple[bytes, bytes], list] = collections.OrderedDict()
@@ -399,8 +419,16 @@ class Publisher:
     then a ping on the PUB socket confirms its subscription is live, then it says READY.
     `wait_ready(n)` is the barrier that waits for n subscribers."""
 
-    def __init__(self, host: str = "127.0.0.1", transport: str = "tcp", advertise: str | None = None,
-                 *, history: int = 1024, hwm: int = DEFAULT_HWM, context: zmq.Context | None = None):
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        transport: str = "tcp",
+        advertise: str | None = None,
+        *,
+        history: int = 1024,
+        hwm: int = DEFAULT_HWM,
+        context: zmq.Context | None = None,
+    ):
         ctx = context or zmq.Context.instance()
         self._pub = _Channel(zmq.PUB, hwm=hwm, context=ctx)
         # Replays are bounded by `history` and must never be dropped: no high-water mark on sync.
@@ -483,8 +511,7 @@ class Subscriber:
     """SUB side: `connect()` performs the handshake (replaying missed history); `recv()` returns
     records in sequence order, fetching any gap from the publisher's history."""
 
-    def __init__(self, address: str, sync_address: str, *, hwm: int = DEFAULT_HWM,
-                 context: zmq.Context | None = None):
+    def __init__(self, address: str, sync_address: str, *, hwm: int = DEFAULT_HWM, context: zmq.Context | None = None):
         ctx = context or zmq.Context.instance()
         self.id = uuid.uuid4().hex.encode()
         self._sub = _Channel(zmq.SUB, hwm=hwm, context=ctx)

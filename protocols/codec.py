@@ -29,9 +29,7 @@ INLINE_BYTES = 2048  # arrays up to this size ride inside the header; larger one
 MAX_PARTS = 1 << 16
 MAX_NDIM = 32
 EXT_NUMPY, EXT_TORCH = 1, 2
-DTYPES = frozenset(
-    "bool int8 int16 int32 int64 uint8 uint16 uint32 uint64 float16 float32 float64 bfloat16".split()
-)
+DTYPES = frozenset("bool int8 int16 int32 int64 uint8 uint16 uint32 uint64 float16 float32 float64 bfloat16".split())
 
 
 # ------------------------------------------------------------------------------------------ encode
@@ -185,8 +183,10 @@ def _array_from_ext(code: int, data: bytes, views: list[memoryview], used: set[i
         raise ProtocolError(f"array dtype {name!r} not allowed")
     if name == "bfloat16" and code != EXT_TORCH:
         raise ProtocolError("bfloat16 arrays travel only as torch tensors")
-    if not isinstance(shape, list) or len(shape) > MAX_NDIM or not all(
-        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+    if (
+        not isinstance(shape, list)
+        or len(shape) > MAX_NDIM
+        or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
     ):
         raise ProtocolError(f"bad array shape {shape!r}")
     if isinstance(ref, bytes):

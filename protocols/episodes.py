@@ -126,7 +126,7 @@ class EpisodeLog:
         out, pos = [], 0
         while pos + _LEN.size <= len(data):
             (n,) = _LEN.unpack_from(data, pos)
-            frame = data[pos + _LEN.size: pos + _LEN.size + n]
+            frame = data[pos + _LEN.size : pos + _LEN.size + n]
             if len(frame) < n:
                 log.warning("%s: torn last frame ignored", path)
                 break

@@ -164,10 +164,17 @@ def infra_result(request: VerifyRequest, message: str) -> VerifyResult:
     """The answer when the system failed, not the candidate (the verifier did not answer, a reward actor
     raised or hung): score 0 and error class "infra", so replay excludes it from training. The verifier
     builds it, and so does a rollout actor whose verifier never answered."""
-    return VerifyResult(request_id=request.request_id, task_id=request.task.task_id, passed=False, stage="run",
-                        error_class="infra", q=0.0, score=0.0,
-                        feedback=f"Verifier infrastructure error (not caused by the candidate): {message}",
-                        diagnostics={"error": message})
+    return VerifyResult(
+        request_id=request.request_id,
+        task_id=request.task.task_id,
+        passed=False,
+        stage="run",
+        error_class="infra",
+        q=0.0,
+        score=0.0,
+        feedback=f"Verifier infrastructure error (not caused by the candidate): {message}",
+        diagnostics={"error": message},
+    )
 
 
 # ------------------------------------------------------------------------------------ episodes

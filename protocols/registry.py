@@ -62,8 +62,14 @@ class Registry:
 
     def register(self, name: str, role: str, endpoints: dict[str, str]) -> Entry:
         """Record (or replace) `name`'s endpoints."""
-        entry = Entry(name=name, role=role, endpoints=dict(endpoints), pid=os.getpid(), host=socket.gethostname(),
-                      time=time.time())
+        entry = Entry(
+            name=name,
+            role=role,
+            endpoints=dict(endpoints),
+            pid=os.getpid(),
+            host=socket.gethostname(),
+            time=time.time(),
+        )
         with self._locked() as entries:
             entries[name] = entry
         return entry

@@ -45,8 +45,9 @@ class _Open:
 
 
 class SpanRecorder:
-    def __init__(self, actor_id: str, metrics: str | None, *, flush_s: float = 1.0,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, actor_id: str, metrics: str | None, *, flush_s: float = 1.0, clock: Callable[[], float] = time.time
+    ) -> None:
         """`metrics`: the driver's metrics address; None records only `busy_s` (no driver: tools, tests)."""
         self.actor_id, self.flush_s, self.clock = actor_id, flush_s, clock
         self._lock = threading.Lock()
@@ -97,8 +98,9 @@ class SpanRecorder:
             if current.depth == 0:
                 del self._open[activity]
                 if self._channel is not None:
-                    self._done.append(Span(activity=activity, start=current.start, end=max(now, current.start),
-                                           units=current.units))
+                    self._done.append(
+                        Span(activity=activity, start=current.start, end=max(now, current.start), units=current.units)
+                    )
             self._depth -= 1
             if self._depth == 0:
                 self._busy_total += now - self._busy_since

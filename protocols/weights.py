@@ -16,8 +16,20 @@ from math import prod
 from protocols.records import TensorSpec
 
 # Bytes per element of the dtypes a weight push carries (names as torch prints them, minus "torch.").
-ITEMSIZE = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1,
-            "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1}
+ITEMSIZE = {
+    "float64": 8,
+    "float32": 4,
+    "float16": 2,
+    "bfloat16": 2,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+    "int64": 8,
+    "int32": 4,
+    "int16": 2,
+    "int8": 1,
+    "uint8": 1,
+    "bool": 1,
+}
 # Offsets inside a flat bucket buffer are multiples of this, so every tensor view is aligned for any dtype
 # and for vectorised copies.
 ALIGN = 256

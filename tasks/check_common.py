@@ -1,5 +1,6 @@
 """Shared pieces of the task-set maintainer tools: task discovery, result rows, the legality
 recorder and static checks, and the result table (used by check_solutions.py and check_cuda_compile.py)."""
+
 from __future__ import annotations
 
 import ast
@@ -24,19 +25,58 @@ TOLERANCE_OVERRIDES = {"level2/01_sum_dim": 1e-3}
 
 # ATen ops that are tensor plumbing (allocation, views, copies); everything else is compute.
 ALLOWED_OPS = {
-    "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided",
-    "zeros", "zeros_like", "new_zeros", "zero_", "fill_",
-    "view", "_unsafe_view", "reshape", "_reshape_alias", "permute", "transpose", "t",
-    "contiguous", "clone", "expand", "copy_", "detach", "alias", "as_strided",
-    "resize_", "squeeze", "unsqueeze", "flatten", "lift_fresh", "_to_copy", "to",
+    "empty",
+    "empty_like",
+    "empty_strided",
+    "new_empty",
+    "new_empty_strided",
+    "zeros",
+    "zeros_like",
+    "new_zeros",
+    "zero_",
+    "fill_",
+    "view",
+    "_unsafe_view",
+    "reshape",
+    "_reshape_alias",
+    "permute",
+    "transpose",
+    "t",
+    "contiguous",
+    "clone",
+    "expand",
+    "copy_",
+    "detach",
+    "alias",
+    "as_strided",
+    "resize_",
+    "squeeze",
+    "unsqueeze",
+    "flatten",
+    "lift_fresh",
+    "_to_copy",
+    "to",
 }
 
 # Static C++/CUDA scan: ATen/torch calls that are allowed from native code.
 ALLOWED_NATIVE_NAMES = {
-    "torch::Tensor", "at::Tensor", "torch::empty", "torch::empty_like", "torch::zeros",
-    "torch::zeros_like", "at::empty", "at::empty_like", "at::zeros", "at::zeros_like",
-    "torch::kFloat32", "torch::kFloat", "at::kFloat", "torch::TensorOptions",
-    "at::cuda::getCurrentCUDAStream", "torch::IntArrayRef", "at::IntArrayRef",
+    "torch::Tensor",
+    "at::Tensor",
+    "torch::empty",
+    "torch::empty_like",
+    "torch::zeros",
+    "torch::zeros_like",
+    "at::empty",
+    "at::empty_like",
+    "at::zeros",
+    "at::zeros_like",
+    "torch::kFloat32",
+    "torch::kFloat",
+    "at::kFloat",
+    "torch::TensorOptions",
+    "at::cuda::getCurrentCUDAStream",
+    "torch::IntArrayRef",
+    "at::IntArrayRef",
 }
 FORBIDDEN_METHOD_RE = re.compile(
     r"\.(add|sub|mul|div|matmul|mm|bmm|addmm|baddbmm|sum|mean|amax|amin|max|min|exp|log|relu|"
@@ -45,9 +85,28 @@ FORBIDDEN_METHOD_RE = re.compile(
 )
 # Python names allowed inside ModelNew.forward (static scan).
 ALLOWED_FORWARD_ATTRS = {
-    "view", "reshape", "permute", "transpose", "contiguous", "size", "dim", "numel", "stride",
-    "expand", "flatten", "unsqueeze", "squeeze", "is_contiguous", "shape", "device", "dtype",
-    "new_empty", "empty", "empty_like", "zeros", "zeros_like",
+    "view",
+    "reshape",
+    "permute",
+    "transpose",
+    "contiguous",
+    "size",
+    "dim",
+    "numel",
+    "stride",
+    "expand",
+    "flatten",
+    "unsqueeze",
+    "squeeze",
+    "is_contiguous",
+    "shape",
+    "device",
+    "dtype",
+    "new_empty",
+    "empty",
+    "empty_like",
+    "zeros",
+    "zeros_like",
 }
 
 
@@ -154,9 +213,7 @@ def static_forward_issues(sol_mod) -> list[str]:
             for fn in node.body:
                 if isinstance(fn, ast.FunctionDef) and fn.name == "forward":
                     for sub in ast.walk(fn):
-                        if isinstance(sub, ast.BinOp) and isinstance(
-                            sub.op, (ast.MatMult,)
-                        ):
+                        if isinstance(sub, ast.BinOp) and isinstance(sub.op, (ast.MatMult,)):
                             issues.append("matmul operator in forward")
                         if isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute):
                             base = sub.func.value
@@ -206,10 +263,17 @@ def print_table(rows: list[Row]):
     hdr = ("task", "check", "status", "cases", "max_abs_err", "time_s", "notes")
     lines = []
     for r in rows:
-        lines.append((
-            r.task, r.what, "PASS" if r.ok else "FAIL", f"{r.passed}/{r.cases}" if r.cases else "-",
-            f"{r.max_err:.2e}" if r.cases and r.what.endswith("solution") else "-", f"{r.secs:.1f}", "; ".join(r.notes)[:160],
-        ))
+        lines.append(
+            (
+                r.task,
+                r.what,
+                "PASS" if r.ok else "FAIL",
+                f"{r.passed}/{r.cases}" if r.cases else "-",
+                f"{r.max_err:.2e}" if r.cases and r.what.endswith("solution") else "-",
+                f"{r.secs:.1f}",
+                "; ".join(r.notes)[:160],
+            )
+        )
     w = [max(len(h), *(len(l[i]) for l in lines)) if lines else len(h) for i, h in enumerate(hdr)]
     fmt = "  ".join("{:<%d}" % x for x in w[:-1]) + "  {}"
     print()

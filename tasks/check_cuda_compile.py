@@ -1,6 +1,7 @@
 """`check_solutions.py --backend cuda --compile-only`: compile every cuda solution's load_inline sources
 without a GPU (nvcc for cuda_sources, a g++ syntax check for cpp_sources), shimming the toolkit headers
 this machine lacks and reporting which ones were shimmed."""
+
 from __future__ import annotations
 
 import concurrent.futures as cf
@@ -15,11 +16,13 @@ import torch
 
 from check_common import Row, Task, load_module, static_forward_issues, static_native_issues
 
+
 # --------------------------------------------------------------------------- cuda compile-only
 class _Dummy:
     def __getattr__(self, name):
         def _f(*a, **k):
             raise RuntimeError("compile-only mode: extension not loaded")
+
         return _f
 
 
@@ -32,8 +35,10 @@ def extract_sources(path: Path):
     def recorder(name, cpp_sources, cuda_sources=None, functions=None, **kwargs):
         def as_list(x):
             return [] if x is None else ([x] if isinstance(x, str) else list(x))
-        calls.append(dict(name=name, cpp=as_list(cpp_sources), cuda=as_list(cuda_sources),
-                          functions=functions, kwargs=kwargs))
+
+        calls.append(
+            dict(name=name, cpp=as_list(cpp_sources), cuda=as_list(cuda_sources), functions=functions, kwargs=kwargs)
+        )
         return _Dummy()
 
     orig = cpp_ext.load_inline
@@ -49,14 +54,14 @@ SHIM_HEADERS = {
     # CUDA math-library headers that ATen/cuda/CUDAContext.h pulls in. Only handle types and status
     # codes are needed to parse it; the solutions do not call these libraries.
     "cusparse.h": "typedef struct cusparseContext* cusparseHandle_t;\ntypedef int cusparseStatus_t;\n"
-                  "#define CUSPARSE_STATUS_SUCCESS 0\n"
-                  "inline const char* cusparseGetErrorString(cusparseStatus_t) { return \"\"; }\n",
+    "#define CUSPARSE_STATUS_SUCCESS 0\n"
+    'inline const char* cusparseGetErrorString(cusparseStatus_t) { return ""; }\n',
     "cublas_v2.h": "typedef struct cublasContext* cublasHandle_t;\ntypedef int cublasStatus_t;\n"
-                   "#define CUBLAS_STATUS_SUCCESS 0\n",
+    "#define CUBLAS_STATUS_SUCCESS 0\n",
     "cublasLt.h": "typedef struct cublasLtContext* cublasLtHandle_t;\n",
     "cusolverDn.h": "typedef struct cusolverDnContext* cusolverDnHandle_t;\n",
     "cusolver_common.h": "typedef int cusolverStatus_t;\n#define CUSOLVER_STATUS_SUCCESS 0\n"
-                         "#define CUSOLVER_STATUS_INVALID_VALUE 3\n",
+    "#define CUSOLVER_STATUS_INVALID_VALUE 3\n",
 }
 TORCH_GENERATED_SHIMS = {
     # Generated at torch build time and absent from CPU-only wheels.
@@ -95,7 +100,7 @@ def _compile_one(args) -> tuple[str, bool, float, str]:
     cmd, cwd, label = args
     t0 = time.time()
     p = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
-    out = (p.stdout + p.stderr)
+    out = p.stdout + p.stderr
     Path(cwd, label.split("|")[1].replace("+", "x") + ".log").write_text(" ".join(cmd) + "\n\n" + out)
     errs = "\n".join(l for l in out.splitlines() if "error" in l.lower())
     return label, p.returncode == 0, time.time() - t0, (errs or out)[-3000:]
@@ -156,12 +161,35 @@ def compile_only_cuda(tasks: list[Task], jobs: int, std: str, arch: str) -> list
             cu = ["#include <torch/types.h>", "#include <cuda.h>", "#include <cuda_runtime.h>"] + c["cuda"]
             (d / "cuda.cu").write_text("\n".join(cu))
             extra_cuda = list((c["kwargs"].get("extra_cuda_cflags") or []))
-            nvcc_cmd = (["nvcc", f"-std={std}", "-c", f"-arch={arch}", *incs, f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
-                         *COMMON_NVCC_FLAGS, "-Xcompiler", "-fPIC", "-diag-suppress", "3306",
-                         *extra_cuda, "cuda.cu", "-o", "cuda.o"])
-            gxx_cmd = (["g++", f"-std={std}", "-fsyntax-only", "-fPIC", *incs, f"-I{pyinc}",
-                        f"-D_GLIBCXX_USE_CXX11_ABI={abi}", f"-DTORCH_EXTENSION_NAME={c['name']}",
-                        "-Wno-c++20-extensions", "main.cpp"])
+            nvcc_cmd = [
+                "nvcc",
+                f"-std={std}",
+                "-c",
+                f"-arch={arch}",
+                *incs,
+                f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+                *COMMON_NVCC_FLAGS,
+                "-Xcompiler",
+                "-fPIC",
+                "-diag-suppress",
+                "3306",
+                *extra_cuda,
+                "cuda.cu",
+                "-o",
+                "cuda.o",
+            ]
+            gxx_cmd = [
+                "g++",
+                f"-std={std}",
+                "-fsyntax-only",
+                "-fPIC",
+                *incs,
+                f"-I{pyinc}",
+                f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+                f"-DTORCH_EXTENSION_NAME={c['name']}",
+                "-Wno-c++20-extensions",
+                "main.cpp",
+            ]
             jobs_list.append((nvcc_cmd, str(d), f"{t.key}|nvcc|{c['name']}"))
             jobs_list.append((gxx_cmd, str(d), f"{t.key}|g++|{c['name']}"))
     t0 = time.time()
@@ -182,5 +210,3 @@ def compile_only_cuda(tasks: list[Task], jobs: int, std: str, arch: str) -> list
         if shimmed:
             r.notes.append("shim:" + ",".join(Path(h).name for h in shimmed))
     return list(rows.values())
-
-

@@ -17,6 +17,7 @@ Common options: --only SUBSTR (filter on "levelK/NN_name"), --seeds N, --jobs N 
 Builds go to $TORCH_EXTENSIONS_DIR (default /tmp/kiln-task-builds) so re-runs reuse them.
 Exit status is 0 only if every selected check passed.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,9 +29,21 @@ from pathlib import Path
 
 import torch
 
-from check_common import (ALLOWED_OPS, OpRecorder, Row, Shapes, Task, discover, load_module, print_table,
-                          static_forward_issues, static_native_issues, tensors_to)
+from check_common import (
+    ALLOWED_OPS,
+    OpRecorder,
+    Row,
+    Shapes,
+    Task,
+    discover,
+    load_module,
+    print_table,
+    static_forward_issues,
+    static_native_issues,
+    tensors_to,
+)
 from check_cuda_compile import compile_only_cuda, extract_sources
+
 
 def check_reference(task: Task, full_size: bool) -> Row:
     row = Row(task.key, "reference")
@@ -71,7 +84,7 @@ def check_reference(task: Task, full_size: bool) -> Row:
                 row.fail(f"{label}: non-finite output")
             else:
                 row.passed += 1
-            row.notes.append(f"{label}:{tuple(outs[0].shape)} {dt*1e3:.0f}ms in={nbytes/2**20:.1f}MiB")
+            row.notes.append(f"{label}:{tuple(outs[0].shape)} {dt * 1e3:.0f}ms in={nbytes / 2**20:.1f}MiB")
         sh.apply()
     except Exception as e:
         row.fail(f"error: {type(e).__name__}: {e}")
@@ -98,6 +111,7 @@ def prebuild(paths: list[Path], jobs: int) -> dict[str, tuple[float, str | None]
             res[str(p)] = (dt, err)
         return res
     import multiprocessing as mp
+
     with cf.ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn")) as ex:
         for p, dt, err in ex.map(_prebuild, [str(p) for p in paths]):
             res[p] = (dt, err)
@@ -196,7 +210,9 @@ def run_solution(task: Task, backend: str, seeds: int, build_info) -> Row:
                         row.fail(f"{case}: output aliases an input or parameter")
                         continue
                     if got.shape != expected.shape or got.dtype != expected.dtype:
-                        row.fail(f"{case}: got {tuple(got.shape)}/{got.dtype}, want {tuple(expected.shape)}/{expected.dtype}")
+                        row.fail(
+                            f"{case}: got {tuple(got.shape)}/{got.dtype}, want {tuple(expected.shape)}/{expected.dtype}"
+                        )
                         continue
                     if not torch.isfinite(got).all():
                         row.fail(f"{case}: non-finite values")

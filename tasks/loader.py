@@ -142,8 +142,13 @@ def _one_line(err: Exception) -> str:
 
 
 def to_task(tf: TaskFile, backend: str, split: str = "train") -> Task:
-    spec = KernelSpec(name=tf.name, reference=tf.path.read_text(encoding="utf-8"), backend=backend,
-                      level=tf.level, source_path=str(tf.path))
+    spec = KernelSpec(
+        name=tf.name,
+        reference=tf.path.read_text(encoding="utf-8"),
+        backend=backend,
+        level=tf.level,
+        source_path=str(tf.path),
+    )
     return Task(task_id=tf.task_id, kind="kernel", split=split, kernel=spec)
 
 

@@ -49,8 +49,10 @@ def tiny_chat_model(tmp_path_factory):
     test run; tests that need the road a user's checkpoint takes use this directory as model.path."""
     from launch.driver.tiny_checkpoint import TinyChatSpec, tiny_chat_checkpoint
 
-    return tiny_chat_checkpoint(tmp_path_factory.mktemp("models"),
-                                TinyChatSpec(hidden_size=64, num_layers=2, intermediate_size=128, max_seq_len=8192))
+    return tiny_chat_checkpoint(
+        tmp_path_factory.mktemp("models"),
+        TinyChatSpec(hidden_size=64, num_layers=2, intermediate_size=128, max_seq_len=8192),
+    )
 
 
 @dataclass(frozen=True)
@@ -68,8 +70,15 @@ class DemoRun:
 # `make demo`'s configuration in its CI-sized form: the test-sized chat checkpoint, and the task set's
 # level 2 (5 training tasks and 1 validation task, so candidates repeat and compile once per session);
 # the workload (candidate mix, retry probability, δ, learning rate, steps) is the demo's own.
-DEMO_CI = ["model.max_seq_len=8192", "replay.tasks=tasks/level2", "warm_start.solutions=tasks/solutions/cpu",
-           "warm_start.steps=3", "warm_start.lr=1e-3", "eval.samples=1", "verifier.compile_baseline=never"]
+DEMO_CI = [
+    "model.max_seq_len=8192",
+    "replay.tasks=tasks/level2",
+    "warm_start.solutions=tasks/solutions/cpu",
+    "warm_start.steps=3",
+    "warm_start.lr=1e-3",
+    "eval.samples=1",
+    "verifier.compile_baseline=never",
+]
 
 
 @pytest.fixture(scope="session")
@@ -92,10 +101,21 @@ def demo_run(tmp_path_factory, tiny_chat_model, verifier_cache_dir):
     try:
         with pytest.MonkeyPatch.context() as mp:
             mp.chdir(ROOT)  # the config's task and solution paths are relative to the repository
-            cfg = load_config(ROOT / "configs" / "default.yaml", [
-                f"logging.root={tmp_path_factory.mktemp('demo')}", "logging.run_name=demo", "logging.live=false",
-                "logging.tensorboard=false", "cluster.use_ray=false", f"verifier.cache_dir={verifier_cache_dir}",
-                f"model.path={tiny_chat_model}", *DEMO_CI, "learner.checkpoint_every=1", "learner.export_every=2"])
+            cfg = load_config(
+                ROOT / "configs" / "default.yaml",
+                [
+                    f"logging.root={tmp_path_factory.mktemp('demo')}",
+                    "logging.run_name=demo",
+                    "logging.live=false",
+                    "logging.tensorboard=false",
+                    "cluster.use_ray=false",
+                    f"verifier.cache_dir={verifier_cache_dir}",
+                    f"model.path={tiny_chat_model}",
+                    *DEMO_CI,
+                    "learner.checkpoint_every=1",
+                    "learner.export_every=2",
+                ],
+            )
             run = RunDirectory.create(cfg)
             train(cfg, run)
             rows = read_metrics(run.path)

@@ -48,12 +48,13 @@ def resolve(importer: str, is_package: bool, module: str | None, level: int) -> 
     if level == 0:
         return module or ""
     package = importer.split(".") if is_package else importer.split(".")[:-1]
-    base = package[:len(package) - (level - 1)]
+    base = package[: len(package) - (level - 1)]
     return ".".join(base + ([module] if module else []))
 
 
-def imports(source: str, importer: str, is_package: bool = False,
-            runtime_only: bool = False) -> list[tuple[int, str, tuple[str, ...]]]:
+def imports(
+    source: str, importer: str, is_package: bool = False, runtime_only: bool = False
+) -> list[tuple[int, str, tuple[str, ...]]]:
     """(line, imported module, names taken from it) for every import in `source`, wherever it is written;
     with `runtime_only`, not those under `if TYPE_CHECKING:`, which never run."""
     tree = ast.parse(source)
@@ -107,8 +108,9 @@ def test_actor_packages_import_no_other_actor_package():
         importer = module_name(path)
         for line, target in violations(path.read_text(), importer, path.name == "__init__.py"):
             bad.append(f"{path.relative_to(ROOT)}:{line}: imports {target}")
-    assert not bad, "actor packages import each other (move shared code to actors/policy or protocols):\n" + \
-        "\n".join(bad)
+    assert not bad, "actor packages import each other (move shared code to actors/policy or protocols):\n" + "\n".join(
+        bad
+    )
 
 
 def test_the_check_sees_every_form_of_a_cross_import():
@@ -127,9 +129,16 @@ def late():
     importlib.import_module(".engine", "actors.rollout")
 """
     assert violations(source, "actors.learner.something") == [
-        (2, "actors.rollout.engine"), (3, "actors.buffer.sender"), (4, "actors.verifier"), (5, "actors.rollout"),
-        (6, "actors.rollout"), (9, "actors.rollout.model"), (11, "actors.verifier.interface"),
-        (12, "actors.buffer"), (13, "actors.rollout.engine")]
+        (2, "actors.rollout.engine"),
+        (3, "actors.buffer.sender"),
+        (4, "actors.verifier"),
+        (5, "actors.rollout"),
+        (6, "actors.rollout"),
+        (9, "actors.rollout.model"),
+        (11, "actors.verifier.interface"),
+        (12, "actors.buffer"),
+        (13, "actors.rollout.engine"),
+    ]
 
 
 def test_the_check_lets_through_what_the_rule_allows():
@@ -152,9 +161,11 @@ importlib.import_module("actors.learner.backend")
     assert violations(source, "actors.learner.something") == []
     # the shared package imports no role package, not even through a relative import
     assert violations("from ..rollout import engine\nfrom . import sampling\n", "actors.policy.model") == [
-        (1, "actors.rollout")]
+        (1, "actors.rollout")
+    ]
     assert violations("from ...buffer import sender\n", "actors.policy.weights", is_package=True) == [
-        (1, "actors.buffer")]
+        (1, "actors.buffer")
+    ]
     assert violations("import launch.driver.plan\n", "actors.buffer.actor") == [(1, "launch.driver.plan")]
 
 
@@ -187,7 +198,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str]:
         path.append(node)
         for nxt in sorted(graph.get(node, ())):
             if state.get(nxt) == 1:
-                return path[path.index(nxt):] + [nxt]
+                return path[path.index(nxt) :] + [nxt]
             if nxt not in state:
                 found = visit(nxt)
                 if found:
@@ -210,10 +221,16 @@ def test_launch_import_graph_has_no_cycle():
 
 
 def test_nothing_outside_the_cli_imports_the_cli():
-    bad = [f"{importer} imports {target}" for importer, targets in launch_graph().items()
-           if not within(importer, "launch.cli") for target in sorted(targets) if within(target, "launch.cli")]
-    assert not bad, "only launch/cli/ imports launch.cli (take config arguments from launch.config_args):\n" + \
-        "\n".join(bad)
+    bad = [
+        f"{importer} imports {target}"
+        for importer, targets in launch_graph().items()
+        if not within(importer, "launch.cli")
+        for target in sorted(targets)
+        if within(target, "launch.cli")
+    ]
+    assert not bad, (
+        "only launch/cli/ imports launch.cli (take config arguments from launch.config_args):\n" + "\n".join(bad)
+    )
 
 
 def test_the_launch_checks_see_a_cycle_and_skip_type_only_imports():
@@ -228,4 +245,7 @@ def late():
     from launch.cli.main import main
 """
     assert [t for _, t, _ in imports(source, "launch.x", runtime_only=True)] == [
-        "typing", "launch.driver.plan", "launch.cli.main"]
+        "typing",
+        "launch.driver.plan",
+        "launch.cli.main",
+    ]

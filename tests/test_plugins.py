@@ -36,8 +36,9 @@ class VerifyOnlySubclass(RewardActor):
 
 
 def test_engine_by_dotted_path_builds_from_config_and_generates():
-    cfg = load_config(None, ["rollout.engine=actors.rollout.torch_engine.TorchEngine", "rollout.max_batch=2",
-                             "model.path=null"])  # the byte-level random model: no checkpoint to build
+    cfg = load_config(
+        None, ["rollout.engine=actors.rollout.torch_engine.TorchEngine", "rollout.max_batch=2", "model.path=null"]
+    )  # the byte-level random model: no checkpoint to build
     engine = make_engine(cfg.rollout, cfg.model, index=0, eos_token_ids=[])
     try:
         out = engine.generate([GenerateRequest("r0", [256, 65, 66], SamplingParams(max_new_tokens=4))])[0]
@@ -57,8 +58,9 @@ def test_reward_actor_by_dotted_path_serves_its_kind():
     task = TextMatchTasks(ReplayConfig(), "cpu").tasks()[0]
     actor.start()
     try:
-        result = actor.reward_cls(cfg).verify(VerifyRequest(request_id="x", task=task,
-                                                            candidate=task.payload["answer"]))
+        result = actor.reward_cls(cfg).verify(
+            VerifyRequest(request_id="x", task=task, candidate=task.payload["answer"])
+        )
         assert result.passed and result.score == 1.0
     finally:
         actor.stop()
@@ -112,12 +114,19 @@ def test_optional_hooks_come_from_the_interface_not_from_getattr():
     cls(None).close()
 
 
-@pytest.mark.parametrize("key, value, message", [
-    ("rollout.engine", "no_such.Engine", "rollout.engine='no_such.Engine': cannot import module 'no_such'"),
-    ("rollout.engine", "actors.buffer.examples.TextMatchTasks", r"lacks from_config\(\), generate\(\), submit\(\), abort\(\)"),
-    ("replay.task_source", "actors.verifier.examples.TextMatchReward", r"lacks tasks\(\) of TaskSource"),
-    ("verifier.reward_actor", "actors.buffer.examples.KIND", "names a str, not a class"),
-])
+@pytest.mark.parametrize(
+    "key, value, message",
+    [
+        ("rollout.engine", "no_such.Engine", "rollout.engine='no_such.Engine': cannot import module 'no_such'"),
+        (
+            "rollout.engine",
+            "actors.buffer.examples.TextMatchTasks",
+            r"lacks from_config\(\), generate\(\), submit\(\), abort\(\)",
+        ),
+        ("replay.task_source", "actors.verifier.examples.TextMatchReward", r"lacks tasks\(\) of TaskSource"),
+        ("verifier.reward_actor", "actors.buffer.examples.KIND", "names a str, not a class"),
+    ],
+)
 def test_a_bad_plug_in_is_one_line_naming_the_field(key, value, message):
     cfg = load_config(None, [f"{key}={value}"])
     with pytest.raises(PluginError, match=message) as err:
@@ -128,4 +137,3 @@ def test_a_bad_plug_in_is_one_line_naming_the_field(key, value, message):
         else:
             VerifierActor(cfg.verifier)
     assert "\n" not in str(err.value)
-

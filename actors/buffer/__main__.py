@@ -33,8 +33,11 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_config(args.config, args.overrides)
         logging.basicConfig(level=cfg.logging.level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
         c = cfg.cluster
-        ctx = RunContext(run_dir=args.run_dir, name="replay",
-                         bind=Bind(host=c.bind_host, transport=c.transport, advertise=c.advertise_host))
+        ctx = RunContext(
+            run_dir=args.run_dir,
+            name="replay",
+            bind=Bind(host=c.bind_host, transport=c.transport, advertise=c.advertise_host),
+        )
         actor = ReplayActor(cfg.replay, cfg.algo, ctx, backend=cfg.verifier.backend)
     except ConfigError as err:
         print(f"replay: config error: {err}", file=sys.stderr)

@@ -40,8 +40,17 @@ from actors.buffer.state import ReplayState
 from actors.buffer.storage import EntryKind, ReplayStore
 from actors.buffer.task_source import load_task_set
 from configs import AlgoConfig, ConfigError, ReplayConfig
-from protocols import (BatchReply, BatchRequest, Episode, ErrorReply, Record, TaskListRequest, TaskReply, TaskRequest,
-                       VersionsSeenRequest)
+from protocols import (
+    BatchReply,
+    BatchRequest,
+    Episode,
+    ErrorReply,
+    Record,
+    TaskListRequest,
+    TaskReply,
+    TaskRequest,
+    VersionsSeenRequest,
+)
 from protocols.channels import ReplyServer, Request
 
 log = logging.getLogger(__name__)
@@ -53,12 +62,15 @@ EXPIRY_CHECK_S = 1.0  # at most this long between expiry checks (sooner for shor
 class ReplayActor(Actor):
     role = "replay"
 
-    def __init__(self, replay: ReplayConfig, algo: AlgoConfig, ctx: RunContext, *, backend: str = "cpu",
-                 poll_s: float = 0.05) -> None:
+    def __init__(
+        self, replay: ReplayConfig, algo: AlgoConfig, ctx: RunContext, *, backend: str = "cpu", poll_s: float = 0.05
+    ) -> None:
         """`backend` is the verifier's kernel backend: the task set holds the tasks it can run."""
         super().__init__(ctx)
         if algo.group_size < 2:  # the schema's bound too; also refused here for configs built in code
-            raise ConfigError(f"algo.group_size={algo.group_size}: group-normalised advantages need at least 2 samples per group")
+            raise ConfigError(
+                f"algo.group_size={algo.group_size}: group-normalised advantages need at least 2 samples per group"
+            )
         self.replay, self.algo, self.ctx = replay, algo, ctx
         self.dir = ctx.path / "replay"
         self._poll_s = poll_s
@@ -105,11 +117,21 @@ class ReplayActor(Actor):
         with self._lock:
             lat = np.asarray(self._ack_latency_s) * 1e3
             return replay_health(
-                self._state, self._store, role=self.role, alive=not self.stopping,
-                looping=self.threads_running, address=self.address, failure=self._failure,
-                ack_latency_ms=Latency(n=int(lat.size), p50=float(np.percentile(lat, 50)) if lat.size else None,
-                                       p99=float(np.percentile(lat, 99)) if lat.size else None),
-                handler_errors=self._handler_errors, recovered=self.recovered)
+                self._state,
+                self._store,
+                role=self.role,
+                alive=not self.stopping,
+                looping=self.threads_running,
+                address=self.address,
+                failure=self._failure,
+                ack_latency_ms=Latency(
+                    n=int(lat.size),
+                    p50=float(np.percentile(lat, 50)) if lat.size else None,
+                    p99=float(np.percentile(lat, 99)) if lat.size else None,
+                ),
+                handler_errors=self._handler_errors,
+                recovered=self.recovered,
+            )
 
     def episode_ids(self) -> dict[str, list[str]]:
         """Every stored episode id by status ('pending', 'trained', 'filtered:<reason>')."""
@@ -207,8 +229,10 @@ class ReplayActor(Actor):
             return self._state.on_task_list(rec), False
         if isinstance(rec, VersionsSeenRequest):
             return self._state.versions_seen(), False
-        return ErrorReply(message=f"replay serves TaskRequest, Episode, BatchRequest, TaskListRequest and "
-                                  f"VersionsSeenRequest, not {type(rec).__name__}"), False
+        return ErrorReply(
+            message=f"replay serves TaskRequest, Episode, BatchRequest, TaskListRequest and "
+            f"VersionsSeenRequest, not {type(rec).__name__}"
+        ), False
 
     def _answer_waited(self, rec: Record) -> Record:
         """The answer to a request held for its whole hold: still wait, and ask again at once."""
@@ -289,10 +313,16 @@ class ReplayActor(Actor):
                 continue
             _, changed = self._dispatch(protocols.decode(payload), now)
             if not changed:  # the handlers are deterministic, so this means a changed task set or a bug
-                log.error("replay: logged %s changed nothing on re-apply; state may differ from before the restart",
-                          type(protocols.decode(payload)).__name__)
-        return {"snapshot": found.snapshot is not None, "log_entries": len(found.entries),
-                "truncated_bytes": found.truncated_bytes, "seconds": round(time.perf_counter() - start, 3)}
+                log.error(
+                    "replay: logged %s changed nothing on re-apply; state may differ from before the restart",
+                    type(protocols.decode(payload)).__name__,
+                )
+        return {
+            "snapshot": found.snapshot is not None,
+            "log_entries": len(found.entries),
+            "truncated_bytes": found.truncated_bytes,
+            "seconds": round(time.perf_counter() - start, 3),
+        }
 
 
 def _is_wait(reply: Record) -> bool:

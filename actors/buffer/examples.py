@@ -51,9 +51,11 @@ class TextMatchTasks:
         out = []
         for family, (instruction, transform) in FAMILIES.items():
             for word in self.words:
-                out.append(Task(
-                    task_id=f"text/{family}/{word}",
-                    kind=KIND,
-                    payload={"prompt": f"{instruction}: {word}\n", "answer": transform(word)},
-                ))
+                out.append(
+                    Task(
+                        task_id=f"text/{family}/{word}",
+                        kind=KIND,
+                        payload={"prompt": f"{instruction}: {word}\n", "answer": transform(word)},
+                    )
+                )
         return out

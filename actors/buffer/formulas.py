@@ -26,8 +26,9 @@ def early_bonus(passed: Sequence[bool], bonus_turn1: float, bonus_turn2: float) 
     return 0.0
 
 
-def prime_echo(scores: Sequence[float], passed: Sequence[bool], *, alpha: float, bonus_turn1: float,
-               bonus_turn2: float) -> float:
+def prime_echo(
+    scores: Sequence[float], passed: Sequence[bool], *, alpha: float, bonus_turn1: float, bonus_turn2: float
+) -> float:
     """PrimeEcho episode reward from per-turn scores s_k and per-turn pass flags.
 
     R = α·s_first + (1-α)·max_k s_k + b_early. The first-attempt term keeps the policy honest about
@@ -53,8 +54,7 @@ def group_advantages(rewards: Sequence[float], *, std_norm: bool = True) -> np.n
     return centred.astype(np.float32)
 
 
-def admission_limit(max_staleness: int, learner_version: int, batch_groups: int,
-                    total_steps: int | None = None) -> int:
+def admission_limit(max_staleness: int, learner_version: int, batch_groups: int, total_steps: int | None = None) -> int:
     """(η + v + 1)·B: the most groups that may be accepted or running at learner version v. With a
     known run length it is capped at total_steps·B, the groups the run can ever train on."""
     steps = max_staleness + learner_version + 1
@@ -63,8 +63,13 @@ def admission_limit(max_staleness: int, learner_version: int, batch_groups: int,
     return steps * batch_groups
 
 
-def may_admit(accepted_plus_running: int, max_staleness: int, learner_version: int, batch_groups: int,
-              total_steps: int | None = None) -> bool:
+def may_admit(
+    accepted_plus_running: int,
+    max_staleness: int,
+    learner_version: int,
+    batch_groups: int,
+    total_steps: int | None = None,
+) -> bool:
     """Admission control: a new group may start only while accepted + running < (η + v + 1)·B."""
     return accepted_plus_running < admission_limit(max_staleness, learner_version, batch_groups, total_steps)
 
@@ -81,4 +86,3 @@ def sample_lag(learner_version: int, token_versions: Sequence[int] | np.ndarray)
 def is_stale(lag: int | None, max_staleness: int) -> bool:
     """A sample lagging the learner by more than η versions is never trained on."""
     return lag is not None and lag > max_staleness
-

@@ -41,16 +41,27 @@ class Group:
         return [self.episodes[i] for i in sorted(self.episodes)]
 
     def dump(self) -> dict:
-        return {"group_id": self.group_id, "task": protocols.encode(self.task), "size": self.size,
-                "episodes": [protocols.encode(e) for e in self.ordered()], "advantages": self.advantages,
-                "actor_id": self.actor_id}
+        return {
+            "group_id": self.group_id,
+            "task": protocols.encode(self.task),
+            "size": self.size,
+            "episodes": [protocols.encode(e) for e in self.ordered()],
+            "advantages": self.advantages,
+            "actor_id": self.actor_id,
+        }
 
     @classmethod
     def load(cls, data: dict, now: float) -> Group:
         episodes = [protocols.decode(b) for b in data["episodes"]]
-        return cls(group_id=data["group_id"], task=protocols.decode(data["task"]), size=data["size"],
-                   last_activity=now, episodes={e.sample_index: e for e in episodes},
-                   advantages=list(data["advantages"]), actor_id=data.get("actor_id", ""))
+        return cls(
+            group_id=data["group_id"],
+            task=protocols.decode(data["task"]),
+            size=data["size"],
+            last_activity=now,
+            episodes={e.sample_index: e for e in episodes},
+            advantages=list(data["advantages"]),
+            actor_id=data.get("actor_id", ""),
+        )
 
 
 def turn_passed(turn: Turn) -> bool:
@@ -67,8 +78,13 @@ def episode_passed(ep: Episode) -> bool:
 
 
 def episode_reward(ep: Episode, algo: AlgoConfig) -> float:
-    return prime_echo(ep.rewards, [turn_passed(t) for t in ep.turns], alpha=algo.alpha,
-                      bonus_turn1=algo.early_bonus_turn1, bonus_turn2=algo.early_bonus_turn2)
+    return prime_echo(
+        ep.rewards,
+        [turn_passed(t) for t in ep.turns],
+        alpha=algo.alpha,
+        bonus_turn1=algo.early_bonus_turn1,
+        bonus_turn2=algo.early_bonus_turn2,
+    )
 
 
 def best_failed_attempt(episodes: list[Episode]) -> FailedAttempt | None:
@@ -98,11 +114,17 @@ def judge(group: Group, algo: AlgoConfig) -> Verdict:
     episodes = group.ordered()
     unservable = next((ep.unservable for ep in episodes if ep.unservable), "")
     if unservable or any(turn_infra(t) for ep in episodes for t in ep.turns):
-        return Verdict(infra=True, rewards=[], advantages=[], tied=False, any_passed=False, best_failed=None,
-                       unservable=unservable)
+        return Verdict(
+            infra=True, rewards=[], advantages=[], tied=False, any_passed=False, best_failed=None, unservable=unservable
+        )
     rewards = [episode_reward(ep, algo) for ep in episodes]
     any_passed = any(episode_passed(ep) for ep in episodes)
     advantages = group_advantages(rewards, std_norm=algo.adv_std_norm)
-    return Verdict(infra=False, rewards=rewards, advantages=[float(a) for a in np.asarray(advantages)],
-                   tied=rewards_tie(rewards), any_passed=any_passed,
-                   best_failed=None if any_passed else best_failed_attempt(episodes))
+    return Verdict(
+        infra=False,
+        rewards=rewards,
+        advantages=[float(a) for a in np.asarray(advantages)],
+        tied=rewards_tie(rewards),
+        any_passed=any_passed,
+        best_failed=None if any_passed else best_failed_attempt(episodes),
+    )

@@ -13,6 +13,7 @@ import numpy as np
 from actors.buffer.groups import Group
 from protocols import Episode
 
+
 def rejection(ep: Episode, group: Group | None) -> tuple[str, str] | None:
     """(counter key, explanation) when `ep` must be rejected, None when it may be stored. The key
     names the rejected-by-reason counter; the explanation goes back in the EpisodeAck.
@@ -25,12 +26,17 @@ def rejection(ep: Episode, group: Group | None) -> tuple[str, str] | None:
         return "sample_index", f"sample_index {ep.sample_index} outside [0, {group.size}) of group {group.group_id}"
     held = group.episodes.get(ep.sample_index)
     if held is not None and held.episode_id != ep.episode_id:
-        return "slot_taken", f"sample {ep.sample_index} of group {group.group_id} already holds episode {held.episode_id}"
+        return (
+            "slot_taken",
+            f"sample {ep.sample_index} of group {group.group_id} already holds episode {held.episode_id}",
+        )
     if ep.task.task_id != group.task.task_id:
         return "task_mismatch", f"task {ep.task.task_id!r} is not group {group.group_id}'s task {group.task.task_id!r}"
     if (ep.task.repair is not None) != group.is_retry or ep.is_retry != group.is_retry:
-        return "retry_mismatch", (f"group {group.group_id} was served as a {'repair' if group.is_retry else 'fresh'} "
-                                  f"task; the episode must carry the served task and is_retry={group.is_retry}")
+        return "retry_mismatch", (
+            f"group {group.group_id} was served as a {'repair' if group.is_retry else 'fresh'} "
+            f"task; the episode must carry the served task and is_retry={group.is_retry}"
+        )
     return content_problem(ep)
 
 

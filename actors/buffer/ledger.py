@@ -39,8 +39,7 @@ class EpisodeLedger:
         self._counts[status] += 1
 
     def summary(self) -> dict:
-        filtered = {s.removeprefix(_FILTERED): n for s, n in self._counts.items()
-                    if s.startswith(_FILTERED) and n}
+        filtered = {s.removeprefix(_FILTERED): n for s, n in self._counts.items() if s.startswith(_FILTERED) and n}
         trained, pending = self._counts[TRAINED], self._counts[PENDING]
         emitted = len(self._status)
         return {

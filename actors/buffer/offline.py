@@ -27,12 +27,14 @@ from protocols.episodes import EpisodeLog
 
 log = logging.getLogger(__name__)
 
+
 def offline_batches(episodes: list[Episode], algo: AlgoConfig) -> tuple[list[list[Group]], dict[str, int]]:
     """Complete, trainable groups in batches of `algo.batch_groups`, and counts of what was dropped."""
     groups: dict[str, Group] = {}
     for ep in episodes:
-        g = groups.setdefault(ep.group_id, Group(group_id=ep.group_id, task=ep.task, size=algo.group_size,
-                                                 last_activity=0.0))
+        g = groups.setdefault(
+            ep.group_id, Group(group_id=ep.group_id, task=ep.task, size=algo.group_size, last_activity=0.0)
+        )
         g.episodes.setdefault(ep.sample_index, ep)
     dropped = {"incomplete": 0, "infra": 0, "tied": 0}
     ready = []
@@ -46,8 +48,9 @@ def offline_batches(episodes: list[Episode], algo: AlgoConfig) -> tuple[list[lis
             continue
         g.advantages = verdict.advantages
         ready.append(g)
-    batches = [ready[i:i + algo.batch_groups] for i in range(0, len(ready) - algo.batch_groups + 1,
-                                                              algo.batch_groups)]
+    batches = [
+        ready[i : i + algo.batch_groups] for i in range(0, len(ready) - algo.batch_groups + 1, algo.batch_groups)
+    ]
     return batches, dropped
 
 
@@ -61,13 +64,16 @@ class OfflineReplayActor(Actor):
         eps = [ep for f in files for ep in EpisodeLog.read(f)]
         self.batches, self.dropped = offline_batches(eps, algo)
         if not self.batches:
-            raise ValueError(f"{episodes}: no complete, untied group of {algo.group_size} episodes to train on "
-                             f"({len(eps)} episodes read; dropped groups {self.dropped})")
+            raise ValueError(
+                f"{episodes}: no complete, untied group of {algo.group_size} episodes to train on "
+                f"({len(eps)} episodes read; dropped groups {self.dropped})"
+            )
         self.episodes = len(eps)
         self.served = 0
         self._server: ReplyServer | None = None
-        log.info("offline replay: %d episodes, %d batches, dropped groups %s", len(eps), len(self.batches),
-                 self.dropped)
+        log.info(
+            "offline replay: %d episodes, %d batches, dropped groups %s", len(eps), len(self.batches), self.dropped
+        )
 
     def start(self) -> dict[str, str]:
         b = self.ctx.bind
@@ -85,19 +91,29 @@ class OfflineReplayActor(Actor):
         if isinstance(rec, VersionsSeenRequest):  # only the saved weights made these episodes
             return VersionsSeen(highest=0)
         if not isinstance(rec, BatchRequest):
-            return ErrorReply(message=f"offline replay serves BatchRequest and VersionsSeenRequest, not "
-                                      f"{type(rec).__name__}")
+            return ErrorReply(
+                message=f"offline replay serves BatchRequest and VersionsSeenRequest, not {type(rec).__name__}"
+            )
         index = rec.version % len(self.batches)  # more steps than batches: go round again
         if rec.version >= self.algo.total_steps:
             return BatchReply(status="stop")
         self.served += 1
         groups = self.batches[index]
         episodes = [ep for g in groups for ep in g.ordered()]
-        return BatchReply(status="batch", batch=pack_batch(episodes, [a for g in groups for a in g.advantages],
-                                                           rec.version, self.algo.train_turns))
+        return BatchReply(
+            status="batch",
+            batch=pack_batch(episodes, [a for g in groups for a in g.advantages], rec.version, self.algo.train_turns),
+        )
 
     def health(self) -> ReplayHealth:
         n = self.episodes
-        return ReplayHealth(role=self.role, alive=not self.stopping, looping=self.threads_running,
-                            address=self._server.address if self._server else "", emitted=n, pending=n,
-                            groups=GroupCounts(ready=len(self.batches)), batches=self.served)
+        return ReplayHealth(
+            role=self.role,
+            alive=not self.stopping,
+            looping=self.threads_running,
+            address=self._server.address if self._server else "",
+            emitted=n,
+            pending=n,
+            groups=GroupCounts(ready=len(self.batches)),
+            batches=self.served,
+        )

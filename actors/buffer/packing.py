@@ -31,8 +31,7 @@ def episode_lag(ep: Episode, learner_version: int, train_turns: str) -> int | No
     return sample_lag(learner_version, gradient_versions(ep, train_turns))
 
 
-def pack_batch(episodes: Sequence[Episode], advantages: Sequence[float], version: int,
-               train_turns: str) -> TrainBatch:
+def pack_batch(episodes: Sequence[Episode], advantages: Sequence[float], version: int, train_turns: str) -> TrainBatch:
     """Pack episodes (with one advantage each) into one TrainBatch for learner version `version`."""
     tokens, mask, logprobs, versions, seq_adv, lengths = [], [], [], [], [], []
     for ep, adv in zip(episodes, advantages, strict=True):

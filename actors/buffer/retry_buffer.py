@@ -71,8 +71,9 @@ class RetryBuffer:
         if self.holds(task.task_id):
             self.stats.skipped_duplicate += 1
             return False
-        self._append(RetryEntry(task=dataclasses.replace(task, repair=None), attempt=attempt,
-                                origin_group=origin_group))
+        self._append(
+            RetryEntry(task=dataclasses.replace(task, repair=None), attempt=attempt, origin_group=origin_group)
+        )
         self.stats.admitted += 1
         return True
 
@@ -139,16 +140,28 @@ class RetryBuffer:
 
 def repair_task(entry: RetryEntry) -> Task:
     """The feedback-conditioned repair task: the original task plus the failed code and feedback."""
-    ctx = RepairContext(failed_code=entry.attempt.code, feedback=entry.attempt.feedback,
-                        attempt=entry.served, origin_group=entry.origin_group)
+    ctx = RepairContext(
+        failed_code=entry.attempt.code,
+        feedback=entry.attempt.feedback,
+        attempt=entry.served,
+        origin_group=entry.origin_group,
+    )
     return dataclasses.replace(entry.task, repair=ctx)
 
 
 def _dump_entry(e: RetryEntry) -> dict:
-    return {"task": protocols.encode(e.task), "attempt": dataclasses.asdict(e.attempt),
-            "origin_group": e.origin_group, "served": e.served}
+    return {
+        "task": protocols.encode(e.task),
+        "attempt": dataclasses.asdict(e.attempt),
+        "origin_group": e.origin_group,
+        "served": e.served,
+    }
 
 
 def _load_entry(d: dict) -> RetryEntry:
-    return RetryEntry(task=protocols.decode(d["task"]), attempt=FailedAttempt(**d["attempt"]),
-                      origin_group=d["origin_group"], served=d["served"])
+    return RetryEntry(
+        task=protocols.decode(d["task"]),
+        attempt=FailedAttempt(**d["attempt"]),
+        origin_group=d["origin_group"],
+        served=d["served"],
+    )

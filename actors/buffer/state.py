@@ -32,8 +32,19 @@ from actors.buffer.retry_buffer import RetryBuffer
 from actors.buffer.task_feed import TaskFeed
 from actors.buffer.task_source import TaskSet
 from configs import AlgoConfig, ReplayConfig
-from protocols import (BatchReply, BatchRequest, Episode, EpisodeAck, ErrorReply, Record, TaskList,
-                       TaskListRequest, TaskReply, TaskRequest, VersionsSeen)
+from protocols import (
+    BatchReply,
+    BatchRequest,
+    Episode,
+    EpisodeAck,
+    ErrorReply,
+    Record,
+    TaskList,
+    TaskListRequest,
+    TaskReply,
+    TaskRequest,
+    VersionsSeen,
+)
 
 log = logging.getLogger(__name__)
 
@@ -122,8 +133,9 @@ class ReplayState:
     def running_by_actor(self) -> collections.Counter[str]:
         return collections.Counter(g.actor_id for g in self.running.values())
 
-    def on_task_request(self, req: TaskRequest, now: float,
-                        may_open: Callable[[], bool] | None = None) -> tuple[Record, bool]:
+    def on_task_request(
+        self, req: TaskRequest, now: float, may_open: Callable[[], bool] | None = None
+    ) -> tuple[Record, bool]:
         """`may_open`: the caller's last word before a group opens for a live request (its actor's share
         of the window); a re-applied request, which opened its group, passes none."""
         if req.split == "val":
@@ -137,11 +149,18 @@ class ReplayState:
             return TaskReply(status="wait", retry_after_s=self.replay.retry_after_s), False
         served = self.feed.next_train()
         if served is None:
-            return ErrorReply(message=f"every training task has left the task feed ({self._dropped_story()}); "
-                                      "see replay's log for why"), False
+            return ErrorReply(
+                message=f"every training task has left the task feed ({self._dropped_story()}); "
+                "see replay's log for why"
+            ), False
         task, _source = served
-        group = Group(group_id=f"g{self.group_seq:07d}", task=task, size=self.algo.group_size, last_activity=now,
-                      actor_id=req.actor_id)
+        group = Group(
+            group_id=f"g{self.group_seq:07d}",
+            task=task,
+            size=self.algo.group_size,
+            last_activity=now,
+            actor_id=req.actor_id,
+        )
         self.group_seq += 1
         self.running[group.group_id] = group
         self.counters.groups_issued += 1
@@ -159,8 +178,9 @@ class ReplayState:
         if task is None:
             return ErrorReply(message="no validation tasks: replay.val_fraction left none out")
         self.counters.val_served += 1
-        return TaskReply(status="task", task=task, group_id=f"val-{self.feed.val_index - 1}",
-                         group_size=self.algo.group_size)
+        return TaskReply(
+            status="task", task=task, group_id=f"val-{self.feed.val_index - 1}", group_size=self.algo.group_size
+        )
 
     # ---------------------------------------------------------------------------------- intake
 
@@ -205,8 +225,12 @@ class ReplayState:
         if verdict.infra:
             streak = self.infra_streak[task_id] = self.infra_streak.get(task_id, 0) + 1
             if streak >= self.replay.infra_retries:
-                self._leave_feed(group, "infra", f"{streak} of its groups in a row failed through the system's "
-                                                 "fault (infra), e.g. a reference that raises")
+                self._leave_feed(
+                    group,
+                    "infra",
+                    f"{streak} of its groups in a row failed through the system's "
+                    "fault (infra), e.g. a reference that raises",
+                )
             else:
                 self._filter(group, "infra", reissue=True)
             return
@@ -234,8 +258,9 @@ class ReplayState:
 
     def _dropped_story(self) -> str:
         counts = collections.Counter(self.feed.dropped.values())
-        return f"{len(self.feed.dropped)} of {len(self.feed.train)} training tasks out of the feed: " + \
-            ", ".join(f"{n} {reason}" for reason, n in sorted(counts.items()))
+        return f"{len(self.feed.dropped)} of {len(self.feed.train)} training tasks out of the feed: " + ", ".join(
+            f"{n} {reason}" for reason, n in sorted(counts.items())
+        )
 
     def _filter(self, group: Group, reason: str, *, reissue: bool) -> None:
         for ep in group.episodes.values():
@@ -260,8 +285,13 @@ class ReplayState:
             if group is None:
                 continue
             self.expired.add(gid)
-            log.warning("replay: group %s (task %s) expired with %d/%d samples; task re-issued",
-                        gid, group.task.task_id, len(group.episodes), group.size)
+            log.warning(
+                "replay: group %s (task %s) expired with %d/%d samples; task re-issued",
+                gid,
+                group.task.task_id,
+                len(group.episodes),
+                group.size,
+            )
             self._filter(group, "expired", reissue=True)
 
     # ----------------------------------------------------------------------------------- batch
@@ -269,9 +299,12 @@ class ReplayState:
     def on_batch_request(self, req: BatchRequest) -> tuple[Record, bool]:
         v = req.version
         if v < self.learner_version:
-            return ErrorReply(message=(
-                f"batch request at version {v} is below the newest version {self.learner_version} "
-                f"(versions only grow; a restored learner continues above {self.highest_version_seen})")), False
+            return ErrorReply(
+                message=(
+                    f"batch request at version {v} is below the newest version {self.learner_version} "
+                    f"(versions only grow; a restored learner continues above {self.highest_version_seen})"
+                )
+            ), False
         changed = v > self.learner_version
         if req.discarded_above >= 0 and (req.discarded_above, v) not in self.discarded:
             self.discarded.append((req.discarded_above, v))
@@ -304,9 +337,11 @@ class ReplayState:
     def _filter_stale(self, version: int) -> bool:
         """Filter every waiting group holding a sample that lags `version` by more than η: a group's
         baseline is only meaningful over samples of one policy window, and lag only grows."""
-        stale = [g for g in self.ready.values()
-                 if any(is_stale(episode_lag(ep, version, self.algo.train_turns), self.eta)
-                        for ep in g.episodes.values())]
+        stale = [
+            g
+            for g in self.ready.values()
+            if any(is_stale(episode_lag(ep, version, self.algo.train_turns), self.eta) for ep in g.episodes.values())
+        ]
         for group in stale:
             del self.ready[group.group_id]
             self._filter(group, "stale", reissue=True)
@@ -314,6 +349,7 @@ class ReplayState:
 
     def _filter_discarded(self) -> bool:
         """Filter every waiting group with a sample made by weights a learner restore discarded."""
+
         def discarded(ep: Episode) -> bool:
             versions = gradient_versions(ep, self.algo.train_turns)
             return any(bool(np.any((versions > lo) & (versions < hi))) for lo, hi in self.discarded)
@@ -343,8 +379,9 @@ class ReplayState:
             "infra_streak": dict(self.infra_streak),
             "running": [g.dump() for g in self.running.values()],
             "ready": [g.dump() for g in self.ready.values()],
-            "served": None if self.served is None else {
-                "version": self.served.version, "groups": [g.dump() for g in self.served.groups]},
+            "served": None
+            if self.served is None
+            else {"version": self.served.version, "groups": [g.dump() for g in self.served.groups]},
             "expired": sorted(self.expired),
             "ledger": self.ledger.dump(),
             "feed": self.feed.dump(),
@@ -364,8 +401,11 @@ class ReplayState:
         self.running = {g.group_id: g for g in (Group.load(d, now) for d in data["running"])}
         self.ready = {g.group_id: g for g in (Group.load(d, now) for d in data["ready"])}
         served = data["served"]
-        self.served = None if served is None else ServedBatch(
-            version=served["version"], groups=[Group.load(d, now) for d in served["groups"]])
+        self.served = (
+            None
+            if served is None
+            else ServedBatch(version=served["version"], groups=[Group.load(d, now) for d in served["groups"]])
+        )
         self.expired = set(data["expired"])
         self.ledger.load(data["ledger"])
         self.feed.load(data["feed"])

@@ -111,7 +111,9 @@ class ReplayStore:
         if snap_path.exists():
             frames, _ = read_frames(snap_path.read_bytes())
             if len(frames) != 1 or frames[0][0] != EntryKind.SNAPSHOT:
-                raise StorageError(f"{snap_path} is damaged (snapshots are replaced atomically, so this is not a crash)")
+                raise StorageError(
+                    f"{snap_path} is damaged (snapshots are replaced atomically, so this is not a crash)"
+                )
             body = msgpack.unpackb(frames[0][1], raw=False, strict_map_key=False)
             self.generation, snapshot = body["next_log"], body["state"]
         for path in self.dir.iterdir():

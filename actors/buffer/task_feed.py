@@ -95,7 +95,9 @@ class TaskFeed:
     def dump(self) -> dict:
         version, internal, gauss = self.rng.getstate()
         return {
-            "epoch": self.epoch, "index": self.index, "val_index": self.val_index,
+            "epoch": self.epoch,
+            "index": self.index,
+            "val_index": self.val_index,
             "reissued": [protocols.encode(t) for t in self.reissued],
             "rng": [version, list(internal), gauss],
             "served": dict(self.served),

@@ -83,9 +83,7 @@ def split_tasks(tasks: list[Task], split_seed: int, val_fraction: float) -> Task
         else:
             train.append(dataclasses.replace(task, split="train"))
     if not train:
-        raise ConfigError(
-            f"replay.val_fraction={val_fraction} left no training task out of {len(tasks)}; lower it"
-        )
+        raise ConfigError(f"replay.val_fraction={val_fraction} left no training task out of {len(tasks)}; lower it")
     return TaskSet(train=train, val=val)
 
 
@@ -118,8 +116,10 @@ def _build_source(cfg: ReplayConfig, backend: str):
 
 def _check_tasks(tasks, name: str) -> None:
     if not isinstance(tasks, list) or not tasks:
-        raise ConfigError(f"task source {name}: tasks() must return a non-empty list of protocols.Task, "
-                          f"got {type(tasks).__name__}{'' if tasks else ' (empty)'}")
+        raise ConfigError(
+            f"task source {name}: tasks() must return a non-empty list of protocols.Task, "
+            f"got {type(tasks).__name__}{'' if tasks else ' (empty)'}"
+        )
     seen: set[str] = set()
     for i, task in enumerate(tasks):
         if not isinstance(task, Task):
@@ -129,8 +129,10 @@ def _check_tasks(tasks, name: str) -> None:
         except protocols.ProtocolError as err:
             raise ConfigError(f"task source {name}: task {i} is invalid: {err}") from None
         if task.repair is not None:
-            raise ConfigError(f"task source {name}: task {task.task_id!r} carries a repair context; "
-                              "repair tasks come only from the retry buffer")
+            raise ConfigError(
+                f"task source {name}: task {task.task_id!r} carries a repair context; "
+                "repair tasks come only from the retry buffer"
+            )
         if task.task_id in seen:
             raise ConfigError(f"task source {name}: task id {task.task_id!r} appears twice")
         seen.add(task.task_id)

@@ -15,6 +15,18 @@ from actors.learner.checkpoint import CheckpointMeta, read_latest, write_checkpo
 from actors.learner.losses import kl_penalty, mirrorpop_mask, policy_loss, sft_loss
 
 __all__ = [
-    "CheckpointMeta", "LearnerBackend", "StepResult", "Trainer", "kl_penalty", "make_backend", "make_trainer",
-    "mirrorpop_mask", "policy_loss", "read_latest", "rl_step", "sft_loss", "sft_step", "write_checkpoint",
+    "CheckpointMeta",
+    "LearnerBackend",
+    "StepResult",
+    "Trainer",
+    "kl_penalty",
+    "make_backend",
+    "make_trainer",
+    "mirrorpop_mask",
+    "policy_loss",
+    "read_latest",
+    "rl_step",
+    "sft_loss",
+    "sft_step",
+    "write_checkpoint",
 ]

@@ -51,8 +51,16 @@ from actors.policy.export import GenerationSettings, export_servable
 from actors.policy.weights import choose_transport
 from actors.policy.weights.group import free_port
 from configs import AlgoConfig, LearnerConfig, ModelConfig, WarmStartConfig
-from protocols import (BatchReply, BatchRequest, Metrics, TaskList, TaskListRequest, TrainBatch, VersionsSeen,
-                       VersionsSeenRequest)
+from protocols import (
+    BatchReply,
+    BatchRequest,
+    Metrics,
+    TaskList,
+    TaskListRequest,
+    TrainBatch,
+    VersionsSeen,
+    VersionsSeenRequest,
+)
 from protocols.channels import ChannelTimeout, NoServer, PushChannel, ReconnectingClient, RemoteError
 from protocols.lease import DeviceLease
 from protocols.timeline import SpanRecorder
@@ -70,9 +78,19 @@ NAME = "learner"  # the registry name of rank 0, the learner peers talk to
 class LearnerActor(Actor):
     role = "learner"
 
-    def __init__(self, model: ModelConfig, learner: LearnerConfig, algo: AlgoConfig, warm_start: WarmStartConfig,
-                 ctx: RunContext, *, temperature: float, max_staleness: int, request_timeout_s: float = 30.0,
-                 generation: GenerationSettings | None = None) -> None:
+    def __init__(
+        self,
+        model: ModelConfig,
+        learner: LearnerConfig,
+        algo: AlgoConfig,
+        warm_start: WarmStartConfig,
+        ctx: RunContext,
+        *,
+        temperature: float,
+        max_staleness: int,
+        request_timeout_s: float = 30.0,
+        generation: GenerationSettings | None = None,
+    ) -> None:
         """`temperature` is the rollout temperature (the behaviour logprobs' convention); `max_staleness`
         is replay's η (0 = synchronous mode); `generation` the rollout's sampling settings, written into
         every HF export (default: sampling at `temperature`)."""
@@ -84,8 +102,9 @@ class LearnerActor(Actor):
         (self.dir / "learner").mkdir(parents=True, exist_ok=True)
         self.learner_id = "learner-0" if ctx.rank == 0 else f"learner-0.rank{ctx.rank}"
         self.device = _resolve_device(learner.device)
-        self._replay = ReconnectingClient(ctx.registry.resolver("replay", "replay"), timeout_s=request_timeout_s,
-                                          retries=1)
+        self._replay = ReconnectingClient(
+            ctx.registry.resolver("replay", "replay"), timeout_s=request_timeout_s, retries=1
+        )
         # Synchronous mode (η = 0): engines confirm each version before the next batch is asked for,
         # so no sample is made with weights one version old (it could never be trained on).
         self.confirm_before_next = max_staleness == 0
@@ -102,8 +121,14 @@ class LearnerActor(Actor):
         self.timeline = SpanRecorder(ctx.name or self.learner_id, None)  # until start() finds the driver
         self._finished = False
         self.warm_start_report: WarmStartReport | None = None
-        self.stats = {"steps": 0, "batch_waits": 0, "replay_timeouts": 0, "checkpoints": 0, "push_s": 0.0,
-                      "restored_from": -1}
+        self.stats = {
+            "steps": 0,
+            "batch_waits": 0,
+            "replay_timeouts": 0,
+            "checkpoints": 0,
+            "push_s": 0.0,
+            "restored_from": -1,
+        }
         # Seconds of each phase of start() (build, restore or warm_start, serve): what a restart costs;
         # "prepare" is the model build a standby did ahead ("build" is then only what was left).
         self.start_phases: dict[str, float] = {}
@@ -133,10 +158,16 @@ class LearnerActor(Actor):
             self._metrics = PushChannel(metrics)
         ws = self.cfg.weight_sync
         transport = choose_transport(ws.transport, self.device, self.shares_gpu)
-        self.weights = WeightServer(self.dir, transport, ws.bucket_mb, host=self.ctx.bind.host,
-                                    timeout_s=ws.process_group.push_timeout_s,
-                                    join_timeout_s=ws.process_group.join_timeout_s, keep_disk=ws.disk.keep_versions,
-                                    flat_buckets=ws.process_group.flat_buckets)
+        self.weights = WeightServer(
+            self.dir,
+            transport,
+            ws.bucket_mb,
+            host=self.ctx.bind.host,
+            timeout_s=ws.process_group.push_timeout_s,
+            join_timeout_s=ws.process_group.join_timeout_s,
+            keep_disk=ws.disk.keep_versions,
+            flat_buckets=ws.process_group.flat_buckets,
+        )
         clock = time.perf_counter()
         if self._read_announced() >= 0:  # this run's learner announced before: continue above it
             self._restore()
@@ -149,8 +180,12 @@ class LearnerActor(Actor):
         self._push()  # version 0 (or the restored version) before any engine asks for weights
         self.ctx.registry.register(NAME, self.role, {**self.ctx.registry.endpoints(NAME), **endpoints})
         self.start_phases["serve"] = time.perf_counter() - clock
-        log.info("%s: serving version %d; start took %s", self.learner_id, self.version,
-                 ", ".join(f"{k} {v:.3f} s" for k, v in self.start_phases.items()))
+        log.info(
+            "%s: serving version %d; start took %s",
+            self.learner_id,
+            self.version,
+            ", ".join(f"{k} {v:.3f} s" for k, v in self.start_phases.items()),
+        )
         self.spawn(self._loop, "train")
         return endpoints
 
@@ -201,12 +236,22 @@ class LearnerActor(Actor):
             self._metrics.close()
 
     def health(self) -> LearnerHealth:
-        return LearnerHealth(role=self.role, alive=not self.stopping, looping=self.threads_running,
-                             finished=self._finished, busy_s=self.busy_s, learner_id=self.learner_id,
-                             rank=self.ctx.rank, version=self.version, step=self.step,
-                             discarded_above=self.discarded_above, **self.stats, warm_start=self.warm_start_report,
-                             start_phases=dict(self.start_phases),
-                             weights=self.weights.health() if self.weights is not None else {})
+        return LearnerHealth(
+            role=self.role,
+            alive=not self.stopping,
+            looping=self.threads_running,
+            finished=self._finished,
+            busy_s=self.busy_s,
+            learner_id=self.learner_id,
+            rank=self.ctx.rank,
+            version=self.version,
+            step=self.step,
+            discarded_above=self.discarded_above,
+            **self.stats,
+            warm_start=self.warm_start_report,
+            start_phases=dict(self.start_phases),
+            weights=self.weights.health() if self.weights is not None else {},
+        )
 
     # --------------------------------------------------------------------------- warm start
 
@@ -222,8 +267,9 @@ class LearnerActor(Actor):
         reply = self._ask_replay(TaskListRequest(split="train"), TaskList)
         batches, pairs = warm_start_batches(reply.tasks, w, self.model_cfg)
         if not batches:
-            log.warning("warm start: no solution in %s fits a training task and model.max_seq_len; skipped",
-                        w.solutions)
+            log.warning(
+                "warm start: no solution in %s fits a training task and model.max_seq_len; skipped", w.solutions
+            )
             return
         losses = []
         for i in range(w.steps):
@@ -233,10 +279,21 @@ class LearnerActor(Actor):
             self._emit(-1, {"sft/loss": result.loss, "sft/step_s": result.seconds})
         if self.cfg.checkpoint_every:
             self.checkpoint()
-        self.warm_start_report = WarmStartReport(steps=len(losses), solutions=pairs, first_loss=losses[0],
-                                                 final_loss=losses[-1], seconds=time.monotonic() - started)
-        log.info("warm start: %d steps on %d solutions in %.0f s, loss %.3f -> %.3f", len(losses), pairs,
-                 self.warm_start_report.seconds, losses[0], losses[-1])
+        self.warm_start_report = WarmStartReport(
+            steps=len(losses),
+            solutions=pairs,
+            first_loss=losses[0],
+            final_loss=losses[-1],
+            seconds=time.monotonic() - started,
+        )
+        log.info(
+            "warm start: %d steps on %d solutions in %.0f s, loss %.3f -> %.3f",
+            len(losses),
+            pairs,
+            self.warm_start_report.seconds,
+            losses[0],
+            losses[-1],
+        )
 
     def _ask_replay(self, rec, answer: type):
         """One request that start() cannot do without: retried until replay answers (or REPLAY_WAIT_S)."""
@@ -246,7 +303,9 @@ class LearnerActor(Actor):
                 reply = self._replay.request(rec)
             except (ChannelTimeout, RemoteError) as err:
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"{self.learner_id}: replay did not answer {type(rec).__name__}: {err}") from None
+                    raise RuntimeError(
+                        f"{self.learner_id}: replay did not answer {type(rec).__name__}: {err}"
+                    ) from None
                 time.sleep(0.5)
                 continue
             if not isinstance(reply, answer):
@@ -289,8 +348,9 @@ class LearnerActor(Actor):
 
     def _next_batch(self) -> TrainBatch | None:
         """One request to replay: the batch, or None after waiting as told (or on a timeout)."""
-        reply = self._request(BatchRequest(learner_id=self.learner_id, version=self.version,
-                                           discarded_above=self.discarded_above))
+        reply = self._request(
+            BatchRequest(learner_id=self.learner_id, version=self.version, discarded_above=self.discarded_above)
+        )
         if reply is None:
             self._stop.wait(0.5)
             return None
@@ -322,13 +382,16 @@ class LearnerActor(Actor):
 
     def _step_values(self, result: StepResult, batch: TrainBatch, push_s: float) -> dict[str, float]:
         return {
-            "train/loss": result.loss, "train/grad_norm": result.grad_norm,
-            "train/step_s": result.seconds, "train/tokens": float(result.tokens),
+            "train/loss": result.loss,
+            "train/grad_norm": result.grad_norm,
+            "train/step_s": result.seconds,
+            "train/tokens": float(result.tokens),
             "train/trained_tokens": float(result.trained_tokens),
             "train/tokens_per_s": result.tokens / max(result.seconds, 1e-9),
             "train/sequences": float(len(batch.advantages)),
             "train/off_policy_kept": float(_off_policy_kept(result, batch)),
-            "weights/version": float(self.version), "weights/sync_s": push_s,
+            "weights/version": float(self.version),
+            "weights/sync_s": push_s,
             **{f"train/{k}": float(v) for k, v in result.metrics.items()},
         }
 
@@ -410,8 +473,10 @@ class LearnerActor(Actor):
         if self._metrics is None:
             return
         try:
-            self._metrics.send(Metrics(source=self.learner_id, step=step, ts=time.time(), values=values,
-                                       episodes=episodes or {}), timeout_s=1.0)
+            self._metrics.send(
+                Metrics(source=self.learner_id, step=step, ts=time.time(), values=values, episodes=episodes or {}),
+                timeout_s=1.0,
+            )
         except Exception as err:  # metrics are best effort; training goes on
             log.debug("%s: metrics push failed: %s", self.learner_id, err)
 
@@ -423,8 +488,10 @@ def _step_episodes(result: StepResult, batch: TrainBatch) -> dict[str, list[str]
     if len(batch.episode_ids) != len(batch.advantages):
         return {}
     dropped = set(result.dropped)
-    return {"trained": [e for i, e in enumerate(batch.episode_ids) if i not in dropped],
-            "mirrorpop_dropped": [batch.episode_ids[i] for i in sorted(dropped)]}
+    return {
+        "trained": [e for i, e in enumerate(batch.episode_ids) if i not in dropped],
+        "mirrorpop_dropped": [batch.episode_ids[i] for i in sorted(dropped)],
+    }
 
 
 def _off_policy_kept(result: StepResult, batch: TrainBatch) -> int:

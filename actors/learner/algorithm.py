@@ -74,24 +74,40 @@ def rl_step(backend: LearnerBackend, batch: TrainBatch, algo: AlgoConfig, *, tem
 
     clip = sum((u.clip for u in updates), ClipStats())
     loss_sum, kl_sum, drift, *counts = backend.dp.sum_all(
-        [sum(u.loss for u in updates), sum(u.kl for u in updates), drift, clip.tokens, clip.clipped_low,
-         clip.clipped_high])
+        [
+            sum(u.loss for u in updates),
+            sum(u.kl for u in updates),
+            drift,
+            clip.tokens,
+            clip.clipped_low,
+            clip.clipped_high,
+        ]
+    )
     clip = ClipStats(*(round(c) for c in counts))
     n = max(len(updates), 1)
     grad_norms = [u.grad_norm for u in updates] or [0.0]
     packed = fixed.packed
     metrics = {
-        **filtered.metrics(), **clip.metrics(),
+        **filtered.metrics(),
+        **clip.metrics(),
         "approx_kl": drift / filtered.kept_tokens if updates else 0.0,
         "entropy": _masked_mean(entropy, packed.grad_mask),
         "response_length": float(np.sum(batch.loss_mask)) / max(packed.num_seqs, 1),
-        "updates": float(len(updates)), "skipped": float(not updates), "grad_norm_max": max(grad_norms),
+        "updates": float(len(updates)),
+        "skipped": float(not updates),
+        "grad_norm_max": max(grad_norms),
     }
     if algo.kl_coef > 0:
         metrics["kl"] = kl_sum / n
-    return StepResult(loss=loss_sum / n, grad_norm=sum(grad_norms) / len(grad_norms), tokens=packed.num_tokens,
-                      trained_tokens=filtered.kept_tokens, seconds=time.perf_counter() - started, metrics=metrics,
-                      dropped=filtered.dropped)
+    return StepResult(
+        loss=loss_sum / n,
+        grad_norm=sum(grad_norms) / len(grad_norms),
+        tokens=packed.num_tokens,
+        trained_tokens=filtered.kept_tokens,
+        seconds=time.perf_counter() - started,
+        metrics=metrics,
+        dropped=filtered.dropped,
+    )
 
 
 @dataclass
@@ -115,14 +131,16 @@ class _Update:
     clip: ClipStats
 
 
-def _proximal(backend: LearnerBackend, packed: PackedBatch, algo: AlgoConfig,
-              temperature: float) -> tuple[_Proximal, FilterStats, torch.Tensor]:
+def _proximal(
+    backend: LearnerBackend, packed: PackedBatch, algo: AlgoConfig, temperature: float
+) -> tuple[_Proximal, FilterStats, torch.Tensor]:
     """(a) and (b) of the module docstring: the π_prox pass (with entropies), MirrorPop, the reference
     pass. Returns what the updates need, MirrorPop's statistics and the entropies."""
     grad_mask, behaviour = packed.grad_mask, packed.behaviour_logprobs
     prox, entropy = _forward_pass(backend, packed, _with_tokens(packed, grad_mask), temperature, entropy=True)
-    keep, deviation = mirrorpop_mask(prox, behaviour, grad_mask, packed.seq_index, packed.num_seqs,
-                                     algo.mirrorpop_delta)
+    keep, deviation = mirrorpop_mask(
+        prox, behaviour, grad_mask, packed.seq_index, packed.num_seqs, algo.mirrorpop_delta
+    )
     kept = grad_mask & keep[packed.seq_index]
     filtered = filter_stats(prox, behaviour, grad_mask, keep, deviation, packed.seq_index, is_cap=algo.is_cap)
     kept_per_seq = _per_sequence(packed, kept)
@@ -132,8 +150,9 @@ def _proximal(backend: LearnerBackend, packed: PackedBatch, algo: AlgoConfig,
     return _Proximal(packed, prox, ref, kept, kept_per_seq), filtered, entropy
 
 
-def _update(backend: LearnerBackend, fixed: _Proximal, seqs: np.ndarray, algo: AlgoConfig,
-            temperature: float) -> _Update:
+def _update(
+    backend: LearnerBackend, fixed: _Proximal, seqs: np.ndarray, algo: AlgoConfig, temperature: float
+) -> _Update:
     """One optimizer update on the mini-batch `seqs`, its loss a token mean over the mini-batch's kept
     tokens (the normalizer counts them on every micro-batch and DP rank alike)."""
     packed, prox, ref, kept = fixed.packed, fixed.prox, fixed.ref, fixed.kept
@@ -141,9 +160,17 @@ def _update(backend: LearnerBackend, fixed: _Proximal, seqs: np.ndarray, algo: A
 
     def loss_fn(mb: MicroBatch, out: PolicyOutput):
         p = mb.positions
-        loss, clip = policy_loss(out.logprobs, prox[p], packed.behaviour_logprobs[p], packed.advantages[p], kept[p],
-                                 eps_low=algo.eps_low, eps_high=algo.eps_high, is_cap=algo.is_cap,
-                                 normalizer=normalizer)
+        loss, clip = policy_loss(
+            out.logprobs,
+            prox[p],
+            packed.behaviour_logprobs[p],
+            packed.advantages[p],
+            kept[p],
+            eps_low=algo.eps_low,
+            eps_high=algo.eps_high,
+            is_cap=algo.is_cap,
+            normalizer=normalizer,
+        )
         kl = 0.0
         if ref is not None:
             kl_term = kl_penalty(out.logprobs, ref[p], kept[p], normalizer)
@@ -153,8 +180,12 @@ def _update(backend: LearnerBackend, fixed: _Proximal, seqs: np.ndarray, algo: A
     backend.zero_grad()
     reports = backend.forward_backward(packed, _mine(backend, packed, seqs), loss_fn, temperature=temperature)
     grad_norm = backend.step()
-    return _Update(loss=sum(r[0] for r in reports), kl=sum(r[1] for r in reports), grad_norm=grad_norm,
-                   clip=sum((r[2] for r in reports), ClipStats()))
+    return _Update(
+        loss=sum(r[0] for r in reports),
+        kl=sum(r[1] for r in reports),
+        grad_norm=grad_norm,
+        clip=sum((r[2] for r in reports), ClipStats()),
+    )
 
 
 def _drift(backend: LearnerBackend, fixed: _Proximal, temperature: float) -> float:
@@ -183,6 +214,7 @@ def sft_step(backend: LearnerBackend, batch: TrainBatch, lr: float | None = None
     normalizer = float(mask.sum())
     loss, grad_norm = 0.0, 0.0
     if normalizer > 0:
+
         def loss_fn(mb: MicroBatch, out: PolicyOutput):
             value = sft_loss(out.logprobs, mask[mb.positions], normalizer)
             return value, float(value.detach())
@@ -191,8 +223,14 @@ def sft_step(backend: LearnerBackend, batch: TrainBatch, lr: float | None = None
         mine = _mine(backend, packed, _with_tokens(packed, mask))
         loss = backend.dp.sum(sum(backend.forward_backward(packed, mine, loss_fn, temperature=1.0)))
         grad_norm = backend.step(lr)
-    return StepResult(loss=loss, grad_norm=grad_norm, tokens=packed.num_tokens, trained_tokens=int(normalizer),
-                      seconds=time.perf_counter() - started, metrics={"skipped": float(normalizer == 0)})
+    return StepResult(
+        loss=loss,
+        grad_norm=grad_norm,
+        tokens=packed.num_tokens,
+        trained_tokens=int(normalizer),
+        seconds=time.perf_counter() - started,
+        metrics={"skipped": float(normalizer == 0)},
+    )
 
 
 # ---------------------------------------------------------------------------------- logprobs
@@ -217,8 +255,15 @@ def _mine(backend: LearnerBackend, packed: PackedBatch, seqs: np.ndarray) -> lis
     return assign_micro_batches(micros, backend.dp.size, backend.dp.rank)
 
 
-def _forward_pass(backend: LearnerBackend, packed: PackedBatch, seqs: np.ndarray, temperature: float, *,
-                  entropy: bool = False, reference: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _forward_pass(
+    backend: LearnerBackend,
+    packed: PackedBatch,
+    seqs: np.ndarray,
+    temperature: float,
+    *,
+    entropy: bool = False,
+    reference: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """A forward-only pass over the sequences `seqs`: position-aligned logprobs [N] (and entropies),
     whole on every DP rank (each rank computes its micro-batches, the sum fills in the rest); 0 on the
     positions of other sequences."""
@@ -230,8 +275,9 @@ def _forward_pass(backend: LearnerBackend, packed: PackedBatch, seqs: np.ndarray
         return None, (out.logprobs.detach(), out.entropy() if entropy else None)
 
     mine = _mine(backend, packed, seqs)
-    reports = backend.forward_backward(packed, mine, collect, temperature=temperature, forward_only=True,
-                                       reference=reference)
+    reports = backend.forward_backward(
+        packed, mine, collect, temperature=temperature, forward_only=True, reference=reference
+    )
     for mb, (lp, h) in zip(mine, reports):
         logprobs[mb.positions] = lp.float()
         if entropies is not None:

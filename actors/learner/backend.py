@@ -60,8 +60,16 @@ class LearnerBackend(abc.ABC):
         """The batch on the training device, position-aligned; raises BatchError on bad input."""
 
     @abc.abstractmethod
-    def forward_backward(self, packed: PackedBatch, micro_batches: Sequence[MicroBatch], loss_fn: LossFn, *,
-                         temperature: float, forward_only: bool = False, reference: bool = False) -> list[Any]:
+    def forward_backward(
+        self,
+        packed: PackedBatch,
+        micro_batches: Sequence[MicroBatch],
+        loss_fn: LossFn,
+        *,
+        temperature: float,
+        forward_only: bool = False,
+        reference: bool = False,
+    ) -> list[Any]:
         """Run every micro-batch through the model (the frozen reference model when `reference`, always
         forward only), call `loss_fn` on its outputs at `temperature`, backpropagate the loss into the
         accumulated gradients unless `forward_only` (no graph is kept then), and return what `loss_fn`

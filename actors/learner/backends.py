@@ -13,8 +13,9 @@ from actors.learner.backend import LearnerBackend
 from configs import AlgoConfig, ConfigError, LearnerConfig, ModelConfig
 
 
-def make_backend(model_cfg: ModelConfig, learner_cfg: LearnerConfig, *, device: str | torch.device,
-                 reference: bool = False) -> LearnerBackend:
+def make_backend(
+    model_cfg: ModelConfig, learner_cfg: LearnerConfig, *, device: str | torch.device, reference: bool = False
+) -> LearnerBackend:
     """The backend for `learner_cfg.backend` on `device` ('cpu', 'cuda', 'cuda:1'), with a frozen
     reference model when `reference` (a KL term needs one)."""
     if learner_cfg.torch_threads:  # the whole process's intra-op pool: in a Ray actor, this rank's own
@@ -30,8 +31,14 @@ def make_backend(model_cfg: ModelConfig, learner_cfg: LearnerConfig, *, device: 
     raise ConfigError(f"learner.backend: unknown backend {learner_cfg.backend!r} (choose 'torch' or 'megatron')")
 
 
-def make_trainer(model_cfg: ModelConfig, learner_cfg: LearnerConfig, algo_cfg: AlgoConfig, *, temperature: float,
-                 device: str | torch.device) -> Trainer:
+def make_trainer(
+    model_cfg: ModelConfig,
+    learner_cfg: LearnerConfig,
+    algo_cfg: AlgoConfig,
+    *,
+    temperature: float,
+    device: str | torch.device,
+) -> Trainer:
     """The learner's steps over the chosen backend; `temperature` is the rollout temperature (the
     logprob convention)."""
     backend = make_backend(model_cfg, learner_cfg, device=device, reference=algo_cfg.kl_coef > 0)

@@ -142,8 +142,9 @@ def read_latest(run_dir: Path) -> tuple[Path, CheckpointMeta] | None:
         return None
     ckpt = root / name
     meta = json.loads((ckpt / META).read_text())
-    return ckpt / "state", CheckpointMeta(version=int(meta["version"]), step=int(meta["step"]),
-                                          time=float(meta["time"]))
+    return ckpt / "state", CheckpointMeta(
+        version=int(meta["version"]), step=int(meta["step"]), time=float(meta["time"])
+    )
 
 
 def _read_marker(root: Path) -> str | None:

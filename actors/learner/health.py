@@ -20,8 +20,12 @@ class WarmStartReport:
 
     def metrics(self) -> dict[str, float]:
         """The run's `sft/` metrics row."""
-        return {"sft/first_loss": self.first_loss, "sft/final_loss": self.final_loss, "sft/steps": float(self.steps),
-                "sft/seconds": self.seconds}
+        return {
+            "sft/first_loss": self.first_loss,
+            "sft/final_loss": self.final_loss,
+            "sft/steps": float(self.steps),
+            "sft/seconds": self.seconds,
+        }
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,5 +42,7 @@ class LearnerHealth(ActorHealth):
     push_s: float = 0.0  # the last weight publish
     restored_from: int = -1  # the checkpoint version it restored; -1 = none
     warm_start: WarmStartReport | None = None
-    start_phases: dict[str, float] = field(default_factory=dict)  # seconds of each phase of start(): build, restore, serve
+    start_phases: dict[str, float] = field(
+        default_factory=dict
+    )  # seconds of each phase of start(): build, restore, serve
     weights: dict[str, Any] = field(default_factory=dict)  # the weight server's report (transport, engines, last push)

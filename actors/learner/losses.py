@@ -39,13 +39,19 @@ def token_entropy(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     sure the policy is where it sampled), so it carries no gradient; computed in row chunks."""
     out = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
     for start in range(0, logits.shape[0], ENTROPY_ROWS):
-        logp = torch.log_softmax(logits[start:start + ENTROPY_ROWS].float() / temperature, dim=-1)
-        out[start:start + ENTROPY_ROWS] = -(logp.exp() * logp).sum(-1)
+        logp = torch.log_softmax(logits[start : start + ENTROPY_ROWS].float() / temperature, dim=-1)
+        out[start : start + ENTROPY_ROWS] = -(logp.exp() * logp).sum(-1)
     return out
 
 
-def mirrorpop_mask(prox_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, loss_mask: torch.Tensor,
-                   seq_index: torch.Tensor, num_seqs: int, delta: float) -> tuple[torch.Tensor, torch.Tensor]:
+def mirrorpop_mask(
+    prox_logprobs: torch.Tensor,
+    behaviour_logprobs: torch.Tensor,
+    loss_mask: torch.Tensor,
+    seq_index: torch.Tensor,
+    num_seqs: int,
+    delta: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """MirrorPop's per-sequence filter. Returns (keep bool [S], deviation float32 [S]).
 
     deviation D_s = mean over the sequence's gradient-carrying tokens of |log π_prox - log μ|; the
@@ -103,8 +109,16 @@ class FilterStats:
         }
 
 
-def filter_stats(prox_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, loss_mask: torch.Tensor,
-                 keep: torch.Tensor, deviation: torch.Tensor, seq_index: torch.Tensor, *, is_cap: float) -> FilterStats:
+def filter_stats(
+    prox_logprobs: torch.Tensor,
+    behaviour_logprobs: torch.Tensor,
+    loss_mask: torch.Tensor,
+    keep: torch.Tensor,
+    deviation: torch.Tensor,
+    seq_index: torch.Tensor,
+    *,
+    is_cap: float,
+) -> FilterStats:
     """MirrorPop's statistics for a whole batch: sequences and tokens before and after filtering,
     |log ρ| before and after, and the importance weights w = min(ρ, C) of the kept tokens."""
     mask = loss_mask.bool()
@@ -113,16 +127,20 @@ def filter_stats(prox_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, 
     has_tokens = torch.zeros_like(keep).index_fill_(0, seq_index[mask], True)
     w = torch.exp(log_rho[kept]).clamp(max=is_cap)
     return FilterStats(
-        sequences=int(has_tokens.sum()), kept_sequences=int(keep.sum()),
-        tokens=int(mask.sum()), kept_tokens=int(kept.sum()),
-        abs_log_rho_sum=float(log_rho[mask].abs().sum()), kept_abs_log_rho_sum=float(log_rho[kept].abs().sum()),
+        sequences=int(has_tokens.sum()),
+        kept_sequences=int(keep.sum()),
+        tokens=int(mask.sum()),
+        kept_tokens=int(kept.sum()),
+        abs_log_rho_sum=float(log_rho[mask].abs().sum()),
+        kept_abs_log_rho_sum=float(log_rho[kept].abs().sum()),
         deviation_sum=float(deviation[has_tokens].sum()),
         deviation_max=float(deviation[has_tokens].max()) if bool(has_tokens.any()) else 0.0,
         is_weight_sum=float(w.sum()),
         is_weight_max=float(w.max()) if w.numel() else 0.0,
         is_weight_min=float(w.min()) if w.numel() else 0.0,
         truncated=int((torch.exp(log_rho[kept]) >= is_cap).sum()),
-        dropped=tuple(int(i) for i in torch.nonzero(has_tokens & ~keep).flatten().tolist()))
+        dropped=tuple(int(i) for i in torch.nonzero(has_tokens & ~keep).flatten().tolist()),
+    )
 
 
 @dataclass
@@ -141,14 +159,26 @@ class ClipStats:
 
     def metrics(self) -> dict[str, float]:
         n = max(self.tokens, 1)
-        return {"clip_fraction": (self.clipped_low + self.clipped_high) / n,
-                "clip_low_fraction": self.clipped_low / n, "clip_high_fraction": self.clipped_high / n,
-                "clipped": float(self.clipped_low + self.clipped_high)}
+        return {
+            "clip_fraction": (self.clipped_low + self.clipped_high) / n,
+            "clip_low_fraction": self.clipped_low / n,
+            "clip_high_fraction": self.clipped_high / n,
+            "clipped": float(self.clipped_low + self.clipped_high),
+        }
 
 
-def policy_loss(logprobs: torch.Tensor, prox_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor,
-                token_advantages: torch.Tensor, mask: torch.Tensor, *, eps_low: float, eps_high: float,
-                is_cap: float, normalizer: float) -> tuple[torch.Tensor, ClipStats]:
+def policy_loss(
+    logprobs: torch.Tensor,
+    prox_logprobs: torch.Tensor,
+    behaviour_logprobs: torch.Tensor,
+    token_advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    eps_low: float,
+    eps_high: float,
+    is_cap: float,
+    normalizer: float,
+) -> tuple[torch.Tensor, ClipStats]:
     """Decoupled, off-policy-corrected PPO loss over the masked tokens, divided by `normalizer`.
 
     r = exp(log π_θ - log π_prox) carries the gradient; w = min(exp(log π_prox - log μ), C) corrects
@@ -167,8 +197,11 @@ def policy_loss(logprobs: torch.Tensor, prox_logprobs: torch.Tensor, behaviour_l
 
     with torch.no_grad():
         acted = mask & (clipped < unclipped)
-        stats = ClipStats(tokens=int(mask.sum()), clipped_low=int((acted & (adv < 0)).sum()),
-                          clipped_high=int((acted & (adv > 0)).sum()))
+        stats = ClipStats(
+            tokens=int(mask.sum()),
+            clipped_low=int((acted & (adv < 0)).sum()),
+            clipped_high=int((acted & (adv > 0)).sum()),
+        )
     return loss, stats
 
 
@@ -178,8 +211,9 @@ def sft_loss(logprobs: torch.Tensor, mask: torch.Tensor, normalizer: float) -> t
     return -torch.where(mask.bool(), logprobs, torch.zeros_like(logprobs)).sum() / normalizer
 
 
-def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor,
-               normalizer: float) -> torch.Tensor:
+def kl_penalty(
+    logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor, normalizer: float
+) -> torch.Tensor:
     """The k3 estimator of KL(π_θ ‖ π_ref) on the masked tokens: Σ (e^x - x - 1) / normalizer with
     x = log π_ref - log π_θ; unbiased, always >= 0, and low-variance for small drifts."""
     x = ref_logprobs.detach().float() - logprobs.float()

@@ -35,8 +35,9 @@ log = logging.getLogger(__name__)
 
 STOP = "stop"
 # The calls a leader may send: the Trainer's, nothing else.
-CALLS = frozenset({"train_step", "sft_step", "logprobs", "named_weights", "save_checkpoint", "load_checkpoint",
-                   "export_hf"})
+CALLS = frozenset(
+    {"train_step", "sft_step", "logprobs", "named_weights", "save_checkpoint", "load_checkpoint", "export_hf"}
+)
 COLLECTIVE_TIMEOUT = timedelta(minutes=10)  # a collective a peer never joins fails after this
 # A follower waits for its leader's next call through every wait for a batch, so its control group
 # never times out; a dead leader closes the sockets, which ends the wait with an error at once.
@@ -78,8 +79,13 @@ def join(spec: RankSpec, device: str | torch.device) -> ControlChannel:
     built on it afterwards, by every rank in the same order."""
     device = torch.device(device)
     host, _, port = spec.master.rpartition(":")
-    os.environ.update(RANK=str(spec.rank), WORLD_SIZE=str(spec.world_size), MASTER_ADDR=host, MASTER_PORT=port,
-                      LOCAL_RANK=str(device.index or 0))
+    os.environ.update(
+        RANK=str(spec.rank),
+        WORLD_SIZE=str(spec.world_size),
+        MASTER_ADDR=host,
+        MASTER_PORT=port,
+        LOCAL_RANK=str(device.index or 0),
+    )
     if device.type == "cuda":
         device = torch.device("cuda", device.index or 0)
         torch.cuda.set_device(device)

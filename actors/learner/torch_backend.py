@@ -36,26 +36,43 @@ RNG_FILE = "rng.pkl"
 
 
 class TorchBackend(LearnerBackend):
-    def __init__(self, model_cfg: ModelConfig, learner_cfg: LearnerConfig, *, device: str | torch.device = "cpu",
-                 reference: bool = False):
+    def __init__(
+        self,
+        model_cfg: ModelConfig,
+        learner_cfg: LearnerConfig,
+        *,
+        device: str | torch.device = "cpu",
+        reference: bool = False,
+    ):
         self.model_cfg, self.learner_cfg = model_cfg, learner_cfg
         self.micro_batch_tokens = learner_cfg.micro_batch_tokens
         self.device = torch.device(device)
         self.model = build_model(model_cfg, self.device).float().train()
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=learner_cfg.lr,
-                                           weight_decay=learner_cfg.weight_decay)
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=learner_cfg.lr, weight_decay=learner_cfg.weight_decay
+        )
         distributed = dist.is_available() and dist.is_initialized()
-        self.dp = (DataParallel(dist.get_world_size(), dist.get_rank(), None, self.device) if distributed
-                   else DataParallel(1, 0))
+        self.dp = (
+            DataParallel(dist.get_world_size(), dist.get_rank(), None, self.device)
+            if distributed
+            else DataParallel(1, 0)
+        )
         # The initial policy, frozen, in the engines' dtype (the KL term's π_ref).
         self.reference = build_model(model_cfg, self.device).requires_grad_(False) if reference else None
 
     def pack(self, batch: TrainBatch) -> PackedBatch:
-        return pack(batch, self.device, vocab_size=self.model.config.vocab_size,
-                    max_seq_len=self.model_cfg.max_seq_len)
+        return pack(batch, self.device, vocab_size=self.model.config.vocab_size, max_seq_len=self.model_cfg.max_seq_len)
 
-    def forward_backward(self, packed: PackedBatch, micro_batches: Sequence[MicroBatch], loss_fn: LossFn, *,
-                         temperature: float, forward_only: bool = False, reference: bool = False) -> list[Any]:
+    def forward_backward(
+        self,
+        packed: PackedBatch,
+        micro_batches: Sequence[MicroBatch],
+        loss_fn: LossFn,
+        *,
+        temperature: float,
+        forward_only: bool = False,
+        reference: bool = False,
+    ) -> list[Any]:
         model = self.model
         if reference:
             if self.reference is None:
@@ -70,15 +87,21 @@ class TorchBackend(LearnerBackend):
                 reports.append(report)
         return reports
 
-    def _forward(self, model: torch.nn.Module, packed: PackedBatch, positions: slice,
-                 temperature: float) -> PolicyOutput:
+    def _forward(
+        self, model: torch.nn.Module, packed: PackedBatch, positions: slice, temperature: float
+    ) -> PolicyOutput:
         """One micro-batch's sequences as one packed row (position ids restart per sequence, no
         attention mask: see actors.learner.batch)."""
         with self._autocast():
-            logits = model(input_ids=packed.tokens[positions][None], position_ids=packed.position_ids[positions][None],
-                           use_cache=False).logits[0]
-        return PolicyOutput(logprobs=token_logprobs_from_logits(logits, packed.targets[positions], temperature),
-                            entropy_of=lambda: token_entropy(logits, temperature))
+            logits = model(
+                input_ids=packed.tokens[positions][None],
+                position_ids=packed.position_ids[positions][None],
+                use_cache=False,
+            ).logits[0]
+        return PolicyOutput(
+            logprobs=token_logprobs_from_logits(logits, packed.targets[positions], temperature),
+            entropy_of=lambda: token_entropy(logits, temperature),
+        )
 
     def _autocast(self):
         if self.device.type == "cuda" and self.model_cfg.dtype == "bfloat16":

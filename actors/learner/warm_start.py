@@ -30,8 +30,13 @@ def warm_start_batches(tasks: list[Task], cfg: WarmStartConfig, model: ModelConf
     if not cfg.solutions:
         raise ValueError("warm_start.solutions names no directory (the driver fills in its default)")
     pairs = solution_pairs(tasks, cfg.solutions)
-    batches = sft_batches(pairs, load_tokenizer(model), max_seq_len=model.max_seq_len, batch_tokens=cfg.batch_tokens,
-                          enable_thinking=model.enable_thinking)
+    batches = sft_batches(
+        pairs,
+        load_tokenizer(model),
+        max_seq_len=model.max_seq_len,
+        batch_tokens=cfg.batch_tokens,
+        enable_thinking=model.enable_thinking,
+    )
     return batches, len(pairs)
 
 
@@ -62,8 +67,9 @@ def solution_example(task: Task, solution: str) -> ChatExample:
     return ChatExample(messages=(*opening(task), Message("assistant", response_text(solution))), task_id=task.task_id)
 
 
-def sft_batches(pairs: list[tuple[Task, str]], tokenizer, *, max_seq_len: int, batch_tokens: int,
-                enable_thinking: bool = False) -> list[TrainBatch]:
+def sft_batches(
+    pairs: list[tuple[Task, str]], tokenizer, *, max_seq_len: int, batch_tokens: int, enable_thinking: bool = False
+) -> list[TrainBatch]:
     """Pack the pairs into batches of at most `batch_tokens` tokens (one sequence per pair; a pair
     longer than `max_seq_len` is cut at the end of its response and still trains on its start)."""
     sequences = []

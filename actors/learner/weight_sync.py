@@ -81,11 +81,29 @@ class WeightServer:
     """The learner's weight endpoints. `start()` binds them; `publish(version, named_tensors)` pushes a
     version to every engine; `updating()` is held while the learner changes its weights; `stop()`."""
 
-    def __init__(self, run_dir: str | Path, transport: str = "gloo", bucket_mb: float = 256, *,
-                 host: str = "127.0.0.1", advertise: str | None = None, timeout_s: float = 120.0,
-                 join_timeout_s: float = 30.0, keep_disk: int = 2, hf_config=None, flat_buckets: bool = True) -> None:
-        settings = SenderSettings(run_dir=Path(run_dir), host=host, advertise=advertise or host, timeout_s=timeout_s,
-                                  join_timeout_s=join_timeout_s, keep_disk=keep_disk, hf_config=hf_config)
+    def __init__(
+        self,
+        run_dir: str | Path,
+        transport: str = "gloo",
+        bucket_mb: float = 256,
+        *,
+        host: str = "127.0.0.1",
+        advertise: str | None = None,
+        timeout_s: float = 120.0,
+        join_timeout_s: float = 30.0,
+        keep_disk: int = 2,
+        hf_config=None,
+        flat_buckets: bool = True,
+    ) -> None:
+        settings = SenderSettings(
+            run_dir=Path(run_dir),
+            host=host,
+            advertise=advertise or host,
+            timeout_s=timeout_s,
+            join_timeout_s=join_timeout_s,
+            keep_disk=keep_disk,
+            hf_config=hf_config,
+        )
         self.sender: Sender = sender(transport, settings)
         if not bucket_mb > 0 or keep_disk < 1:
             raise ValueError("bucket_mb must be > 0 and keep_disk >= 1")
@@ -101,8 +119,14 @@ class WeightServer:
         self.engines: dict[str, EngineState] = {}
         self.version = -1
         self.last_push: PushReport | None = None
-        self.stats = {"publishes": 0, "joins": 0, "join_failures": 0, "dropped_groups": 0, "bad_requests": 0,
-                      "disk_fallbacks": 0}
+        self.stats = {
+            "publishes": 0,
+            "joins": 0,
+            "join_failures": 0,
+            "dropped_groups": 0,
+            "bad_requests": 0,
+            "disk_fallbacks": 0,
+        }
         self._named: NamedTensors | None = None
         self._manifest: list[TensorSpec] = []
         self._published_at: dict[int, float] = {}
@@ -123,8 +147,11 @@ class WeightServer:
         self._router = ReplyServer(self.host, advertise=self.advertise if self.advertise != self.host else None)
         self._publisher = Publisher(self.host, advertise=self.advertise if self.advertise != self.host else None)
         self._spawn(self._serve, "serve")
-        return {"weights": self._router.address, "announce": self._publisher.address,
-                "announce_sync": self._publisher.sync_address}
+        return {
+            "weights": self._router.address,
+            "announce": self._publisher.address,
+            "announce_sync": self._publisher.sync_address,
+        }
 
     def stop(self) -> None:
         self._stop.set()
@@ -139,12 +166,25 @@ class WeightServer:
 
     def health(self) -> dict:
         last = self.last_push
-        return {"transport": self.transport, "version": self.version, **self.stats,
-                "engines": {e.engine_id: {"confirmed": e.confirmed, "live": e.live, "latency_s": e.latency_s,
-                                          "error": e.last_error} for e in list(self.engines.values())},
-                "last_push": None if last is None else {"version": last.version, "seconds": last.seconds,
-                                                        "bytes": last.bytes, "gbps": last.gbps,
-                                                        "engines": last.engines, "dropped": last.dropped}}
+        return {
+            "transport": self.transport,
+            "version": self.version,
+            **self.stats,
+            "engines": {
+                e.engine_id: {"confirmed": e.confirmed, "live": e.live, "latency_s": e.latency_s, "error": e.last_error}
+                for e in list(self.engines.values())
+            },
+            "last_push": None
+            if last is None
+            else {
+                "version": last.version,
+                "seconds": last.seconds,
+                "bytes": last.bytes,
+                "gbps": last.gbps,
+                "engines": last.engines,
+                "dropped": last.dropped,
+            },
+        }
 
     @contextlib.contextmanager
     def updating(self) -> Iterator[None]:
@@ -175,8 +215,9 @@ class WeightServer:
             # A group forming now is pushed this version once it has formed; one still forming after
             # the join timeout misses it (its engine then fails to receive it and joins again).
             if not self._settled.wait_for(lambda: not self._forming, self.join_timeout_s):
-                log.warning("weights: publishing version %d while %d engine group(s) still form", version,
-                            self._forming)
+                log.warning(
+                    "weights: publishing version %d while %d engine group(s) still form", version, self._forming
+                )
             named = unique_tensors(named_tensors())
             self._named, self._manifest, self.version = named_tensors, specs(named), version
             self._stepped = False
@@ -186,9 +227,16 @@ class WeightServer:
             location = self.sender.publish(current, named)
             self.sender.retire(self._oldest_needed())
             self._published_at[version] = time.monotonic()
-            self._publisher.publish(WeightAnnouncement(version=version, manifest=self._manifest,
-                                                       transport=self.transport, location=location,
-                                                       bucket_bytes=self.bucket_bytes, flat=self.flat))
+            self._publisher.publish(
+                WeightAnnouncement(
+                    version=version,
+                    manifest=self._manifest,
+                    transport=self.transport,
+                    location=location,
+                    bucket_bytes=self.bucket_bytes,
+                    flat=self.flat,
+                )
+            )
             for engine_id, err in self.sender.push(current, named).items():
                 if err is None:
                     report.engines += 1
@@ -233,8 +281,13 @@ class WeightServer:
             self._confirmed.notify_all()  # wait_confirmed no longer waits for it
 
     def _current(self) -> Published:
-        return Published(version=self.version, manifest=self._manifest, bucket_bytes=self.bucket_bytes,
-                         named=self._named, flat=self.flat)
+        return Published(
+            version=self.version,
+            manifest=self._manifest,
+            bucket_bytes=self.bucket_bytes,
+            named=self._named,
+            flat=self.flat,
+        )
 
     def _oldest_needed(self) -> int:
         """The oldest version a live engine may still load: the lowest that any live engine confirmed."""
@@ -272,14 +325,20 @@ class WeightServer:
         elif isinstance(rec, WeightRequest):
             answering = self._senders[rec.transport or self.transport]
             if answering.waits:  # joins and disk writes wait for the lock: off the serving thread
-                self._spawn(lambda: self._answer(rec, answering, lambda answer: self._outbox.put((req, answer))),
-                            f"join-{rec.engine_id}")
+                self._spawn(
+                    lambda: self._answer(rec, answering, lambda answer: self._outbox.put((req, answer))),
+                    f"join-{rec.engine_id}",
+                )
             else:
                 self._answer(rec, answering, lambda answer: self._router.reply(req, answer))
         else:
             self.stats["bad_requests"] += 1
-            self._router.reply(req, ErrorReply(message=f"the weight endpoint takes WeightRequest or WeightsLoaded, "
-                                                       f"not {type(rec).__name__}"))
+            self._router.reply(
+                req,
+                ErrorReply(
+                    message=f"the weight endpoint takes WeightRequest or WeightsLoaded, not {type(rec).__name__}"
+                ),
+            )
 
     def _confirm(self, rec: WeightsLoaded) -> None:
         with self._confirmed:
@@ -322,14 +381,25 @@ class WeightServer:
                 self._forming -= 1
                 self._settled.notify_all()
 
-    def _join(self, state: EngineState, answering: Sender, rec: WeightRequest, current: Published,
-              reply: Callable[[Record], None]) -> None:
+    def _join(
+        self,
+        state: EngineState,
+        answering: Sender,
+        rec: WeightRequest,
+        current: Published,
+        reply: Callable[[Record], None],
+    ) -> None:
         """`answering` answers `rec` (under the lock, or not: see `_answer`); the outcome is recorded."""
         started = time.monotonic()
         try:
             joined = answering.answer(rec, current, reply)
-            log.info("weights: %s joined at version %d (it had %d) in %.3f s", rec.engine_id, current.version,
-                     rec.have_version, time.monotonic() - started)
+            log.info(
+                "weights: %s joined at version %d (it had %d) in %.3f s",
+                rec.engine_id,
+                current.version,
+                rec.have_version,
+                time.monotonic() - started,
+            )
         except Exception as err:
             with self._lock:
                 self.stats["join_failures"] += 1

@@ -184,7 +184,7 @@ def first_code_block(text: str) -> str | None:
         return None
     body = text.find("\n", start)
     end = text.find("```", body + 1) if body >= 0 else -1
-    return text[body + 1:end] if body >= 0 and end >= 0 else None
+    return text[body + 1 : end] if body >= 0 and end >= 0 else None
 
 
 def reference_of(example: ChatExample) -> str | None:

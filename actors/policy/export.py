@@ -37,12 +37,17 @@ class GenerationSettings:
 
     @classmethod
     def from_rollout(cls, rollout: RolloutConfig) -> "GenerationSettings":
-        return cls(temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k,
-                   max_new_tokens=rollout.max_new_tokens)
+        return cls(
+            temperature=rollout.temperature,
+            top_p=rollout.top_p,
+            top_k=rollout.top_k,
+            max_new_tokens=rollout.max_new_tokens,
+        )
 
 
-def export_servable(path: str | Path, write_weights: Callable[[Path], None], model: ModelConfig,
-                    generation: GenerationSettings) -> Path:
+def export_servable(
+    path: str | Path, write_weights: Callable[[Path], None], model: ModelConfig, generation: GenerationSettings
+) -> Path:
     """`write_weights(staging)` (a backend's `export_hf`, which creates the directory), then the tokenizer
     and generation config, then the rename to `path`; an earlier export at `path` is replaced."""
     from transformers.utils import logging as hf_logging
@@ -72,16 +77,24 @@ def finish_export(directory: str | Path, model: ModelConfig, generation: Generat
     if isinstance(tokenizer, HFTokenizer):
         tokenizer.tok.save_pretrained(str(directory))
     source = Path(model.path) if model.path else None
-    config = (GenerationConfig.from_pretrained(str(source), local_files_only=True)
-              if source is not None and (source / "generation_config.json").is_file() else GenerationConfig())
+    config = (
+        GenerationConfig.from_pretrained(str(source), local_files_only=True)
+        if source is not None and (source / "generation_config.json").is_file()
+        else GenerationConfig()
+    )
     stops = tokenizer.stop_ids
     pad = getattr(tokenizer, "pad_token_id", None)
     if pad is None and isinstance(tokenizer, HFTokenizer):
         pad = tokenizer.tok.pad_token_id
-    config.update(do_sample=True, temperature=generation.temperature, top_p=generation.top_p,
-                  top_k=generation.top_k, max_new_tokens=generation.max_new_tokens,
-                  eos_token_id=stops if len(stops) != 1 else stops[0],
-                  pad_token_id=pad if pad is not None else stops[0])
+    config.update(
+        do_sample=True,
+        temperature=generation.temperature,
+        top_p=generation.top_p,
+        top_k=generation.top_k,
+        max_new_tokens=generation.max_new_tokens,
+        eos_token_id=stops if len(stops) != 1 else stops[0],
+        pad_token_id=pad if pad is not None else stops[0],
+    )
     config.save_pretrained(str(directory))
     make_readable(directory)
 

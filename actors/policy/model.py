@@ -46,8 +46,9 @@ def build_model(cfg: ModelConfig, device: str | torch.device = "cpu", attention:
     if cfg.path:
         unresolved(cfg.path)
         hf_logging.disable_progress_bar()  # every engine restart and weight reload would print one
-        model = AutoModelForCausalLM.from_pretrained(cfg.path, dtype=dtype, attn_implementation=attention,
-                                                     local_files_only=not cfg.allow_download)
+        model = AutoModelForCausalLM.from_pretrained(
+            cfg.path, dtype=dtype, attn_implementation=attention, local_files_only=not cfg.allow_download
+        )
     else:
         # Initialised where it will live: a 1.1B model's init takes ~16 s on one CPU core (a Ray actor's
         # thread budget) and well under a second on a GPU. The seeded values depend on the device type:
@@ -63,5 +64,7 @@ def unresolved(path: str) -> None:
     """Refuse a `kiln:` model.path that nobody resolved: the driver turns `kiln:tiny-chat` into the
     directory it builds (launch.driver.tiny_checkpoint.resolve_model_path) before any model is built."""
     if path.startswith("kiln:"):
-        raise ValueError(f"model.path={path} names a checkpoint that `kiln train` builds; resolve it first "
-                         "(launch.driver.tiny_checkpoint.resolve_model_path)")
+        raise ValueError(
+            f"model.path={path} names a checkpoint that `kiln train` builds; resolve it first "
+            "(launch.driver.tiny_checkpoint.resolve_model_path)"
+        )

@@ -84,20 +84,26 @@ def repair_request(task: Task, feedback: str) -> str:
     """The user's message after a failed answer: the verifier's feedback and what to do about it."""
     if task.kind != "kernel":
         return feedback.strip()
-    return f"The verifier rejected this answer.\n{feedback.strip()}\nFix it and answer with the complete corrected file."
+    return (
+        f"The verifier rejected this answer.\n{feedback.strip()}\nFix it and answer with the complete corrected file."
+    )
 
 
 def optimize_request(verdict: VerifyResult) -> str:
     """The user's message after a kernel that passed but was slower than wanted (a performance turn)."""
     speed = f"{verdict.speedup_eager:.2f}x" if verdict.speedup_eager is not None else "not measured"
-    return (f"The kernel is correct and legal, but slow: its speedup over eager PyTorch is {speed}.\n"
-            f"{verdict.feedback.strip()}\n"
-            "Make it faster (fuse work, improve memory access, use vectorised loads) and answer with the "
-            "complete file.")
+    return (
+        f"The kernel is correct and legal, but slow: its speedup over eager PyTorch is {speed}.\n"
+        f"{verdict.feedback.strip()}\n"
+        "Make it faster (fuse work, improve memory access, use vectorised loads) and answer with the "
+        "complete file."
+    )
 
 
 def elision_note(left_out: int) -> str:
     """Appended to the task's message when earlier turns of the dialogue are not shown."""
     turns = "turn" if left_out == 1 else "turns"
-    return (f"\n\n(Your {left_out} earlier {turns} at this task and the feedback on them are left out here; "
-            "your most recent answer and its feedback follow.)")
+    return (
+        f"\n\n(Your {left_out} earlier {turns} at this task and the feedback on them are left out here; "
+        "your most recent answer and its feedback follow.)"
+    )

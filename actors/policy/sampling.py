@@ -14,9 +14,15 @@ from __future__ import annotations
 import torch
 
 
-def sample(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor, top_k: torch.Tensor,
-           generator: torch.Generator | None = None, *, filtered: bool | None = None
-           ) -> tuple[torch.Tensor, torch.Tensor]:
+def sample(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_p: torch.Tensor,
+    top_k: torch.Tensor,
+    generator: torch.Generator | None = None,
+    *,
+    filtered: bool | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-row sampling. logits [B, V]; temperature, top_p [B] float; top_k [B] long (0 = off).
     `filtered`: whether any row uses top-p or top-k, if the caller knows it from the requests (None:
     read it from the tensors, a host sync on GPU). Returns (token ids [B], logprobs [B] float32)."""

@@ -93,7 +93,7 @@ def split_thinking(text: str) -> Response:
 
 def _strip_open(text: str) -> str:
     text = text.strip()
-    return text[len(THINK_OPEN):].strip() if text.startswith(THINK_OPEN) else text
+    return text[len(THINK_OPEN) :].strip() if text.startswith(THINK_OPEN) else text
 
 
 class ByteTokenizer:
@@ -161,8 +161,12 @@ class HFTokenizer:
         """The prompt as text, ending where the assistant's answer begins."""
         if not self.has_chat_template:
             return plain_text(messages)
-        text = self.tok.apply_chat_template([m.as_template_dict() for m in messages], tokenize=False,
-                                            add_generation_prompt=True, enable_thinking=enable_thinking)
+        text = self.tok.apply_chat_template(
+            [m.as_template_dict() for m in messages],
+            tokenize=False,
+            add_generation_prompt=True,
+            enable_thinking=enable_thinking,
+        )
         if not isinstance(text, str):
             raise TypeError(f"{self.path}: the chat template rendered a {type(text).__name__}, not text")
         return text
@@ -181,7 +185,7 @@ class HFTokenizer:
         if close_id is not None and close_id in ids:
             cut = ids.index(close_id)
             head = ids[1:cut] if open_id is not None and ids[:1] == [open_id] else ids[:cut]
-            return Response(answer=self.decode(ids[cut + 1:]).strip("\n"), reasoning=_strip_open(self.decode(head)))
+            return Response(answer=self.decode(ids[cut + 1 :]).strip("\n"), reasoning=_strip_open(self.decode(head)))
         if open_id is not None and ids[:1] == [open_id]:
             return Response(answer="", reasoning=self.decode(ids[1:]).strip())
         return split_thinking(self.decode(ids))

@@ -50,7 +50,13 @@ from actors.policy.tokenizer import load_tokenizer
 from actors.rollout.engine import Engine, EngineError, GenerateRequest, Generation, SamplingParams
 from actors.rollout.engines import make_engine
 from actors.rollout.episodes import Pipeline, Verifier
-from actors.rollout.evaluation import EvalAttempt, eval_max_new_tokens, eval_params, first_turn_answers, verified_attempts
+from actors.rollout.evaluation import (
+    EvalAttempt,
+    eval_max_new_tokens,
+    eval_params,
+    first_turn_answers,
+    verified_attempts,
+)
 from actors.rollout.forced import CandidatePool
 from actors.rollout.health import RolloutHealth, WeightSyncHealth
 from actors.rollout.reporting import Reporter, group_report
@@ -73,8 +79,17 @@ TASK_LIST_TIMEOUT_S = 60.0
 class RolloutActor(Actor):
     role = "rollout"
 
-    def __init__(self, rollout: RolloutConfig, model: ModelConfig, evaluation: EvalConfig, ctx: RunContext, *,
-                 follow_learner: bool = True, send_episodes: bool = False, episode_log: bool = False) -> None:
+    def __init__(
+        self,
+        rollout: RolloutConfig,
+        model: ModelConfig,
+        evaluation: EvalConfig,
+        ctx: RunContext,
+        *,
+        follow_learner: bool = True,
+        send_episodes: bool = False,
+        episode_log: bool = False,
+    ) -> None:
         """`send_episodes` sends each group's episodes to the driver (its readable dumps);
         `episode_log` appends every episode to RUN_DIR/episodes_log/<name>.kiln (rollout-only mode)."""
         super().__init__(ctx)
@@ -84,14 +99,24 @@ class RolloutActor(Actor):
         registry = ctx.registry
         self.timeline = SpanRecorder(self.actor_id, registry.address("driver", "metrics") or None)
         # The learner's weight endpoints ("weights", "announce", "announce_sync"); none while it starts.
-        self.weights = WeightClient(self.actor_id, lambda: _weight_endpoints(registry.endpoints("learner")),
-                                    timeline=self.timeline) if follow_learner else None
+        self.weights = (
+            WeightClient(
+                self.actor_id, lambda: _weight_endpoints(registry.endpoints("learner")), timeline=self.timeline
+            )
+            if follow_learner
+            else None
+        )
         self.tokenizer = load_tokenizer(model)
         # Where a response ends: generation_config.json's eos ids and the chat template's end of turn.
         # Every request carries them, so an SGLang server (which knows only the config's eos) stops there too.
         self.eos = self.tokenizer.stop_ids
-        self.params = SamplingParams(temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k,
-                                     max_new_tokens=rollout.max_new_tokens, stop_token_ids=tuple(self.eos))
+        self.params = SamplingParams(
+            temperature=rollout.temperature,
+            top_p=rollout.top_p,
+            top_k=rollout.top_k,
+            max_new_tokens=rollout.max_new_tokens,
+            stop_token_ids=tuple(self.eos),
+        )
         # The in-flight budget: attempts generating or being verified (admission stops at it).
         self.max_inflight = rollout.max_inflight or 2 * rollout.max_batch
         self.verify_stats: dict[str, int] = {}  # the verifier pool front's counters (sent, moved, infra, ...)
@@ -99,8 +124,14 @@ class RolloutActor(Actor):
         self.sender = EpisodeSender(replay, timeout_s=rollout.ack_timeout_s)
         self._feed = ReconnectingClient(replay, timeout_s=rollout.task_wait_s, retries=0)
         self.engine: Engine | None = None
-        self.stats = {"groups": 0, "episodes": 0, "engine_restarts": 0, "waits": 0, "feed_timeouts": 0,
-                      "group_errors": 0}
+        self.stats = {
+            "groups": 0,
+            "episodes": 0,
+            "engine_restarts": 0,
+            "waits": 0,
+            "feed_timeouts": 0,
+            "group_errors": 0,
+        }
         self._finished = False
         # Group reports (and a sampled episode per group) to the driver; every episode to disk in
         # rollout-only mode.
@@ -108,8 +139,9 @@ class RolloutActor(Actor):
         if episode_log:
             (ctx.path / "episodes_log").mkdir(parents=True, exist_ok=True)
             log_path = str(ctx.path / "episodes_log" / f"{self.actor_id}.kiln")
-        self.reporter = Reporter(registry.address("driver", "metrics") or None, send_episodes=send_episodes,
-                                 episode_log=log_path)
+        self.reporter = Reporter(
+            registry.address("driver", "metrics") or None, send_episodes=send_episodes, episode_log=log_path
+        )
         # The episode sender and the reporter block on their sockets: the event loop calls them on this
         # one thread (which also keeps each socket on one thread). The task feed has a thread of its own:
         # replay holds an ask it cannot serve yet (up to replay.retry_after_s), which must not hold up
@@ -120,10 +152,17 @@ class RolloutActor(Actor):
         self._preparing = threading.Lock()
         self._prepared: Engine | None = None  # built by prepare() (a standby), taken by start()
         self._pipeline_now: Pipeline | None = None
-        self.pool = (CandidatePool(rollout.forced_candidates, seed=rollout.seed + self.index,
-                                   fraction=rollout.forced_fraction, mix=rollout.forced_mix,
-                                   unique=rollout.bench.unique_forced)
-                     if rollout.forced_candidates else None)
+        self.pool = (
+            CandidatePool(
+                rollout.forced_candidates,
+                seed=rollout.seed + self.index,
+                fraction=rollout.forced_fraction,
+                mix=rollout.forced_mix,
+                unique=rollout.bench.unique_forced,
+            )
+            if rollout.forced_candidates
+            else None
+        )
 
     # ------------------------------------------------------------------------------ lifecycle
 
@@ -158,14 +197,23 @@ class RolloutActor(Actor):
 
     def health(self) -> RolloutHealth:
         engine = self.engine.health() if self.engine is not None else {"alive": False}
-        return RolloutHealth(role=self.role, alive=not self.stopping, looping=self.threads_running,
-                             finished=self._finished, busy_s=self.timeline.busy_s(), actor_id=self.actor_id,
-                             **self.stats,
-                             unacked=self.sender.unacked, acked=len(self.sender.acked),
-                             verify_infra=self.verify_stats.get("infra", 0),
-                             inflight=self._pipeline_now.inflight if self._pipeline_now else 0, engine_alive=bool(engine.get("alive")),
-                             decoded_tokens=int(engine.get("tokens", 0)), engine=engine,
-                             weights=WeightSyncHealth(**self.weights.health()) if self.weights is not None else None)
+        return RolloutHealth(
+            role=self.role,
+            alive=not self.stopping,
+            looping=self.threads_running,
+            finished=self._finished,
+            busy_s=self.timeline.busy_s(),
+            actor_id=self.actor_id,
+            **self.stats,
+            unacked=self.sender.unacked,
+            acked=len(self.sender.acked),
+            verify_infra=self.verify_stats.get("infra", 0),
+            inflight=self._pipeline_now.inflight if self._pipeline_now else 0,
+            engine_alive=bool(engine.get("alive")),
+            decoded_tokens=int(engine.get("tokens", 0)),
+            engine=engine,
+            weights=WeightSyncHealth(**self.weights.health()) if self.weights is not None else None,
+        )
 
     def acked_episode_ids(self) -> list[str]:
         return list(self.sender.acked)
@@ -184,8 +232,9 @@ class RolloutActor(Actor):
     # ------------------------------------------------------------------------------ engine
 
     def _build_engine(self) -> Engine:
-        return make_engine(self.cfg, self.model_cfg, index=self.index, eos_token_ids=self.eos,
-                           gpu_ids=self.ctx.slot.device_ids())
+        return make_engine(
+            self.cfg, self.model_cfg, index=self.index, eos_token_ids=self.eos, gpu_ids=self.ctx.slot.device_ids()
+        )
 
     def _start_engine(self, engine: Engine | None = None) -> Engine:
         """`engine` (one prepared ahead) or a new one, with the learner's current weights loaded."""
@@ -249,14 +298,23 @@ class RolloutActor(Actor):
 
     def _pipeline(self, verifier: VerifierPool, max_turns: int) -> Pipeline:
         policy = TurnPolicy(TurnRules.from_config(self.cfg, self.model_cfg, max_turns=max_turns), self.tokenizer)
-        return Pipeline(actor_id=self.actor_id, generate=self.generate_one, verify=verifier.verify,
-                        tokenizer=self.tokenizer, params=self.params, policy=policy,
-                        force=self.pool.draw if self.pool is not None else None)
+        return Pipeline(
+            actor_id=self.actor_id,
+            generate=self.generate_one,
+            verify=verifier.verify,
+            tokenizer=self.tokenizer,
+            params=self.params,
+            policy=policy,
+            force=self.pool.draw if self.pool is not None else None,
+        )
 
     def _verifier_pool(self) -> VerifierPool:
-        return VerifierPool(self.ctx.registry.pool_resolver("verifier", "verifier"),
-                            timeout_s=self.cfg.verify_reply_timeout_s, retries=self.cfg.verify_retries,
-                            stats=self.verify_stats)
+        return VerifierPool(
+            self.ctx.registry.pool_resolver("verifier", "verifier"),
+            timeout_s=self.cfg.verify_reply_timeout_s,
+            retries=self.cfg.verify_retries,
+            stats=self.verify_stats,
+        )
 
     def evaluate(self) -> list[EvalAttempt]:
         """First-turn attempts at every validation task (`eval.samples` each) with the current weights,
@@ -268,19 +326,24 @@ class RolloutActor(Actor):
         if not tasks:
             return []
         rules = TurnRules.from_config(self.cfg, self.model_cfg, max_turns=1)
-        policy = TurnPolicy(dataclasses.replace(rules, max_new_tokens=eval_max_new_tokens(self.eval_cfg, self.cfg)),
-                            self.tokenizer)
+        policy = TurnPolicy(
+            dataclasses.replace(rules, max_new_tokens=eval_max_new_tokens(self.eval_cfg, self.cfg)), self.tokenizer
+        )
         params = eval_params(self.eval_cfg, self.cfg, self.eos)
 
         def one(task: Task) -> list[EvalAttempt]:
             pairs = [(task, sample) for sample in range(self.eval_cfg.samples)]
-            answers = first_turn_answers(pairs, generate=self.generate, tokenizer=self.tokenizer, policy=policy,
-                                         params=params)
+            answers = first_turn_answers(
+                pairs, generate=self.generate, tokenizer=self.tokenizer, policy=policy, params=params
+            )
             return verified_attempts(answers, verifier.verify_all)
 
         # Evaluation is a driver's call on its own thread: a synchronous verifier client of its own.
-        verifier = Verifier(self.ctx.registry.pool_resolver("verifier", "verifier"),
-                            timeout_s=self.cfg.verify_reply_timeout_s, retries=self.cfg.verify_retries)
+        verifier = Verifier(
+            self.ctx.registry.pool_resolver("verifier", "verifier"),
+            timeout_s=self.cfg.verify_reply_timeout_s,
+            retries=self.cfg.verify_retries,
+        )
         try:
             with ThreadPoolExecutor(max_workers=EVAL_CONCURRENCY, thread_name_prefix="kiln-rollout-eval") as pool:
                 return [attempt for attempts in pool.map(one, tasks) for attempt in attempts]

@@ -22,29 +22,43 @@ log = logging.getLogger(__name__)
 KILN_ATTENTION = "kiln_sdpa"
 
 
-def decode_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                     attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
-                     **kwargs) -> tuple[torch.Tensor, None]:
+def decode_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
     """transformers attention signature: query [B, H, q, D], key/value [B, H_kv, L, D]; returns
     ([B, q, H, D], None) like HF's sdpa function."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     batch, heads, q_len, dim = query.shape
     kv_heads = key.shape[1]
-    plain = (q_len != 1 or kv_heads == heads or heads % kv_heads or dropout
-             or (attention_mask is not None and (attention_mask.dim() != 4 or attention_mask.shape[1] != 1))
-             or any(kwargs.get(k) is not None for k in ("position_bias", "softcap", "cache", "sinks", "s_aux")))
+    plain = (
+        q_len != 1
+        or kv_heads == heads
+        or heads % kv_heads
+        or dropout
+        or (attention_mask is not None and (attention_mask.dim() != 4 or attention_mask.shape[1] != 1))
+        or any(kwargs.get(k) is not None for k in ("position_bias", "softcap", "cache", "sinks", "s_aux"))
+    )
     if plain or _disabled:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      **kwargs)
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
     try:
-        mask = None if attention_mask is None else attention_mask[..., :key.shape[-2]]
+        mask = None if attention_mask is None else attention_mask[..., : key.shape[-2]]
         rows = query.reshape(batch, kv_heads, heads // kv_heads, dim)  # head h uses KV head h // (H / H_kv)
         out = torch.nn.functional.scaled_dot_product_attention(rows, key, value, attn_mask=mask, scale=scaling)
     except RuntimeError as err:  # no SDPA backend took it: HF's path is slower, never wrong
         _disable(err)
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      **kwargs)
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
     return out.reshape(batch, heads, 1, dim).transpose(1, 2).contiguous(), None
 
 

@@ -18,8 +18,16 @@ log = logging.getLogger(__name__)
 
 
 class DecodeStep:
-    def __init__(self, model: torch.nn.Module, cache, mask2d: torch.Tensor, positions: torch.Tensor,
-                 column: int, *, cuda_graph: bool) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        cache,
+        mask2d: torch.Tensor,
+        positions: torch.Tensor,
+        column: int,
+        *,
+        cuda_graph: bool,
+    ) -> None:
         self.model, self.cache = model, cache
         self.mask = mask2d.bool()[:, None, None, :].contiguous()  # [B, 1, 1, cache_len]: True = attend
         self.positions = positions.clone()  # [B, 1] position id of each row's next token
@@ -36,8 +44,14 @@ class DecodeStep:
         return self.mask.shape[-1]
 
     def _forward(self) -> torch.Tensor:
-        out = self.model(input_ids=self.tokens, attention_mask=self.mask, position_ids=self.positions,
-                         past_key_values=self.cache, cache_position=self.cache_position, use_cache=True)
+        out = self.model(
+            input_ids=self.tokens,
+            attention_mask=self.mask,
+            position_ids=self.positions,
+            past_key_values=self.cache,
+            cache_position=self.cache_position,
+            use_cache=True,
+        )
         return out.logits[:, -1]
 
     @torch.no_grad()

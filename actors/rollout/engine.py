@@ -89,8 +89,15 @@ class Engine(abc.ABC):
     """
 
     @classmethod
-    def from_config(cls, rollout: "RolloutConfig", model: "ModelConfig", *, index: int,
-                    eos_token_ids: list[int], gpu_ids: tuple[str, ...] = ()) -> "Engine":
+    def from_config(
+        cls,
+        rollout: "RolloutConfig",
+        model: "ModelConfig",
+        *,
+        index: int,
+        eos_token_ids: list[int],
+        gpu_ids: tuple[str, ...] = (),
+    ) -> "Engine":
         """The engine of rollout actor `index`, stopping at `eos_token_ids`, on the placement plan's
         `gpu_ids` (() = the devices this process sees)."""
         return cls(rollout, model, index=index, eos_token_ids=eos_token_ids, gpu_ids=gpu_ids)
@@ -107,7 +114,8 @@ class Engine(abc.ABC):
             pool = self.__dict__.get("_submit_pool")
             if pool is None:
                 pool = self.__dict__["_submit_pool"] = ThreadPoolExecutor(
-                    max_workers=SUBMIT_THREADS, thread_name_prefix="kiln-engine-submit")
+                    max_workers=SUBMIT_THREADS, thread_name_prefix="kiln-engine-submit"
+                )
         return pool.submit(lambda: self.generate([request])[0])
 
     @abc.abstractmethod
@@ -137,14 +145,29 @@ class Engine(abc.ABC):
         """Load an HF checkpoint directory (safetensors) and serve it as `version`."""
 
     @abc.abstractmethod
-    def init_weights_update_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
-                                  group_name: str = "weight_update_group", backend: str = "nccl") -> None:
+    def init_weights_update_group(
+        self,
+        master_address: str,
+        master_port: int,
+        rank_offset: int,
+        world_size: int,
+        group_name: str = "weight_update_group",
+        backend: str = "nccl",
+    ) -> None:
         """Join the learner's weight-broadcast group (the learner is rank 0; this engine rank_offset)."""
 
     @abc.abstractmethod
-    def update_weights_from_distributed(self, names: list[str], dtypes: list[str], shapes: list[list[int]],
-                                        version: int, group_name: str = "weight_update_group", *,
-                                        last: bool = True, flat: bool = False) -> None:
+    def update_weights_from_distributed(
+        self,
+        names: list[str],
+        dtypes: list[str],
+        shapes: list[list[int]],
+        version: int,
+        group_name: str = "weight_update_group",
+        *,
+        last: bool = True,
+        flat: bool = False,
+    ) -> None:
         """Receive one bucket that the learner broadcasts in the group. A version may span several
         buckets: `last=False` says more follow, and no token may be sampled by a half-updated model
         under either version; with the last bucket the engine serves `version`. `flat`: the bucket

@@ -29,13 +29,15 @@ def engine_class(name: str) -> type[Engine]:
     return load_plugin(BUILT_IN.get(name, name), Engine, key="rollout.engine")
 
 
-def make_engine(rollout: RolloutConfig, model: ModelConfig, *, index: int, eos_token_ids: list[int],
-                gpu_ids: tuple[str, ...] = ()) -> Engine:
+def make_engine(
+    rollout: RolloutConfig, model: ModelConfig, *, index: int, eos_token_ids: list[int], gpu_ids: tuple[str, ...] = ()
+) -> Engine:
     """`gpu_ids`: the actor's GPUs from the placement plan (`Slot.device_ids()`), where a launched
     SGLang server runs; () leaves the engine the devices this process sees. With the benchmark's
     sampled lengths (`rollout.bench.lengths`) the engine is wrapped to draw them (actors/rollout/workload.py)."""
-    engine = engine_class(rollout.engine).from_config(rollout, model, index=index, eos_token_ids=eos_token_ids,
-                                                       gpu_ids=gpu_ids)
+    engine = engine_class(rollout.engine).from_config(
+        rollout, model, index=index, eos_token_ids=eos_token_ids, gpu_ids=gpu_ids
+    )
     if not rollout.bench.lengths:
         return engine
     from actors.rollout.workload import LengthDraw, SampledLengthEngine

@@ -30,6 +30,7 @@ from protocols.channels import ChannelTimeout, ReconnectingClient, RemoteError
 
 log = logging.getLogger(__name__)
 
+
 class Verifier:
     """A synchronous verifier client for callers outside the event loop (evaluation, `kiln eval`,
     `kiln rft`): concurrent VerifyRequests over one DEALER per worker thread (zmq sockets are not
@@ -37,8 +38,9 @@ class Verifier:
     `address` is the verifier pool ("a,b,..."), or a function that looks it up in the run's registry:
     each thread's client then follows restarted verifiers to their new addresses."""
 
-    def __init__(self, address: str | Callable[[], str], *, timeout_s: float, retries: int,
-                 concurrency: int = 16) -> None:
+    def __init__(
+        self, address: str | Callable[[], str], *, timeout_s: float, retries: int, concurrency: int = 16
+    ) -> None:
         self.address, self.timeout_s, self.retries = address, timeout_s, retries
         self._local = threading.local()
         self._clients: list[ReconnectingClient] = []
@@ -51,8 +53,9 @@ class Verifier:
     def verify(self, request: VerifyRequest) -> VerifyResult:
         client = getattr(self._local, "client", None)
         if client is None:
-            client = self._local.client = ReconnectingClient(self.address, timeout_s=self.timeout_s,
-                                                             retries=self.retries)
+            client = self._local.client = ReconnectingClient(
+                self.address, timeout_s=self.timeout_s, retries=self.retries
+            )
             self._clients.append(client)
         self.stats["sent"] += 1
         try:
@@ -84,8 +87,17 @@ class Pipeline:
     """Attempts of many groups in flight at once: generation through `generate`, verification through
     `verify`, and what comes after each verdict through the turn policy."""
 
-    def __init__(self, *, actor_id: str, generate: Generate, verify: Verify, tokenizer, params: SamplingParams,
-                 policy: TurnPolicy, force: Callable[[Task], str | None] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        actor_id: str,
+        generate: Generate,
+        verify: Verify,
+        tokenizer,
+        params: SamplingParams,
+        policy: TurnPolicy,
+        force: Callable[[Task], str | None] | None = None,
+    ) -> None:
         self.actor_id, self.generate, self.verify = actor_id, generate, verify
         # Forced-response mode (benchmarks, the CPU demo): the text to score instead of sampling.
         self.force = force
@@ -101,8 +113,9 @@ class Pipeline:
         if isinstance(first, Done):  # a task this actor cannot pose: replay takes it out of the feed
             return [self._unservable(reply, i, first.detail) for i in range(reply.group_size)]
         self.inflight += reply.group_size
-        results = await asyncio.gather(*(self._attempt(reply, i, first) for i in range(reply.group_size)),
-                                       return_exceptions=True)
+        results = await asyncio.gather(
+            *(self._attempt(reply, i, first) for i in range(reply.group_size)), return_exceptions=True
+        )
         for result in results:
             if isinstance(result, BaseException):
                 raise result
@@ -115,17 +128,38 @@ class Pipeline:
             while True:
                 turn = len(turns)
                 # The turn policy sized every prompt to leave max_new_tokens of room in model.max_seq_len.
-                gen = await self.generate(GenerateRequest(
-                    request_id=f"{episode_id}/t{turn}/{uuid.uuid4().hex[:8]}", prompt_ids=list(prompt.ids),
-                    params=self.params, forced_response=self._forced(task)))
+                gen = await self.generate(
+                    GenerateRequest(
+                        request_id=f"{episode_id}/t{turn}/{uuid.uuid4().hex[:8]}",
+                        prompt_ids=list(prompt.ids),
+                        params=self.params,
+                        forced_response=self._forced(task),
+                    )
+                )
                 # The verifier sees the answer only: code inside a thinking block is never extracted.
                 response = self.tokenizer.split_response(gen.output_ids)
-                result = await self.verify(VerifyRequest(request_id=f"{episode_id}/t{turn}", task=task,
-                                                         candidate=response.answer, episode_id=episode_id, turn=turn))
-                turns.append(Turn(prompt_ids=np.asarray(prompt.ids, dtype=np.int64), response_ids=gen.output_ids,
-                                  logprobs=gen.logprobs, versions=gen.versions, finish_reason=gen.finish_reason,
-                                  text=response.answer, reasoning=response.reasoning, kind=prompt.kind,
-                                  result=result))
+                result = await self.verify(
+                    VerifyRequest(
+                        request_id=f"{episode_id}/t{turn}",
+                        task=task,
+                        candidate=response.answer,
+                        episode_id=episode_id,
+                        turn=turn,
+                    )
+                )
+                turns.append(
+                    Turn(
+                        prompt_ids=np.asarray(prompt.ids, dtype=np.int64),
+                        response_ids=gen.output_ids,
+                        logprobs=gen.logprobs,
+                        versions=gen.versions,
+                        finish_reason=gen.finish_reason,
+                        text=response.answer,
+                        reasoning=response.reasoning,
+                        kind=prompt.kind,
+                        result=result,
+                    )
+                )
                 decision = self.policy.next_prompt(prompt.attempt.answered(prompt.kind, response), result)
                 if not isinstance(decision, Prompt):
                     break
@@ -133,20 +167,40 @@ class Pipeline:
         finally:
             self.inflight -= 1
             self.room.set()
-        return Episode(episode_id=episode_id, task=task, group_id=reply.group_id, sample_index=index, turns=turns,
-                       rewards=[t.result.score for t in turns], is_retry=task.repair is not None,
-                       actor_id=self.actor_id)
+        return Episode(
+            episode_id=episode_id,
+            task=task,
+            group_id=reply.group_id,
+            sample_index=index,
+            turns=turns,
+            rewards=[t.result.score for t in turns],
+            is_retry=task.repair is not None,
+            actor_id=self.actor_id,
+        )
 
     def _unservable(self, reply: TaskReply, index: int, message: str) -> Episode:
         episode_id = f"{reply.group_id}/{index}"
         request = VerifyRequest(request_id=f"{episode_id}/t0", task=reply.task, candidate="", episode_id=episode_id)
         gen = _empty(episode_id)
-        turn = Turn(prompt_ids=np.zeros(0, np.int64), response_ids=gen.output_ids, logprobs=gen.logprobs,
-                    versions=gen.versions, finish_reason=gen.finish_reason,
-                    result=infra_result(request, f"cannot pose the task: {message}"))
-        return Episode(episode_id=episode_id, task=reply.task, group_id=reply.group_id, sample_index=index,
-                       turns=[turn], rewards=[0.0], is_retry=reply.task.repair is not None, actor_id=self.actor_id,
-                       unservable=message)
+        turn = Turn(
+            prompt_ids=np.zeros(0, np.int64),
+            response_ids=gen.output_ids,
+            logprobs=gen.logprobs,
+            versions=gen.versions,
+            finish_reason=gen.finish_reason,
+            result=infra_result(request, f"cannot pose the task: {message}"),
+        )
+        return Episode(
+            episode_id=episode_id,
+            task=reply.task,
+            group_id=reply.group_id,
+            sample_index=index,
+            turns=[turn],
+            rewards=[0.0],
+            is_retry=reply.task.repair is not None,
+            actor_id=self.actor_id,
+            unservable=message,
+        )
 
     def _forced(self, task: Task) -> list[int] | None:
         text = self.force(task) if self.force is not None else None
@@ -160,9 +214,17 @@ class GroupRunner:
     event loop of its own, with a blocking `generate(requests)` and `verifier.verify_all(requests)`
     called on threads, one request per attempt at a time (each attempt still flows on its own)."""
 
-    def __init__(self, *, actor_id: str, generate: Callable[[list[GenerateRequest]], list[Generation]], verifier,
-                 tokenizer, params: SamplingParams, policy: TurnPolicy,
-                 force: Callable[[Task], str | None] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        actor_id: str,
+        generate: Callable[[list[GenerateRequest]], list[Generation]],
+        verifier,
+        tokenizer,
+        params: SamplingParams,
+        policy: TurnPolicy,
+        force: Callable[[Task], str | None] | None = None,
+    ) -> None:
         self.actor_id, self.generate, self.verifier = actor_id, generate, verifier
         self.tokenizer, self.params, self.policy, self.force = tokenizer, params, policy, force
 
@@ -173,8 +235,15 @@ class GroupRunner:
         async def verify(request: VerifyRequest) -> VerifyResult:
             return (await asyncio.to_thread(self.verifier.verify_all, [request]))[0]
 
-        pipeline = Pipeline(actor_id=self.actor_id, generate=generate, verify=verify, tokenizer=self.tokenizer,
-                            params=self.params, policy=self.policy, force=self.force)
+        pipeline = Pipeline(
+            actor_id=self.actor_id,
+            generate=generate,
+            verify=verify,
+            tokenizer=self.tokenizer,
+            params=self.params,
+            policy=self.policy,
+            force=self.force,
+        )
         return asyncio.run(pipeline.run_group(reply))
 
 
@@ -182,9 +251,14 @@ def _forced_ids(tokenizer, text: str, max_new_tokens: int) -> list[int]:
     """A forced answer ends its turn as a sampled one would: with the end-of-turn token."""
     end = tokenizer.end_of_turn_id
     ids = tokenizer.encode(text) + ([int(end)] if end is not None else [])
-    return ids[:max(1, max_new_tokens)]
+    return ids[: max(1, max_new_tokens)]
 
 
 def _empty(request_id: str) -> Generation:
-    return Generation(request_id=request_id, output_ids=np.zeros(0, np.int64), logprobs=np.zeros(0, np.float32),
-                      versions=np.zeros(0, np.int64), finish_reason="length")
+    return Generation(
+        request_id=request_id,
+        output_ids=np.zeros(0, np.int64),
+        logprobs=np.zeros(0, np.float32),
+        versions=np.zeros(0, np.int64),
+        finish_reason="length",
+    )

@@ -55,20 +55,34 @@ class EvalAttempt:
         return cls(**{name: row[name] for name in cls.__dataclass_fields__ if name in row})
 
 
-def attempt_from_result(task: Task, sample: int, text: str, result: VerifyResult, *,
-                        finish_reason: str = "") -> EvalAttempt:
+def attempt_from_result(
+    task: Task, sample: int, text: str, result: VerifyResult, *, finish_reason: str = ""
+) -> EvalAttempt:
     lines = result.feedback.strip().splitlines()
-    return EvalAttempt(task_id=task.task_id, level=task.kernel.level if task.kernel else 0, sample=sample,
-                       text=text, passed=result.passed, stage=result.stage, error_class=result.error_class,
-                       speedup_eager=result.speedup_eager, speedup_compile=result.speedup_compile,
-                       feedback=lines[0][:300] if lines else "", finish_reason=finish_reason)
+    return EvalAttempt(
+        task_id=task.task_id,
+        level=task.kernel.level if task.kernel else 0,
+        sample=sample,
+        text=text,
+        passed=result.passed,
+        stage=result.stage,
+        error_class=result.error_class,
+        speedup_eager=result.speedup_eager,
+        speedup_compile=result.speedup_compile,
+        feedback=lines[0][:300] if lines else "",
+        finish_reason=finish_reason,
+    )
 
 
 def eval_params(evaluation: EvalConfig, rollout: RolloutConfig, stop_ids: list[int]) -> SamplingParams:
     """The evaluation's sampling settings (eval.*, the model card's quickstart by default), never
     training's: the temperature and top-p a policy is judged at are not the ones it explores at."""
-    return SamplingParams(temperature=evaluation.temperature, top_p=evaluation.top_p,
-                          max_new_tokens=eval_max_new_tokens(evaluation, rollout), stop_token_ids=tuple(stop_ids))
+    return SamplingParams(
+        temperature=evaluation.temperature,
+        top_p=evaluation.top_p,
+        max_new_tokens=eval_max_new_tokens(evaluation, rollout),
+        stop_token_ids=tuple(stop_ids),
+    )
 
 
 def eval_max_new_tokens(evaluation: EvalConfig, rollout: RolloutConfig) -> int:
@@ -86,8 +100,14 @@ class Answer:
     unposable: str = ""  # the turn policy's reason when the prompt does not fit the model
 
 
-def first_turn_answers(pairs: list[tuple[Task, int]], *, generate: Callable[[list[GenerateRequest]], list[Generation]],
-                       tokenizer, policy: TurnPolicy, params: SamplingParams) -> list[Answer]:
+def first_turn_answers(
+    pairs: list[tuple[Task, int]],
+    *,
+    generate: Callable[[list[GenerateRequest]], list[Generation]],
+    tokenizer,
+    policy: TurnPolicy,
+    params: SamplingParams,
+) -> list[Answer]:
     """One sampled answer per (task, sample index), all generated in one engine call."""
     answers: list[Answer | None] = [None] * len(pairs)
     requests, where = [], []
@@ -96,24 +116,41 @@ def first_turn_answers(pairs: list[tuple[Task, int]], *, generate: Callable[[lis
         if isinstance(prompt, Done):
             answers[i] = Answer(task=task, sample=sample, unposable=prompt.detail or prompt.reason)
             continue
-        requests.append(GenerateRequest(request_id=f"eval/{task.task_id}/{sample}/{uuid.uuid4().hex[:8]}",
-                                        prompt_ids=list(prompt.ids), params=params))
+        requests.append(
+            GenerateRequest(
+                request_id=f"eval/{task.task_id}/{sample}/{uuid.uuid4().hex[:8]}",
+                prompt_ids=list(prompt.ids),
+                params=params,
+            )
+        )
         where.append(i)
     for i, gen in zip(where, generate(requests) if requests else []):
         task, sample = pairs[i]
-        answers[i] = Answer(task=task, sample=sample, text=tokenizer.split_response(gen.output_ids).answer,
-                            finish_reason=gen.finish_reason)
+        answers[i] = Answer(
+            task=task,
+            sample=sample,
+            text=tokenizer.split_response(gen.output_ids).answer,
+            finish_reason=gen.finish_reason,
+        )
     return answers  # type: ignore[return-value]
 
 
 def verify_requests(answers: list[Answer]) -> list[VerifyRequest]:
-    return [VerifyRequest(request_id=f"eval/{a.task.task_id}/{a.sample}/{uuid.uuid4().hex[:8]}", task=a.task,
-                          candidate=a.text, episode_id=f"eval/{a.task.task_id}/{a.sample}", turn=0)
-            for a in answers]
+    return [
+        VerifyRequest(
+            request_id=f"eval/{a.task.task_id}/{a.sample}/{uuid.uuid4().hex[:8]}",
+            task=a.task,
+            candidate=a.text,
+            episode_id=f"eval/{a.task.task_id}/{a.sample}",
+            turn=0,
+        )
+        for a in answers
+    ]
 
 
-def verified_attempts(answers: list[Answer], verify_batch: Callable[[list[VerifyRequest]], list[VerifyResult]]
-                      ) -> list[EvalAttempt]:
+def verified_attempts(
+    answers: list[Answer], verify_batch: Callable[[list[VerifyRequest]], list[VerifyResult]]
+) -> list[EvalAttempt]:
     """Verify the posable answers in one batch; an unposable one is recorded as infra (the system's
     limits, not the policy's answer), so it is excluded from the metrics and counted."""
     posable = [a for a in answers if not a.unposable]

@@ -69,22 +69,22 @@ def _in_kernel_code(solution: str, edit) -> str | None:
     body = edit(m.group(3))
     if body is None or body == m.group(3):
         return None
-    return solution[:m.start(3)] + body + solution[m.end(3):]
+    return solution[: m.start(3)] + body + solution[m.end(3) :]
 
 
 def _drop_terminator(code: str) -> str | None:
     i = code.find(";", code.find("{"))
-    return None if i < 0 else code[:i] + code[i + 1:]
+    return None if i < 0 else code[:i] + code[i + 1 :]
 
 
 def _flip_plus(code: str) -> str | None:
     i = code.find(" + ", code.find("{"))
-    return None if i < 0 else code[:i] + " - " + code[i + 3:]
+    return None if i < 0 else code[:i] + " - " + code[i + 3 :]
 
 
 def _spin_first(code: str) -> str | None:
     m = _FUNCTION_BODY.search(code)
-    return None if m is None else code[:m.end()] + "\n    " + SPIN + code[m.end():]
+    return None if m is None else code[: m.end()] + "\n    " + SPIN + code[m.end() :]
 
 
 def fenced(code: str) -> str:
@@ -118,12 +118,15 @@ def check_mix(mix: Mapping[str, float]) -> dict[str, float]:
     problem for an unknown variant, a negative weight or nothing to draw."""
     unknown = sorted(set(mix) - set(VARIANTS))
     if unknown:
-        raise ConfigError(f"rollout.forced_mix: unknown variant(s) {', '.join(unknown)}; the variants are "
-                          f"{', '.join(VARIANTS)}")
+        raise ConfigError(
+            f"rollout.forced_mix: unknown variant(s) {', '.join(unknown)}; the variants are {', '.join(VARIANTS)}"
+        )
     weights = {name: float(mix.get(name, 0.0)) for name in VARIANTS}
     negative = [name for name, w in weights.items() if w < 0]
     if negative:
-        raise ConfigError(f"rollout.forced_mix: weights must be >= 0, got {', '.join(f'{n}={weights[n]:g}' for n in negative)}")
+        raise ConfigError(
+            f"rollout.forced_mix: weights must be >= 0, got {', '.join(f'{n}={weights[n]:g}' for n in negative)}"
+        )
     if not any(weights.values()):
         raise ConfigError("rollout.forced_mix: every weight is 0, so there is nothing to draw")
     return weights
@@ -132,8 +135,14 @@ def check_mix(mix: Mapping[str, float]) -> dict[str, float]:
 class CandidatePool:
     """Draws forced responses for a rollout actor, seeded per actor."""
 
-    def __init__(self, solutions: str | Path, seed: int, fraction: float = 1.0,
-                 mix: Mapping[str, float] | None = None, unique: bool = False) -> None:
+    def __init__(
+        self,
+        solutions: str | Path,
+        seed: int,
+        fraction: float = 1.0,
+        mix: Mapping[str, float] | None = None,
+        unique: bool = False,
+    ) -> None:
         self.solutions = Path(solutions)
         self.rng = random.Random(seed)
         self.fraction = fraction  # share of attempts forced; the rest are sampled by the engine

@@ -39,8 +39,9 @@ class SGLangClient(Engine):
 
     def call(self, method: str, path: str, body: dict | None = None, timeout_s: float | None = None):
         data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(self.url + path, data=data, method=method,
-                                     headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            self.url + path, data=data, method=method, headers={"Content-Type": "application/json"}
+        )
         try:
             with urllib.request.urlopen(req, timeout=timeout_s or self.timeout_s) as resp:
                 raw = resp.read()
@@ -65,12 +66,16 @@ class SGLangClient(Engine):
 
     def _generate_one(self, req: GenerateRequest) -> Generation:
         p = req.params
-        sampling = {"temperature": p.temperature, "top_p": p.top_p, "top_k": p.top_k or -1,
-                    "max_new_tokens": p.max_new_tokens, "ignore_eos": p.ignore_eos}
+        sampling = {
+            "temperature": p.temperature,
+            "top_p": p.top_p,
+            "top_k": p.top_k or -1,
+            "max_new_tokens": p.max_new_tokens,
+            "ignore_eos": p.ignore_eos,
+        }
         if p.stop_token_ids:
             sampling["stop_token_ids"] = list(p.stop_token_ids)
-        body = {"input_ids": req.prompt_ids, "sampling_params": sampling, "return_logprob": True,
-                "rid": req.request_id}
+        body = {"input_ids": req.prompt_ids, "sampling_params": sampling, "return_logprob": True, "rid": req.request_id}
         if req.forced_response is not None:
             body["kiln_forced_output_ids"] = req.forced_response
         out = self.call("POST", "/generate", body)
@@ -100,8 +105,7 @@ class SGLangClient(Engine):
     def update_weights_from_tensors(self, tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         # SGLang's /update_weights_from_tensor carries CUDA IPC handles, so it only works from a process
         # on the server's own GPU; that path belongs to the colocated learner (a later issue).
-        raise EngineError("an HTTP engine loads weights from disk or a distributed group, not from "
-                          "in-process tensors")
+        raise EngineError("an HTTP engine loads weights from disk or a distributed group, not from in-process tensors")
 
     def update_weights_from_disk(self, path: str, version: int) -> None:
         out = self.call("POST", "/update_weights_from_disk", {"model_path": path, "weight_version": str(version)})
@@ -109,16 +113,39 @@ class SGLangClient(Engine):
             raise EngineError(f"update_weights_from_disk failed: {out}")
         self._version = version
 
-    def init_weights_update_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
-                                  group_name: str = "weight_update_group", backend: str = "nccl") -> None:
+    def init_weights_update_group(
+        self,
+        master_address: str,
+        master_port: int,
+        rank_offset: int,
+        world_size: int,
+        group_name: str = "weight_update_group",
+        backend: str = "nccl",
+    ) -> None:
         # Body fields: SGLang's InitWeightsUpdateGroupReqInput.
-        self._expect_success("/init_weights_update_group", {
-            "master_address": master_address, "master_port": master_port, "rank_offset": rank_offset,
-            "world_size": world_size, "group_name": group_name, "backend": backend})
+        self._expect_success(
+            "/init_weights_update_group",
+            {
+                "master_address": master_address,
+                "master_port": master_port,
+                "rank_offset": rank_offset,
+                "world_size": world_size,
+                "group_name": group_name,
+                "backend": backend,
+            },
+        )
 
-    def update_weights_from_distributed(self, names: list[str], dtypes: list[str], shapes: list[list[int]],
-                                        version: int, group_name: str = "weight_update_group", *,
-                                        last: bool = True, flat: bool = False) -> None:
+    def update_weights_from_distributed(
+        self,
+        names: list[str],
+        dtypes: list[str],
+        shapes: list[list[int]],
+        version: int,
+        group_name: str = "weight_update_group",
+        *,
+        last: bool = True,
+        flat: bool = False,
+    ) -> None:
         # Body fields: SGLang's UpdateWeightsFromDistributedReqInput. SGLang loads each bucket into the
         # live model at once, so a multi-bucket version runs with generation paused in place (from the
         # first bucket until the last one has loaded), and only the last bucket carries weight_version
@@ -192,7 +219,12 @@ def parse_generation(req: GenerateRequest, out: dict) -> Generation:
         raise EngineError(f"malformed /generate response for {req.request_id}: {err!r}") from None
     if reason not in ("stop", "length", "abort"):
         raise EngineError(f"unknown finish_reason {reason!r}")
-    return Generation(request_id=req.request_id, output_ids=ids, logprobs=logprobs,
-                      versions=np.asarray(versions, dtype=np.int64), finish_reason=reason,
-                      prompt_tokens=int(meta.get("prompt_tokens", len(req.prompt_ids))),
-                      seconds=float(meta.get("e2e_latency", 0.0)))
+    return Generation(
+        request_id=req.request_id,
+        output_ids=ids,
+        logprobs=logprobs,
+        versions=np.asarray(versions, dtype=np.int64),
+        finish_reason=reason,
+        prompt_tokens=int(meta.get("prompt_tokens", len(req.prompt_ids))),
+        seconds=float(meta.get("e2e_latency", 0.0)),
+    )

@@ -39,9 +39,18 @@ log = logging.getLogger(__name__)
 
 SAMPLING_KEYS = {"temperature", "top_p", "top_k", "max_new_tokens", "stop_token_ids", "ignore_eos"}
 # SGLang sampling options that do not change what Kiln samples when left at these values.
-NEUTRAL_KEYS = {"min_p": 0.0, "frequency_penalty": 0.0, "presence_penalty": 0.0, "repetition_penalty": 1.0,
-                "min_new_tokens": 0, "skip_special_tokens": True, "spaces_between_special_tokens": True,
-                "no_stop_trim": False, "n": 1, "stop": None}
+NEUTRAL_KEYS = {
+    "min_p": 0.0,
+    "frequency_penalty": 0.0,
+    "presence_penalty": 0.0,
+    "repetition_penalty": 1.0,
+    "min_new_tokens": 0,
+    "skip_special_tokens": True,
+    "spaces_between_special_tokens": True,
+    "no_stop_trim": False,
+    "n": 1,
+    "stop": None,
+}
 
 
 class BadRequest(ValueError):
@@ -89,8 +98,7 @@ def parse_generate(body: dict) -> tuple[list[GenerateRequest], bool]:
     for prompt, p, rid, f in zip(prompts, params, rids, forced):
         if not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt + (f or [])):
             raise BadRequest("token ids must be integers")
-        out.append(GenerateRequest(request_id=str(rid), prompt_ids=prompt, params=parse_sampling(p),
-                                   forced_response=f))
+        out.append(GenerateRequest(request_id=str(rid), prompt_ids=prompt, params=parse_sampling(p), forced_response=f))
     return out, batched
 
 
@@ -123,8 +131,15 @@ def generation_json(g: Generation, decode: Callable[[list[int]], str], weight_ve
 class EngineServer:
     """An HTTP front for one engine on `host:port` (0 = OS-chosen)."""
 
-    def __init__(self, engine: Engine, *, host: str = "127.0.0.1", port: int = 0, model_path: str = "",
-                 decode: Callable[[list[int]], str] = lambda ids: "") -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        model_path: str = "",
+        decode: Callable[[list[int]], str] = lambda ids: "",
+    ) -> None:
         self.engine, self.model_path, self.decode = engine, model_path, decode
         self.httpd = ThreadingHTTPServer((host, port), _handler(self))
         self.httpd.daemon_threads = True
@@ -150,11 +165,19 @@ class EngineServer:
             if path in ("/health", "/health_generate"):
                 return (200, None) if e.health().get("alive") else (503, {"error": {"message": "engine down"}})
             if path in ("/model_info", "/get_model_info"):
-                return 200, {"model_path": self.model_path, "tokenizer_path": self.model_path, "is_generation": True,
-                             "weight_version": str(e.weight_version)}
+                return 200, {
+                    "model_path": self.model_path,
+                    "tokenizer_path": self.model_path,
+                    "is_generation": True,
+                    "weight_version": str(e.weight_version),
+                }
             if path in ("/server_info", "/get_server_info"):
-                return 200, {"version": "kiln-torch", "weight_version": str(e.weight_version),
-                             "model_path": self.model_path, "internal_states": [e.health()]}
+                return 200, {
+                    "version": "kiln-torch",
+                    "weight_version": str(e.weight_version),
+                    "model_path": self.model_path,
+                    "internal_states": [e.health()],
+                }
             if path == "/v1/models":
                 return 200, {"object": "list", "data": [{"id": self.model_path or "kiln", "object": "model"}]}
             if path == "/get_weight_version":
@@ -181,10 +204,17 @@ class EngineServer:
                     return 400, {"success": False, "message": str(err), "num_paused_requests": 0}
                 return 200, {"success": True, "message": f"loaded version {version}", "num_paused_requests": 0}
             if path == "/init_weights_update_group":
-                return _weights_result(lambda: e.init_weights_update_group(
-                    str(body["master_address"]), int(body["master_port"]), int(body["rank_offset"]),
-                    int(body["world_size"]), str(body.get("group_name", "weight_update_group")),
-                    str(body.get("backend", "nccl"))), "joined the weight group")
+                return _weights_result(
+                    lambda: e.init_weights_update_group(
+                        str(body["master_address"]),
+                        int(body["master_port"]),
+                        int(body["rank_offset"]),
+                        int(body["world_size"]),
+                        str(body.get("group_name", "weight_update_group")),
+                        str(body.get("backend", "nccl")),
+                    ),
+                    "joined the weight group",
+                )
             if path == "/update_weights_from_distributed":
                 version = int(body.get("weight_version", e.weight_version + 1))
                 # SGLang's flush_cache=false says more buckets of this version follow: the torch engine
@@ -195,11 +225,18 @@ class EngineServer:
                 load_format = body.get("load_format")
                 if load_format not in (None, "flattened_bucket"):
                     raise BadRequest(f"load_format {load_format!r}: the torch engine takes null or 'flattened_bucket'")
-                return _weights_result(lambda: e.update_weights_from_distributed(
-                    list(body["names"]), list(body["dtypes"]), [list(x) for x in body["shapes"]], version,
-                    str(body.get("group_name", "weight_update_group")), last=last,
-                    flat=load_format == "flattened_bucket"),
-                    f"loaded version {version}" if last else f"staged a bucket of version {version}")
+                return _weights_result(
+                    lambda: e.update_weights_from_distributed(
+                        list(body["names"]),
+                        list(body["dtypes"]),
+                        [list(x) for x in body["shapes"]],
+                        version,
+                        str(body.get("group_name", "weight_update_group")),
+                        last=last,
+                        flat=load_format == "flattened_bucket",
+                    ),
+                    f"loaded version {version}" if last else f"staged a bucket of version {version}",
+                )
             if path == "/pause_generation":
                 mode = body.get("mode", "abort")  # SGLang's default mode
                 if mode not in ("abort", "in_place"):
@@ -208,9 +245,11 @@ class EngineServer:
                     e.abort(None)
                 e.pause()
                 return 200, {"message": "Generation paused successfully.", "status": "ok"}
-            simple = {"/continue_generation": e.resume,
-                      "/release_memory_occupation": e.release_memory,
-                      "/resume_memory_occupation": e.resume_memory}
+            simple = {
+                "/continue_generation": e.resume,
+                "/release_memory_occupation": e.release_memory,
+                "/resume_memory_occupation": e.resume_memory,
+            }
             if path in simple:
                 simple[path]()
                 return 200, None

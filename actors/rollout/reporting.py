@@ -23,7 +23,9 @@ log = logging.getLogger(__name__)
 def group_report(actor_id: str, reply: TaskReply, episodes: list[Episode], seconds: float) -> GroupReport:
     results = [t.result for ep in episodes for t in ep.turns if t.result is not None]
     return GroupReport(
-        actor_id=actor_id, group_id=reply.group_id, task_id=reply.task.task_id,
+        actor_id=actor_id,
+        group_id=reply.group_id,
+        task_id=reply.task.task_id,
         is_retry=reply.task.repair is not None,
         turn_scores=[[float(s) for s in ep.rewards] for ep in episodes],
         turn_passed=[[bool(t.result is not None and t.result.passed) for t in ep.turns] for ep in episodes],
@@ -32,7 +34,8 @@ def group_report(actor_id: str, reply: TaskReply, episodes: list[Episode], secon
         # Compiled sources: attempts that got past extraction into the compile stage.
         source_hashes=[r.source_hash for r in results if r.source_hash and r.stage != "extract"],
         generated_tokens=sum(len(t.response_ids) for ep in episodes for t in ep.turns),
-        seconds=seconds)
+        seconds=seconds,
+    )
 
 
 class Reporter:

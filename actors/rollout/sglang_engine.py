@@ -40,9 +40,23 @@ class LaunchSpec:
 
     def command(self) -> list[str]:
         # Kiln tokenizes itself and sends input_ids; --skip-tokenizer-init keeps SGLang from loading one.
-        return [sys.executable, "-m", self.module, "--model-path", self.model_path, "--host", self.host,
-                "--port", str(self.port), "--tp-size", str(self.tp_size),
-                "--mem-fraction-static", str(self.mem_fraction), "--skip-tokenizer-init", *self.extra_args]
+        return [
+            sys.executable,
+            "-m",
+            self.module,
+            "--model-path",
+            self.model_path,
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            "--tp-size",
+            str(self.tp_size),
+            "--mem-fraction-static",
+            str(self.mem_fraction),
+            "--skip-tokenizer-init",
+            *self.extra_args,
+        ]
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -57,10 +71,19 @@ def launch_spec(rollout: RolloutConfig, model: ModelConfig, index: int, gpu_ids:
         raise EngineError("launching SGLang needs model.path (a local HF checkpoint directory)")
     sg = rollout.sglang
     if gpu_ids and len(gpu_ids) != sg.tp_size:
-        raise EngineError(f"rollout.sglang.tp_size={sg.tp_size} but the placement gives this actor "
-                          f"{len(gpu_ids)} GPUs ({','.join(gpu_ids)})")
-    return LaunchSpec(model_path=model.path, port=sg.base_port + index, gpu_ids=list(gpu_ids), tp_size=sg.tp_size,
-                      mem_fraction=sg.mem_fraction, module=sg.launch_module, extra_args=list(sg.extra_args))
+        raise EngineError(
+            f"rollout.sglang.tp_size={sg.tp_size} but the placement gives this actor "
+            f"{len(gpu_ids)} GPUs ({','.join(gpu_ids)})"
+        )
+    return LaunchSpec(
+        model_path=model.path,
+        port=sg.base_port + index,
+        gpu_ids=list(gpu_ids),
+        tp_size=sg.tp_size,
+        mem_fraction=sg.mem_fraction,
+        module=sg.launch_module,
+        extra_args=list(sg.extra_args),
+    )
 
 
 class ServerProcess:
@@ -108,8 +131,15 @@ class ServerProcess:
 
 
 class SGLangEngine(SGLangClient):
-    def __init__(self, rollout: RolloutConfig, model: ModelConfig, *, index: int, eos_token_ids: list[int],
-                 gpu_ids: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        rollout: RolloutConfig,
+        model: ModelConfig,
+        *,
+        index: int,
+        eos_token_ids: list[int],
+        gpu_ids: tuple[str, ...] = (),
+    ) -> None:
         self.server: ServerProcess | None = None
         urls = rollout.sglang.urls
         if urls:

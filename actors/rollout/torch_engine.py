@@ -80,10 +80,22 @@ class _Batch:
 
 
 class TorchEngine(Engine):
-    def __init__(self, model_cfg: ModelConfig, *, max_batch: int = 8, device: str = "cpu",
-                 eos_token_ids: Iterable[int] = (), on_weight_update: str = "finish", seed: int = 0,
-                 version: int = 0, cuda_graphs: bool = True, pipeline: bool = True,
-                 gqa_decode: bool = True, insert: bool = True, admit_slack: float = 1.0) -> None:
+    def __init__(
+        self,
+        model_cfg: ModelConfig,
+        *,
+        max_batch: int = 8,
+        device: str = "cpu",
+        eos_token_ids: Iterable[int] = (),
+        on_weight_update: str = "finish",
+        seed: int = 0,
+        version: int = 0,
+        cuda_graphs: bool = True,
+        pipeline: bool = True,
+        gqa_decode: bool = True,
+        insert: bool = True,
+        admit_slack: float = 1.0,
+    ) -> None:
         if on_weight_update not in ("finish", "abort"):
             raise ValueError(f"on_weight_update must be 'finish' or 'abort', got {on_weight_update!r}")
         self.model_cfg = model_cfg
@@ -115,8 +127,16 @@ class TorchEngine(Engine):
         self._batch: _Batch | None = None
         self._groups: dict[str, object] = {}  # weight-broadcast groups joined, by name
         self._staged: dict[str, list[tuple[str, torch.Tensor]]] = {}  # received buckets of a version, by group
-        self.stats = {"requests": 0, "tokens": 0, "rebuilds": 0, "inserted": 0, "steps": 0, "graph_steps": 0,
-                      "updates": 0, "aborted": 0}
+        self.stats = {
+            "requests": 0,
+            "tokens": 0,
+            "rebuilds": 0,
+            "inserted": 0,
+            "steps": 0,
+            "graph_steps": 0,
+            "updates": 0,
+            "aborted": 0,
+        }
         self.step_hook: Callable[[int], None] | None = None  # tests: called after each decode step
         # Each cycle of work on the device holds the shared device lease: a verifier timing a kernel on
         # this device holds it exclusively, and the engine waits between its steps until it is done.
@@ -125,15 +145,22 @@ class TorchEngine(Engine):
         self._thread.start()
 
     @classmethod
-    def from_config(cls, rollout, model, *, index: int, eos_token_ids: list[int],
-                    gpu_ids: tuple[str, ...] = ()) -> "TorchEngine":
+    def from_config(
+        cls, rollout, model, *, index: int, eos_token_ids: list[int], gpu_ids: tuple[str, ...] = ()
+    ) -> "TorchEngine":
         # In a Ray actor the placement already restricts the visible devices to `gpu_ids`.
         from actors.rollout.engines import resolve_device
 
         if rollout.torch_threads:  # the whole process's intra-op pool: in a Ray actor, this engine's own
             torch.set_num_threads(rollout.torch_threads)
-        return cls(model, max_batch=rollout.max_batch, device=resolve_device(rollout.device),
-                   eos_token_ids=eos_token_ids, on_weight_update=rollout.on_weight_update, seed=rollout.seed + index)
+        return cls(
+            model,
+            max_batch=rollout.max_batch,
+            device=resolve_device(rollout.device),
+            eos_token_ids=eos_token_ids,
+            on_weight_update=rollout.on_weight_update,
+            seed=rollout.seed + index,
+        )
 
     # ------------------------------------------------------------------------------ interface
 
@@ -194,20 +221,42 @@ class TorchEngine(Engine):
         named = [item for f in files for item in load_file(str(f)).items()]
         self._apply_on_scheduler(lambda: self._load(named), version)
 
-    def init_weights_update_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
-                                  group_name: str = "weight_update_group", backend: str = "nccl") -> None:
+    def init_weights_update_group(
+        self,
+        master_address: str,
+        master_port: int,
+        rank_offset: int,
+        world_size: int,
+        group_name: str = "weight_update_group",
+        backend: str = "nccl",
+    ) -> None:
         from actors.policy.weights.group import WeightReceiver
 
         self._staged.pop(group_name, None)
         try:
-            self._groups[group_name] = WeightReceiver(master_address, master_port, rank_offset, world_size,
-                                                      group_name=group_name, backend=backend, device=self.device)
+            self._groups[group_name] = WeightReceiver(
+                master_address,
+                master_port,
+                rank_offset,
+                world_size,
+                group_name=group_name,
+                backend=backend,
+                device=self.device,
+            )
         except (RuntimeError, ValueError) as err:
             raise EngineError(f"joining weight group {group_name!r} failed: {err}") from None
 
-    def update_weights_from_distributed(self, names: list[str], dtypes: list[str], shapes: list[list[int]],
-                                        version: int, group_name: str = "weight_update_group", *,
-                                        last: bool = True, flat: bool = False) -> None:
+    def update_weights_from_distributed(
+        self,
+        names: list[str],
+        dtypes: list[str],
+        shapes: list[list[int]],
+        version: int,
+        group_name: str = "weight_update_group",
+        *,
+        last: bool = True,
+        flat: bool = False,
+    ) -> None:
         receiver = self._groups.get(group_name)
         if receiver is None:
             raise RequestError(f"no weight group {group_name!r}: call init_weights_update_group first")
@@ -232,9 +281,15 @@ class TorchEngine(Engine):
     def health(self) -> dict:
         with self._cv:
             running = len(self._batch.rows) if self._batch else 0
-            return {"alive": self._thread.is_alive() and not self._closed, "version": self._version,
-                    "queued": len(self._queue), "running": running, "paused": self._paused,
-                    "released": self._released, **self.stats}
+            return {
+                "alive": self._thread.is_alive() and not self._closed,
+                "version": self._version,
+                "queued": len(self._queue),
+                "running": running,
+                "paused": self._paused,
+                "released": self._released,
+                **self.stats,
+            }
 
     def close(self) -> None:
         with self._cv:
@@ -251,8 +306,9 @@ class TorchEngine(Engine):
         if bad:
             raise RequestError(f"request {req.request_id}: token ids out of vocabulary: {bad[:5]}")
         if len(req.prompt_ids) >= self.max_seq_len:
-            raise RequestError(f"request {req.request_id}: prompt of {len(req.prompt_ids)} tokens "
-                              f">= max_seq_len {self.max_seq_len}")
+            raise RequestError(
+                f"request {req.request_id}: prompt of {len(req.prompt_ids)} tokens >= max_seq_len {self.max_seq_len}"
+            )
         stops = frozenset(req.params.stop_token_ids) | (frozenset() if req.params.ignore_eos else self.eos)
         return _Row(req=req, future=Future(), stops=stops)
 
@@ -414,7 +470,7 @@ class TorchEngine(Engine):
         for row in rows:
             resp = row.req.forced_response
             ids = torch.tensor([row.req.prompt_ids + resp], device=self.device)
-            logits = self.model(input_ids=ids).logits[0, len(row.req.prompt_ids) - 1:-1]
+            logits = self.model(input_ids=ids).logits[0, len(row.req.prompt_ids) - 1 : -1]
             lp = token_logprobs(logits, torch.tensor(resp, device=self.device), row.req.params.temperature)
             row.out, row.logprobs = list(resp), lp.tolist()
             row.versions = [self._version] * len(resp)
@@ -440,26 +496,37 @@ class TorchEngine(Engine):
         ids = torch.zeros(B, width, dtype=torch.long)
         mask = torch.zeros(B, width + budget, dtype=torch.long)
         for i, ctx in enumerate(contexts):
-            ids[i, width - len(ctx):] = torch.tensor(ctx)
-            mask[i, width - len(ctx):width] = 1
+            ids[i, width - len(ctx) :] = torch.tensor(ctx)
+            mask[i, width - len(ctx) : width] = 1
         ids, mask = ids.to(dev), mask.to(dev)
         positions = (mask[:, :width].cumsum(-1) - 1).clamp(min=0)
         cache = StaticCache(config=self.model.config, max_cache_len=width + budget)
         # Left padding puts every row's last prompt token in the last column: keep only its logits.
-        out = self.model(input_ids=ids, attention_mask=mask[:, :width], position_ids=positions,
-                         past_key_values=cache, cache_position=torch.arange(width, device=dev), use_cache=True,
-                         logits_to_keep=1)
+        out = self.model(
+            input_ids=ids,
+            attention_mask=mask[:, :width],
+            position_ids=positions,
+            past_key_values=cache,
+            cache_position=torch.arange(width, device=dev),
+            use_cache=True,
+            logits_to_keep=1,
+        )
         params = [r.req.params for r in rows]
         step = DecodeStep(self.model, cache, mask, positions[:, -1:] + 1, width, cuda_graph=self.cuda_graphs)
         pinned = dev.type == "cuda"  # lets the step's results come to the host without blocking the stream
         self._batch = _Batch(
-            rows=rows, cache=cache, step=step, logits=out.logits[:, -1],
+            rows=rows,
+            cache=cache,
+            step=step,
+            logits=out.logits[:, -1],
             temperature=torch.tensor([p.temperature for p in params], device=dev),
             top_p=torch.tensor([p.top_p for p in params], device=dev),
             top_k=torch.tensor([p.top_k for p in params], device=dev),
             filtered=any(p.top_p < 1 or p.top_k > 0 for p in params),
-            sampled=(torch.empty(B, dtype=torch.long, pin_memory=pinned),
-                     torch.empty(B, dtype=torch.float32, pin_memory=pinned)),
+            sampled=(
+                torch.empty(B, dtype=torch.long, pin_memory=pinned),
+                torch.empty(B, dtype=torch.float32, pin_memory=pinned),
+            ),
         )
         self.stats["rebuilds"] += 1
 
@@ -488,22 +555,29 @@ class TorchEngine(Engine):
         ids = torch.zeros(len(placed), width, dtype=torch.long)
         mask = torch.zeros(len(placed), width, dtype=torch.long)
         for j, ctx in enumerate(contexts):
-            ids[j, width - len(ctx):] = torch.tensor(ctx)
-            mask[j, width - len(ctx):] = 1
+            ids[j, width - len(ctx) :] = torch.tensor(ctx)
+            mask[j, width - len(ctx) :] = 1
         ids, mask = ids.to(dev), mask.to(dev)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = StaticCache(config=self.model.config, max_cache_len=width)
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
-                         cache_position=torch.arange(width, device=dev), use_cache=True, logits_to_keep=1)
+        out = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=cache,
+            cache_position=torch.arange(width, device=dev),
+            use_cache=True,
+            logits_to_keep=1,
+        )
         for j, ((slot, row), ctx) in enumerate(zip(placed, contexts)):
             n = len(ctx)
             # Keys carry their rotary position already: any columns before the current one will do,
             # as long as the slot's mask shows exactly them (and every column decoded from here on).
             for src, dst in zip(cache.layers, b.cache.layers):
-                dst.keys[slot, :, column - n:column] = src.keys[j, :, width - n:]
-                dst.values[slot, :, column - n:column] = src.values[j, :, width - n:]
+                dst.keys[slot, :, column - n : column] = src.keys[j, :, width - n :]
+                dst.values[slot, :, column - n : column] = src.values[j, :, width - n :]
             step.mask[slot] = False
-            step.mask[slot, 0, 0, column - n:column] = True
+            step.mask[slot, 0, 0, column - n : column] = True
             step.positions[slot] = n
             b.logits[slot] = out.logits[j, -1]
             p = row.req.params
@@ -588,12 +662,14 @@ class TorchEngine(Engine):
     def _resolve(self, row: _Row) -> None:
         if row.future.done():
             return
-        row.future.set_result(Generation(
-            request_id=row.req.request_id,
-            output_ids=np.asarray(row.out, dtype=np.int64),
-            logprobs=np.asarray(row.logprobs, dtype=np.float32),
-            versions=np.asarray(row.versions, dtype=np.int64),
-            finish_reason=row.finish or "abort",
-            prompt_tokens=len(row.req.prompt_ids),
-            seconds=time.monotonic() - row.start,
-        ))
+        row.future.set_result(
+            Generation(
+                request_id=row.req.request_id,
+                output_ids=np.asarray(row.out, dtype=np.int64),
+                logprobs=np.asarray(row.logprobs, dtype=np.float32),
+                versions=np.asarray(row.versions, dtype=np.int64),
+                finish_reason=row.finish or "abort",
+                prompt_tokens=len(row.req.prompt_ids),
+                seconds=time.monotonic() - row.start,
+            )
+        )

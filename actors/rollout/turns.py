@@ -65,10 +65,16 @@ class TurnRules:
 
     @classmethod
     def from_config(cls, rollout: RolloutConfig, model: ModelConfig, *, max_turns: int | None = None) -> "TurnRules":
-        return cls(max_turns=rollout.max_turns if max_turns is None else max_turns, max_seq_len=model.max_seq_len,
-                   max_new_tokens=rollout.max_new_tokens, history=rollout.history,
-                   history_thinking=rollout.history_thinking, optimize_turns=rollout.optimize_turns,
-                   optimize_below=rollout.optimize_below, enable_thinking=model.enable_thinking)
+        return cls(
+            max_turns=rollout.max_turns if max_turns is None else max_turns,
+            max_seq_len=model.max_seq_len,
+            max_new_tokens=rollout.max_new_tokens,
+            history=rollout.history,
+            history_thinking=rollout.history_thinking,
+            optimize_turns=rollout.optimize_turns,
+            optimize_below=rollout.optimize_below,
+            enable_thinking=model.enable_thinking,
+        )
 
 
 @dataclass(frozen=True)
@@ -94,13 +100,19 @@ class Attempt:
         """A fresh attempt; a retry task's failed answer and feedback come first, as an inherited exchange."""
         if task.repair is None:
             return cls(task)
-        inherited = Exchange(kind="repair", answer=task.repair.failed_code, inherited=True,
-                             followup=repair_request(task, task.repair.feedback))
+        inherited = Exchange(
+            kind="repair",
+            answer=task.repair.failed_code,
+            inherited=True,
+            followup=repair_request(task, task.repair.feedback),
+        )
         return cls(task, (inherited,))
 
     def answered(self, kind: TurnKind, response: Response) -> "Attempt":
-        return replace(self, exchanges=self.exchanges + (Exchange(kind=kind, answer=response.answer,
-                                                                   reasoning=response.reasoning),))
+        return replace(
+            self,
+            exchanges=self.exchanges + (Exchange(kind=kind, answer=response.answer, reasoning=response.reasoning),),
+        )
 
     @property
     def turns(self) -> int:
@@ -166,9 +178,12 @@ class TurnPolicy:
         prompt = self._fit(attempt, head, "repair", keep=0)
         if prompt is None:
             alone = len(self._render(head))
-            return Done("unservable", f"its first prompt is {alone} tokens; with rollout.max_new_tokens = "
-                                      f"{self.rules.max_new_tokens} that exceeds model.max_seq_len = "
-                                      f"{self.rules.max_seq_len}")
+            return Done(
+                "unservable",
+                f"its first prompt is {alone} tokens; with rollout.max_new_tokens = "
+                f"{self.rules.max_new_tokens} that exceeds model.max_seq_len = "
+                f"{self.rules.max_seq_len}",
+            )
         if prompt.left_out == len(attempt.exchanges):  # nothing inherited is shown: a plain first turn
             prompt = replace(prompt, kind="first")
         return prompt
@@ -178,8 +193,11 @@ class TurnPolicy:
         attempt = replace(attempt, exchanges=attempt.exchanges[:-1] + (last,))
         prompt = self._fit(attempt, opening(attempt.task), kind, keep=1)
         if prompt is None:
-            return Done("context", f"the task and its newest answer and feedback exceed model.max_seq_len = "
-                                   f"{self.rules.max_seq_len} with rollout.max_new_tokens = {self.rules.max_new_tokens}")
+            return Done(
+                "context",
+                f"the task and its newest answer and feedback exceed model.max_seq_len = "
+                f"{self.rules.max_seq_len} with rollout.max_new_tokens = {self.rules.max_new_tokens}",
+            )
         return prompt
 
     def _fit(self, attempt: Attempt, head: list[Message], kind: TurnKind, keep: int) -> Prompt | None:

@@ -77,8 +77,9 @@ class VerifierPool:
     """`resolve()` returns the pool's addresses, comma-separated (`Registry.pool`), or pass a fixed
     string. Build and use it on one event loop; `close()` on the same loop."""
 
-    def __init__(self, resolve: str | Callable[[], str], *, timeout_s: float, retries: int,
-                 stats: dict[str, int] | None = None) -> None:
+    def __init__(
+        self, resolve: str | Callable[[], str], *, timeout_s: float, retries: int, stats: dict[str, int] | None = None
+    ) -> None:
         self._resolve = resolve if callable(resolve) else (lambda: resolve)
         self.timeout_s, self.retries = timeout_s, retries
         self.stats = stats if stats is not None else {}
@@ -100,8 +101,9 @@ class VerifierPool:
             self._background = [asyncio.create_task(self._refresh_loop()), asyncio.create_task(self._watch())]
         self._refresh()
         corr = self._nonce + _SEQ.pack(next(self._ids))
-        pending = _Pending(request=request, future=asyncio.get_running_loop().create_future(),
-                           parts=encode_parts(request), corr=corr)
+        pending = _Pending(
+            request=request, future=asyncio.get_running_loop().create_future(), parts=encode_parts(request), corr=corr
+        )
         self.stats["sent"] += 1
         self._dispatch(pending)
         return await pending.future
@@ -126,7 +128,7 @@ class VerifierPool:
         """Send to the connected verifier with the fewest outstanding requests; wait when none is."""
         live = [link for link in self._links.values() if link.connected]
         start = next(self._turn)
-        live = live[start % len(live):] + live[:start % len(live)] if live else live
+        live = live[start % len(live) :] + live[: start % len(live)] if live else live
         if live:
             link = min(live, key=lambda l: len(l.outstanding))
             # Sent through the event loop (a connected pipe takes it at once); a send that fails leaves
@@ -230,8 +232,9 @@ class VerifierPool:
                 continue
             pending = link.outstanding.get(frames[0].bytes)
             if pending is None:  # moved elsewhere and already answered, or a stale answer
-                pending = next((p for l in self._links.values() for p in l.outstanding.values()
-                                if p.corr == frames[0].bytes), None)
+                pending = next(
+                    (p for l in self._links.values() for p in l.outstanding.values() if p.corr == frames[0].bytes), None
+                )
                 if pending is None:
                     self.stats["late"] += 1
                     continue

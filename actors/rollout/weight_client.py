@@ -40,21 +40,36 @@ class WeightSyncError(RuntimeError):
 
 
 class WeightClient:
-    def __init__(self, engine_id: str, learner: LearnerEndpoints | Callable[[], LearnerEndpoints], *,
-                 request_timeout_s: float = 120.0, confirm_timeout_s: float = 10.0, poll_s: float = LEARNER_CHECK_S,
-                 timeline: SpanRecorder | None = None) -> None:
+    def __init__(
+        self,
+        engine_id: str,
+        learner: LearnerEndpoints | Callable[[], LearnerEndpoints],
+        *,
+        request_timeout_s: float = 120.0,
+        confirm_timeout_s: float = 10.0,
+        poll_s: float = LEARNER_CHECK_S,
+        timeline: SpanRecorder | None = None,
+    ) -> None:
         """`timeline`: where the engine's weight loads are recorded as "syncing" (the rollout actor's)."""
         self.engine_id = engine_id
         self.timeline = timeline
         self._learner = learner if callable(learner) else (lambda: learner)
         # Requests follow the learner's registered "weights" address across restarts.
-        self._req = ReconnectingClient(lambda: dict(self._learner()).get("weights", ""),
-                                       timeout_s=request_timeout_s, retries=0)
+        self._req = ReconnectingClient(
+            lambda: dict(self._learner()).get("weights", ""), timeout_s=request_timeout_s, retries=0
+        )
         self.request_timeout_s, self.confirm_timeout_s, self.poll_s = request_timeout_s, confirm_timeout_s, poll_s
         self.engine: Engine | None = None
         self.loaders: dict[str, Loader] = {}  # the engine's end of each transport it was answered through
-        self.stats = {"releases": 0, "bootstraps": 0, "loaded": 0, "skipped": 0, "failures": 0, "disk_fallbacks": 0,
-                      "last_seconds": 0.0}
+        self.stats = {
+            "releases": 0,
+            "bootstraps": 0,
+            "loaded": 0,
+            "skipped": 0,
+            "failures": 0,
+            "disk_fallbacks": 0,
+            "last_seconds": 0.0,
+        }
         self.last_error = ""
         self._endpoints: dict[str, str] = {}
         self._joined: dict[str, str] = {}  # the endpoints of the learner whose weights we last joined
@@ -77,8 +92,13 @@ class WeightClient:
             self._join(fresh=fresh)
             self._joined = dict(self._endpoints)
             self.stats["bootstraps"] += 1
-            log.info("%s: joined the learner's weights at version %d in %.3f s (%.3f s to connect)", self.engine_id,
-                     engine.weight_version, time.monotonic() - started, connected - started)
+            log.info(
+                "%s: joined the learner's weights at version %d in %.3f s (%.3f s to connect)",
+                self.engine_id,
+                engine.weight_version,
+                time.monotonic() - started,
+                connected - started,
+            )
 
     def run(self, stop: threading.Event) -> None:
         """Apply announcements until `stop` is set (the rollout actor runs this on a thread). A learner
@@ -156,8 +176,12 @@ class WeightClient:
             self._req.close()
 
     def health(self) -> dict:
-        return {**self.stats, "group": self.group, "error": self.last_error,
-                "version": self.engine.weight_version if self.engine is not None else None}
+        return {
+            **self.stats,
+            "group": self.group,
+            "error": self.last_error,
+            "version": self.engine.weight_version if self.engine is not None else None,
+        }
 
     # ------------------------------------------------------------------------------ protocol
 
@@ -221,11 +245,13 @@ class WeightClient:
             joining.detach()
             if joining.fallback is None:
                 raise WeightSyncError(f"loading version {reply.version} failed: {err}") from None
-            log.warning("%s: joining over %s failed (%s); asking for %s", self.engine_id, joining.name, err,
-                        joining.fallback)
+            log.warning(
+                "%s: joining over %s failed (%s); asking for %s", self.engine_id, joining.name, err, joining.fallback
+            )
             self.stats["disk_fallbacks"] += 1
-            reply = self._request(WeightRequest(engine_id=self.engine_id, have_version=have,
-                                                transport=joining.fallback))
+            reply = self._request(
+                WeightRequest(engine_id=self.engine_id, have_version=have, transport=joining.fallback)
+            )
             self._load(reply.version, self._loader(reply.transport).join(engine, self.engine_id, reply, have))
 
     def _load(self, version: int, load: Callable[[], None] | None) -> None:

@@ -47,13 +47,16 @@ def client_loop(address: str, episodes: int, spec: TurnSpec, out: list[float], s
 
 def run(directory: Path, clients: int, episodes: int, spec: TurnSpec) -> dict:
     with tempfile.TemporaryDirectory(dir=directory) as tmp:
-        replay = ReplayConfig(task_source="actors.buffer.examples.TextMatchTasks", max_staleness=1_000_000,
-                              snapshot_every=100_000)
+        replay = ReplayConfig(
+            task_source="actors.buffer.examples.TextMatchTasks", max_staleness=1_000_000, snapshot_every=100_000
+        )
         actor = ReplayActor(replay, AlgoConfig(group_size=GROUP, total_steps=1_000_000), RunContext(run_dir=tmp))
         address = actor.start()["replay"]
         lat: list[list[float]] = [[] for _ in range(clients)]
-        threads = [threading.Thread(target=client_loop, args=(address, episodes // clients, spec, lat[c], c))
-                   for c in range(clients)]
+        threads = [
+            threading.Thread(target=client_loop, args=(address, episodes // clients, spec, lat[c], c))
+            for c in range(clients)
+        ]
         t0 = time.perf_counter()
         for t in threads:
             t.start()
@@ -63,9 +66,16 @@ def run(directory: Path, clients: int, episodes: int, spec: TurnSpec) -> dict:
         h = actor.health()
         actor.stop()
     ms = np.concatenate([np.asarray(x) for x in lat]) * 1e3
-    return {"clients": clients, "episodes": ms.size, "p50": np.percentile(ms, 50), "p99": np.percentile(ms, 99),
-            "server_p50": h.ack_latency_ms.p50, "server_p99": h.ack_latency_ms.p99,
-            "acks_per_s": ms.size / wall, "commits": h.storage.commits}
+    return {
+        "clients": clients,
+        "episodes": ms.size,
+        "p50": np.percentile(ms, 50),
+        "p99": np.percentile(ms, 99),
+        "server_p50": h.ack_latency_ms.p50,
+        "server_p99": h.ack_latency_ms.p99,
+        "acks_per_s": ms.size / wall,
+        "commits": h.storage.commits,
+    }
 
 
 def main() -> None:
@@ -77,14 +87,18 @@ def main() -> None:
     p.add_argument("--response-tokens", type=int, default=1024)
     args = p.parse_args()
     spec = TurnSpec(passed=True, score=1.0, prompt_len=args.prompt_tokens, response_len=args.response_tokens)
-    print(f"episodes of 1 turn, {args.prompt_tokens} prompt + {args.response_tokens} response tokens; "
-          f"run directory under {args.dir}")
+    print(
+        f"episodes of 1 turn, {args.prompt_tokens} prompt + {args.response_tokens} response tokens; "
+        f"run directory under {args.dir}"
+    )
     print("| concurrent senders | episodes | ack p50 (ms) | ack p99 (ms) | server p50 / p99 (ms) | acks/s | fsyncs |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for c in args.clients:
         r = run(args.dir, c, args.episodes, spec)
-        print(f"| {c} | {r['episodes']} | {r['p50']:.2f} | {r['p99']:.2f} | {r['server_p50']:.2f} / "
-              f"{r['server_p99']:.2f} | {r['acks_per_s']:.0f} | {r['commits']} |")
+        print(
+            f"| {c} | {r['episodes']} | {r['p50']:.2f} | {r['p99']:.2f} | {r['server_p50']:.2f} / "
+            f"{r['server_p99']:.2f} | {r['acks_per_s']:.0f} | {r['commits']} |"
+        )
 
 
 if __name__ == "__main__":

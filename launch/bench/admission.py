@@ -40,9 +40,13 @@ def run(model: ModelConfig, reqs: list[GenerateRequest], *, insert: bool, max_ba
         futures = [engine.submit(r) for r in reqs]  # all at once: the engine admits as rows finish
         tokens = sum(len(f.result().output_ids) for f in futures)
         seconds = time.perf_counter() - started
-        return {"tokens": tokens, "seconds": seconds, "tok_s": tokens / seconds,
-                "rebuilds": engine.stats["rebuilds"] - before["rebuilds"],
-                "inserted": engine.stats["inserted"] - before["inserted"]}
+        return {
+            "tokens": tokens,
+            "seconds": seconds,
+            "tok_s": tokens / seconds,
+            "rebuilds": engine.stats["rebuilds"] - before["rebuilds"],
+            "inserted": engine.stats["inserted"] - before["inserted"],
+        }
     finally:
         engine.close()
 
@@ -56,8 +60,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--width", type=int, default=256, help="hidden size of the random-init model")
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
-    model = ModelConfig(num_layers=4, hidden_size=a.width, num_heads=4, num_kv_heads=2,
-                        intermediate_size=4 * a.width, max_seq_len=512, vocab_size=259)
+    model = ModelConfig(
+        num_layers=4,
+        hidden_size=a.width,
+        num_heads=4,
+        num_kv_heads=2,
+        intermediate_size=4 * a.width,
+        max_seq_len=512,
+        vocab_size=259,
+    )
     reqs = workload(a.requests, seed=0)
     print("| admission | tokens | seconds | tok/s | rebuilds | inserted |")
     print("| --- | --- | --- | --- | --- | --- |")

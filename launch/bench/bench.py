@@ -46,26 +46,48 @@ DATE_FORMAT = "%Y-%m-%d"
 
 
 def add_bench_parser(sub) -> None:
-    p = sub.add_parser("bench", help="measure the loop against each stage's own capacity",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("args", nargs="*", metavar="CONFIG [section.key=value ...]",
-                   help="the YAML preset (or --config), then config overrides")
+    p = sub.add_parser(
+        "bench",
+        help="measure the loop against each stage's own capacity",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "args",
+        nargs="*",
+        metavar="CONFIG [section.key=value ...]",
+        help="the YAML preset (or --config), then config overrides",
+    )
     p.add_argument("--config", metavar="FILE", help="the YAML preset (instead of the first argument)")
-    p.add_argument("--eta", type=int, nargs="+", default=[1, 2], metavar="N",
-                   help="η (replay.max_staleness) of the asynchronous runs (default: 1 2)")
+    p.add_argument(
+        "--eta",
+        type=int,
+        nargs="+",
+        default=[1, 2],
+        metavar="N",
+        help="η (replay.max_staleness) of the asynchronous runs (default: 1 2)",
+    )
     p.add_argument("--no-sync", action="store_true", help="skip the η = 0 run")
     p.add_argument("--no-stages", action="store_true", help="skip the measurements of each stage alone")
     p.add_argument("--no-loops", action="store_true", help="measure each stage alone only")
     p.add_argument("--warmup", type=int, default=2, metavar="W", help="learner steps before the window (default 2)")
     p.add_argument("--steps", type=int, default=4, metavar="S", help="learner steps measured (default 4)")
     p.add_argument("--kill", metavar="ACTOR@STEP", help="kill this actor once the learner recorded STEP")
-    p.add_argument("--stop-after", metavar="SECONDS", type=float,
-                   help="end each loop run at its first step this many seconds in (from step 2)")
+    p.add_argument(
+        "--stop-after",
+        metavar="SECONDS",
+        type=float,
+        help="end each loop run at its first step this many seconds in (from step 2)",
+    )
     p.add_argument("--out", metavar="DIR", help="where the runs and the report go (default: LOGGING.ROOT/bench-TIME)")
     p.add_argument("--json", metavar="FILE", help="also write the report's JSON here")
     p.add_argument("--engine-requests", type=int, metavar="N", help="engine alone: requests (default 2 × max_batch)")
-    p.add_argument("--verifier-requests", type=int, metavar="N",
-                   help="verifier alone: attempts (default 4 × max_inflight × num_actors)")
+    p.add_argument(
+        "--verifier-requests",
+        type=int,
+        metavar="N",
+        help="verifier alone: attempts (default 4 × max_inflight × num_actors)",
+    )
     p.add_argument("--learner-steps", type=int, default=3, metavar="N", help="learner alone: timed steps (default 3)")
     p.set_defaults(func=cmd_bench)
 
@@ -112,9 +134,12 @@ def parse(args: argparse.Namespace) -> Plan | str:
 def actor_names(cfg: KilnConfig) -> list[str]:
     from launch.driver.plan import learner_ranks
 
-    return (["replay", "learner"] + [f"learner-{r}" for r in range(1, learner_ranks(cfg))] +
-            [f"rollout-{i}" for i in range(cfg.rollout.num_actors)] +
-            [f"verifier-{i}" for i in range(cfg.verifier.num_actors)])
+    return (
+        ["replay", "learner"]
+        + [f"learner-{r}" for r in range(1, learner_ranks(cfg))]
+        + [f"rollout-{i}" for i in range(cfg.rollout.num_actors)]
+        + [f"verifier-{i}" for i in range(cfg.verifier.num_actors)]
+    )
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -124,8 +149,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return 2
     base = load_config(plan.config, plan.overrides)  # a bad config fails here, in one line (cli.main)
     if plan.kill is not None and plan.kill[0] not in actor_names(base):
-        print(f"kiln bench: --kill {plan.kill[0]!r}: no such actor (this config has "
-              f"{', '.join(actor_names(base))})", file=sys.stderr)
+        print(
+            f"kiln bench: --kill {plan.kill[0]!r}: no such actor (this config has {', '.join(actor_names(base))})",
+            file=sys.stderr,
+        )
         return 2
     logging.basicConfig(level=base.logging.level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from launch.driver.tiny_checkpoint import resolve_model_path
@@ -158,28 +185,62 @@ def bench(base: KilnConfig, plan: Plan, out: Path, args: argparse.Namespace):
     from launch.bench.stages import measure
     from launch.bench.train import run_loop
 
-    report = BenchReport(config=plan.config or "(schema defaults)", command=_command(plan, args),
-                         date=time.strftime(DATE_FORMAT), device=describe_device(base),
-                         load_average=_load_average(), stages=None, loops=[], warmup=args.warmup, steps=args.steps)
+    report = BenchReport(
+        config=plan.config or "(schema defaults)",
+        command=_command(plan, args),
+        date=time.strftime(DATE_FORMAT),
+        device=describe_device(base),
+        load_average=_load_average(),
+        stages=None,
+        loops=[],
+        warmup=args.warmup,
+        steps=args.steps,
+    )
     if not args.no_stages:
         stages_cfg = load_config(plan.config, plan.overrides + plan.resolved)
         r, v = stages_cfg.rollout, stages_cfg.verifier
-        report.stages = measure(stages_cfg, out / "stages",
-                                engine_requests=args.engine_requests or 2 * r.max_batch,
-                                verifier_requests=args.verifier_requests or 4 * v.max_inflight * v.num_actors,
-                                learner_steps=args.learner_steps)
+        report.stages = measure(
+            stages_cfg,
+            out / "stages",
+            engine_requests=args.engine_requests or 2 * r.max_batch,
+            verifier_requests=args.verifier_requests or 4 * v.max_inflight * v.num_actors,
+            learner_steps=args.learner_steps,
+        )
     for eta in plan.etas:
-        cfg = load_config(plan.config, plan.overrides + plan.resolved + [
-            f"replay.max_staleness={eta}", f"logging.root={out}", f"logging.run_name=eta{eta}", "logging.live=false",
-            f"algo.total_steps={args.warmup + args.steps + 2}",  # past the window: no end-of-run effects inside it
-            f"verifier.cache_dir={(out / 'verifier-cache' / f'eta{eta}').resolve()}", "eval.every=0"])
+        cfg = load_config(
+            plan.config,
+            plan.overrides
+            + plan.resolved
+            + [
+                f"replay.max_staleness={eta}",
+                f"logging.root={out}",
+                f"logging.run_name=eta{eta}",
+                "logging.live=false",
+                f"algo.total_steps={args.warmup + args.steps + 2}",  # past the window: no end-of-run effects inside it
+                f"verifier.cache_dir={(out / 'verifier-cache' / f'eta{eta}').resolve()}",
+                "eval.every=0",
+            ],
+        )
         log.info("loop run at η = %d: %d warm-up + %d measured steps", eta, args.warmup, args.steps)
-        report.loops.append(run_loop(cfg, RunDirectory.create(cfg), warmup=args.warmup, steps=args.steps,
-                                     kill=plan.kill, stop_after=args.stop_after))
+        report.loops.append(
+            run_loop(
+                cfg,
+                RunDirectory.create(cfg),
+                warmup=args.warmup,
+                steps=args.steps,
+                kill=plan.kill,
+                stop_after=args.stop_after,
+            )
+        )
     complete(report, engines=base.rollout.num_actors, batch_sequences=base.algo.batch_groups * base.algo.group_size)
     if report.loops:
-        report.gantt = str(plot_gantt(report.loops, out / "gantt.png",
-                                      f"kiln bench {report.config}: what each actor did in the measured window"))
+        report.gantt = str(
+            plot_gantt(
+                report.loops,
+                out / "gantt.png",
+                f"kiln bench {report.config}: what each actor did in the measured window",
+            )
+        )
     return report
 
 
@@ -222,8 +283,12 @@ def _command(plan: Plan, args: argparse.Namespace) -> str:
     words = ["kiln", "bench"] + ([plan.config] if plan.config else []) + plan.overrides
     words += ["--eta", *map(str, [e for e in plan.etas if e > 0])] + (["--no-sync"] if 0 not in plan.etas else [])
     words += ["--warmup", str(args.warmup), "--steps", str(args.steps)]
-    for flag, value in (("--kill", args.kill), ("--stop-after", args.stop_after),
-                        ("--engine-requests", args.engine_requests), ("--verifier-requests", args.verifier_requests)):
+    for flag, value in (
+        ("--kill", args.kill),
+        ("--stop-after", args.stop_after),
+        ("--engine-requests", args.engine_requests),
+        ("--verifier-requests", args.verifier_requests),
+    ):
         if value is not None:
             words += [flag, str(value)]
     if args.no_loops:

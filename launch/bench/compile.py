@@ -91,8 +91,9 @@ def run_service_mode(label, files, backend, policy, pch_dir, deadline, passes=1)
 
     out = {}
     with tempfile.TemporaryDirectory(prefix="kiln-bench-") as cache:
-        svc = BuildService(Path(cache), backend, workers=1, timeout_s=600, prelude_policy=policy,
-                           pch="use", pch_dir=pch_dir)
+        svc = BuildService(
+            Path(cache), backend, workers=1, timeout_s=600, prelude_policy=policy, pch="use", pch_dir=pch_dir
+        )
         try:
             for p in range(passes):
                 rows = []
@@ -100,11 +101,22 @@ def run_service_mode(label, files, backend, policy, pch_dir, deadline, passes=1)
                     if time.monotonic() > deadline:
                         break
                     r = svc.submit(unique_source(f)).result()
-                    rows.append({"file": str(f.relative_to(REPO)), "ok": r.ok, "seconds": r.seconds,
-                                 "phases": r.phases, "preludes": list(r.preludes.values()),
-                                 "notes": r.notes, "error": r.error[:300]})
-                    print(f"  {label if p == 0 else label + '-warm':<11} {f.parent.name}/{f.name:<32} "
-                          f"{r.seconds:6.1f}s ok={r.ok} {','.join(r.preludes.values())}", flush=True)
+                    rows.append(
+                        {
+                            "file": str(f.relative_to(REPO)),
+                            "ok": r.ok,
+                            "seconds": r.seconds,
+                            "phases": r.phases,
+                            "preludes": list(r.preludes.values()),
+                            "notes": r.notes,
+                            "error": r.error[:300],
+                        }
+                    )
+                    print(
+                        f"  {label if p == 0 else label + '-warm':<11} {f.parent.name}/{f.name:<32} "
+                        f"{r.seconds:6.1f}s ok={r.ok} {','.join(r.preludes.values())}",
+                        flush=True,
+                    )
                     for note in r.notes:  # a refused precompiled prelude explains a slow compile
                         if "was not used" in note:
                             print(f"      {note}", flush=True)
@@ -124,16 +136,33 @@ def run_baseline(files, deadline):
             src.write_text(unique_source(f))
             env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(Path(d) / "ext")}
             t0 = time.monotonic()
-            p = subprocess.run([sys.executable, "-c", BASELINE_CHILD, str(src)], capture_output=True, text=True,
-                               env=env, cwd=d, timeout=max(deadline - time.monotonic(), 1) + 600)
+            p = subprocess.run(
+                [sys.executable, "-c", BASELINE_CHILD, str(src)],
+                capture_output=True,
+                text=True,
+                env=env,
+                cwd=d,
+                timeout=max(deadline - time.monotonic(), 1) + 600,
+            )
             wall = time.monotonic() - t0
-        seconds = next((float(line.split()[1]) for line in p.stdout.splitlines()
-                        if line.startswith("KILN_BENCH_SECONDS")), None)
-        rows.append({"file": str(f.relative_to(REPO)), "ok": p.returncode == 0 and seconds is not None,
-                     "seconds": seconds if seconds is not None else wall, "process_wall": wall, "phases": {},
-                     "error": p.stderr[-300:] if p.returncode else ""})
-        print(f"  load_inline {f.parent.name}/{f.name:<32} {rows[-1]['seconds']:6.1f}s "
-              f"(process {wall:.1f}s) ok={rows[-1]['ok']}", flush=True)
+        seconds = next(
+            (float(line.split()[1]) for line in p.stdout.splitlines() if line.startswith("KILN_BENCH_SECONDS")), None
+        )
+        rows.append(
+            {
+                "file": str(f.relative_to(REPO)),
+                "ok": p.returncode == 0 and seconds is not None,
+                "seconds": seconds if seconds is not None else wall,
+                "process_wall": wall,
+                "phases": {},
+                "error": p.stderr[-300:] if p.returncode else "",
+            }
+        )
+        print(
+            f"  load_inline {f.parent.name}/{f.name:<32} {rows[-1]['seconds']:6.1f}s "
+            f"(process {wall:.1f}s) ok={rows[-1]['ok']}",
+            flush=True,
+        )
     return rows
 
 
@@ -145,10 +174,15 @@ def summarize(results: dict) -> str:
         for r in rows:
             for k, v in r["phases"].items():
                 phases.setdefault(k, []).append(v)
-        shown = ", ".join(f"{k} {statistics.mean(v):.2f}" for k, v in sorted(phases.items())
-                          if k not in ("fork", "import", "capture") and statistics.mean(v) >= 0.01)
-        lines.append(f"{mode:<12} {len(rows):>3} {sum(r['ok'] for r in rows):>3} {percentile(secs, .5):7.1f} "
-                     f"{percentile(secs, .9):7.1f} {statistics.mean(secs) if secs else float('nan'):7.1f}  {shown}")
+        shown = ", ".join(
+            f"{k} {statistics.mean(v):.2f}"
+            for k, v in sorted(phases.items())
+            if k not in ("fork", "import", "capture") and statistics.mean(v) >= 0.01
+        )
+        lines.append(
+            f"{mode:<12} {len(rows):>3} {sum(r['ok'] for r in rows):>3} {percentile(secs, 0.5):7.1f} "
+            f"{percentile(secs, 0.9):7.1f} {statistics.mean(secs) if secs else float('nan'):7.1f}  {shown}"
+        )
     return "\n".join(lines)
 
 
@@ -163,6 +197,7 @@ def shipped_cuda_specs(files: list[Path], extra_include: str) -> list[tuple[Path
     orig = cpp_ext.load_inline
     out = []
     for f in files:
+
         def record(*args, **kwargs):
             call = inspect.signature(orig).bind(*args, **kwargs).arguments
             nonce = f"\n// kiln-bench {uuid.uuid4().hex}\n"
@@ -172,6 +207,7 @@ def shipped_cuda_specs(files: list[Path], extra_include: str) -> list[tuple[Path
             call["extra_include_paths"] = list(call.get("extra_include_paths") or []) + [extra_include]
             call.pop("kwargs", None)
             out.append((f, spec_from_call(**call)))
+
         cpp_ext.load_inline = record
         try:
             exec(compile(f.read_text(), str(f), "exec"), {"__name__": "kiln_bench_candidate"})
@@ -195,9 +231,12 @@ def run_cuda_units(n: int, phase_n: int, deadline: float) -> int:
     t0 = time.monotonic()
     for prelude, profile in (("lean", flag_profile(["-O1"])), (SHELL, ()), (FACADE_LIB, ())):
         pch.build(prelude, profile)
-    print(f"kiln cuda-units bench: nvcc {tc.nvcc_version} {','.join(tc.arch_flags)} host={platform.node()} "
-          f"cores={os.cpu_count()} load={os.getloadavg()[0]:.2f}; toolchain artifacts (lean PCH, module shell, "
-          f"facade library) ready in {time.monotonic() - t0:.1f} s (one-time per toolchain)", flush=True)
+    print(
+        f"kiln cuda-units bench: nvcc {tc.nvcc_version} {','.join(tc.arch_flags)} host={platform.node()} "
+        f"cores={os.cpu_count()} load={os.getloadavg()[0]:.2f}; toolchain artifacts (lean PCH, module shell, "
+        f"facade library) ready in {time.monotonic() - t0:.1f} s (one-time per toolchain)",
+        flush=True,
+    )
     sys.path.insert(0, str(REPO / "tasks"))
     from check_cuda_compile import make_shim  # headers a CPU torch wheel lacks (CUDAContext.h needs them)
 
@@ -211,44 +250,61 @@ def run_cuda_units(n: int, phase_n: int, deadline: float) -> int:
         order = ("lean", "facade") if k % 2 == 0 else ("facade", "lean")
         for mode in order:
             bdir = Path(tempfile.mkdtemp(dir=work))
-            builder = ExtensionBuilder(tc, ArtifactCache(bdir / "cache", tc.digest), pch,
-                                       "lean" if mode == "lean" else "auto")
+            builder = ExtensionBuilder(
+                tc, ArtifactCache(bdir / "cache", tc.digest), pch, "lean" if mode == "lean" else "auto"
+            )
             plan = builder._plan(spec, bdir)
             t1 = time.monotonic()
             builder._compile(spec, bdir, plan)
             wall = time.monotonic() - t1
             units = {u.label: u for u in plan.units}
-            rows[mode].append({"file": str(f.relative_to(REPO)), "ok": all(u.ok for u in plan.units), "seconds": wall,
-                               "phases": {"cuda_unit": units["cuda"].seconds, "binding_unit": units["binding"].seconds},
-                               "how": "+".join(sorted(u.how for u in plan.units)),
-                               "error": next((u.output[-300:] for u in plan.units if not u.ok), "")})
-            print(f"  {mode:<7} {f.parent.name}/{f.name:<30} {wall:6.1f}s (.cu {units['cuda'].seconds:5.1f}s, "
-                  f"binding {units['binding'].seconds:5.1f}s) {rows[mode][-1]['how']} ok={rows[mode][-1]['ok']}",
-                  flush=True)
+            rows[mode].append(
+                {
+                    "file": str(f.relative_to(REPO)),
+                    "ok": all(u.ok for u in plan.units),
+                    "seconds": wall,
+                    "phases": {"cuda_unit": units["cuda"].seconds, "binding_unit": units["binding"].seconds},
+                    "how": "+".join(sorted(u.how for u in plan.units)),
+                    "error": next((u.output[-300:] for u in plan.units if not u.ok), ""),
+                }
+            )
+            print(
+                f"  {mode:<7} {f.parent.name}/{f.name:<30} {wall:6.1f}s (.cu {units['cuda'].seconds:5.1f}s, "
+                f"binding {units['binding'].seconds:5.1f}s) {rows[mode][-1]['how']} ok={rows[mode][-1]['ok']}",
+                flush=True,
+            )
         if k < phase_n:
             for mode, prelude in (("lean", "lean_cuda"), ("facade", "facade_cuda")):
                 bdir = Path(tempfile.mkdtemp(dir=work))
                 builder = ExtensionBuilder(tc, ArtifactCache(bdir / "cache", tc.digest), pch)
-                unit = builder._cuda_unit(spec, bdir, builder._write_user_files(bdir, "cuda_source", spec.cuda_sources),
-                                          prelude)
+                unit = builder._cuda_unit(
+                    spec, bdir, builder._write_user_files(bdir, "cuda_source", spec.cuda_sources), prelude
+                )
                 phases = nvcc.profile(unit.cmd, bdir, _compiler_env()) or {}
                 rows[mode][-1]["nvcc_phases"] = phases
-                print(f"  {mode:<7} nvcc phases, one after another: "
-                      + ", ".join(f"{name} {sec:.2f}s" for name, sec in phases.items()), flush=True)
+                print(
+                    f"  {mode:<7} nvcc phases, one after another: "
+                    + ", ".join(f"{name} {sec:.2f}s" for name, sec in phases.items()),
+                    flush=True,
+                )
     print()
     print(f"load average at the end: {os.getloadavg()[0]:.2f} (other work on this machine inflates the figures)")
     print(summarize(rows))
     pairs = [(a["seconds"], b["seconds"]) for a, b in zip(rows["lean"], rows["facade"])]
     if pairs:
         ratios = [la / fa for la, fa in pairs]
-        print(f"lean/facade wall ratio per candidate: p50 {percentile(ratios, .5):.2f}x "
-              f"(min {min(ratios):.2f}x, max {max(ratios):.2f}x, n={len(ratios)})")
+        print(
+            f"lean/facade wall ratio per candidate: p50 {percentile(ratios, 0.5):.2f}x "
+            f"(min {min(ratios):.2f}x, max {max(ratios):.2f}x, n={len(ratios)})"
+        )
     for mode in rows:
         prof = [r["nvcc_phases"] for r in rows[mode] if r.get("nvcc_phases")]
         if prof:
             names = list(prof[0])
-            print(f"{mode:<7} mean nvcc phases: " + ", ".join(
-                f"{nm} {statistics.mean(p.get(nm, 0.0) for p in prof):.2f}s" for nm in names))
+            print(
+                f"{mode:<7} mean nvcc phases: "
+                + ", ".join(f"{nm} {statistics.mean(p.get(nm, 0.0) for p in prof):.2f}s" for nm in names)
+            )
     failed = [r for rs in rows.values() for r in rs if not r["ok"]]
     for r in failed:
         print(f"FAILED {r['file']}: {r['error']}")
@@ -261,6 +317,7 @@ def main(argv=None) -> int:
     if argv[:1] == ["--compare-nvcc"]:  # plain nvcc vs Kiln's parallel front ends on one command
         sys.path.insert(0, str(REPO))
         from actors.verifier.build import nvcc
+
         return nvcc.compare(argv[1:])
     if argv[:1] == ["--cuda-units"]:
         sys.path.insert(0, str(REPO))
@@ -274,8 +331,9 @@ def main(argv=None) -> int:
     ap.add_argument("--backend", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--n", type=int, default=None, help="candidates per mode (default: 8 cpu, 6 cuda)")
     ap.add_argument("--baseline-n", type=int, default=None, help="candidates for load_inline (default: --n, 4 on cuda)")
-    ap.add_argument("--modes", default="lean,full,load_inline",
-                    help="comma list of facade (cuda), lean, full, load_inline")
+    ap.add_argument(
+        "--modes", default="lean,full,load_inline", help="comma list of facade (cuda), lean, full, load_inline"
+    )
     ap.add_argument("--budget-s", type=float, default=540.0, help="stop measuring after this many seconds")
     ap.add_argument("--pch-dir", default=None, help="precompiled headers (default: the machine-wide directory)")
     ap.add_argument("--json", default=None, help="also write all rows to this file")
@@ -291,8 +349,11 @@ def main(argv=None) -> int:
     files = pick_candidates(args.backend, n)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     pch_dir = Path(args.pch_dir) if args.pch_dir else default_pch_dir()
-    print(f"kiln compile bench: backend={args.backend} candidates={len(files)} modes={modes} "
-          f"host={platform.node()} cores={os.cpu_count()} load={os.getloadavg()[0]:.2f}", flush=True)
+    print(
+        f"kiln compile bench: backend={args.backend} candidates={len(files)} modes={modes} "
+        f"host={platform.node()} cores={os.cpu_count()} load={os.getloadavg()[0]:.2f}",
+        flush=True,
+    )
 
     # One-time, per toolchain: the precompiled preludes the modes use.
     t0 = time.monotonic()
@@ -332,8 +393,9 @@ def main(argv=None) -> int:
     print(f"load average at the end: {os.getloadavg()[0]:.2f} (other work on this machine inflates the figures)")
     print(summarize(results))
     if args.json:
-        Path(args.json).write_text(json.dumps({"toolchain": toolchain, "pch_seconds": pch_s, "results": results},
-                                              indent=1))
+        Path(args.json).write_text(
+            json.dumps({"toolchain": toolchain, "pch_seconds": pch_s, "results": results}, indent=1)
+        )
     failed = [r for rows in results.values() for r in rows if not r["ok"]]
     for r in failed:
         print(f"FAILED {r['file']}: {r['error']}")

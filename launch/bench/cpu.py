@@ -27,7 +27,7 @@ def _stat(pid: int) -> tuple[int, float] | None:
     except OSError:
         return None
     # The command name (field 2) is in parentheses and may hold spaces: split after its closing one.
-    fields = raw[raw.rindex(")") + 2:].split()
+    fields = raw[raw.rindex(")") + 2 :].split()
     ppid = int(fields[1])
     utime, stime, cutime, cstime = (int(x) for x in fields[11:15])
     return ppid, (utime + stime + cutime + cstime) / TICKS

@@ -26,8 +26,17 @@ from actors.rollout.torch_engine import TorchEngine
 from configs import ModelConfig
 
 # ~0.3B parameters: 12 layers of width 1024 (151M) + a tied 151,936-token embedding (156M).
-QWEN3_0_3B = ModelConfig(arch="qwen3", vocab_size=151936, hidden_size=1024, num_layers=12, num_heads=16,
-                         num_kv_heads=8, intermediate_size=3072, max_seq_len=2048, dtype="bfloat16")
+QWEN3_0_3B = ModelConfig(
+    arch="qwen3",
+    vocab_size=151936,
+    hidden_size=1024,
+    num_layers=12,
+    num_heads=16,
+    num_kv_heads=8,
+    intermediate_size=3072,
+    max_seq_len=2048,
+    dtype="bfloat16",
+)
 HBM_TBPS = {"H100": 3.35, "H200": 4.8, "A100": 2.0}  # SXM peak HBM bandwidth, TB/s
 
 
@@ -39,10 +48,17 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
-def bench_engine(cfg: ModelConfig, prompts: list[list[int]], new_tokens: int, graphs: bool, pipeline: bool = True,
-                 gqa_decode: bool = True):
-    engine = TorchEngine(cfg, max_batch=len(prompts), device=DEVICE, cuda_graphs=graphs, seed=0, pipeline=pipeline,
-                         gqa_decode=gqa_decode)
+def bench_engine(
+    cfg: ModelConfig,
+    prompts: list[list[int]],
+    new_tokens: int,
+    graphs: bool,
+    pipeline: bool = True,
+    gqa_decode: bool = True,
+):
+    engine = TorchEngine(
+        cfg, max_batch=len(prompts), device=DEVICE, cuda_graphs=graphs, seed=0, pipeline=pipeline, gqa_decode=gqa_decode
+    )
     params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
     warm = SamplingParams(max_new_tokens=4, ignore_eos=True)
     engine.generate([GenerateRequest(f"w{i}", p, warm) for i, p in enumerate(prompts)])
@@ -55,18 +71,28 @@ def bench_engine(cfg: ModelConfig, prompts: list[list[int]], new_tokens: int, gr
 
 def bench_hf(model, prompts: list[list[int]], new_tokens: int) -> float:
     ids = torch.tensor(prompts, device=DEVICE)
-    kw = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=new_tokens,
-              min_new_tokens=new_tokens, output_logits=True, return_dict_in_generate=True, pad_token_id=0)
+    kw = dict(
+        do_sample=True,
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens,
+        output_logits=True,
+        return_dict_in_generate=True,
+        pad_token_id=0,
+    )
     with torch.no_grad():
         model.generate(ids, attention_mask=torch.ones_like(ids), **{**kw, "max_new_tokens": 4, "min_new_tokens": 4})
         sync()
         t = time.perf_counter()
         out = model.generate(ids, attention_mask=torch.ones_like(ids), **kw)
-        new = out.sequences[:, ids.shape[1]:]
+        new = out.sequences[:, ids.shape[1] :]
         # logprobs on: log softmax of each sampled token, as the engine reports them (step by step, so
         # no [B, N, V] fp32 tensor is ever materialised)
-        lp = torch.stack([torch.log_softmax(l.float(), -1).gather(1, new[:, i:i + 1])[:, 0]
-                          for i, l in enumerate(out.logits)], 1)
+        lp = torch.stack(
+            [torch.log_softmax(l.float(), -1).gather(1, new[:, i : i + 1])[:, 0] for i, l in enumerate(out.logits)], 1
+        )
         sync()
     assert lp.shape == new.shape
     return time.perf_counter() - t
@@ -75,13 +101,13 @@ def bench_hf(model, prompts: list[list[int]], new_tokens: int) -> float:
 def logprob_mismatch(model, prompts, gens, batch: int = 8) -> np.ndarray:
     diffs = []
     for i in range(0, len(gens), batch):
-        chunk = list(zip(prompts[i:i + batch], gens[i:i + batch]))
+        chunk = list(zip(prompts[i : i + batch], gens[i : i + batch]))
         ids = torch.tensor([p + g.output_ids.tolist() for p, g in chunk], device=DEVICE)
         with torch.no_grad():
             logits = model(input_ids=ids).logits
         for row, (p, g) in enumerate(chunk):
             out = torch.tensor(g.output_ids, device=DEVICE)
-            ref = torch.log_softmax(logits[row, len(p) - 1:-1].float(), -1).gather(1, out[:, None])[:, 0]
+            ref = torch.log_softmax(logits[row, len(p) - 1 : -1].float(), -1).gather(1, out[:, None])[:, 0]
             diffs.append(np.abs(ref.cpu().numpy() - g.logprobs))
         del logits
     return np.concatenate(diffs)
@@ -125,8 +151,14 @@ def main() -> None:
     g = torch.Generator().manual_seed(0)
     prompts = torch.randint(0, cfg.vocab_size, (args.batch, args.prompt), generator=g).tolist()
 
-    engine, gens, eng_s = bench_engine(cfg, prompts, args.new_tokens, graphs=not args.no_graphs,
-                                       pipeline=not args.no_pipeline, gqa_decode=not args.hf_attention)
+    engine, gens, eng_s = bench_engine(
+        cfg,
+        prompts,
+        args.new_tokens,
+        graphs=not args.no_graphs,
+        pipeline=not args.no_pipeline,
+        gqa_decode=not args.hf_attention,
+    )
     model = engine.model
     graph_steps, steps = engine.stats["graph_steps"], engine.stats["steps"]
     n_params = sum(p.numel() for p in model.parameters())
@@ -134,9 +166,11 @@ def main() -> None:
     assert all(len(x.output_ids) == args.new_tokens for x in gens)
     step_ms = 1e3 * eng_s / args.new_tokens  # the timed run's steps, its one prefill included
     attn = model.config._attn_implementation
-    print(f"engine: {eng_s:.2f} s, {eng_tps:,.0f} tok/s, {step_ms:.2f} ms per decode step (prefill included); "
-          f"attention {attn!r}, pipeline {'off' if args.no_pipeline else 'on'}, graph steps {graph_steps}/{steps}",
-          flush=True)
+    print(
+        f"engine: {eng_s:.2f} s, {eng_tps:,.0f} tok/s, {step_ms:.2f} ms per decode step (prefill included); "
+        f"attention {attn!r}, pipeline {'off' if args.no_pipeline else 'on'}, graph steps {graph_steps}/{steps}",
+        flush=True,
+    )
     if args.engine_only:
         engine.close()
         return
@@ -150,16 +184,22 @@ def main() -> None:
     used, static = roofline(cfg, model, args.batch, args.prompt, args.new_tokens, tbps)
 
     q = lambda a, p: float(np.percentile(a, p))  # noqa: E731
-    print(f"device: {name}; torch {torch.__version__}; model: qwen3 random init, {n_params / 1e6:.0f}M params, "
-          f"{cfg.dtype}")
-    print(f"batch {args.batch}, prompt {args.prompt}, new tokens {args.new_tokens} (HF: {args.hf_new_tokens}), "
-          f"logprobs on; decode steps replayed from a CUDA graph: {graph_steps}/{steps}")
+    print(
+        f"device: {name}; torch {torch.__version__}; model: qwen3 random init, {n_params / 1e6:.0f}M params, "
+        f"{cfg.dtype}"
+    )
+    print(
+        f"batch {args.batch}, prompt {args.prompt}, new tokens {args.new_tokens} (HF: {args.hf_new_tokens}), "
+        f"logprobs on; decode steps replayed from a CUDA graph: {graph_steps}/{steps}"
+    )
     print(f"{'':34}{'seconds':>10}{'tok/s':>12}")
     print(f"{'engine (prefill + decode)':34}{eng_s:>10.2f}{eng_tps:>12,.0f}")
     print(f"{'HF generate (same model, device)':34}{hf_s:>10.2f}{hf_tps:>12,.0f}")
     print(f"engine / HF: {eng_tps / hf_tps:.1f}x")
-    print(f"roofline at {tbps} TB/s: {used:,.0f} tok/s reading weights + KV in use; "
-          f"{static:,.0f} tok/s reading the whole static cache; engine at {eng_tps / static:.0%} of the latter")
+    print(
+        f"roofline at {tbps} TB/s: {used:,.0f} tok/s reading weights + KV in use; "
+        f"{static:,.0f} tok/s reading the whole static cache; engine at {eng_tps / static:.0%} of the latter"
+    )
     print(f"{'|engine logprob - full forward|':34}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}{'max':>10}")
     for label, d in ((f"vs {cfg.dtype} forward (same model)", same), ("vs fp32 forward (same weights)", f32)):
         print(f"{label:34}{d.mean():>10.4f}{q(d, 50):>10.4f}{q(d, 90):>10.4f}{q(d, 99):>10.4f}{d.max():>10.4f}")

@@ -32,13 +32,37 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     answers = out.with_suffix(".jsonl")
-    code = write_answers(["--tasks", str(ROOT / "tasks"), "--solutions", str(ROOT / "tasks" / "solutions" / "cuda"),
-                          "--out", str(answers)] + (["--variants"] if args.variants else []))
+    code = write_answers(
+        [
+            "--tasks",
+            str(ROOT / "tasks"),
+            "--solutions",
+            str(ROOT / "tasks" / "solutions" / "cuda"),
+            "--out",
+            str(answers),
+        ]
+        + (["--variants"] if args.variants else [])
+    )
     if code:
         return code
-    return kiln_eval(["--answers", str(answers), "--tasks", str(ROOT / "tasks"), "--backend", "cuda", "--k", "1",
-                      "--out", str(out), "--name", "shipped cuda solutions" + (" + variants" if args.variants else ""),
-                      "verifier.compile_baseline=always", *args.overrides])
+    return kiln_eval(
+        [
+            "--answers",
+            str(answers),
+            "--tasks",
+            str(ROOT / "tasks"),
+            "--backend",
+            "cuda",
+            "--k",
+            "1",
+            "--out",
+            str(out),
+            "--name",
+            "shipped cuda solutions" + (" + variants" if args.variants else ""),
+            "verifier.compile_baseline=always",
+            *args.overrides,
+        ]
+    )
 
 
 def kiln_eval(argv: list[str]) -> int:

@@ -27,8 +27,9 @@ def plot_gantt(loops: list[LoopResult], path: Path, title: str) -> Path:
     timelines = [read_timeline(Path(loop.run_dir)) for loop in loops]
     actors = [sorted({s.actor for s in spans}, key=_row_order) for spans in timelines]
     heights = [max(len(a), 1) * 0.55 + 0.9 for a in actors]
-    fig, axes = plt.subplots(len(loops), 1, figsize=(13, sum(heights) + 1.2), squeeze=False,
-                             gridspec_kw={"height_ratios": heights})
+    fig, axes = plt.subplots(
+        len(loops), 1, figsize=(13, sum(heights) + 1.2), squeeze=False, gridspec_kw={"height_ratios": heights}
+    )
     for ax, loop, spans, names in zip(axes[:, 0], loops, timelines, actors):
         _panel(ax, loop, spans, names)
     handles = [Patch(color=c, label=a) for a, c in COLOURS.items()]
@@ -62,5 +63,8 @@ def _panel(ax, loop: LoopResult, spans: list[SpanRow], actors: list[str]) -> Non
     ax.set_xlim(0, t1 - t0)
     ax.set_xlabel("seconds since the measured window began (dotted: learner steps recorded)")
     busy = ", ".join(f"{a} {loop.busy.get(a, 0.0):.0%}" for a in actors)
-    ax.set_title(f"η = {loop.eta}: {loop.samples_per_s:.3f} samples/s over {loop.window_s:.0f} s; busy {busy}",
-                 fontsize=10, loc="left")
+    ax.set_title(
+        f"η = {loop.eta}: {loop.samples_per_s:.3f} samples/s over {loop.window_s:.0f} s; busy {busy}",
+        fontsize=10,
+        loc="left",
+    )

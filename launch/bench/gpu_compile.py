@@ -77,8 +77,12 @@ def main(argv=None) -> int:
     ap.add_argument("--workers", type=int, default=max(1, min(8, (os.cpu_count() or 2) // 2)))
     ap.add_argument("--cache-dir", default=None, help="build cache (default: a fresh temp dir, so builds are cold)")
     ap.add_argument("--run-timeout-s", type=float, default=180.0)
-    ap.add_argument("--policy", choices=("auto", "lean", "full"), default="auto",
-                    help="prelude policy: auto (CUDA facade first), lean (facade off), full (load_inline's headers)")
+    ap.add_argument(
+        "--policy",
+        choices=("auto", "lean", "full"),
+        default="auto",
+        help="prelude policy: auto (CUDA facade first), lean (facade off), full (load_inline's headers)",
+    )
     args = ap.parse_args(argv)
     sys.path.insert(0, str(REPO))
     import torch
@@ -94,8 +98,11 @@ def main(argv=None) -> int:
         print("no CUDA solutions found under tasks/solutions/cuda")
         return 2
     cache = Path(args.cache_dir) if args.cache_dir else Path(tempfile.mkdtemp(prefix="kiln-gpu-check-"))
-    print(f"gpu_compile: {len(files)} solutions, {args.workers} compile workers, {torch.cuda.get_device_name(0)}, "
-          f"torch {torch.__version__}, cache {cache}", flush=True)
+    print(
+        f"gpu_compile: {len(files)} solutions, {args.workers} compile workers, {torch.cuda.get_device_name(0)}, "
+        f"torch {torch.__version__}, cache {cache}",
+        flush=True,
+    )
 
     t0 = time.monotonic()
     with BuildService(cache, "cuda", workers=args.workers, timeout_s=600, prelude_policy=args.policy) as svc:
@@ -108,26 +115,46 @@ def main(argv=None) -> int:
         for f, fut in futures.items():
             builds[f] = fut.result()
             r = builds[f]
-            print(f"  built {f.parent.name}/{f.stem:<28} {r.seconds:6.1f}s ok={r.ok} "
-                  f"{','.join(r.preludes.values())} {r.error.splitlines()[0] if r.error else ''}", flush=True)
+            print(
+                f"  built {f.parent.name}/{f.stem:<28} {r.seconds:6.1f}s ok={r.ok} "
+                f"{','.join(r.preludes.values())} {r.error.splitlines()[0] if r.error else ''}",
+                flush=True,
+            )
         build_wall = time.monotonic() - t_build
 
     rows = []
     for f in files:
         r = builds[f]
         level = int(f.parent.name.replace("level", ""))
-        row = {"task": f"{f.parent.name}/{f.stem}", "build_s": r.seconds, "built": r.ok,
-               "how": ",".join(sorted(set(r.preludes.values()))), "vendor": ",".join(r.vendor_libs),
-               "ran": False, "max_err": None, "note": ""}
+        row = {
+            "task": f"{f.parent.name}/{f.stem}",
+            "build_s": r.seconds,
+            "built": r.ok,
+            "how": ",".join(sorted(set(r.preludes.values()))),
+            "vendor": ",".join(r.vendor_libs),
+            "ran": False,
+            "max_err": None,
+            "note": "",
+        }
         if not r.ok:
             row["note"] = f"{r.error_class}: {r.error[:200]}"
             rows.append(row)
             continue
-        job = {"artifacts": r.artifacts, "toolchain": r.toolchain, "solution": str(f),
-               "reference": str(reference_for(f)), "tol": TOLERANCE.get(level, 1e-3)}
+        job = {
+            "artifacts": r.artifacts,
+            "toolchain": r.toolchain,
+            "solution": str(f),
+            "reference": str(reference_for(f)),
+            "tol": TOLERANCE.get(level, 1e-3),
+        }
         try:
-            p = subprocess.run([sys.executable, "-c", RUNNER, str(REPO), json.dumps(job)], capture_output=True,
-                               text=True, timeout=args.run_timeout_s, cwd=REPO)
+            p = subprocess.run(
+                [sys.executable, "-c", RUNNER, str(REPO), json.dumps(job)],
+                capture_output=True,
+                text=True,
+                timeout=args.run_timeout_s,
+                cwd=REPO,
+            )
             line = next((ln for ln in p.stdout.splitlines() if ln.startswith("KILN_GPU_CHECK ")), None)
             if line is None:
                 row["note"] = f"run failed: {p.stderr.strip().splitlines()[-1] if p.stderr.strip() else p.returncode}"
@@ -146,13 +173,17 @@ def main(argv=None) -> int:
     print(f"{'task':<34} {'build_s':>7} {'built':>5} {'how':<12} {'vendor':<8} {'match':>5} {'max_err':>9}  note")
     for row in rows:
         err = f"{row['max_err']:.2e}" if row["max_err"] is not None else "-"
-        print(f"{row['task']:<34} {row['build_s']:7.1f} {str(row['built']):>5} {row['how']:<12} "
-              f"{row['vendor'] or '-':<8} {str(row['ran']):>5} {err:>9}  {row['note']}")
+        print(
+            f"{row['task']:<34} {row['build_s']:7.1f} {str(row['built']):>5} {row['how']:<12} "
+            f"{row['vendor'] or '-':<8} {str(row['ran']):>5} {err:>9}  {row['note']}"
+        )
     secs = sorted(r.seconds for r in builds.values() if r.ok)
     if secs:
-        print(f"\ncold builds: n={len(secs)} p50={statistics.median(secs):.1f}s "
-              f"p90={secs[int(0.9 * (len(secs) - 1))]:.1f}s max={secs[-1]:.1f}s, all {len(files)} in "
-              f"{build_wall:.1f}s wall with {args.workers} workers")
+        print(
+            f"\ncold builds: n={len(secs)} p50={statistics.median(secs):.1f}s "
+            f"p90={secs[int(0.9 * (len(secs) - 1))]:.1f}s max={secs[-1]:.1f}s, all {len(files)} in "
+            f"{build_wall:.1f}s wall with {args.workers} workers"
+        )
     passed = sum(r["ran"] for r in rows)
     print(f"{passed}/{len(rows)} solutions built and matched the reference")
     return 0 if passed == len(rows) else 1

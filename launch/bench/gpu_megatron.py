@@ -46,10 +46,30 @@ from protocols import TrainBatch
 
 H100_BF16_FLOPS = 989e12
 T = 0.8
-SMALL = ModelConfig(arch="qwen3", vocab_size=1000, hidden_size=256, num_layers=4, num_heads=8, num_kv_heads=4,
-                    intermediate_size=512, max_seq_len=2048, dtype="bfloat16", seed=3)
-LARGE = ModelConfig(arch="qwen3", vocab_size=151936, hidden_size=2048, num_layers=16, num_heads=16, num_kv_heads=8,
-                    intermediate_size=6144, max_seq_len=8192, dtype="bfloat16", seed=0)
+SMALL = ModelConfig(
+    arch="qwen3",
+    vocab_size=1000,
+    hidden_size=256,
+    num_layers=4,
+    num_heads=8,
+    num_kv_heads=4,
+    intermediate_size=512,
+    max_seq_len=2048,
+    dtype="bfloat16",
+    seed=3,
+)
+LARGE = ModelConfig(
+    arch="qwen3",
+    vocab_size=151936,
+    hidden_size=2048,
+    num_layers=16,
+    num_heads=16,
+    num_kv_heads=8,
+    intermediate_size=6144,
+    max_seq_len=8192,
+    dtype="bfloat16",
+    seed=0,
+)
 ROWS: list[dict] = []
 
 
@@ -66,6 +86,7 @@ def row(name: str, ok: bool | None, detail: str, **values) -> None:
 
 def check(name: str):
     """Run the decorated check at once; an exception becomes a FAIL row and the next check runs."""
+
     def run(fn):
         try:
             fn()
@@ -76,6 +97,7 @@ def check(name: str):
         gc.collect()
         torch.cuda.empty_cache()
         return fn
+
     return run
 
 
@@ -83,12 +105,16 @@ def make_batch(cfg: ModelConfig, lengths: list[int], seed: int) -> TrainBatch:
     rng = np.random.default_rng(seed)
     n = sum(lengths)
     mask = np.concatenate([np.arange(length) >= length // 5 for length in lengths])
-    return TrainBatch(version=0, episode_ids=[f"s{i}" for i in range(len(lengths))],
-                      tokens=rng.integers(0, cfg.vocab_size, n).astype(np.int64),
-                      cu_seqlens=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64), loss_mask=mask,
-                      behaviour_logprobs=np.zeros(n, np.float32),
-                      advantages=rng.standard_normal(len(lengths)).astype(np.float32),
-                      versions=np.where(mask, 0, -1).astype(np.int64))
+    return TrainBatch(
+        version=0,
+        episode_ids=[f"s{i}" for i in range(len(lengths))],
+        tokens=rng.integers(0, cfg.vocab_size, n).astype(np.int64),
+        cu_seqlens=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
+        loss_mask=mask,
+        behaviour_logprobs=np.zeros(n, np.float32),
+        advantages=rng.standard_normal(len(lengths)).astype(np.float32),
+        versions=np.where(mask, 0, -1).astype(np.int64),
+    )
 
 
 def with_behaviour(batch: TrainBatch, logprobs: np.ndarray, drifted: int | None, seed: int) -> TrainBatch:
@@ -159,7 +185,7 @@ def token_logprobs(logits: torch.Tensor, batch: TrainBatch, temperature: float) 
     out = torch.zeros(len(tokens), device=logits.device)
     for a, b in zip(batch.cu_seqlens, batch.cu_seqlens[1:]):
         if b - a > 1:
-            out[a + 1:b] = lp[a:b - 1].gather(1, tokens[a + 1:b, None])[:, 0]
+            out[a + 1 : b] = lp[a : b - 1].gather(1, tokens[a + 1 : b, None])[:, 0]
     return out.cpu()
 
 
@@ -182,8 +208,13 @@ def main() -> None:
     state: dict = {}
 
     def small_backend(tp: int, pp: int = 1) -> Trainer:
-        return Trainer(MegatronBackend(SMALL, dataclasses.replace(learner, tensor_parallel=tp, pipeline_parallel=pp),
-                                       device=device), algo, temperature=T)
+        return Trainer(
+            MegatronBackend(
+                SMALL, dataclasses.replace(learner, tensor_parallel=tp, pipeline_parallel=pp), device=device
+            ),
+            algo,
+            temperature=T,
+        )
 
     # ---------------------------------------------------------------- TP = 1 (DP = world)
     b1 = None
@@ -211,8 +242,15 @@ def main() -> None:
         pmax, pmean = diff_stats(lp_mg, token_logprobs(hf, batch, T))
         state["lp_tp1"], state["logits_tp1"] = lp_mg, mg.cpu()
         ok = lmean < 2e-2 and pmean < 2e-2
-        row("TP=1 vs HF logits", ok, f"logits max {lmax:.3g} mean {lmean:.3g}; logprobs(T={T}) max {pmax:.3g} "
-            f"mean {pmean:.3g} (bf16)", logits_max=lmax, logits_mean=lmean, logprobs_max=pmax, logprobs_mean=pmean)
+        row(
+            "TP=1 vs HF logits",
+            ok,
+            f"logits max {lmax:.3g} mean {lmean:.3g}; logprobs(T={T}) max {pmax:.3g} mean {pmean:.3g} (bf16)",
+            logits_max=lmax,
+            logits_mean=lmean,
+            logprobs_max=pmax,
+            logprobs_mean=pmean,
+        )
 
     @check("export_hf reloads in transformers")
     def _():
@@ -235,11 +273,21 @@ def main() -> None:
         after = weights(b1)
         moved = max_diff(before, after)
         state["step_tp1"], state["weights_tp1"] = result, after
-        ok = (math.isfinite(result.loss) and moved > 0 and result.trained_tokens > 0
-              and result.metrics["kept_fraction"] < 1)
-        row("train step TP=1", ok, f"loss {result.loss:.4g} grad_norm {result.grad_norm:.4g} "
+        ok = (
+            math.isfinite(result.loss)
+            and moved > 0
+            and result.trained_tokens > 0
+            and result.metrics["kept_fraction"] < 1
+        )
+        row(
+            "train step TP=1",
+            ok,
+            f"loss {result.loss:.4g} grad_norm {result.grad_norm:.4g} "
             f"kept {result.metrics['kept_fraction']:.2f} trained_tokens {result.trained_tokens} "
-            f"max|Δw| {moved:.3g} {result.seconds:.2f}s", loss=result.loss, grad_norm=result.grad_norm)
+            f"max|Δw| {moved:.3g} {result.seconds:.2f}s",
+            loss=result.loss,
+            grad_norm=result.grad_norm,
+        )
 
     @check("checkpoint save/load")
     def _():
@@ -271,9 +319,15 @@ def main() -> None:
             mg = megatron_logits(b2.backend, batch).cpu()
             lmax, lmean = diff_stats(mg, state["logits_tp1"])
             pmax, pmean = diff_stats(b2.logprobs(batch, T), state["lp_tp1"])
-            row("TP=2 vs TP=1 logits", lmean < 1e-2 and pmean < 1e-2,
+            row(
+                "TP=2 vs TP=1 logits",
+                lmean < 1e-2 and pmean < 1e-2,
                 f"logits max {lmax:.3g} mean {lmean:.3g}; logprobs max {pmax:.3g} mean {pmean:.3g}",
-                logits_max=lmax, logits_mean=lmean, logprobs_max=pmax, logprobs_mean=pmean)
+                logits_max=lmax,
+                logits_mean=lmean,
+                logprobs_max=pmax,
+                logprobs_mean=pmean,
+            )
 
         @check("train step DP vs TP layout")
         def _():
@@ -283,13 +337,20 @@ def main() -> None:
             rel = abs(result.loss - ref.loss) / max(abs(ref.loss), 1e-6)
             # bf16 layouts differ by rounding only; the first Adam step moves each weight by ~lr·sign(g),
             # so a few near-zero gradients of opposite sign give weight differences up to ~2·lr.
-            ok = abs(result.loss - ref.loss) <= 2e-2 * abs(ref.loss) + 1e-3 \
-                and abs(result.grad_norm - ref.grad_norm) <= 5e-2 * ref.grad_norm \
+            ok = (
+                abs(result.loss - ref.loss) <= 2e-2 * abs(ref.loss) + 1e-3
+                and abs(result.grad_norm - ref.grad_norm) <= 5e-2 * ref.grad_norm
                 and result.trained_tokens == ref.trained_tokens
-            row("train step DP vs TP layout", ok,
+            )
+            row(
+                "train step DP vs TP layout",
+                ok,
                 f"(tp1,dp{world}) loss {ref.loss:.5g} gn {ref.grad_norm:.4g} vs (tp2,dp{world // 2}) loss "
                 f"{result.loss:.5g} gn {result.grad_norm:.4g}; max|Δw| between layouts {wdiff:.3g}",
-                loss_rel_diff=rel, weight_diff=wdiff)
+                loss_rel_diff=rel,
+                weight_diff=wdiff,
+            )
+
         del b2
         gc.collect()
         torch.cuda.empty_cache()
@@ -301,8 +362,12 @@ def main() -> None:
     if world >= 2 and world % 2 == 0:
         pipeline_rows(small_backend, batch, state, world)
     else:
-        for name in ("PP=2 weights from both stages", "PP=2 vs PP=1 logprobs", "RL step PP=2 vs PP=1",
-                     "PP=2 memory vs plan"):
+        for name in (
+            "PP=2 weights from both stages",
+            "PP=2 vs PP=1 logprobs",
+            "RL step PP=2 vs PP=1",
+            "PP=2 memory vs plan",
+        ):
             row(name, None, "needs 2 GPUs (torchrun --nproc-per-node 2)")
 
     # ---------------------------------------------------------------- throughput
@@ -341,27 +406,42 @@ def pipeline_rows(small_backend, batch: TrainBatch, state: dict, world: int) -> 
         got = weights(b)
         expected = [n for n in ref if not (n == "lm_head.weight" and b.backend.shape.tied_embeddings)]
         exact = set(got) == set(expected) and all(torch.equal(got[n], ref[n].float()) for n in expected)
-        row("PP=2 weights from both stages", exact, f"stage {b.backend.layout.pp_rank} of 2 yields {len(got)} tensors, "
-            f"bit-exact={exact}")
+        row(
+            "PP=2 weights from both stages",
+            exact,
+            f"stage {b.backend.layout.pp_rank} of 2 yields {len(got)} tensors, bit-exact={exact}",
+        )
 
     @check("PP=2 vs PP=1 logprobs")
     def _():
         pmax, pmean = diff_stats(b.logprobs(batch, T), state["lp_tp1"])
-        row("PP=2 vs PP=1 logprobs", pmean < 1e-2, f"logprobs max {pmax:.3g} mean {pmean:.3g} (bf16)",
-            logprobs_max=pmax, logprobs_mean=pmean)
+        row(
+            "PP=2 vs PP=1 logprobs",
+            pmean < 1e-2,
+            f"logprobs max {pmax:.3g} mean {pmean:.3g} (bf16)",
+            logprobs_max=pmax,
+            logprobs_mean=pmean,
+        )
 
     @check("RL step PP=2 vs PP=1")
     def _():
         result = b.train_step(state["batch"])
         ref = state["step_tp1"]
         wdiff = max_diff(weights(b), state["weights_tp1"])
-        ok = abs(result.loss - ref.loss) <= 2e-2 * abs(ref.loss) + 1e-3 \
-            and abs(result.grad_norm - ref.grad_norm) <= 5e-2 * ref.grad_norm \
+        ok = (
+            abs(result.loss - ref.loss) <= 2e-2 * abs(ref.loss) + 1e-3
+            and abs(result.grad_norm - ref.grad_norm) <= 5e-2 * ref.grad_norm
             and result.trained_tokens == ref.trained_tokens
-        row("RL step PP=2 vs PP=1", ok,
+        )
+        row(
+            "RL step PP=2 vs PP=1",
+            ok,
             f"(pp1,dp{world}) loss {ref.loss:.5g} gn {ref.grad_norm:.4g} vs (pp2,dp{world // 2}) loss {result.loss:.5g} "
-            f"gn {result.grad_norm:.4g}; max|Δw| {wdiff:.3g}", loss=result.loss, grad_norm=result.grad_norm,
-            weight_diff=wdiff)
+            f"gn {result.grad_norm:.4g}; max|Δw| {wdiff:.3g}",
+            loss=result.loss,
+            grad_norm=result.grad_norm,
+            weight_diff=wdiff,
+        )
 
     del b
     free()
@@ -369,8 +449,11 @@ def pipeline_rows(small_backend, batch: TrainBatch, state: dict, world: int) -> 
     @check("PP=2 memory vs plan")
     def _():
         learner = LearnerConfig(backend="megatron", lr=0.0, micro_batch_tokens=8192, pipeline_parallel=2)
-        big = Trainer(MegatronBackend(LARGE, learner, device=torch.device("cuda", torch.cuda.current_device())),
-                      AlgoConfig(), temperature=1.0)
+        big = Trainer(
+            MegatronBackend(LARGE, learner, device=torch.device("cuda", torch.cuda.current_device())),
+            AlgoConfig(),
+            temperature=1.0,
+        )
         layout = big.backend.layout
         sequences = make_batch(LARGE, [2048] * (16 * layout.dp), seed=9)  # 4 micro-batches per DP replica
         big.sft_step(sequences)  # the optimizer's state exists from here on
@@ -383,9 +466,15 @@ def pipeline_rows(small_backend, batch: TrainBatch, state: dict, world: int) -> 
         peaks = [None] * world
         dist.all_gather_object(peaks, (layout.pp_rank, peak / 2**30, estimate / 2**30, ratio))
         ok = all(abs(r - 1) <= 0.15 for *_, r in peaks) and math.isfinite(result.loss)
-        row("PP=2 memory vs plan", ok, "; ".join(f"stage {s}: peak {p:.1f} GiB vs plan {e:.1f} GiB ({r:.2f}x)"
-                                               for s, p, e, r in sorted(peaks)[::world // 2]),
-            stages=peaks)
+        row(
+            "PP=2 memory vs plan",
+            ok,
+            "; ".join(
+                f"stage {s}: peak {p:.1f} GiB vs plan {e:.1f} GiB ({r:.2f}x)"
+                for s, p, e, r in sorted(peaks)[:: world // 2]
+            ),
+            stages=peaks,
+        )
         del big
         free()
 
@@ -419,11 +508,19 @@ def throughput(learner: LearnerConfig, algo: AlgoConfig, device, world: int, *, 
         nonlocal big, n_params
         # lr = 0: the same arithmetic, but the weights stay put, so μ stays on-policy and MirrorPop keeps
         # every sequence in every timed RL step (a moving policy would make it drop them all).
-        big = Trainer(MegatronBackend(LARGE, dataclasses.replace(learner, micro_batch_tokens=per_gpu, lr=0.0),
-                                      device=device), algo, temperature=1.0)
+        big = Trainer(
+            MegatronBackend(LARGE, dataclasses.replace(learner, micro_batch_tokens=per_gpu, lr=0.0), device=device),
+            algo,
+            temperature=1.0,
+        )
         n_params = sum(t.numel() for _, t in big.named_weights())
-        row("throughput ~1B", True, f"N={n_params / 1e9:.2f}B, {per_gpu} tok/GPU/step (4 x 2048), "
-            f"dp={big.backend.layout.dp}, TP=1; MFU = 6·N·tokens/(s·989e12)", params=n_params)
+        row(
+            "throughput ~1B",
+            True,
+            f"N={n_params / 1e9:.2f}B, {per_gpu} tok/GPU/step (4 x 2048), "
+            f"dp={big.backend.layout.dp}, TP=1; MFU = 6·N·tokens/(s·989e12)",
+            params=n_params,
+        )
 
     if big is None:
         return
@@ -444,15 +541,20 @@ def throughput(learner: LearnerConfig, algo: AlgoConfig, device, world: int, *, 
 
     mfu = {}
     for name, switches in VARIANTS.items():
+
         @check(f"SFT step: {name}")
         def _():
             backend.kernels = Kernels(**switches, compile=True)
             torch.cuda.reset_peak_memory_stats()
             sft_s = timed(big.sft_step)
             peak = torch.cuda.max_memory_allocated()
-            estimate = plan_estimate(dataclasses.replace(learner, micro_batch_tokens=per_gpu,
-                                                         megatron=MegatronKernelsConfig(**switches)),
-                                     tp=1, pp=1, dp=dp, stage=0)
+            estimate = plan_estimate(
+                dataclasses.replace(learner, micro_batch_tokens=per_gpu, megatron=MegatronKernelsConfig(**switches)),
+                tp=1,
+                pp=1,
+                dp=dp,
+                stage=0,
+            )
             mfu[name] = 6 * n_params * per_gpu / (sft_s * H100_BF16_FLOPS)
             extra = ""
             if name in ("plain", "all fused"):
@@ -461,17 +563,27 @@ def throughput(learner: LearnerConfig, algo: AlgoConfig, device, world: int, *, 
                 if kept < 1.0:
                     raise RuntimeError(f"MirrorPop kept only {kept:.2f} of the timed RL batch: not a full step")
                 extra = f"; RL step {rl_s:.3f}s MFU(10N) {10 * n_params * per_gpu / (rl_s * H100_BF16_FLOPS):.1%}"
-            row(f"SFT step: {name}", True,
+            row(
+                f"SFT step: {name}",
+                True,
                 f"{sft_s:.3f}s {per_gpu / sft_s:,.0f} tok/s/GPU MFU {mfu[name]:.1%}{extra}; peak {peak / 2**30:.1f} GiB "
                 f"vs plan {estimate / 2**30:.1f} GiB ({peak / estimate:.2f}x)",
-                seconds=sft_s, mfu=mfu[name], peak_gib=peak / 2**30, plan_gib=estimate / 2**30,
-                device=torch.cuda.get_device_name())
+                seconds=sft_s,
+                mfu=mfu[name],
+                peak_gib=peak / 2**30,
+                plan_gib=estimate / 2**30,
+                device=torch.cuda.get_device_name(),
+            )
 
     if "plain" in mfu and "all fused" in mfu:
-        row("MFU target (>= 40%)", mfu["all fused"] >= 0.40,
-            f"SFT step {mfu['plain']:.1%} -> {mfu['all fused']:.1%} with every switch on (dp={dp})")
+        row(
+            "MFU target (>= 40%)",
+            mfu["all fused"] >= 0.40,
+            f"SFT step {mfu['plain']:.1%} -> {mfu['all fused']:.1%} with every switch on (dp={dp})",
+        )
     if profile:
         for name in ("plain", "all fused"):
+
             @check(f"profile: {name}")
             def _():
                 backend.kernels = Kernels(**VARIANTS[name], compile=True)
@@ -482,7 +594,12 @@ def throughput(learner: LearnerConfig, algo: AlgoConfig, device, world: int, *, 
                     out = os.environ.get("OUT")
                     if out:
                         Path(out, f"profile_sft_{name.replace(' ', '_')}.md").write_text(table + "\n")
-                row(f"profile: {name}", True, "top 25 kernels printed above" + (" and in $OUT" if os.environ.get("OUT") else ""))
+                row(
+                    f"profile: {name}",
+                    True,
+                    "top 25 kernels printed above" + (" and in $OUT" if os.environ.get("OUT") else ""),
+                )
+
     del big
     free()
 
@@ -500,29 +617,48 @@ def kernel_table(step, top: int = 25) -> str:
     wall = time.perf_counter() - start
     # Ranges such as `Optimizer.step#AdamW.step` show up with device time too: they span kernels that
     # are listed on their own, so counting them would count those kernels twice.
-    kernels = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA
-               and not getattr(e, "is_user_annotation", False) and "#" not in e.key]
+    kernels = [
+        e
+        for e in prof.key_averages()
+        if e.device_type == torch.autograd.DeviceType.CUDA
+        and not getattr(e, "is_user_annotation", False)
+        and "#" not in e.key
+    ]
     time_of = lambda e: getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)  # noqa: E731
     kernels.sort(key=time_of, reverse=True)
     busy = sum(time_of(e) for e in kernels)  # µs
-    lines = [f"GPU busy {busy / 1e3:.1f} ms of {wall * 1e3:.1f} ms wall (profiled; the profiler slows the host)",
-             "", "| # | kernel | calls | total ms | % of GPU time | avg µs |", "| --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        f"GPU busy {busy / 1e3:.1f} ms of {wall * 1e3:.1f} ms wall (profiled; the profiler slows the host)",
+        "",
+        "| # | kernel | calls | total ms | % of GPU time | avg µs |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
     for i, e in enumerate(kernels[:top], 1):
         name = e.key if len(e.key) <= 90 else e.key[:87] + "..."
-        lines.append(f"| {i} | `{name}` | {e.count} | {time_of(e) / 1e3:.2f} | {time_of(e) / busy:.1%} | "
-                     f"{time_of(e) / e.count:.0f} |")
+        lines.append(
+            f"| {i} | `{name}` | {e.count} | {time_of(e) / 1e3:.2f} | {time_of(e) / busy:.1%} | "
+            f"{time_of(e) / e.count:.0f} |"
+        )
     groups: dict[str, float] = {}
     for e in kernels:
         key = e.key.lower()
         # Compiled (triton) kernels first: their names list the ops they fused (`..._to_copy_cat_...`),
         # which would otherwise read as copies.
-        kind = ("GEMM" if any(k in key for k in ("gemm", "cutlass", "xmma", "nvjet", "cublas")) else
-                "attention" if any(k in key for k in ("flash", "fmha", "attention", "sdpa")) else
-                "communication" if "nccl" in key else
-                "compiled (triton)" if key.startswith("triton_") else
-                "optimizer (fused AdamW)" if "multi_tensor_apply" in key else
-                "copies" if any(k in key for k in ("memcpy", "memset", "copy_kernel", "catarraybatched")) else
-                "elementwise / reductions")
+        kind = (
+            "GEMM"
+            if any(k in key for k in ("gemm", "cutlass", "xmma", "nvjet", "cublas"))
+            else "attention"
+            if any(k in key for k in ("flash", "fmha", "attention", "sdpa"))
+            else "communication"
+            if "nccl" in key
+            else "compiled (triton)"
+            if key.startswith("triton_")
+            else "optimizer (fused AdamW)"
+            if "multi_tensor_apply" in key
+            else "copies"
+            if any(k in key for k in ("memcpy", "memset", "copy_kernel", "catarraybatched"))
+            else "elementwise / reductions"
+        )
         groups[kind] = groups.get(kind, 0.0) + time_of(e)
     lines += ["", "| kind | ms | % of GPU time |", "| --- | --- | --- |"]
     lines += [f"| {k} | {v / 1e3:.1f} | {v / busy:.1%} |" for k, v in sorted(groups.items(), key=lambda kv: -kv[1])]

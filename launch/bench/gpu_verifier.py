@@ -34,19 +34,32 @@ from protocols.channels import RequestClient
 
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--backend", default="cuda", choices=["cuda", "cpu"],
-                   help="cpu runs the same script on the cpu backend (a dry run of this script without a GPU)")
+    p.add_argument(
+        "--backend",
+        default="cuda",
+        choices=["cuda", "cpu"],
+        help="cpu runs the same script on the cpu backend (a dry run of this script without a GPU)",
+    )
     p.add_argument("--tasks", default="tasks" if Path("tasks").is_dir() else str(REPO / "tasks"))
     p.add_argument("--solutions", help="default: tasks/solutions/<backend>")
     p.add_argument("--cache-dir", help="verifier cache (default: a fresh temporary directory = cold)")
     p.add_argument("--compile-workers", type=int, default=max(2, min(14, (os.cpu_count() or 4) - 2)))
-    p.add_argument("--run-workers", type=int, default=2, help="sandbox children per GPU (timing windows stay exclusive)")
+    p.add_argument(
+        "--run-workers", type=int, default=2, help="sandbox children per GPU (timing windows stay exclusive)"
+    )
     p.add_argument("--inflight", type=int, default=32, help="requests the actor works on at once")
-    p.add_argument("--compile-baseline", action="store_true",
-                   help="also time torch.compile per task (adds ~20-40 s per task; off for the throughput run)")
-    p.add_argument("--mix", default="all", choices=["all", "solutions"],
-                   help="solutions: the shipped solutions only (a throughput run without the adversarial "
-                        "cases, whose hangs and timeouts dominate the wall clock)")
+    p.add_argument(
+        "--compile-baseline",
+        action="store_true",
+        help="also time torch.compile per task (adds ~20-40 s per task; off for the throughput run)",
+    )
+    p.add_argument(
+        "--mix",
+        default="all",
+        choices=["all", "solutions"],
+        help="solutions: the shipped solutions only (a throughput run without the adversarial "
+        "cases, whose hangs and timeouts dominate the wall clock)",
+    )
     p.add_argument("--json", metavar="FILE", help="write the per-case results and figures as JSON")
     return p.parse_args(argv)
 
@@ -104,11 +117,14 @@ def run(args) -> int:
     work = jobs(args)
     actor = VerifierActor(cfg)
     address = actor.start()["verifier"]
-    print(f"verifier on {device}, cache {cfg.cache_dir}, {cfg.compile_workers} compile "
-          f"workers, {len(work)} candidates", flush=True)
+    print(
+        f"verifier on {device}, cache {cfg.cache_dir}, {cfg.compile_workers} compile workers, {len(work)} candidates",
+        flush=True,
+    )
     actor.impl.warm()
     pch_s = _wait_pch(actor)
     started = time.perf_counter()
+
     def ask(job):  # a line per verdict as it comes: a run cut short still shows how far it got
         r = _ask(address, job[2])
         print(f"  [{time.perf_counter() - started:6.1f} s] {job[0]:<45} {verdict(r)}", flush=True)
@@ -129,10 +145,28 @@ def run(args) -> int:
     figures["actor"] = health
     _print_figures(figures)
     if args.json:
-        Path(args.json).write_text(json.dumps({"figures": figures, "cases": [
-            {"name": n, "expected": e, "got": verdict(r), "stage": r.stage, "score": r.score,
-             "feedback": r.feedback, "timings": r.timings, "diagnostics": r.diagnostics} for n, e, r in rows]},
-            indent=1, default=str))
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "figures": figures,
+                    "cases": [
+                        {
+                            "name": n,
+                            "expected": e,
+                            "got": verdict(r),
+                            "stage": r.stage,
+                            "score": r.score,
+                            "feedback": r.feedback,
+                            "timings": r.timings,
+                            "diagnostics": r.diagnostics,
+                        }
+                        for n, e, r in rows
+                    ],
+                },
+                indent=1,
+                default=str,
+            )
+        )
     return 0 if ok else 1
 
 
@@ -185,14 +219,19 @@ def benchmark(rows, wall: float, pch_s: float) -> dict:
 
     everything = [r for _, _, r in rows]
     return {
-        "candidates": len(rows), "wall_s": wall, "verifications_per_minute": 60.0 * len(rows) / wall,
+        "candidates": len(rows),
+        "wall_s": wall,
+        "verifications_per_minute": 60.0 * len(rows) / wall,
         "pch_wait_s": pch_s,
         "compile_s": {"n": len(compile_s), "p50": _pct(compile_s, 0.5), "p90": _pct(compile_s, 0.9)},
         "compile_phases_mean_s": {k: statistics.mean(v) for k, v in sorted(phases.items())},
-        "correctness_s": stage("correctness", solutions), "timing_s": stage("performance", solutions),
-        "baseline_s": stage("baseline", solutions), "sandbox_wait_s": stage("sandbox_wait", everything),
+        "correctness_s": stage("correctness", solutions),
+        "timing_s": stage("performance", solutions),
+        "baseline_s": stage("baseline", solutions),
+        "sandbox_wait_s": stage("sandbox_wait", everything),
         "sandbox_start_s": stage("sandbox_start", everything),
-        "import_s": stage("import", everything), "total_s": stage("total", everything),
+        "import_s": stage("import", everything),
+        "total_s": stage("total", everything),
     }
 
 
@@ -202,8 +241,10 @@ def _print_figures(f: dict) -> None:
 
     print("\nbenchmark (cold cache, distinct sources)")
     print(f"  device: {f['device']}")
-    print(f"  mix: {f['candidates']} candidates in {f['wall_s']:.1f} s -> {f['verifications_per_minute']:.1f} "
-          f"verifications/minute (PCH wait before the clock: {f['pch_wait_s']:.1f} s)")
+    print(
+        f"  mix: {f['candidates']} candidates in {f['wall_s']:.1f} s -> {f['verifications_per_minute']:.1f} "
+        f"verifications/minute (PCH wait before the clock: {f['pch_wait_s']:.1f} s)"
+    )
     print(f"  compile (cold solutions): {fmt(f['compile_s'])}")
     print(f"  compile phases, mean s: {fmt(f['compile_phases_mean_s'])}")
     for key in ("correctness_s", "timing_s", "baseline_s", "sandbox_wait_s", "sandbox_start_s", "import_s", "total_s"):

@@ -171,12 +171,20 @@ def main(argv=None) -> None:
     rows = []
     for name, value in bench_codec(big, max(args.rounds // 4, 3)).items():
         rows.append((f"codec {name} ({args.big_mib} MiB TrainBatch)", f"{value:,.0f}"))
-    rows.append((f"PUSH->PULL {args.transport} loopback MB/s ({args.big_mib} MiB)",
-                 f"{bench_push(big, args.transport, args.rounds):,.0f}"))
+    rows.append(
+        (
+            f"PUSH->PULL {args.transport} loopback MB/s ({args.big_mib} MiB)",
+            f"{bench_push(big, args.transport, args.rounds):,.0f}",
+        )
+    )
     lat = bench_request(big, args.transport, max(args.rounds // 2, 5))
     rows.append((f"REQ/REP {args.transport} {args.big_mib} MiB request p50 ms", f"{_pct(lat, 50) * 1e3:.1f}"))
-    rows.append((f"REQ/REP {args.transport} {args.big_mib} MiB request MB/s (p50)",
-                 f"{payload_bytes(big) / _pct(lat, 50) / 1e6:,.0f}"))
+    rows.append(
+        (
+            f"REQ/REP {args.transport} {args.big_mib} MiB request MB/s (p50)",
+            f"{payload_bytes(big) / _pct(lat, 50) / 1e6:,.0f}",
+        )
+    )
     lat = bench_request(small, args.transport, args.small_rounds)
     rows.append((f"REQ/REP {args.transport} 1 KiB round trip p50 us", f"{_pct(lat, 50) * 1e6:.0f}"))
     rows.append((f"REQ/REP {args.transport} 1 KiB round trip p99 us", f"{_pct(lat, 99) * 1e6:.0f}"))

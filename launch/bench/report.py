@@ -109,8 +109,9 @@ def complete(report: BenchReport, engines: int, batch_sequences: int) -> BenchRe
     if report.stages is not None:
         report.bound = ideal_bound(report.stages, report.loops, engines, batch_sequences)
         if report.bound is not None and report.bound.samples_per_s > 0:
-            report.bound_fraction = {f"eta={loop.eta}": loop.samples_per_s / report.bound.samples_per_s
-                                     for loop in report.loops}
+            report.bound_fraction = {
+                f"eta={loop.eta}": loop.samples_per_s / report.bound.samples_per_s for loop in report.loops
+            }
     return report
 
 
@@ -126,12 +127,17 @@ def _f(value: float | None, digits: int = 2) -> str:
 
 
 def render(report: BenchReport) -> str:
-    lines = [f"## kiln bench {report.config}", "",
-             f"* command: `{report.command}`", f"* date: {report.date}; device: {report.device}",
-             f"* load average at the start: {', '.join(f'{x:.2f}' for x in report.load_average)}"
-             if report.load_average else "* load average: -",
-             f"* loop runs: {report.warmup} warm-up step(s), then "
-             f"{report.steps if report.steps is not None else 'until algo.total_steps'} measured"]
+    lines = [
+        f"## kiln bench {report.config}",
+        "",
+        f"* command: `{report.command}`",
+        f"* date: {report.date}; device: {report.device}",
+        f"* load average at the start: {', '.join(f'{x:.2f}' for x in report.load_average)}"
+        if report.load_average
+        else "* load average: -",
+        f"* loop runs: {report.warmup} warm-up step(s), then "
+        f"{report.steps if report.steps is not None else 'until algo.total_steps'} measured",
+    ]
     if report.stages is not None:
         lines += ["", *render_stages(report.stages)]
     if report.loops:
@@ -147,18 +153,26 @@ def render_stages(s: Stages) -> list[str]:
     e, v, learner, sync = s.engine, s.verifier, s.learner, s.sync
     stages = ", ".join(f"{k} {n}" for k, n in sorted(v.stages.items()))
     return [
-        "### Each stage alone", "",
-        "| stage | capacity | how |", "| --- | --- | --- |",
+        "### Each stage alone",
+        "",
+        "| stage | capacity | how |",
+        "| --- | --- | --- |",
         f"| engine | {_f(e.decoded_tokens_per_s, 1)} decoded tok/s | {e.requests} requests at once, max_batch "
         f"{e.max_batch}, {e.torch_threads} torch thread(s); "
-        + (f"{_f(e.full_batch_tokens_per_s, 1)} tok/s over the {e.full_batch_s:.1f} s with max_batch rows decoding, "
-           if e.full_batch_tokens_per_s else "the batch never seen full: the overall rate; ")
+        + (
+            f"{_f(e.full_batch_tokens_per_s, 1)} tok/s over the {e.full_batch_s:.1f} s with max_batch rows decoding, "
+            if e.full_batch_tokens_per_s
+            else "the batch never seen full: the overall rate; "
+        )
         + f"overall {_f(e.overall_tokens_per_s, 1)} tok/s ({e.decoded_tokens:,} tokens in {e.seconds:.1f} s, "
         f"mean {e.mean_response_tokens:.0f} per response) |",
         f"| verifier | {_f(v.verifications_per_min, 1)} verifications/min ({_f(v.per_actor_per_min, 1)} per actor) | "
         f"{v.requests} attempts at once to {v.actors} actor(s) × {v.max_inflight} in flight; "
-        + (f"every slot busy: {v.actors * v.max_inflight} slots ÷ {v.slot_s_mean:.2f} s mean per verification, "
-           if v.requests > v.actors * v.max_inflight and v.slot_s_mean > 0 else "fewer requests than slots: the overall rate; ")
+        + (
+            f"every slot busy: {v.actors * v.max_inflight} slots ÷ {v.slot_s_mean:.2f} s mean per verification, "
+            if v.requests > v.actors * v.max_inflight and v.slot_s_mean > 0
+            else "fewer requests than slots: the overall rate; "
+        )
         + f"overall {_f(v.overall_per_min, 1)}/min ({v.seconds:.1f} s, the drain included); {v.forced_share:.0%} "
         f"forced, {v.compiled_share:.0%} real compiles, modelled latency {v.modelled_s_mean:.2f} s mean; "
         f"stages: {stages} |",
@@ -172,44 +186,54 @@ def render_stages(s: Stages) -> list[str]:
 
 def render_loops(report: BenchReport) -> list[str]:
     loops = report.loops
-    head = ["| | " + " | ".join(f"η = {loop.eta}" for loop in loops) + " |",
-            "| --- |" + " --- |" * len(loops)]
+    head = ["| | " + " | ".join(f"η = {loop.eta}" for loop in loops) + " |", "| --- |" + " --- |" * len(loops)]
     rows: list[tuple[str, list[str]]] = [
-        ("learner steps in the window / window s",
-         [f"{loop.window_steps} / {loop.window_s:.1f}" + ("" if loop.finished else " (stopped)") for loop in loops]),
+        (
+            "learner steps in the window / window s",
+            [f"{loop.window_steps} / {loop.window_s:.1f}" + ("" if loop.finished else " (stopped)") for loop in loops],
+        ),
         ("samples/s (trained)", [_f(loop.samples_per_s, 3) for loop in loops]),
         ("decoded tok/s", [_f(loop.decoded_tokens_per_s, 1) for loop in loops]),
         ("trained tok/s", [_f(loop.trained_tokens_per_s, 1) for loop in loops]),
         ("gradient tok/s", [_f(loop.gradient_tokens_per_s, 1) for loop in loops]),
         ("verifications/min", [_f(sum(loop.verifications_per_min.values()), 1) for loop in loops]),
-        ("real compiles (share of verifications)",
-         ["-" if loop.compiled_share is None else f"{loop.compiled_share:.0%}" for loop in loops]),
+        (
+            "real compiles (share of verifications)",
+            ["-" if loop.compiled_share is None else f"{loop.compiled_share:.0%}" for loop in loops],
+        ),
     ]
     actors = sorted({a for loop in loops for a in loop.busy})
     for actor in actors:
-        rows.append((f"busy {actor} ({'/'.join(_activities(loops, actor))})",
-                     [_busy(loop, actor) for loop in loops]))
+        rows.append((f"busy {actor} ({'/'.join(_activities(loops, actor))})", [_busy(loop, actor) for loop in loops]))
     occupants = sorted({a for occ in report.occupancy.values() for a in occ})
     for actor in occupants:
-        rows.append((f"occupancy {actor}",
-                     [_f(report.occupancy.get(f"eta={loop.eta}", {}).get(actor)) for loop in loops]))
+        rows.append(
+            (f"occupancy {actor}", [_f(report.occupancy.get(f"eta={loop.eta}", {}).get(actor)) for loop in loops])
+        )
     for engine in sorted({e for loop in loops for e in loop.rows_per_step}):
-        rows.append((f"rows per decode step {engine} (of max_batch)",
-                     [_f(loop.rows_per_step.get(engine), 1) for loop in loops]))
+        rows.append(
+            (f"rows per decode step {engine} (of max_batch)", [_f(loop.rows_per_step.get(engine), 1) for loop in loops])
+        )
     cpu_names = sorted({k for loop in loops for k in (loop.cpu_share or {})}, key=lambda k: (k == "machine", k))
     for name in cpu_names:
         label = "CPU share, whole machine (all users)" if name == "machine" else f"CPU share {name}"
         rows.append((label, [_f((loop.cpu_share or {}).get(name)) for loop in loops]))
     rows += [
         ("learner step s (median)", [_f(loop.learner_step_s_median) for loop in loops]),
-        ("weight sync s p50 / p99 (n)",
-         [f"{loop.sync_s['p50']:.3f} / {loop.sync_s['p99']:.3f} ({int(loop.sync_s['n'])})" for loop in loops]),
-        ("staleness: trained samples by lag",
-         [", ".join(f"{lag}: {n}" for lag, n in loop.staleness.items()) or "-" for loop in loops]),
+        (
+            "weight sync s p50 / p99 (n)",
+            [f"{loop.sync_s['p50']:.3f} / {loop.sync_s['p99']:.3f} ({int(loop.sync_s['n'])})" for loop in loops],
+        ),
+        (
+            "staleness: trained samples by lag",
+            [", ".join(f"{lag}: {n}" for lag, n in loop.staleness.items()) or "-" for loop in loops],
+        ),
         ("fraction of the ideal-overlap bound", [_f(report.bound_fraction.get(f"eta={loop.eta}")) for loop in loops]),
         ("speedup over η = 0", [_f(report.speedup.get(f"eta={loop.eta}")) for loop in loops]),
-        ("killed / kill -> next step s",
-         [f"{loop.killed} / {_f(loop.recovery_s, 1)}" if loop.killed else "-" for loop in loops]),
+        (
+            "killed / kill -> next step s",
+            [f"{loop.killed} / {_f(loop.recovery_s, 1)}" if loop.killed else "-" for loop in loops],
+        ),
         ("restarts", [", ".join(loop.restarts) or "-" for loop in loops]),
         ("versions only grow", [str(loop.versions_monotonic) for loop in loops]),
         ("episodes emitted = trained + filtered + pending", [_ledger(loop.episodes) for loop in loops]),
@@ -233,15 +257,22 @@ def _busy(loop: LoopResult, actor: str) -> str:
 
 
 def _ledger(ep: dict) -> str:
-    return (f"{ep['emitted']} = {ep['trained']} + {ep['filtered_total']} + {ep['pending']} "
-            f"({'holds' if ep['invariant_ok'] else 'BROKEN'})")
+    return (
+        f"{ep['emitted']} = {ep['trained']} + {ep['filtered_total']} + {ep['pending']} "
+        f"({'holds' if ep['invariant_ok'] else 'BROKEN'})"
+    )
 
 
 def render_bound(bound: Bound) -> list[str]:
-    out = ["### Ideal-overlap bound", "", "| stage | capacity alone | demand per trained sample | samples/s |",
-           "| --- | --- | --- | --- |"]
+    out = [
+        "### Ideal-overlap bound",
+        "",
+        "| stage | capacity alone | demand per trained sample | samples/s |",
+        "| --- | --- | --- | --- |",
+    ]
     for row in bound.stages:
-        out.append(f"| {row.stage} | {_f(row.capacity, 2)} {row.unit} | {_f(row.demand, 2)} | "
-                   f"{_f(row.samples_per_s, 3)} |")
+        out.append(
+            f"| {row.stage} | {_f(row.capacity, 2)} {row.unit} | {_f(row.demand, 2)} | {_f(row.samples_per_s, 3)} |"
+        )
     out += ["", f"bound: {_f(bound.samples_per_s, 3)} samples/s (slowest stage: {bound.bottleneck})"]
     return out

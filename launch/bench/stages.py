@@ -143,8 +143,13 @@ class Workload:
     def params(self) -> SamplingParams:
         """The rollout actor's sampling settings, its stop ids included."""
         r = self.cfg.rollout
-        return SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-                              max_new_tokens=r.max_new_tokens, stop_token_ids=tuple(self.tokenizer.stop_ids))
+        return SamplingParams(
+            temperature=r.temperature,
+            top_p=r.top_p,
+            top_k=r.top_k,
+            max_new_tokens=r.max_new_tokens,
+            stop_token_ids=tuple(self.tokenizer.stop_ids),
+        )
 
     def prompt(self, i: int) -> tuple[Task, list[int]]:
         """The first prompt of the i-th task (in turn), as the turn policy poses it in the loop."""
@@ -161,18 +166,18 @@ class Workload:
         end = self.tokenizer.end_of_turn_id
         ids = self.tokenizer.encode(text) + ([int(end)] if end is not None else [])
         room = self.cfg.model.max_seq_len - len(prompt)
-        return ids[:max(1, min(room, self.cfg.rollout.max_new_tokens))]
+        return ids[: max(1, min(room, self.cfg.rollout.max_new_tokens))]
 
     def pool(self) -> CandidatePool | None:
         r = self.cfg.rollout
         if not r.forced_candidates:
             return None
-        return CandidatePool(r.forced_candidates, seed=r.seed, fraction=r.forced_fraction, mix=r.forced_mix,
-                             unique=r.bench.unique_forced)
+        return CandidatePool(
+            r.forced_candidates, seed=r.seed, fraction=r.forced_fraction, mix=r.forced_mix, unique=r.bench.unique_forced
+        )
 
 
-def measure(cfg: KilnConfig, out: Path, *, engine_requests: int, verifier_requests: int,
-            learner_steps: int) -> Stages:
+def measure(cfg: KilnConfig, out: Path, *, engine_requests: int, verifier_requests: int, learner_steps: int) -> Stages:
     work = Workload.of(cfg)
     with torch_threads(loop_threads(cfg.rollout.torch_threads, cfg)):
         engine = make_engine(cfg.rollout, cfg.model, index=0, eos_token_ids=list(work.tokenizer.stop_ids))
@@ -261,10 +266,18 @@ def measure_engine(engine, work: Workload, requests: int, poll_s: float = FULL_B
     import torch
 
     overall = decoded / seconds
-    return EngineStage(decoded_tokens_per_s=full_rate if full_rate else overall, requests=requests,
-                       decoded_tokens=decoded, seconds=seconds, max_batch=r.max_batch,
-                       torch_threads=torch.get_num_threads(), mean_response_tokens=decoded / max(requests, 1),
-                       overall_tokens_per_s=overall, full_batch_tokens_per_s=full_rate, full_batch_s=full_s)
+    return EngineStage(
+        decoded_tokens_per_s=full_rate if full_rate else overall,
+        requests=requests,
+        decoded_tokens=decoded,
+        seconds=seconds,
+        max_batch=r.max_batch,
+        torch_threads=torch.get_num_threads(),
+        mean_response_tokens=decoded / max(requests, 1),
+        overall_tokens_per_s=overall,
+        full_batch_tokens_per_s=full_rate,
+        full_batch_s=full_s,
+    )
 
 
 # ------------------------------------------------------------------------------------ learner
@@ -285,10 +298,23 @@ def learner_batch(engine, work: Workload):
             if text is not None:
                 forced = work.forced_ids(text, prompt)
                 (gen,) = engine.generate([GenerateRequest(f"forced-{g}-{i}", prompt, params, forced_response=forced)])
-            turn = Turn(prompt_ids=np.asarray(prompt, np.int64), response_ids=gen.output_ids, logprobs=gen.logprobs,
-                        versions=gen.versions, finish_reason=gen.finish_reason)
-            episodes.append(Episode(episode_id=f"bench-{g}/{i}", task=task, group_id=f"bench-{g}", sample_index=i,
-                                    turns=[turn], rewards=[0.0]))
+            turn = Turn(
+                prompt_ids=np.asarray(prompt, np.int64),
+                response_ids=gen.output_ids,
+                logprobs=gen.logprobs,
+                versions=gen.versions,
+                finish_reason=gen.finish_reason,
+            )
+            episodes.append(
+                Episode(
+                    episode_id=f"bench-{g}/{i}",
+                    task=task,
+                    group_id=f"bench-{g}",
+                    sample_index=i,
+                    turns=[turn],
+                    rewards=[0.0],
+                )
+            )
     advantages = work.rng.choices([-1.0, 1.0], k=len(episodes))  # any non-zero advantages: every token trains
     return pack_batch(episodes, advantages, version=0, train_turns=cfg.algo.train_turns)
 
@@ -309,9 +335,14 @@ def measure_learner(cfg: KilnConfig, batch, steps: int) -> LearnerStage:
         times.append(time.perf_counter() - started)
     import torch
 
-    return LearnerStage(step_s_median=statistics.median(times), step_s=times, sequences=len(batch.advantages),
-                        tokens=int(result.tokens), gradient_tokens=int(result.trained_tokens),
-                        torch_threads=torch.get_num_threads())
+    return LearnerStage(
+        step_s_median=statistics.median(times),
+        step_s=times,
+        sequences=len(batch.advantages),
+        tokens=int(result.tokens),
+        gradient_tokens=int(result.trained_tokens),
+        torch_threads=torch.get_num_threads(),
+    )
 
 
 # ----------------------------------------------------------------------------------- verifier
@@ -326,8 +357,11 @@ def verify_requests(work: Workload, n: int) -> tuple[list[VerifyRequest], int]:
         text = pool.draw(task) if pool is not None else None
         forced += text is not None
         candidate = text if text is not None else work.tokenizer.split_response(gen.output_ids).answer
-        requests.append(VerifyRequest(request_id=f"bench-{i}-{uuid.uuid4().hex[:8]}", task=task, candidate=candidate,
-                                      episode_id=f"bench-{i}"))
+        requests.append(
+            VerifyRequest(
+                request_id=f"bench-{i}-{uuid.uuid4().hex[:8]}", task=task, candidate=candidate, episode_id=f"bench-{i}"
+            )
+        )
     return requests, forced
 
 
@@ -358,8 +392,12 @@ def measure_verifier(work: Workload, n: int, cache: Path) -> VerifierStage:
     for actor in actors:
         actor.start()
     requests, forced = verify_requests(work, n)
-    client = Verifier(",".join(a.server.address for a in actors), timeout_s=cfg.rollout.verify_reply_timeout_s,
-                      retries=cfg.rollout.verify_retries, concurrency=max(n, 1))
+    client = Verifier(
+        ",".join(a.server.address for a in actors),
+        timeout_s=cfg.rollout.verify_reply_timeout_s,
+        retries=cfg.rollout.verify_retries,
+        concurrency=max(n, 1),
+    )
     try:
         warm = VerifyRequest(request_id="warm", task=requests[0].task, candidate="no code", episode_id="warm")
         client.verify(warm)  # untimed: the sandbox and build services start on first use
@@ -387,11 +425,20 @@ def measure_verifier(work: Workload, n: int, cache: Path) -> VerifierStage:
     slot_mean = statistics.fmean(slot_s) if slot_s else 0.0
     slots = vcfg.max_inflight * len(actors)
     per_min = 60.0 * slots / slot_mean if n > slots and slot_mean > 0 else overall
-    return VerifierStage(verifications_per_min=per_min, per_actor_per_min=per_min / len(actors), requests=n,
-                         seconds=seconds, actors=len(actors), max_inflight=vcfg.max_inflight,
-                         forced_share=forced / max(n, 1), compiled_share=compiled / max(n, 1),
-                         modelled_s_mean=modelled / max(n, 1), stages=stages, overall_per_min=overall,
-                         slot_s_mean=slot_mean)
+    return VerifierStage(
+        verifications_per_min=per_min,
+        per_actor_per_min=per_min / len(actors),
+        requests=n,
+        seconds=seconds,
+        actors=len(actors),
+        max_inflight=vcfg.max_inflight,
+        forced_share=forced / max(n, 1),
+        compiled_share=compiled / max(n, 1),
+        modelled_s_mean=modelled / max(n, 1),
+        stages=stages,
+        overall_per_min=overall,
+        slot_s_mean=slot_mean,
+    )
 
 
 # -------------------------------------------------------------------------------- weight sync
@@ -420,9 +467,14 @@ def measure_sync(cfg: KilnConfig, pushes: int = 3) -> SyncStage:
     model = build_model(cfg.model, device)
     publish, confirmed, nbytes = [], [], 0
     with tempfile.TemporaryDirectory() as run_dir:
-        server = WeightServer(run_dir, transport, ws.bucket_mb, timeout_s=ws.process_group.push_timeout_s,
-                              join_timeout_s=ws.process_group.join_timeout_s,
-                              flat_buckets=ws.process_group.flat_buckets)
+        server = WeightServer(
+            run_dir,
+            transport,
+            ws.bucket_mb,
+            timeout_s=ws.process_group.push_timeout_s,
+            join_timeout_s=ws.process_group.join_timeout_s,
+            flat_buckets=ws.process_group.flat_buckets,
+        )
         engine = None
         try:
             engine = EngineProcess(server.start(), cfg.model, engine_device, "bench-sync")
@@ -440,5 +492,10 @@ def measure_sync(cfg: KilnConfig, pushes: int = 3) -> SyncStage:
             if engine is not None:
                 engine.stop()
             server.stop()
-    return SyncStage(transport=transport, bytes=nbytes, publish_s_median=statistics.median(publish),
-                     confirmed_s_median=statistics.median(confirmed), pushes=len(publish))
+    return SyncStage(
+        transport=transport,
+        bytes=nbytes,
+        publish_s_median=statistics.median(publish),
+        confirmed_s_median=statistics.median(confirmed),
+        pushes=len(publish),
+    )

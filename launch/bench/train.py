@@ -121,13 +121,24 @@ class Probe:
                     self._counts.update(f"steps/{name}", health.engine["steps"], health.pid)
                     decode_steps[name] = self._counts.total[f"steps/{name}"]
             elif name.startswith("verifier-"):
-                for kind, value, out in (("verified", health.replied, verified),
-                                         ("compiled", health.compiled, compiled)):
+                for kind, value, out in (
+                    ("verified", health.replied, verified),
+                    ("compiled", health.compiled, compiled),
+                ):
                     self._counts.update(f"{kind}/{name}", value, health.pid)
                     out[name] = self._counts.total[f"{kind}/{name}"]
         cpu_s, machine = self._cpu_reading(pids), cpu.machine_busy_s()
-        return Mark(time=session.monitor.step_times.get(step, time.time()), read_at=time.time(), step=step,
-                    decoded=decoded, decode_steps=decode_steps, verified=verified, compiled=compiled, cpu=cpu_s, machine_cpu=machine)
+        return Mark(
+            time=session.monitor.step_times.get(step, time.time()),
+            read_at=time.time(),
+            step=step,
+            decoded=decoded,
+            decode_steps=decode_steps,
+            verified=verified,
+            compiled=compiled,
+            cpu=cpu_s,
+            machine_cpu=machine,
+        )
 
     def _cpu_reading(self, pids: dict[str, int]) -> dict[str, float] | None:
         if len(set(pids.values())) == 1:  # in-process: one process holds every stage, none is separable
@@ -178,8 +189,15 @@ class LoopResult:
     rows_per_step: dict[str, float] = field(default_factory=dict)
 
 
-def run_loop(cfg: KilnConfig, run: RunDirectory, *, warmup: int, steps: int | None, kill: tuple[str, int] | None = None,
-             stop_after: float | None = None) -> LoopResult:
+def run_loop(
+    cfg: KilnConfig,
+    run: RunDirectory,
+    *,
+    warmup: int,
+    steps: int | None,
+    kill: tuple[str, int] | None = None,
+    stop_after: float | None = None,
+) -> LoopResult:
     """Run the loop on `cfg` in `run`; `steps` after `warmup` steps (None: until algo.total_steps)."""
     started, started_wall = time.monotonic(), time.time()
     last = warmup + steps if steps is not None else None
@@ -197,8 +215,15 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
-def summarise(cfg: KilnConfig, run: RunDirectory, probe: Probe, warmup: int, wall_s: float,
-              kill: tuple[str, int] | None, finished: bool) -> LoopResult:
+def summarise(
+    cfg: KilnConfig,
+    run: RunDirectory,
+    probe: Probe,
+    warmup: int,
+    wall_s: float,
+    kill: tuple[str, int] | None,
+    finished: bool,
+) -> LoopResult:
     if len(probe.marks) < 2:
         raise RuntimeError(f"{run.path}: fewer than two learner steps were recorded; no window to measure")
     start = next((m for m in probe.marks if m.step >= warmup), probe.marks[0])
@@ -238,23 +263,42 @@ def summarise(cfg: KilnConfig, run: RunDirectory, probe: Probe, warmup: int, wal
         after = [m.read_at for m in probe.marks if m.read_at > probe.killed_at]
         recovery = after[0] - probe.killed_at if after else None
     return LoopResult(
-        eta=cfg.replay.max_staleness, run_dir=str(run.path), steps=len(rows), window_steps=len(steady),
-        window=(t0, t1), step_times=[(m.step, m.time) for m in probe.marks if start.step <= m.step <= end.step],
-        window_s=window, wall_s=wall_s,
-        samples_per_s=samples / window, decoded_tokens_per_s=sum(decoded.values()) / between,
+        eta=cfg.replay.max_staleness,
+        run_dir=str(run.path),
+        steps=len(rows),
+        window_steps=len(steady),
+        window=(t0, t1),
+        step_times=[(m.step, m.time) for m in probe.marks if start.step <= m.step <= end.step],
+        window_s=window,
+        wall_s=wall_s,
+        samples_per_s=samples / window,
+        decoded_tokens_per_s=sum(decoded.values()) / between,
         trained_tokens_per_s=sum(r.get("train/tokens", 0.0) for r in steady) / window,
         gradient_tokens_per_s=sum(r.get("train/trained_tokens", 0.0) for r in steady) / window,
-        trained_samples=int(samples), decoded_tokens=sum(decoded.values()),
-        decoded_per_engine={k: v / between for k, v in sorted(decoded.items())}, counters_s=between,
+        trained_samples=int(samples),
+        decoded_tokens=sum(decoded.values()),
+        decoded_per_engine={k: v / between for k, v in sorted(decoded.items())},
+        counters_s=between,
         rows_per_step={k: decoded.get(k, 0.0) / n for k, n in sorted(decode_steps.items())},
         verifications=verifications,
         verifications_per_min={k: 60.0 * v / between for k, v in sorted(verified.items())},
         compiled_share=sum(compiled.values()) / verifications if verifications else None,
         learner_step_s_median=statistics.median(r["train/step_s"] for r in (steady or rows)),
-        sync_s={"p50": _percentile(syncs, 0.5), "p99": _percentile(syncs, 0.99), "max": max(syncs),
-                "n": float(len(steady))},
-        busy=busy_shares(spans, t0, t1), activities=activity_shares(spans, t0, t1),
-        cpu_share=cpu_share, cores=cpu.cores(), staleness=dict(sorted(lags.items(), key=lambda kv: int(kv[0]))),
-        restarts=[r["actor"] for r in summary["restarts"]], versions_monotonic=versions == sorted(set(versions)),
-        episodes=summary["episodes"], killed=f"{kill[0]} at step {kill[1]}" if kill else None,
-        recovery_s=recovery, finished=finished)
+        sync_s={
+            "p50": _percentile(syncs, 0.5),
+            "p99": _percentile(syncs, 0.99),
+            "max": max(syncs),
+            "n": float(len(steady)),
+        },
+        busy=busy_shares(spans, t0, t1),
+        activities=activity_shares(spans, t0, t1),
+        cpu_share=cpu_share,
+        cores=cpu.cores(),
+        staleness=dict(sorted(lags.items(), key=lambda kv: int(kv[0]))),
+        restarts=[r["actor"] for r in summary["restarts"]],
+        versions_monotonic=versions == sorted(set(versions)),
+        episodes=summary["episodes"],
+        killed=f"{kill[0]} at step {kill[1]}" if kill else None,
+        recovery_s=recovery,
+        finished=finished,
+    )

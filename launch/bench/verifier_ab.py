@@ -96,13 +96,19 @@ def run_worker(tree: Path, opts: dict, timeout_s: float) -> dict:
         script = Path(tmp) / "worker.py"  # alone in its directory: nothing of either tree shadows a module
         script.write_text(WORKER)
         env = {**os.environ, "PYTHONPATH": str(tree)}
-        p = subprocess.run([sys.executable, str(script), json.dumps(opts)], cwd=tree, env=env, capture_output=True,
-                           text=True, timeout=timeout_s)
+        p = subprocess.run(
+            [sys.executable, str(script), json.dumps(opts)],
+            cwd=tree,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+        )
     line = next((ln for ln in p.stdout.splitlines() if ln.startswith("KILN_AB ")), None)
     if p.returncode != 0 or line is None:
         tail = (p.stderr or p.stdout).strip().splitlines()[-5:]
         raise SystemExit(f"verifier_ab: the worker in {tree} failed (exit {p.returncode}): " + " | ".join(tail))
-    return json.loads(line[len("KILN_AB "):])
+    return json.loads(line[len("KILN_AB ") :])
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -117,10 +123,16 @@ def summarize(runs: list[dict]) -> dict:
     walls = [c["wall_s"] for r in runs for c in r["sequential"]]
     n_mix = sum(len(r["mix"]) for r in runs)
     mix_s = sum(r["mix_s"] for r in runs)
-    return {"compile_n": len(compiles), "compile_p50_s": statistics.median(compiles),
-            "compile_p90_s": pct(compiles, 0.9), "verify_p50_s": statistics.median(walls),
-            "mix_n": n_mix, "mix_s": mix_s, "per_min": 60.0 * n_mix / mix_s,
-            "per_min_rounds": [60.0 * len(r["mix"]) / r["mix_s"] for r in runs]}
+    return {
+        "compile_n": len(compiles),
+        "compile_p50_s": statistics.median(compiles),
+        "compile_p90_s": pct(compiles, 0.9),
+        "verify_p50_s": statistics.median(walls),
+        "mix_n": n_mix,
+        "mix_s": mix_s,
+        "per_min": 60.0 * n_mix / mix_s,
+        "per_min_rounds": [60.0 * len(r["mix"]) / r["mix_s"] for r in runs],
+    }
 
 
 def main(argv=None) -> int:
@@ -140,8 +152,12 @@ def main(argv=None) -> int:
         if not (tree / "actors" / "verifier" / "verifier.py").is_file():
             print(f"verifier_ab: --{name} {tree} is not a Kiln checkout", file=sys.stderr)
             return 2
-    opts = {"sequential": args.sequential, "inflight": args.inflight, "compile_workers": args.compile_workers,
-            "run_workers": args.run_workers}
+    opts = {
+        "sequential": args.sequential,
+        "inflight": args.inflight,
+        "compile_workers": args.compile_workers,
+        "run_workers": args.run_workers,
+    }
     order = [("before", "after") if i % 2 == 0 else ("after", "before") for i in range(args.rounds)]
     runs: dict[str, list[dict]] = {"before": [], "after": []}
     for i, pair in enumerate(order):
@@ -149,17 +165,26 @@ def main(argv=None) -> int:
             t0 = time.perf_counter()
             r = run_worker(trees[name], opts, args.timeout_s)
             runs[name].append(r)
-            print(f"round {i + 1} {name:6s}: ready {r['ready_s']:.1f} s, mix {len(r['mix'])} in {r['mix_s']:.1f} s "
-                  f"({60 * len(r['mix']) / r['mix_s']:.1f}/min), worker {time.perf_counter() - t0:.0f} s", flush=True)
+            print(
+                f"round {i + 1} {name:6s}: ready {r['ready_s']:.1f} s, mix {len(r['mix'])} in {r['mix_s']:.1f} s "
+                f"({60 * len(r['mix']) / r['mix_s']:.1f}/min), worker {time.perf_counter() - t0:.0f} s",
+                flush=True,
+            )
     summary = {name: summarize(rs) for name, rs in runs.items()}
     b, a = summary["before"], summary["after"]
     print(f"{'':28s}{'before':>10s}{'after':>10s}{'after/before':>14s}")
-    for key, label in (("compile_p50_s", "compile p50 (s)"), ("compile_p90_s", "compile p90 (s)"),
-                       ("verify_p50_s", "verification p50 (s)"), ("per_min", "verifications / min")):
+    for key, label in (
+        ("compile_p50_s", "compile p50 (s)"),
+        ("compile_p90_s", "compile p90 (s)"),
+        ("verify_p50_s", "verification p50 (s)"),
+        ("per_min", "verifications / min"),
+    ):
         print(f"{label:28s}{b[key]:10.2f}{a[key]:10.2f}{a[key] / b[key]:14.2f}")
-    print(f"(compile n = {b['compile_n']} / {a['compile_n']} one at a time; throughput {b['mix_n']} / {a['mix_n']} "
-          f"verifications; per round before {[round(x, 1) for x in b['per_min_rounds']]}, "
-          f"after {[round(x, 1) for x in a['per_min_rounds']]})")
+    print(
+        f"(compile n = {b['compile_n']} / {a['compile_n']} one at a time; throughput {b['mix_n']} / {a['mix_n']} "
+        f"verifications; per round before {[round(x, 1) for x in b['per_min_rounds']]}, "
+        f"after {[round(x, 1) for x in a['per_min_rounds']]})"
+    )
     if args.json:
         Path(args.json).write_text(json.dumps({"summary": summary, "runs": runs}, indent=1))
     return 0

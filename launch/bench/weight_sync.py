@@ -51,10 +51,28 @@ import torch.distributed as dist
 from configs import ModelConfig
 
 # ~1.1B parameters: 16 layers of width 2048 (~805M) + a tied 151,936-token embedding (311M).
-QWEN3_1B = ModelConfig(arch="qwen3", vocab_size=151936, hidden_size=2048, num_layers=16, num_heads=16,
-                       num_kv_heads=8, intermediate_size=6144, max_seq_len=2048, dtype="bfloat16")
-TINY = ModelConfig(arch="qwen3", vocab_size=1000, hidden_size=256, num_layers=2, num_heads=4, num_kv_heads=2,
-                   intermediate_size=512, max_seq_len=256, dtype="bfloat16")
+QWEN3_1B = ModelConfig(
+    arch="qwen3",
+    vocab_size=151936,
+    hidden_size=2048,
+    num_layers=16,
+    num_heads=16,
+    num_kv_heads=8,
+    intermediate_size=6144,
+    max_seq_len=2048,
+    dtype="bfloat16",
+)
+TINY = ModelConfig(
+    arch="qwen3",
+    vocab_size=1000,
+    hidden_size=256,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    intermediate_size=512,
+    max_seq_len=256,
+    dtype="bfloat16",
+)
 ROWS: list[dict] = []
 
 
@@ -125,12 +143,14 @@ def engine_process(commands, results, endpoints: dict, model: ModelConfig, devic
 class EngineProcess:
     """The parent's handle on an `engine_process` (spawned: CUDA cannot fork)."""
 
-    def __init__(self, endpoints: dict, model: ModelConfig, device: str, engine_id: str,
-                 start_timeout_s: float = 300.0) -> None:
+    def __init__(
+        self, endpoints: dict, model: ModelConfig, device: str, engine_id: str, start_timeout_s: float = 300.0
+    ) -> None:
         ctx = mp.get_context("spawn")
         self.commands, self.results = ctx.Queue(), ctx.Queue()
-        self.proc = ctx.Process(target=engine_process, daemon=True,
-                                args=(self.commands, self.results, endpoints, model, device, engine_id))
+        self.proc = ctx.Process(
+            target=engine_process, daemon=True, args=(self.commands, self.results, endpoints, model, device, engine_id)
+        )
         self.proc.start()
         self.ready_version = self._expect("ready", start_timeout_s)[1]
 
@@ -180,8 +200,10 @@ def manifest_of(cfg: ModelConfig) -> list[tuple[str, tuple[int, ...], torch.dtyp
 
 def random_weights(cfg: ModelConfig, device: str) -> list[tuple[str, torch.Tensor]]:
     g = torch.Generator(device=device).manual_seed(0)  # random values, not a model's init: only bytes move
-    return [(n, (0.02 * torch.randn(shape, generator=g, device=device, dtype=torch.float32)).to(dtype))
-            for n, shape, dtype in manifest_of(cfg)]
+    return [
+        (n, (0.02 * torch.randn(shape, generator=g, device=device, dtype=torch.float32)).to(dtype))
+        for n, shape, dtype in manifest_of(cfg)
+    ]
 
 
 def nbytes(named: list[tuple[str, torch.Tensor]]) -> int:
@@ -204,14 +226,24 @@ def timed(fn: Callable[[], None], pushes: int, sync: Callable[[], None], where: 
 
 def row(name: str, seconds: list[float], nbytes_: int, note: str = "", bound: float | None = None) -> dict:
     med = statistics.median(seconds)
-    r = {"path": name, "GB": nbytes_ / 1e9, "pushes": len(seconds), "median_us": med * 1e6, "min_us": min(seconds) * 1e6,
-         "GBps": nbytes_ / med / 1e9, "note": note}
+    r = {
+        "path": name,
+        "GB": nbytes_ / 1e9,
+        "pushes": len(seconds),
+        "median_us": med * 1e6,
+        "min_us": min(seconds) * 1e6,
+        "GBps": nbytes_ / med / 1e9,
+        "note": note,
+    }
     if bound:
         r["of_raw"] = r["GBps"] / bound
     ROWS.append(r)
     share = f" ({r['of_raw']:.0%} of raw)" if bound else ""
-    print(f"| {name} | {r['GB']:.3f} | {len(seconds)} | {r['median_us']:,.0f} | {r['min_us']:,.0f} | "
-          f"{r['GBps']:.1f}{share} | {note} |", flush=True)
+    print(
+        f"| {name} | {r['GB']:.3f} | {len(seconds)} | {r['median_us']:,.0f} | {r['min_us']:,.0f} | "
+        f"{r['GBps']:.1f}{share} | {note} |",
+        flush=True,
+    )
     return r
 
 
@@ -236,23 +268,31 @@ def two_gpus(cfg: ModelConfig, bucket_mbs: list[float], pushes: int, stack: bool
     total = sum(math.prod(s) * d.itemsize for _, s, d in shapes)
 
     # The transport's own NCCL group: rank 0 picks the port, tells rank 1, and waits for it there.
-    sender = WeightBroadcaster("127.0.0.1", 0, 2, group_name="bench", backend=where.backend, timeout_s=300,
-                               form=False) if rank == 0 else None
+    sender = (
+        WeightBroadcaster("127.0.0.1", 0, 2, group_name="bench", backend=where.backend, timeout_s=300, form=False)
+        if rank == 0
+        else None
+    )
     port = [sender.port if rank == 0 else None]
     dist.broadcast_object_list(port, src=0)
     if rank == 0:
         sender.form()
-        print(f"model: {sum(math.prod(s) for _, s, _ in shapes) / 1e9:.2f}B parameters, bf16, {total / 1e9:.2f} GB "
-              f"per version; 2 x {where.name()}\n{HEADER}", flush=True)
+        print(
+            f"model: {sum(math.prod(s) for _, s, _ in shapes) / 1e9:.2f}B parameters, bf16, {total / 1e9:.2f} GB "
+            f"per version; 2 x {where.name()}\n{HEADER}",
+            flush=True,
+        )
     else:
         receiver = WeightReceiver("127.0.0.1", port[0], 1, 2, group_name="bench", backend=where.backend, device=device)
     raw = torch.empty(total, dtype=torch.uint8, device=device)
-    raw_s = timed(lambda: (sender if rank == 0 else receiver).group.broadcast(raw, 0).wait(), pushes, dist.barrier,
-                  where)
+    raw_s = timed(
+        lambda: (sender if rank == 0 else receiver).group.broadcast(raw, 0).wait(), pushes, dist.barrier, where
+    )
     bound = None
     if rank == 0:
-        bound = row(f"raw {where.backend} broadcast, one flat buffer of the version's bytes", raw_s, total,
-                    "the link's bound")["GBps"]
+        bound = row(
+            f"raw {where.backend} broadcast, one flat buffer of the version's bytes", raw_s, total, "the link's bound"
+        )["GBps"]
     del raw
 
     for bucket_mb in bucket_mbs:
@@ -267,14 +307,21 @@ def two_gpus(cfg: ModelConfig, bucket_mbs: list[float], pushes: int, stack: bool
                     send(sender, buckets, flat)
                     settle(named)
             else:
+
                 def push() -> None:
                     for b in plan:
                         receiver.receive([s.name for s in b], [s.dtype for s in b], [s.shape for s in b], flat=flat)
+
             seconds = timed(push, pushes, dist.barrier, where)
             if rank == 0:
                 what = "flat single-dtype buckets, packed ahead" if flat else "one broadcast per tensor"
-                row(f"transport, {what}, {bucket_mb:g} MiB buckets ({len(plan)})", seconds, total,
-                    "WeightBroadcaster -> WeightReceiver", bound)
+                row(
+                    f"transport, {what}, {bucket_mb:g} MiB buckets ({len(plan)})",
+                    seconds,
+                    total,
+                    "WeightBroadcaster -> WeightReceiver",
+                    bound,
+                )
     if rank == 0:
         sender.close()
     if stack:
@@ -290,8 +337,14 @@ def whole_path(cfg: ModelConfig, named, bucket_mb: float, pushes: int, bound: fl
         engine_id = f"bench-{'flat' if flat else 'tensors'}"
         if rank == 0:
             with tempfile.TemporaryDirectory() as run_dir:
-                server = WeightServer(run_dir, transport=where.backend, bucket_mb=bucket_mb, timeout_s=300,
-                                      join_timeout_s=300, flat_buckets=flat)
+                server = WeightServer(
+                    run_dir,
+                    transport=where.backend,
+                    bucket_mb=bucket_mb,
+                    timeout_s=300,
+                    join_timeout_s=300,
+                    flat_buckets=flat,
+                )
                 dist.broadcast_object_list([server.start()], src=0)
                 dist.barrier()  # the engine has joined and loaded nothing yet
                 try:
@@ -306,10 +359,20 @@ def whole_path(cfg: ModelConfig, named, bucket_mb: float, pushes: int, bound: fl
                             publish.append(published)
                             confirm.append(time.perf_counter() - start)
                     what = "flat" if flat else "per tensor"
-                    row(f"WeightServer.publish, {where.backend}, {what}, {bucket_mb:g} MiB (received)", publish,
-                        report.bytes, "announce + push; the engine received every bucket", bound)
-                    row(f"publish -> WeightsLoaded, {where.backend}, {what}", confirm, report.bytes,
-                        "+ the engine's apply and confirmation", bound)
+                    row(
+                        f"WeightServer.publish, {where.backend}, {what}, {bucket_mb:g} MiB (received)",
+                        publish,
+                        report.bytes,
+                        "announce + push; the engine received every bucket",
+                        bound,
+                    )
+                    row(
+                        f"publish -> WeightsLoaded, {where.backend}, {what}",
+                        confirm,
+                        report.bytes,
+                        "+ the engine's apply and confirmation",
+                        bound,
+                    )
                 finally:
                     dist.barrier()  # the engine may stop
                     server.stop()
@@ -349,25 +412,42 @@ def one_gpu(cfg: ModelConfig, bucket_mbs: list[float], pushes: int, ipc: bool, w
     device = where.device(0)
     named = random_weights(cfg, device)
     total = nbytes(named)
-    print(f"model: {sum(t.numel() for _, t in named) / 1e9:.2f}B parameters, bf16, {total / 1e9:.2f} GB per version; "
-          f"1 x {where.name()} (NCCL refuses two ranks on one GPU: no transfer rows)\n{HEADER}",
-          flush=True)
-    src, dst = torch.empty(total, dtype=torch.uint8, device=device), torch.empty(total, dtype=torch.uint8, device=device)
-    bound = row("raw device-to-device copy of the version's bytes",
-                timed(lambda: dst.copy_(src), pushes, lambda: None, where), total, "the device's copy bound")["GBps"]
+    print(
+        f"model: {sum(t.numel() for _, t in named) / 1e9:.2f}B parameters, bf16, {total / 1e9:.2f} GB per version; "
+        f"1 x {where.name()} (NCCL refuses two ranks on one GPU: no transfer rows)\n{HEADER}",
+        flush=True,
+    )
+    src, dst = (
+        torch.empty(total, dtype=torch.uint8, device=device),
+        torch.empty(total, dtype=torch.uint8, device=device),
+    )
+    bound = row(
+        "raw device-to-device copy of the version's bytes",
+        timed(lambda: dst.copy_(src), pushes, lambda: None, where),
+        total,
+        "the device's copy bound",
+    )["GBps"]
     del src, dst
     tensors = dict(named)
     for bucket_mb in bucket_mbs:
         plan = plan_buckets(specs(named), int(bucket_mb * 2**20), by_dtype=True)
         buckets = [[tensors[s.name] for s in b] for b in plan]
-        row(f"learner: pack into flat buckets, {bucket_mb:g} MiB ({len(plan)})",
-            timed(lambda: [pack_flat(b) for b in buckets], pushes, lambda: None, where), total,
-            "on a 2-GPU push this overlaps the previous bucket's broadcast", bound)
+        row(
+            f"learner: pack into flat buckets, {bucket_mb:g} MiB ({len(plan)})",
+            timed(lambda: [pack_flat(b) for b in buckets], pushes, lambda: None, where),
+            total,
+            "on a 2-GPU push this overlaps the previous bucket's broadcast",
+            bound,
+        )
     received = [(n, t.clone()) for n, t in named]
     targets = [torch.empty_like(t) for _, t in named]
-    row("engine: apply a version (copy every tensor into the model)",
-        timed(lambda: [d.copy_(t) for d, (_, t) in zip(targets, received)], pushes, lambda: None, where), total,
-        "the same for both formats; flat buckets arrive as views, no unpacking", bound)
+    row(
+        "engine: apply a version (copy every tensor into the model)",
+        timed(lambda: [d.copy_(t) for d, (_, t) in zip(targets, received)], pushes, lambda: None, where),
+        total,
+        "the same for both formats; flat buckets arrive as views, no unpacking",
+        bound,
+    )
     if ipc and not where.cpu:
         ipc_rows(cfg, named, bucket_mbs[0], pushes)
 
@@ -390,8 +470,12 @@ def ipc_rows(cfg: ModelConfig, named, bucket_mb: float, pushes: int) -> None:
                 if v > 1:
                     publish.append(published)
                     confirm.append(time.perf_counter() - start)
-            row(f"WeightServer.publish, cuda_ipc, {bucket_mb:g} MiB (exported)", publish, nbytes_,
-                "copy into shared bucket buffers")
+            row(
+                f"WeightServer.publish, cuda_ipc, {bucket_mb:g} MiB (exported)",
+                publish,
+                nbytes_,
+                "copy into shared bucket buffers",
+            )
             row("publish -> WeightsLoaded, cuda_ipc", confirm, nbytes_, "engine process on the same GPU")
         finally:
             engine.stop()
@@ -425,14 +509,18 @@ def main() -> None:
             return
     else:
         if not where.cpu and torch.cuda.device_count() >= 2:
-            print("2+ GPUs visible: `torchrun --nproc-per-node 2 -m launch.bench.weight_sync` measures the "
-                  "transfer rows; this run measures the one-GPU rows.")
+            print(
+                "2+ GPUs visible: `torchrun --nproc-per-node 2 -m launch.bench.weight_sync` measures the "
+                "transfer rows; this run measures the one-GPU rows."
+            )
         one_gpu(cfg, args.bucket_mb, args.pushes, ipc=not args.no_engine, where=where)
     print("\n" + HEADER)
     for r in ROWS:
         share = f" ({r['of_raw']:.0%} of raw)" if "of_raw" in r else ""
-        print(f"| {r['path']} | {r['GB']:.3f} | {r['pushes']} | {r['median_us']:,.0f} | {r['min_us']:,.0f} | "
-              f"{r['GBps']:.1f}{share} | {r['note']} |")
+        print(
+            f"| {r['path']} | {r['GB']:.3f} | {r['pushes']} | {r['median_us']:,.0f} | {r['min_us']:,.0f} | "
+            f"{r['GBps']:.1f}{share} | {r['note']} |"
+        )
     out = os.environ.get("OUT")
     if out:
         Path(out, "weight_sync.json").write_text(json.dumps(ROWS, indent=1))

@@ -21,7 +21,9 @@ def _type_name(tp) -> str:
 def _bounds(meta) -> str:
     parts = []
     if meta.get("choices"):
-        parts.append(" / ".join(f"`{c}`" for c in meta["choices"]) + (" / dotted path" if meta.get("dotted_ok") else ""))
+        parts.append(
+            " / ".join(f"`{c}`" for c in meta["choices"]) + (" / dotted path" if meta.get("dotted_ok") else "")
+        )
     for key, sym in (("ge", "≥"), ("gt", ">"), ("le", "≤"), ("lt", "<")):
         if meta.get(key) is not None:
             parts.append(f"{sym} {meta[key]}")
@@ -42,10 +44,17 @@ def _rows(cls, prefix: str, out: list[str]) -> None:
         if dataclasses.is_dataclass(tp):
             nested.append((f, tp))
             continue
-        out.append(f"| `{prefix}{f.name}` | {_type_name(tp)} | {_default(f)} | {_bounds(f.metadata)} | {f.metadata['help']} |")
+        out.append(
+            f"| `{prefix}{f.name}` | {_type_name(tp)} | {_default(f)} | {_bounds(f.metadata)} | {f.metadata['help']} |"
+        )
     for f, tp in nested:
-        out += ["", f"### `{prefix}{f.name}` — {f.metadata['help']}", "",
-                "| key | type | default | allowed | meaning |", "| --- | --- | --- | --- | --- |"]
+        out += [
+            "",
+            f"### `{prefix}{f.name}` — {f.metadata['help']}",
+            "",
+            "| key | type | default | allowed | meaning |",
+            "| --- | --- | --- | --- | --- |",
+        ]
         _rows(tp, f"{prefix}{f.name}.", out)
 
 
@@ -58,11 +67,22 @@ def render_markdown() -> str:
         "then `section.key=value` overrides. Unknown keys and out-of-range values stop start-up.",
     ]
     for f in dataclasses.fields(KilnConfig):
-        out += ["", f"## `{f.name}` — {f.metadata['help']}", "",
-                "| key | type | default | allowed | meaning |", "| --- | --- | --- | --- | --- |"]
+        out += [
+            "",
+            f"## `{f.name}` — {f.metadata['help']}",
+            "",
+            "| key | type | default | allowed | meaning |",
+            "| --- | --- | --- | --- | --- |",
+        ]
         _rows(typing.get_type_hints(KilnConfig)[f.name], f"{f.name}.", out)
-    out += ["", "## Renamed keys", "",
-            "A key of an earlier layout is refused with one line, \"X was renamed to Y\" (YAML and overrides alike).",
-            "", "| old key | new key |", "| --- | --- |"]
+    out += [
+        "",
+        "## Renamed keys",
+        "",
+        'A key of an earlier layout is refused with one line, "X was renamed to Y" (YAML and overrides alike).',
+        "",
+        "| old key | new key |",
+        "| --- | --- |",
+    ]
     out += [f"| `{old}` | `{new}` |" for old, new in RENAMED.items()]
     return "\n".join(out) + "\n"

@@ -72,13 +72,19 @@ def check_model(model: ModelConfig, *, dry_run: bool = False) -> list[Finding]:
     if not path.exists():
         if _HUB_ID.match(model.path):
             if not model.allow_download:
-                return [Finding("error", f"{key} is not a directory here and looks like a Hugging Face hub id; "
-                                         f"download it (`hf download {model.path} --local-dir DIR`) and set "
-                                         "model.path=DIR, or set model.allow_download=true")]
+                return [
+                    Finding(
+                        "error",
+                        f"{key} is not a directory here and looks like a Hugging Face hub id; "
+                        f"download it (`hf download {model.path} --local-dir DIR`) and set "
+                        "model.path=DIR, or set model.allow_download=true",
+                    )
+                ]
             return _config_loads(model, key) or _tokenizer_loads(model, key)
         if dry_run:
-            return [Finding("warning", f"{key} does not exist on this machine; the plan uses the model section's "
-                                       "sizes")]
+            return [
+                Finding("warning", f"{key} does not exist on this machine; the plan uses the model section's sizes")
+            ]
         return [Finding("error", f"{key}: no such directory")]
     if not path.is_dir():
         return [Finding("error", f"{key} is a file; model.path names a checkpoint directory")]
@@ -90,8 +96,9 @@ def check_model(model: ModelConfig, *, dry_run: bool = False) -> list[Finding]:
     return problems + _tokenizer_loads(model, key)
 
 
-def check_tasks(replay: ReplayConfig, backend: str, model: ModelConfig | None = None,
-                rollout: RolloutConfig | None = None) -> list[Finding]:
+def check_tasks(
+    replay: ReplayConfig, backend: str, model: ModelConfig | None = None, rollout: RolloutConfig | None = None
+) -> list[Finding]:
     """The task set loads and splits; broken task files, an empty validation split and tasks whose
     prompt cannot fit are reported. With `model` and `rollout`, each task's first prompt is rendered
     by the run's tokenizer and checked against the turn policy's fit rule."""
@@ -112,12 +119,22 @@ def check_tasks(replay: ReplayConfig, backend: str, model: ModelConfig | None = 
     everything = tasks.train + tasks.val
     levels = Counter(f"level{t.kernel.level}" if t.kernel is not None else t.kind for t in everything)
     source = replay.task_source or replay.tasks
-    findings.append(Finding("note", f"tasks: {len(everything)} from {source} ("
-                                    + ", ".join(f"{k}: {n}" for k, n in sorted(levels.items()))
-                                    + f"); {len(tasks.train)} train, {len(tasks.val)} validation"))
+    findings.append(
+        Finding(
+            "note",
+            f"tasks: {len(everything)} from {source} ("
+            + ", ".join(f"{k}: {n}" for k, n in sorted(levels.items()))
+            + f"); {len(tasks.train)} train, {len(tasks.val)} validation",
+        )
+    )
     if not tasks.val:
-        findings.append(Finding("warning", f"the validation split is empty (replay.val_fraction={replay.val_fraction}): "
-                                           "evaluations will have nothing to measure"))
+        findings.append(
+            Finding(
+                "warning",
+                f"the validation split is empty (replay.val_fraction={replay.val_fraction}): "
+                "evaluations will have nothing to measure",
+            )
+        )
     if model is not None and rollout is not None:
         findings += _prompt_fit(everything, model, rollout)
     return findings
@@ -134,8 +151,13 @@ def check_reward_actor(verifier: VerifierConfig, *, dry_run: bool = False) -> li
         import torch
 
         if not torch.cuda.is_available():
-            return [Finding("warning", "verifier.backend=cuda: no CUDA device is visible on this machine; the "
-                                       "verifiers must run where there is one")]
+            return [
+                Finding(
+                    "warning",
+                    "verifier.backend=cuda: no CUDA device is visible on this machine; the "
+                    "verifiers must run where there is one",
+                )
+            ]
     name = verifier.reward_actor or DEFAULT_REWARD_ACTOR
     try:
         cls = load_plugin(name, RewardActor, key="verifier.reward_actor")
@@ -144,13 +166,18 @@ def check_reward_actor(verifier: VerifierConfig, *, dry_run: bool = False) -> li
     try:
         impl = cls(verifier, **verifier.reward_actor_args)
     except Exception as err:
-        what = (f"verifier.backend={verifier.backend} is not available here" if verifier.reward_actor is None
-                else f"verifier.reward_actor={name} with reward_actor_args={dict(verifier.reward_actor_args)}")
+        what = (
+            f"verifier.backend={verifier.backend} is not available here"
+            if verifier.reward_actor is None
+            else f"verifier.reward_actor={name} with reward_actor_args={dict(verifier.reward_actor_args)}"
+        )
         return [Finding("error", f"{what}: constructing {cls.__name__} raised {type(err).__name__}: {_one_line(err)}")]
     try:
         impl.close()
     except Exception as err:
-        return [Finding("warning", f"verifier.reward_actor={name}: close() raised {type(err).__name__}: {_one_line(err)}")]
+        return [
+            Finding("warning", f"verifier.reward_actor={name}: close() raised {type(err).__name__}: {_one_line(err)}")
+        ]
     return []
 
 
@@ -177,10 +204,12 @@ Component = tuple[str, str, Callable[..., list[Finding]], tuple]
 
 
 def components(cfg: KilnConfig) -> list[Component]:
-    return [("replay", "replay", check_tasks, (cfg.replay, cfg.verifier.backend, cfg.model, cfg.rollout)),
-            ("verifier-0", "verifier", check_reward_actor, (cfg.verifier,)),
-            ("learner", "learner", check_model, (cfg.model,)),
-            ("rollout-0", "rollout", check_model, (cfg.model,))]
+    return [
+        ("replay", "replay", check_tasks, (cfg.replay, cfg.verifier.backend, cfg.model, cfg.rollout)),
+        ("verifier-0", "verifier", check_reward_actor, (cfg.verifier,)),
+        ("learner", "learner", check_model, (cfg.model,)),
+        ("rollout-0", "rollout", check_model, (cfg.model,)),
+    ]
 
 
 def local_checks(cfg: KilnConfig, *, dry_run: bool, with_components: bool = True) -> list[Finding]:
@@ -189,8 +218,9 @@ def local_checks(cfg: KilnConfig, *, dry_run: bool, with_components: bool = True
     findings = check_run_root(cfg.logging)
     if with_components:
         findings += check_model(cfg.model, dry_run=dry_run)
-        findings += check_tasks(cfg.replay, cfg.verifier.backend, cfg.model if not errors(findings) else None,
-                                cfg.rollout)
+        findings += check_tasks(
+            cfg.replay, cfg.verifier.backend, cfg.model if not errors(findings) else None, cfg.rollout
+        )
         findings += check_reward_actor(cfg.verifier, dry_run=dry_run)
     return findings
 
@@ -228,15 +258,18 @@ def verify_problem(backend: str, tasks_dir: str | None, jobs: list) -> str:
         import torch
 
         if not torch.cuda.is_available():
-            return ("backend cuda needs a CUDA device and none is visible on this machine "
-                    "(torch.cuda.is_available() is False); use --backend cpu")
+            return (
+                "backend cuda needs a CUDA device and none is visible on this machine "
+                "(torch.cuda.is_available() is False); use --backend cpu"
+            )
     if tasks_dir:
         from tasks.loader import scan
 
         _, broken = scan(tasks_dir)
         if broken:
-            return (f"{len(broken)} broken task file{'s' if len(broken) > 1 else ''} in {tasks_dir}: "
-                    + "; ".join(f"{b.path}: {b.reason}" for b in broken))
+            return f"{len(broken)} broken task file{'s' if len(broken) > 1 else ''} in {tasks_dir}: " + "; ".join(
+                f"{b.path}: {b.reason}" for b in broken
+            )
     from tasks.loader import probe_reference
 
     for task, candidate in jobs:
@@ -286,11 +319,20 @@ def _prompt_fit(tasks, model: ModelConfig, rollout: RolloutConfig) -> list[Findi
     for task in tasks:
         first = policy.next_prompt(Attempt.of(task), None)
         if isinstance(first, Done):
-            unfit.append(Finding("warning", f"task {task.task_id} cannot be posed: {first.detail}; the rollouts "
-                                            "will take it out of the feed"))
+            unfit.append(
+                Finding(
+                    "warning",
+                    f"task {task.task_id} cannot be posed: {first.detail}; the rollouts will take it out of the feed",
+                )
+            )
     if unfit and len(unfit) == len(tasks):
-        return [Finding("error", f"no task's first prompt fits: raise model.max_seq_len or lower "
-                                 f"rollout.max_new_tokens ({unfit[0].text})")]
+        return [
+            Finding(
+                "error",
+                f"no task's first prompt fits: raise model.max_seq_len or lower "
+                f"rollout.max_new_tokens ({unfit[0].text})",
+            )
+        ]
     return unfit
 
 

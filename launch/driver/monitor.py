@@ -68,8 +68,15 @@ class GroupOutcome:
 
 
 class RunMonitor:
-    def __init__(self, algo: AlgoConfig, *, host: str = "127.0.0.1", transport: str = "tcp",
-                 advertise: str | None = None, recent_groups: int = 32) -> None:
+    def __init__(
+        self,
+        algo: AlgoConfig,
+        *,
+        host: str = "127.0.0.1",
+        transport: str = "tcp",
+        advertise: str | None = None,
+        recent_groups: int = 32,
+    ) -> None:
         self.algo = algo
         self.channel = PullChannel(host, transport, advertise)
         self.address = self.channel.address
@@ -91,8 +98,9 @@ class RunMonitor:
     def close(self) -> None:
         self.channel.close()
 
-    def poll(self, timeout_s: float, until: Callable[[], bool] | None = None,
-             to_step: bool = False) -> list[tuple[int, dict[str, float]]]:
+    def poll(
+        self, timeout_s: float, until: Callable[[], bool] | None = None, to_step: bool = False
+    ) -> list[tuple[int, dict[str, float]]]:
         """Take every record that arrives within `timeout_s`, or until `until()` holds (looked at every
         `LOOK_EVERY_S`: the driver's prompt notice of a dead actor), or with `to_step` until a learner
         step arrives (and the records already queued behind it): the driver acts on each step as it
@@ -162,9 +170,17 @@ class RunMonitor:
     # ---------------------------------------------------------------------------------- rows
 
     def _add_group(self, g: GroupReport) -> None:
-        rewards = [prime_echo(s, p, alpha=self.algo.alpha, bonus_turn1=self.algo.early_bonus_turn1,
-                              bonus_turn2=self.algo.early_bonus_turn2)
-                   for s, p in zip(g.turn_scores, g.turn_passed) if s]
+        rewards = [
+            prime_echo(
+                s,
+                p,
+                alpha=self.algo.alpha,
+                bonus_turn1=self.algo.early_bonus_turn1,
+                bonus_turn2=self.algo.early_bonus_turn2,
+            )
+            for s, p in zip(g.turn_scores, g.turn_passed)
+            if s
+        ]
         tied = len(rewards) > 1 and rewards_tie(rewards)
         for w in (self.window, self.progress):
             w.groups += 1
@@ -182,26 +198,38 @@ class RunMonitor:
         if len(rewards) > 1 and not tied:
             self.untied_groups += 1
         errors = collections.Counter(g.error_classes)
-        self.recent.append(GroupOutcome(tied=tied, reward=rewards[0] if tied else None,
-                                        outcomes={"passed": g.stages.count("done"), **errors},
-                                        stages=dict(collections.Counter(g.stages))))
+        self.recent.append(
+            GroupOutcome(
+                tied=tied,
+                reward=rewards[0] if tied else None,
+                outcomes={"passed": g.stages.count("done"), **errors},
+                stages=dict(collections.Counter(g.stages)),
+            )
+        )
 
     def _close_step(self, m: Metrics) -> tuple[int, dict[str, float]]:
         self.step_times[m.step] = m.ts
         w, now = self.window, time.monotonic()
         seconds = max(now - w.start, 1e-9)
         values = dict(m.values)
-        values.update({
-            "rollout/samples": float(w.samples),
-            "rollout/groups": float(w.groups),
-            "rollout/repair_passes": float(w.repair_passes),
-            "run/distinct_sources": float(len(self.sources)),
-            "run/untied_groups": float(self.untied_groups),
-            "run/groups": float(self.total_groups),
-        })
+        values.update(
+            {
+                "rollout/samples": float(w.samples),
+                "rollout/groups": float(w.groups),
+                "rollout/repair_passes": float(w.repair_passes),
+                "run/distinct_sources": float(len(self.sources)),
+                "run/untied_groups": float(self.untied_groups),
+                "run/groups": float(self.total_groups),
+            }
+        )
         if w.groups:  # a window without a finished group has no rate to report (not a rate of 0)
-            values.update({"rollout/samples_per_s": w.samples / seconds, "rollout/tokens_per_s": w.tokens / seconds,
-                           "replay/bdr_share": w.retry_groups / w.groups})
+            values.update(
+                {
+                    "rollout/samples_per_s": w.samples / seconds,
+                    "rollout/tokens_per_s": w.tokens / seconds,
+                    "replay/bdr_share": w.retry_groups / w.groups,
+                }
+            )
         if w.rewards:
             values["reward/mean"] = sum(w.rewards) / len(w.rewards)
         if w.samples:

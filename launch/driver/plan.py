@@ -181,16 +181,31 @@ def model_shape(m: ModelConfig) -> ModelShape:
             hf = json.loads(config_json.read_text())
             hidden, heads = int(hf["hidden_size"]), int(hf["num_attention_heads"])
             return _count(
-                arch=str(hf.get("model_type", m.arch)), hidden=hidden, layers=int(hf["num_hidden_layers"]),
-                heads=heads, kv_heads=int(hf.get("num_key_value_heads") or heads),
-                head_dim=int(hf.get("head_dim") or hidden // heads), intermediate=int(hf["intermediate_size"]),
-                vocab=int(hf["vocab_size"]), tied=bool(hf.get("tie_word_embeddings", False)), source=str(config_json),
+                arch=str(hf.get("model_type", m.arch)),
+                hidden=hidden,
+                layers=int(hf["num_hidden_layers"]),
+                heads=heads,
+                kv_heads=int(hf.get("num_key_value_heads") or heads),
+                head_dim=int(hf.get("head_dim") or hidden // heads),
+                intermediate=int(hf["intermediate_size"]),
+                vocab=int(hf["vocab_size"]),
+                tied=bool(hf.get("tie_word_embeddings", False)),
+                source=str(config_json),
             )
         except (ValueError, KeyError, TypeError) as err:
             raise PlanError(f"cannot read the model sizes from {config_json}: {err!r}") from None
-    return _count(arch=m.arch, hidden=m.hidden_size, layers=m.num_layers, heads=m.num_heads,
-                  kv_heads=m.num_kv_heads, head_dim=m.hidden_size // m.num_heads,
-                  intermediate=m.intermediate_size, vocab=m.vocab_size, tied=True, source="model section")
+    return _count(
+        arch=m.arch,
+        hidden=m.hidden_size,
+        layers=m.num_layers,
+        heads=m.num_heads,
+        kv_heads=m.num_kv_heads,
+        head_dim=m.hidden_size // m.num_heads,
+        intermediate=m.intermediate_size,
+        vocab=m.vocab_size,
+        tied=True,
+        source="model section",
+    )
 
 
 def _count(*, arch, hidden, layers, heads, kv_heads, head_dim, intermediate, vocab, tied, source) -> ModelShape:
@@ -202,15 +217,26 @@ def _count(*, arch, hidden, layers, heads, kv_heads, head_dim, intermediate, voc
         attention += 2 * head_dim  # q_norm, k_norm
     per_layer = attention + 3 * hidden * intermediate + 2 * hidden  # + gate/up/down MLP, two norms
     params = layers * per_layer + vocab * hidden * (1 if tied else 2) + hidden
-    return ModelShape(params=params, hidden=hidden, layers=layers, heads=heads, kv_heads=kv_heads,
-                      head_dim=head_dim, intermediate=intermediate, vocab=vocab, tied_embeddings=tied, source=source)
+    return ModelShape(
+        params=params,
+        hidden=hidden,
+        layers=layers,
+        heads=heads,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        intermediate=intermediate,
+        vocab=vocab,
+        tied_embeddings=tied,
+        source=source,
+    )
 
 
 # ------------------------------------------------------------------------------------- the plan
 
 
-def plan(cfg: KilnConfig, *, gpus_available: int | None = None, gpu_memory_gb: float | None = None,
-         check_fit: bool = True) -> PlacementPlan:
+def plan(
+    cfg: KilnConfig, *, gpus_available: int | None = None, gpu_memory_gb: float | None = None, check_fit: bool = True
+) -> PlacementPlan:
     """Place every actor of `cfg` on logical GPUs and check that it fits. `gpus_available` and
     `gpu_memory_gb` default to cluster.num_gpus and cluster.gpu_memory_gb; None skips that check, and
     so does check_fit=False (the driver's GPU shares, read from a plan already checked)."""
@@ -233,17 +259,29 @@ def plan(cfg: KilnConfig, *, gpus_available: int | None = None, gpu_memory_gb: f
         raise PlanError(
             f"this config needs {needed} GPUs ({_gpu_count_story(cfg, layout, engine_gpus, external)}) "
             f"but {gpus_available} are available; lower cluster.learner_gpus / rollout.num_actors / "
-            f"cluster.verifier_gpus, or use cluster.layout=colocated")
+            f"cluster.verifier_gpus, or use cluster.layout=colocated"
+        )
     verifier_gpu = _verifier_gpus(cfg, layout, learner_ids, engine_ids, verifier_ids)
     residents = _residents(learner_ids, engine_ids, verifier_gpu)
-    learner, engines, verifiers = _slots(cfg, (tp, pp, dp), residents, learner_ids, engine_ids, verifier_gpu,
-                                         verifier_ids, external)
+    learner, engines, verifiers = _slots(
+        cfg, (tp, pp, dp), residents, learner_ids, engine_ids, verifier_gpu, verifier_ids, external
+    )
 
     memory = _memory(cfg, shape, tp, pp, dp, engine_gpus)
     loads = tuple(_gpu_load(gpu, tuple(residents[gpu]), memory, layout) for gpu in sorted(residents))
-    result = PlacementPlan(layout=layout, model=shape, learner_backend=cfg.learner.backend, learner=learner,
-                           engines=engines, verifiers=verifiers, gpus_needed=needed,
-                           gpus_available=gpus_available, gpu_memory_gb=gpu_memory_gb, memory=memory, gpus=loads)
+    result = PlacementPlan(
+        layout=layout,
+        model=shape,
+        learner_backend=cfg.learner.backend,
+        learner=learner,
+        engines=engines,
+        verifiers=verifiers,
+        gpus_needed=needed,
+        gpus_available=gpus_available,
+        gpu_memory_gb=gpu_memory_gb,
+        memory=memory,
+        gpus=loads,
+    )
     if gpu_memory_gb is not None:
         _check_memory(result, gpu_memory_gb)
     return result
@@ -291,8 +329,11 @@ def actor_slot(p: PlacementPlan, role: str, index: int) -> Slot:
         return Slot()
     bundle = next(b.index for b in bundles(p) if gpus[0] in b.gpus)
     residents = next(load.residents for load in p.gpus if load.gpu == gpus[0])
-    colocated = p.layout == "colocated" and any(r.startswith("learner") for r in residents) \
+    colocated = (
+        p.layout == "colocated"
+        and any(r.startswith("learner") for r in residents)
         and any(r.startswith("engine") for r in residents)
+    )
     return Slot(gpus=tuple(gpus), num_gpus=share * len(gpus), bundle=bundle, colocated=colocated)
 
 
@@ -311,26 +352,37 @@ def _check_learner(cfg: KilnConfig, shape: ModelShape) -> tuple[int, int, int]:
     if ranks > 1 and not cfg.cluster.use_ray:
         raise PlanError(f"a learner of {ranks} ranks runs one process per rank: it needs cluster.use_ray=true")
     if ranks > 1 and cfg.cluster.layout == "colocated":
-        raise PlanError(f"cluster.layout=colocated runs one learner rank, got {ranks}: Ray may pack two ranks' "
-                        "fractional GPU shares onto one GPU, where NCCL refuses two ranks; use disaggregated")
+        raise PlanError(
+            f"cluster.layout=colocated runs one learner rank, got {ranks}: Ray may pack two ranks' "
+            "fractional GPU shares onto one GPU, where NCCL refuses two ranks; use disaggregated"
+        )
     if gpus and lc.cpu_ranks > 1:
-        raise PlanError(f"learner.cpu_ranks={lc.cpu_ranks} is for a CPU learner; with cluster.learner_gpus={gpus} "
-                        "the learner has one rank per GPU")
+        raise PlanError(
+            f"learner.cpu_ranks={lc.cpu_ranks} is for a CPU learner; with cluster.learner_gpus={gpus} "
+            "the learner has one rank per GPU"
+        )
     if lc.backend == "torch":
         if tp > 1 or pp > 1:
-            raise PlanError(f"learner.tensor_parallel={tp} / pipeline_parallel={pp} need learner.backend=megatron; "
-                            "the torch learner is data-parallel only (one full replica per rank)")
+            raise PlanError(
+                f"learner.tensor_parallel={tp} / pipeline_parallel={pp} need learner.backend=megatron; "
+                "the torch learner is data-parallel only (one full replica per rank)"
+            )
         return 1, 1, ranks
     if gpus == 0:
-        raise PlanError(f"learner.backend=megatron needs GPUs: set cluster.learner_gpus to a multiple of "
-                        f"TP×PP = {tp * pp}")
+        raise PlanError(
+            f"learner.backend=megatron needs GPUs: set cluster.learner_gpus to a multiple of TP×PP = {tp * pp}"
+        )
     if gpus % (tp * pp):
-        raise PlanError(f"cluster.learner_gpus={gpus} is not divisible by learner.tensor_parallel × "
-                        f"pipeline_parallel = {tp}×{pp} = {tp * pp} (DP = learner_gpus / (TP·PP))")
+        raise PlanError(
+            f"cluster.learner_gpus={gpus} is not divisible by learner.tensor_parallel × "
+            f"pipeline_parallel = {tp}×{pp} = {tp * pp} (DP = learner_gpus / (TP·PP))"
+        )
     for what, heads in (("num_heads", shape.heads), ("num_kv_heads", shape.kv_heads)):
         if heads % tp:
-            raise PlanError(f"learner.tensor_parallel={tp} must divide the model's {what}={heads} "
-                            f"(attention heads are split across TP ranks)")
+            raise PlanError(
+                f"learner.tensor_parallel={tp} must divide the model's {what}={heads} "
+                f"(attention heads are split across TP ranks)"
+            )
     if shape.layers % pp:
         raise PlanError(f"learner.pipeline_parallel={pp} must divide the model's num_layers={shape.layers}")
     return tp, pp, gpus // (tp * pp)
@@ -340,19 +392,24 @@ def _check_engines(cfg: KilnConfig, shape: ModelShape) -> int:
     """GPUs per engine (0 = CPU or external servers)."""
     ro, per_engine = cfg.rollout, cfg.cluster.engine_gpus
     if ro.engine == "torch" and per_engine > 1:
-        raise PlanError(f"cluster.engine_gpus={per_engine}: the embedded torch engine runs on one device; "
-                        "use rollout.engine=sglang for tensor-parallel engines")
+        raise PlanError(
+            f"cluster.engine_gpus={per_engine}: the embedded torch engine runs on one device; "
+            "use rollout.engine=sglang for tensor-parallel engines"
+        )
     if ro.engine == "sglang" and not ro.sglang.urls:
         if per_engine == 0:
-            raise PlanError("rollout.engine=sglang launches SGLang servers, which need GPUs: set "
-                            f"cluster.engine_gpus={ro.sglang.tp_size} (= rollout.sglang.tp_size), or give "
-                            "rollout.sglang.urls of running servers")
+            raise PlanError(
+                "rollout.engine=sglang launches SGLang servers, which need GPUs: set "
+                f"cluster.engine_gpus={ro.sglang.tp_size} (= rollout.sglang.tp_size), or give "
+                "rollout.sglang.urls of running servers"
+            )
         if per_engine != ro.sglang.tp_size:
-            raise PlanError(f"cluster.engine_gpus={per_engine} must equal rollout.sglang.tp_size="
-                            f"{ro.sglang.tp_size}: each launched SGLang server spans its engine's GPUs")
+            raise PlanError(
+                f"cluster.engine_gpus={per_engine} must equal rollout.sglang.tp_size="
+                f"{ro.sglang.tp_size}: each launched SGLang server spans its engine's GPUs"
+            )
     if per_engine and shape.heads % per_engine:
-        raise PlanError(f"cluster.engine_gpus={per_engine} (engine TP) must divide the model's "
-                        f"num_heads={shape.heads}")
+        raise PlanError(f"cluster.engine_gpus={per_engine} (engine TP) must divide the model's num_heads={shape.heads}")
     return per_engine
 
 
@@ -360,16 +417,22 @@ def _check_verifier(cfg: KilnConfig) -> None:
     c = cfg.cluster
     if cfg.verifier.backend == "cpu":
         if c.verifier_gpus:
-            raise PlanError(f"verifier.backend=cpu needs no GPUs; set cluster.verifier_gpus=0 "
-                            f"(it is {c.verifier_gpus}) or verifier.backend=cuda")
+            raise PlanError(
+                f"verifier.backend=cpu needs no GPUs; set cluster.verifier_gpus=0 "
+                f"(it is {c.verifier_gpus}) or verifier.backend=cuda"
+            )
         return
     if c.verifier_gpus > cfg.verifier.num_actors:
-        raise PlanError(f"cluster.verifier_gpus={c.verifier_gpus} exceeds verifier.num_actors="
-                        f"{cfg.verifier.num_actors}: a GPU without a verifier actor would sit idle")
+        raise PlanError(
+            f"cluster.verifier_gpus={c.verifier_gpus} exceeds verifier.num_actors="
+            f"{cfg.verifier.num_actors}: a GPU without a verifier actor would sit idle"
+        )
     has_other = c.learner_gpus or (c.engine_gpus and not cfg.rollout.sglang.urls)
     if c.verifier_gpus == 0 and not has_other:
-        raise PlanError(f"verifier.backend={cfg.verifier.backend} runs candidates on a GPU: set "
-                        "cluster.verifier_gpus, or give the engines or the learner GPUs to share")
+        raise PlanError(
+            f"verifier.backend={cfg.verifier.backend} runs candidates on a GPU: set "
+            "cluster.verifier_gpus, or give the engines or the learner GPUs to share"
+        )
 
 
 def _assign_gpus(cfg: KilnConfig, layout: str, engine_gpus: int, external: bool):
@@ -380,16 +443,22 @@ def _assign_gpus(cfg: KilnConfig, layout: str, engine_gpus: int, external: bool)
     engine_total = 0 if external else n_engines * engine_gpus
     if layout == "colocated" and engine_total:
         if c.learner_gpus == 0:
-            raise PlanError("cluster.layout=colocated puts engines on the learner's GPUs, but "
-                            "cluster.learner_gpus=0; give the learner GPUs or use disaggregated")
+            raise PlanError(
+                "cluster.layout=colocated puts engines on the learner's GPUs, but "
+                "cluster.learner_gpus=0; give the learner GPUs or use disaggregated"
+            )
         if engine_total > c.learner_gpus:
-            raise PlanError(f"cluster.layout=colocated: {n_engines} engines × {engine_gpus} GPUs = {engine_total} "
-                            f"do not fit on the learner's {c.learner_gpus} GPUs")
+            raise PlanError(
+                f"cluster.layout=colocated: {n_engines} engines × {engine_gpus} GPUs = {engine_total} "
+                f"do not fit on the learner's {c.learner_gpus} GPUs"
+            )
         learner_ids = list(range(c.learner_gpus))
         engine_ids = [list(range(i * engine_gpus, (i + 1) * engine_gpus)) for i in range(n_engines)]
         first_free = c.learner_gpus
     else:
-        engine_ids = [list(range(i * engine_gpus, (i + 1) * engine_gpus)) for i in range(n_engines)] if engine_total else []
+        engine_ids = (
+            [list(range(i * engine_gpus, (i + 1) * engine_gpus)) for i in range(n_engines)] if engine_total else []
+        )
         learner_ids = list(range(engine_total, engine_total + c.learner_gpus))
         first_free = engine_total + c.learner_gpus
     verifier_ids = list(range(first_free, first_free + c.verifier_gpus)) if cfg.verifier.backend != "cpu" else []
@@ -428,19 +497,30 @@ def _slots(cfg, parallel, residents, learner_ids, engine_ids, verifier_gpu, veri
         return 0.0 if gpu is None else 1.0 / len(residents[gpu])
 
     learner = tuple(
-        LearnerRank(rank=r, tp=r % tp, dp=(r // tp) % dp, pp=r // (tp * dp),
-                    gpu=learner_ids[r] if learner_ids else None,
-                    gpu_fraction=share(learner_ids[r]) if learner_ids else 0.0)
-        for r in range(tp * pp * dp))
+        LearnerRank(
+            rank=r,
+            tp=r % tp,
+            dp=(r // tp) % dp,
+            pp=r // (tp * dp),
+            gpu=learner_ids[r] if learner_ids else None,
+            gpu_fraction=share(learner_ids[r]) if learner_ids else 0.0,
+        )
+        for r in range(tp * pp * dp)
+    )
     urls = cfg.rollout.sglang.urls
     engines = tuple(
-        EngineSlot(index=i, gpus=tuple(engine_ids[i]) if engine_ids else (),
-                   gpu_fraction=share(engine_ids[i][0]) if engine_ids and engine_ids[i] else 0.0,
-                   external_url=urls[i % len(urls)] if external else "")
-        for i in range(cfg.rollout.num_actors))
+        EngineSlot(
+            index=i,
+            gpus=tuple(engine_ids[i]) if engine_ids else (),
+            gpu_fraction=share(engine_ids[i][0]) if engine_ids and engine_ids[i] else 0.0,
+            external_url=urls[i % len(urls)] if external else "",
+        )
+        for i in range(cfg.rollout.num_actors)
+    )
     verifiers = tuple(
         VerifierSlot(index=i, gpu=g, gpu_fraction=share(g), shared=g is not None and g not in verifier_ids)
-        for i, g in enumerate(verifier_gpu))
+        for i, g in enumerate(verifier_gpu)
+    )
     return learner, engines, verifiers
 
 
@@ -460,9 +540,13 @@ def _memory(cfg: KilnConfig, s: ModelShape, tp: int, pp: int, dp: int, engine_gp
         learner = megatron_learner_memory(s, cfg.learner, tp=tp, pp=pp, dp=dp)
     else:
         tokens, shard = cfg.learner.micro_batch_tokens, s.params / (tp * pp)
-        learner = {"weights": shard * b, "grads": shard * b, "optimizer": shard * 2 * b,
-                   "activations": tokens * ACTIVATION_BYTES["torch"] * s.hidden * s.layers * b / 2 / tp,
-                   "logits": tokens * s.vocab * 8 / tp}
+        learner = {
+            "weights": shard * b,
+            "grads": shard * b,
+            "optimizer": shard * 2 * b,
+            "activations": tokens * ACTIVATION_BYTES["torch"] * s.hidden * s.layers * b / 2 / tp,
+            "logits": tokens * s.vocab * 8 / tp,
+        }
     etp = max(engine_gpus, 1)
     kv = 2 * s.layers * math.ceil(s.kv_heads / etp) * s.head_dim * b * cfg.rollout.max_batch * cfg.model.max_seq_len
     engine = {"weights": s.params * b / etp, "kv_cache": kv}
@@ -472,7 +556,8 @@ def _memory(cfg: KilnConfig, s: ModelShape, tp: int, pp: int, dp: int, engine_gp
         learner_parts={k: v / GIB for k, v in learner.items()},
         engine_parts={k: v / GIB for k, v in engine.items()},
         engine_budget_fraction=cfg.rollout.sglang.mem_fraction if launched_sglang else 1.0,
-        verifier_gib=verifier)
+        verifier_gib=verifier,
+    )
 
 
 def megatron_learner_memory(s: ModelShape, learner: LearnerConfig, *, tp: int, pp: int, dp: int) -> dict[str, float]:
@@ -481,17 +566,24 @@ def megatron_learner_memory(s: ModelShape, learner: LearnerConfig, *, tp: int, p
     return max(megatron_stage_memory(s, learner, tp=tp, pp=pp, dp=dp), key=lambda parts: sum(parts.values()))
 
 
-def megatron_stage_memory(s: ModelShape, learner: LearnerConfig, *, tp: int, pp: int, dp: int) -> list[dict[str, float]]:
+def megatron_stage_memory(
+    s: ModelShape, learner: LearnerConfig, *, tp: int, pp: int, dp: int
+) -> list[dict[str, float]]:
     """`megatron_learner_memory`'s parts for each pipeline stage in order (first, then last)."""
     tokens, kernels = learner.micro_batch_tokens, learner.megatron
     embedding = s.vocab * s.hidden
     per_layer = (s.params - embedding * (1 if s.tied_embeddings else 2) - s.hidden) / s.layers
     layers = s.layers / pp
     a = MEGATRON_ACTIVATIONS
-    act_per_layer = tokens * (a["replicated"] * s.hidden + (a["split"] * s.hidden + (
-        a["swiglu_fused"] if kernels.fused_swiglu else a["swiglu"]) * s.intermediate) / tp)
+    act_per_layer = tokens * (
+        a["replicated"] * s.hidden
+        + (a["split"] * s.hidden + (a["swiglu_fused"] if kernels.fused_swiglu else a["swiglu"]) * s.intermediate) / tp
+    )
     if kernels.fused_logprobs:
-        logits = tokens * s.vocab * MEGATRON_LOGITS["chunked"] / tp + min(tokens, kernels.logprob_chunk_rows) * s.vocab * 4 / tp
+        logits = (
+            tokens * s.vocab * MEGATRON_LOGITS["chunked"] / tp
+            + min(tokens, kernels.logprob_chunk_rows) * s.vocab * 4 / tp
+        )
     else:
         logits = tokens * s.vocab * MEGATRON_LOGITS["plain"] / tp
 
@@ -501,8 +593,13 @@ def megatron_stage_memory(s: ModelShape, learner: LearnerConfig, *, tp: int, pp:
             params += embedding  # the output layer (or, tied with PP > 1, the last stage's copy of the embedding)
         in_flight = pp if first else 1  # 1F1B: stage k keeps PP - k micro-batches' activations
         shard = params / tp
-        return {"weights": shard * 2, "grads": shard * 4, "optimizer": shard * 12 / dp,
-                "activations": in_flight * layers * act_per_layer, "logits": logits if last else 0.0}
+        return {
+            "weights": shard * 2,
+            "grads": shard * 4,
+            "optimizer": shard * 12 / dp,
+            "activations": in_flight * layers * act_per_layer,
+            "logits": logits if last else 0.0,
+        }
 
     return [stage(True, pp == 1)] + ([stage(False, True)] if pp > 1 else [])
 
@@ -534,13 +631,15 @@ def _check_memory(p: PlacementPlan, gpu_memory_gb: float) -> None:
     for load in p.gpus:
         if load.need_gib > gpu_memory_gb:
             mem = p.memory
-            detail = ", ".join(f"{k} {v:.1f}" for k, v in
-                               (mem.learner_parts if "learner" in load.how else mem.engine_parts).items())
+            detail = ", ".join(
+                f"{k} {v:.1f}" for k, v in (mem.learner_parts if "learner" in load.how else mem.engine_parts).items()
+            )
             raise PlanError(
                 f"GPU {load.gpu} ({', '.join(load.residents)}) needs ~{load.need_gib:.1f} GiB = {load.how} "
                 f"[{detail} GiB] but has {gpu_memory_gb:.1f} GiB; raise learner.tensor_parallel / "
                 f"pipeline_parallel / cluster.learner_gpus (DP), lower learner.micro_batch_tokens, "
-                f"rollout.max_batch or model.max_seq_len, or spread the roles over more GPUs")
+                f"rollout.max_batch or model.max_seq_len, or spread the roles over more GPUs"
+            )
 
 
 # ------------------------------------------------------------------------------------ render
@@ -558,24 +657,48 @@ def render(p: PlacementPlan) -> str:
         "",
     ]
     if p.gpus:
-        lines += _table(["GPU", "residents", "need GiB", "how"],
-                        [[str(g.gpu), ", ".join(g.residents), f"{g.need_gib:.1f}", g.how] for g in p.gpus])
-        lines += ["", "Ray placement group bundles: " + ", ".join(
-            f"[{b.index}] GPU {','.join(map(str, b.gpus))}" for b in bundles(p)), ""]
+        lines += _table(
+            ["GPU", "residents", "need GiB", "how"],
+            [[str(g.gpu), ", ".join(g.residents), f"{g.need_gib:.1f}", g.how] for g in p.gpus],
+        )
+        lines += [
+            "",
+            "Ray placement group bundles: "
+            + ", ".join(f"[{b.index}] GPU {','.join(map(str, b.gpus))}" for b in bundles(p)),
+            "",
+        ]
     ranks = [[str(r.rank), str(r.tp), str(r.pp), str(r.dp), _where(r.gpu), _frac(r.gpu_fraction)] for r in p.learner]
     lines += [f"learner ({p.learner_backend}):"] + _table(["rank", "tp", "pp", "dp", "device", "GPU share"], ranks)
-    engines = [[str(e.index), e.external_url or ("gpu " + ",".join(map(str, e.gpus)) if e.gpus else "cpu"),
-                _frac(e.gpu_fraction)] for e in p.engines]
+    engines = [
+        [
+            str(e.index),
+            e.external_url or ("gpu " + ",".join(map(str, e.gpus)) if e.gpus else "cpu"),
+            _frac(e.gpu_fraction),
+        ]
+        for e in p.engines
+    ]
     lines += ["", "engines:"] + _table(["engine", "device", "GPU share"], engines)
-    verifiers = [[str(v.index), _where(v.gpu), _frac(v.gpu_fraction), "shared" if v.shared else "dedicated" if v.gpu is not None else "-"]
-                 for v in p.verifiers]
+    verifiers = [
+        [
+            str(v.index),
+            _where(v.gpu),
+            _frac(v.gpu_fraction),
+            "shared" if v.shared else "dedicated" if v.gpu is not None else "-",
+        ]
+        for v in p.verifiers
+    ]
     lines += ["", "verifiers:"] + _table(["verifier", "device", "GPU share", "GPU use"], verifiers)
     mem = p.memory
-    lines += ["", "memory estimate per device (GiB):",
-              "  learner  " + _parts(mem.learner_parts) + f" = {mem.learner_gib:.2f}",
-              "  engine   " + _parts(mem.engine_parts) + f" = {mem.engine_gib:.2f}"
-              + (f" (within {mem.engine_budget_fraction:.0%} of the GPU)" if mem.engine_budget_fraction < 1 else ""),
-              f"  verifier {mem.verifier_gib:.2f} per actor"]
+    lines += [
+        "",
+        "memory estimate per device (GiB):",
+        "  learner  " + _parts(mem.learner_parts) + f" = {mem.learner_gib:.2f}",
+        "  engine   "
+        + _parts(mem.engine_parts)
+        + f" = {mem.engine_gib:.2f}"
+        + (f" (within {mem.engine_budget_fraction:.0%} of the GPU)" if mem.engine_budget_fraction < 1 else ""),
+        f"  verifier {mem.verifier_gib:.2f} per actor",
+    ]
     return "\n".join(lines)
 
 
@@ -594,5 +717,6 @@ def _parts(parts: dict[str, float]) -> str:
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     widths = [max(len(x) for x in col) for col in zip(header, *rows)]
     fmt = "  ".join(f"{{:<{w}}}" for w in widths)
-    return ["  " + fmt.format(*header).rstrip(), "  " + "  ".join("-" * w for w in widths)] + \
-           ["  " + fmt.format(*row).rstrip() for row in rows]
+    return ["  " + fmt.format(*header).rstrip(), "  " + "  ".join("-" * w for w in widths)] + [
+        "  " + fmt.format(*row).rstrip() for row in rows
+    ]

@@ -1,16 +1,16 @@
 """A run's directory: where everything a run writes lives, so it can be inspected and resumed.
 
-    RUN_DIR/config.yaml        the resolved config (what `--resume` reloads)
-    RUN_DIR/metrics.jsonl      one row per learner step (+ eval rows); tb/ TensorBoard events
-    RUN_DIR/timeline.jsonl     the actors' spans of work (generating, verifying, training, syncing)
-    RUN_DIR/episodes/          sampled episodes as readable text, one file per step
-    RUN_DIR/registry.json      every running actor's endpoints (the address registry)
-    RUN_DIR/logs/              each Ray actor's log (NAME.log, at logging.level; a replacement appends)
-    RUN_DIR/replay/            replay's write-ahead log and snapshots
-    RUN_DIR/learner/           the learner's highest announced version
-    RUN_DIR/checkpoints/       learner checkpoints; weights/ the disk weight transport
-    RUN_DIR/final/             the final model as an HF checkpoint
-    RUN_DIR/report.md          the report, with plots/
+RUN_DIR/config.yaml        the resolved config (what `--resume` reloads)
+RUN_DIR/metrics.jsonl      one row per learner step (+ eval rows); tb/ TensorBoard events
+RUN_DIR/timeline.jsonl     the actors' spans of work (generating, verifying, training, syncing)
+RUN_DIR/episodes/          sampled episodes as readable text, one file per step
+RUN_DIR/registry.json      every running actor's endpoints (the address registry)
+RUN_DIR/logs/              each Ray actor's log (NAME.log, at logging.level; a replacement appends)
+RUN_DIR/replay/            replay's write-ahead log and snapshots
+RUN_DIR/learner/           the learner's highest announced version
+RUN_DIR/checkpoints/       learner checkpoints; weights/ the disk weight transport
+RUN_DIR/final/             the final model as an HF checkpoint
+RUN_DIR/report.md          the report, with plots/
 """
 
 from __future__ import annotations
@@ -31,8 +31,9 @@ class RunDirectory:
         name = cfg.logging.run_name or time.strftime("%Y%m%d-%H%M%S")
         path = Path(cfg.logging.root) / name
         if (path / "config.yaml").exists():
-            raise FileExistsError(f"{path} already holds a run; use `kiln train --resume {path}` or another "
-                                  "logging.run_name")
+            raise FileExistsError(
+                f"{path} already holds a run; use `kiln train --resume {path}` or another logging.run_name"
+            )
         path.mkdir(parents=True, exist_ok=True)
         (path / "config.yaml").write_text(to_yaml(cfg))
         return cls(path)

@@ -89,16 +89,29 @@ class Session:
         if c.use_ray:
             self._start_ray()
             self._placement_group = reserve_bundles(self.placement)
-        self.supervisor = Supervisor(self.run.path, use_ray=c.use_ray, placement_group=self._placement_group,
-                                     bind=Bind(host=c.bind_host, transport=c.transport, advertise=c.advertise_host),
-                                     log_level=self.cfg.logging.level)
-        self.monitor = RunMonitor(self.cfg.algo, host=c.bind_host, transport=c.transport, advertise=c.advertise_host,
-                                  recent_groups=self.cfg.logging.no_progress_groups)
+        self.supervisor = Supervisor(
+            self.run.path,
+            use_ray=c.use_ray,
+            placement_group=self._placement_group,
+            bind=Bind(host=c.bind_host, transport=c.transport, advertise=c.advertise_host),
+            log_level=self.cfg.logging.level,
+        )
+        self.monitor = RunMonitor(
+            self.cfg.algo,
+            host=c.bind_host,
+            transport=c.transport,
+            advertise=c.advertise_host,
+            recent_groups=self.cfg.logging.no_progress_groups,
+        )
         registry.register("driver", "driver", {"metrics": self.monitor.address})
         self.metrics = MetricsLog(self.run.path, self.cfg.logging)
         self.timeline = TimelineLog(self.run.path)
-        self.view = LiveView(self.cfg.logging.live, self.cfg.algo.total_steps,
-                             refresh_s=self.cfg.logging.live_refresh_s, started=self.started).__enter__()
+        self.view = LiveView(
+            self.cfg.logging.live,
+            self.cfg.algo.total_steps,
+            refresh_s=self.cfg.logging.live_refresh_s,
+            started=self.started,
+        ).__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
@@ -111,8 +124,12 @@ class Session:
             self.timeline.write(self.monitor.take_spans())
         except Exception:
             log.exception("saving the last timeline spans")
-        for close in (lambda: self.view.__exit__(None, None, None), self.metrics.close, self.timeline.close,
-                      self.monitor.close):
+        for close in (
+            lambda: self.view.__exit__(None, None, None),
+            self.metrics.close,
+            self.timeline.close,
+            self.monitor.close,
+        ):
             try:
                 close()
             except Exception:
@@ -150,7 +167,8 @@ class Session:
         findings = on_cluster(self.cfg, self.placement, self.supervisor.ray_options)
         for finding in findings:
             (log.error if finding.level == "error" else log.warning if finding.level == "warning" else log.info)(
-                "%s", finding.text)
+                "%s", finding.text
+            )
         if errors(findings):
             raise StartupError(findings)
 
@@ -170,14 +188,16 @@ class Session:
             self.metrics.log(0, report.metrics())
 
     def start_rollouts(self, *, follow_learner: bool = True, episode_log: bool = False) -> None:
-        for spec in wiring.rollout_specs(self.cfg, self.placement, follow_learner=follow_learner,
-                                         episode_log=episode_log):
+        for spec in wiring.rollout_specs(
+            self.cfg, self.placement, follow_learner=follow_learner, episode_log=episode_log
+        ):
             self.supervisor.launch(spec)
         now = time.monotonic()
         self.rollouts_started = now
         self.progress = ProgressRows(self.cfg.logging.rollout_every_s, started=self.started)
-        self.no_progress = NoProgressCheck(self.cfg.logging.no_progress_groups, self.cfg.logging.no_progress_s,
-                                           started=now)
+        self.no_progress = NoProgressCheck(
+            self.cfg.logging.no_progress_groups, self.cfg.logging.no_progress_s, started=now
+        )
 
     @property
     def replay(self) -> ReplayHandle:
@@ -262,9 +282,13 @@ class Session:
         if not self.cfg.logging.episodes_per_step:
             return
         if self.dumper is None:
-            self.dumper = EpisodeDumper(self.run.path, self.cfg.algo, self.tokenizer.decode,
-                                        decode_prompt=self.tokenizer.decode_prompt,
-                                        per_step=self.cfg.logging.episodes_per_step)
+            self.dumper = EpisodeDumper(
+                self.run.path,
+                self.cfg.algo,
+                self.tokenizer.decode,
+                decode_prompt=self.tokenizer.decode_prompt,
+                per_step=self.cfg.logging.episodes_per_step,
+            )
         episodes, named = self.monitor.take_episodes()
         self.dumper.add(episodes)
         version = values.get("weights/version")  # the version the step made; it trained for the one before
@@ -286,13 +310,19 @@ class Session:
             total = sum(new.values())
             out["staleness/mean"] = sum(lag * n for lag, n in new.items()) / total
             out["staleness/max"] = float(max(new))
-        out.update({"replay/emitted": float(health.emitted), "replay/trained": float(health.trained),
-                    "replay/filtered": float(health.filtered_total), "replay/pending": float(health.pending),
-                    "replay/invariant_ok": float(health.invariant_ok),
-                    "replay/retry_buffer": float(health.retry.size),
-                    "replay/retry_admitted": float(health.retry.admitted),
-                    "replay/retry_served": float(health.retry.served),
-                    "replay/retry_trained": float(health.groups.retry_trained)})
+        out.update(
+            {
+                "replay/emitted": float(health.emitted),
+                "replay/trained": float(health.trained),
+                "replay/filtered": float(health.filtered_total),
+                "replay/pending": float(health.pending),
+                "replay/invariant_ok": float(health.invariant_ok),
+                "replay/retry_buffer": float(health.retry.size),
+                "replay/retry_admitted": float(health.retry.admitted),
+                "replay/retry_served": float(health.retry.served),
+                "replay/retry_trained": float(health.groups.retry_trained),
+            }
+        )
         out.update({f"replay/filtered_groups/{reason}": float(n) for reason, n in health.groups.filtered.items()})
         return out
 
@@ -318,8 +348,10 @@ class Session:
 
     def _warn(self, warning: str | None, now: float) -> None:
         """Log a warning when it starts, and again every logging.no_progress_s while it lasts."""
-        if warning is not None and (warning.split(";")[0] != (self.warning or "").split(";")[0]
-                                    or now - self._warned_at >= self.cfg.logging.no_progress_s):
+        if warning is not None and (
+            warning.split(";")[0] != (self.warning or "").split(";")[0]
+            or now - self._warned_at >= self.cfg.logging.no_progress_s
+        ):
             log.warning("%s", warning)
             self._warned_at = now
             if warning not in self.warnings:
@@ -335,8 +367,9 @@ class Session:
         since = max(self.rollouts_started, self.monitor.last_step_at or 0.0)
         if time.monotonic() - since < limit:
             return False
-        log.warning("no learner step for %.0f s (algo.stop_after_no_progress_s): ending the run; the report "
-                    "follows", limit)
+        log.warning(
+            "no learner step for %.0f s (algo.stop_after_no_progress_s): ending the run; the report follows", limit
+        )
         self.stopped_for_no_progress = True
         return True
 
@@ -405,9 +438,14 @@ class Session:
         """RUN_DIR/summary.json: replay's ledger (the episode-id invariant), versions, restarts."""
         replay, learner = self.replay.health(), self.learner.health()
         summary = {
-            "episodes": {"emitted": replay.emitted, "trained": replay.trained, "filtered": replay.filtered,
-                         "filtered_total": replay.filtered_total, "pending": replay.pending,
-                         "invariant_ok": replay.invariant_ok},
+            "episodes": {
+                "emitted": replay.emitted,
+                "trained": replay.trained,
+                "filtered": replay.filtered,
+                "filtered_total": replay.filtered_total,
+                "pending": replay.pending,
+                "invariant_ok": replay.invariant_ok,
+            },
             "groups": dataclasses.asdict(replay.groups),
             "highest_version_seen": replay.highest_version_seen,
             "learner": {"version": learner.version, "step": learner.step, "restored_from": learner.restored_from},
@@ -440,7 +478,9 @@ def reserve_bundles(placement: PlacementPlan, timeout_s: float = PLACEMENT_TIMEO
         ray.get(group.ready(), timeout=timeout_s)
     except Exception:
         remove_placement_group(group)
-        raise RuntimeError(f"Ray could not reserve the plan's {len(gpu_bundles)} GPU bundles within {timeout_s:g} s "
-                           f"({sum(len(b.gpus) for b in gpu_bundles)} GPUs): is the cluster smaller than "
-                           "cluster.num_gpus?") from None
+        raise RuntimeError(
+            f"Ray could not reserve the plan's {len(gpu_bundles)} GPU bundles within {timeout_s:g} s "
+            f"({sum(len(b.gpus) for b in gpu_bundles)} GPUs): is the cluster smaller than "
+            "cluster.num_gpus?"
+        ) from None
     return group

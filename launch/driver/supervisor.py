@@ -82,8 +82,9 @@ class RestartRecord:
 
 
 class Supervisor:
-    def __init__(self, run_dir: Path, *, use_ray: bool, bind: Bind = Bind(), placement_group=None,
-                 log_level: str = "INFO") -> None:
+    def __init__(
+        self, run_dir: Path, *, use_ray: bool, bind: Bind = Bind(), placement_group=None, log_level: str = "INFO"
+    ) -> None:
         self.run_dir, self.use_ray, self.bind = run_dir, use_ray, bind
         self.log_level = log_level  # Ray actors log at this level into RUN_DIR/logs/NAME.log
         self.registry = Registry(run_dir)
@@ -171,9 +172,15 @@ class Supervisor:
         return self.spares.pop(name, None)
 
     def context(self, spec: ActorSpec) -> RunContext:
-        return RunContext(run_dir=str(self.run_dir), name=spec.name, rank=spec.rank, world_size=spec.world_size,
-                          slot=dataclasses.replace(spec.slot, isolated=self.use_ray and spec.slot.num_gpus > 0),
-                          bind=self.bind, log_level=self.log_level if self.use_ray else "")
+        return RunContext(
+            run_dir=str(self.run_dir),
+            name=spec.name,
+            rank=spec.rank,
+            world_size=spec.world_size,
+            slot=dataclasses.replace(spec.slot, isolated=self.use_ray and spec.slot.num_gpus > 0),
+            bind=self.bind,
+            log_level=self.log_level if self.use_ray else "",
+        )
 
     def _build(self, spec: ActorSpec):
         ctx = self.context(spec)
@@ -188,8 +195,11 @@ class Supervisor:
             return {}
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        return {"scheduling_strategy": PlacementGroupSchedulingStrategy(
-            placement_group=self.placement_group, placement_group_bundle_index=slot.bundle)}
+        return {
+            "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                placement_group=self.placement_group, placement_group_bundle_index=slot.bundle
+            )
+        }
 
     def __getitem__(self, name: str) -> ActorHandle:
         return self.handles[name]
@@ -204,8 +214,9 @@ class Supervisor:
             log.warning("%s: health check failed: %s", handle.name, err)
             return False
 
-    def check(self, on_restart: Callable[[str], None] | None = None,
-              on_death: Callable[[str], None] | None = None) -> list[str]:
+    def check(
+        self, on_restart: Callable[[str], None] | None = None, on_death: Callable[[str], None] | None = None
+    ) -> list[str]:
         """Restart every dead restartable actor; returns the names of those restarted (with Ray: whose
         replacements finished starting since the last check). `on_death(name)` runs once the dead actor
         is gone (and unregistered) and before its replacement starts, `on_restart(name)` once it has.
@@ -217,8 +228,7 @@ class Supervisor:
         restarted = self._collect_restarts(on_restart)
         # Those whose vigil ended first: a dead one is replaced before the others' health calls.
         for name, handle in sorted(self.handles.items(), key=lambda item: not (item[1].ended() or item[1].end_seen)):
-            if (name in restarted or name in self.restarting or not handle.spec.restartable
-                    or self.alive(handle)):
+            if name in restarted or name in self.restarting or not handle.spec.restartable or self.alive(handle):
                 continue
             group = self.group_of(handle)
             log.error("%s died; restarting %s", name, ", ".join(h.name for h in group))
@@ -229,10 +239,14 @@ class Supervisor:
                     on_death(member.name)
             spare = self._take_spare(name) if len(group) == 1 else None
             if self.use_ray:
-                handles = [spare] if spare is not None else [
-                    h.spec.handle(spec=h.spec, ref=self._build(h.spec), ray=True) for h in group]
-                pending = Restart(handles, [h.ref.start.remote() for h in handles], time.monotonic(),
-                                  standby=spare is not None)
+                handles = (
+                    [spare]
+                    if spare is not None
+                    else [h.spec.handle(spec=h.spec, ref=self._build(h.spec), ray=True) for h in group]
+                )
+                pending = Restart(
+                    handles, [h.ref.start.remote() for h in handles], time.monotonic(), standby=spare is not None
+                )
                 self.restarting.update({h.name: pending for h in handles})
                 continue
             started = time.monotonic()
@@ -291,8 +305,12 @@ class Supervisor:
 
     def _restarted(self, pending: Restart, restarted: list[str], on_restart: Callable[[str], None] | None) -> None:
         seconds = time.monotonic() - pending.since
-        log.info("%s %s in %.2f s", "standby took over from" if pending.standby else "restarted",
-                 ", ".join(h.name for h in pending.handles), seconds)
+        log.info(
+            "%s %s in %.2f s",
+            "standby took over from" if pending.standby else "restarted",
+            ", ".join(h.name for h in pending.handles),
+            seconds,
+        )
         for handle in pending.handles:
             self.restarts.append(RestartRecord(time.time(), handle.name, pending.standby, seconds))
             restarted.append(handle.name)

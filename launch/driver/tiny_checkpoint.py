@@ -125,11 +125,18 @@ def build(out: Path, spec: TinyChatSpec, files: list[Path]) -> None:
 
     eos = tokenizer.convert_tokens_to_ids(END_OF_TEXT)
     config = Qwen3Config(
-        vocab_size=len(tokenizer), hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size,
-        num_hidden_layers=spec.num_layers, num_attention_heads=spec.num_heads,
-        num_key_value_heads=spec.num_kv_heads, head_dim=spec.hidden_size // spec.num_heads,
-        max_position_embeddings=spec.max_seq_len, tie_word_embeddings=True,
-        bos_token_id=None, eos_token_id=eos, pad_token_id=eos,
+        vocab_size=len(tokenizer),
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_layers,
+        num_attention_heads=spec.num_heads,
+        num_key_value_heads=spec.num_kv_heads,
+        head_dim=spec.hidden_size // spec.num_heads,
+        max_position_embeddings=spec.max_seq_len,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=eos,
+        pad_token_id=eos,
     )
     from transformers.utils import logging as hf_logging
 
@@ -137,8 +144,9 @@ def build(out: Path, spec: TinyChatSpec, files: list[Path]) -> None:
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     hf_logging.disable_progress_bar()  # a build is one line in a log, not a progress bar
     model.save_pretrained(str(out), safe_serialization=True)
-    GenerationConfig(eos_token_id=[eos], pad_token_id=eos, do_sample=True, temperature=1.0, top_p=1.0,
-                     top_k=0).save_pretrained(str(out))
+    GenerationConfig(
+        eos_token_id=[eos], pad_token_id=eos, do_sample=True, temperature=1.0, top_p=1.0, top_k=0
+    ).save_pretrained(str(out))
     for path in out.iterdir():  # readable by whoever serves it, like any shared checkpoint
         path.chmod(0o644)
 
@@ -152,10 +160,15 @@ def train_tokenizer(files: list[Path], vocab_size: int):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIALS,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator((p.read_text() for p in files), trainer=trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=END_OF_TEXT, pad_token=END_OF_TEXT,
-                                   additional_special_tokens=SPECIALS[1:])
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token=END_OF_TEXT, pad_token=END_OF_TEXT, additional_special_tokens=SPECIALS[1:]
+    )
     fast.chat_template = CHAT_TEMPLATE
     return fast

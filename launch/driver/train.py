@@ -35,8 +35,13 @@ from launch.driver.session import Session
 log = logging.getLogger(__name__)
 
 
-def train(cfg: KilnConfig, run: RunDirectory, *, placement: PlacementPlan | None = None,
-          on_step: Callable[[Session, int], None] | None = None) -> Path:
+def train(
+    cfg: KilnConfig,
+    run: RunDirectory,
+    *,
+    placement: PlacementPlan | None = None,
+    on_step: Callable[[Session, int], None] | None = None,
+) -> Path:
     """Run until `algo.total_steps` learner steps (or `algo.stop_after_no_progress_s` without one);
     returns the report's path. `on_step(session, step)` runs after each recorded step (custom logic:
     extra logging, fault injection in tests)."""
@@ -109,12 +114,19 @@ def train_only(cfg: KilnConfig, run: RunDirectory, episodes: Path, placement: Pl
 def add_train_parser(sub) -> None:
     from launch.config_args import add_config_arguments
 
-    p = sub.add_parser("train", help="run asynchronous RL training (the product's main job)",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "train",
+        help="run asynchronous RL training (the product's main job)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_config_arguments(p)
     p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR")
-    p.add_argument("--dry-run", action="store_true",
-                   help="run the start-up checks, resolve the placement plan, print, exit (starts nothing)")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="run the start-up checks, resolve the placement plan, print, exit (starts nothing)",
+    )
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--rollout-only", action="store_true", help="write episodes to disk; no learner")
     mode.add_argument("--train-only", metavar="EPISODES_DIR", help="train on episodes saved by --rollout-only")

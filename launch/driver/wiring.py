@@ -22,8 +22,13 @@ from launch.driver.supervisor import ActorSpec
 
 
 def replay_spec(cfg: KilnConfig) -> ActorSpec:
-    return ActorSpec(name="replay", cls=ReplayActor, handle=ReplayHandle, args=(cfg.replay, cfg.algo),
-                     kwargs={"backend": cfg.verifier.backend})
+    return ActorSpec(
+        name="replay",
+        cls=ReplayActor,
+        handle=ReplayHandle,
+        args=(cfg.replay, cfg.algo),
+        kwargs={"backend": cfg.verifier.backend},
+    )
 
 
 def offline_replay_spec(cfg: KilnConfig, episodes: Path) -> ActorSpec:
@@ -31,9 +36,18 @@ def offline_replay_spec(cfg: KilnConfig, episodes: Path) -> ActorSpec:
 
 
 def verifier_specs(cfg: KilnConfig, placement: PlacementPlan) -> list[ActorSpec]:
-    return [ActorSpec(name=f"verifier-{i}", cls=VerifierActor, handle=VerifierHandle, args=(cfg.verifier,), rank=i,
-                      world_size=cfg.verifier.num_actors, slot=actor_slot(placement, "verifier", i))
-            for i in range(cfg.verifier.num_actors)]
+    return [
+        ActorSpec(
+            name=f"verifier-{i}",
+            cls=VerifierActor,
+            handle=VerifierHandle,
+            args=(cfg.verifier,),
+            rank=i,
+            world_size=cfg.verifier.num_actors,
+            slot=actor_slot(placement, "verifier", i),
+        )
+        for i in range(cfg.verifier.num_actors)
+    ]
 
 
 def learner_specs(cfg: KilnConfig, placement: PlacementPlan) -> list[ActorSpec]:
@@ -41,30 +55,56 @@ def learner_specs(cfg: KilnConfig, placement: PlacementPlan) -> list[ActorSpec]:
     They start and restart together (`group`)."""
     world = learner_ranks(cfg)
     sections = (cfg.model, cfg.learner, cfg.algo, warm_start_section(cfg))
-    settings = {"temperature": cfg.rollout.temperature, "max_staleness": cfg.replay.max_staleness,
-                "generation": GenerationSettings.from_rollout(cfg.rollout)}
+    settings = {
+        "temperature": cfg.rollout.temperature,
+        "max_staleness": cfg.replay.max_staleness,
+        "generation": GenerationSettings.from_rollout(cfg.rollout),
+    }
     slots = [actor_slot(placement, "learner", rank) for rank in range(world)]
     # A warm standby only where a restart pays for a new process (Ray), and where the spare costs no GPU
     # memory and restarts alone: one rank, no GPU.
-    standby = (cfg.learner.standby and cfg.cluster.use_ray and world == 1 and not slots[0].gpus
-               and not slots[0].num_gpus)
-    return [ActorSpec(name="learner" if rank == 0 else f"learner-{rank}", cls=LearnerActor, handle=LearnerHandle,
-                      args=sections, kwargs=settings, rank=rank, world_size=world, slot=slots[rank],
-                      group="learner" if world > 1 else None, standby=standby)
-            for rank in range(world)]
+    standby = cfg.learner.standby and cfg.cluster.use_ray and world == 1 and not slots[0].gpus and not slots[0].num_gpus
+    return [
+        ActorSpec(
+            name="learner" if rank == 0 else f"learner-{rank}",
+            cls=LearnerActor,
+            handle=LearnerHandle,
+            args=sections,
+            kwargs=settings,
+            rank=rank,
+            world_size=world,
+            slot=slots[rank],
+            group="learner" if world > 1 else None,
+            standby=standby,
+        )
+        for rank in range(world)
+    ]
 
 
-def rollout_specs(cfg: KilnConfig, placement: PlacementPlan, *, follow_learner: bool = True,
-                  episode_log: bool = False) -> list[ActorSpec]:
-    settings = {"follow_learner": follow_learner, "send_episodes": cfg.logging.episodes_per_step > 0,
-                "episode_log": episode_log}
+def rollout_specs(
+    cfg: KilnConfig, placement: PlacementPlan, *, follow_learner: bool = True, episode_log: bool = False
+) -> list[ActorSpec]:
+    settings = {
+        "follow_learner": follow_learner,
+        "send_episodes": cfg.logging.episodes_per_step > 0,
+        "episode_log": episode_log,
+    }
     slots = [actor_slot(placement, "rollout", i) for i in range(cfg.rollout.num_actors)]
-    return [ActorSpec(name=f"rollout-{i}", cls=RolloutActor, handle=RolloutHandle,
-                      args=(cfg.rollout, cfg.model, cfg.eval), kwargs=settings, rank=i,
-                      world_size=cfg.rollout.num_actors, slot=slot,
-                      # as the learner's: only where a restart pays for a new process and the spare holds no GPU
-                      standby=cfg.rollout.standby and cfg.cluster.use_ray and not slot.gpus and not slot.num_gpus)
-            for i, slot in enumerate(slots)]
+    return [
+        ActorSpec(
+            name=f"rollout-{i}",
+            cls=RolloutActor,
+            handle=RolloutHandle,
+            args=(cfg.rollout, cfg.model, cfg.eval),
+            kwargs=settings,
+            rank=i,
+            world_size=cfg.rollout.num_actors,
+            slot=slot,
+            # as the learner's: only where a restart pays for a new process and the spare holds no GPU
+            standby=cfg.rollout.standby and cfg.cluster.use_ray and not slot.gpus and not slot.num_gpus,
+        )
+        for i, slot in enumerate(slots)
+    ]
 
 
 def warm_start_section(cfg: KilnConfig) -> WarmStartConfig:

@@ -146,14 +146,27 @@ class EpisodeDumper:
             return None
         self.dir.mkdir(parents=True, exist_ok=True)
         path = self.dir / f"step-{step:06d}.txt"
-        blocks = [f"# step {step}: {len(chosen)} episodes, chosen as: "
-                  + "; ".join(f"{h.episode.episode_id} ({', '.join(why)})" for h, why, _ in chosen) + "\n"]
+        blocks = [
+            f"# step {step}: {len(chosen)} episodes, chosen as: "
+            + "; ".join(f"{h.episode.episode_id} ({', '.join(why)})" for h, why, _ in chosen)
+            + "\n"
+        ]
         blocks += [self.format(h, why, tags, groups.get(h.episode.group_id)) for h, why, tags in chosen]
         path.write_text("\n".join(blocks), encoding="utf-8")
         with open(self.dir / INDEX, "a", encoding="utf-8") as index:
             for held, why, tags in chosen:
-                index.write(json.dumps({"step": step, "file": path.name, "episode_id": held.episode.episode_id,
-                                        "why": why, "tags": sorted(tags)}) + "\n")
+                index.write(
+                    json.dumps(
+                        {
+                            "step": step,
+                            "file": path.name,
+                            "episode_id": held.episode.episode_id,
+                            "why": why,
+                            "tags": sorted(tags),
+                        }
+                    )
+                    + "\n"
+                )
         for _, _, tags in chosen:
             self._shown.update(tags)
         return path
@@ -179,9 +192,12 @@ class EpisodeDumper:
         fresh = [(h, t) for h, t in tagged if h.fresh]
         by_reward = sorted(fresh, key=lambda ht: episode_reward(ht[0].episode, self.algo))
         dropped = [(h, t) for h, t in tagged if h.dropped_at == step]
-        kinds = [("best", by_reward[-1:]), ("worst", by_reward[:1]),
-                 ("a retry", [(h, t) for h, t in fresh if mech.RETRY in t][:1]),
-                 ("a filtered one", dropped[:1] or [(h, t) for h, t in fresh if mech.TIED in t][:1])]
+        kinds = [
+            ("best", by_reward[-1:]),
+            ("worst", by_reward[:1]),
+            ("a retry", [(h, t) for h, t in fresh if mech.RETRY in t][:1]),
+            ("a filtered one", dropped[:1] or [(h, t) for h, t in fresh if mech.TIED in t][:1]),
+        ]
         extra = 0
         for why, found in kinds:
             for held, tags in found:
@@ -202,8 +218,11 @@ class EpisodeDumper:
                 tags.add(mech.RETRY_TRAINED)
         elif group is not None and not any(episode_passed(e) for e in group):
             tags.add(mech.ALL_FAILED)
-        if group is not None and self.algo.drop_tied_groups and rewards_tie(
-                [episode_reward(e, self.algo) for e in group]):
+        if (
+            group is not None
+            and self.algo.drop_tied_groups
+            and rewards_tie([episode_reward(e, self.algo) for e in group])
+        ):
             tags.add(mech.TIED)
         if held.dropped_at is not None:
             tags.add(mech.MIRRORPOP)
@@ -222,8 +241,11 @@ class EpisodeDumper:
         members: dict[str, list[Episode]] = collections.defaultdict(list)
         for held in self._held.values():
             members[held.episode.group_id].append(held.episode)
-        return {gid: sorted(eps, key=lambda e: e.sample_index) for gid, eps in members.items()
-                if len(eps) > 1 and {e.sample_index for e in eps} == set(range(len(eps)))}
+        return {
+            gid: sorted(eps, key=lambda e: e.sample_index)
+            for gid, eps in members.items()
+            if len(eps) > 1 and {e.sample_index for e in eps} == set(range(len(eps)))
+        }
 
     # ----------------------------------------------------------------------------- formatting
 
@@ -280,8 +302,10 @@ def format_header(ep: Episode, why: list[str], tags: set[str]) -> list[str]:
         f"chosen as: {', '.join(why)}" + (f"  |  shows: {', '.join(sorted(tags))}" if tags else ""),
     ]
     if task.repair is not None:
-        lines.append(f"retry of group {task.repair.origin_group} (served {task.repair.attempt} time(s) from the "
-                     "retry buffer); its first prompt carries that group's best failed answer and this feedback:")
+        lines.append(
+            f"retry of group {task.repair.origin_group} (served {task.repair.attempt} time(s) from the "
+            "retry buffer); its first prompt carries that group's best failed answer and this feedback:"
+        )
         lines.append(_indent(_cut(task.repair.feedback, FEEDBACK_CHARS)))
     return lines
 
@@ -290,8 +314,10 @@ def format_turn(index: int, turn: Turn, decode: Decode, prompt: str, previous: s
     versions = f"v{int(turn.versions.min())}-v{int(turn.versions.max())}" if len(turn.versions) else "no tokens"
     shared = _shared_prefix(previous, prompt)
     if shared > len(prompt) // 4:  # the dialogue continues: show what this prompt adds
-        shown = [f"prompt (its first {shared} characters repeat turn {index - 1}'s prompt; then):",
-                 _indent(_cut(prompt[shared:], RESPONSE_CHARS))]
+        shown = [
+            f"prompt (its first {shared} characters repeat turn {index - 1}'s prompt; then):",
+            _indent(_cut(prompt[shared:], RESPONSE_CHARS)),
+        ]
     else:
         shown = ["prompt (as the chat template rendered it):", _indent(_cut(prompt, PROMPT_CHARS))]
     lines = [
@@ -309,12 +335,16 @@ def format_turn(index: int, turn: Turn, decode: Decode, prompt: str, previous: s
 def format_verdict(result: VerifyResult | None) -> list[str]:
     if result is None:
         return ["verdict: none (not verified)"]
-    speed = ", ".join(f"{name} {value:.2f}x" for name, value in
-                      (("vs eager", result.speedup_eager), ("vs compile", result.speedup_compile)) if value is not None)
+    speed = ", ".join(
+        f"{name} {value:.2f}x"
+        for name, value in (("vs eager", result.speedup_eager), ("vs compile", result.speedup_compile))
+        if value is not None
+    )
     lines = [
         f"verdict: {'PASSED' if result.passed else 'failed'} at stage {result.stage}"
         + (f", error {result.error_class}" if result.error_class else "")
-        + f", q {result.q:.2f}, score s {result.score:+.3f}" + (f", speedup {speed}" if speed else "")
+        + f", q {result.q:.2f}, score s {result.score:+.3f}"
+        + (f", speedup {speed}" if speed else "")
         + (" (cached)" if result.cached else ""),
     ]
     if result.diagnostics.get("review"):
@@ -328,13 +358,18 @@ def format_verdict(result: VerifyResult | None) -> list[str]:
 
 
 def format_terms(t: RewardTerms, algo: AlgoConfig) -> list[str]:
-    lines = ["-" * 100,
-             "reward: s per turn " + (", ".join(f"{s:+.3f}" for s in t.scores) or "none"),
-             f"PrimeEcho R = α·s_first + (1-α)·max s + b_early = {t.first:+.3f} + {t.best:+.3f} + {t.bonus:+.3f} "
-             f"= {t.reward:+.3f}  (α = {algo.alpha:g})"]
+    lines = [
+        "-" * 100,
+        "reward: s per turn " + (", ".join(f"{s:+.3f}" for s in t.scores) or "none"),
+        f"PrimeEcho R = α·s_first + (1-α)·max s + b_early = {t.first:+.3f} + {t.best:+.3f} + {t.bonus:+.3f} "
+        f"= {t.reward:+.3f}  (α = {algo.alpha:g})",
+    ]
     if t.advantage is not None:
-        lines.append(f"advantage {t.advantage:+.3f} in its group of {len(t.group_rewards)} (R: "
-                     + ", ".join(f"{r:+.3f}" for r in t.group_rewards) + ")")
+        lines.append(
+            f"advantage {t.advantage:+.3f} in its group of {len(t.group_rewards)} (R: "
+            + ", ".join(f"{r:+.3f}" for r in t.group_rewards)
+            + ")"
+        )
     else:
         lines.append("advantage: not shown (the dumper does not hold the whole group)")
     return lines
@@ -350,8 +385,10 @@ def format_fate(held: _Held, tags: set[str]) -> list[str]:
         fate.append("its group's rewards all tie: filtered as 'tied' (dynamic sampling)")
     if mech.ALL_FAILED in tags:
         fate.append("every sample of its group failed: the task entered the retry buffer")
-    return ["what happened to it: " + ("; ".join(fate) if fate else "not known to the driver yet (pending, "
-                                                                       "or trained after this dump)")]
+    return [
+        "what happened to it: "
+        + ("; ".join(fate) if fate else "not known to the driver yet (pending, or trained after this dump)")
+    ]
 
 
 def _shared_prefix(a: str, b: str) -> int:

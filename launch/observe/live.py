@@ -30,9 +30,17 @@ from launch.observe.outcomes import COLOURS, OUTCOMES, step_outcomes
 class LiveView:
     """`with LiveView(enabled, total_steps) as view: view.update(step, values)`."""
 
-    def __init__(self, enabled: bool, total_steps: int, *, console: Console | None = None,
-                 stream: TextIO | None = None, refresh_s: float = 0.5, started: float | None = None,
-                 clock=time.monotonic) -> None:
+    def __init__(
+        self,
+        enabled: bool,
+        total_steps: int,
+        *,
+        console: Console | None = None,
+        stream: TextIO | None = None,
+        refresh_s: float = 0.5,
+        started: float | None = None,
+        clock=time.monotonic,
+    ) -> None:
         """`started`: the run's start on `clock` (elapsed time counts from it; default: now)."""
         self.total_steps = total_steps
         self._stream = stream or sys.stdout
@@ -51,8 +59,9 @@ class LiveView:
 
     def __enter__(self) -> "LiveView":
         if self._rich:
-            self._live = Live(self._render(), console=self._console, refresh_per_second=1 / self._refresh_s,
-                              transient=False)
+            self._live = Live(
+                self._render(), console=self._console, refresh_per_second=1 / self._refresh_s, transient=False
+            )
             self._live.__enter__()
         return self
 
@@ -139,9 +148,13 @@ class LiveView:
         cells = [("step", f"{self._step}/{self.total_steps}")]
         cells += [(label, _fmt(v[key]) if key in v else "-") for key, label in _HEADLINE]
         for i in range(0, len(cells), 2):
-            pair = cells[i:i + 2] + [("", "")] * (2 - len(cells[i:i + 2]))
-            head.add_row(*(Text(x, style="bold") if j % 2 == 0 else Text(x) for j, x in
-                           enumerate((pair[0][0], pair[0][1], pair[1][0], pair[1][1]))))
+            pair = cells[i : i + 2] + [("", "")] * (2 - len(cells[i : i + 2]))
+            head.add_row(
+                *(
+                    Text(x, style="bold") if j % 2 == 0 else Text(x)
+                    for j, x in enumerate((pair[0][0], pair[0][1], pair[1][0], pair[1][1]))
+                )
+            )
         parts = [Text(self.timing()), head]
         outcomes = step_outcomes(v)
         if outcomes or self._totals:
@@ -151,8 +164,11 @@ class LiveView:
             table.add_column("run", justify="right")
             for outcome in OUTCOMES:
                 if outcome in outcomes or outcome in self._totals:
-                    table.add_row(Text(outcome, style=COLOURS[outcome]), _fmt(outcomes.get(outcome, 0)),
-                                  _fmt(self._totals.get(outcome, 0)))
+                    table.add_row(
+                        Text(outcome, style=COLOURS[outcome]),
+                        _fmt(outcomes.get(outcome, 0)),
+                        _fmt(self._totals.get(outcome, 0)),
+                    )
             parts.append(table)
         progress = [(label, _fmt(v[key])) for key, label in _PROGRESS if key in v]
         progress += [(f"filtered {r}", _fmt(n)) for r, n in _prefixed(v, "progress/filtered/")]

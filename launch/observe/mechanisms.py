@@ -26,6 +26,7 @@ def last(key: str) -> Callable[[Rows], int]:
     def count(rows: Rows) -> int:
         values = [r[key] for r in rows if r.get(key) is not None]
         return int(values[-1]) if values else 0
+
     return count
 
 
@@ -52,26 +53,49 @@ def verdict_tag(error_class: str) -> str:
 
 
 MECHANISMS = (
-    Mechanism("Buffered Dynamic Retry: an all-failed group enters the retry buffer", "groups",
-              last("replay/retry_admitted"), ALL_FAILED),
-    Mechanism("Buffered Dynamic Retry: a repair task from the buffer is served", "groups",
-              last("replay/retry_served"), RETRY),
-    Mechanism("Buffered Dynamic Retry: a repair group is trained", "groups",
-              last("replay/retry_trained"), RETRY_TRAINED),
-    Mechanism("MirrorPop drops a sequence (mean |log π_prox - log μ| > δ)", "sequences",
-              summed("train/mirrorpop_dropped"), MIRRORPOP),
+    Mechanism(
+        "Buffered Dynamic Retry: an all-failed group enters the retry buffer",
+        "groups",
+        last("replay/retry_admitted"),
+        ALL_FAILED,
+    ),
+    Mechanism(
+        "Buffered Dynamic Retry: a repair task from the buffer is served", "groups", last("replay/retry_served"), RETRY
+    ),
+    Mechanism(
+        "Buffered Dynamic Retry: a repair group is trained", "groups", last("replay/retry_trained"), RETRY_TRAINED
+    ),
+    Mechanism(
+        "MirrorPop drops a sequence (mean |log π_prox - log μ| > δ)",
+        "sequences",
+        summed("train/mirrorpop_dropped"),
+        MIRRORPOP,
+    ),
     Mechanism("a repair turn passes (after a failed turn)", "episodes", summed("rollout/repair_passes"), REPAIR_PASSED),
-    Mechanism("off-policy: a sample made by an older version is trained (MirrorPop kept it)", "sequences",
-              summed("train/off_policy_kept"), OFF_POLICY),
-    Mechanism("verdict: cheating (legality gate)", "attempts", summed("verifier/error/cheating"),
-              verdict_tag("cheating")),
+    Mechanism(
+        "off-policy: a sample made by an older version is trained (MirrorPop kept it)",
+        "sequences",
+        summed("train/off_policy_kept"),
+        OFF_POLICY,
+    ),
+    Mechanism(
+        "verdict: cheating (legality gate)", "attempts", summed("verifier/error/cheating"), verdict_tag("cheating")
+    ),
     Mechanism("verdict: compile error", "attempts", summed("verifier/error/compile"), verdict_tag("compile")),
-    Mechanism("verdict: wrong result (correctness)", "attempts", summed("verifier/error/correctness"),
-              verdict_tag("correctness")),
+    Mechanism(
+        "verdict: wrong result (correctness)",
+        "attempts",
+        summed("verifier/error/correctness"),
+        verdict_tag("correctness"),
+    ),
     Mechanism("verdict: timeout", "attempts", summed("verifier/error/timeout"), verdict_tag("timeout")),
     Mechanism("dynamic sampling: a tied group is filtered", "groups", last("replay/filtered_groups/tied"), TIED),
-    Mechanism("staleness filter: a group with a sample lagging > η is filtered", "groups",
-              last("replay/filtered_groups/stale"), None),
+    Mechanism(
+        "staleness filter: a group with a sample lagging > η is filtered",
+        "groups",
+        last("replay/filtered_groups/stale"),
+        None,
+    ),
     Mechanism("PPO clip: a token's ratio is clipped", "token-updates", summed("train/clipped"), None),
     Mechanism("importance weight truncated at C", "tokens", summed("train/is_truncated"), None),
 )

@@ -114,5 +114,9 @@ def _wandb_run(run_dir: Path, logging_cfg: LoggingConfig):
     except ImportError:
         log.warning("logging.wandb is on but wandb is not installed; logging to metrics.jsonl and TensorBoard only")
         return None
-    return wandb.init(project=logging_cfg.wandb_project, entity=logging_cfg.wandb_entity,
-                      name=logging_cfg.wandb_run_name or logging_cfg.run_name or run_dir.name, dir=str(run_dir))
+    return wandb.init(
+        project=logging_cfg.wandb_project,
+        entity=logging_cfg.wandb_entity,
+        name=logging_cfg.wandb_run_name or logging_cfg.run_name or run_dir.name,
+        dir=str(run_dir),
+    )

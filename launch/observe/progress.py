@@ -38,9 +38,11 @@ FAILURE_STORIES = {
     "cheating": "every attempt falls back to PyTorch or otherwise breaks the legality rules",
     "infra": "the verifier itself fails (infra), not the attempts",
 }
-REMEDIES = ("a warm start (warm_start.steps > 0, or a checkpoint trained with `kiln sft`), easier or synthesized "
-            "tasks (replay.tasks, `kiln tasks synth`), a share of forced candidates (rollout.forced_candidates "
-            "with rollout.forced_fraction < 1), more turns (rollout.max_turns)")
+REMEDIES = (
+    "a warm start (warm_start.steps > 0, or a checkpoint trained with `kiln sft`), easier or synthesized "
+    "tasks (replay.tasks, `kiln tasks synth`), a share of forced candidates (rollout.forced_candidates "
+    "with rollout.forced_fraction < 1), more turns (rollout.max_turns)"
+)
 
 
 @dataclass(frozen=True)
@@ -57,8 +59,14 @@ class ReplayCounts:
     @classmethod
     def of(cls, h: ReplayHealth) -> "ReplayCounts":
         g = h.groups
-        return cls(groups=g.settled, episodes=h.emitted, trainable=g.trained + g.ready, filtered=dict(g.filtered),
-                   retry_buffer=h.retry.size, held_back=h.admission.admitted >= h.admission.limit > 0)
+        return cls(
+            groups=g.settled,
+            episodes=h.emitted,
+            trainable=g.trained + g.ready,
+            filtered=dict(g.filtered),
+            retry_buffer=h.retry.size,
+            held_back=h.admission.admitted >= h.admission.limit > 0,
+        )
 
 
 class ProgressRows:
@@ -72,16 +80,22 @@ class ProgressRows:
     def due(self, now: float) -> bool:
         return now - self._last >= self.every_s
 
-    def row(self, now: float, counts: ReplayCounts | None, window: Window,
-            decoded_tokens: int | None) -> dict[str, float]:
+    def row(
+        self, now: float, counts: ReplayCounts | None, window: Window, decoded_tokens: int | None
+    ) -> dict[str, float]:
         """The row at `now`: replay's totals (when it answered), the window's attempts, and the decoded
         tokens per second since the last row (`decoded_tokens`: the engines' running total)."""
         seconds = max(now - self._last, 1e-9)
         values = {"progress/elapsed_s": now - self.started}
         if counts is not None:
-            values.update({"progress/groups": float(counts.groups), "progress/episodes": float(counts.episodes),
-                           "progress/trainable": float(counts.trainable),
-                           "progress/retry_buffer": float(counts.retry_buffer)})
+            values.update(
+                {
+                    "progress/groups": float(counts.groups),
+                    "progress/episodes": float(counts.episodes),
+                    "progress/trainable": float(counts.trainable),
+                    "progress/retry_buffer": float(counts.retry_buffer),
+                }
+            )
             values.update({f"progress/filtered/{reason}": float(n) for reason, n in counts.filtered.items()})
         verified = sum(window.outcomes().values())
         if verified:
@@ -104,16 +118,17 @@ class NoProgressCheck:
         self._trainable: int | None = None
         self._moved_at = started  # the last time a group became trainable (or the rollouts were held back)
 
-    def check(self, now: float, recent: Sequence[GroupOutcome], counts: ReplayCounts | None,
-              last_step_at: float | None) -> str | None:
+    def check(
+        self, now: float, recent: Sequence[GroupOutcome], counts: ReplayCounts | None, last_step_at: float | None
+    ) -> str | None:
         if last_step_at is not None:
             self._moved_at = max(self._moved_at, last_step_at)
         if counts is not None:
             if counts.held_back or (self._trainable is not None and counts.trainable > self._trainable):
                 self._moved_at = now
             self._trainable = counts.trainable
-        if len(recent) >= self.groups and all(g.tied for g in list(recent)[-self.groups:]):
-            return tie_warning(list(recent)[-self.groups:])
+        if len(recent) >= self.groups and all(g.tied for g in list(recent)[-self.groups :]):
+            return tie_warning(list(recent)[-self.groups :])
         if now - self._moved_at >= self.stall_s:
             return stall_warning(now - self._moved_at, list(recent), counts)
         return None
@@ -121,10 +136,15 @@ class NoProgressCheck:
 
 def tie_warning(groups: Sequence[GroupOutcome]) -> str:
     rewards = sorted({round(g.reward, 4) for g in groups if g.reward is not None})
-    at = f"at reward {rewards[0]:+.2f}" if len(rewards) == 1 else \
-        "(each at its own reward: " + ", ".join(f"{r:+.2f}" for r in rewards[:4]) + ")"
-    return (f"no progress: the last {len(groups)} groups all tied {at}, so dynamic sampling filters every group "
-            f"and the learner gets no batch; {outcome_story(groups)}. What helps: {REMEDIES}.")
+    at = (
+        f"at reward {rewards[0]:+.2f}"
+        if len(rewards) == 1
+        else "(each at its own reward: " + ", ".join(f"{r:+.2f}" for r in rewards[:4]) + ")"
+    )
+    return (
+        f"no progress: the last {len(groups)} groups all tied {at}, so dynamic sampling filters every group "
+        f"and the learner gets no batch; {outcome_story(groups)}. What helps: {REMEDIES}."
+    )
 
 
 def stall_warning(seconds: float, groups: Sequence[GroupOutcome], counts: ReplayCounts | None) -> str:
@@ -132,7 +152,7 @@ def stall_warning(seconds: float, groups: Sequence[GroupOutcome], counts: Replay
     if counts is not None and counts.filtered:
         why = " (groups filtered so far: " + ", ".join(f"{n} {r}" for r, n in sorted(counts.filtered.items())) + ")"
     story = f"; {outcome_story(groups)}" if groups else "; no group has finished yet"
-    return (f"no progress: no group became trainable for {seconds:.0f} s{why}{story}. What helps: {REMEDIES}.")
+    return f"no progress: no group became trainable for {seconds:.0f} s{why}{story}. What helps: {REMEDIES}."
 
 
 def outcome_story(groups: Sequence[GroupOutcome]) -> str:
@@ -147,8 +167,10 @@ def outcome_story(groups: Sequence[GroupOutcome]) -> str:
     if not total:
         return "no attempt was verified"
     if outcomes.get("passed", 0) == total:
-        return ("every attempt passes with the same score: the tasks are too easy to tell attempts apart "
-                "(harder tasks, or the speedup term verifier.reward.lam, separate them)")
+        return (
+            "every attempt passes with the same score: the tasks are too easy to tell attempts apart "
+            "(harder tasks, or the speedup term verifier.reward.lam, separate them)"
+        )
     top, n = outcomes.most_common(1)[0]
     if n == total:
         stage = stages.most_common(1)[0][0] if stages else top

@@ -98,9 +98,17 @@ def _summary(rows: list[dict], series: Series, summary: dict) -> list[Block]:
         ("mean rollout samples/s", _num(_mean(series, "rollout/samples_per_s"))),
         ("max staleness", _int(_max(series, "staleness/max"))),
     ]
-    return [Para(f"Written {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC from metrics.jsonl."),
-            Table(["quantity", "value"], [[name, value if value is not None else "not recorded"]
-                                          for name, value in facts if name != "stopped early" or value])]
+    return [
+        Para(f"Written {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC from metrics.jsonl."),
+        Table(
+            ["quantity", "value"],
+            [
+                [name, value if value is not None else "not recorded"]
+                for name, value in facts
+                if name != "stopped early" or value
+            ],
+        ),
+    ]
 
 
 def _warnings(summary: dict) -> list[Block]:
@@ -122,10 +130,14 @@ def _mechanisms(rows: list[dict], run_dir: Path) -> list[Block]:
             elif n:
                 shown = "no dump (the episode was not held, or dumps are off)"
         table.append([m.name, f"{n} {m.unit}" if n else "0", shown])
-    return [Heading("Mechanisms"),
-            Para("How often each mechanism of the algorithm acted in this run, and the episode dump that shows it "
-                 "(search the file for the episode id)."),
-            Table(["mechanism", "acted", "shown in"], table, align=["l", "r", "l"])]
+    return [
+        Heading("Mechanisms"),
+        Para(
+            "How often each mechanism of the algorithm acted in this run, and the episode dump that shows it "
+            "(search the file for the episode id)."
+        ),
+        Table(["mechanism", "acted", "shown in"], table, align=["l", "r", "l"]),
+    ]
 
 
 def _eval_table(rows: list[dict]) -> list[Block]:
@@ -136,7 +148,11 @@ def _eval_table(rows: list[dict]) -> list[Block]:
     ks = sorted({int(m.group(1)) for r in evals for k in r if (m := re.fullmatch(r"eval/pass@(\d+)", k))})
     ns = sorted({int(m.group(1)) for r in evals for k in r if (m := re.fullmatch(r"eval/avg@(\d+)", k))})
     columns = [(f"pass@{k}", f"eval/pass@{k}") for k in ks] + [(f"avg@{n}", f"eval/avg@{n}") for n in ns]
-    columns += [("faster eager", "eval/faster_eager"), ("faster compile", "eval/faster_compile"), ("tasks", "eval/tasks")]
+    columns += [
+        ("faster eager", "eval/faster_eager"),
+        ("faster compile", "eval/faster_compile"),
+        ("tasks", "eval/tasks"),
+    ]
     table = []
     for i, row in enumerate(evals):
         cells = [_num(row.get(key)) or "-" for _, key in columns]
@@ -159,31 +175,40 @@ def _last_eval_levels(run_dir: Path) -> list[Block]:
         return [Para(f"The validation summary {found[-1].parent.name}/summary.json could not be read.")]
     metrics = list(dict.fromkeys(metric for metric, _ in values))
     labels = [r["label"] for r in summary["rows"]]
-    table = [[label, *("n/a" if values[(m, label)] is None else f"{100 * values[(m, label)]:.1f}" for m in metrics)]
-             for label in labels]
-    return [Heading(f"By level ({found[-1].parent.name})", 3), Table(["", *metrics], table, align=["l"] + ["r"] * len(metrics)),
-            Para(caption(summary))]
+    table = [
+        [label, *("n/a" if values[(m, label)] is None else f"{100 * values[(m, label)]:.1f}" for m in metrics)]
+        for label in labels
+    ]
+    return [
+        Heading(f"By level ({found[-1].parent.name})", 3),
+        Table(["", *metrics], table, align=["l"] + ["r"] * len(metrics)),
+        Para(caption(summary)),
+    ]
 
 
 def _links(run_dir: Path) -> list[Block]:
     """Where to read further, for the parts of the run directory that exist."""
     episodes = sorted((run_dir / "episodes").glob("step-*.txt")) if (run_dir / "episodes").is_dir() else []
-    links = [(run_dir / "config.yaml", "the resolved config", "config.yaml"),
-             (run_dir / "summary.json", "the episode ledger and run summary", "summary.json"),
-             (run_dir / "tb", "TensorBoard events (`tensorboard --logdir tb`)", "tb/"),
-             (run_dir / "final", "the final model (HF checkpoint)", "final/")]
+    links = [
+        (run_dir / "config.yaml", "the resolved config", "config.yaml"),
+        (run_dir / "summary.json", "the episode ledger and run summary", "summary.json"),
+        (run_dir / "tb", "TensorBoard events (`tensorboard --logdir tb`)", "tb/"),
+        (run_dir / "final", "the final model (HF checkpoint)", "final/"),
+    ]
     items = [f"[{name}]({href})" for path, name, href in links if path.exists()]
     if episodes:
-        items.append(f"episode dumps: {len(episodes)} steps, the last is "
-                     f"[{episodes[-1].name}](episodes/{episodes[-1].name})")
+        items.append(
+            f"episode dumps: {len(episodes)} steps, the last is [{episodes[-1].name}](episodes/{episodes[-1].name})"
+        )
     return [Heading("Files"), Bullets(items)] if items else []
 
 
 def _latest(rows: list[dict], keys: tuple[str, ...]) -> float | None:
     """The value of any of `keys` in the latest row (by time) that has one: progress rows and step rows
     come interleaved, and whichever came last counts the most groups."""
-    found = [(r.get("time") or 0.0, i, r[k]) for i, r in enumerate(rows) for k in keys
-             if isinstance(r.get(k), (int, float))]
+    found = [
+        (r.get("time") or 0.0, i, r[k]) for i, r in enumerate(rows) for k in keys if isinstance(r.get(k), (int, float))
+    ]
     return max(found)[2] if found else None
 
 

@@ -58,8 +58,10 @@ def to_markdown(blocks: list[Block]) -> str:
             lines += [f"* {item}" for item in b.items] + [""]
         elif isinstance(b, Table):
             align = [(b.align[i] if i < len(b.align) else "l") for i in range(len(b.header))]
-            lines += ["| " + " | ".join(_cell(h) for h in b.header) + " |",
-                      "|" + "|".join("---:" if a == "r" else "---" for a in align) + "|"]
+            lines += [
+                "| " + " | ".join(_cell(h) for h in b.header) + " |",
+                "|" + "|".join("---:" if a == "r" else "---" for a in align) + "|",
+            ]
             lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in b.rows] + [""]
         elif isinstance(b, Image):
             lines += [f"![{b.title}]({b.href})", ""]
@@ -84,22 +86,30 @@ def to_html(blocks: list[Block], title: str) -> str:
             align = [(b.align[i] if i < len(b.align) else "l") for i in range(len(b.header))]
             cls = lambda i: ' class="r"' if align[i] == "r" else ""  # noqa: E731
             head = "".join(f"<th{cls(i)}>{_inline(h)}</th>" for i, h in enumerate(b.header))
-            rows = "".join("<tr>" + "".join(f"<td{cls(i)}>{_inline(c)}</td>" for i, c in enumerate(row)) + "</tr>"
-                           for row in b.rows)
+            rows = "".join(
+                "<tr>" + "".join(f"<td{cls(i)}>{_inline(c)}</td>" for i, c in enumerate(row)) + "</tr>"
+                for row in b.rows
+            )
             body.append(f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>")
         elif isinstance(b, Image):
             data = base64.b64encode(b.path.read_bytes()).decode("ascii")
-            body.append(f'<figure><img alt="{html.escape(b.title)}" src="data:image/png;base64,{data}">'
-                        f"<figcaption>{html.escape(b.href)}</figcaption></figure>")
-    return (f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
-            f"<style>{_STYLE}</style></head>\n<body>\n" + "\n".join(body) + "\n</body></html>\n")
+            body.append(
+                f'<figure><img alt="{html.escape(b.title)}" src="data:image/png;base64,{data}">'
+                f"<figcaption>{html.escape(b.href)}</figcaption></figure>"
+            )
+    return (
+        f'<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
+        f"<style>{_STYLE}</style></head>\n<body>\n" + "\n".join(body) + "\n</body></html>\n"
+    )
 
 
-_STYLE = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}"
-          "table{border-collapse:collapse;margin:1em 0}th,td{border:1px solid #ccc;padding:4px 8px;"
-          "text-align:left;vertical-align:top}th{background:#f3f3f3}td.r,th.r{text-align:right}"
-          "code{background:#f3f3f3;padding:0 3px}img{max-width:100%}figure{margin:1em 0}"
-          "figcaption{color:#777;font-size:small}")
+_STYLE = (
+    "body{font-family:sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}"
+    "table{border-collapse:collapse;margin:1em 0}th,td{border:1px solid #ccc;padding:4px 8px;"
+    "text-align:left;vertical-align:top}th{background:#f3f3f3}td.r,th.r{text-align:right}"
+    "code{background:#f3f3f3;padding:0 3px}img{max-width:100%}figure{margin:1em 0}"
+    "figcaption{color:#777;font-size:small}"
+)
 
 _INLINE = re.compile(r"`([^`]+)`|\*\*(.+?)\*\*|\[([^\]]+)\]\(([^)\s]+)\)")
 
@@ -108,7 +118,7 @@ def _inline(text: str) -> str:
     """Markdown's `code`, **bold** and [text](href) to HTML; everything else escaped."""
     out, pos = [], 0
     for m in _INLINE.finditer(text):
-        out.append(html.escape(text[pos:m.start()]))
+        out.append(html.escape(text[pos : m.start()]))
         code, bold, label, href = m.groups()
         if code is not None:
             out.append(f"<code>{html.escape(code)}</code>")

@@ -135,10 +135,19 @@ def _outcome_bars(ax, xs: list[float], counts: list[dict[str, float]], width: fl
 
 
 def plot_reward(series: Series, plots_dir: Path) -> Drawn:
-    return line_plot(series, plots_dir / "reward.png", "Reward and pass rate per learner step", [
-        Panel("mean PrimeEcho reward of the episodes finished in the step's window", "reward R",
-              (("reward/mean", "reward mean"),)),
-        Panel("episodes with a passing turn", "share of episodes", (("reward/pass_rate", "pass rate"),), (0, 1.05))])
+    return line_plot(
+        series,
+        plots_dir / "reward.png",
+        "Reward and pass rate per learner step",
+        [
+            Panel(
+                "mean PrimeEcho reward of the episodes finished in the step's window",
+                "reward R",
+                (("reward/mean", "reward mean"),),
+            ),
+            Panel("episodes with a passing turn", "share of episodes", (("reward/pass_rate", "pass rate"),), (0, 1.05)),
+        ],
+    )
 
 
 def plot_verifier(series: Series, plots_dir: Path) -> Drawn:
@@ -155,8 +164,9 @@ def plot_verifier(series: Series, plots_dir: Path) -> Drawn:
     plt, fig, (ax,) = _figure(1, "Verifier outcomes per learner step", height=3.4)
     steps = sorted(counts)
     _outcome_bars(ax, steps, [counts[s] for s in steps], 0.8)
-    ax.set_title("verified attempts (every turn) of the episodes finished in the step's window", fontsize=10,
-                 loc="left")
+    ax.set_title(
+        "verified attempts (every turn) of the episodes finished in the step's window", fontsize=10, loc="left"
+    )
     ax.set_ylabel("attempts")
     ax.set_xlabel("learner step")
     _integer_steps(ax, steps + learner_steps(series))
@@ -164,43 +174,89 @@ def plot_verifier(series: Series, plots_dir: Path) -> Drawn:
 
 
 def plot_throughput(series: Series, plots_dir: Path) -> Drawn:
-    return line_plot(series, plots_dir / "throughput.png", "Throughput per learner step", [
-        Panel("rollout samples (episodes) finished per second", "samples / s",
-              (("rollout/samples_per_s", "rollout samples/s"),)),
-        Panel("tokens per second", "tokens / s", (("rollout/tokens_per_s", "rollout response tokens/s"),
-                                                  ("train/tokens_per_s", "learner tokens/s")))])
+    return line_plot(
+        series,
+        plots_dir / "throughput.png",
+        "Throughput per learner step",
+        [
+            Panel(
+                "rollout samples (episodes) finished per second",
+                "samples / s",
+                (("rollout/samples_per_s", "rollout samples/s"),),
+            ),
+            Panel(
+                "tokens per second",
+                "tokens / s",
+                (("rollout/tokens_per_s", "rollout response tokens/s"), ("train/tokens_per_s", "learner tokens/s")),
+            ),
+        ],
+    )
 
 
 def plot_training(series: Series, plots_dir: Path) -> Drawn:
-    return line_plot(series, plots_dir / "training.png", "Learner: loss and gradient norm per step", [
-        Panel("policy loss (mean over the step's updates)", "loss", (("train/loss", "loss"),)),
-        Panel("global gradient norm before clipping", "L2 norm", (("train/grad_norm", "mean over updates"),
-                                                                 ("train/grad_norm_max", "max over updates")))])
+    return line_plot(
+        series,
+        plots_dir / "training.png",
+        "Learner: loss and gradient norm per step",
+        [
+            Panel("policy loss (mean over the step's updates)", "loss", (("train/loss", "loss"),)),
+            Panel(
+                "global gradient norm before clipping",
+                "L2 norm",
+                (("train/grad_norm", "mean over updates"), ("train/grad_norm_max", "max over updates")),
+            ),
+        ],
+    )
 
 
 def plot_policy(series: Series, plots_dir: Path) -> Drawn:
-    return line_plot(series, plots_dir / "policy.png", "Policy: entropy and response length per step", [
-        Panel("entropy of π_prox at the trained (sampled) positions", "nats / token",
-              (("train/entropy", "entropy"),)),
-        Panel("gradient-carrying response tokens per trained sequence", "tokens",
-              (("train/response_length", "response length"),))])
+    return line_plot(
+        series,
+        plots_dir / "policy.png",
+        "Policy: entropy and response length per step",
+        [
+            Panel(
+                "entropy of π_prox at the trained (sampled) positions", "nats / token", (("train/entropy", "entropy"),)
+            ),
+            Panel(
+                "gradient-carrying response tokens per trained sequence",
+                "tokens",
+                (("train/response_length", "response length"),),
+            ),
+        ],
+    )
 
 
 def plot_corrections(series: Series, plots_dir: Path) -> Drawn:
-    return line_plot(series, plots_dir / "corrections.png",
-                     "Off-policy corrections and filters per step", [
-        Panel("PPO clip (share of kept token-updates) and importance-weight truncation (share of kept tokens)",
-              "share", (("train/clip_low_fraction", "clipped low (r < 1-ε_low, A < 0)"),
-                        ("train/clip_high_fraction", "clipped high (r > 1+ε_high, A > 0)"),
-                        ("train/is_truncated_fraction", "IS weight truncated at C"))),
-        Panel("MirrorPop kept share of sequences; Buffered-Dynamic-Retry share of groups", "share",
-              (("train/kept_fraction", "MirrorPop kept"), ("replay/bdr_share", "BDR share")), (-0.05, 1.05))])
+    return line_plot(
+        series,
+        plots_dir / "corrections.png",
+        "Off-policy corrections and filters per step",
+        [
+            Panel(
+                "PPO clip (share of kept token-updates) and importance-weight truncation (share of kept tokens)",
+                "share",
+                (
+                    ("train/clip_low_fraction", "clipped low (r < 1-ε_low, A < 0)"),
+                    ("train/clip_high_fraction", "clipped high (r > 1+ε_high, A > 0)"),
+                    ("train/is_truncated_fraction", "IS weight truncated at C"),
+                ),
+            ),
+            Panel(
+                "MirrorPop kept share of sequences; Buffered-Dynamic-Retry share of groups",
+                "share",
+                (("train/kept_fraction", "MirrorPop kept"), ("replay/bdr_share", "BDR share")),
+                (-0.05, 1.05),
+            ),
+        ],
+    )
 
 
 def plot_staleness(series: Series, plots_dir: Path) -> Drawn:
     """Histogram of trained samples by version lag, summed over the run."""
-    lags = {int(k.rsplit("_", 1)[1]): sum(v for _, v in series[k])
-            for k in series if re.fullmatch(r"staleness/lag_\d+", k)}
+    lags = {
+        int(k.rsplit("_", 1)[1]): sum(v for _, v in series[k]) for k in series if re.fullmatch(r"staleness/lag_\d+", k)
+    }
     if not lags:
         return None, ["staleness/lag_<k>"]
     plt, fig, (ax,) = _figure(1, "Staleness of the trained samples", height=3.0, width=6.5)
@@ -221,20 +277,27 @@ def plot_progress(rows: Rows, plots_dir: Path) -> Drawn:
     t0 = min(r["time"] - r["progress/elapsed_s"] for r in rows)  # the first session's start
     minutes = [(r["time"] - t0) / 60 for r in rows]
     decoded = any(r.get("progress/decoded_tokens_per_s") for r in rows)
-    plt, fig, axes = _figure(4 if decoded else 3, "Rollout side over wall time (progress rows, with or without "
-                                                   "learner steps)")
+    plt, fig, axes = _figure(
+        4 if decoded else 3, "Rollout side over wall time (progress rows, with or without learner steps)"
+    )
     ax = axes[0]
-    for key, label in (("progress/groups", "groups completed"), ("progress/trainable", "trainable (trained or ready)"),
-                       ("progress/retry_buffer", "in the retry buffer now")):
+    for key, label in (
+        ("progress/groups", "groups completed"),
+        ("progress/trainable", "trainable (trained or ready)"),
+        ("progress/retry_buffer", "in the retry buffer now"),
+    ):
         _time_line(ax, rows, minutes, key, label)
-    for reason in sorted({k.removeprefix("progress/filtered/") for r in rows for k in r
-                          if k.startswith("progress/filtered/")}):
+    for reason in sorted(
+        {k.removeprefix("progress/filtered/") for r in rows for k in r if k.startswith("progress/filtered/")}
+    ):
         _time_line(ax, rows, minutes, f"progress/filtered/{reason}", f"filtered: {reason}", style="--")
     ax.set_title("run totals", fontsize=10, loc="left")
     ax.set_ylabel("groups")
     ax.legend(loc="upper left", fontsize="small")
-    counts = [{k.removeprefix("progress/verdict/"): v for k, v in r.items() if k.startswith("progress/verdict/")}
-              for r in rows]
+    counts = [
+        {k.removeprefix("progress/verdict/"): v for k, v in r.items() if k.startswith("progress/verdict/")}
+        for r in rows
+    ]
     gaps = [b - a for a, b in zip(minutes, minutes[1:]) if b > a] or [0.5]
     _outcome_bars(axes[1], minutes, counts, 0.8 * min(gaps))
     axes[1].set_title("verified attempts since the previous row, by outcome", fontsize=10, loc="left")
@@ -290,8 +353,10 @@ def timeline_spans(run_dir: Path, rows: Rows) -> list[Span]:
         return recorded
     spans: list[Span] = []
     window_start: float | None = None  # a step row's busy shares cover the time since the previous step row
-    for row in sorted((r for r in rows if "progress/elapsed_s" not in r and isinstance(r.get("time"), (int, float))),
-                      key=lambda r: r["time"]):
+    for row in sorted(
+        (r for r in rows if "progress/elapsed_s" not in r and isinstance(r.get("time"), (int, float))),
+        key=lambda r: r["time"],
+    ):
         t = row["time"]
         if isinstance(row.get("sft/seconds"), (int, float)):
             spans.append(Span("learner", "warm start", t - row["sft/seconds"], t))
@@ -299,8 +364,12 @@ def timeline_spans(run_dir: Path, rows: Rows) -> list[Span]:
             continue
         spans.append(Span("learner", "training", t - row["train/step_s"], t))
         for key, share in row.items():
-            if key.startswith("busy/") and isinstance(share, (int, float)) and key != "busy/learner" \
-                    and window_start is not None:
+            if (
+                key.startswith("busy/")
+                and isinstance(share, (int, float))
+                and key != "busy/learner"
+                and window_start is not None
+            ):
                 spans.append(Span(key.removeprefix("busy/"), "busy", window_start, t, max(0.0, min(1.0, share))))
         window_start = t
     return spans
@@ -325,8 +394,14 @@ def _recorded_spans(path: Path) -> list[Span]:
     return spans
 
 
-ACTIVITY_COLOURS = {"warm start": "#98df8a", "training": "#2ca02c", "generating": "#1f77b4", "verifying": "#ff7f0e",
-                    "syncing": "#9467bd", "busy": "#4c72b0"}
+ACTIVITY_COLOURS = {
+    "warm start": "#98df8a",
+    "training": "#2ca02c",
+    "generating": "#1f77b4",
+    "verifying": "#ff7f0e",
+    "syncing": "#9467bd",
+    "busy": "#4c72b0",
+}
 ROLE_ORDER = ("learner", "rollout-", "verifier-", "replay")
 
 
@@ -338,15 +413,22 @@ def plot_timeline(run_dir: Path, rows: Rows, plots_dir: Path) -> Drawn:
     from matplotlib.patches import Patch
 
     t0 = min(s.start for s in spans)
-    actors = sorted({s.actor for s in spans}, key=lambda a: (next((i for i, p in enumerate(ROLE_ORDER)
-                                                                    if a.startswith(p)), len(ROLE_ORDER)), a))
+    actors = sorted(
+        {s.actor for s in spans},
+        key=lambda a: (next((i for i, p in enumerate(ROLE_ORDER) if a.startswith(p)), len(ROLE_ORDER)), a),
+    )
     plt, fig, (ax,) = _figure(1, "Actor timeline", height=0.5 * len(actors) + 1.6, width=11)
     width = max(s.end for s in spans) - t0
     for row, actor in enumerate(actors):
         for s in (s for s in spans if s.actor == actor):
-            ax.broken_barh([(s.start - t0, s.end - s.start)], (row - 0.35, 0.7),
-                           color=ACTIVITY_COLOURS.get(s.activity, "#7f7f7f"), alpha=0.15 + 0.85 * s.share,
-                           edgecolor="white" if s.share < 1 else None, linewidth=0.5)
+            ax.broken_barh(
+                [(s.start - t0, s.end - s.start)],
+                (row - 0.35, 0.7),
+                color=ACTIVITY_COLOURS.get(s.activity, "#7f7f7f"),
+                alpha=0.15 + 0.85 * s.share,
+                edgecolor="white" if s.share < 1 else None,
+                linewidth=0.5,
+            )
             if s.share < 1 and s.end - s.start > 0.04 * width:
                 ax.text((s.start + s.end) / 2 - t0, row, f"{s.share:.0%}", ha="center", va="center", fontsize=7)
     for row in rows:
@@ -357,13 +439,22 @@ def plot_timeline(run_dir: Path, rows: Rows, plots_dir: Path) -> Drawn:
     ax.set_xlabel("seconds since the first recorded span (dotted: learner steps recorded)")
     shown = {s.activity for s in spans}
     if "busy" in shown:  # spans from metrics.jsonl
-        ax.set_title("warm start and training: the learner's steps; busy: the share of a step window an actor "
-                     "spent working (printed; opacity follows it)", fontsize=9, loc="left")
+        ax.set_title(
+            "warm start and training: the learner's steps; busy: the share of a step window an actor "
+            "spent working (printed; opacity follows it)",
+            fontsize=9,
+            loc="left",
+        )
     else:
-        ax.set_title("each actor's recorded spans of work (RUN_DIR/timeline.jsonl); blank: waiting", fontsize=9,
-                     loc="left")
-    ax.legend(handles=[Patch(color=c, label=a) for a, c in ACTIVITY_COLOURS.items() if a in shown], loc="upper left",
-              bbox_to_anchor=(1.0, 1.0), fontsize="small")
+        ax.set_title(
+            "each actor's recorded spans of work (RUN_DIR/timeline.jsonl); blank: waiting", fontsize=9, loc="left"
+        )
+    ax.legend(
+        handles=[Patch(color=c, label=a) for a, c in ACTIVITY_COLOURS.items() if a in shown],
+        loc="upper left",
+        bbox_to_anchor=(1.0, 1.0),
+        fontsize="small",
+    )
     return _save(plt, fig, plots_dir / "timeline.png"), []
 
 

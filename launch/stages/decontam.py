@@ -80,9 +80,11 @@ class EvalTasks:
     def summary(self) -> str:
         total = sum(self.dropped.values())
         how = ", ".join(f"{self.dropped[r]} {r}" for r in DROP_REASONS if self.dropped[r])
-        return (f"decontamination: dropped {total}{f' ({how})' if how else ''}; evaluation tasks: "
-                f"{len(self.val_files)} of the validation split, {self.index.files - len(self.val_files)} "
-                "under --exclude")
+        return (
+            f"decontamination: dropped {total}{f' ({how})' if how else ''}; evaluation tasks: "
+            f"{len(self.val_files)} of the validation split, {self.index.files - len(self.val_files)} "
+            "under --exclude"
+        )
 
 
 def validation_files(replay: ReplayConfig, tasks: str | Path | None = None) -> list[TaskFile]:
@@ -92,12 +94,14 @@ def validation_files(replay: ReplayConfig, tasks: str | Path | None = None) -> l
         found, _broken = scan(root)
     except TaskLoadError as err:
         raise ExcludeError(f"task set {root}: {err}") from None
-    return [tf for tf in found
-            if replay.val_fraction > 0 and is_validation(tf.task_id, replay.split_seed, replay.val_fraction)]
+    return [
+        tf
+        for tf in found
+        if replay.val_fraction > 0 and is_validation(tf.task_id, replay.split_seed, replay.val_fraction)
+    ]
 
 
-def eval_tasks(replay: ReplayConfig, tasks: str | Path | None, exclude: list[Path], *,
-               trace: bool = True) -> EvalTasks:
+def eval_tasks(replay: ReplayConfig, tasks: str | Path | None, exclude: list[Path], *, trace: bool = True) -> EvalTasks:
     """The evaluation tasks of the task set `tasks` (default `replay.tasks`) and the `exclude`
     directories. `trace=False` indexes normalised sources only (runs no task code: `kiln sft`).
     Raises ExcludeError naming a path that holds no task."""

@@ -22,8 +22,12 @@ from configs import load_config
 
 
 def add_export_parser(sub) -> None:
-    p = sub.add_parser("export", help="turn a training checkpoint into a servable HF directory",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "export",
+        help="turn a training checkpoint into a servable HF directory",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (holds config.yaml and checkpoints/)")
     p.add_argument("--step", type=int, help="the checkpoint's learner step (default: the latest)")
     p.add_argument("--out", metavar="DIR", help="where to write it (default: RUN_DIR/exports/step-NNNNNN)")
@@ -39,8 +43,10 @@ def cmd_export(args: argparse.Namespace) -> int:
     run = RunDirectory.open(Path(args.run_dir))
     cfg = resolve_model_path(load_config(run.config_path, args.overrides))
     if cfg.learner.backend != "torch":
-        return _fail(f"{run.path} trained with learner.backend={cfg.learner.backend}, whose checkpoints are "
-                     "sharded over its GPUs; export during the run with learner.export_every")
+        return _fail(
+            f"{run.path} trained with learner.backend={cfg.learner.backend}, whose checkpoints are "
+            "sharded over its GPUs; export during the run with learner.export_every"
+        )
     root = run.path / CHECKPOINTS
     if args.step is None:
         latest = read_latest(run.path)
@@ -51,8 +57,10 @@ def cmd_export(args: argparse.Namespace) -> int:
         step, state = args.step, root / step_dir_name(args.step) / "state"
         if not (state.parent / META).is_file():
             have = sorted(int(p.name.split("-")[1]) for p in root.glob("step-*") if (p / META).is_file())
-            return _fail(f"{run.path} has no checkpoint at step {args.step} (steps with one: "
-                         f"{', '.join(map(str, have)) or 'none'})")
+            return _fail(
+                f"{run.path} has no checkpoint at step {args.step} (steps with one: "
+                f"{', '.join(map(str, have)) or 'none'})"
+            )
     out = Path(args.out) if args.out else run.path / "exports" / step_dir_name(step)
     if out.exists():
         return _fail(f"{out} exists; remove it or choose another --out")

@@ -36,12 +36,26 @@ def add_tasks_parser(sub) -> None:
     s.add_argument("--out", metavar="DIR", help="output directory (absent or empty)")
     s.add_argument("--count", type=int, metavar="N", help="number of tasks to write")
     s.add_argument("--seed", type=int, metavar="S", help="random seed: the same seed writes byte-identical files")
-    s.add_argument("--ops", nargs="+", action="extend", default=[], metavar="NAME",
-                   help="op families or op names to draw from (default: all); commas also separate names")
+    s.add_argument(
+        "--ops",
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="NAME",
+        help="op families or op names to draw from (default: all); commas also separate names",
+    )
     s.add_argument("--max-ops", type=int, default=6, metavar="K", help="most ops per graph (default 6)")
-    s.add_argument("--exclude", nargs="+", action="extend", default=[], metavar="DIR",
-                   help="task directories (a KernelBench clone, a validation split) whose graphs are dropped")
-    s.add_argument("--tasks", metavar="DIR", help="task set whose validation split is excluded too (default replay.tasks)")
+    s.add_argument(
+        "--exclude",
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="DIR",
+        help="task directories (a KernelBench clone, a validation split) whose graphs are dropped",
+    )
+    s.add_argument(
+        "--tasks", metavar="DIR", help="task set whose validation split is excluded too (default replay.tasks)"
+    )
     from launch.config_args import add_config_arguments
 
     add_config_arguments(s)
@@ -58,8 +72,9 @@ def cmd_synth(args: argparse.Namespace) -> int:
     from tasks.synth.decontam import ExcludeError
     from tasks.synth.ops import OpSelectionError
 
-    missing = [flag for flag, value in (("--out", args.out), ("--count", args.count), ("--seed", args.seed))
-               if value is None]
+    missing = [
+        flag for flag, value in (("--out", args.out), ("--count", args.count), ("--seed", args.seed)) if value is None
+    ]
     if missing:
         print(f"{PROG}: missing {', '.join(missing)}", file=sys.stderr)
         return 2
@@ -69,15 +84,24 @@ def cmd_synth(args: argparse.Namespace) -> int:
     ops = tuple(name for entry in args.ops for name in entry.split(",") if name)
     try:
         validation = [tf.path for tf in validation_files(load_config(args.config, args.overrides).replay, args.tasks)]
-        cfg = SynthConfig(out=Path(args.out), count=args.count, seed=args.seed, ops=ops, max_ops=args.max_ops,
-                          exclude=(*(Path(p) for p in args.exclude), *validation))
+        cfg = SynthConfig(
+            out=Path(args.out),
+            count=args.count,
+            seed=args.seed,
+            ops=ops,
+            max_ops=args.max_ops,
+            exclude=(*(Path(p) for p in args.exclude), *validation),
+        )
         report = synthesize(cfg)
     except (SynthError, OpSelectionError, ExcludeError) as err:
         print(f"{PROG}: {err}", file=sys.stderr)
         return 2
     print("\n".join(report.summary()))
     if not report.complete:
-        print(f"{PROG}: wrote only {len(report.tasks)} of {cfg.count} tasks in {report.attempts} attempts: the op "
-              "set admits too few distinct graphs that pass the checks (widen --ops or --max-ops)", file=sys.stderr)
+        print(
+            f"{PROG}: wrote only {len(report.tasks)} of {cfg.count} tasks in {report.attempts} attempts: the op "
+            "set admits too few distinct graphs that pass the checks (widen --ops or --max-ops)",
+            file=sys.stderr,
+        )
         return 1
     return 0

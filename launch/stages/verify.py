@@ -66,11 +66,20 @@ def cmd_verify(args: argparse.Namespace) -> int:
         finally:
             verifier.close()
         if args.reference:
-            (_, result, _), = results
+            ((_, result, _),) = results
             out(json.dumps(result_json(result)) if args.json else _text(result))
         else:
-            out(json.dumps({"results": [result_json(r) if r else {"task_id": t.task_id, "missing": True}
-                                        for t, r, _ in results]}) if args.json else _table(results))
+            out(
+                json.dumps(
+                    {
+                        "results": [
+                            result_json(r) if r else {"task_id": t.task_id, "missing": True} for t, r, _ in results
+                        ]
+                    }
+                )
+                if args.json
+                else _table(results)
+            )
     return 0
 
 
@@ -127,10 +136,21 @@ def _run(verifier, jobs: list[tuple[Task, str | None]], parallel: int):
 
 
 def result_json(r: VerifyResult) -> dict:
-    return {"passed": r.passed, "stage": r.stage, "error_class": r.error_class, "q": r.q, "score": r.score,
-            "speedup_eager": r.speedup_eager, "speedup_compile": r.speedup_compile, "feedback": r.feedback,
-            "task_id": r.task_id, "source_hash": r.source_hash, "cached": r.cached, "timings": r.timings,
-            "diagnostics": r.diagnostics}
+    return {
+        "passed": r.passed,
+        "stage": r.stage,
+        "error_class": r.error_class,
+        "q": r.q,
+        "score": r.score,
+        "speedup_eager": r.speedup_eager,
+        "speedup_compile": r.speedup_compile,
+        "feedback": r.feedback,
+        "task_id": r.task_id,
+        "source_hash": r.source_hash,
+        "cached": r.cached,
+        "timings": r.timings,
+        "diagnostics": r.diagnostics,
+    }
 
 
 def _text(r: VerifyResult) -> str:
@@ -147,9 +167,18 @@ def _table(rows) -> str:
             lines.append((task.task_id, "MISSING", "-", "-", "-", "-", "-", "no solution file"))
             continue
         first = r.feedback.strip().splitlines()[0] if r.feedback.strip() else ""
-        lines.append((task.task_id, "PASS" if r.passed else f"FAIL:{r.error_class}", r.stage, f"{r.q:.2f}",
-                      f"{r.score:.3f}", f"{r.speedup_eager:.2f}x" if r.speedup_eager else "-", f"{secs:.1f}",
-                      first[:90]))
+        lines.append(
+            (
+                task.task_id,
+                "PASS" if r.passed else f"FAIL:{r.error_class}",
+                r.stage,
+                f"{r.q:.2f}",
+                f"{r.score:.3f}",
+                f"{r.speedup_eager:.2f}x" if r.speedup_eager else "-",
+                f"{secs:.1f}",
+                first[:90],
+            )
+        )
     widths = [max(len(str(x)) for x in col) for col in zip(head, *lines)]
     fmt = "  ".join(f"{{:<{w}}}" for w in widths[:-1]) + "  {}"
     body = [fmt.format(*head), fmt.format(*("-" * w for w in widths))] + [fmt.format(*line) for line in lines]
@@ -174,7 +203,7 @@ def _real_stdout(json_mode: bool):
     def out(text: str) -> None:
         data = (text + "\n").encode()
         while data:
-            data = data[os.write(saved, data):]
+            data = data[os.write(saved, data) :]
 
     try:
         yield out

@@ -62,12 +62,15 @@ class Builder:
 
     def input_of_layout(self, layout: str) -> Value:
         """A fresh graph input with new size constants for a layout's axes."""
-        roles = {"rows": ("rows", "features"), "seq": ("batch", "seq", "features"),
-                 "signal": ("batch", "channels", "length"), "image": ("batch", "channels", "height", "width")}
+        roles = {
+            "rows": ("rows", "features"),
+            "seq": ("batch", "seq", "features"),
+            "signal": ("batch", "channels", "length"),
+            "image": ("batch", "channels", "height", "width"),
+        }
         return self.new_input(tuple(self.new_var(r) for r in roles[layout]), layout)
 
-    def add(self, op: str, inputs: list[Value], shape: tuple, layout: str, dtype: str = "float32",
-            **attrs) -> Value:
+    def add(self, op: str, inputs: list[Value], shape: tuple, layout: str, dtype: str = "float32", **attrs) -> Value:
         value = Value(len(self.graph.values), tuple(shape), dtype, layout)
         self.graph.values.append(value)
         self.graph.nodes.append(Node(op, tuple(v.id for v in inputs), value.id, tuple(sorted(attrs.items()))))

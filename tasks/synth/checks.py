@@ -96,9 +96,11 @@ def check_task(source: str, filename: str, graph: Graph, names: list[str], seed:
     if on_cpu:
         primary = PRIMARY_RUN
     else:
-        primary = (f"primary shapes run on the meta device only (shapes checked, no values): ~{cost.flops / 1e9:.2f} "
-                   f"GFLOP and {cost.bytes / 1e6:.0f} MB, over the CPU check's {PRIMARY_ON_CPU.flops / 1e9:.1f} "
-                   f"GFLOP and {PRIMARY_ON_CPU.bytes / 1e6:.0f} MB")
+        primary = (
+            f"primary shapes run on the meta device only (shapes checked, no values): ~{cost.flops / 1e9:.2f} "
+            f"GFLOP and {cost.bytes / 1e6:.0f} MB, over the CPU check's {PRIMARY_ON_CPU.flops / 1e9:.1f} "
+            f"GFLOP and {PRIMARY_ON_CPU.bytes / 1e6:.0f} MB"
+        )
     try:
         module = load_source(source, filename)
     except LoadError as err:
@@ -138,8 +140,9 @@ def _draw(module: types.ModuleType, seed: int) -> list[torch.Tensor]:
     return list(module.get_inputs())
 
 
-def _check_at(module: types.ModuleType, expected: tuple[int, ...], seed: int,
-              structural: bool = True) -> tuple[str, str] | None:
+def _check_at(
+    module: types.ModuleType, expected: tuple[int, ...], seed: int, structural: bool = True
+) -> tuple[str, str] | None:
     """The checks at the shapes currently set on the module. `structural` adds the checks that do not
     depend on the sizes (constant, identity, unused input); they run at the cpu and alt shapes and
     are skipped at the (large) primary shapes."""
@@ -156,7 +159,7 @@ def _check_at(module: types.ModuleType, expected: tuple[int, ...], seed: int,
                 if structural:
                     second = _draw(module, seed + 2)
                     other = model(*second)
-                    redrawn = [model(*first[:i], second[i], *first[i + 1:]) for i in range(len(first))]
+                    redrawn = [model(*first[:i], second[i], *first[i + 1 :]) for i in range(len(first))]
         except Exception as err:  # the reference itself failed: a shape rule let through an invalid op
             return "run", f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
     if tuple(out.shape) != expected or out.dtype != torch.float32:

@@ -36,18 +36,59 @@ from tasks.loader import TaskLoadError, discover
 from tasks.synth.checks import LoadError, load_source
 
 # Calls that move or view data without computing: the signature looks through them.
-PLUMBING = frozenset({
-    "view", "reshape", "flatten", "unflatten", "transpose", "permute", "contiguous", "squeeze", "unsqueeze",
-    "expand", "expandas", "t", "to", "float", "type", "typeas", "clone", "detach", "getitem", "narrow",
-    "split", "chunk", "identity", "dropout", "viewas", "flattenlayer", "movedim",
-})
+PLUMBING = frozenset(
+    {
+        "view",
+        "reshape",
+        "flatten",
+        "unflatten",
+        "transpose",
+        "permute",
+        "contiguous",
+        "squeeze",
+        "unsqueeze",
+        "expand",
+        "expandas",
+        "t",
+        "to",
+        "float",
+        "type",
+        "typeas",
+        "clone",
+        "detach",
+        "getitem",
+        "narrow",
+        "split",
+        "chunk",
+        "identity",
+        "dropout",
+        "viewas",
+        "flattenlayer",
+        "movedim",
+    }
+)
 # Calls that yield sizes, not tensors.
 SIZE_QUERIES = frozenset({"size", "dim", "numel", "getattr", "shape"})
 ALIASES = {
-    "iadd": "add", "radd": "add", "isub": "sub", "rsub": "sub", "imul": "mul", "rmul": "mul",
-    "truediv": "div", "itruediv": "div", "divide": "div", "multiply": "mul", "subtract": "sub",
-    "mm": "matmul", "bmm": "matmul", "max": "amax", "min": "amin", "clip": "clamp", "vectornorm": "norm",
-    "swish": "silu", "absolute": "abs",
+    "iadd": "add",
+    "radd": "add",
+    "isub": "sub",
+    "rsub": "sub",
+    "imul": "mul",
+    "rmul": "mul",
+    "truediv": "div",
+    "itruediv": "div",
+    "divide": "div",
+    "multiply": "mul",
+    "subtract": "sub",
+    "mm": "matmul",
+    "bmm": "matmul",
+    "max": "amax",
+    "min": "amin",
+    "clip": "clamp",
+    "vectornorm": "norm",
+    "swish": "silu",
+    "absolute": "abs",
 }
 COMMUTATIVE = frozenset({"add", "mul", "maximum", "minimum"})
 
@@ -122,19 +163,26 @@ def normalised_source_hash(source: str) -> str | None:
         return None
     body = []
     for stmt in tree.body:
-        if isinstance(stmt, ast.Assign) and any(isinstance(t, ast.Name) and t.id.startswith("KILN_")
-                                                for t in stmt.targets):
+        if isinstance(stmt, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id.startswith("KILN_") for t in stmt.targets
+        ):
             continue
-        if isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.Constant) \
-                and isinstance(stmt.value.value, (int, float)):
+        if (
+            isinstance(stmt, ast.Assign)
+            and isinstance(stmt.value, ast.Constant)
+            and isinstance(stmt.value.value, (int, float))
+        ):
             stmt = ast.Assign(targets=stmt.targets, value=ast.Constant(0))
         body.append(stmt)
     tree.body = body
     for node in ast.walk(tree):
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
             first = node.body[0]
-            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) \
-                    and isinstance(first.value.value, str):
+            if (
+                isinstance(first, ast.Expr)
+                and isinstance(first.value, ast.Constant)
+                and isinstance(first.value.value, str)
+            ):
                 node.body = node.body[1:] or [ast.Pass()]
     return _digest(ast.dump(tree, annotate_fields=False))
 

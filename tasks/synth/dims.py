@@ -101,8 +101,7 @@ def evaluate(dim: Dim, values: Mapping[int, int]) -> int:
         return (n + 2 * dim.padding - dim.dilation * (dim.kernel - 1) - 1) // dim.stride + 1
     if isinstance(dim, Upsampled):
         n = evaluate(dim.src, values)
-        return ((n - 1) * dim.stride - 2 * dim.padding + dim.dilation * (dim.kernel - 1)
-                + dim.output_padding + 1)
+        return (n - 1) * dim.stride - 2 * dim.padding + dim.dilation * (dim.kernel - 1) + dim.output_padding + 1
     if isinstance(dim, Sum):
         return sum(evaluate(p, values) for p in dim.parts)
     total = 1
@@ -167,6 +166,7 @@ def substitute(dim: Dim, mapping: Mapping[int, int]) -> Dim:
     if isinstance(dim, Window):
         return Window(substitute(dim.src, mapping), dim.kernel, dim.stride, dim.padding, dim.dilation)
     if isinstance(dim, Upsampled):
-        return Upsampled(substitute(dim.src, mapping), dim.kernel, dim.stride, dim.padding,
-                         dim.output_padding, dim.dilation)
+        return Upsampled(
+            substitute(dim.src, mapping), dim.kernel, dim.stride, dim.padding, dim.output_padding, dim.dilation
+        )
     return type(dim)(tuple(substitute(p, mapping) for p in dim.parts))

@@ -92,8 +92,11 @@ def init_sizes(graph: Graph) -> list[int]:
 def docstring(graph: Graph, names: Names, header: TaskHeader) -> list[str]:
     ops = ", ".join(n.op for n in graph.nodes)
     lv = header.level
-    lines = [f'"""Synthesized operator graph (kiln tasks synth, seed {header.seed}): {ops}.',
-             f"Level {lv.level}: {lv.reason}. Canonical graph hash {header.graph_hash}.", ""]
+    lines = [
+        f'"""Synthesized operator graph (kiln tasks synth, seed {header.seed}): {ops}.',
+        f"Level {lv.level}: {lv.reason}. Canonical graph hash {header.graph_hash}.",
+        "",
+    ]
     for vid in graph.inputs:
         lines.append(f"    {names.values[vid]}: {names.shape(vid)}, an input")
     for node in graph.nodes:
@@ -108,18 +111,23 @@ def docstring(graph: Graph, names: Names, header: TaskHeader) -> list[str]:
 
 def model_class(graph: Graph, names: Names) -> list[str]:
     args = [names.sizes[i] for i in init_sizes(graph)]
-    lines = ["class Model(nn.Module):", f"    def __init__(self{''.join(', ' + a for a in args)}):",
-             "        super().__init__()"]
+    lines = [
+        "class Model(nn.Module):",
+        f"    def __init__(self{''.join(', ' + a for a in args)}):",
+        "        super().__init__()",
+    ]
     affine: list[str] = []
     for node in graph.nodes:
         op, module = REGISTRY[node.op], names.modules[node.out]
         lines += [f"        {line}" for line in op.init(node, module, names.dim)]
         affine += op.affine(node, module)
     if affine:
-        lines += ["        # Normalisation parameters start away from their 1/0 defaults, so a kernel must apply them.",
-                  "        with torch.no_grad():",
-                  f"            for p in ({', '.join(affine)}{',' if len(affine) == 1 else ''}):",
-                  "                p.add_(0.1 * torch.randn_like(p))"]
+        lines += [
+            "        # Normalisation parameters start away from their 1/0 defaults, so a kernel must apply them.",
+            "        with torch.no_grad():",
+            f"            for p in ({', '.join(affine)}{',' if len(affine) == 1 else ''}):",
+            "                p.add_(0.1 * torch.randn_like(p))",
+        ]
     inputs = ", ".join(names.values[i] for i in graph.inputs)
     lines += ["", f"    def forward(self, {inputs}):"]
     for node in graph.nodes:

@@ -87,29 +87,40 @@ class SynthReport:
     def manifest(self) -> dict:
         cfg = self.config
         return {
-            "seed": cfg.seed, "count": cfg.count, "ops": list(cfg.ops), "max_ops": cfg.max_ops,
-            "exclude": [str(p) for p in cfg.exclude], "attempts": self.attempts,
+            "seed": cfg.seed,
+            "count": cfg.count,
+            "ops": list(cfg.ops),
+            "max_ops": cfg.max_ops,
+            "exclude": [str(p) for p in cfg.exclude],
+            "attempts": self.attempts,
             "levels": {str(k): v for k, v in sorted(self.levels().items())},
-            "rejected": dict(sorted(self.rejected.items())), "excluded": dict(sorted(self.excluded.items())),
+            "rejected": dict(sorted(self.rejected.items())),
+            "excluded": dict(sorted(self.excluded.items())),
             "tasks": [asdict(t) for t in self.tasks],
         }
 
     def summary(self) -> list[str]:
         cfg = self.config
-        lines = [f"wrote {len(self.tasks)} of {cfg.count} tasks to {cfg.out} (seed {cfg.seed}, "
-                 f"{self.attempts} graphs sampled)"]
+        lines = [
+            f"wrote {len(self.tasks)} of {cfg.count} tasks to {cfg.out} (seed {cfg.seed}, "
+            f"{self.attempts} graphs sampled)"
+        ]
         lines.append("levels: " + ", ".join(f"L{k} {v}" for k, v in sorted(self.levels().items())))
         ops, tasks = self.family_ops(), self.family_tasks()
         lines.append("families (ops / tasks): " + ", ".join(f"{f} {ops[f]}/{tasks[f]}" for f in FAMILIES if ops[f]))
         lines.append("rejected: " + (", ".join(f"{k} {v}" for k, v in sorted(self.rejected.items())) or "none"))
         if cfg.exclude:
             how = ", ".join(f"{v} by {k}" for k, v in sorted(self.excluded.items()))
-            lines.append(f"excluded: {sum(self.excluded.values())}{f' ({how})' if how else ''}, matching "
-                         f"against {self.exclude_files} files ({len(self.exclude_untraced)} not traceable: "
-                         "matched by normalised source only)")
+            lines.append(
+                f"excluded: {sum(self.excluded.values())}{f' ({how})' if how else ''}, matching "
+                f"against {self.exclude_files} files ({len(self.exclude_untraced)} not traceable: "
+                "matched by normalised source only)"
+            )
         on_cpu = sum(t.primary_check == PRIMARY_RUN for t in self.tasks)
-        lines.append(f"primary shapes run on CPU for {on_cpu} of {len(self.tasks)} tasks (the rest are over the "
-                     "CPU check budget: run on the meta device, shapes only)")
+        lines.append(
+            f"primary shapes run on CPU for {on_cpu} of {len(self.tasks)} tasks (the rest are over the "
+            "CPU check budget: run on the meta device, shapes only)"
+        )
         return lines
 
 
@@ -146,8 +157,9 @@ def synthesize(cfg: SynthConfig) -> SynthReport:
     return report
 
 
-def _attempt(cfg: SynthConfig, attempt: int, ops, index: ExcludeIndex | None, seen: set[str],
-             report: SynthReport) -> WrittenTask | None:
+def _attempt(
+    cfg: SynthConfig, attempt: int, ops, index: ExcludeIndex | None, seen: set[str], report: SynthReport
+) -> WrittenTask | None:
     rng = Random(f"kiln-tasks-synth:{cfg.seed}:{attempt}")
     graph = sample_graph(rng, ops, cfg.max_ops)
     if graph is None:

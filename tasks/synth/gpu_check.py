@@ -54,8 +54,15 @@ def time_task(path, limit_ms: float, limit_gb: float) -> GpuRow:
     finally:
         torch.cuda.empty_cache()
     ms, peak_mb = statistics.median(times), torch.cuda.max_memory_allocated() / 2**20
-    problems = [p for p, bad in (("non-finite output", not finite), (f"over {limit_ms:g} ms", ms > limit_ms),
-                                 (f"over {limit_gb:g} GB", peak_mb > limit_gb * 1024)) if bad]
+    problems = [
+        p
+        for p, bad in (
+            ("non-finite output", not finite),
+            (f"over {limit_ms:g} ms", ms > limit_ms),
+            (f"over {limit_gb:g} GB", peak_mb > limit_gb * 1024),
+        )
+        if bad
+    ]
     return GpuRow(task_id, ms, peak_mb, ", ".join(problems))
 
 
@@ -84,8 +91,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r.task_id:<{width}}  {ms}  {mb}  {r.problem}")
     timed = [r.ms for r in rows if r.ms is not None]
     bad = [r for r in rows if r.problem]
-    print(f"\n{len(rows) - len(bad)}/{len(rows)} ok on {torch.cuda.get_device_name()}; eager forward median "
-          f"{statistics.median(timed):.3f} ms, max {max(timed):.3f} ms" if timed else "\nno task ran")
+    print(
+        f"\n{len(rows) - len(bad)}/{len(rows)} ok on {torch.cuda.get_device_name()}; eager forward median "
+        f"{statistics.median(timed):.3f} ms, max {max(timed):.3f} ms"
+        if timed
+        else "\nno task ran"
+    )
     return 1 if bad else 0
 
 

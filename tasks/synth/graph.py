@@ -141,7 +141,13 @@ def prune(graph: Graph, output: int) -> Graph:
         return replace(value, id=value_map[value.id], shape=shape)
 
     values = [move(graph.values[old]) for old in sorted(value_map, key=value_map.get)]
-    new_nodes = [Node(n.op, tuple(value_map[i] for i in n.inputs), value_map[n.out],
-                      tuple((k, map_attr(a, lambda d: dims.substitute(d, var_map))) for k, a in n.attrs))
-                 for n in nodes]
+    new_nodes = [
+        Node(
+            n.op,
+            tuple(value_map[i] for i in n.inputs),
+            value_map[n.out],
+            tuple((k, map_attr(a, lambda d: dims.substitute(d, var_map))) for k, a in n.attrs),
+        )
+        for n in nodes
+    ]
     return Graph(sizes, values, [value_map[i] for i in inputs], new_nodes, value_map[output])

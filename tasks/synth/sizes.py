@@ -37,8 +37,9 @@ ROLES = {
     "batch": Role("batch_size", (8, 16, 32, 64, 128), (2, 3, 4), (1, 3, 5), 1),
     # the leading axis of a 2-D input: a batch of rows, large like KernelBench's level-1 batches
     "rows": Role("batch_size", (512, 1024, 2048, 4096), (8, 16, 32), (3, 5, 7, 9), 1),
-    "features": Role("dim", (256, 384, 512, 768, 1024, 2048, 4096), (32, 48, 64, 96, 128),
-                     (17, 23, 33, 37, 45, 57, 71), 4),
+    "features": Role(
+        "dim", (256, 384, 512, 768, 1024, 2048, 4096), (32, 48, 64, 96, 128), (17, 23, 33, 37, 45, 57, 71), 4
+    ),
     "seq": Role("seq_len", (64, 128, 256, 512, 1024), (8, 12, 16, 24, 32), (5, 7, 9, 13, 19), 2),
     "channels": Role("channels", (16, 32, 64, 96, 128, 256), (4, 6, 8, 12, 16), (3, 5, 7, 11), 2),
     "height": Role("height", (32, 48, 64, 96, 128, 224), (12, 16, 20, 24, 32), (9, 11, 13, 17, 19, 23), 4),
@@ -132,8 +133,9 @@ class Cost:
         return self.flops <= budget.flops and self.bytes <= budget.bytes
 
 
-def fit(table: SizeTable, env: str, cost: Callable[[dict[int, int]], Cost],
-        valid: Callable[[dict[int, int]], bool]) -> bool:
+def fit(
+    table: SizeTable, env: str, cost: Callable[[dict[int, int]], Cost], valid: Callable[[dict[int, int]], bool]
+) -> bool:
     """Halve the largest shrinkable value of `env` until the graph's cost fits the environment's
     budget while every shape stays valid (False when no shrink gets there); then, for `primary`,
     double the smallest values while the largest tensor is under PRIMARY_MIN_ELEMENTS and the budget
@@ -150,8 +152,10 @@ def _grow(table: SizeTable, env: str, cost: Callable[[dict[int, int]], Cost]) ->
     for _ in range(64):
         if cost(table.env(env)).largest >= PRIMARY_MIN_ELEMENTS:
             return
-        order = sorted((i for i, v in enumerate(table.vars) if v.divides is None and v.values[env] * 2 <= GROW_CAP),
-                       key=lambda i: (table.vars[i].values[env], i))
+        order = sorted(
+            (i for i, v in enumerate(table.vars) if v.divides is None and v.values[env] * 2 <= GROW_CAP),
+            key=lambda i: (table.vars[i].values[env], i),
+        )
         for i in order:
             var = table.vars[i]
             var.values[env] *= 2
@@ -164,14 +168,16 @@ def _grow(table: SizeTable, env: str, cost: Callable[[dict[int, int]], Cost]) ->
             return
 
 
-def _shrink(table: SizeTable, env: str, cost: Callable[[dict[int, int]], Cost],
-            valid: Callable[[dict[int, int]], bool]) -> bool:
+def _shrink(
+    table: SizeTable, env: str, cost: Callable[[dict[int, int]], Cost], valid: Callable[[dict[int, int]], bool]
+) -> bool:
     budget = BUDGETS[env]
     for _ in range(256):
         if cost(table.env(env)).within(budget):
             return True
-        order = sorted((i for i, v in enumerate(table.vars) if v.divides is None),
-                       key=lambda i: (-table.vars[i].values[env], i))
+        order = sorted(
+            (i for i, v in enumerate(table.vars) if v.divides is None), key=lambda i: (-table.vars[i].values[env], i)
+        )
         for i in order:
             var = table.vars[i]
             old = var.values[env]

@@ -24,15 +24,21 @@ TEXT = "actors.buffer.examples.TextMatchTasks"
 
 
 def make(run_dir, *, eta=1, G=2, B=1, steps=20, train_turns="first", retry=None, **replay):
-    cfg = ReplayConfig(task_source=TEXT, max_staleness=eta, val_fraction=0.0, retry=RetryConfig(**(retry or {})),
-                       **replay)
-    return ReplayActor(cfg, AlgoConfig(group_size=G, batch_groups=B, total_steps=steps, train_turns=train_turns,
-                                       seed=3), RunContext(run_dir=str(run_dir)))
+    cfg = ReplayConfig(
+        task_source=TEXT, max_staleness=eta, val_fraction=0.0, retry=RetryConfig(**(retry or {})), **replay
+    )
+    return ReplayActor(
+        cfg,
+        AlgoConfig(group_size=G, batch_groups=B, total_steps=steps, train_turns=train_turns, seed=3),
+        RunContext(run_dir=str(run_dir)),
+    )
 
 
 def episodes(reply, scores=(1.0, -1.0), version=0, **spec):
-    return [make_episode(reply.task, reply.group_id, i, [TurnSpec(passed=s > 0, score=s, version=version, **spec)])
-            for i, s in enumerate(scores)]
+    return [
+        make_episode(reply.task, reply.group_id, i, [TurnSpec(passed=s > 0, score=s, version=version, **spec)])
+        for i, s in enumerate(scores)
+    ]
 
 
 @pytest.fixture
@@ -72,8 +78,13 @@ def test_intake_over_sockets_stores_once_and_rejects_inconsistent_episodes(serve
     assert client.request(bad_lp).status == "rejected"
     assert client.request(ep1).status == "stored"  # the real sample 1 still fits its slot
     h = actor.health()
-    assert h.rejected_by_reason == {"unknown_group": 1, "sample_index": 1, "slot_taken": 1,
-                                       "task_mismatch": 1, "non_finite": 2}
+    assert h.rejected_by_reason == {
+        "unknown_group": 1,
+        "sample_index": 1,
+        "slot_taken": 1,
+        "task_mismatch": 1,
+        "non_finite": 2,
+    }
     assert (h.emitted, h.duplicates, h.groups.ready, h.invariant_ok) == (2, 1, 1, True)
     assert h.ack_latency_ms.n >= 2 and h.ack_latency_ms.p50 > 0
 
@@ -122,8 +133,10 @@ def test_staleness_looks_only_at_gradient_carrying_turns(tmp_path, train_turns, 
     a = make(tmp_path, eta=1, B=1, train_turns=train_turns)
     r = a.handle(TaskRequest(actor_id="r"))
     for i, first_version in enumerate((5, 5)):
-        turns = [TurnSpec(score=-1.0, version=first_version), TurnSpec(passed=i == 0, score=1.0 if i == 0 else -0.8,
-                                                                          version=2)]
+        turns = [
+            TurnSpec(score=-1.0, version=first_version),
+            TurnSpec(passed=i == 0, score=1.0 if i == 0 else -0.8, version=2),
+        ]
         a.handle(make_episode(r.task, r.group_id, i, turns))
     reply = a.handle(BatchRequest(learner_id="l", version=5))
     assert reply.status == ("wait" if stale else "batch")
@@ -228,14 +241,16 @@ def durable_view(a):
 
 @pytest.mark.parametrize("snapshot_every", [1000, 7])
 def test_recovery_after_an_abrupt_end_rebuilds_the_exact_state(tmp_path, snapshot_every):
-    a = make(tmp_path, eta=1, B=2, snapshot_every=snapshot_every, retry={"capacity": 4, "probability": 0.5,
-                                                                         "max_retries": 2})
+    a = make(
+        tmp_path, eta=1, B=2, snapshot_every=snapshot_every, retry={"capacity": 4, "probability": 0.5, "max_retries": 2}
+    )
     drive(a)
     expected, ids, logged = durable_view(a), a.episode_ids(), a._store.since_snapshot
     assert (a._store.stats.snapshots > 0) == (snapshot_every == 7)
     # no stop(): as after kill -9, only what was committed to disk is there
-    b = make(tmp_path, eta=1, B=2, snapshot_every=snapshot_every,
-             retry={"capacity": 4, "probability": 0.5, "max_retries": 2})
+    b = make(
+        tmp_path, eta=1, B=2, snapshot_every=snapshot_every, retry={"capacity": 4, "probability": 0.5, "max_retries": 2}
+    )
     assert b.recovered["snapshot"] == (snapshot_every == 7) and b.recovered["log_entries"] == logged
     assert logged > 0 or snapshot_every == 7
     assert durable_view(b) == expected and b.episode_ids() == ids
@@ -293,7 +308,9 @@ def test_disk_failure_stops_acknowledging(tmp_path, monkeypatch):
 def test_runs_as_a_ray_actor(ray_session, tmp_path):
     ray = ray_session
     cfg = ReplayConfig(task_source=TEXT, val_fraction=0.0)
-    handle = as_ray_actor(ReplayActor, num_cpus=0).remote(cfg, AlgoConfig(group_size=2), RunContext(run_dir=str(tmp_path)))
+    handle = as_ray_actor(ReplayActor, num_cpus=0).remote(
+        cfg, AlgoConfig(group_size=2), RunContext(run_dir=str(tmp_path))
+    )
     address = ray.get(handle.start.remote(), timeout=60)["replay"]
     with RequestClient(address, timeout_s=10.0, retries=0) as client:
         r = client.request(TaskRequest(actor_id="r"))

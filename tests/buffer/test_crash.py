@@ -37,10 +37,17 @@ from tests.helpers.synthetic import TurnSpec, make_episode
 REPO = Path(__file__).resolve().parents[2]
 STEPS, G, B = 10, 4, 2
 OVERRIDES = [
-    "replay.task_source=actors.buffer.examples.TextMatchTasks", "replay.val_fraction=0",
-    "replay.max_staleness=1", "replay.group_timeout_s=3", "replay.snapshot_every=25",
-    "replay.retry_after_s=0.05", "replay.retry.probability=0.3",
-    f"algo.group_size={G}", f"algo.batch_groups={B}", f"algo.total_steps={STEPS}", "logging.level=WARNING",
+    "replay.task_source=actors.buffer.examples.TextMatchTasks",
+    "replay.val_fraction=0",
+    "replay.max_staleness=1",
+    "replay.group_timeout_s=3",
+    "replay.snapshot_every=25",
+    "replay.retry_after_s=0.05",
+    "replay.retry.probability=0.3",
+    f"algo.group_size={G}",
+    f"algo.batch_groups={B}",
+    f"algo.total_steps={STEPS}",
+    "logging.level=WARNING",
 ]
 
 
@@ -53,7 +60,11 @@ class ReplayProcess:
     def start(self) -> dict:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "actors.buffer", "--run-dir", str(self.run_dir), *OVERRIDES],
-            cwd=REPO, stdout=subprocess.PIPE, stderr=open(self.log, "a"), text=True)
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=open(self.log, "a"),
+            text=True,
+        )
         ready, _, _ = select.select([self.proc.stdout], [], [], 60)
         assert ready, "replay process did not start within 60 s"
         info = json.loads(self.proc.stdout.readline())
@@ -125,7 +136,10 @@ class Producer(threading.Thread):
         version = max(0, self.learner.version - int(self.rng.integers(0, 3)))  # some samples too stale
         if self.rng.random() < 0.4:
             return [TurnSpec(passed=True, score=1.0 + float(self.rng.random()), version=version)]
-        return [TurnSpec(score=-1.0, version=version), TurnSpec(score=float(self.rng.uniform(-1, -0.5)), version=version)]
+        return [
+            TurnSpec(score=-1.0, version=version),
+            TurnSpec(score=float(self.rng.uniform(-1, -0.5)), version=version),
+        ]
 
 
 class Learner(threading.Thread):

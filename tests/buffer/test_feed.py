@@ -13,8 +13,16 @@ from actors.buffer.health import Admission
 from actors.buffer.examples import TextMatchTasks
 from actors.buffer.task_source import is_validation, load_task_set
 from configs import AlgoConfig, ConfigError, ReplayConfig, load_config
-from protocols import (BatchRequest, ErrorReply, Task, TaskList, TaskListRequest, TaskRequest, VersionsSeen,
-                       VersionsSeenRequest)
+from protocols import (
+    BatchRequest,
+    ErrorReply,
+    Task,
+    TaskList,
+    TaskListRequest,
+    TaskRequest,
+    VersionsSeen,
+    VersionsSeenRequest,
+)
 from tasks.loader import SHIPPED, discover
 from tests.helpers.synthetic import TurnSpec, make_episode
 
@@ -79,16 +87,19 @@ def test_example_plugin_loads_by_dotted_path():
     assert by_id[f"text/upper/{word}"]["answer"] == word.upper()
 
 
-@pytest.mark.parametrize("path, message", [
-    ("nodots", "not a dotted path"),
-    ("no_such_module_xyz.Source", "cannot import module"),
-    ("actors.buffer.examples.NoSuchClass", "has no attribute 'NoSuchClass'"),
-    ("actors.buffer.examples.KIND", "names a str, not a class"),
-    (here("RaisingSource"), "constructing it raised RuntimeError: no credentials"),
-    (here("DictSource"), "item 0 is a dict, not a protocols.Task"),
-    (here("EmptySource"), "non-empty list"),
-    (here("DuplicateSource"), "task id 'same' appears twice"),
-])
+@pytest.mark.parametrize(
+    "path, message",
+    [
+        ("nodots", "not a dotted path"),
+        ("no_such_module_xyz.Source", "cannot import module"),
+        ("actors.buffer.examples.NoSuchClass", "has no attribute 'NoSuchClass'"),
+        ("actors.buffer.examples.KIND", "names a str, not a class"),
+        (here("RaisingSource"), "constructing it raised RuntimeError: no credentials"),
+        (here("DictSource"), "item 0 is a dict, not a protocols.Task"),
+        (here("EmptySource"), "non-empty list"),
+        (here("DuplicateSource"), "task id 'same' appears twice"),
+    ],
+)
 def test_bad_task_sources_are_config_errors_at_startup(path, message, tmp_path):
     with pytest.raises(ConfigError, match=message):
         ReplayActor(ReplayConfig(task_source=path), AlgoConfig(), RunContext(run_dir=str(tmp_path)))
@@ -130,7 +141,9 @@ def test_split_is_deterministic_by_seed_and_task_id():
 
 def test_a_split_without_training_tasks_is_refused():
     with pytest.raises(ConfigError, match="no training task"):
-        load_task_set(ReplayConfig(tasks=str(SHIPPED / "level1" / "01_relu.py"), val_fraction=0.99, split_seed=3), "cpu")
+        load_task_set(
+            ReplayConfig(tasks=str(SHIPPED / "level1" / "01_relu.py"), val_fraction=0.99, split_seed=3), "cpu"
+        )
 
 
 # -------------------------------------------------------------------------- feed through the actor
@@ -142,7 +155,9 @@ def make_actor(tmp_path):
 
     def make(**kw):
         algo = AlgoConfig(**{"group_size": 2, "batch_groups": 2, "total_steps": 3, **kw.pop("algo", {})})
-        a = ReplayActor(ReplayConfig(task_source=TEXT, **kw), algo, RunContext(run_dir=str(tmp_path / f"run{len(made)}")))
+        a = ReplayActor(
+            ReplayConfig(task_source=TEXT, **kw), algo, RunContext(run_dir=str(tmp_path / f"run{len(made)}"))
+        )
         made.append(a)
         return a
 
@@ -247,8 +262,10 @@ class ThreeTasks:
         self.count = count
 
     def tasks(self):
-        return [Task(task_id=f"t{i}", kind="text_match", payload={"prompt": f"p{i}", "answer": "a"})
-                for i in range(self.count)]
+        return [
+            Task(task_id=f"t{i}", kind="text_match", payload={"prompt": f"p{i}", "answer": "a"})
+            for i in range(self.count)
+        ]
 
 
 def three_task_actor(tmp_path, name="run", **replay):
@@ -297,6 +314,7 @@ def test_an_unservable_task_leaves_the_feed_once_and_for_good(tmp_path, caplog):
 def test_a_task_whose_groups_keep_failing_as_infra_leaves_after_infra_retries(tmp_path):
     actor = three_task_actor(tmp_path, infra_retries=2)
     try:
+
         def infra_group():
             r = actor.handle(TaskRequest(actor_id="r"))
             for i in range(2):

@@ -5,8 +5,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from actors.buffer.formulas import (admission_limit, early_bonus, group_advantages, is_stale, may_admit,
-                                    prime_echo, rewards_tie, sample_lag)
+from actors.buffer.formulas import (
+    admission_limit,
+    early_bonus,
+    group_advantages,
+    is_stale,
+    may_admit,
+    prime_echo,
+    rewards_tie,
+    sample_lag,
+)
 from actors.buffer.groups import Group, best_failed_attempt, judge
 from actors.buffer.packing import episode_lag, gradient_versions, pack_batch
 from configs import AlgoConfig
@@ -20,20 +28,23 @@ TASK = Task(task_id="t", kind="text_match", payload={"prompt": "Repeat: abc\n", 
 # ----------------------------------------------------------------------------------- PrimeEcho
 
 
-@pytest.mark.parametrize("scores, passed, expected", [
-    # pass at turn 1: 0.75*1.3 + 0.25*1.3 + 0.2
-    ([1.3], [True], 1.5),
-    # fail then pass at turn 2: 0.75*(-1) + 0.25*1.0 + 0.1
-    ([-1.0, 1.0], [False, True], -0.4),
-    # pass only at turn 3: no early bonus; 0.75*(-1) + 0.25*1.2
-    ([-1.0, -0.75, 1.2], [False, False, True], -0.45),
-    # never passes: 0.75*(-1) + 0.25*(-0.75)
-    ([-1.0, -0.75], [False, False], -0.9375),
-    # single failed turn: 0.75*(-0.5) + 0.25*(-0.5)
-    ([-0.5], [False], -0.5),
-    # a pass at turn 1 earns turn 1's bonus even if turn 2 passes as well
-    ([1.0, 1.4], [True, True], 0.75 * 1.0 + 0.25 * 1.4 + 0.2),
-])
+@pytest.mark.parametrize(
+    "scores, passed, expected",
+    [
+        # pass at turn 1: 0.75*1.3 + 0.25*1.3 + 0.2
+        ([1.3], [True], 1.5),
+        # fail then pass at turn 2: 0.75*(-1) + 0.25*1.0 + 0.1
+        ([-1.0, 1.0], [False, True], -0.4),
+        # pass only at turn 3: no early bonus; 0.75*(-1) + 0.25*1.2
+        ([-1.0, -0.75, 1.2], [False, False, True], -0.45),
+        # never passes: 0.75*(-1) + 0.25*(-0.75)
+        ([-1.0, -0.75], [False, False], -0.9375),
+        # single failed turn: 0.75*(-0.5) + 0.25*(-0.5)
+        ([-0.5], [False], -0.5),
+        # a pass at turn 1 earns turn 1's bonus even if turn 2 passes as well
+        ([1.0, 1.4], [True, True], 0.75 * 1.0 + 0.25 * 1.4 + 0.2),
+    ],
+)
 def test_prime_echo_hand_computed(scores, passed, expected):
     assert prime_echo(scores, passed, **PE) == pytest.approx(expected)
 
@@ -67,7 +78,7 @@ def test_group_advantages_hand_computed():
     np.testing.assert_allclose(group_advantages([1.0, 0.0]), [1.0, -1.0], atol=1e-5)
     np.testing.assert_allclose(group_advantages([1.0, 0.0], std_norm=False), [0.5, -0.5])
     # mean 2, centred [1, -1, 0, 0], std sqrt(0.5)
-    np.testing.assert_allclose(group_advantages([3.0, 1.0, 2.0, 2.0]), [2 ** 0.5, -(2 ** 0.5), 0, 0], atol=1e-5)
+    np.testing.assert_allclose(group_advantages([3.0, 1.0, 2.0, 2.0]), [2**0.5, -(2**0.5), 0, 0], atol=1e-5)
     np.testing.assert_allclose(group_advantages([3.0, 1.0, 2.0, 2.0], std_norm=False), [1, -1, 0, 0])
     # PrimeEcho rewards of a realistic group: [1.5, -0.4, -0.9375, -1.0]
     r = np.array([1.5, -0.4, -0.9375, -1.0])
@@ -84,8 +95,9 @@ def test_judge_group_uses_prime_echo_and_flags_tie_and_infra():
     algo = AlgoConfig(group_size=2, alpha=0.75, early_bonus_turn1=0.2, early_bonus_turn2=0.1)
     g = Group(group_id="g", task=TASK, size=2, last_activity=0.0)
     g.episodes[0] = make_episode(TASK, "g", 0, [TurnSpec(passed=True, score=1.3)])
-    g.episodes[1] = make_episode(TASK, "g", 1, [TurnSpec(score=-1.0, text="a"),
-                                                TurnSpec(score=-0.75, text="b", feedback="off by one")])
+    g.episodes[1] = make_episode(
+        TASK, "g", 1, [TurnSpec(score=-1.0, text="a"), TurnSpec(score=-0.75, text="b", feedback="off by one")]
+    )
     v = judge(g, algo)
     assert v.rewards == pytest.approx([1.5, -0.9375])
     assert v.advantages == pytest.approx([1.0, -1.0], abs=1e-5)
@@ -103,8 +115,10 @@ def test_judge_group_uses_prime_echo_and_flags_tie_and_infra():
 
 
 def test_best_failed_attempt_skips_passed_turns():
-    eps = [make_episode(TASK, "g", 0, [TurnSpec(score=-0.9, text="x"), TurnSpec(passed=True, score=1.2, text="y")]),
-           make_episode(TASK, "g", 1, [TurnSpec(score=-0.6, text="z")])]
+    eps = [
+        make_episode(TASK, "g", 0, [TurnSpec(score=-0.9, text="x"), TurnSpec(passed=True, score=1.2, text="y")]),
+        make_episode(TASK, "g", 1, [TurnSpec(score=-0.6, text="z")]),
+    ]
     assert best_failed_attempt(eps).code == "z"
 
 
@@ -132,8 +146,9 @@ def test_sample_lag_and_staleness():
 
 
 def test_staleness_counts_only_gradient_carrying_tokens():
-    ep = make_episode(TASK, "g", 0, [TurnSpec(score=-1.0, versions=[5, 5, 6]),
-                                     TurnSpec(passed=True, score=1.0, versions=[2, 2])])
+    ep = make_episode(
+        TASK, "g", 0, [TurnSpec(score=-1.0, versions=[5, 5, 6]), TurnSpec(passed=True, score=1.0, versions=[2, 2])]
+    )
     assert list(gradient_versions(ep, "first")) == [5, 5, 6]
     assert episode_lag(ep, 6, "first") == 1
     assert episode_lag(ep, 6, "all") == 4  # the old repair turn now carries gradient
@@ -143,8 +158,13 @@ def test_staleness_counts_only_gradient_carrying_tokens():
 
 
 def _turn(prompt, response, logprobs, versions):
-    return Turn(prompt_ids=np.array(prompt), response_ids=np.array(response), logprobs=np.array(logprobs, np.float32),
-                versions=np.array(versions), finish_reason="stop")
+    return Turn(
+        prompt_ids=np.array(prompt),
+        response_ids=np.array(response),
+        logprobs=np.array(logprobs, np.float32),
+        versions=np.array(versions),
+        finish_reason="stop",
+    )
 
 
 def test_pack_batch_layout():

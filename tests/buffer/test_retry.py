@@ -48,7 +48,11 @@ def test_repair_task_carries_failed_code_feedback_and_attempt():
     rt = buf.take()
     assert rt.task_id == "t1" and rt.payload == task(1).payload
     assert (rt.repair.failed_code, rt.repair.feedback, rt.repair.attempt, rt.repair.origin_group) == (
-        "bad code", "feedback on bad code", 1, "g7")
+        "bad code",
+        "feedback on bad code",
+        1,
+        "g7",
+    )
     assert len(buf) == 0 and "t1" in buf.in_flight and buf.holds("t1")
     assert not buf.admit(task(1), attempt("x"), "g8")  # in flight counts as held
 
@@ -120,8 +124,12 @@ def test_fresh_tasks_visit_every_task_once_per_epoch_in_seeded_order():
 
 @pytest.fixture
 def actor(tmp_path):
-    replay = ReplayConfig(task_source=TEXT, val_fraction=0.0, max_staleness=4,
-                          retry=RetryConfig(capacity=8, probability=1.0, max_retries=2))
+    replay = ReplayConfig(
+        task_source=TEXT,
+        val_fraction=0.0,
+        max_staleness=4,
+        retry=RetryConfig(capacity=8, probability=1.0, max_retries=2),
+    )
     a = ReplayActor(replay, AlgoConfig(group_size=2, batch_groups=1, total_steps=50), RunContext(run_dir=str(tmp_path)))
     yield a
     a.stop()

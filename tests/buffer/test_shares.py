@@ -89,8 +89,9 @@ def test_a_released_process_gets_no_group_from_a_request_held_or_queued_at_its_d
         first = dead.request(TaskRequest(actor_id="rollout-0", incarnation="a"))
         assert first.status == "task"
         answered: list = []
-        held = threading.Thread(target=lambda: answered.append(
-            dead.request(TaskRequest(actor_id="rollout-0", incarnation="a"))))  # the window is full: held
+        held = threading.Thread(
+            target=lambda: answered.append(dead.request(TaskRequest(actor_id="rollout-0", incarnation="a")))
+        )  # the window is full: held
         held.start()
         time.sleep(0.2)
         assert replay.release_actor("rollout-0") == 1  # its process died: the group's task is re-issued

@@ -38,4 +38,7 @@ def test_larger_eta_buys_throughput_with_bounded_lag(results):
 def test_simulation_is_reproducible(results):
     again = simulate(SimConfig(eta=1, seed=0, steps=STEPS))
     assert (again.lag_histogram, again.filtered, again.end_time) == (
-        results[1].lag_histogram, results[1].filtered, results[1].end_time)
+        results[1].lag_histogram,
+        results[1].filtered,
+        results[1].end_time,
+    )

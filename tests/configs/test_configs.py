@@ -30,23 +30,29 @@ def test_overrides_apply_after_the_preset():
     assert load_config().algo.group_size != 8
 
 
-@pytest.mark.parametrize("override, message", [
-    ("algo.grup_size=8", "unknown config key 'algo.grup_size'; nearest valid keys: algo.group_size"),
-    ("algoo.group_size=8", "unknown config key 'algoo'; nearest valid keys: algo"),
-    ("verifier.reward.lamda=1", "nearest valid keys: verifier.reward.lam"),
-    ("algo.group_size=1", r"algo.group_size=1 is out of range: must be >= 2"),
-    ("algo.alpha=1.5", r"algo.alpha=1.5 is out of range: must be <= 1.0"),
-    ("replay.retry.probability=-0.1", "replay.retry.probability=-0.1 is out of range"),
-    ("verifier.backend=rocm", r"verifier.backend='rocm' is not one of \['cuda', 'cpu'\]"),
-    ("algo.group_size=many", "config key 'algo.group_size'"),
-    ("algo=3", "'algo' must be a mapping"),
-    ("group_size", "not of the form section.key=value"),
-    ("model.num_kv_heads=3", "must divide model.num_heads"),
-    ("learner.pipeline_parallel=0", r"learner.pipeline_parallel=0 is out of range: must be >= 1"),
-    ("learner.megatron.logprob_chunk_rows=0", r"learner.megatron.logprob_chunk_rows=0 is out of range: must be >= 1"),
-    ("model.path=null model.vocab_size=100", "the byte tokenizer needs at least 259"),
-    ("eval.k=8", "eval.k=8 exceeds eval.samples=4"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("algo.grup_size=8", "unknown config key 'algo.grup_size'; nearest valid keys: algo.group_size"),
+        ("algoo.group_size=8", "unknown config key 'algoo'; nearest valid keys: algo"),
+        ("verifier.reward.lamda=1", "nearest valid keys: verifier.reward.lam"),
+        ("algo.group_size=1", r"algo.group_size=1 is out of range: must be >= 2"),
+        ("algo.alpha=1.5", r"algo.alpha=1.5 is out of range: must be <= 1.0"),
+        ("replay.retry.probability=-0.1", "replay.retry.probability=-0.1 is out of range"),
+        ("verifier.backend=rocm", r"verifier.backend='rocm' is not one of \['cuda', 'cpu'\]"),
+        ("algo.group_size=many", "config key 'algo.group_size'"),
+        ("algo=3", "'algo' must be a mapping"),
+        ("group_size", "not of the form section.key=value"),
+        ("model.num_kv_heads=3", "must divide model.num_heads"),
+        ("learner.pipeline_parallel=0", r"learner.pipeline_parallel=0 is out of range: must be >= 1"),
+        (
+            "learner.megatron.logprob_chunk_rows=0",
+            r"learner.megatron.logprob_chunk_rows=0 is out of range: must be >= 1",
+        ),
+        ("model.path=null model.vocab_size=100", "the byte tokenizer needs at least 259"),
+        ("eval.k=8", "eval.k=8 exceeds eval.samples=4"),
+    ],
+)
 def test_mistakes_name_the_key(override, message):
     with pytest.raises(ConfigError, match=message):
         load_config(None, override.split())
@@ -61,7 +67,9 @@ def test_bad_preset_files(tmp_path):
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_config(bad)
     bad.write_text("learner:\n  lrr: 0.1\n")
-    with pytest.raises(ConfigError, match=r"bad.yaml: unknown config key 'learner.lrr'; nearest valid keys: learner.lr"):
+    with pytest.raises(
+        ConfigError, match=r"bad.yaml: unknown config key 'learner.lrr'; nearest valid keys: learner.lr"
+    ):
         load_config(bad)
     bad.write_text("- a\n- b\n")
     with pytest.raises(ConfigError, match="top level must be a mapping"):
@@ -80,8 +88,18 @@ def test_every_field_has_a_comment():
     undocumented = [k for k, f in _fields(KilnConfig) if len(f.metadata.get("help", "")) < 10]
     assert not undocumented, f"config fields without help text: {undocumented}"
     sections = {k for k in all_keys() if "." not in k}
-    assert sections == {"cluster", "model", "rollout", "verifier", "replay", "learner", "algo", "warm_start", "eval",
-                        "logging"}
+    assert sections == {
+        "cluster",
+        "model",
+        "rollout",
+        "verifier",
+        "replay",
+        "learner",
+        "algo",
+        "warm_start",
+        "eval",
+        "logging",
+    }
 
 
 def test_configuration_reference_is_current():
@@ -100,8 +118,9 @@ def test_cli_prints_resolved_config_and_rejects_bad_keys():
     assert len(bad.stderr.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize("override", ["learner.backend=megatron model.dtype=float16",
-                                      "learner.backend=megatron algo.kl_coef=0.1"])
+@pytest.mark.parametrize(
+    "override", ["learner.backend=megatron model.dtype=float16", "learner.backend=megatron algo.kl_coef=0.1"]
+)
 def test_what_the_megatron_backend_refuses_is_refused_at_load(override):
     with pytest.raises(ConfigError, match="the megatron backend"):
         load_config(None, override.split())
@@ -133,8 +152,9 @@ def test_an_old_flat_key_yaml_gets_one_line_and_a_non_zero_exit(tmp_path):
     for cmd in (["config", "--config", str(old)], ["train", "--dry-run", "--config", str(old)]):
         out = subprocess.run([sys.executable, "-m", "launch.cli", *cmd], capture_output=True, text=True, cwd=ROOT)
         assert out.returncode == 2 and out.stdout == ""
-        assert out.stderr == (f"kiln: config error: {old}: learner.weight_sync was renamed to "
-                              "learner.weight_sync.transport\n")
+        assert out.stderr == (
+            f"kiln: config error: {old}: learner.weight_sync was renamed to learner.weight_sync.transport\n"
+        )
 
 
 def test_every_renamed_key_points_at_a_key_that_exists():

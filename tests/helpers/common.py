@@ -31,5 +31,5 @@ def reference_logprobs(model, prompt, output, temperature: float = 1.0):
     prompt, output = [int(t) for t in prompt], [int(t) for t in output]
     ids = torch.tensor([prompt + output])
     with torch.no_grad():
-        logits = model(input_ids=ids).logits[0, len(prompt) - 1:-1].float()
+        logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
     return torch.log_softmax(logits / temperature, -1).gather(1, torch.tensor(output)[:, None])[:, 0].numpy()

@@ -83,10 +83,15 @@ class Simulation:
     def __init__(self, cfg: SimConfig, run_dir: Path) -> None:
         self.cfg = cfg
         self.rng = np.random.default_rng(cfg.seed)
-        replay = ReplayConfig(task_source=TEXT_TASKS, max_staleness=cfg.eta, retry_after_s=cfg.retry_after_s,
-                              retry=RetryConfig(capacity=16, probability=0.25, max_retries=2))
-        algo = AlgoConfig(group_size=cfg.group_size, batch_groups=cfg.batch_groups, total_steps=cfg.steps,
-                          seed=cfg.seed)
+        replay = ReplayConfig(
+            task_source=TEXT_TASKS,
+            max_staleness=cfg.eta,
+            retry_after_s=cfg.retry_after_s,
+            retry=RetryConfig(capacity=16, probability=0.25, max_retries=2),
+        )
+        algo = AlgoConfig(
+            group_size=cfg.group_size, batch_groups=cfg.batch_groups, total_steps=cfg.steps, seed=cfg.seed
+        )
         self.actor = ReplayActor(replay, algo, RunContext(run_dir=str(run_dir), name="replay"))
         self.now = 0.0
         self._events: list = []
@@ -111,11 +116,20 @@ class Simulation:
         health = self.actor.health()
         self.actor.stop()
         hist = dict(sorted(collections.Counter(self.lags).items()))
-        return SimResult(eta=self.cfg.eta, steps=self.version, end_time=self.now,
-                         trained_samples=len(self.lags), max_lag=max(self.lags, default=0),
-                         mean_lag=float(np.mean(self.lags)) if self.lags else 0.0, lag_histogram=hist,
-                         filtered=health.filtered, admission_waits=health.admission.waits,
-                         learner_wait_time=self.learner_wait, invariant_ok=health.invariant_ok, health=health)
+        return SimResult(
+            eta=self.cfg.eta,
+            steps=self.version,
+            end_time=self.now,
+            trained_samples=len(self.lags),
+            max_lag=max(self.lags, default=0),
+            mean_lag=float(np.mean(self.lags)) if self.lags else 0.0,
+            lag_histogram=hist,
+            filtered=health.filtered,
+            admission_waits=health.admission.waits,
+            learner_wait_time=self.learner_wait,
+            invariant_ok=health.invariant_ok,
+            health=health,
+        )
 
     # ------------------------------------------------------------------------------- engines
 
@@ -203,14 +217,18 @@ def simulate(cfg: SimConfig, run_dir: Path | None = None) -> SimResult:
 
 
 def table(results: list[SimResult]) -> str:
-    rows = ["| η | steps | trained samples | max lag | mean lag | lag histogram | filtered (groups) | "
-            "admission waits | samples / time | learner busy |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    rows = [
+        "| η | steps | trained samples | max lag | mean lag | lag histogram | filtered (groups) | "
+        "admission waits | samples / time | learner busy |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for r in results:
         hist = ", ".join(f"{k}: {v}" for k, v in r.lag_histogram.items())
         filt = ", ".join(f"{k} {v}" for k, v in sorted(r.health.groups.filtered.items())) or "-"
-        rows.append(f"| {r.eta} | {r.steps} | {r.trained_samples} | {r.max_lag} | {r.mean_lag:.2f} | {hist} | "
-                    f"{filt} | {r.admission_waits} | {r.samples_per_time:.2f} | {r.learner_busy:.0%} |")
+        rows.append(
+            f"| {r.eta} | {r.steps} | {r.trained_samples} | {r.max_lag} | {r.mean_lag:.2f} | {hist} | "
+            f"{filt} | {r.admission_waits} | {r.samples_per_time:.2f} | {r.learner_busy:.0%} |"
+        )
     return "\n".join(rows)
 
 

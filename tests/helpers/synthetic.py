@@ -17,14 +17,37 @@ from protocols import Episode, Task, Turn, VerifyResult
 
 def verdict(passed: bool, score: float, *, infra: bool = False, feedback: str = "") -> VerifyResult:
     if infra:
-        return VerifyResult(request_id=uuid.uuid4().hex, task_id="", passed=False, stage="run",
-                            error_class="infra", q=0.0, score=score, feedback=feedback or "verifier unavailable")
+        return VerifyResult(
+            request_id=uuid.uuid4().hex,
+            task_id="",
+            passed=False,
+            stage="run",
+            error_class="infra",
+            q=0.0,
+            score=score,
+            feedback=feedback or "verifier unavailable",
+        )
     if passed:
-        return VerifyResult(request_id=uuid.uuid4().hex, task_id="", passed=True, stage="done", error_class=None,
-                            q=1.0, score=score, feedback=feedback or "correct")
-    return VerifyResult(request_id=uuid.uuid4().hex, task_id="", passed=False, stage="correctness",
-                        error_class="correctness", q=float(np.clip(2 * score + 1, 0.0, 1.0)), score=score,
-                        feedback=feedback or f"wrong output (score {score:g})")
+        return VerifyResult(
+            request_id=uuid.uuid4().hex,
+            task_id="",
+            passed=True,
+            stage="done",
+            error_class=None,
+            q=1.0,
+            score=score,
+            feedback=feedback or "correct",
+        )
+    return VerifyResult(
+        request_id=uuid.uuid4().hex,
+        task_id="",
+        passed=False,
+        stage="correctness",
+        error_class="correctness",
+        q=float(np.clip(2 * score + 1, 0.0, 1.0)),
+        score=score,
+        feedback=feedback or f"wrong output (score {score:g})",
+    )
 
 
 @dataclass
@@ -45,8 +68,9 @@ class TurnSpec:
 
 def make_turn(spec: TurnSpec, rng: np.random.Generator | None = None) -> Turn:
     rng = rng or np.random.default_rng(0)
-    versions = np.asarray(spec.versions if spec.versions is not None else [spec.version] * spec.response_len,
-                          dtype=np.int64)
+    versions = np.asarray(
+        spec.versions if spec.versions is not None else [spec.version] * spec.response_len, dtype=np.int64
+    )
     n = len(versions)
     return Turn(
         prompt_ids=rng.integers(0, 256, spec.prompt_len, dtype=np.int64),
@@ -59,10 +83,24 @@ def make_turn(spec: TurnSpec, rng: np.random.Generator | None = None) -> Turn:
     )
 
 
-def make_episode(task: Task, group_id: str, sample_index: int, turns: list[TurnSpec], *,
-                 episode_id: str | None = None, rng: np.random.Generator | None = None) -> Episode:
+def make_episode(
+    task: Task,
+    group_id: str,
+    sample_index: int,
+    turns: list[TurnSpec],
+    *,
+    episode_id: str | None = None,
+    rng: np.random.Generator | None = None,
+) -> Episode:
     """One sample of a served group; `task` is the task exactly as served (repair context included)."""
     built = [make_turn(t, rng) for t in turns]
-    return Episode(episode_id=episode_id or uuid.uuid4().hex, task=task, group_id=group_id,
-                   sample_index=sample_index, turns=built, rewards=[t.score for t in turns],
-                   is_retry=task.repair is not None, actor_id="synthetic")
+    return Episode(
+        episode_id=episode_id or uuid.uuid4().hex,
+        task=task,
+        group_id=group_id,
+        sample_index=sample_index,
+        turns=built,
+        rewards=[t.score for t in turns],
+        is_retry=task.repair is not None,
+        actor_id="synthetic",
+    )

@@ -19,8 +19,7 @@ from actors.rollout.engine import GenerateRequest, SamplingParams
 from configs import EvalConfig, ModelConfig, RolloutConfig
 from protocols.registry import Registry
 
-TINY = ModelConfig(num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, intermediate_size=128,
-                   max_seq_len=256)
+TINY = ModelConfig(num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, intermediate_size=128, max_seq_len=256)
 NOWHERE = "tcp://127.0.0.1:9"  # a verifier nobody serves: these engines only generate on request
 PROMPT = [256, 72, 101, 108, 108, 111, 32]
 RESPONSE = [119, 111, 114, 108, 100, 33, 10, 65, 66]
@@ -28,8 +27,9 @@ T = 0.7
 
 
 def rollout_cfg(**kw) -> RolloutConfig:
-    return RolloutConfig(**{**dict(max_new_tokens=8, max_turns=1, max_batch=4, temperature=T, device="cpu",
-                                   task_wait_s=0.5), **kw})
+    return RolloutConfig(
+        **{**dict(max_new_tokens=8, max_turns=1, max_batch=4, temperature=T, device="cpu", task_wait_s=0.5), **kw}
+    )
 
 
 def register_learner(run_dir, endpoints) -> RunContext:
@@ -47,14 +47,20 @@ def rollout_actor(run_dir, endpoints, actor_id: str, **kw) -> RolloutActor:
 
 
 def forced(prompt=PROMPT, response=RESPONSE) -> list[GenerateRequest]:
-    return [GenerateRequest("score", list(prompt), SamplingParams(temperature=T, max_new_tokens=len(response)),
-                            forced_response=list(response))]
+    return [
+        GenerateRequest(
+            "score",
+            list(prompt),
+            SamplingParams(temperature=T, max_new_tokens=len(response)),
+            forced_response=list(response),
+        )
+    ]
 
 
 def learner_logprobs(model, prompt=PROMPT, response=RESPONSE) -> np.ndarray:
     ids = torch.tensor([list(prompt) + list(response)])
     with torch.no_grad():
-        logits = model(input_ids=ids).logits[0, len(prompt) - 1:-1].float()
+        logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
     return torch.log_softmax(logits / T, -1).gather(1, torch.tensor(response)[:, None])[:, 0].numpy()
 
 

@@ -41,8 +41,16 @@ class UnigramBackend(LearnerBackend):
     def pack(self, batch: TrainBatch) -> PackedBatch:
         return pack(batch, "cpu", vocab_size=VOCAB, max_seq_len=64)
 
-    def forward_backward(self, packed: PackedBatch, micro_batches: Sequence[MicroBatch], loss_fn: LossFn, *,
-                         temperature: float, forward_only: bool = False, reference: bool = False) -> list[Any]:
+    def forward_backward(
+        self,
+        packed: PackedBatch,
+        micro_batches: Sequence[MicroBatch],
+        loss_fn: LossFn,
+        *,
+        temperature: float,
+        forward_only: bool = False,
+        reference: bool = False,
+    ) -> list[Any]:
         assert not reference, "no KL term in these tests"
         self.calls.append((len(micro_batches), forward_only))
         reports = []
@@ -90,11 +98,16 @@ def unigram_batch(seqs: list[tuple[list[int], list[float], float]]) -> TrainBatc
     tokens = np.concatenate([np.asarray(t, np.int64) for t, _, _ in seqs])
     mask = np.concatenate([np.arange(len(t)) > 0 for t, _, _ in seqs])
     behaviour = np.concatenate([np.asarray([0.0, *b], np.float32) for _, b, _ in seqs])
-    return TrainBatch(version=0, episode_ids=[f"ep{i}" for i in range(len(seqs))], tokens=tokens,
-                      cu_seqlens=np.concatenate([[0], np.cumsum([len(t) for t, _, _ in seqs])]).astype(np.int64),
-                      loss_mask=mask, behaviour_logprobs=behaviour,
-                      advantages=np.asarray([a for _, _, a in seqs], np.float32),
-                      versions=np.where(mask, 0, -1).astype(np.int64))
+    return TrainBatch(
+        version=0,
+        episode_ids=[f"ep{i}" for i in range(len(seqs))],
+        tokens=tokens,
+        cu_seqlens=np.concatenate([[0], np.cumsum([len(t) for t, _, _ in seqs])]).astype(np.int64),
+        loss_mask=mask,
+        behaviour_logprobs=behaviour,
+        advantages=np.asarray([a for _, _, a in seqs], np.float32),
+        versions=np.where(mask, 0, -1).astype(np.int64),
+    )
 
 
 # ------------------------------------------------------------------- the two-update example
@@ -125,14 +138,18 @@ def unigram_batch(seqs: list[tuple[list[int], list[float], float]]) -> TrainBatc
 
 HAND_ALGO = AlgoConfig(ppo_minibatches=2, ppo_epochs=1, eps_low=0.2, eps_high=0.28, is_cap=1.5, mirrorpop_delta=0.5)
 THIRD, SIXTH = math.log(1 / 3), math.log(1 / 6)
-HAND_BATCH = unigram_batch([([2, 0, 0], [THIRD, SIXTH], 1.0), ([2, 0, 1], [THIRD, THIRD], 1.0),
-                            ([2, 1], [THIRD], -1.0)])
+HAND_BATCH = unigram_batch(
+    [([2, 0, 0], [THIRD, SIXTH], 1.0), ([2, 0, 1], [THIRD, THIRD], 1.0), ([2, 1], [THIRD], -1.0)]
+)
 
 
-@pytest.mark.parametrize("micro_batch_tokens, calls", [
-    (64, [(1, True), (1, False), (1, False), (1, True)]),  # one packed row per pass
-    (3, [(3, True), (1, False), (2, False), (3, True)]),  # every sequence a micro-batch of its own
-])
+@pytest.mark.parametrize(
+    "micro_batch_tokens, calls",
+    [
+        (64, [(1, True), (1, False), (1, False), (1, True)]),  # one packed row per pass
+        (3, [(3, True), (1, False), (2, False), (3, True)]),  # every sequence a micro-batch of its own
+    ],
+)
 def test_two_updates_by_hand(micro_batch_tokens, calls):
     backend = UnigramBackend(lr=1.0, micro_batch_tokens=micro_batch_tokens)
     result = rl_step(backend, HAND_BATCH, HAND_ALGO, temperature=1.0)
@@ -147,8 +164,9 @@ def test_two_updates_by_hand(micro_batch_tokens, calls):
     assert (m["clip_fraction"], m["clip_low_fraction"], m["clip_high_fraction"]) == pytest.approx((0.4, 0.2, 0.2))
     # the gradient of the last update, and the weights after both
     torch.testing.assert_close(backend.theta.grad, torch.tensor([0.115789, -0.148964, 0.033174]), atol=1e-6, rtol=0)
-    torch.testing.assert_close(backend.theta.detach(), torch.tensor([0.717544, -0.267703, -0.449841]),
-                               atol=1e-6, rtol=0)
+    torch.testing.assert_close(
+        backend.theta.detach(), torch.tensor([0.717544, -0.267703, -0.449841]), atol=1e-6, rtol=0
+    )
     assert m["approx_kl"] == pytest.approx(0.151480, abs=1e-6)
     # MirrorPop and importance weights, once per batch: w = 1, 1.5, 1, 1, 1; one of five truncated
     assert (m["kept_fraction"], m["is_truncated_fraction"], m["is_weight_mean"]) == pytest.approx((1.0, 0.2, 1.1))
@@ -168,8 +186,9 @@ def test_one_update_never_clips():
 
 def test_epochs_repeat_the_mini_batches_against_the_same_proximal_policy():
     backend = UnigramBackend(lr=1.0, micro_batch_tokens=64)
-    two_passes = AlgoConfig(ppo_minibatches=2, ppo_epochs=2, eps_low=0.2, eps_high=0.28, is_cap=1.5,
-                            mirrorpop_delta=0.5)
+    two_passes = AlgoConfig(
+        ppo_minibatches=2, ppo_epochs=2, eps_low=0.2, eps_high=0.28, is_cap=1.5, mirrorpop_delta=0.5
+    )
     result = rl_step(backend, HAND_BATCH, two_passes, temperature=1.0)
     assert result.metrics["updates"] == 4
     assert backend.calls == [(1, True)] + [(1, False)] * 4 + [(1, True)]
@@ -206,8 +225,9 @@ def test_mini_batches_are_consecutive_and_balanced_by_tokens():
 
 def test_micro_batches_of_chosen_sequences_break_at_gaps():
     cu = np.array([0, 3, 5, 9, 12])
-    spans = lambda seqs, max_tokens: [(m.start, m.stop, m.first_seq, m.end_seq)
-                                      for m in micro_batches(cu, max_tokens, seqs)]
+    spans = lambda seqs, max_tokens: [
+        (m.start, m.stop, m.first_seq, m.end_seq) for m in micro_batches(cu, max_tokens, seqs)
+    ]
     assert spans([0, 1, 2, 3], 100) == [(0, 12, 0, 4)]
     assert spans([0, 2, 3], 100) == [(0, 3, 0, 1), (5, 12, 2, 4)]  # sequence 1 is not in the row
     assert spans([1, 3], 100) == [(3, 5, 1, 2), (9, 12, 3, 4)]

@@ -32,8 +32,10 @@ def test_torch_and_megatron_take_the_same_rl_step():
     model = dataclasses.replace(SMALL, dtype="float32")
     learner = LearnerConfig(lr=1e-3, micro_batch_tokens=1024, grad_clip=1.0)
     algo = AlgoConfig(ppo_minibatches=2, kl_coef=0.05)
-    trainers = {name: make_trainer(model, dataclasses.replace(learner, backend=name), algo, temperature=T,
-                                   device="cuda") for name in ("torch", "megatron")}
+    trainers = {
+        name: make_trainer(model, dataclasses.replace(learner, backend=name), algo, temperature=T, device="cuda")
+        for name in ("torch", "megatron")
+    }
     batch = make_batch(model, [300, 517, 128, 700, 64], seed=1)
     before = {name: t.logprobs(batch, T) for name, t in trainers.items()}
     train = with_behaviour(batch, before["torch"].numpy(), drifted=2, seed=5)
@@ -44,9 +46,11 @@ def test_torch_and_megatron_take_the_same_rl_step():
     keys = ["kept_fraction", "updates", "clip_fraction", "is_weight_mean", "entropy", "kl", "approx_kl"]
     print(f"\n{'':22s} {'torch':>12s} {'megatron':>12s}")
     print(f"{'max|Δ logprob| before':22s} {float((before['torch'] - before['megatron']).abs().max()):>25.3g}")
-    for key, x, y in [("loss", a.loss, b.loss), ("grad_norm", a.grad_norm, b.grad_norm),
-                      ("trained_tokens", a.trained_tokens, b.trained_tokens)] + [(k, a.metrics[k], b.metrics[k])
-                                                                                   for k in keys]:
+    for key, x, y in [
+        ("loss", a.loss, b.loss),
+        ("grad_norm", a.grad_norm, b.grad_norm),
+        ("trained_tokens", a.trained_tokens, b.trained_tokens),
+    ] + [(k, a.metrics[k], b.metrics[k]) for k in keys]:
         print(f"{key:22s} {x:>12.6g} {y:>12.6g}")
     print(f"{'max|Δ logprob| after':22s} {float((after['torch'] - after['megatron']).abs().max()):>25.3g}")
 

@@ -38,8 +38,9 @@ SEQ = [0, 0, 1, 1, 1, 2, 3]
 
 
 def test_mirrorpop_uses_absolute_deviation_and_keeps_on_equality():
-    keep, deviation = mirrorpop_mask(t(PROX), t(BEHAVIOUR), t(MASK, torch.bool), t(SEQ, torch.int64),
-                                     num_seqs=4, delta=0.25)
+    keep, deviation = mirrorpop_mask(
+        t(PROX), t(BEHAVIOUR), t(MASK, torch.bool), t(SEQ, torch.int64), num_seqs=4, delta=0.25
+    )
     assert keep.tolist() == [False, True, False, True]
     assert deviation.tolist() == [0.5, 0.1875, 0.0, 0.25]
 
@@ -100,22 +101,28 @@ def policy_inputs():
 
 def test_policy_loss_matches_hand_computation():
     logprobs, prox, behaviour, adv, mask = policy_inputs()
-    loss, stats = policy_loss(logprobs, prox, behaviour, adv, mask, eps_low=EPS_LOW, eps_high=EPS_HIGH,
-                              is_cap=CAP, normalizer=NORMALIZER)
+    loss, stats = policy_loss(
+        logprobs, prox, behaviour, adv, mask, eps_low=EPS_LOW, eps_high=EPS_HIGH, is_cap=CAP, normalizer=NORMALIZER
+    )
     assert float(loss.detach()) == pytest.approx(EXPECTED_LOSS, abs=1e-6)
     loss.backward()
     # Clipped tokens (a, b) get no gradient; c: d/dlogπ of -w·r·A = -1·1.5·(-1) = 1.5; d: -1·0.5·1 = -0.5.
     assert logprobs.grad.tolist() == pytest.approx([0.0, 0.0, 1.5 / NORMALIZER, -0.5 / NORMALIZER, 0.0], abs=1e-7)
     assert stats == ClipStats(tokens=4, clipped_low=1, clipped_high=1)  # b below, a above
-    assert stats.metrics() == {"clip_fraction": 0.5, "clip_low_fraction": 0.25, "clip_high_fraction": 0.25,
-                               "clipped": 2.0}
+    assert stats.metrics() == {
+        "clip_fraction": 0.5,
+        "clip_low_fraction": 0.25,
+        "clip_high_fraction": 0.25,
+        "clipped": 2.0,
+    }
 
 
 def test_is_weight_carries_no_gradient_into_the_proximal_logprobs():
     logprobs, prox, behaviour, adv, mask = policy_inputs()
     prox.requires_grad_(True)
-    loss, _ = policy_loss(logprobs, prox, behaviour, adv, mask, eps_low=EPS_LOW, eps_high=EPS_HIGH,
-                          is_cap=CAP, normalizer=NORMALIZER)
+    loss, _ = policy_loss(
+        logprobs, prox, behaviour, adv, mask, eps_low=EPS_LOW, eps_high=EPS_HIGH, is_cap=CAP, normalizer=NORMALIZER
+    )
     loss.backward()
     assert prox.grad is None
 
@@ -131,8 +138,17 @@ def test_micro_batch_losses_and_stats_add_up_to_the_whole():
 
 def test_empty_stats_report_zeros():
     assert set(ClipStats().metrics().values()) == {0.0}
-    _, stats = policy_loss(t([0.0]), t([0.0]), t([0.0]), t([1.0]), t([0], torch.bool), eps_low=0.2,
-                           eps_high=0.2, is_cap=2.0, normalizer=1.0)
+    _, stats = policy_loss(
+        t([0.0]),
+        t([0.0]),
+        t([0.0]),
+        t([1.0]),
+        t([0], torch.bool),
+        eps_low=0.2,
+        eps_high=0.2,
+        is_cap=2.0,
+        normalizer=1.0,
+    )
     assert stats == ClipStats()
     mask, seq = t([0, 0], torch.bool), t([0, 0], torch.int64)
     keep, deviation = mirrorpop_mask(t([0.0, 0.0]), t([0.0, 0.0]), mask, seq, num_seqs=1, delta=0.1)
@@ -172,5 +188,5 @@ def test_token_entropy_in_chunks_equals_the_whole():
 def test_token_logprobs_from_logits_applies_temperature():
     logits = t([[0.0, 0.7, 1.4]])
     # softmax of [0, 1, 2] (logits / 0.7): log p(token 2) = 2 - log(1 + e + e²)
-    expected = 2.0 - math.log(1 + math.e + math.e ** 2)
+    expected = 2.0 - math.log(1 + math.e + math.e**2)
     assert float(token_logprobs_from_logits(logits, t([2], torch.int64), 0.7)[0]) == pytest.approx(expected, abs=1e-6)

@@ -25,7 +25,9 @@ def backend():
     from launch.bench.gpu_megatron import SMALL, T
     from configs import AlgoConfig, LearnerConfig
 
-    megatron = MegatronBackend(SMALL, LearnerConfig(backend="megatron", lr=1e-3, micro_batch_tokens=1024), device="cuda")
+    megatron = MegatronBackend(
+        SMALL, LearnerConfig(backend="megatron", lr=1e-3, micro_batch_tokens=1024), device="cuda"
+    )
     return Trainer(megatron, AlgoConfig(), temperature=T)
 
 

@@ -37,8 +37,9 @@ def test_chunked_logprobs_equal_the_full_vocabulary_ones(dtype, chunk_rows, over
     (expected * weights).sum().backward()
 
     leaf = logits.clone().requires_grad_(True)
-    got = token_logprobs(leaf * 1, targets, T, VocabSlice(start=0, valid=300), chunk_rows=chunk_rows,
-                         overwrite=overwrite)  # `* 1`: a non-leaf, as the output layer's logits are
+    got = token_logprobs(
+        leaf * 1, targets, T, VocabSlice(start=0, valid=300), chunk_rows=chunk_rows, overwrite=overwrite
+    )  # `* 1`: a non-leaf, as the output layer's logits are
     (got * weights).sum().backward()
     assert got.dtype == torch.float32
     assert float((got - expected).abs().max()) <= 1e-5

@@ -14,17 +14,24 @@ from actors.learner.megatron import hf_mapping as hm
 
 
 def tiny_config(arch: str, *, tied: bool, heads: int = 4, kv_heads: int = 2, vocab: int = 259, layers: int = 2):
-    return AutoConfig.for_model(arch, vocab_size=vocab, hidden_size=32, num_hidden_layers=layers,
-                                num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=8,
-                                intermediate_size=48, tie_word_embeddings=tied)
+    return AutoConfig.for_model(
+        arch,
+        vocab_size=vocab,
+        hidden_size=32,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=8,
+        intermediate_size=48,
+        tie_word_embeddings=tied,
+    )
 
 
 def random_hf_state(config) -> dict[str, torch.Tensor]:
     """A real transformers model's parameter names and shapes, filled with random values."""
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config)
-    return {name: torch.randn_like(p) for name, p in model.state_dict().items()
-            if not name.endswith("inv_freq")}
+    return {name: torch.randn_like(p) for name, p in model.state_dict().items() if not name.endswith("inv_freq")}
 
 
 CASES = [("qwen3", True), ("qwen3", False), ("llama", False), ("qwen2", True)]
@@ -82,7 +89,7 @@ def test_vocab_shards_hold_padding_on_the_last_rank_only():
     emb = hm.to_megatron("embedding.word_embeddings.weight", random_hf_state(config), shape)
     shards = hm.shard("embedding.word_embeddings.weight", emb, 4)
     assert shape.padded_vocab_size == 256 * 2 and all(s.shape[0] == 128 for s in shards)
-    assert torch.count_nonzero(torch.cat(shards)[config.vocab_size:]) == 0
+    assert torch.count_nonzero(torch.cat(shards)[config.vocab_size :]) == 0
 
 
 def megatron_split_qkv(outputs: list[torch.Tensor], shape: hm.ModelShape, tp: int, rank: int):
@@ -95,7 +102,7 @@ def megatron_split_qkv(outputs: list[torch.Tensor], shape: hm.ModelShape, tp: in
         mixed_full = torch.cat(outputs, dim=-1)
         size = mixed_full.shape[-1] // ng
         idx = rank // (tp // ng)
-        mixed = mixed_full[:, idx * size:(idx + 1) * size]
+        mixed = mixed_full[:, idx * size : (idx + 1) * size]
     else:
         groups_per_rank, heads_per_rank = ng // tp, nh // tp
     per_group = heads_per_rank // groups_per_rank
@@ -103,8 +110,8 @@ def megatron_split_qkv(outputs: list[torch.Tensor], shape: hm.ModelShape, tp: in
     q, k, v = torch.split(mixed, [per_group * hn, hn, hn], dim=-1)
     q = q.reshape(q.shape[0], -1, hn)
     if ng < tp:
-        size = (nh // tp)
-        q = q[:, (rank % (tp // ng)) * size:(rank % (tp // ng) + 1) * size]
+        size = nh // tp
+        q = q[:, (rank % (tp // ng)) * size : (rank % (tp // ng) + 1) * size]
     return q, k, v
 
 
@@ -118,8 +125,10 @@ def test_fused_qkv_layout_gives_each_rank_its_heads(heads, kv_heads, tp):
     hn = shape.head_dim
     x = torch.randn(5, config.hidden_size, dtype=torch.float64)
     p = "model.layers.0.self_attn."
-    ref = {c: (x @ hf[p + f"{c}_proj.weight"].double().T + hf[p + f"{c}_proj.bias"].double()).reshape(5, -1, hn)
-           for c in "qkv"}
+    ref = {
+        c: (x @ hf[p + f"{c}_proj.weight"].double().T + hf[p + f"{c}_proj.bias"].double()).reshape(5, -1, hn)
+        for c in "qkv"
+    }
     name = "decoder.layers.0.self_attention.linear_qkv."
     w_shards = hm.shard(name + "weight", hm.to_megatron(name + "weight", hf, shape), tp)
     b_shards = hm.shard(name + "bias", hm.to_megatron(name + "bias", hf, shape), tp)
@@ -157,8 +166,10 @@ def test_pipeline_stages_hold_every_parameter_once(arch, tied, pp):
     for name, t in mg.items():
         assert hm.full_shape(name, shape) == tuple(t.shape), name
     if tied:  # the copy is built from the embedding
-        assert torch.equal(hm.to_megatron("output_layer.weight", random_hf_state(config), shape),
-                           mg["embedding.word_embeddings.weight"])
+        assert torch.equal(
+            hm.to_megatron("output_layer.weight", random_hf_state(config), shape),
+            mg["embedding.word_embeddings.weight"],
+        )
     with pytest.raises(ValueError, match="does not divide"):
         hm.stage(shape, 3, 0)
 
@@ -183,9 +194,22 @@ def test_bad_inputs_fail_clearly():
     with pytest.raises(KeyError):
         hm.hf_to_megatron({n: t for n, t in hf.items() if "k_norm" not in n}, shape)
     with pytest.raises(ValueError, match="does not divide"):
-        hm.check_tp(hm.ModelShape(num_layers=1, hidden_size=48, num_heads=6, num_kv_heads=3, head_dim=8,
-                                  intermediate_size=64, vocab_size=256, tied_embeddings=True, qk_norm=False,
-                                  qkv_bias=False, padded_vocab_size=256), 4)
+        hm.check_tp(
+            hm.ModelShape(
+                num_layers=1,
+                hidden_size=48,
+                num_heads=6,
+                num_kv_heads=3,
+                head_dim=8,
+                intermediate_size=64,
+                vocab_size=256,
+                tied_embeddings=True,
+                qk_norm=False,
+                qkv_bias=False,
+                padded_vocab_size=256,
+            ),
+            4,
+        )
     with pytest.raises(ValueError, match="not supported"):
         hm.ModelShape.from_hf_config(AutoConfig.for_model("gpt2"))
     with pytest.raises(ValueError, match="differ"):
@@ -202,8 +226,14 @@ def test_sdpa_attention_keeps_packed_sequences_apart():
 
     from actors.learner.megatron.attention import PackedSequences, RotaryTables, SDPAAttention
 
-    config = TransformerConfig(num_layers=1, hidden_size=32, num_attention_heads=4, num_query_groups=2,
-                               attention_dropout=0.0, hidden_dropout=0.0)
+    config = TransformerConfig(
+        num_layers=1,
+        hidden_size=32,
+        num_attention_heads=4,
+        num_query_groups=2,
+        attention_dropout=0.0,
+        hidden_dropout=0.0,
+    )
     attn = SDPAAttention(config, layer_number=1, attn_mask_type=None, attention_type="self")
     torch.manual_seed(0)
     bounds = [0, 5, 5, 12, 13]  # an empty sequence and a one-token sequence ride along
@@ -222,7 +252,7 @@ def test_sdpa_attention_keeps_packed_sequences_apart():
     def reference(qs, ks, vs):  # naive softmax attention, [t, h, d]
         qs, ks = rotate(qs), rotate(ks)
         ks, vs = ks.repeat_interleave(2, dim=1), vs.repeat_interleave(2, dim=1)
-        scores = torch.einsum("qhd,khd->hqk", qs, ks) / 8 ** 0.5
+        scores = torch.einsum("qhd,khd->hqk", qs, ks) / 8**0.5
         causal = torch.ones(len(qs), len(qs), dtype=torch.bool).tril()
         probs = scores.masked_fill(~causal, float("-inf")).softmax(-1)
         return torch.einsum("hqk,khd->qhd", probs, vs).reshape(len(qs), -1)
@@ -254,8 +284,9 @@ def test_backend_refuses_what_it_cannot_train():
     from configs import ConfigError, LearnerConfig, ModelConfig
 
     with pytest.raises(ConfigError, match="float16"):
-        MegatronBackend(ModelConfig(dtype="float16"), LearnerConfig(backend="megatron", pipeline_parallel=2),
-                        reference=True)
+        MegatronBackend(
+            ModelConfig(dtype="float16"), LearnerConfig(backend="megatron", pipeline_parallel=2), reference=True
+        )
 
 
 # ------------------------------------------------------------------ the real GPTModel on CPU, TP and PP over gloo
@@ -280,9 +311,12 @@ def _cpu_stand_ins():
             kwargs["device"] = "cpu"
         return real_zeros(*args, **kwargs)
 
-    with mock.patch("torch.zeros", zeros), mock.patch("torch.cuda.current_device", lambda: "cpu"), \
-            mock.patch("torch.cuda.synchronize", lambda *a, **k: None), \
-            mock.patch.object(torch.Tensor, "cuda", lambda self, *a, **k: self):
+    with (
+        mock.patch("torch.zeros", zeros),
+        mock.patch("torch.cuda.current_device", lambda: "cpu"),
+        mock.patch("torch.cuda.synchronize", lambda *a, **k: None),
+        mock.patch.object(torch.Tensor, "cuda", lambda self, *a, **k: self),
+    ):
         yield
 
 
@@ -300,16 +334,34 @@ def _parity_worker(rank: int, world: int, tp: int, pp: int, port: int, arch: str
     from actors.learner.batch import micro_batches, pack
     from actors.learner.losses import token_entropy
     from actors.learner.megatron.backend import MegatronBackend
-    from actors.learner.megatron.model import Kernels, build_gpt, hf_tensors, load_hf_weights, local_parameters, rotary_tables
+    from actors.learner.megatron.model import (
+        Kernels,
+        build_gpt,
+        hf_tensors,
+        load_hf_weights,
+        local_parameters,
+        rotary_tables,
+    )
     from actors.learner.megatron.parallel import Layout
     from actors.policy.model import build_model
     from configs import ModelConfig
     from protocols import TrainBatch
 
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
-    tp_rank, pp_rank = parallel_state.get_tensor_model_parallel_rank(), parallel_state.get_pipeline_model_parallel_rank()
-    cfg = ModelConfig(arch=arch, vocab_size=300, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
-                      intermediate_size=96, seed=parallel_state.get_data_parallel_rank())  # one model per DP replica
+    tp_rank, pp_rank = (
+        parallel_state.get_tensor_model_parallel_rank(),
+        parallel_state.get_pipeline_model_parallel_rank(),
+    )
+    cfg = ModelConfig(
+        arch=arch,
+        vocab_size=300,
+        hidden_size=64,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        intermediate_size=96,
+        seed=parallel_state.get_data_parallel_rank(),
+    )  # one model per DP replica
     hf = build_model(cfg, "cpu")
     if not tied:
         hf.config.tie_word_embeddings = False
@@ -317,15 +369,23 @@ def _parity_worker(rank: int, world: int, tp: int, pp: int, port: int, arch: str
     shape = hm.ModelShape.from_hf_config(hf.config, tp)
     stage = hm.stage(shape, pp, pp_rank)
     with _cpu_stand_ins():
-        gpt = build_gpt(hf.config, shape, tensor_parallel=tp, dtype="float32", max_seq_len=128, stage=stage,
-                        on_cpu=True)
+        gpt = build_gpt(
+            hf.config, shape, tensor_parallel=tp, dtype="float32", max_seq_len=128, stage=stage, on_cpu=True
+        )
     load_hf_weights(gpt, hf.state_dict(), shape)
     torch.manual_seed(1)
     tokens = torch.randint(0, 300, (40,))
     # sequences of 25, 0 and 15 tokens; two micro-batches: [seq 0 + the empty seq 1], [seq 2]
-    batch = TrainBatch(version=0, episode_ids=["a", "b", "c"], tokens=tokens.numpy(),
-                       cu_seqlens=np.array([0, 25, 25, 40]), loss_mask=np.ones(40, bool), behaviour_logprobs=np.zeros(40, np.float32),
-                       advantages=np.zeros(3, np.float32), versions=np.zeros(40, np.int64))
+    batch = TrainBatch(
+        version=0,
+        episode_ids=["a", "b", "c"],
+        tokens=tokens.numpy(),
+        cu_seqlens=np.array([0, 25, 25, 40]),
+        loss_mask=np.ones(40, bool),
+        behaviour_logprobs=np.zeros(40, np.float32),
+        advantages=np.zeros(3, np.float32),
+        versions=np.zeros(40, np.int64),
+    )
     packed = pack(batch, "cpu", vocab_size=300, max_seq_len=128)
     micros = micro_batches(packed.cu_seqlens, 30)
     assert len(micros) == 2
@@ -375,11 +435,24 @@ def _parity_worker(rank: int, world: int, tp: int, pp: int, port: int, arch: str
         exported = dict(hf_tensors(gpt, shape))
     state = hf.state_dict()
     exact = all(torch.equal(t, state[n]) for n, t in exported.items()) and len(exported) == len(state) - tied
-    tp_tags = all(bool(getattr(p, "tensor_model_parallel", False)) == (hm.parallel_kind(n) != "replicated")
-                  for n, p in local_parameters(gpt, shape).items())  # megatron's grad norm counts untagged weights once
-    print(json.dumps({"rank": rank, "max_diff": float((ours - ref).abs().max()), "round_trip_exact": exact,
-                      "entropy_diff": float((entropy - ref_entropy).abs().max()), "grad_rel_err": grad_err,
-                      "tp_tags": tp_tags, "chunked_vs_plain": chunked_vs_plain, "stage": pp_rank}))
+    tp_tags = all(
+        bool(getattr(p, "tensor_model_parallel", False)) == (hm.parallel_kind(n) != "replicated")
+        for n, p in local_parameters(gpt, shape).items()
+    )  # megatron's grad norm counts untagged weights once
+    print(
+        json.dumps(
+            {
+                "rank": rank,
+                "max_diff": float((ours - ref).abs().max()),
+                "round_trip_exact": exact,
+                "entropy_diff": float((entropy - ref_entropy).abs().max()),
+                "grad_rel_err": grad_err,
+                "tp_tags": tp_tags,
+                "chunked_vs_plain": chunked_vs_plain,
+                "stage": pp_rank,
+            }
+        )
+    )
     dist.destroy_process_group()
     os._exit(0)
 
@@ -396,19 +469,36 @@ def _run_workers(world: int, tp: int, pp: int, arch: str, tied: bool) -> list[di
         port = s.getsockname()[1]
     root = Path(__file__).resolve().parents[2]
     args = [str(world), str(tp), str(pp), str(port), arch, str(int(tied))]
-    procs = [subprocess.Popen([sys.executable, __file__, str(r), *args], cwd=root, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True,
-                              env={**__import__("os").environ, "PYTHONPATH": str(root)})
-             for r in range(world)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, __file__, str(r), *args],
+            cwd=root,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**__import__("os").environ, "PYTHONPATH": str(root)},
+        )
+        for r in range(world)
+    ]
     outs = [p.communicate(timeout=240) for p in procs]
     for p, (_, err) in zip(procs, outs):
         assert p.returncode == 0, err[-3000:]
     return [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
 
 
-@pytest.mark.parametrize("arch,tied,tp,pp", [("qwen3", True, 1, 1), ("qwen3", True, 2, 1), ("qwen2", True, 2, 1),
-                                             ("llama", False, 2, 1), ("qwen3", True, 1, 2), ("llama", False, 1, 2),
-                                             ("qwen2", True, 2, 2), ("qwen3", True, 4, 1)])
+@pytest.mark.parametrize(
+    "arch,tied,tp,pp",
+    [
+        ("qwen3", True, 1, 1),
+        ("qwen3", True, 2, 1),
+        ("qwen2", True, 2, 1),
+        ("llama", False, 2, 1),
+        ("qwen3", True, 1, 2),
+        ("llama", False, 1, 2),
+        ("qwen2", True, 2, 2),
+        ("qwen3", True, 4, 1),
+    ],
+)
 def test_megatron_gpt_matches_hf_under_tp_and_pp(arch, tied, tp, pp):
     """The real megatron-core GPTModel (local spec + SDPAAttention, packed sequences, vocab-parallel
     logprobs and entropies with padded vocabulary), split over TP ranks and PP stages and built from HF
@@ -431,5 +521,12 @@ def test_megatron_gpt_matches_hf_under_tp_and_pp(arch, tied, tp, pp):
 if __name__ == "__main__":
     import sys
 
-    _parity_worker(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]),
-                   sys.argv[6], bool(int(sys.argv[7])))
+    _parity_worker(
+        int(sys.argv[1]),
+        int(sys.argv[2]),
+        int(sys.argv[3]),
+        int(sys.argv[4]),
+        int(sys.argv[5]),
+        sys.argv[6],
+        bool(int(sys.argv[7])),
+    )

@@ -26,8 +26,9 @@ BAD = [120, 120, 120, 120, 120, 120, 10]
 
 
 def score(ray, actor, response):
-    req = GenerateRequest("s", list(PROMPT), SamplingParams(temperature=T, max_new_tokens=len(response)),
-                          forced_response=list(response))
+    req = GenerateRequest(
+        "s", list(PROMPT), SamplingParams(temperature=T, max_new_tokens=len(response)), forced_response=list(response)
+    )
     (gen,) = ray.get(actor.generate.remote([req]))
     return gen
 
@@ -41,10 +42,16 @@ def batch_from(gens, advantages) -> TrainBatch:
         mu += [0.0] * len(PROMPT) + gen.logprobs.tolist()
         versions += [-1] * len(PROMPT) + gen.versions.tolist()
         lengths.append(len(PROMPT) + len(resp))
-    return TrainBatch(version=0, episode_ids=[f"e{i}" for i in range(len(gens))],
-                      tokens=np.asarray(tokens, np.int64), cu_seqlens=np.cumsum([0] + lengths).astype(np.int64),
-                      loss_mask=np.asarray(mask), behaviour_logprobs=np.asarray(mu, np.float32),
-                      advantages=np.asarray(advantages, np.float32), versions=np.asarray(versions, np.int64))
+    return TrainBatch(
+        version=0,
+        episode_ids=[f"e{i}" for i in range(len(gens))],
+        tokens=np.asarray(tokens, np.int64),
+        cu_seqlens=np.cumsum([0] + lengths).astype(np.int64),
+        loss_mask=np.asarray(mask),
+        behaviour_logprobs=np.asarray(mu, np.float32),
+        advantages=np.asarray(advantages, np.float32),
+        versions=np.asarray(versions, np.int64),
+    )
 
 
 def response_logprobs(backend: Trainer, batch: TrainBatch) -> np.ndarray:
@@ -53,16 +60,22 @@ def response_logprobs(backend: Trainer, batch: TrainBatch) -> np.ndarray:
 
 def test_torch_backend_steps_pushed_over_gloo_match_the_engine(tmp_path, ray_session):
     ray = ray_session
-    backend = Trainer(TorchBackend(TINY, LearnerConfig(lr=3e-3, micro_batch_tokens=64), device="cpu"),
-                      AlgoConfig(mirrorpop_delta=1.0), temperature=T)
+    backend = Trainer(
+        TorchBackend(TINY, LearnerConfig(lr=3e-3, micro_batch_tokens=64), device="cpu"),
+        AlgoConfig(mirrorpop_delta=1.0),
+        temperature=T,
+    )
     server = WeightServer(tmp_path, transport="gloo", bucket_mb=0.05, timeout_s=30, join_timeout_s=20)
     endpoints = server.start()
     rollout = RolloutConfig(max_new_tokens=8, max_turns=1, max_batch=4, temperature=T, device="cpu")
-    registry = Registry(tmp_path)  # the engine finds the learner's weights here (and no replay: it generates on request)
+    registry = Registry(
+        tmp_path
+    )  # the engine finds the learner's weights here (and no replay: it generates on request)
     registry.register("learner", "learner", endpoints)
     registry.register("verifier-0", "verifier", {"verifier": "tcp://127.0.0.1:9"})
-    engine = as_ray_actor(RolloutActor, num_cpus=0).remote(rollout, TINY, EvalConfig(),
-                                                            RunContext(run_dir=str(tmp_path), name="engine"))
+    engine = as_ray_actor(RolloutActor, num_cpus=0).remote(
+        rollout, TINY, EvalConfig(), RunContext(run_dir=str(tmp_path), name="engine")
+    )
     try:
         ray.get(engine.start.remote(), timeout=120)
         gens = [score(ray, engine, GOOD), score(ray, engine, BAD)]

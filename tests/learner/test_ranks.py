@@ -37,12 +37,16 @@ def batch(seed: int = 0) -> TrainBatch:
     lengths, prompts = [9, 14, 7, 11, 16, 5], [3, 5, 2, 4, 6, 1]
     n = sum(lengths)
     mask = np.concatenate([np.arange(length) >= p for length, p in zip(lengths, prompts)])
-    return TrainBatch(version=0, episode_ids=[f"ep{i}" for i in range(len(lengths))],
-                      tokens=rng.integers(0, TINY.vocab_size, n).astype(np.int64),
-                      cu_seqlens=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
-                      loss_mask=mask, behaviour_logprobs=np.zeros(n, np.float32),
-                      advantages=rng.normal(size=len(lengths)).astype(np.float32),
-                      versions=np.where(mask, 0, -1).astype(np.int64))
+    return TrainBatch(
+        version=0,
+        episode_ids=[f"ep{i}" for i in range(len(lengths))],
+        tokens=rng.integers(0, TINY.vocab_size, n).astype(np.int64),
+        cu_seqlens=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
+        loss_mask=mask,
+        behaviour_logprobs=np.zeros(n, np.float32),
+        advantages=rng.normal(size=len(lengths)).astype(np.float32),
+        versions=np.where(mask, 0, -1).astype(np.int64),
+    )
 
 
 def on_policy(backend, b: TrainBatch, noise: float) -> TrainBatch:

@@ -32,12 +32,16 @@ def train_batch(lengths, prompt_lengths, advantages, seed=0, behaviour=None) -> 
     rng = np.random.default_rng(seed)
     n = sum(lengths)
     mask = np.concatenate([np.arange(length) >= p for length, p in zip(lengths, prompt_lengths)])
-    return TrainBatch(version=0, episode_ids=[f"ep{i}" for i in range(len(lengths))],
-                      tokens=rng.integers(0, TINY.vocab_size, n).astype(np.int64),
-                      cu_seqlens=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
-                      loss_mask=mask,
-                      behaviour_logprobs=np.zeros(n, np.float32) if behaviour is None else behaviour,
-                      advantages=np.asarray(advantages, np.float32), versions=np.where(mask, 0, -1).astype(np.int64))
+    return TrainBatch(
+        version=0,
+        episode_ids=[f"ep{i}" for i in range(len(lengths))],
+        tokens=rng.integers(0, TINY.vocab_size, n).astype(np.int64),
+        cu_seqlens=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
+        loss_mask=mask,
+        behaviour_logprobs=np.zeros(n, np.float32) if behaviour is None else behaviour,
+        advantages=np.asarray(advantages, np.float32),
+        versions=np.where(mask, 0, -1).astype(np.int64),
+    )
 
 
 def backend(algo: AlgoConfig | None = None, **learner) -> Trainer:
@@ -56,10 +60,16 @@ def on_policy(b: Trainer, batch: TrainBatch, noise=None) -> TrainBatch:
 
 def test_pack_aligns_everything_to_the_predicting_position():
     # Two sequences: [10 11 | 12 13 14] (prompt 10 11, response 12..14) and [20 | 21 22].
-    batch = TrainBatch(version=0, episode_ids=["a", "b"], tokens=np.array([10, 11, 12, 13, 14, 20, 21, 22]),
-                       cu_seqlens=np.array([0, 5, 8]), loss_mask=np.array([0, 0, 1, 1, 1, 0, 1, 1], bool),
-                       behaviour_logprobs=np.array([0, 0, -1, -2, -3, 0, -4, -5], np.float32),
-                       advantages=np.array([0.5, -2.0], np.float32), versions=np.zeros(8, np.int64))
+    batch = TrainBatch(
+        version=0,
+        episode_ids=["a", "b"],
+        tokens=np.array([10, 11, 12, 13, 14, 20, 21, 22]),
+        cu_seqlens=np.array([0, 5, 8]),
+        loss_mask=np.array([0, 0, 1, 1, 1, 0, 1, 1], bool),
+        behaviour_logprobs=np.array([0, 0, -1, -2, -3, 0, -4, -5], np.float32),
+        advantages=np.array([0.5, -2.0], np.float32),
+        versions=np.zeros(8, np.int64),
+    )
     p = pack(batch, "cpu", vocab_size=259, max_seq_len=64)
     assert p.position_ids.tolist() == [0, 1, 2, 3, 4, 0, 1, 2]
     assert p.seq_index.tolist() == [0, 0, 0, 0, 0, 1, 1, 1]
@@ -83,11 +93,14 @@ def test_micro_batches_split_between_sequences_only():
     assert [(m.start, m.stop) for m in micro_batches(np.array([0, 0, 4, 4, 6]), 4)] == [(0, 4), (4, 6)]
 
 
-@pytest.mark.parametrize("change, message", [
-    (dict(tokens=np.array([1, 2, 999])), "token ids"),
-    (dict(cu_seqlens=np.array([0, 2])), "malformed"),
-    (dict(advantages=np.array([np.nan], np.float32)), "finite"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (dict(tokens=np.array([1, 2, 999])), "token ids"),
+        (dict(cu_seqlens=np.array([0, 2])), "malformed"),
+        (dict(advantages=np.array([np.nan], np.float32)), "finite"),
+    ],
+)
 def test_bad_batches_are_refused_and_the_backend_keeps_working(change, message):
     b = backend()
     good = train_batch([3], [1], [1.0])
@@ -106,18 +119,18 @@ def test_logprobs_equal_a_plain_forward_per_sequence():
     model = build_model(TINY)
     cu = batch.cu_seqlens
     for s in range(len(cu) - 1):
-        ids = torch.from_numpy(batch.tokens[cu[s]:cu[s + 1]])
+        ids = torch.from_numpy(batch.tokens[cu[s] : cu[s + 1]])
         with torch.no_grad():
             logp = torch.log_softmax(model(input_ids=ids[None]).logits[0].float() / T, dim=-1)
         expected = torch.cat([torch.zeros(1), logp[:-1].gather(1, ids[1:, None])[:, 0]])
-        torch.testing.assert_close(got[cu[s]:cu[s + 1]], expected, atol=1e-5, rtol=0)
+        torch.testing.assert_close(got[cu[s] : cu[s + 1]], expected, atol=1e-5, rtol=0)
 
 
 def test_micro_batching_does_not_change_the_gradient():
     batch = train_batch([7, 12, 5, 9, 14, 6], [2, 3, 1, 4, 5, 2], [1.0, -0.5, 2.0, -1.0, 0.3, 1.5])
     rng = np.random.default_rng(1)
     noise = rng.normal(0, 0.1, len(batch.tokens)).astype(np.float32)
-    noise[batch.cu_seqlens[4]:batch.cu_seqlens[5]] += 2.0  # sequence 4 drifts: MirrorPop drops it
+    noise[batch.cu_seqlens[4] : batch.cu_seqlens[5]] += 2.0  # sequence 4 drifts: MirrorPop drops it
     one_update = AlgoConfig(ppo_minibatches=1)
     small = backend(one_update, micro_batch_tokens=16, grad_clip=0.0)
     large = backend(one_update, micro_batch_tokens=4096, grad_clip=0.0)
@@ -134,11 +147,17 @@ def test_micro_batching_does_not_change_the_gradient():
 def subset(batch: TrainBatch, seqs: list[int]) -> TrainBatch:
     """The batch of only the sequences `seqs`."""
     cu = batch.cu_seqlens
-    take = lambda a: np.concatenate([a[cu[s]:cu[s + 1]] for s in seqs])
-    return TrainBatch(version=0, episode_ids=[batch.episode_ids[s] for s in seqs], tokens=take(batch.tokens),
-                      cu_seqlens=np.concatenate([[0], np.cumsum([cu[s + 1] - cu[s] for s in seqs])]).astype(np.int64),
-                      loss_mask=take(batch.loss_mask), behaviour_logprobs=take(batch.behaviour_logprobs),
-                      advantages=batch.advantages[seqs], versions=take(batch.versions))
+    take = lambda a: np.concatenate([a[cu[s] : cu[s + 1]] for s in seqs])
+    return TrainBatch(
+        version=0,
+        episode_ids=[batch.episode_ids[s] for s in seqs],
+        tokens=take(batch.tokens),
+        cu_seqlens=np.concatenate([[0], np.cumsum([cu[s + 1] - cu[s] for s in seqs])]).astype(np.int64),
+        loss_mask=take(batch.loss_mask),
+        behaviour_logprobs=take(batch.behaviour_logprobs),
+        advantages=batch.advantages[seqs],
+        versions=take(batch.versions),
+    )
 
 
 def test_each_update_is_a_token_mean_over_its_own_mini_batch():
@@ -162,7 +181,7 @@ def test_each_update_is_a_token_mean_over_its_own_mini_batch():
 
 def response_logprob(b: Trainer, batch: TrainBatch, seq: int) -> float:
     lp, cu = b.logprobs(batch, T), batch.cu_seqlens
-    return float((lp * torch.from_numpy(batch.loss_mask))[cu[seq]:cu[seq + 1]].sum())
+    return float((lp * torch.from_numpy(batch.loss_mask))[cu[seq] : cu[seq + 1]].sum())
 
 
 def test_positive_advantage_raises_the_sequence_logprob_and_lr_zero_changes_nothing():
@@ -203,15 +222,17 @@ def test_sft_steps_lower_the_cross_entropy_at_the_given_lr():
 
 
 def test_kl_term_runs_against_the_initial_model():
-    b = make_trainer(TINY, LearnerConfig(lr=1e-2), AlgoConfig(kl_coef=0.1, ppo_minibatches=1), temperature=T,
-                     device="cpu")
+    b = make_trainer(
+        TINY, LearnerConfig(lr=1e-2), AlgoConfig(kl_coef=0.1, ppo_minibatches=1), temperature=T, device="cpu"
+    )
     batch = train_batch([8], [3], [1.0])
     first = b.train_step(on_policy(b, batch))
     second = b.train_step(on_policy(b, batch))
     assert first.metrics["kl"] == pytest.approx(0.0, abs=1e-9) and second.metrics["kl"] > 0
     # several updates in one batch: the second and later ones see a policy the first moved
-    many = make_trainer(TINY, LearnerConfig(lr=1e-2), AlgoConfig(kl_coef=0.1, ppo_minibatches=2), temperature=T,
-                        device="cpu")
+    many = make_trainer(
+        TINY, LearnerConfig(lr=1e-2), AlgoConfig(kl_coef=0.1, ppo_minibatches=2), temperature=T, device="cpu"
+    )
     assert many.train_step(on_policy(many, train_batch([8, 9], [3, 3], [1.0, -1.0]))).metrics["kl"] > 0
 
 

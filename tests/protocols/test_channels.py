@@ -9,18 +9,31 @@ import numpy as np
 import pytest
 
 import protocols as P
-from protocols.channels import (ChannelTimeout, PullChannel, PushChannel, Publisher, RemoteError,
-                                ReplyServer, RequestClient, Subscriber)
+from protocols.channels import (
+    ChannelTimeout,
+    PullChannel,
+    PushChannel,
+    Publisher,
+    RemoteError,
+    ReplyServer,
+    RequestClient,
+    Subscriber,
+)
 
 CTX = mp.get_context("spawn")
 
 
 def announcement(v):
-    return P.WeightAnnouncement(version=v, manifest=[P.TensorSpec(name="w", dtype="float32", shape=[4, 4])],
-                                transport="disk", location=f"/ckpt/{v}")
+    return P.WeightAnnouncement(
+        version=v,
+        manifest=[P.TensorSpec(name="w", dtype="float32", shape=[4, 4])],
+        transport="disk",
+        location=f"/ckpt/{v}",
+    )
 
 
 # ----------------------------------------------------------------------------- child processes
+
 
 def _pusher(address, n, received):
     with PushChannel(address) as push:
@@ -58,6 +71,7 @@ def _publisher(q, go, received, n_before, n_after):
 
 
 # ----------------------------------------------------------------------------------- tests
+
 
 def test_push_pull_across_processes():
     received = CTX.Event()
@@ -120,8 +134,15 @@ def test_subscriber_recovers_a_gap_from_history():
         assert pub.wait_ready(1, timeout_s=5)
         big = np.zeros(1 << 16, np.float32)
         for v in range(300):  # far past both high-water marks while the subscriber is not reading
-            pub.publish(P.Turn(prompt_ids=np.array([v], np.int32), response_ids=np.zeros(0, np.int32),
-                               logprobs=big[:0], versions=np.zeros(0, np.int32), finish_reason="stop"))
+            pub.publish(
+                P.Turn(
+                    prompt_ids=np.array([v], np.int32),
+                    response_ids=np.zeros(0, np.int32),
+                    logprobs=big[:0],
+                    versions=np.zeros(0, np.int32),
+                    finish_reason="stop",
+                )
+            )
         got = []
         while (rec := sub.recv(timeout_s=2)) is not None:
             got.append(int(rec.prompt_ids[0]))

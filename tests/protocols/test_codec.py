@@ -28,9 +28,13 @@ def test_every_record_round_trips(cls, data):
 
 
 def turn(n=5000, lp=None):
-    return P.Turn(prompt_ids=np.arange(7, dtype=np.int32), response_ids=np.arange(n, dtype=np.int64),
-                  logprobs=np.linspace(-3, 0, n, dtype=np.float32) if lp is None else lp,
-                  versions=np.full(n, 3, np.int32), finish_reason="length")
+    return P.Turn(
+        prompt_ids=np.arange(7, dtype=np.int32),
+        response_ids=np.arange(n, dtype=np.int64),
+        logprobs=np.linspace(-3, 0, n, dtype=np.float32) if lp is None else lp,
+        versions=np.full(n, 3, np.int32),
+        finish_reason="length",
+    )
 
 
 def test_large_arrays_decode_zero_copy_and_read_only():
@@ -54,8 +58,13 @@ def test_torch_tensors_travel_as_tensors_including_bfloat16():
 
 
 def test_encode_validates_before_sending():
-    bad = P.Turn(prompt_ids=np.zeros(2, np.int32), response_ids=np.zeros(3, np.int32),
-                 logprobs=np.zeros(2, np.float32), versions=np.zeros(3, np.int32), finish_reason="stop")
+    bad = P.Turn(
+        prompt_ids=np.zeros(2, np.int32),
+        response_ids=np.zeros(3, np.int32),
+        logprobs=np.zeros(2, np.float32),
+        versions=np.zeros(3, np.int32),
+        finish_reason="stop",
+    )
     with pytest.raises(P.ProtocolError, match="differ in length"):
         P.encode(bad)
     with pytest.raises(P.ProtocolError, match=r"Turn.logprobs: dtype int32 not allowed"):
@@ -70,26 +79,64 @@ def header(name, schema, body):
     return [msgpack.packb(["kiln", name, schema, body])]
 
 
-@pytest.mark.parametrize("parts, message", [
-    ([], "empty message"),
-    ([b"\xc1"], "bad msgpack header"),
-    (header("Nope", 1, {}), "unknown record type 'Nope'"),
-    (header("TaskRequest", 2, {"actor_id": "a"}), "TaskRequest schema version 2 not supported"),
-    (header("TaskRequest", 1, {}), "TaskRequest.actor_id: missing field"),
-    (header("TaskRequest", 1, {"actor_id": 5}), "TaskRequest.actor_id: expected str, got int"),
-    (header("TaskRequest", 1, {"actor_id": "a", "x": 1}), r"unknown field\(s\) \['x'\]"),
-    (header("EpisodeAck", 1, {"episode_id": "e", "status": "maybe", "reason": ""}), "expected one of"),
-    ([msgpack.packb(["kiln", "Turn", 1, {
-        "prompt_ids": msgpack.ExtType(1, msgpack.packb(["int32", [10**12], 1])),
-        "response_ids": [], "logprobs": [], "versions": [], "finish_reason": "stop", "text": "", "result": None,
-    }])], "absent or already used"),
-    ([msgpack.packb(["kiln", "Turn", 1, {
-        "prompt_ids": msgpack.ExtType(1, msgpack.packb(["int32", [4], b"\x00" * 3])),
-    }])], "needs 16 bytes, buffer has 3"),
-    ([msgpack.packb(["kiln", "Turn", 1, {"prompt_ids": msgpack.ExtType(1, msgpack.packb(["object", [1], b"x"]))}])],
-     "dtype 'object' not allowed"),
-    (P.encode_parts(P.TaskRequest(actor_id="a")) + [b"extra"], "1 out-of-band buffers sent, 0 referenced"),
-])
+@pytest.mark.parametrize(
+    "parts, message",
+    [
+        ([], "empty message"),
+        ([b"\xc1"], "bad msgpack header"),
+        (header("Nope", 1, {}), "unknown record type 'Nope'"),
+        (header("TaskRequest", 2, {"actor_id": "a"}), "TaskRequest schema version 2 not supported"),
+        (header("TaskRequest", 1, {}), "TaskRequest.actor_id: missing field"),
+        (header("TaskRequest", 1, {"actor_id": 5}), "TaskRequest.actor_id: expected str, got int"),
+        (header("TaskRequest", 1, {"actor_id": "a", "x": 1}), r"unknown field\(s\) \['x'\]"),
+        (header("EpisodeAck", 1, {"episode_id": "e", "status": "maybe", "reason": ""}), "expected one of"),
+        (
+            [
+                msgpack.packb(
+                    [
+                        "kiln",
+                        "Turn",
+                        1,
+                        {
+                            "prompt_ids": msgpack.ExtType(1, msgpack.packb(["int32", [10**12], 1])),
+                            "response_ids": [],
+                            "logprobs": [],
+                            "versions": [],
+                            "finish_reason": "stop",
+                            "text": "",
+                            "result": None,
+                        },
+                    ]
+                )
+            ],
+            "absent or already used",
+        ),
+        (
+            [
+                msgpack.packb(
+                    [
+                        "kiln",
+                        "Turn",
+                        1,
+                        {
+                            "prompt_ids": msgpack.ExtType(1, msgpack.packb(["int32", [4], b"\x00" * 3])),
+                        },
+                    ]
+                )
+            ],
+            "needs 16 bytes, buffer has 3",
+        ),
+        (
+            [
+                msgpack.packb(
+                    ["kiln", "Turn", 1, {"prompt_ids": msgpack.ExtType(1, msgpack.packb(["object", [1], b"x"]))}]
+                )
+            ],
+            "dtype 'object' not allowed",
+        ),
+        (P.encode_parts(P.TaskRequest(actor_id="a")) + [b"extra"], "1 out-of-band buffers sent, 0 referenced"),
+    ],
+)
 def test_decode_says_what_was_wrong(parts, message):
     with pytest.raises(P.ProtocolError, match=message):
         P.decode_parts(parts)
@@ -112,8 +159,9 @@ def test_container_framing_errors():
 
 
 def test_issue_one_liner():
-    out = subprocess.run([sys.executable, "-c", "import protocols; protocols.decode(b'\\x00garbage')"],
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-c", "import protocols; protocols.decode(b'\\x00garbage')"], capture_output=True, text=True
+    )
     assert out.returncode == 1 and "protocols.schema.ProtocolError: not a Kiln frame" in out.stderr
 
 

@@ -15,10 +15,18 @@ N_FRAMES = 10_000
 
 
 def valid_records():
-    task = P.Task(task_id="level1/relu", kind="kernel",
-                  kernel=P.KernelSpec(name="relu", reference="class Model: ...", backend="cpu", level=1))
-    turn = P.Turn(prompt_ids=np.arange(40, dtype=np.int32), response_ids=np.arange(900, dtype=np.int32),
-                  logprobs=np.zeros(900, np.float32), versions=np.ones(900, np.int32), finish_reason="stop")
+    task = P.Task(
+        task_id="level1/relu",
+        kind="kernel",
+        kernel=P.KernelSpec(name="relu", reference="class Model: ...", backend="cpu", level=1),
+    )
+    turn = P.Turn(
+        prompt_ids=np.arange(40, dtype=np.int32),
+        response_ids=np.arange(900, dtype=np.int32),
+        logprobs=np.zeros(900, np.float32),
+        versions=np.ones(900, np.int32),
+        finish_reason="stop",
+    )
     return [
         P.TaskRequest(actor_id="rollout-0"),
         P.TaskReply(status="task", task=task, group_id="g1", group_size=4),
@@ -47,14 +55,22 @@ def mutated_frames(rng: random.Random, n: int):
         elif kind == 3:
             b = bytearray(rng.choice(blobs))
             at = rng.randrange(len(b))
-            b[at:at + rng.randint(1, 16)] = rng.randbytes(rng.randint(0, 16))
+            b[at : at + rng.randint(1, 16)] = rng.randbytes(rng.randint(0, 16))
             yield bytes(b)
         else:
             junk = rng.choice([None, 1, "x", [], {}, [1, 2], {"a": [1]}, b"\x00", 2**63, -1.5])
-            yield msgpack.packb(rng.choice([
-                junk, ["kiln"], ["kiln", "Episode", 1, junk], ["kiln", "TaskRequest", junk, {"actor_id": "a"}],
-                ["kiln", junk, 1, {}], ["kiln", "TaskReply", 1, {"status": "task", "task": junk}],
-            ]))
+            yield msgpack.packb(
+                rng.choice(
+                    [
+                        junk,
+                        ["kiln"],
+                        ["kiln", "Episode", 1, junk],
+                        ["kiln", "TaskRequest", junk, {"actor_id": "a"}],
+                        ["kiln", junk, 1, {}],
+                        ["kiln", "TaskReply", 1, {"status": "task", "task": junk}],
+                    ]
+                )
+            )
 
 
 def test_decode_raises_only_protocol_error():
@@ -98,7 +114,7 @@ def test_pull_channel_survives_garbage(raw):
         frames = list(mutated_frames(rng, N_FRAMES))
         decoded = []
         for start in range(0, N_FRAMES, 250):  # in rounds, so no queue reaches its high-water mark
-            for f in frames[start:start + 250]:
+            for f in frames[start : start + 250]:
                 push.send_multipart([f] + ([rng.randbytes(5)] if rng.random() < 0.1 else []))
             while (rec := pull.recv(timeout_s=0.05)) is not None:
                 decoded.append(rec)  # the few mutations that still decode are valid records
@@ -117,7 +133,7 @@ def test_router_channel_answers_garbage_and_keeps_serving(raw):
         sent = errors = 0
         frames = list(mutated_frames(rng, N_FRAMES))
         for start in range(0, N_FRAMES, 250):  # in rounds, so no queue reaches its high-water mark
-            for f in frames[start:start + 250]:
+            for f in frames[start : start + 250]:
                 if rng.random() < 0.1:
                     dealer.send(f)  # no correlation frame at all
                 else:
@@ -133,8 +149,11 @@ def test_router_channel_answers_garbage_and_keeps_serving(raw):
         assert server.stats.dropped + server.stats.received == sent
         # A well-behaved client is served after the storm.
         import threading
+
         stop = threading.Event()
-        t = threading.Thread(target=server.serve, args=(lambda r: P.EpisodeAck(episode_id=r.actor_id, status="stored"), stop))
+        t = threading.Thread(
+            target=server.serve, args=(lambda r: P.EpisodeAck(episode_id=r.actor_id, status="stored"), stop)
+        )
         t.start()
         with RequestClient(server.address, timeout_s=5) as client:
             assert client.request(P.TaskRequest(actor_id="ok")).episode_id == "ok"

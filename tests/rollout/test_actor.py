@@ -31,33 +31,51 @@ from tests.helpers.common import reference_logprobs, wait_for
 
 TEXT_TASKS = "actors.buffer.examples.TextMatchTasks"
 TEXT_REWARD = "actors.verifier.examples.TextMatchReward"
-TINY = ModelConfig(num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, intermediate_size=128,
-                   max_seq_len=1024)
+TINY = ModelConfig(num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, intermediate_size=128, max_seq_len=1024)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def rollout_cfg(**kw) -> RolloutConfig:
-    base = dict(max_new_tokens=8, max_turns=3, max_batch=8, temperature=1.0, verify_reply_timeout_s=30.0,
-                ack_timeout_s=1.0, task_wait_s=1.0, device="cpu")
+    base = dict(
+        max_new_tokens=8,
+        max_turns=3,
+        max_batch=8,
+        temperature=1.0,
+        verify_reply_timeout_s=30.0,
+        ack_timeout_s=1.0,
+        task_wait_s=1.0,
+        device="cpu",
+    )
     return RolloutConfig(**{**base, **kw})
 
 
 def start_replay(run_dir, *, tasks=TEXT_TASKS, G=2, B=1) -> ReplayActor:
     cfg = ReplayConfig(task_source=tasks, val_fraction=0.0) if tasks else ReplayConfig(tasks="tasks", val_fraction=0.0)
-    replay = ReplayActor(cfg, AlgoConfig(group_size=G, batch_groups=B, total_steps=10, seed=1),
-                         RunContext(run_dir=str(run_dir), name="replay"))
+    replay = ReplayActor(
+        cfg,
+        AlgoConfig(group_size=G, batch_groups=B, total_steps=10, seed=1),
+        RunContext(run_dir=str(run_dir), name="replay"),
+    )
     replay.start()
     return replay
 
 
-def rollout_actor(run_dir, cfg: RolloutConfig, model: ModelConfig = TINY, *, verifier: str,
-                  follow_learner: bool = False, name: str = "rollout-0") -> RolloutActor:
+def rollout_actor(
+    run_dir,
+    cfg: RolloutConfig,
+    model: ModelConfig = TINY,
+    *,
+    verifier: str,
+    follow_learner: bool = False,
+    name: str = "rollout-0",
+) -> RolloutActor:
     """A rollout actor of the run in `run_dir`: it finds replay (and the learner) in the run's registry,
     where `verifier`'s address is registered as the verifier pool."""
     Registry(run_dir).register("verifier-0", "verifier", {"verifier": verifier})
-    return RolloutActor(cfg, model, EvalConfig(), RunContext(run_dir=str(run_dir), name=name),
-                        follow_learner=follow_learner)
+    return RolloutActor(
+        cfg, model, EvalConfig(), RunContext(run_dir=str(run_dir), name=name), follow_learner=follow_learner
+    )
 
 
 def stored_ids(replay) -> set[str]:
@@ -88,9 +106,19 @@ class ScriptedVerifier:
                 continue
             for req in pending:
                 r = req.record
-                self.server.reply(req, VerifyResult(request_id=r.request_id, task_id=r.task.task_id, passed=False,
-                                                    stage="correctness", error_class="correctness", q=0.0,
-                                                    score=-1.0, feedback="Wrong answer."))
+                self.server.reply(
+                    req,
+                    VerifyResult(
+                        request_id=r.request_id,
+                        task_id=r.task.task_id,
+                        passed=False,
+                        stage="correctness",
+                        error_class="correctness",
+                        q=0.0,
+                        score=-1.0,
+                        feedback="Wrong answer.",
+                    ),
+                )
             pending.clear()
 
     def close(self) -> None:
@@ -100,10 +128,13 @@ class ScriptedVerifier:
 
 
 def test_kernel_prompt_reads_shapes_statically_per_backend():
-    reference = ("import torch\nbatch_size = 4096\ndim = 8192\nKILN_CPU_SHAPES = {'batch_size': 16}\n"
-                 "def get_inputs():\n    return [torch.randn(batch_size, dim, dtype=torch.float16)]\n")
-    assert shape_summary(reference, "cuda") == ("constants (sizes, parameters): batch_size = 4096, dim = 8192; "
-                                                "dtypes: float16")
+    reference = (
+        "import torch\nbatch_size = 4096\ndim = 8192\nKILN_CPU_SHAPES = {'batch_size': 16}\n"
+        "def get_inputs():\n    return [torch.randn(batch_size, dim, dtype=torch.float16)]\n"
+    )
+    assert shape_summary(reference, "cuda") == (
+        "constants (sizes, parameters): batch_size = 4096, dim = 8192; dtypes: float16"
+    )
     assert "batch_size = 16, dim = 8192" in shape_summary(reference, "cpu")
     assert shape_summary("def broken(:", "cpu") == "constants: see the reference"
 
@@ -112,11 +143,15 @@ def test_a_task_without_a_prompt_becomes_infra_episodes_not_a_crash():
     async def never(request):
         pytest.fail("nothing to generate or verify")
 
-    pipeline = Pipeline(actor_id="r", generate=never, verify=never, tokenizer=ByteTokenizer(),
-                        params=SamplingParams(max_new_tokens=8),
-                        policy=TurnPolicy(TurnRules(max_turns=3, max_seq_len=64, max_new_tokens=8), ByteTokenizer()))
-    reply = TaskReply(status="task", task=Task(task_id="t", kind="text_match", payload={}), group_id="g7",
-                      group_size=2)
+    pipeline = Pipeline(
+        actor_id="r",
+        generate=never,
+        verify=never,
+        tokenizer=ByteTokenizer(),
+        params=SamplingParams(max_new_tokens=8),
+        policy=TurnPolicy(TurnRules(max_turns=3, max_seq_len=64, max_new_tokens=8), ByteTokenizer()),
+    )
+    reply = TaskReply(status="task", task=Task(task_id="t", kind="text_match", payload={}), group_id="g7", group_size=2)
     episodes = asyncio.run(pipeline.run_group(reply))
     assert [e.episode_id for e in episodes] == ["g7/0", "g7/1"]
     for ep in episodes:
@@ -166,7 +201,12 @@ def test_multi_turn_episodes_against_the_example_reward_actor(tmp_path, text_ver
             if len(ep.turns) > 1:  # the repair turn carries the failed answer and the reward's feedback
                 assert ep.turns[0].result.feedback in actor.tokenizer.decode(ep.turns[1].prompt_ids)
             for turn in ep.turns:
-                assert np.abs(reference_logprobs(actor.engine.model, turn.prompt_ids, turn.response_ids) - turn.logprobs).mean() < 1e-4
+                assert (
+                    np.abs(
+                        reference_logprobs(actor.engine.model, turn.prompt_ids, turn.response_ids) - turn.logprobs
+                    ).mean()
+                    < 1e-4
+                )
                 assert (turn.versions == 0).all()
         assert any(len(ep.turns) == 3 for ep in seen)  # a random tiny model fails: full repair chains
     finally:
@@ -201,8 +241,9 @@ def test_multi_turn_episodes_against_the_cpu_kernel_verifier(tmp_path):
 
 def test_weight_update_mid_episode_gives_exact_per_token_versions(tmp_path, text_verifier):
     replay = start_replay(tmp_path, G=2, B=1)
-    actor = rollout_actor(tmp_path, rollout_cfg(max_new_tokens=24, max_turns=1, on_weight_update="abort"),
-                          verifier=text_verifier)
+    actor = rollout_actor(
+        tmp_path, rollout_cfg(max_new_tokens=24, max_turns=1, on_weight_update="abort"), verifier=text_verifier
+    )
     seen = []
     actor.sender.submit = lambda ep, submit=actor.sender.submit: (seen.append(ep), submit(ep))[1]
     old = build_model(TINY)
@@ -228,8 +269,11 @@ def test_weight_update_mid_episode_gives_exact_per_token_versions(tmp_path, text
         for t in turns:
             assert (np.diff(t.versions) >= 0).all()  # versions never go back within a response
             v = t.versions
-            ref = np.where(v == 0, reference_logprobs(old, t.prompt_ids, t.response_ids),
-                           reference_logprobs(new, t.prompt_ids, t.response_ids))
+            ref = np.where(
+                v == 0,
+                reference_logprobs(old, t.prompt_ids, t.response_ids),
+                reference_logprobs(new, t.prompt_ids, t.response_ids),
+            )
             assert np.abs(ref - t.logprobs).mean() < 1e-4
         assert mixed[0].versions.tolist() == [0] * 5 + [1] * (len(mixed[0].versions) - 5)
     finally:
@@ -241,21 +285,25 @@ def test_unacknowledged_episodes_are_resent_after_a_replay_restart(tmp_path):
     gate = threading.Event()
     verifier = ScriptedVerifier(gate=gate)
     replay = start_replay(tmp_path, G=2, B=1)
-    actor = rollout_actor(tmp_path, rollout_cfg(max_turns=1, ack_timeout_s=0.3, task_wait_s=0.3),
-                          verifier=verifier.address)  # it looks replay up again after a timeout
+    actor = rollout_actor(
+        tmp_path, rollout_cfg(max_turns=1, ack_timeout_s=0.3, task_wait_s=0.3), verifier=verifier.address
+    )  # it looks replay up again after a timeout
     try:
         actor.start()
         wait_for(lambda: len(verifier.received) >= 2, what="the first group's verify requests")
         replay.stop()  # replay goes down while the episodes are being verified
         gate.set()
-        wait_for(lambda: actor.health().episodes >= 2 and actor.sender.stats.timeouts >= 1,
-                 what="episodes held while replay is down")
+        wait_for(
+            lambda: actor.health().episodes >= 2 and actor.sender.stats.timeouts >= 1,
+            what="episodes held while replay is down",
+        )
         assert actor.health().unacked >= 2
         replay = start_replay(tmp_path, G=2, B=1)  # recovers its state from disk, on a new port
         wait_for(lambda: actor.health().unacked == 0 and actor.health().acked >= 2, what="resent episodes", actor=actor)
         assert set(actor.acked_episode_ids()) <= stored_ids(replay)
-        assert actor.acked_episode_ids()[:2] == [f"{verifier.received[0].episode_id.rsplit('/', 1)[0]}/{i}"
-                                                 for i in range(2)]
+        assert actor.acked_episode_ids()[:2] == [
+            f"{verifier.received[0].episode_id.rsplit('/', 1)[0]}/{i}" for i in range(2)
+        ]
     finally:
         actor.stop()
         replay.stop()
@@ -265,8 +313,9 @@ def test_unacknowledged_episodes_are_resent_after_a_replay_restart(tmp_path):
 def test_a_silent_verifier_gets_a_resend_then_the_attempt_is_marked_infra(tmp_path):
     verifier = ScriptedVerifier(silent=True)
     replay = start_replay(tmp_path, G=2, B=1)
-    actor = rollout_actor(tmp_path, rollout_cfg(verify_reply_timeout_s=0.3, verify_retries=1),
-                          verifier=verifier.address)
+    actor = rollout_actor(
+        tmp_path, rollout_cfg(verify_reply_timeout_s=0.3, verify_retries=1), verifier=verifier.address
+    )
     seen = []
     actor.sender.submit = lambda ep, submit=actor.sender.submit: (seen.append(ep), submit(ep))[1]
     try:
@@ -289,8 +338,9 @@ def test_a_silent_verifier_gets_a_resend_then_the_attempt_is_marked_infra(tmp_pa
 def test_a_restarted_verifier_is_found_through_the_registry(tmp_path):
     first = ScriptedVerifier()
     replay = start_replay(tmp_path, G=2, B=2)
-    actor = rollout_actor(tmp_path, rollout_cfg(max_turns=1, verify_reply_timeout_s=0.5, verify_retries=2),
-                          verifier=first.address)
+    actor = rollout_actor(
+        tmp_path, rollout_cfg(max_turns=1, verify_reply_timeout_s=0.5, verify_retries=2), verifier=first.address
+    )
     second = None
     try:
         actor.start()
@@ -314,8 +364,9 @@ def test_a_crashed_engine_restarts_with_the_current_weights_and_reruns_its_reque
     learner.publish(5, current.named_parameters)
     Registry(tmp_path).register("learner", "learner", endpoints)
     replay = start_replay(tmp_path, G=2, B=1)
-    actor = rollout_actor(tmp_path, rollout_cfg(max_turns=1, max_new_tokens=12), verifier=text_verifier,
-                          follow_learner=True)
+    actor = rollout_actor(
+        tmp_path, rollout_cfg(max_turns=1, max_new_tokens=12), verifier=text_verifier, follow_learner=True
+    )
     seen = []
     actor.sender.submit = lambda ep, submit=actor.sender.submit: (seen.append(ep), submit(ep))[1]
     crashed = []
@@ -349,9 +400,9 @@ def test_rollout_actor_runs_as_a_ray_actor(tmp_path, text_verifier, ray_session)
     ray = ray_session
     replay = start_replay(tmp_path, G=2, B=1)
     Registry(tmp_path).register("verifier-0", "verifier", {"verifier": text_verifier})
-    actor = as_ray_actor(RolloutActor, num_cpus=1).remote(rollout_cfg(), TINY, EvalConfig(),
-                                                         RunContext(run_dir=str(tmp_path), name="ray-rollout"),
-                                                         follow_learner=False)
+    actor = as_ray_actor(RolloutActor, num_cpus=1).remote(
+        rollout_cfg(), TINY, EvalConfig(), RunContext(run_dir=str(tmp_path), name="ray-rollout"), follow_learner=False
+    )
     try:
         assert ray.get(actor.start.remote(), timeout=120) == {}
         wait_for(lambda: ray.get(actor.health.remote()).acked >= 4, timeout_s=120, what="Ray actor episodes")
@@ -384,8 +435,11 @@ def test_a_group_that_fails_is_counted_and_the_loop_keeps_serving(tmp_path, text
             raise RuntimeError("simulated device fault")
 
         actor.engine.step_hook = crash
-        wait_for(lambda: actor.health().group_errors >= 1 and actor.health().acked >= 2,
-                 what="a failed group, then acked episodes", actor=actor)
+        wait_for(
+            lambda: actor.health().group_errors >= 1 and actor.health().acked >= 2,
+            what="a failed group, then acked episodes",
+            actor=actor,
+        )
         assert actor.health().looping and len(restarts) >= 2
     finally:
         actor.stop()

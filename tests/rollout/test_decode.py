@@ -21,8 +21,7 @@ from actors.rollout.torch_engine import TorchEngine
 from configs import ModelConfig
 
 # 4 query heads over 2 KV heads: the grouped-query case the decode attention re-lays out.
-TINY = ModelConfig(num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, intermediate_size=128,
-                   max_seq_len=256)
+TINY = ModelConfig(num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, intermediate_size=128, max_seq_len=256)
 EOS = 257
 
 
@@ -38,14 +37,21 @@ def decode_logits(model, contexts: list[list[int]], feeds: list[list[int]], devi
     ids = torch.zeros(len(contexts), width, dtype=torch.long)
     mask = torch.zeros(len(contexts), width + steps, dtype=torch.long)
     for i, ctx in enumerate(contexts):
-        ids[i, width - len(ctx):] = torch.tensor(ctx)
-        mask[i, width - len(ctx):width] = 1
+        ids[i, width - len(ctx) :] = torch.tensor(ctx)
+        mask[i, width - len(ctx) : width] = 1
     ids, mask = ids.to(device), mask.to(device)
     positions = (mask[:, :width].cumsum(-1) - 1).clamp(min=0)
     cache = StaticCache(config=model.config, max_cache_len=width + steps)
     with torch.no_grad():
-        model(input_ids=ids, attention_mask=mask[:, :width], position_ids=positions, past_key_values=cache,
-              cache_position=torch.arange(width, device=device), use_cache=True, logits_to_keep=1)
+        model(
+            input_ids=ids,
+            attention_mask=mask[:, :width],
+            position_ids=positions,
+            past_key_values=cache,
+            cache_position=torch.arange(width, device=device),
+            use_cache=True,
+            logits_to_keep=1,
+        )
     step = DecodeStep(model, cache, mask, positions[:, -1:] + 1, width, cuda_graph=device == "cuda")
     return [step(torch.tensor(tokens, device=device)).float().clone() for tokens in feeds]
 
@@ -72,9 +78,11 @@ def check_decode_attention(monkeypatch, device: str) -> None:
 
     plain_calls = []  # HF's own sdpa function: taken by the prefill (q_len > 1), never by a decode step
     real = hf_sdpa.sdpa_attention_forward
-    monkeypatch.setattr(hf_sdpa, "sdpa_attention_forward",
-                        lambda module, query, *a, **kw: plain_calls.append(query.shape[2]) or real(module, query,
-                                                                                                  *a, **kw))
+    monkeypatch.setattr(
+        hf_sdpa,
+        "sdpa_attention_forward",
+        lambda module, query, *a, **kw: plain_calls.append(query.shape[2]) or real(module, query, *a, **kw),
+    )
     got = decode_logits(kiln_model, contexts, feeds, device)
     assert plain_calls and all(q_len > 1 for q_len in plain_calls)
     assert len(plain_calls) == TINY.num_layers  # the prefill only
@@ -89,15 +97,20 @@ def run_engine(pipeline: bool, update_at: int | None = None, device: str = "cpu"
     """7 requests through 3 slots with different lengths, temperatures and stop sets (rows end at
     different steps, by stop and by length; finished rows are refilled), optionally new weights
     (version 1) applied after decode step `update_at`; same seed whatever `pipeline` is."""
-    engine = TorchEngine(TINY, max_batch=3, eos_token_ids=[EOS], on_weight_update="abort", seed=5,
-                         pipeline=pipeline, device=device)
+    engine = TorchEngine(
+        TINY, max_batch=3, eos_token_ids=[EOS], on_weight_update="abort", seed=5, pipeline=pipeline, device=device
+    )
     g = torch.Generator().manual_seed(0)
     reqs = []
     for i in range(7):
         prompt = [256] + torch.randint(0, 256, (2 + 3 * i,), generator=g).tolist()
         stops = tuple(range(0, 256, 7)) if i % 3 == 0 else ()  # some rows stop early, at varying steps
-        params = SamplingParams(temperature=(0.8, 1.0, 1.3)[i % 3], top_p=0.95 if i == 4 else 1.0,
-                                max_new_tokens=3 + 4 * i, stop_token_ids=stops)
+        params = SamplingParams(
+            temperature=(0.8, 1.0, 1.3)[i % 3],
+            top_p=0.95 if i == 4 else 1.0,
+            max_new_tokens=3 + 4 * i,
+            stop_token_ids=stops,
+        )
         reqs.append(GenerateRequest(str(i), prompt, params))
     try:
         if update_at is None:

@@ -19,12 +19,10 @@ from actors.rollout.torch_engine import TorchEngine
 from configs import ModelConfig
 from tests.helpers.common import free_port, reference_logprobs
 
-TINY = ModelConfig(num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, intermediate_size=128,
-                   max_seq_len=256)
+TINY = ModelConfig(num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, intermediate_size=128, max_seq_len=256)
 EOS = 257
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
 
 
 def prompts(n, seed=0):
@@ -41,8 +39,10 @@ def engine():
 
 @pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 1.0), (1.3, 0.9)])
 def test_logprobs_match_a_full_forward_under_continuous_batching(engine, temperature, top_p):
-    reqs = [GenerateRequest(str(i), p, SamplingParams(temperature=temperature, top_p=top_p, max_new_tokens=4 + 3 * i))
-            for i, p in enumerate(prompts(7))]
+    reqs = [
+        GenerateRequest(str(i), p, SamplingParams(temperature=temperature, top_p=top_p, max_new_tokens=4 + 3 * i))
+        for i, p in enumerate(prompts(7))
+    ]
     gens = engine.generate(reqs)
     # 7 requests through 3 slots: finished rows' slots were refilled, prefilling only the new rows
     assert engine.stats["inserted"] >= 2 and engine.stats["rebuilds"] + engine.stats["inserted"] >= 4
@@ -72,8 +72,9 @@ def test_stop_tokens_length_limit_and_context_limit(engine):
 
 def test_forced_response_scores_the_given_tokens(engine):
     prompt, response = [256, 5, 6, 7], [40, 41, 42, 43, 44]
-    (gen,) = engine.generate([GenerateRequest("f", prompt, SamplingParams(temperature=0.8, max_new_tokens=5),
-                                              forced_response=response)])
+    (gen,) = engine.generate(
+        [GenerateRequest("f", prompt, SamplingParams(temperature=0.8, max_new_tokens=5), forced_response=response)]
+    )
     assert gen.output_ids.tolist() == response and gen.finish_reason == "length"
     np.testing.assert_allclose(gen.logprobs, reference_logprobs(engine.model, prompt, response, 0.8), atol=1e-5)
 
@@ -115,8 +116,10 @@ def new_weights(seed):
 
 
 def test_abort_policy_switches_weights_between_decode_steps_with_exact_versions(engine):
-    reqs = [GenerateRequest(str(i), p, SamplingParams(temperature=0.9, max_new_tokens=12, ignore_eos=True))
-            for i, p in enumerate(prompts(2, seed=5))]
+    reqs = [
+        GenerateRequest(str(i), p, SamplingParams(temperature=0.9, max_new_tokens=12, ignore_eos=True))
+        for i, p in enumerate(prompts(2, seed=5))
+    ]
     old = build_model(TINY)
     new, tensors = new_weights(seed=7)
     base = engine.stats["steps"]
@@ -139,8 +142,9 @@ def test_finish_policy_completes_in_flight_requests_on_the_old_weights():
     engine = TorchEngine(TINY, max_batch=2, eos_token_ids=[EOS], on_weight_update="finish")
     try:
         reached = _pause_at(engine, 3)
-        t, out = _generate_in_thread(engine, [GenerateRequest("a", [256, 3], SamplingParams(max_new_tokens=8,
-                                                                                        ignore_eos=True))])
+        t, out = _generate_in_thread(
+            engine, [GenerateRequest("a", [256, 3], SamplingParams(max_new_tokens=8, ignore_eos=True))]
+        )
         assert reached.wait(30)
         updater = threading.Thread(target=engine.update_weights_from_tensors, args=(new_weights(9)[1], 1))
         updater.start()
@@ -162,9 +166,10 @@ def test_requests_that_arrive_with_an_update_are_served_after_it():
 
     engine = TorchEngine(TINY, max_batch=2, eos_token_ids=[EOS], on_weight_update="finish")
     try:
-        rows = [engine._row(GenerateRequest(str(i), [256, 3 + i], SamplingParams(max_new_tokens=3,
-                                                                                 ignore_eos=True)))
-                for i in range(2)]
+        rows = [
+            engine._row(GenerateRequest(str(i), [256, 3 + i], SamplingParams(max_new_tokens=3, ignore_eos=True)))
+            for i in range(2)
+        ]
         applied: Future = Future()
         with engine._cv:  # both land before the scheduler looks again
             engine._queue.extend(rows)
@@ -194,8 +199,9 @@ def test_update_from_disk_and_refusal_of_bad_weights(engine, tmp_path):
 
 def test_abort_finishes_in_flight_requests_early(engine):
     reached = _pause_at(engine, engine.stats["steps"] + 2)
-    t, out = _generate_in_thread(engine, [GenerateRequest("x", [256, 1], SamplingParams(max_new_tokens=100,
-                                                                                      ignore_eos=True))])
+    t, out = _generate_in_thread(
+        engine, [GenerateRequest("x", [256, 1], SamplingParams(max_new_tokens=100, ignore_eos=True))]
+    )
     assert reached.wait(30)
     engine.abort(["x"])
     t.join(30)  # answered while the engine is still paused (SGLang's pause mode "abort")

@@ -41,7 +41,9 @@ def test_forced_fraction_leaves_the_rest_to_the_sampler(task, fraction, low, hig
 def test_each_variant_is_the_mechanical_edit_its_name_says(task):
     texts = variants(task, SOLUTIONS)
     solution = texts["solution"]
-    assert set(texts) <= set(FORCED_VARIANTS) and {"solution", "compile_error", "fallback", "cut_off", "hang"} <= set(texts)
+    assert set(texts) <= set(FORCED_VARIANTS) and {"solution", "compile_error", "fallback", "cut_off", "hang"} <= set(
+        texts
+    )
     assert solution.count(";") - texts["compile_error"].count(";") == 1  # one terminator gone
     assert texts["hang"].replace("\n    " + SPIN, "", 1) == solution  # the spin loop, inserted once
     assert "class ModelNew(" in texts["fallback"] and "load_inline" not in texts["fallback"]

@@ -25,8 +25,7 @@ from actors.rollout.torch_engine import TorchEngine
 from configs import ModelConfig
 from tests.helpers.common import free_port, reference_logprobs
 
-TINY = ModelConfig(num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, intermediate_size=128,
-                   max_seq_len=256)
+TINY = ModelConfig(num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, intermediate_size=128, max_seq_len=256)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -81,8 +80,11 @@ def test_probe_endpoints_answer_like_sglang(served):
 
 def test_generate_single_and_batched_with_exact_logprobs(served):
     engine, server, client = served
-    body = {"input_ids": [[256, 1, 2], [256, 3]], "return_logprob": True,
-            "sampling_params": {"max_new_tokens": 5, "ignore_eos": True, "top_k": -1}}
+    body = {
+        "input_ids": [[256, 1, 2], [256, 3]],
+        "return_logprob": True,
+        "sampling_params": {"max_new_tokens": 5, "ignore_eos": True, "top_k": -1},
+    }
     status, raw = post(server.url, "/generate", json.dumps(body).encode())
     out = json.loads(raw)
     assert status == 200 and isinstance(out, list) and len(out) == 2
@@ -97,16 +99,19 @@ def test_generate_single_and_batched_with_exact_logprobs(served):
     assert gen.request_id == "one" and len(gen.output_ids) == 3 and gen.versions.tolist() == [0, 0, 0]
 
 
-@pytest.mark.parametrize("body,message", [
-    (b"{not json", "Expecting"),
-    (b"[1, 2]", "JSON object"),
-    (json.dumps({"input_ids": []}).encode(), "non-empty"),
-    (json.dumps({"text": "hi"}).encode(), "input_ids"),
-    (json.dumps({"input_ids": [256, "a"]}).encode(), "integers"),
-    (json.dumps({"input_ids": [256], "sampling_params": {"temperature": -1}}).encode(), "temperature"),
-    (json.dumps({"input_ids": [256], "sampling_params": {"frequency_penalty": 0.5}}).encode(), "not supported"),
-    (json.dumps({"input_ids": [256, 100000]}).encode(), "vocabulary"),
-])
+@pytest.mark.parametrize(
+    "body,message",
+    [
+        (b"{not json", "Expecting"),
+        (b"[1, 2]", "JSON object"),
+        (json.dumps({"input_ids": []}).encode(), "non-empty"),
+        (json.dumps({"text": "hi"}).encode(), "input_ids"),
+        (json.dumps({"input_ids": [256, "a"]}).encode(), "integers"),
+        (json.dumps({"input_ids": [256], "sampling_params": {"temperature": -1}}).encode(), "temperature"),
+        (json.dumps({"input_ids": [256], "sampling_params": {"frequency_penalty": 0.5}}).encode(), "not supported"),
+        (json.dumps({"input_ids": [256, 100000]}).encode(), "vocabulary"),
+    ],
+)
 def test_bad_requests_get_a_clear_error_and_the_server_keeps_serving(served, body, message):
     engine, server, client = served
     status, raw = post(server.url, "/generate", body)
@@ -117,8 +122,10 @@ def test_bad_requests_get_a_clear_error_and_the_server_keeps_serving(served, bod
 def test_weight_update_pause_continue_and_memory_endpoints(served, tmp_path):
     engine, server, client = served
     new = build_model(ModelConfig(**{**{f: getattr(TINY, f) for f in TINY.__dataclass_fields__}, "seed": 5}))
-    save_file({k: v.contiguous() for k, v in new.state_dict().items() if k != "lm_head.weight"},
-              str(tmp_path / "model.safetensors"))
+    save_file(
+        {k: v.contiguous() for k, v in new.state_dict().items() if k != "lm_head.weight"},
+        str(tmp_path / "model.safetensors"),
+    )
     client.pause()
     client.resume()
     status, raw = post(server.url, "/pause_generation", json.dumps({"mode": "retract"}).encode())
@@ -183,10 +190,24 @@ def router():
         s.start()
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(port),
-         "--worker-urls", *[s.url for s in servers], "--policy", "round_robin",
-         "--prometheus-port", str(free_port())],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        [
+            sys.executable,
+            "-m",
+            "sglang_router.launch_router",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--worker-urls",
+            *[s.url for s in servers],
+            "--policy",
+            "round_robin",
+            "--prometheus-port",
+            str(free_port()),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     client = SGLangClient(f"http://127.0.0.1:{port}", timeout_s=60)
     try:
         # Wait on the router's own view of its workers, not on its process: under load a worker is
@@ -211,8 +232,9 @@ def router():
 
 def test_client_through_the_real_sglang_router_to_two_embedded_engines(router):
     client, engines, servers = router
-    reqs = [GenerateRequest(f"r{i}", [256, i, i + 1], SamplingParams(max_new_tokens=4, ignore_eos=True))
-            for i in range(8)]
+    reqs = [
+        GenerateRequest(f"r{i}", [256, i, i + 1], SamplingParams(max_new_tokens=4, ignore_eos=True)) for i in range(8)
+    ]
     gens = client.generate(reqs)
     assert [g.request_id for g in gens] == [r.request_id for r in reqs]
     served = [e.stats["requests"] for e in engines]

@@ -57,9 +57,19 @@ class HoldingVerifier:
             time.sleep(self.delay_s)
         r = req.record
         self.answered.append(r.request_id)
-        self.server.reply(req, VerifyResult(request_id=r.request_id, task_id=r.task.task_id, passed=False,
-                                            stage="correctness", error_class="correctness", q=0.0, score=-1.0,
-                                            feedback="Wrong answer."))
+        self.server.reply(
+            req,
+            VerifyResult(
+                request_id=r.request_id,
+                task_id=r.task.task_id,
+                passed=False,
+                stage="correctness",
+                error_class="correctness",
+                q=0.0,
+                score=-1.0,
+                feedback="Wrong answer.",
+            ),
+        )
 
     def close(self) -> None:
         self._stop.set()
@@ -93,8 +103,11 @@ def test_one_slow_verification_delays_neither_its_siblings_nor_other_groups(tmp_
         # the sibling goes through all its turns while the held verification waits
         wait_for(lambda: f"{sibling}/t2" in verifier.arrived, what="the sibling's third turn", actor=actor)
         # and other groups are generated and verified meanwhile, to the end of their attempts
-        wait_for(lambda: any(not e.episode_id.startswith(group + "/") for e in seen),
-                 what="another group's episodes", actor=actor)
+        wait_for(
+            lambda: any(not e.episode_id.startswith(group + "/") for e in seen),
+            what="another group's episodes",
+            actor=actor,
+        )
         others = {rid.rsplit("/", 2)[0] for rid in verifier.arrived} - {group}
         assert others, "no other group was generated while one verification was held"
         assert slow[0] not in verifier.answered and not any(e.group_id == group for e in seen)
@@ -117,8 +130,9 @@ def test_a_dead_verifiers_requests_go_to_a_live_one_at_once(tmp_path):
     registry = Registry(tmp_path)
     registry.register("verifier-0", "verifier", {"verifier": first.address})
     replay = start_replay(tmp_path, G=2, B=2)
-    actor = actor_for(tmp_path, rollout_cfg(max_turns=1, max_new_tokens=4, verify_reply_timeout_s=300.0,
-                                            max_inflight=4))
+    actor = actor_for(
+        tmp_path, rollout_cfg(max_turns=1, max_new_tokens=4, verify_reply_timeout_s=300.0, max_inflight=4)
+    )
     seen = []
     actor.sender.submit = lambda ep, submit=actor.sender.submit: (seen.append(ep), submit(ep))[1]
     try:
@@ -131,8 +145,11 @@ def test_a_dead_verifiers_requests_go_to_a_live_one_at_once(tmp_path):
         first.close()  # dies with its requests outstanding (its registry entry is still there)
         wait_for(lambda: held <= set(second.answered), timeout_s=10.0, what="the held requests re-sent", actor=actor)
         assert time.monotonic() - killed_at < 5.0
-        wait_for(lambda: {e.episode_id for e in seen} >= {r.rsplit("/", 1)[0] for r in held},
-                 what="the moved attempts' episodes", actor=actor)
+        wait_for(
+            lambda: {e.episode_id for e in seen} >= {r.rsplit("/", 1)[0] for r in held},
+            what="the moved attempts' episodes",
+            actor=actor,
+        )
         assert actor.health().verify_infra == 0 and actor.verify_stats["moved"] >= len(held)
         for ep in seen:  # one verdict per turn, from the live verifier
             assert [t.result.request_id for t in ep.turns] == [f"{ep.episode_id}/t0"]

@@ -23,18 +23,28 @@ from configs import ModelConfig, RolloutConfig, SGLangConfig, load_config
 from launch.driver.plan import actor_slot, plan
 from tests.helpers.common import free_port
 
-TINY = ModelConfig(num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, intermediate_size=128,
-                   max_seq_len=256)
+TINY = ModelConfig(num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, intermediate_size=128, max_seq_len=256)
 
 INIT_GROUP_FIELDS = {"master_address", "master_port", "rank_offset", "world_size", "group_name", "backend"}
 UPDATE_DISTRIBUTED_FIELDS = {"names", "dtypes", "shapes", "group_name", "flush_cache", "weight_version"}
 
 
 def test_launch_command_comes_from_the_config():
-    rollout = RolloutConfig(engine="sglang", sglang=SGLangConfig(tp_size=2, mem_fraction=0.6, base_port=31000,
-                                                                 extra_args=["--dtype", "bfloat16"]))
-    slot = actor_slot(plan(load_config(None, ["rollout.engine=sglang", "rollout.sglang.tp_size=2", "rollout.num_actors=2",
-                                              "cluster.engine_gpus=2"]), check_fit=False), "rollout", 1)
+    rollout = RolloutConfig(
+        engine="sglang",
+        sglang=SGLangConfig(tp_size=2, mem_fraction=0.6, base_port=31000, extra_args=["--dtype", "bfloat16"]),
+    )
+    slot = actor_slot(
+        plan(
+            load_config(
+                None,
+                ["rollout.engine=sglang", "rollout.sglang.tp_size=2", "rollout.num_actors=2", "cluster.engine_gpus=2"],
+            ),
+            check_fit=False,
+        ),
+        "rollout",
+        1,
+    )
     spec = launch_spec(rollout, dataclasses.replace(TINY, path="/models/qwen"), index=1, gpu_ids=slot.device_ids())
     cmd = spec.command()
     assert cmd[1:3] == ["-m", "sglang.launch_server"]
@@ -59,17 +69,20 @@ def checkpoint(tmp_path_factory):
 
 def test_a_launched_server_serves_exact_logprobs_and_stops_with_the_engine(checkpoint):
     path, model = checkpoint
-    rollout = RolloutConfig(engine="sglang", sglang=SGLangConfig(launch_module="actors.rollout.serve",
-                                                                 base_port=free_port(), start_timeout_s=120.0))
+    rollout = RolloutConfig(
+        engine="sglang",
+        sglang=SGLangConfig(launch_module="actors.rollout.serve", base_port=free_port(), start_timeout_s=120.0),
+    )
     engine = make_engine(rollout, dataclasses.replace(TINY, path=str(path)), index=0, eos_token_ids=[])
     try:
         assert isinstance(engine, SGLangEngine) and engine.health()["alive"]
         prompt = [256, 10, 20, 30]
-        (gen,) = engine.generate([GenerateRequest("a", prompt, SamplingParams(max_new_tokens=6, ignore_eos=True,
-                                                                               temperature=0.8))])
+        (gen,) = engine.generate(
+            [GenerateRequest("a", prompt, SamplingParams(max_new_tokens=6, ignore_eos=True, temperature=0.8))]
+        )
         ids = torch.tensor([prompt + gen.output_ids.tolist()])
         with torch.no_grad():
-            logits = model(input_ids=ids).logits[0, len(prompt) - 1:-1].float()
+            logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
         ref = torch.log_softmax(logits / 0.8, -1).gather(1, torch.tensor(gen.output_ids)[:, None])[:, 0].numpy()
         assert np.abs(ref - gen.logprobs).mean() < 1e-4
         assert engine.weight_version == 0
@@ -79,8 +92,10 @@ def test_a_launched_server_serves_exact_logprobs_and_stops_with_the_engine(check
 
 
 def test_a_server_that_fails_to_start_is_an_engine_error(tmp_path):
-    rollout = RolloutConfig(engine="sglang", sglang=SGLangConfig(launch_module="actors.rollout.no_such_module",
-                                                                 base_port=free_port(), start_timeout_s=60.0))
+    rollout = RolloutConfig(
+        engine="sglang",
+        sglang=SGLangConfig(launch_module="actors.rollout.no_such_module", base_port=free_port(), start_timeout_s=60.0),
+    )
     with pytest.raises(EngineError, match="exited"):
         make_engine(rollout, dataclasses.replace(TINY, path=str(tmp_path)), index=0, eos_token_ids=[])
 
@@ -117,13 +132,21 @@ class SGLangWeightFixture:
 
 def test_distributed_weight_update_requests_match_sglangs_request_types():
     fixture = SGLangWeightFixture()
-    engine = SGLangEngine(RolloutConfig(engine="sglang", sglang=SGLangConfig(urls=[fixture.url])), TINY, index=0, eos_token_ids=[])
+    engine = SGLangEngine(
+        RolloutConfig(engine="sglang", sglang=SGLangConfig(urls=[fixture.url])), TINY, index=0, eos_token_ids=[]
+    )
     try:
         engine.init_weights_update_group("10.0.0.1", 29600, rank_offset=1, world_size=3)
         init = fixture.bodies["/init_weights_update_group"]
         assert set(init) == INIT_GROUP_FIELDS
-        assert init == {"master_address": "10.0.0.1", "master_port": 29600, "rank_offset": 1, "world_size": 3,
-                        "group_name": "weight_update_group", "backend": "nccl"}
+        assert init == {
+            "master_address": "10.0.0.1",
+            "master_port": 29600,
+            "rank_offset": 1,
+            "world_size": 3,
+            "group_name": "weight_update_group",
+            "backend": "nccl",
+        }
         engine.update_weights_from_distributed(["model.norm.weight"], ["bfloat16"], [[64]], version=7)
         update = fixture.bodies["/update_weights_from_distributed"]
         assert set(update) == UPDATE_DISTRIBUTED_FIELDS
@@ -136,7 +159,9 @@ def test_distributed_weight_update_requests_match_sglangs_request_types():
 
 def test_a_refused_distributed_update_is_an_engine_error():
     fixture = SGLangWeightFixture(succeed=False)
-    engine = SGLangEngine(RolloutConfig(engine="sglang", sglang=SGLangConfig(urls=[fixture.url])), TINY, index=0, eos_token_ids=[])
+    engine = SGLangEngine(
+        RolloutConfig(engine="sglang", sglang=SGLangConfig(urls=[fixture.url])), TINY, index=0, eos_token_ids=[]
+    )
     try:
         with pytest.raises(EngineError, match="group not initialised"):
             engine.update_weights_from_distributed(["w"], ["float32"], [[1]], version=1)

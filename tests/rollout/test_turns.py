@@ -29,9 +29,17 @@ def chat(tiny_chat_model):
 
 
 def verdict(passed=False, feedback="error: expected ';' before '}'", speedup=None, error="compile"):
-    return VerifyResult(request_id="r", task_id=RELU.task_id, passed=passed, stage="done" if passed else "compile",
-                        error_class=None if passed else error, q=1.0 if passed else 0.0,
-                        score=1.0 if passed else -1.0, speedup_eager=speedup, feedback=feedback)
+    return VerifyResult(
+        request_id="r",
+        task_id=RELU.task_id,
+        passed=passed,
+        stage="done" if passed else "compile",
+        error_class=None if passed else error,
+        q=1.0 if passed else 0.0,
+        score=1.0 if passed else -1.0,
+        speedup_eager=speedup,
+        feedback=feedback,
+    )
 
 
 def answer_turn(policy, prompt, text, result, reasoning=""):
@@ -114,14 +122,22 @@ def test_old_turns_are_elided_to_fit_and_the_attempt_goes_on():
 
 def test_a_task_that_cannot_fit_alone_is_unservable_with_its_size():
     tok = ByteTokenizer()
-    size = len(TurnPolicy(TurnRules(max_turns=1, max_seq_len=10**6, max_new_tokens=1), tok)
-               .next_prompt(Attempt.of(RELU), None).ids)
+    size = len(
+        TurnPolicy(TurnRules(max_turns=1, max_seq_len=10**6, max_new_tokens=1), tok)
+        .next_prompt(Attempt.of(RELU), None)
+        .ids
+    )
     policy = TurnPolicy(TurnRules(max_turns=3, max_seq_len=size + 100, max_new_tokens=101), tok)
     done = policy.next_prompt(Attempt.of(RELU), None)
-    assert done == Done("unservable", f"its first prompt is {size} tokens; with rollout.max_new_tokens = 101 "
-                                      f"that exceeds model.max_seq_len = {size + 100}")
-    assert isinstance(TurnPolicy(dataclasses.replace(policy.rules, max_new_tokens=100), tok)
-                      .next_prompt(Attempt.of(RELU), None), Prompt)
+    assert done == Done(
+        "unservable",
+        f"its first prompt is {size} tokens; with rollout.max_new_tokens = 101 "
+        f"that exceeds model.max_seq_len = {size + 100}",
+    )
+    assert isinstance(
+        TurnPolicy(dataclasses.replace(policy.rules, max_new_tokens=100), tok).next_prompt(Attempt.of(RELU), None),
+        Prompt,
+    )
 
 
 def test_a_passing_but_slow_kernel_gets_a_performance_turn(chat):
@@ -148,8 +164,9 @@ def test_a_passing_but_slow_kernel_gets_a_performance_turn(chat):
 
 
 def test_a_retry_task_opens_with_its_failed_answer_as_an_assistant_turn(chat):
-    task = dataclasses.replace(RELU, repair=RepairContext(failed_code=ANSWER, feedback="BDR-FEEDBACK", attempt=1,
-                                                          origin_group="g1"))
+    task = dataclasses.replace(
+        RELU, repair=RepairContext(failed_code=ANSWER, feedback="BDR-FEEDBACK", attempt=1, origin_group="g1")
+    )
     policy = TurnPolicy(TurnRules(max_turns=2, max_seq_len=4096, max_new_tokens=256), chat)
     first = policy.next_prompt(Attempt.of(task), None)
     assert first.kind == "repair" and [m.role for m in first.messages] == ["system", "user", "assistant", "user"]
@@ -162,8 +179,12 @@ def test_a_retry_task_opens_with_its_failed_answer_as_an_assistant_turn(chat):
 def test_the_plain_format_for_a_tokenizer_without_a_template():
     task = Message("user", "Repeat: abc\n")
     assert plain_text([task]) == "Repeat: abc\n"  # a single turn is exactly its text
-    dialogue = [Message("system", "Rules."), task, Message("assistant", "abd", reasoning="hmm"),
-                Message("user", "Wrong answer.")]
+    dialogue = [
+        Message("system", "Rules."),
+        task,
+        Message("assistant", "abd", reasoning="hmm"),
+        Message("user", "Wrong answer."),
+    ]
     assert plain_text(dialogue) == "Rules.\n\nRepeat: abc\n<think>\nhmm\n</think>\n\nabd\nFeedback: Wrong answer.\n"
     assert ByteTokenizer().render([task]) == [ByteTokenizer.bos_token_id, *b"Repeat: abc\n"]
 
@@ -172,8 +193,9 @@ def test_thinking_is_split_from_the_answer_and_only_the_answer_is_verified(chat)
     thought = "<think>\nfirst idea:\n```python\nclass ModelNew: pass  # inside the thinking\n```\n</think>\n\n"
     ids = chat.encode(thought + ANSWER) + [chat.end_of_turn_id]
     assert chat.split_response(ids) == Response(answer=ANSWER, reasoning=thought[8:-11].strip())
-    assert chat.split_response(chat.encode("<think>\ncut off while thinking ```python\nclass ModelNew: ...")) == \
-        Response(answer="", reasoning="cut off while thinking ```python\nclass ModelNew: ...")
+    assert chat.split_response(
+        chat.encode("<think>\ncut off while thinking ```python\nclass ModelNew: ...")
+    ) == Response(answer="", reasoning="cut off while thinking ```python\nclass ModelNew: ...")
     assert ByteTokenizer().split_response(ByteTokenizer().encode(thought + ANSWER)).answer == ANSWER
 
     class Recorder:  # the verifier's side of the loop: what was it asked to verify?
@@ -185,13 +207,23 @@ def test_thinking_is_split_from_the_answer_and_only_the_answer_is_verified(chat)
 
     async def generate(r: GenerateRequest) -> Generation:
         out = np.asarray(ids, dtype=np.int64)
-        return Generation(request_id=r.request_id, output_ids=out, logprobs=np.zeros(len(out), np.float32),
-                          versions=np.zeros(len(out), np.int64), finish_reason="stop")
+        return Generation(
+            request_id=r.request_id,
+            output_ids=out,
+            logprobs=np.zeros(len(out), np.float32),
+            versions=np.zeros(len(out), np.int64),
+            finish_reason="stop",
+        )
 
     recorder = Recorder()
-    pipeline = Pipeline(actor_id="r", generate=generate, verify=recorder.verify, tokenizer=chat,
-                        params=SamplingParams(max_new_tokens=256),
-                        policy=TurnPolicy(TurnRules(max_turns=2, max_seq_len=4096, max_new_tokens=256), chat))
+    pipeline = Pipeline(
+        actor_id="r",
+        generate=generate,
+        verify=recorder.verify,
+        tokenizer=chat,
+        params=SamplingParams(max_new_tokens=256),
+        policy=TurnPolicy(TurnRules(max_turns=2, max_seq_len=4096, max_new_tokens=256), chat),
+    )
     (episode,) = asyncio.run(pipeline.run_group(TaskReply(status="task", task=RELU, group_id="g", group_size=1)))
     assert [r.candidate for r in recorder.requests] == [ANSWER]
     turn = episode.turns[0]
@@ -201,12 +233,18 @@ def test_thinking_is_split_from_the_answer_and_only_the_answer_is_verified(chat)
 
 def test_an_unservable_task_becomes_marked_episodes_that_replay_can_drop():
     tok = ByteTokenizer()
+
     async def never(request):
         pytest.fail("nothing to generate or verify")
 
-    pipeline = Pipeline(actor_id="r", generate=never, verify=never, tokenizer=tok,
-                        params=SamplingParams(max_new_tokens=64),
-                        policy=TurnPolicy(TurnRules(max_turns=2, max_seq_len=200, max_new_tokens=64), tok))
+    pipeline = Pipeline(
+        actor_id="r",
+        generate=never,
+        verify=never,
+        tokenizer=tok,
+        params=SamplingParams(max_new_tokens=64),
+        policy=TurnPolicy(TurnRules(max_turns=2, max_seq_len=200, max_new_tokens=64), tok),
+    )
     episodes = asyncio.run(pipeline.run_group(TaskReply(status="task", task=RELU, group_id="g", group_size=2)))
     for ep in episodes:
         decode(encode(ep))
@@ -231,8 +269,9 @@ def test_stop_ids_are_the_generation_configs_eos_and_the_templates_end_of_turn(c
 
         engine.model.lm_head.register_forward_hook(lambda mod, args, out: out + torch.from_numpy(bias))
         try:
-            (gen,) = engine.generate([GenerateRequest("r", prompt_ids=[1, 2, 3],
-                                                      params=SamplingParams(max_new_tokens=12))])
+            (gen,) = engine.generate(
+                [GenerateRequest("r", prompt_ids=[1, 2, 3], params=SamplingParams(max_new_tokens=12))]
+            )
         finally:
             engine.close()
         assert (gen.finish_reason, len(gen.output_ids)) == (finish, length)

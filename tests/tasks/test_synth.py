@@ -161,8 +161,7 @@ def test_canonical_hash_ignores_naming_order_and_operand_order_of_commutative_op
 
 def test_duplicate_graphs_are_rejected_and_the_run_says_it_fell_short(tmp_path):
     # relu over (rows), (3-D) and (4-D) inputs: three distinct graphs, whatever the sizes.
-    report = synthesize(SynthConfig(out=tmp_path / "relu", count=5, seed=0, ops=("relu",), max_ops=1,
-                                    max_attempts=40))
+    report = synthesize(SynthConfig(out=tmp_path / "relu", count=5, seed=0, ops=("relu",), max_ops=1, max_attempts=40))
     assert len(report.tasks) == 3 and not report.complete
     assert report.rejected["duplicate"] == 40 - 3
     assert len({t.graph_hash for t in report.tasks}) == 3
@@ -172,8 +171,11 @@ def test_exclude_drops_a_hand_written_task_with_the_same_op_structure(tmp_path):
     foreign = tmp_path / "kernelbench" / "level1"
     foreign.mkdir(parents=True)
     (foreign / "19_ReLU.py").write_text(FOREIGN_RELU)
-    report = synthesize(SynthConfig(out=tmp_path / "out", count=3, seed=0, ops=("relu", "gelu"), max_ops=1,
-                                    exclude=(tmp_path / "kernelbench",)))
+    report = synthesize(
+        SynthConfig(
+            out=tmp_path / "out", count=3, seed=0, ops=("relu", "gelu"), max_ops=1, exclude=(tmp_path / "kernelbench",)
+        )
+    )
     assert report.complete and report.excluded["structure"] > 0
     assert all(t.ops == ("gelu",) for t in report.tasks)
     manifest = json.loads((tmp_path / "out" / MANIFEST).read_text())
@@ -183,6 +185,7 @@ def test_exclude_drops_a_hand_written_task_with_the_same_op_structure(tmp_path):
 def test_structure_signature_matches_a_hand_written_fused_task_with_other_attributes():
     """A generated conv2d (5x5, padding 2) -> relu -> bias_add has the op structure of the shipped
     level4/04_conv_relu_bias (3x3, no padding), and a gelu in place of the relu does not."""
+
     def generated(activation: str) -> str:
         b = Builder(Random(1))
         x = REGISTRY["conv2d"].build(b, b.input_of_layout("image"))
@@ -218,15 +221,18 @@ def test_cli_writes_tasks_and_prints_the_mix(tmp_path, capsys):
     assert len(discover(tmp_path / "t")) == 3
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--count", "3", "--seed", "0"], "missing --out"),
-    (["--out", "{tmp}/x", "--count", "0", "--seed", "0"], "--count must be at least 1, got 0"),
-    (["--out", "{tmp}/x", "--count", "2", "--seed", "0", "--ops", "relu,bogus"], "unknown op or family 'bogus'"),
-    (["--out", "{tmp}/x", "--count", "2", "--seed", "0", "--max-ops", "99"], "--max-ops must be in 1..16"),
-    (["--out", "{tmp}/x", "--count", "2", "--seed", "0", "--exclude", "{tmp}/none"], "no such file or directory"),
-    (["--out", "{tmp}", "--count", "2", "--seed", "0"], "exists and is not an empty directory"),
-    (["--out", "{tmp}/x", "--count", "many", "--seed", "0"], "argument --count: invalid int value: 'many'"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--count", "3", "--seed", "0"], "missing --out"),
+        (["--out", "{tmp}/x", "--count", "0", "--seed", "0"], "--count must be at least 1, got 0"),
+        (["--out", "{tmp}/x", "--count", "2", "--seed", "0", "--ops", "relu,bogus"], "unknown op or family 'bogus'"),
+        (["--out", "{tmp}/x", "--count", "2", "--seed", "0", "--max-ops", "99"], "--max-ops must be in 1..16"),
+        (["--out", "{tmp}/x", "--count", "2", "--seed", "0", "--exclude", "{tmp}/none"], "no such file or directory"),
+        (["--out", "{tmp}", "--count", "2", "--seed", "0"], "exists and is not an empty directory"),
+        (["--out", "{tmp}/x", "--count", "many", "--seed", "0"], "argument --count: invalid int value: 'many'"),
+    ],
+)
 def test_cli_bad_arguments_answer_one_line(args, message, tmp_path, capsys):
     (tmp_path / "occupied").write_text("")
     argv = ["tasks", "synth"] + [a.replace("{tmp}", str(tmp_path)) for a in args]
@@ -248,10 +254,27 @@ def test_kiln_verify_runs_a_synthesized_reference(seed0, verifier_cache_dir, tmp
     body = reference.read_text().split('"""', 2)[2]
     candidate = tmp_path / "candidate.py"
     candidate.write_text(body.replace("class Model(nn.Module):", "class ModelNew(nn.Module):"))
-    p = subprocess.run([sys.executable, "-m", "launch.cli", "verify", "--reference", str(reference),
-                        "--candidate", str(candidate), "--backend", "cpu", "--json",
-                        f"verifier.cache_dir={verifier_cache_dir}", "verifier.compile_baseline=never"],
-                       cwd=REPO, capture_output=True, text=True, timeout=600)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "launch.cli",
+            "verify",
+            "--reference",
+            str(reference),
+            "--candidate",
+            str(candidate),
+            "--backend",
+            "cpu",
+            "--json",
+            f"verifier.cache_dir={verifier_cache_dir}",
+            "verifier.compile_baseline=never",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert p.returncode == 0, p.stderr[-2000:]
     result = json.loads(p.stdout)
     assert result["task_id"] == task.file.removesuffix(".py")

@@ -105,13 +105,16 @@ def test_example_reward_actor_scores_the_example_task_source():
         assert actor.verify(request(task.payload["answer"], task)).score == 1.0
 
 
-@pytest.mark.parametrize("path, message", [
-    ("no_such_module.Reward", "cannot import module 'no_such_module'"),
-    ("actors.verifier.examples.Missing", "has no attribute 'Missing'"),
-    ("actors.verifier.examples.KIND", "not a class"),
-    ("Reward", "not a dotted path"),
-    ("actors.base.Actor", r"lacks verify\(\), warm\(\), close\(\) of RewardActor"),
-])
+@pytest.mark.parametrize(
+    "path, message",
+    [
+        ("no_such_module.Reward", "cannot import module 'no_such_module'"),
+        ("actors.verifier.examples.Missing", "has no attribute 'Missing'"),
+        ("actors.verifier.examples.KIND", "not a class"),
+        ("Reward", "not a dotted path"),
+        ("actors.base.Actor", r"lacks verify\(\), warm\(\), close\(\) of RewardActor"),
+    ],
+)
 def test_bad_dotted_path_fails_at_start_up(path, message):
     with pytest.raises(PluginError, match=message):
         VerifierActor(cfg_with(path))
@@ -131,9 +134,13 @@ def test_actor_serves_the_example_reward_actor_named_in_the_config(running):
 def test_misbehaving_reward_actor_yields_infra_and_the_actor_keeps_serving(running):
     actor, address = running(cfg_with("tests.verifier.test_actor.Misbehaving", **{"verifier.reward_timeout_s": 1.0}))
     with RequestClient(address, timeout_s=10.0, retries=0) as client:
-        for what, needle in [("raise", "raised RuntimeError: plug-in bug"), ("hang", "did not answer within 1 s"),
-                             ("garbage", "expected a VerifyResult, got dict"), ("wrong-id", "someone-else"),
-                             ("nan", "not a finite number")]:
+        for what, needle in [
+            ("raise", "raised RuntimeError: plug-in bug"),
+            ("hang", "did not answer within 1 s"),
+            ("garbage", "expected a VerifyResult, got dict"),
+            ("wrong-id", "someone-else"),
+            ("nan", "not a finite number"),
+        ]:
             r = client.request(request(what))
             assert isinstance(r, VerifyResult) and r.error_class == "infra" and r.score == 0.0, what
             assert needle in r.feedback, (what, r.feedback)

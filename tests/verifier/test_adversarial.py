@@ -86,9 +86,17 @@ FEEDBACK = {
 
 
 def suite_config(cache_dir, **overrides):
-    base = {"verifier.cache_dir": str(cache_dir), "verifier.trials": 4, "verifier.warmup": 1,
-            "verifier.repeats": 5, "verifier.run_timeout_s": 10, "verifier.memory_limit_mb": 1536,
-            "verifier.compile_baseline": "never", "verifier.run_workers": 2, "verifier.compile_workers": 2}
+    base = {
+        "verifier.cache_dir": str(cache_dir),
+        "verifier.trials": 4,
+        "verifier.warmup": 1,
+        "verifier.repeats": 5,
+        "verifier.run_timeout_s": 10,
+        "verifier.memory_limit_mb": 1536,
+        "verifier.compile_baseline": "never",
+        "verifier.run_workers": 2,
+        "verifier.compile_workers": 2,
+    }
     base.update(overrides)
     return load_config(None, [f"{k}={v}" for k, v in base.items()]).verifier
 
@@ -99,19 +107,36 @@ def results(verifier_cache_dir):
     verifier = KernelVerifier(suite_config(verifier_cache_dir))
     try:
         with ThreadPoolExecutor(4) as pool:
-            done = dict(zip([c.name for c in CASES],
-                            pool.map(lambda c: verifier.verify(request_for(c, tasks)), CASES)))
+            done = dict(zip([c.name for c in CASES], pool.map(lambda c: verifier.verify(request_for(c, tasks)), CASES)))
     finally:
         verifier.close()
     return done
 
 
 def test_suite_covers_the_issue_list():
-    expected = {"fallback_python", "fallback_tensor_method", "fallback_nn_module", "fallback_cpp_aten",
-                "fallback_cpp_method", "fallback_try_except", "mutates_input", "output_aliases_input",
-                "lazy_subclass", "cached_result", "call_count", "late_thread", "numpy_roundtrip",
-                "uninitialised_memory", "patch_allclose_static", "patch_allclose_runtime", "exit_forged_result",
-                "reduced_precision", "default_shape_only", "imports_reference", "control_correct"}
+    expected = {
+        "fallback_python",
+        "fallback_tensor_method",
+        "fallback_nn_module",
+        "fallback_cpp_aten",
+        "fallback_cpp_method",
+        "fallback_try_except",
+        "mutates_input",
+        "output_aliases_input",
+        "lazy_subclass",
+        "cached_result",
+        "call_count",
+        "late_thread",
+        "numpy_roundtrip",
+        "uninitialised_memory",
+        "patch_allclose_static",
+        "patch_allclose_runtime",
+        "exit_forged_result",
+        "reduced_precision",
+        "default_shape_only",
+        "imports_reference",
+        "control_correct",
+    }
     assert expected <= {c.name for c in CASES}
     assert set(FEEDBACK) == {c.name for c in CASES} - {"control_correct"}
 
@@ -128,8 +153,9 @@ def test_adversarial_case_gets_its_verdict(case, results):
         assert r.score == -1.0 and r.stage == "legality" and r.diagnostics["violations"]
     for needle in FEEDBACK[case.name]:  # a tuple: any one of its alternatives
         alternatives = needle if isinstance(needle, tuple) else (needle,)
-        assert any(n in r.feedback for n in alternatives), \
+        assert any(n in r.feedback for n in alternatives), (
             f"{case.name}: {needle!r} missing from feedback:\n{r.feedback}"
+        )
 
 
 def test_default_shape_only_gets_partial_credit(results):
@@ -140,7 +166,7 @@ def test_default_shape_only_gets_partial_credit(results):
 def test_vendor_libraries_can_be_switched_off(verifier_cache_dir):
     """A native BLAS call is rejected when verifier.legality.allow_vendor_libs is off."""
     tasks = {t.task_id: t for t in load_tasks("tasks/level3", "cpu")}
-    source = '''
+    source = """
 import torch
 import torch.nn as nn
 
@@ -150,7 +176,7 @@ kernel_source = "extern \\"C\\" void cblas_sgemm(); // calls cblas_sgemm( native
 class ModelNew(nn.Module):
     def forward(self, A, B):
         return torch.empty(A.shape[0], B.shape[1])
-'''
+"""
     from protocols import VerifyRequest
 
     verifier = KernelVerifier(suite_config(verifier_cache_dir, **{"verifier.legality.allow_vendor_libs": False}))
@@ -165,8 +191,13 @@ class ModelNew(nn.Module):
 # The trust-boundary issue's CUDA cases run on the GPU machine (`python -m launch.bench.gpu_verifier`).
 # What can be checked here: they load, none is caught by the static scan (so each reaches the runtime
 # defence it is written against), and their CUDA code compiles.
-CUDA_ISSUE_CASES = {"side_stream_joined_late": "cheating", "stale_device_result": "cheating",
-                    "forged_clock": "cheating", "replayed_outputs": "cheating", "cuda_graph_in_init": "cheating"}
+CUDA_ISSUE_CASES = {
+    "side_stream_joined_late": "cheating",
+    "stale_device_result": "cheating",
+    "forged_clock": "cheating",
+    "replayed_outputs": "cheating",
+    "cuda_graph_in_init": "cheating",
+}
 
 
 def test_cuda_issue_cases_reach_the_runtime_defences():
@@ -200,7 +231,11 @@ def test_cuda_issue_cases_compile(tmp_path, monkeypatch):
     for i, name in enumerate(n for n in CUDA_ISSUE_CASES if n != "forged_clock" and n != "cuda_graph_in_init"):
         tree = ast.parse(cuda[name].source())
         for node in ast.walk(tree):
-            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and "__global__" in str(node.value.value):
+            if (
+                isinstance(node, ast.Assign)
+                and isinstance(node.value, ast.Constant)
+                and "__global__" in str(node.value.value)
+            ):
                 text = node.value.value
                 includes |= set(re.findall(r"^#include .*$", text, re.M))
                 body = re.sub(r"^#include .*$", "", text, flags=re.M)
@@ -212,8 +247,16 @@ def test_cuda_issue_cases_compile(tmp_path, monkeypatch):
     make_shim(tmp_path)
     unit = tmp_path / "cases.cu"
     unit.write_text(f'#include "{pch.header("lean_cuda")}"\n' + "\n".join(sorted(includes)) + "\n" + "\n".join(bodies))
-    cmd = [tc.nvcc, f"-I{tmp_path / 'shim'}", *tc.common_flags("kiln_cases"), *tc.nvcc_flags(()), "-c", str(unit),
-           "-o", str(tmp_path / "cases.o")]
+    cmd = [
+        tc.nvcc,
+        f"-I{tmp_path / 'shim'}",
+        *tc.common_flags("kiln_cases"),
+        *tc.nvcc_flags(()),
+        "-c",
+        str(unit),
+        "-o",
+        str(tmp_path / "cases.o"),
+    ]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
 
@@ -225,16 +268,21 @@ def test_an_include_line_stands_for_the_shared_file_and_a_missing_one_stops_the_
     cases = tmp_path / "cpu"
     cases.mkdir()
     (cases / "_shared.py").write_text("import torch\nEXT = 1\n")
-    (cases / "uses.py").write_text("# kiln-adversarial: task=level1/01_relu expect=cheating\n# why\n"
-                                   "# kiln-adversarial-include: _shared.py\n\nclass ModelNew: pass\n")
+    (cases / "uses.py").write_text(
+        "# kiln-adversarial: task=level1/01_relu expect=cheating\n# why\n"
+        "# kiln-adversarial-include: _shared.py\n\nclass ModelNew: pass\n"
+    )
     (case,) = load_suite("cpu", tmp_path)
     assert case.name == "uses"
-    assert case.source() == ("# kiln-adversarial: task=level1/01_relu expect=cheating\n# why\n"
-                             "import torch\nEXT = 1\n\nclass ModelNew: pass\n")
+    assert case.source() == (
+        "# kiln-adversarial: task=level1/01_relu expect=cheating\n# why\n"
+        "import torch\nEXT = 1\n\nclass ModelNew: pass\n"
+    )
     # a common case: its include comes from the backend's directory; a name in both is an error
     (tmp_path / "common").mkdir()
-    (tmp_path / "common" / "shared_case.py").write_text("# kiln-adversarial: task=level1/01_relu expect=pass\n# why\n"
-                                                        "# kiln-adversarial-include: _shared.py\n")
+    (tmp_path / "common" / "shared_case.py").write_text(
+        "# kiln-adversarial: task=level1/01_relu expect=pass\n# why\n# kiln-adversarial-include: _shared.py\n"
+    )
     by_name = {c.name: c for c in load_suite("cpu", tmp_path)}
     assert by_name["shared_case"].source().endswith("import torch\nEXT = 1\n")
     (tmp_path / "common" / "uses.py").write_text("# kiln-adversarial: task=level1/01_relu expect=pass\n# why\n")

@@ -48,7 +48,7 @@ def candidate(cpp: str, name: str, functions=("relu_fwd",), flags=("-O2",), forw
         from torch.utils.cpp_extension import load_inline
 
         cpp_source = r'''// session {NONCE}
-        {textwrap.indent(textwrap.dedent(cpp), '        ').strip()}
+        {textwrap.indent(textwrap.dedent(cpp), "        ").strip()}
         '''
 
         ext = load_inline(name={name!r}, cpp_sources=cpp_source, functions={list(functions)!r},
@@ -68,8 +68,9 @@ def relu_candidate(scale: str = "1.0f", name: str = "t_relu") -> str:
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory):
-    svc = BuildService(tmp_path_factory.mktemp("build-cache"), "cpu", workers=2, timeout_s=240, pch="use",
-                       memory_limit_mb=4096)
+    svc = BuildService(
+        tmp_path_factory.mktemp("build-cache"), "cpu", workers=2, timeout_s=240, pch="use", memory_limit_mb=4096
+    )
     # What production prewarms (the lean PCH and the thunk module shell); a no-op when a previous
     # session on this machine built them already.
     for prelude, profile in svc.default_pch_variants():
@@ -94,8 +95,14 @@ def run_prebuilt(result, source: str, body: str) -> subprocess.CompletedProcess:
         exec(compile(sys.argv[3], "candidate.py", "exec"), mod.__dict__)
         """) + textwrap.dedent(body)
     import json
-    return subprocess.run([sys.executable, "-c", script, json.dumps(result.artifacts), result.toolchain, source],
-                          capture_output=True, text=True, cwd=REPO, timeout=120)
+
+    return subprocess.run(
+        [sys.executable, "-c", script, json.dumps(result.artifacts), result.toolchain, source],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
 
 
 # ------------------------------------------------------------------------------ build + run
@@ -112,7 +119,10 @@ def test_cpu_candidate_builds_imports_prebuilt_and_computes(relu_result):
     assert any("binding: compiled (thunk)" in n for n in r.notes), r.notes
     # Inside the build jail, gcc took the precompiled lean prelude for both units (it says so when not).
     assert not any("was not used" in n for n in r.notes), r.notes
-    p = run_prebuilt(r, relu_candidate(), """
+    p = run_prebuilt(
+        r,
+        relu_candidate(),
+        """
         x = torch.randn(1000)
         y = mod.ModelNew()(x)
         assert torch.equal(y, torch.relu(x)), (y, x)
@@ -123,15 +133,17 @@ def test_cpu_candidate_builds_imports_prebuilt_and_computes(relu_result):
         else:
             raise AssertionError("no TypeError")
         print("OK")
-        """)
+        """,
+    )
     assert p.returncode == 0 and "OK" in p.stdout, p.stderr
 
 
 def test_a_refused_precompiled_prelude_is_named_with_gccs_reason(service):
     # A macro the prelude's headers test, defined on the command line: gcc cannot use the PCH built
     # without it and parses the whole prelude; the result's notes say which unit and why.
-    r = service.submit(candidate(RELU_KERNEL.format(scale="1.0f"), "t_strip",
-                                 flags=("-O2", "-DSTRIP_ERROR_MESSAGES"))).result()
+    r = service.submit(
+        candidate(RELU_KERNEL.format(scale="1.0f"), "t_strip", flags=("-O2", "-DSTRIP_ERROR_MESSAGES"))
+    ).result()
     assert r.ok, r.error
     refused = [n for n in r.notes if "the precompiled lean prelude was not used" in n]
     assert refused and all("STRIP_ERROR_MESSAGES" in n for n in refused), r.notes
@@ -154,11 +166,15 @@ def test_same_signatures_share_the_binding_object(service, relu_result):
     assert r.ok, r.error
     assert "binding_compile" not in r.phases
     assert any("binding: cached (thunk)" in n for n in r.notes), r.notes
-    p = run_prebuilt(r, relu_candidate(scale="0.5f", name="t_relu_half"), """
+    p = run_prebuilt(
+        r,
+        relu_candidate(scale="0.5f", name="t_relu_half"),
+        """
         x = torch.randn(64)
         assert torch.allclose(mod.ModelNew()(x), torch.relu(x) * 0.5)
         print("OK")
-        """)
+        """,
+    )
     assert "OK" in p.stdout, p.stderr
 
 
@@ -185,12 +201,16 @@ def test_two_extensions_in_one_candidate_are_two_modules(service):
         """)
     r = service.submit(src).result()
     assert r.ok and len(r.artifacts) == 2, r.error
-    p = run_prebuilt(r, src, """
+    p = run_prebuilt(
+        r,
+        src,
+        """
         x = torch.randn(8)
         assert mod.twice is not mod.thrice
         assert torch.equal(mod.twice.twice(x), x * 2) and torch.equal(mod.thrice.thrice(x), x * 3)
         print("OK")
-        """)
+        """,
+    )
     assert p.returncode == 0 and "OK" in p.stdout, p.stderr
 
 
@@ -217,7 +237,10 @@ def test_a_thunk_binding_carries_every_supported_type(service):
     r = service.submit(src).result()
     assert r.ok, r.error
     assert any("binding: compiled (thunk)" in n for n in r.notes), r.notes
-    p = run_prebuilt(r, src, """
+    p = run_prebuilt(
+        r,
+        src,
+        """
         x = torch.randn(6)
         y, k = mod.ext.split(x, 4, 2.0, True)
         assert torch.equal(y, x * -2.0) and k == 5
@@ -226,14 +249,18 @@ def test_a_thunk_binding_carries_every_supported_type(service):
         assert mod.ext.count(x, "ab", [1, 2, 3]) == 123 and mod.ext.count(None, "", []) == 0
         assert mod.ext.nothing(1.5) is None
         print("OK")
-        """)
+        """,
+    )
     assert p.returncode == 0 and "OK" in p.stdout, p.stderr
 
 
 def test_module_level_calls_into_the_extension_work(service):
     # Also: an explicit #include <torch/extension.h> (common in model output) still compiles lean.
-    src = candidate("#include <torch/extension.h>\n" + RELU_KERNEL.format(scale="1.0f"), "t_relu_selftest",
-                    tail="assert ext.relu_fwd(torch.tensor([-1.0, 2.0])).tolist() == [0.0, 2.0]\n")
+    src = candidate(
+        "#include <torch/extension.h>\n" + RELU_KERNEL.format(scale="1.0f"),
+        "t_relu_selftest",
+        tail="assert ext.relu_fwd(torch.tensor([-1.0, 2.0])).tolist() == [0.0, 2.0]\n",
+    )
     r = service.submit(src).result()
     assert r.ok, r.error
     assert list(r.preludes.values()) == ["lean"]
@@ -242,7 +269,8 @@ def test_module_level_calls_into_the_extension_work(service):
 # ------------------------------------------------------------------------------ preludes
 def test_api_outside_the_lean_prelude_falls_back_to_full_headers(service):
     cpp = RELU_KERNEL.format(scale="1.0f").replace(
-        "x = x.contiguous();", "TORCH_CHECK(torch::autograd::GradMode::is_enabled() || true);\n    x = x.contiguous();")
+        "x = x.contiguous();", "TORCH_CHECK(torch::autograd::GradMode::is_enabled() || true);\n    x = x.contiguous();"
+    )
     r = service.submit(candidate(cpp, "t_relu_full")).result()
     assert r.ok, r.error
     key = r.specs[0].key(r.toolchain)
@@ -251,42 +279,54 @@ def test_api_outside_the_lean_prelude_falls_back_to_full_headers(service):
 
 
 def test_signature_types_thunks_do_not_carry_get_a_pybind11_binding(service):
-    cpp = RELU_KERNEL.format(scale="(float)scales[0]").replace("(torch::Tensor x)",
-                                                             "(torch::Tensor x, std::vector<double> scales)")
+    cpp = RELU_KERNEL.format(scale="(float)scales[0]").replace(
+        "(torch::Tensor x)", "(torch::Tensor x, std::vector<double> scales)"
+    )
     src = candidate(cpp, "t_relu_scales").replace("ext.relu_fwd(x)", "ext.relu_fwd(x, [3.0])")
     r = service.submit(src).result()
     assert r.ok, r.error
     assert any("pybind11 binding" in n for n in r.notes), r.notes
-    p = run_prebuilt(r, src, """
+    p = run_prebuilt(
+        r,
+        src,
+        """
         x = torch.randn(32)
         assert torch.equal(mod.ModelNew()(x), torch.relu(x) * 3)
         print("OK")
-        """)
+        """,
+    )
     assert "OK" in p.stdout, p.stderr
 
 
 def test_no_implicit_headers_builds_as_load_inline_does(service):
     """One TU with the generated module, as load_inline writes it (here with light headers of the
     candidate's own choosing, so the test stays cheap); the module takes the extension's name."""
-    cpp = ("#include <ATen/ATen.h>\n#include <torch/csrc/utils/pybind.h>\n#include <torch/csrc/Exceptions.h>\n"
-           + RELU_KERNEL.format(scale="1.0f").replace("torch::", "at::"))
+    cpp = (
+        "#include <ATen/ATen.h>\n#include <torch/csrc/utils/pybind.h>\n#include <torch/csrc/Exceptions.h>\n"
+        + RELU_KERNEL.format(scale="1.0f").replace("torch::", "at::")
+    )
     src = candidate(cpp, "t_relu_own_headers").replace("verbose=False", "verbose=False, no_implicit_headers=True")
     r = service.submit(src).result()
     assert r.ok, r.error
     key = r.specs[0].key(r.toolchain)
     assert r.preludes[key].startswith("monolithic") and Path(r.artifacts[key]).name == "t_relu_own_headers.so"
-    p = run_prebuilt(r, src, """
+    p = run_prebuilt(
+        r,
+        src,
+        """
         x = torch.randn(32)
         assert torch.equal(mod.ModelNew()(x), torch.relu(x))
         print("OK")
-        """)
+        """,
+    )
     assert "OK" in p.stdout, p.stderr
 
 
 # ------------------------------------------------------------------------------ failures
 def test_compile_error_names_the_users_line(service):
-    broken = RELU_KERNEL.format(scale="1.0f").replace("auto out = torch::empty_like(x);",
-                                                      "auto out = torch::empty_like(x)")
+    broken = RELU_KERNEL.format(scale="1.0f").replace(
+        "auto out = torch::empty_like(x);", "auto out = torch::empty_like(x)"
+    )
     r = service.submit(candidate(broken, "t_broken")).result()
     assert not r.ok and r.error_class == "compile"
     lines = r.error.splitlines()
@@ -304,13 +344,16 @@ def test_unsupported_call_is_a_compile_error(service):
     assert r.error_class == "compile" and "load_inline" in r.error
 
 
-@pytest.mark.parametrize("code, error_class, words", [
-    ("while True:\n    pass\n", "timeout", ["did not finish"]),
-    ("import os\nos._exit(0)\n", "runtime", ["exit status 0"]),
-    ("import ctypes\nctypes.string_at(0)\n", "runtime", ["SIGSEGV"]),
-    ("import torch\nx = torch.ones(50 * 2**30 // 4)\n", "runtime", ["memory"]),
-    ("raise ValueError('boom')\n", "runtime", ["ValueError: boom", "candidate.py\", line 2"]),
-])
+@pytest.mark.parametrize(
+    "code, error_class, words",
+    [
+        ("while True:\n    pass\n", "timeout", ["did not finish"]),
+        ("import os\nos._exit(0)\n", "runtime", ["exit status 0"]),
+        ("import ctypes\nctypes.string_at(0)\n", "runtime", ["SIGSEGV"]),
+        ("import torch\nx = torch.ones(50 * 2**30 // 4)\n", "runtime", ["memory"]),
+        ("raise ValueError('boom')\n", "runtime", ["ValueError: boom", 'candidate.py", line 2']),
+    ],
+)
 def test_module_level_failures_give_a_clean_result(service, short_service, relu_result, code, error_class, words):
     svc = short_service if error_class == "timeout" else service
     r = svc.submit(f"# {NONCE}\n" + code).result()
@@ -322,8 +365,10 @@ def test_module_level_failures_give_a_clean_result(service, short_service, relu_
 def test_fork_bomb_is_contained(short_service):
     """The capture's private uid has a process limit (the kernel refuses the forks), and everything it
     started dies with its PID namespace: nothing is left under the zygote afterwards."""
-    code = ("import os, time\nfor _ in range(400):\n    if os.fork() == 0:\n        time.sleep(120)\n"
-            "        os._exit(0)\ntime.sleep(120)\n")
+    code = (
+        "import os, time\nfor _ in range(400):\n    if os.fork() == 0:\n        time.sleep(120)\n"
+        "        os._exit(0)\ntime.sleep(120)\n"
+    )
     r = short_service.submit(code).result()
     assert r.error_class in ("runtime", "timeout")
     assert "Resource temporarily unavailable" in r.error or "processes" in r.error or "did not finish" in r.error
@@ -390,14 +435,17 @@ def test_declarations_are_read_from_cpp_sources():
     b = cxx_scan.bound_declarations(src, ("f", "g"))
     assert [d.text for d in b.declarations] == [
         "Tensor f(Tensor x, int64_t k, std::tuple<int, int> t);",
-        "std::vector<torch::Tensor> g(const torch::Tensor& a, double eps, const char* s);"]
+        "std::vector<torch::Tensor> g(const torch::Tensor& a, double eps, const char* s);",
+    ]
     assert b.preamble == ("using namespace torch;",) and b.has_code
     decl_only = cxx_scan.bound_declarations("torch::Tensor f(torch::Tensor x);", ("f",))
     assert decl_only is not None and not decl_only.has_code
-    for unreadable in ("template <typename T> T f(T x) { return x; }",
-                       "static torch::Tensor f(torch::Tensor x) { return x; }",
-                       "namespace { torch::Tensor f(torch::Tensor x) { return x; } }",
-                       "torch::Tensor f(torch::Tensor x); torch::Tensor f(torch::Tensor x, int k);"):
+    for unreadable in (
+        "template <typename T> T f(T x) { return x; }",
+        "static torch::Tensor f(torch::Tensor x) { return x; }",
+        "namespace { torch::Tensor f(torch::Tensor x) { return x; } }",
+        "torch::Tensor f(torch::Tensor x); torch::Tensor f(torch::Tensor x, int k);",
+    ):
         assert cxx_scan.bound_declarations(unreadable, ("f",)) is None, unreadable
 
 
@@ -410,17 +458,19 @@ def test_static_facts():
     assert cxx_scan.uses_pybind("PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {}")
     assert cxx_scan.vendor_libs_in_sources(["#include <cublas_v2.h>\n"], ("-lcudnn",)) == {"cublas", "cudnn"}
     assert cxx_scan.vendor_libs_in_symbols(["cublasSgemm_v2"], ["_ZN7cutlass4gemmE"]) == {"cublas", "cutlass"}
-    calls, methods = cxx_scan.torch_calls(["auto y = torch::matmul(a, b); x.sum(1); // at::relu(x)"],
-                                          frozenset({"sum", "data_ptr"}))
+    calls, methods = cxx_scan.torch_calls(
+        ["auto y = torch::matmul(a, b); x.sum(1); // at::relu(x)"], frozenset({"sum", "data_ptr"})
+    )
     assert calls == ["torch::matmul"] and methods == ["sum"]
 
 
 def test_first_errors_are_trimmed_and_scrubbed():
-    out = ("/tmp/cache/tmp/abc/kernel_lean.cpp: In function 'at::Tensor f(at::Tensor)':\n"
-           "cpp_source:3:5: error: 'retur' was not declared in this scope\n"
-           "    3 |     retur x;\n      |     ^~~~~\n"
-           "/opt/torch/include/ATen/core/TensorBody.h:10:1: error: something in a header\n"
-           + "noise\n" * 100)
+    out = (
+        "/tmp/cache/tmp/abc/kernel_lean.cpp: In function 'at::Tensor f(at::Tensor)':\n"
+        "cpp_source:3:5: error: 'retur' was not declared in this scope\n"
+        "    3 |     retur x;\n      |     ^~~~~\n"
+        "/opt/torch/include/ATen/core/TensorBody.h:10:1: error: something in a header\n" + "noise\n" * 100
+    )
     text = diagnostics.first_errors(out, {"/tmp/cache/tmp/abc/": "", "/opt/torch/include": "<torch>"}, ("cpp_source",))
     assert text.splitlines()[0].startswith("cpp_source:3:5: error")
     assert "retur x;" in text and "<torch>/ATen/core/TensorBody.h" in text and "noise" not in text
@@ -466,8 +516,9 @@ def test_cuda_kernel_unit_compiles_with_the_lean_prelude(tmp_path, monkeypatch):
     spec = spec_from_call("t_scale", cpp, cuda_sources="#include <torch/extension.h>\n" + cu, functions=["scale"])
     bindable = cxx_scan.bound_declarations(cpp, ("scale",))
     assert bindable is not None and not bindable.has_code  # no C++ kernel TU: binding + .cu only
-    cuda = builder._cuda_unit(spec, tmp_path, builder._write_user_files(tmp_path, "cuda_source", spec.cuda_sources),
-                              "lean_cuda")
+    cuda = builder._cuda_unit(
+        spec, tmp_path, builder._write_user_files(tmp_path, "cuda_source", spec.cuda_sources), "lean_cuda"
+    )
     thunk = builder._thunk_unit(spec, tmp_path, bindable)
     # nvcc's host and device front ends run concurrently (nvcc.py), not as one plain nvcc call.
     assert nvcc.plan(cuda.cmd, tmp_path, tmp_path / "dryrun") is not None

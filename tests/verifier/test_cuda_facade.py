@@ -33,9 +33,11 @@ def shipped_cuda_specs():
     out = []
     orig = cpp_ext.load_inline
     for path in sorted((REPO / "tasks" / "solutions" / "cuda").glob("level*/*.py")):
+
         def record(*args, **kwargs):
             out.append((path, spec_from_call(*args, **kwargs)))
             return None
+
         cpp_ext.load_inline = record
         try:
             exec(compile(path.read_text(), str(path), "exec"), {"__name__": "kiln_facade_test"})
@@ -128,9 +130,12 @@ def test_builder_tries_the_facade_then_falls_back_to_lean(cuda_builder, tmp_path
             return y;
         }
         """)
-    half = spec_from_call("t_half", "torch::Tensor twice_fwd(torch::Tensor x);",
-                          cuda_sources="#include <torch/extension.h>\n" + cu,
-                          functions=["twice_fwd"])
+    half = spec_from_call(
+        "t_half",
+        "torch::Tensor twice_fwd(torch::Tensor x);",
+        cuda_sources="#include <torch/extension.h>\n" + cu,
+        functions=["twice_fwd"],
+    )
     (tmp_path / "half").mkdir()
     plan = cuda_builder._plan(half, tmp_path / "half")
     assert plan.facade
@@ -151,8 +156,12 @@ def test_builder_tries_the_facade_then_falls_back_to_lean(cuda_builder, tmp_path
     assert "no-facade" in replace(cuda_builder.tc, cuda_facade=False).id
 
     # A C++ side with code of its own sees the tensors too: no facade for it.
-    mixed = spec_from_call("t_mixed", "torch::Tensor f(torch::Tensor x);\ntorch::Tensor g(torch::Tensor x) { return f(x); }",
-                           cuda_sources=relu.cuda_sources[0].replace("relu_forward", "f"), functions=["g"])
+    mixed = spec_from_call(
+        "t_mixed",
+        "torch::Tensor f(torch::Tensor x);\ntorch::Tensor g(torch::Tensor x) { return f(x); }",
+        cuda_sources=relu.cuda_sources[0].replace("relu_forward", "f"),
+        functions=["g"],
+    )
     (tmp_path / "mixed").mkdir()
     assert not cuda_builder._plan(mixed, tmp_path / "mixed").facade
 
@@ -226,15 +235,35 @@ def _link_facade_module(builder, bdir: Path, candidate_cpp: str, decls: str, fun
     assert bindable is not None
     thunk = builder._thunk_unit(spec, bdir, bindable, True)
     (bdir / "cand.cpp").write_text(f'#include "{builder.pch.header("facade_cuda")}"\n{candidate_cpp}')
-    cand_cmd = [tc.cxx, *tc.cxx_flags(), "-isystem", os.path.join(tc.cuda_home, "include"), "-O1", "-c",
-                "cand.cpp", "-o", "cand.o"]
+    cand_cmd = [
+        tc.cxx,
+        *tc.cxx_flags(),
+        "-isystem",
+        os.path.join(tc.cuda_home, "include"),
+        "-O1",
+        "-c",
+        "cand.cpp",
+        "-o",
+        "cand.o",
+    ]
     cand = subprocess.run(cand_cmd, cwd=bdir, capture_output=True, text=True)
     assert cand.returncode == 0, cand.stderr[-3000:]
     builder._run_all([thunk], bdir)
     assert thunk.ok, thunk.output[-3000:]
     so = bdir / "kiln_ext.so"
-    link = [tc.cxx, "cand.o", thunk.obj, str(builder.pch.shell_object()), str(builder.pch.facade_object()),
-            "-shared", *tc.link_libs(False), f"-L{tc.cuda_libdir}", "-lcudart", "-o", str(so)]
+    link = [
+        tc.cxx,
+        "cand.o",
+        thunk.obj,
+        str(builder.pch.shell_object()),
+        str(builder.pch.facade_object()),
+        "-shared",
+        *tc.link_libs(False),
+        f"-L{tc.cuda_libdir}",
+        "-lcudart",
+        "-o",
+        str(so),
+    ]
     p = subprocess.run(link, cwd=bdir, capture_output=True, text=True)
     assert p.returncode == 0, p.stderr[-3000:]
     return so
@@ -271,8 +300,22 @@ def test_facade_tensor_semantics_through_the_binding(cuda_builder, tmp_path):
     full, ones = ext.pair(x, 2.5)
     assert torch.equal(full, torch.full((2,), 2.5)) and torch.equal(ones, torch.ones_like(x))
     w = torch.randn(2, 3)
-    want = [w.view(3, 2), w.reshape(6), w.t(), w.permute(1, 0), w.unsqueeze(0), w.narrow(1, 1, 2), w[1], w.double(),
-            torch.zeros_like(w), torch.full_like(w, 1.5), w.t().contiguous(), w.flatten(), w, w[0].expand(4, 3)]
+    want = [
+        w.view(3, 2),
+        w.reshape(6),
+        w.t(),
+        w.permute(1, 0),
+        w.unsqueeze(0),
+        w.narrow(1, 1, 2),
+        w[1],
+        w.double(),
+        torch.zeros_like(w),
+        torch.full_like(w, 1.5),
+        w.t().contiguous(),
+        w.flatten(),
+        w,
+        w[0].expand(4, 3),
+    ]
     got = ext.plumbing(w)
     assert len(got) == len(want) and all(g.dtype == e.dtype and torch.equal(g, e) for g, e in zip(got, want))
     assert got[0].data_ptr() == w.data_ptr() and got[2].stride() == (1, 3)  # views share storage
@@ -301,8 +344,9 @@ def test_a_facade_built_library_passes_the_symbol_check_and_cheating_is_refused(
         torch::Tensor cheat(torch::Tensor x) { return at::relu(x); }
         """)
     (tmp_path / "cheat").mkdir()
-    bad = _link_facade_module(cuda_builder, tmp_path / "cheat", cheat, DECLS + "torch::Tensor cheat(torch::Tensor x);",
-                              FUNCTIONS + ["cheat"])
+    bad = _link_facade_module(
+        cuda_builder, tmp_path / "cheat", cheat, DECLS + "torch::Tensor cheat(torch::Tensor x);", FUNCTIONS + ["cheat"]
+    )
     found = symbols.check_library(str(bad), allowlist, dirs).violations
     assert any(v.kind == "native_op" and "relu" in v.what for v in found), found
 
@@ -316,7 +360,7 @@ def test_facade_built_candidate_runs_on_the_current_stream(tmp_path):
 
     from actors.verifier.build import BuildService, install_prebuilt
 
-    cu = r'''
+    cu = r"""
     #include <ATen/cuda/CUDAContext.h>
     __global__ void add_one(const float* x, float* y, int64_t n) {
         int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
@@ -333,7 +377,7 @@ def test_facade_built_candidate_runs_on_the_current_stream(tmp_path):
     int64_t stream_of(int64_t device) {
         return (int64_t)(uintptr_t)(cudaStream_t)at::cuda::getCurrentCUDAStream(device);
     }
-    '''
+    """
     src = textwrap.dedent("""
         import torch
         from torch.utils.cpp_extension import load_inline

@@ -25,8 +25,13 @@ def verifier(verifier_cache_dir):
         pytest.skip("needs a CUDA device")
     from actors.verifier.verifier import KernelVerifier
 
-    cfg = VerifierConfig(backend="cuda", cache_dir=str(verifier_cache_dir / "cuda"), compile_baseline="never",
-                         run_workers=2, compile_workers=8)
+    cfg = VerifierConfig(
+        backend="cuda",
+        cache_dir=str(verifier_cache_dir / "cuda"),
+        compile_baseline="never",
+        run_workers=2,
+        compile_workers=8,
+    )
     v = KernelVerifier(cfg)
     yield v
     v.close()

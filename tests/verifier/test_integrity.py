@@ -34,12 +34,33 @@ SECRET = f"kiln-secret-{uuid.uuid4().hex}"  # in the verifier's environment: mus
 
 # Which suite cases stand for which class of the issue (each gets its verdict in the suite's test).
 CLASSES = {
-    1: ["gate_modes_disabled", "gate_patched_findings", "gate_apply_lambda", "gate_redispatch", "gate_other_thread",
-        "gate_storage_bytes", "gate_torch_save", "gc_find_gate", "proc_self_mem", "python_mapped_file",
-        "python_frombuffer_alias", "python_shared_fd", "python_pickle_bytes"],
-    2: ["native_namespace_alias", "native_token_paste", "native_ops_macro", "native_dlsym", "native_wrap_ldflags",
-        "native_pragma_extname", "fallback_cpp_method", "native_proc_mem", "native_signal_handler",
-        "native_extra_library"],
+    1: [
+        "gate_modes_disabled",
+        "gate_patched_findings",
+        "gate_apply_lambda",
+        "gate_redispatch",
+        "gate_other_thread",
+        "gate_storage_bytes",
+        "gate_torch_save",
+        "gc_find_gate",
+        "proc_self_mem",
+        "python_mapped_file",
+        "python_frombuffer_alias",
+        "python_shared_fd",
+        "python_pickle_bytes",
+    ],
+    2: [
+        "native_namespace_alias",
+        "native_token_paste",
+        "native_ops_macro",
+        "native_dlsym",
+        "native_wrap_ldflags",
+        "native_pragma_extname",
+        "fallback_cpp_method",
+        "native_proc_mem",
+        "native_signal_handler",
+        "native_extra_library",
+    ],
     3: ["clock_patch_import"],
     4: ["replay_fingerprint", "cached_copy", "cached_result"],
     5: ["cache_poison"],
@@ -50,9 +71,17 @@ CLASSES = {
 
 
 def config(cache_dir, **overrides):
-    base = {"verifier.cache_dir": str(cache_dir), "verifier.trials": 4, "verifier.warmup": 1, "verifier.repeats": 8,
-            "verifier.run_timeout_s": 20, "verifier.memory_limit_mb": 1536, "verifier.compile_baseline": "never",
-            "verifier.run_workers": 2, "verifier.compile_workers": 2}
+    base = {
+        "verifier.cache_dir": str(cache_dir),
+        "verifier.trials": 4,
+        "verifier.warmup": 1,
+        "verifier.repeats": 8,
+        "verifier.run_timeout_s": 20,
+        "verifier.memory_limit_mb": 1536,
+        "verifier.compile_baseline": "never",
+        "verifier.run_workers": 2,
+        "verifier.compile_workers": 2,
+    }
     base.update(overrides)
     return load_config(None, [f"{k}={v}" for k, v in base.items()]).verifier
 
@@ -102,7 +131,10 @@ def test_verdicts_report_the_sandbox_and_its_exit_status(verifier, relu_task):
     assert r.diagnostics["sandbox"]["missing"] == {}
     assert r.diagnostics["sandbox"]["exit"]["code"] == 0 and r.diagnostics["build"]["capture_exit"]["code"] == 0
     crash = verify(verifier, relu_task, fresh("crash_segfault"))
-    assert crash.diagnostics["sandbox"]["exit"]["signal"] == 11 and "SIGSEGV" in crash.diagnostics["sandbox"]["exit"]["text"]
+    assert (
+        crash.diagnostics["sandbox"]["exit"]["signal"] == 11
+        and "SIGSEGV" in crash.diagnostics["sandbox"]["exit"]["text"]
+    )
 
 
 # ----------------------------------------------------------------------- class 3: the clock
@@ -157,15 +189,20 @@ def test_a_time_below_the_physical_bound_earns_no_bonus(verifier, relu_task, mon
 
 
 def test_a_poisoned_verdict_is_never_served(verifier, relu_task):
-    victim = "import torch\nimport torch.nn as nn\nclass ModelNew(nn.Module):\n    def forward(self, x):\n" \
-             f"        return torch.relu(x)\n# victim {uuid.uuid4().hex}\n"
+    victim = (
+        "import torch\nimport torch.nn as nn\nclass ModelNew(nn.Module):\n    def forward(self, x):\n"
+        f"        return torch.relu(x)\n# victim {uuid.uuid4().hex}\n"
+    )
     from actors.verifier.extract import extract
 
     root = verifier.verdicts.root
     key = verdict_key(extract(victim).source_hash, relu_task, verifier.toolchain, verifier.cfg)
     # The poisoner is told everything: the cache's path and the victim's key.
-    poisoner = fresh("cache_poison").replace(
-        'for root in (', f'for root in ({str(root)!r}, ').replace('("00" * 32, "ff" * 32)', f'({key!r}, "00" * 32)')
+    poisoner = (
+        fresh("cache_poison")
+        .replace("for root in (", f"for root in ({str(root)!r}, ")
+        .replace('("00" * 32, "ff" * 32)', f'({key!r}, "00" * 32)')
+    )
     first = verify(verifier, relu_task, poisoner)
     assert first.error_class == "cheating" and first.score == -1.0
     assert not (root / key[:2] / f"{key}.bin").exists()  # the sandbox could not even see the cache
@@ -178,8 +215,17 @@ def test_a_forged_or_transplanted_entry_is_a_miss(tmp_path):
     from protocols import VerifyResult
 
     cache = VerdictCache(tmp_path / "verdicts")
-    good = VerifyResult(request_id="r", task_id="t", passed=True, stage="done", error_class=None, q=1.0, score=2.0,
-                        feedback="", source_hash="aa" * 32)
+    good = VerifyResult(
+        request_id="r",
+        task_id="t",
+        passed=True,
+        stage="done",
+        error_class=None,
+        q=1.0,
+        score=2.0,
+        feedback="",
+        source_hash="aa" * 32,
+    )
     cache.put("k1" * 32, good)
     assert cache.get("k1" * 32, "aa" * 32, "t").score == 2.0
     path = cache._path("k1" * 32)
@@ -212,9 +258,25 @@ def test_the_cli_json_is_the_verdict_the_verifier_recorded(verifier_cache_dir, t
     process it can see. stdout holds exactly the verifier's verdict, which is also in its cache."""
     cand = tmp_path / "kill.py"
     cand.write_text(fresh("kill_verifier"))
-    p = subprocess.run([sys.executable, "-m", "launch.cli", "verify", "--reference", "tasks/level1/01_relu.py",
-                        "--candidate", str(cand), "--json", f"verifier.cache_dir={verifier_cache_dir}",
-                        "verifier.compile_baseline=never"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "launch.cli",
+            "verify",
+            "--reference",
+            "tasks/level1/01_relu.py",
+            "--candidate",
+            str(cand),
+            "--json",
+            f"verifier.cache_dir={verifier_cache_dir}",
+            "verifier.compile_baseline=never",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert p.returncode == 0, p.stderr[-2000:]
     out = json.loads(p.stdout)  # exactly one JSON object
     assert out["passed"] is False and out["error_class"] == "cheating" and out["score"] == -1.0
@@ -228,7 +290,11 @@ def test_the_cli_json_is_the_verdict_the_verifier_recorded(verifier_cache_dir, t
     recorded = VerdictCache(Path(verifier_cache_dir) / "verdicts").get(key, source_hash, relu_task.task_id)
     assert recorded is not None
     assert (recorded.passed, recorded.error_class, recorded.score, recorded.stage) == (
-        out["passed"], out["error_class"], out["score"], out["stage"])
+        out["passed"],
+        out["error_class"],
+        out["score"],
+        out["stage"],
+    )
 
 
 def test_the_verifier_actor_answers_the_next_request(verifier_cache_dir, relu_task):
@@ -260,8 +326,14 @@ def test_nothing_is_written_outside_scratch_and_no_process_is_left(verifier, rel
     assert r.error_class == "cheating" and "for writing" in r.feedback
     mark = "kiln-escape-7f3a"
     torch_dir = os.path.dirname(os.path.abspath(torch.__file__))
-    for path in (f"/tmp/{mark}", os.path.expanduser(f"~/{mark}"), f"/{mark}", f"{torch_dir}/{mark}",
-                 f"/var/tmp/{mark}", f"/dev/shm/{mark}"):
+    for path in (
+        f"/tmp/{mark}",
+        os.path.expanduser(f"~/{mark}"),
+        f"/{mark}",
+        f"{torch_dir}/{mark}",
+        f"/var/tmp/{mark}",
+        f"/dev/shm/{mark}",
+    ):
         assert not os.path.exists(path), path
     left = [p.name for p in Path("/proc").iterdir() if p.name.isdigit() and _uid(p) >= jail.SANDBOX_UID_BASE]
     assert left == [], left
@@ -301,7 +373,7 @@ def test_feedback_quotes_no_host_file_or_environment(verifier, relu_task, case):
 
 # ------------------------------------------------------------------------ what a sandbox sees
 
-PROBE = '''
+PROBE = """
 import json
 import torch
 import torch.nn as nn
@@ -335,7 +407,7 @@ def observe():
 class ModelNew(nn.Module):
     def forward(self, x):
         raise ValueError("PROBE" + json.dumps(observe()) + "PROBE")
-'''
+"""
 
 
 def test_a_sandbox_sees_only_what_it_needs(verifier, relu_task):
@@ -396,8 +468,7 @@ def test_the_engine_pauses_between_steps_while_a_kernel_is_timed(tmp_path, monke
     from protocols import lease as lease_module
 
     monkeypatch.setattr(lease_module.tempfile, "gettempdir", lambda: str(tmp_path))
-    tiny = ModelConfig(num_layers=1, hidden_size=32, num_heads=2, num_kv_heads=1, intermediate_size=64,
-                       max_seq_len=64)
+    tiny = ModelConfig(num_layers=1, hidden_size=32, num_heads=2, num_kv_heads=1, intermediate_size=64, max_seq_len=64)
     engine = TorchEngine(tiny, max_batch=1, seed=0)
     steps = []
     engine.step_hook = lambda n: steps.append(time.monotonic())
@@ -405,8 +476,11 @@ def test_the_engine_pauses_between_steps_while_a_kernel_is_timed(tmp_path, monke
         window = lease_module.DeviceLease("cpu")
         done = []
         with window.exclusive():
-            t = threading.Thread(target=lambda: done.append(engine.generate(
-                [GenerateRequest("r", [1, 2, 3], SamplingParams(max_new_tokens=8))])))
+            t = threading.Thread(
+                target=lambda: done.append(
+                    engine.generate([GenerateRequest("r", [1, 2, 3], SamplingParams(max_new_tokens=8))])
+                )
+            )
             t.start()
             time.sleep(0.5)
             held_steps = len(steps)
@@ -487,8 +561,9 @@ def test_a_busy_verifier_thread_does_not_delay_the_round_trip_clock():
         for _ in range(n):
             a, b = socket.socketpair()
             sent = []
-            replier = threading.Thread(target=lambda: (time.sleep(0.002), sent.append(time.perf_counter()),
-                                                       b.sendall(b"x")))
+            replier = threading.Thread(
+                target=lambda: (time.sleep(0.002), sent.append(time.perf_counter()), b.sendall(b"x"))
+            )
             replier.start()
             a.recv(1)
             out.append(time.perf_counter() - sent[0])

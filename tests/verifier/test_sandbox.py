@@ -24,8 +24,14 @@ SUITE = {c.name: c for c in load_suite("cpu")}
 
 @pytest.fixture(scope="module")
 def verifier(verifier_cache_dir):
-    items = {"verifier.cache_dir": verifier_cache_dir, "verifier.trials": 4, "verifier.run_timeout_s": 6,
-             "verifier.memory_limit_mb": 1536, "verifier.compile_baseline": "never", "verifier.repeats": 5}
+    items = {
+        "verifier.cache_dir": verifier_cache_dir,
+        "verifier.trials": 4,
+        "verifier.run_timeout_s": 6,
+        "verifier.memory_limit_mb": 1536,
+        "verifier.compile_baseline": "never",
+        "verifier.repeats": 5,
+    }
     v = KernelVerifier(load_config(None, [f"{k}={val}" for k, val in items.items()]).verifier)
     yield v
     v.close()
@@ -42,11 +48,14 @@ def fresh_control(verifier, task):
     return verifier.verify(VerifyRequest(request_id=uuid.uuid4().hex, task=task, candidate=source))
 
 
-@pytest.mark.parametrize("case, error_class, needle", [
-    ("crash_segfault", "runtime", "segmentation fault"),
-    ("infinite_loop", "timeout", "exceeded the 6 s limit"),
-    ("out_of_memory", "runtime", "memory limit of 1536 MB"),
-])
+@pytest.mark.parametrize(
+    "case, error_class, needle",
+    [
+        ("crash_segfault", "runtime", "segmentation fault"),
+        ("infinite_loop", "timeout", "exceeded the 6 s limit"),
+        ("out_of_memory", "runtime", "memory limit of 1536 MB"),
+    ],
+)
 def test_a_lost_child_is_replaced_and_the_next_request_served(verifier, relu_task, case, error_class, needle):
     children = verifier.pool.children
     source = SUITE[case].source() + f"\n# {uuid.uuid4().hex}\n"  # no verdict-cache hit from another module
@@ -89,8 +98,11 @@ class ModelNew(nn.Module):
     pool = SandboxPool("cpu", 1, 2048)
     try:
         with pool.session() as child:
-            prep = child.request("prepare", {"source": source, "source_hash": "ab" * 32, "artifacts": None,
-                                             "toolchain": "", "reference_paths": []}, 60)
+            prep = child.request(
+                "prepare",
+                {"source": source, "source_hash": "ab" * 32, "artifacts": None, "toolchain": "", "reference_paths": []},
+                60,
+            )
             assert prep["ok"], prep
             assert child.request("instance", {"init_args": [], "seed": 0, "state_dict": {}}, 30)["ok"]
             reply = child.request("call", {"inputs": [torch.randn(2, 2)]}, 30)

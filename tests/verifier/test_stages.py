@@ -19,7 +19,9 @@ from actors.verifier.reward import chosen_speedup, moore_score
 from configs.schema import RewardConfig
 
 REPO = Path(__file__).resolve().parents[2]
-MODULE = "import torch\nimport torch.nn as nn\n\nclass ModelNew(nn.Module):\n    def forward(self, x):\n        return x\n"
+MODULE = (
+    "import torch\nimport torch.nn as nn\n\nclass ModelNew(nn.Module):\n    def forward(self, x):\n        return x\n"
+)
 
 
 # ------------------------------------------------------------------------------------- extract
@@ -27,7 +29,9 @@ MODULE = "import torch\nimport torch.nn as nn\n\nclass ModelNew(nn.Module):\n   
 
 def test_extract_plain_file_and_fenced_answers():
     assert extract(MODULE).source.strip() == MODULE.strip()
-    answer = f"Here is my kernel:\n```cpp\n__global__ void k() {{}}\n```\nand the module:\n```python\n{MODULE}```\nDone."
+    answer = (
+        f"Here is my kernel:\n```cpp\n__global__ void k() {{}}\n```\nand the module:\n```python\n{MODULE}```\nDone."
+    )
     got = extract(answer)
     assert got.ok and "class ModelNew" in got.source and "__global__" not in got.source
     several = f"```python\n{MODULE}```\nA better version:\n```python\n{MODULE.replace('return x', 'return x + 0')}```"
@@ -52,32 +56,39 @@ def test_shipped_solutions_are_statically_clean(path):
     assert violations == [], [v.describe() for v in violations]
 
 
-@pytest.mark.parametrize("snippet, needle", [
-    ("import numpy as np", "import numpy"),
-    ("from torch import compile as c", "torch.compile"),
-    ("torch.cuda.graph", "torch.cuda.graph"),
-    ("import torch._dynamo", "torch._dynamo"),
-    ("torch.allclose = lambda *a: True", "assignment to torch.allclose"),
-    ("setattr(torch, 'equal', None)", "setattr(torch"),
-    ("import time\ntime.perf_counter = lambda: 0", "assignment to time.perf_counter"),
-    ("import sys\nsys.modules['x'] = None", "sys.modules"),
-    ("exec('1')", "exec()"),
-    ("import ctypes", "import ctypes"),
-    ("from level1 import Model", "import level1"),
-    ("import os\nos._exit(0)", "os._exit"),
-    ("class T(torch.Tensor):\n    pass", "class T(torch.Tensor)"),
-    ("s = 'torch::Tensor f(torch::Tensor x) { return at::matmul(x, x); }'", "at::matmul"),
-    ("s = 'c10::impl::ExcludeDispatchKeyGuard g(c10::DispatchKey::Python);'", "ExcludeDispatchKeyGuard"),
-])
+@pytest.mark.parametrize(
+    "snippet, needle",
+    [
+        ("import numpy as np", "import numpy"),
+        ("from torch import compile as c", "torch.compile"),
+        ("torch.cuda.graph", "torch.cuda.graph"),
+        ("import torch._dynamo", "torch._dynamo"),
+        ("torch.allclose = lambda *a: True", "assignment to torch.allclose"),
+        ("setattr(torch, 'equal', None)", "setattr(torch"),
+        ("import time\ntime.perf_counter = lambda: 0", "assignment to time.perf_counter"),
+        ("import sys\nsys.modules['x'] = None", "sys.modules"),
+        ("exec('1')", "exec()"),
+        ("import ctypes", "import ctypes"),
+        ("from level1 import Model", "import level1"),
+        ("import os\nos._exit(0)", "os._exit"),
+        ("class T(torch.Tensor):\n    pass", "class T(torch.Tensor)"),
+        ("s = 'torch::Tensor f(torch::Tensor x) { return at::matmul(x, x); }'", "at::matmul"),
+        ("s = 'c10::impl::ExcludeDispatchKeyGuard g(c10::DispatchKey::Python);'", "ExcludeDispatchKeyGuard"),
+    ],
+)
 def test_static_scan_names_the_escape_hatch(snippet, needle):
     violations, _ = static_scan(f"import torch\n{snippet}\n{MODULE}")
     assert any(needle in v.describe() for v in violations), [v.describe() for v in violations]
 
 
 def test_static_scan_allows_plumbing_and_reports_vendor_libraries():
-    cpp = ("'torch::Tensor f(torch::Tensor x) { auto y = torch::empty_like(x); at::cuda::getCurrentCUDAStream(); "
-           "cublasSgemm(h); return y; }'")
-    violations, vendors = static_scan(f"import torch\ntorch.backends.cuda.matmul.allow_tf32 = False\ns = {cpp}\n{MODULE}")
+    cpp = (
+        "'torch::Tensor f(torch::Tensor x) { auto y = torch::empty_like(x); at::cuda::getCurrentCUDAStream(); "
+        "cublasSgemm(h); return y; }'"
+    )
+    violations, vendors = static_scan(
+        f"import torch\ntorch.backends.cuda.matmul.allow_tf32 = False\ns = {cpp}\n{MODULE}"
+    )
     assert violations == [] and vendors == ["cuBLAS"]
     violations, _ = static_scan(f"s = {cpp}\n{MODULE}", allow_vendor_libs=False)
     assert [v.kind for v in violations] == ["vendor_lib"]
@@ -129,8 +140,13 @@ def test_moore_eval_hierarchy():
 
 def test_wire_roundtrip_and_untrusted_input():
     a, b = socket.socketpair()
-    body = {"x": torch.randn(3, 4), "h": torch.ones(2, dtype=torch.bfloat16), "t": (1, [2.5, None]), "s": "ok",
-            "empty": torch.empty(0, 5)}
+    body = {
+        "x": torch.randn(3, 4),
+        "h": torch.ones(2, dtype=torch.bfloat16),
+        "t": (1, [2.5, None]),
+        "s": "ok",
+        "empty": torch.empty(0, 5),
+    }
     wire.send(a, body)
     got = wire.recv(b)
     assert torch.equal(got["x"], body["x"]) and got["h"].dtype == torch.bfloat16 and got["t"] == (1, [2.5, None])
@@ -157,7 +173,9 @@ def test_wire_roundtrip_and_untrusted_input():
 def _task(source: str):
     from protocols import KernelSpec, Task
 
-    return Task(task_id="t/plain", kind="kernel", kernel=KernelSpec(name="plain", reference=source, backend="cpu", level=1))
+    return Task(
+        task_id="t/plain", kind="kernel", kernel=KernelSpec(name="plain", reference=source, backend="cpu", level=1)
+    )
 
 
 PLAIN_KERNELBENCH = """
@@ -204,33 +222,57 @@ def test_mangled_names_are_read_without_a_demangler():
     assert qualified_name("_ZN2at4_ops4relu4callERKNS_6TensorE") == ["at", "_ops", "relu", "call"]
     assert qualified_name("_ZN2at3cpu9clamp_minERKNS_6TensorERKN3c106ScalarE") == ["at", "cpu", "clamp_min"]
     assert qualified_name("_ZNK2at10TensorBase8data_ptrIfEEPT_v") == ["at", "TensorBase", "data_ptr"]
-    assert qualified_name("_ZN3c104impl23ExcludeDispatchKeyGuardC1ENS_14DispatchKeySetE") == \
-        ["c10", "impl", "ExcludeDispatchKeyGuard"]
+    assert qualified_name("_ZN3c104impl23ExcludeDispatchKeyGuardC1ENS_14DispatchKeySetE") == [
+        "c10",
+        "impl",
+        "ExcludeDispatchKeyGuard",
+    ]
     assert qualified_name("_ZNSt6vectorIfSaIfEE9push_backERKf") == ["std", "vector", "push_back"]
     assert qualified_name("_Z4reluv") == ["relu"] and qualified_name("dlsym") is None
 
 
-@pytest.mark.parametrize("symbol, verdict", [
-    ("_ZN2at4_ops4relu4callERKNS_6TensorE", "deny"),  # ATen compute through the dispatcher
-    ("_ZN2at4_ops9clamp_min4callERKNS_6TensorERKN3c106ScalarE", "deny"),
-    ("_ZN2at3cpu9clamp_minERKNS_6TensorERKN3c106ScalarE", "deny"),  # a kernel, no dispatcher at all
-    ("_ZN2at6native4reluERKNS_6TensorE", "deny"),
-    ("_ZN3c104impl23ExcludeDispatchKeyGuardC1ENS_14DispatchKeySetE", "deny"),
-    ("_ZN5torch3jit7compileERKSs", "deny"),
-    ("dlsym", "deny"), ("dl_iterate_phdr", "deny"), ("syscall", "deny"), ("mprotect", "deny"), ("open64", "deny"),
-    ("cudaGraphLaunch", "deny"), ("cudaStreamBeginCapture", "deny"),
-    ("_ZN2at4_ops19empty_memory_format4callEN3c108ArrayRefINS2_6SymIntEEE", "allow"),  # plumbing
-    ("_ZN2at4_ops10empty_like4callERKNS_6TensorE", "allow"),
-    ("_ZNK2at10TensorBase8data_ptrIfEEPT_v", "allow"), ("_ZN3c106detail14torchCheckFailEPKcS2_jRKSs", "allow"),
-    ("_ZN2at4cuda20getCurrentCUDAStreamEa", "allow"), ("memcpy", "allow"), ("GOMP_parallel", "allow"),
-    ("cudaLaunchKernel", "allow"), ("PyTuple_New", "allow"),
-    ("cublasSgemm_v2", "vendor"), ("cblas_sgemm", "vendor"),
-])
+@pytest.mark.parametrize(
+    "symbol, verdict",
+    [
+        ("_ZN2at4_ops4relu4callERKNS_6TensorE", "deny"),  # ATen compute through the dispatcher
+        ("_ZN2at4_ops9clamp_min4callERKNS_6TensorERKN3c106ScalarE", "deny"),
+        ("_ZN2at3cpu9clamp_minERKNS_6TensorERKN3c106ScalarE", "deny"),  # a kernel, no dispatcher at all
+        ("_ZN2at6native4reluERKNS_6TensorE", "deny"),
+        ("_ZN3c104impl23ExcludeDispatchKeyGuardC1ENS_14DispatchKeySetE", "deny"),
+        ("_ZN5torch3jit7compileERKSs", "deny"),
+        ("dlsym", "deny"),
+        ("dl_iterate_phdr", "deny"),
+        ("syscall", "deny"),
+        ("mprotect", "deny"),
+        ("open64", "deny"),
+        ("cudaGraphLaunch", "deny"),
+        ("cudaStreamBeginCapture", "deny"),
+        ("_ZN2at4_ops19empty_memory_format4callEN3c108ArrayRefINS2_6SymIntEEE", "allow"),  # plumbing
+        ("_ZN2at4_ops10empty_like4callERKNS_6TensorE", "allow"),
+        ("_ZNK2at10TensorBase8data_ptrIfEEPT_v", "allow"),
+        ("_ZN3c106detail14torchCheckFailEPKcS2_jRKSs", "allow"),
+        ("_ZN2at4cuda20getCurrentCUDAStreamEa", "allow"),
+        ("memcpy", "allow"),
+        ("GOMP_parallel", "allow"),
+        ("cudaLaunchKernel", "allow"),
+        ("PyTuple_New", "allow"),
+        ("cublasSgemm_v2", "vendor"),
+        ("cblas_sgemm", "vendor"),
+    ],
+)
 def test_imports_are_classified(symbol, verdict):
     from actors.verifier.build.symbols import Allowlist
 
-    allow = Allowlist(["aten::relu", "aten::clamp_min", "aten::clamp_min.Tensor", "aten::empty.memory_format",
-                       "aten::empty_like", "aten::add.Tensor"])
+    allow = Allowlist(
+        [
+            "aten::relu",
+            "aten::clamp_min",
+            "aten::clamp_min.Tensor",
+            "aten::empty.memory_format",
+            "aten::empty_like",
+            "aten::add.Tensor",
+        ]
+    )
     assert allow.classify(symbol)[0] == verdict, allow.classify(symbol)
 
 
@@ -259,8 +301,15 @@ def test_a_built_library_is_read_from_its_elf_file(tmp_path):
 def test_code_loading_flags_are_refused():
     from actors.verifier.build.spec import UnsupportedCall, spec_from_call
 
-    for flags in (["-fplugin=/tmp/p.so"], ["-wrapper", "gdb"], ["-B/tmp/tools"], ["@/tmp/flags"], ["-specs=/tmp/s"],
-                  ["-Wl,--audit=/tmp/a.so"], ["-Xlinker", "--plugin"]):
+    for flags in (
+        ["-fplugin=/tmp/p.so"],
+        ["-wrapper", "gdb"],
+        ["-B/tmp/tools"],
+        ["@/tmp/flags"],
+        ["-specs=/tmp/s"],
+        ["-Wl,--audit=/tmp/a.so"],
+        ["-Xlinker", "--plugin"],
+    ):
         with pytest.raises(UnsupportedCall, match="not allowed"):
             spec_from_call("m", "int f();", functions=["f"], extra_ldflags=flags)
     assert spec_from_call("m", "int f();", functions=["f"], extra_cflags=["-O3 -march=native", "-fopenmp"])
@@ -269,12 +318,14 @@ def test_code_loading_flags_are_refused():
 def test_compiler_output_loses_every_line_about_a_host_file():
     from actors.verifier.build.diagnostics import sanitize
 
-    out = ("cpp_source:1:10: fatal error: /etc/passwd: No such file or directory\n"
-           '    1 | #include "/etc/passwd"\n      |          ^~~~~~~~~~~~~\n'
-           "/home/me/secret.h:1:1: error: 'hunter2' does not name a type\n    1 | hunter2\n      | ^~~~~~~\n"
-           "<torch>/ATen/core/TensorBody.h:12:3: error: no member\n"
-           "/usr/include/c++/12/bits/stl_vector.h:5: note: candidate\n"
-           "cpp_source:4:5: error: expected ';'\n")
+    out = (
+        "cpp_source:1:10: fatal error: /etc/passwd: No such file or directory\n"
+        '    1 | #include "/etc/passwd"\n      |          ^~~~~~~~~~~~~\n'
+        "/home/me/secret.h:1:1: error: 'hunter2' does not name a type\n    1 | hunter2\n      | ^~~~~~~\n"
+        "<torch>/ATen/core/TensorBody.h:12:3: error: no member\n"
+        "/usr/include/c++/12/bits/stl_vector.h:5: note: candidate\n"
+        "cpp_source:4:5: error: expected ';'\n"
+    )
     text = sanitize(out)
     assert "passwd" not in text and "hunter2" not in text and "/home" not in text
     assert "<torch>/ATen/core/TensorBody.h:12:3" in text and "<system>/c++/12/bits/stl_vector.h" in text

@@ -18,8 +18,19 @@ import zmq
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tests.helpers.common import wait_for
-from tests.helpers.weights import (PROMPT, RESPONSE, T, TINY, assert_serves, forced, learner_logprobs, register_learner,
-                                   rollout_actor, rollout_cfg, train_a_little)
+from tests.helpers.weights import (
+    PROMPT,
+    RESPONSE,
+    T,
+    TINY,
+    assert_serves,
+    forced,
+    learner_logprobs,
+    register_learner,
+    rollout_actor,
+    rollout_cfg,
+    train_a_little,
+)
 
 from actors.base import as_ray_actor
 from actors.learner.weight_sync import WeightServer
@@ -39,9 +50,15 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 # ------------------------------------------------------------------------------------ the plan
 
 
-specs_strategy = st.lists(st.builds(lambda i, d, s: TensorSpec(name=f"w{i}", dtype=d, shape=s),
-                                    st.integers(0, 999), st.sampled_from(sorted(ITEMSIZE)),
-                                    st.lists(st.integers(0, 40), max_size=3)), max_size=30)
+specs_strategy = st.lists(
+    st.builds(
+        lambda i, d, s: TensorSpec(name=f"w{i}", dtype=d, shape=s),
+        st.integers(0, 999),
+        st.sampled_from(sorted(ITEMSIZE)),
+        st.lists(st.integers(0, 40), max_size=3),
+    ),
+    max_size=30,
+)
 
 
 @settings(max_examples=200, deadline=None)
@@ -88,8 +105,10 @@ def test_gloo_push_to_engines_in_other_processes_matches_the_learner(tmp_path, r
     endpoints = server.start()
     remote = as_ray_actor(RolloutActor, num_cpus=0)
     ctx = register_learner(tmp_path, endpoints)
-    actors = {name: remote.remote(rollout_cfg(), TINY, EvalConfig(), dataclasses.replace(ctx, name=name))
-              for name in ("ray-a", "ray-b")}
+    actors = {
+        name: remote.remote(rollout_cfg(), TINY, EvalConfig(), dataclasses.replace(ctx, name=name))
+        for name in ("ray-a", "ray-b")
+    }
     late = None
     try:
         ray.get([a.start.remote() for a in actors.values()], timeout=120)
@@ -150,7 +169,9 @@ def test_flat_buckets_land_bit_identical_to_the_per_tensor_push(tmp_path):
     train_a_little(learner)
 
     def named():
-        return [(n, p.detach().to(torch.bfloat16) if p.dim() > 1 else p.detach()) for n, p in learner.named_parameters()]
+        return [
+            (n, p.detach().to(torch.bfloat16) if p.dim() > 1 else p.detach()) for n, p in learner.named_parameters()
+        ]
 
     states, calls = {}, {}
     for flat in (True, False):
@@ -202,8 +223,9 @@ def test_a_multi_bucket_version_lands_whole_under_a_running_generation(tmp_path)
         engine.step_hook = lambda step: time.sleep(0.01)
         result = {}
         params = SamplingParams(temperature=T, max_new_tokens=60, ignore_eos=True)
-        gen_thread = threading.Thread(target=lambda: result.update(
-            gen=actor.generate([GenerateRequest("long", PROMPT, params)])[0]))
+        gen_thread = threading.Thread(
+            target=lambda: result.update(gen=actor.generate([GenerateRequest("long", PROMPT, params)])[0])
+        )
         gen_thread.start()
         wait_for(lambda: engine.stats["steps"] >= 5, what="decoding under way")
         report = server.publish(1, new.named_parameters)
@@ -333,7 +355,8 @@ def test_the_sglang_client_pauses_sglang_around_a_multi_bucket_version_and_label
             client.update_weights_from_distributed([f"w{i}"], ["bfloat16"], [[4]], version=3, group_name="g", last=last)
         posts = [(path, body) for path, body in server.calls if path != "/server_info"]
         assert [p for p, _ in posts] == ["/pause_generation"] + ["/update_weights_from_distributed"] * 3 + [
-            "/continue_generation"]
+            "/continue_generation"
+        ]
         assert posts[0][1] == {"mode": "in_place"}
         updates = [body for p, body in posts if p == "/update_weights_from_distributed"]
         assert [u["flush_cache"] for u in updates] == [False, False, True]
@@ -341,8 +364,9 @@ def test_the_sglang_client_pauses_sglang_around_a_multi_bucket_version_and_label
         client.update_weights_from_distributed(["w"], ["bfloat16"], [[4]], version=4, group_name="g")  # one bucket
         assert [p for p, _ in server.calls[-1:]] == ["/update_weights_from_distributed"]  # no pause needed
         assert "load_format" not in server.calls[-1][1]
-        client.update_weights_from_distributed(["w", "v"], ["bfloat16"] * 2, [[4], [2, 2]], version=5, group_name="g",
-                                               flat=True)  # SGLang's bucketed receive
+        client.update_weights_from_distributed(
+            ["w", "v"], ["bfloat16"] * 2, [[4], [2, 2]], version=5, group_name="g", flat=True
+        )  # SGLang's bucketed receive
         assert server.calls[-1][1]["load_format"] == "flattened_bucket"
     finally:
         client.close()
@@ -360,25 +384,35 @@ def test_kiln_server_stages_buckets_sent_over_http_without_pausing(tmp_path):
     client = SGLangClient(http.start())
     new = build_model(dataclasses.replace(TINY, seed=9))
     named = [(n, p.detach()) for n, p in new.named_parameters()]
-    halves = [named[:len(named) // 2], named[len(named) // 2:]]
+    halves = [named[: len(named) // 2], named[len(named) // 2 :]]
     sender = WeightBroadcaster("127.0.0.1", 0, 2, timeout_s=30, form=False)
     # the first half one tensor at a time, the second as one flat bucket (load_format flattened_bucket)
-    thread = threading.Thread(target=lambda: (sender.form("http-group"), sender.broadcast(halves[0]),
-                                              sender.broadcast_flat([halves[1]])))
+    thread = threading.Thread(
+        target=lambda: (sender.form("http-group"), sender.broadcast(halves[0]), sender.broadcast_flat([halves[1]]))
+    )
     try:
         thread.start()
         client.init_weights_update_group("127.0.0.1", sender.port, 1, 2, group_name="http-group", backend="gloo")
         for half, last in zip(halves, (False, True)):
-            client.update_weights_from_distributed([n for n, _ in half], ["float32"] * len(half),
-                                                   [list(t.shape) for _, t in half], 2, "http-group", last=last,
-                                                   flat=last)
+            client.update_weights_from_distributed(
+                [n for n, _ in half],
+                ["float32"] * len(half),
+                [list(t.shape) for _, t in half],
+                2,
+                "http-group",
+                last=last,
+                flat=last,
+            )
             assert engine.weight_version == (2 if last else 0)  # the first half is only staged
             assert not engine.health()["paused"]
         thread.join(30)
         assert_serves(engine, new)
         with pytest.raises(EngineError, match="load_format 'bogus'"):
-            client.call("POST", "/update_weights_from_distributed", {
-                "names": [], "dtypes": [], "shapes": [], "group_name": "http-group", "load_format": "bogus"})
+            client.call(
+                "POST",
+                "/update_weights_from_distributed",
+                {"names": [], "dtypes": [], "shapes": [], "group_name": "http-group", "load_format": "bogus"},
+            )
     finally:
         client.close()
         http.stop()
@@ -397,8 +431,11 @@ def test_colocated_engines_release_memory_for_the_step_and_take_it_back(tmp_path
         wait_for(lambda: actor.engine.health()["released"], 30, "the engine to release its memory")
         train_a_little(model)
         server.publish(1, model.named_parameters)
-        wait_for(lambda: actor.engine.weight_version == 1 and not actor.engine.health()["released"], 30,
-                 "the engine to take its memory back and load version 1")
+        wait_for(
+            lambda: actor.engine.weight_version == 1 and not actor.engine.health()["released"],
+            30,
+            "the engine to take its memory back and load version 1",
+        )
         (gen,) = actor.generate(forced())
         assert gen.versions.tolist() == [1] * len(RESPONSE)
         assert np.abs(gen.logprobs - learner_logprobs(model)).max() <= 1e-5
@@ -428,18 +465,32 @@ def test_the_weight_sync_bench_runs_both_forms_on_cpu(tmp_path):
         port = s.getsockname()[1]
     env = {**os.environ, "OUT": str(tmp_path), "PYTHONPATH": str(root)}
     bench = ["-m", "launch.bench.weight_sync", "--cpu", "--bucket-mb", "0.25", "--pushes", "10"]
-    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
-                          str(port), *bench], cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    two = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(port), *bench],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert two.returncode == 0, two.stderr[-3000:]
     rows = {r["path"]: r for r in json.loads((tmp_path / "weight_sync.json").read_text())}
     flat = rows["transport, flat single-dtype buckets, packed ahead, 0.25 MiB buckets (12)"]
-    assert flat["pushes"] == 10 and flat["of_raw"] > 0 and flat["GB"] == rows[
-        "raw gloo broadcast, one flat buffer of the version's bytes"]["GB"]
-    assert {"WeightServer.publish, gloo, flat, 0.25 MiB (received)", "publish -> WeightsLoaded, gloo, per tensor",
-            "transport, one broadcast per tensor, 0.25 MiB buckets (12)"} <= set(rows)
+    assert (
+        flat["pushes"] == 10
+        and flat["of_raw"] > 0
+        and flat["GB"] == rows["raw gloo broadcast, one flat buffer of the version's bytes"]["GB"]
+    )
+    assert {
+        "WeightServer.publish, gloo, flat, 0.25 MiB (received)",
+        "publish -> WeightsLoaded, gloo, per tensor",
+        "transport, one broadcast per tensor, 0.25 MiB buckets (12)",
+    } <= set(rows)
     one = subprocess.run([sys.executable, *bench], cwd=root, env=env, capture_output=True, text=True, timeout=300)
     assert one.returncode == 0, one.stderr[-3000:]
     rows = [r["path"] for r in json.loads((tmp_path / "weight_sync.json").read_text())]
-    assert rows == ["raw device-to-device copy of the version's bytes",
-                    "learner: pack into flat buckets, 0.25 MiB (12)",
-                    "engine: apply a version (copy every tensor into the model)"]
+    assert rows == [
+        "raw device-to-device copy of the version's bytes",
+        "learner: pack into flat buckets, 0.25 MiB (12)",
+        "engine: apply a version (copy every tensor into the model)",
+    ]

@@ -15,8 +15,7 @@ from launch.bench.weight_sync import EngineProcess
 
 pytestmark = pytest.mark.gpu
 
-SMALL = ModelConfig(num_layers=2, hidden_size=128, num_heads=4, num_kv_heads=2, intermediate_size=256,
-                    max_seq_len=256)
+SMALL = ModelConfig(num_layers=2, hidden_size=128, num_heads=4, num_kv_heads=2, intermediate_size=256, max_seq_len=256)
 PROMPT = [256, 72, 101, 108, 108, 111]
 RESPONSE = [119, 111, 114, 108, 100, 33, 10]
 T = 0.7
@@ -25,7 +24,7 @@ T = 0.7
 def learner_logprobs(model) -> np.ndarray:
     ids = torch.tensor([PROMPT + RESPONSE], device=next(model.parameters()).device)
     with torch.no_grad():
-        logits = model(input_ids=ids).logits[0, len(PROMPT) - 1:-1].float()
+        logits = model(input_ids=ids).logits[0, len(PROMPT) - 1 : -1].float()
     lp = torch.log_softmax(logits / T, -1).gather(1, torch.tensor(RESPONSE, device=logits.device)[:, None])
     return lp[:, 0].cpu().numpy()
 

@@ -30,11 +30,17 @@ def test_every_transport_has_both_ends_under_its_name(tmp_path):
 
 def test_process_groups_fall_back_to_disk_and_the_others_do_not():
     assert {name: loader(name).fallback for name in TRANSPORTS} == {
-        "gloo": "disk", "nccl": "disk", "cuda_ipc": None, "disk": None}
+        "gloo": "disk",
+        "nccl": "disk",
+        "cuda_ipc": None,
+        "disk": None,
+    }
 
 
-@pytest.mark.parametrize("device, shares_gpu, expected", [
-    ("cpu", False, "gloo"), ("cpu", True, "gloo"), ("cuda:0", False, "nccl"), ("cuda:1", True, "cuda_ipc")])
+@pytest.mark.parametrize(
+    "device, shares_gpu, expected",
+    [("cpu", False, "gloo"), ("cpu", True, "gloo"), ("cuda:0", False, "nccl"), ("cuda:1", True, "cuda_ipc")],
+)
 def test_auto_picks_the_transport_the_placement_allows(device, shares_gpu, expected):
     assert choose_transport("auto", device, shares_gpu) == expected
     assert choose_transport("disk", device, shares_gpu) == "disk"  # a forced transport is used as given
@@ -67,8 +73,9 @@ def test_ipc_answers_the_newest_snapshot_or_that_nothing_is_published(tmp_path: 
     assert ipc.answer(WeightRequest(engine_id="e"), empty, replies.append) is False
     assert replies == [WeightAnnouncement(version=-1, manifest=[], transport="cuda_ipc")]
     ipc.snapshots[4], ipc.newest = snapshot(4), 4
-    ipc.answer(WeightRequest(engine_id="e"), Published(version=4, manifest=[], bucket_bytes=1, named=None),
-               replies.append)
+    ipc.answer(
+        WeightRequest(engine_id="e"), Published(version=4, manifest=[], bucket_bytes=1, named=None), replies.append
+    )
     assert replies[-1] == snapshot(4)[1] and replies[-1].transport == "cuda_ipc"
     # an engine's end loads handles and has nothing to load before the first publish
     assert loader("cuda_ipc").join(None, "e", replies[0], -1) is None

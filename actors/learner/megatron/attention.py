@@ -61,16 +61,25 @@ class PackedSequences(PackedSeqParams):
     fused_rope: bool = False  # rotate with the compiled kernel
 
     @classmethod
-    def build(cls, boundaries: list[int], positions: torch.Tensor, rope: RotaryTables, *,
-              fused_rope: bool = False) -> "PackedSequences":
+    def build(
+        cls, boundaries: list[int], positions: torch.Tensor, rope: RotaryTables, *, fused_rope: bool = False
+    ) -> "PackedSequences":
         """`boundaries`: rising token offsets [0, ..., t] of the non-empty sequences; `positions`:
         each token's position in its sequence [t]."""
         cu = torch.tensor(boundaries, dtype=torch.int32, device=positions.device)
         longest = max((b - a for a, b in zip(boundaries, boundaries[1:])), default=0)
         cos, sin = rope.cos_sin(positions)
-        return cls(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=longest,
-                   max_seqlen_kv=longest, boundaries=tuple(boundaries), rope_cos=cos, rope_sin=sin,
-                   fused_rope=fused_rope)
+        return cls(
+            qkv_format="thd",
+            cu_seqlens_q=cu,
+            cu_seqlens_kv=cu,
+            max_seqlen_q=longest,
+            max_seqlen_kv=longest,
+            boundaries=tuple(boundaries),
+            rope_cos=cos,
+            rope_sin=sin,
+            fused_rope=fused_rope,
+        )
 
 
 def _causal_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None) -> torch.Tensor:
@@ -84,9 +93,17 @@ def _causal_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
 class SDPAAttention(MegatronModule):
     """Drop-in `core_attention` for megatron's `SelfAttention` (same constructor and forward)."""
 
-    def __init__(self, config, layer_number: int, attn_mask_type, attention_type: str,
-                 attention_dropout: float | None = None, softmax_scale: float | None = None,
-                 cp_comm_type: str | None = None, pg_collection=None):
+    def __init__(
+        self,
+        config,
+        layer_number: int,
+        attn_mask_type,
+        attention_type: str,
+        attention_dropout: float | None = None,
+        softmax_scale: float | None = None,
+        cp_comm_type: str | None = None,
+        pg_collection=None,
+    ):
         super().__init__(config=config)
         if config.context_parallel_size != 1:
             raise ValueError("SDPAAttention does not support context parallelism")
@@ -94,8 +111,16 @@ class SDPAAttention(MegatronModule):
             raise ValueError("SDPAAttention runs without attention dropout (set attention_dropout=0)")
         self.softmax_scale = softmax_scale  # None: SDPA's 1/sqrt(head_dim), megatron's default too
 
-    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask,
-                attn_mask_type=None, attention_bias=None, packed_seq_params: PackedSeqParams | None = None):
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask,
+        attn_mask_type=None,
+        attention_bias=None,
+        packed_seq_params: PackedSeqParams | None = None,
+    ):
         """query [t, heads, d], key/value [t, kv_heads, d] (THD) -> [t, heads * d]."""
         if attention_bias is not None:
             raise ValueError("SDPAAttention does not take an attention bias")

@@ -79,15 +79,22 @@ def _move(obj: Any, device: str | torch.device) -> Any:
 
 
 class MegatronBackend(LearnerBackend):
-    def __init__(self, model_cfg: ModelConfig, learner_cfg: LearnerConfig, *, device: str | torch.device = "cuda",
-                 reference: bool = False):
+    def __init__(
+        self,
+        model_cfg: ModelConfig,
+        learner_cfg: LearnerConfig,
+        *,
+        device: str | torch.device = "cuda",
+        reference: bool = False,
+    ):
         if model_cfg.dtype == "float16":
             raise ConfigError("model.dtype: the megatron backend trains in bfloat16 or float32, not float16")
         self.model_cfg, self.learner_cfg = model_cfg, learner_cfg
         self.micro_batch_tokens = learner_cfg.micro_batch_tokens
         self.device = init_distributed(device)
-        self.layout: Layout = init_model_parallel(learner_cfg.tensor_parallel, model_cfg.seed,
-                                                  learner_cfg.pipeline_parallel)
+        self.layout: Layout = init_model_parallel(
+            learner_cfg.tensor_parallel, model_cfg.seed, learner_cfg.pipeline_parallel
+        )
         self.dp_group = parallel_state.get_data_parallel_group()
         self.dp = DataParallel(self.layout.dp, self.layout.dp_rank, self.dp_group, self.device)
 
@@ -101,9 +108,13 @@ class MegatronBackend(LearnerBackend):
         except ValueError as err:
             raise ConfigError(f"learner (megatron): {err}") from None
         k = learner_cfg.megatron
-        self.kernels = Kernels(fused_logprobs=k.fused_logprobs, logprob_chunk_rows=k.logprob_chunk_rows,
-                               fused_swiglu=k.fused_swiglu, fused_rope=k.fused_rope,
-                               compile=self.device.type == "cuda")
+        self.kernels = Kernels(
+            fused_logprobs=k.fused_logprobs,
+            logprob_chunk_rows=k.logprob_chunk_rows,
+            fused_swiglu=k.fused_swiglu,
+            fused_rope=k.fused_rope,
+            compile=self.device.type == "cuda",
+        )
         self.gpt = self._build_gpt(hf_model.state_dict())
         self.reference = None
         if reference:  # the initial policy, frozen: the KL term's π_ref
@@ -112,15 +123,24 @@ class MegatronBackend(LearnerBackend):
         if self.device.type == "cuda":
             torch.cuda.empty_cache()  # the full HF copy is gone; give its blocks back before the optimizer
 
-        ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
-                                                   use_distributed_optimizer=True)
+        ddp_config = DistributedDataParallelConfig(
+            grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=True
+        )
         self.model = DistributedDataParallel(self.gpt.config, ddp_config, self.gpt)
         bf16 = model_cfg.dtype == "bfloat16"
         self.optimizer = get_megatron_optimizer(
-            OptimizerConfig(optimizer="adam", lr=learner_cfg.lr, min_lr=learner_cfg.lr,
-                            weight_decay=learner_cfg.weight_decay, bf16=bf16, params_dtype=DTYPES[model_cfg.dtype],
-                            use_distributed_optimizer=True, clip_grad=learner_cfg.grad_clip),
-            [self.model])  # a ChainedOptimizer: it reports the global grad norm even when clip_grad = 0
+            OptimizerConfig(
+                optimizer="adam",
+                lr=learner_cfg.lr,
+                min_lr=learner_cfg.lr,
+                weight_decay=learner_cfg.weight_decay,
+                bf16=bf16,
+                params_dtype=DTYPES[model_cfg.dtype],
+                use_distributed_optimizer=True,
+                clip_grad=learner_cfg.grad_clip,
+            ),
+            [self.model],
+        )  # a ChainedOptimizer: it reports the global grad norm even when clip_grad = 0
         for inner in self._torch_optimizers():
             # Without apex/TE megatron builds torch AdamW with default (foreach) kernels: ~3x the time of
             # the fused one on the fp32 shard (30 ms vs ~10 ms per step for 1.1B parameters on an H100).
@@ -128,8 +148,14 @@ class MegatronBackend(LearnerBackend):
                 group["foreach"], group["fused"] = False, self.device.type == "cuda"
 
     def _build_gpt(self, hf_state: dict[str, torch.Tensor]):
-        gpt = build_gpt(self.hf_config, self.shape, tensor_parallel=self.learner_cfg.tensor_parallel,
-                        dtype=self.model_cfg.dtype, max_seq_len=self.model_cfg.max_seq_len, stage=self.stage)
+        gpt = build_gpt(
+            self.hf_config,
+            self.shape,
+            tensor_parallel=self.learner_cfg.tensor_parallel,
+            dtype=self.model_cfg.dtype,
+            max_seq_len=self.model_cfg.max_seq_len,
+            stage=self.stage,
+        )
         load_hf_weights(gpt, hf_state, self.shape)
         return gpt
 
@@ -138,8 +164,16 @@ class MegatronBackend(LearnerBackend):
     def pack(self, batch: TrainBatch) -> PackedBatch:
         return pack(batch, self.device, vocab_size=self.shape.vocab_size, max_seq_len=self.model_cfg.max_seq_len)
 
-    def forward_backward(self, packed: PackedBatch, micro_batches: Sequence[MicroBatch], loss_fn: LossFn, *,
-                         temperature: float, forward_only: bool = False, reference: bool = False) -> list[Any]:
+    def forward_backward(
+        self,
+        packed: PackedBatch,
+        micro_batches: Sequence[MicroBatch],
+        loss_fn: LossFn,
+        *,
+        temperature: float,
+        forward_only: bool = False,
+        reference: bool = False,
+    ) -> list[Any]:
         model = self.model
         if reference:
             if self.reference is None:
@@ -157,7 +191,8 @@ class MegatronBackend(LearnerBackend):
             logits = output[0]  # [t, V/tp]: one packed row
             out = PolicyOutput(
                 logprobs=vocab_parallel_logprobs(logits, packed.targets[mb.positions], temperature, vocab, kernels),
-                entropy_of=lambda: vocab_parallel_entropy(logits, temperature, vocab, kernels))
+                entropy_of=lambda: vocab_parallel_entropy(logits, temperature, vocab, kernels),
+            )
             loss, report = loss_fn(mb, out)
             if loss is None:
                 loss = torch.zeros((), dtype=torch.float32, device=logits.device)
@@ -168,17 +203,28 @@ class MegatronBackend(LearnerBackend):
         def forward_step(data: Iterator[MicroBatch], module):
             mb = next(data)
             p = mb.positions
-            bounds = [int(b) - mb.start for b in packed.cu_seqlens[mb.first_seq:mb.end_seq + 1]]
-            output = packed_forward(module, packed.tokens[p], packed.position_ids[p], bounds, self.rope,
-                                    fused_rope=kernels.fused_rope and kernels.compile)
+            bounds = [int(b) - mb.start for b in packed.cu_seqlens[mb.first_seq : mb.end_seq + 1]]
+            output = packed_forward(
+                module,
+                packed.tokens[p],
+                packed.position_ids[p],
+                bounds,
+                self.rope,
+                fused_rope=kernels.fused_rope and kernels.compile,
+            )
             return output, lambda out: loss_func(mb, out)
 
         schedule = get_forward_backward_func()
         with torch.no_grad() if forward_only else contextlib.nullcontext():
-            reports = schedule(forward_step_func=forward_step, data_iterator=iter(micro_batches), model=model,
-                               num_microbatches=len(micro_batches),
-                               seq_length=max(mb.stop - mb.start for mb in micro_batches), micro_batch_size=1,
-                               forward_only=forward_only)
+            reports = schedule(
+                forward_step_func=forward_step,
+                data_iterator=iter(micro_batches),
+                model=model,
+                num_microbatches=len(micro_batches),
+                seq_length=max(mb.stop - mb.start for mb in micro_batches),
+                micro_batch_size=1,
+                forward_only=forward_only,
+            )
         return self._from_last_stage(reports)
 
     def _from_last_stage(self, reports: list[Any]) -> list[Any]:
@@ -188,8 +234,9 @@ class MegatronBackend(LearnerBackend):
             return reports
         group = parallel_state.get_pipeline_model_parallel_group()
         payload = [_move(reports, "cpu") if self.stage.post_process else None]
-        dist.broadcast_object_list(payload, src=dist.get_process_group_ranks(group)[-1], group=group,
-                                   device=self.device)
+        dist.broadcast_object_list(
+            payload, src=dist.get_process_group_ranks(group)[-1], group=group, device=self.device
+        )
         return reports if self.stage.post_process else _move(payload[0], self.device)
 
     def zero_grad(self) -> None:
@@ -271,8 +318,9 @@ class MegatronBackend(LearnerBackend):
         state = torch.load(Path(path) / _rank_file(self.layout.rank), map_location="cpu", weights_only=False)
         layout = (self.layout.tp, self.layout.pp, self.layout.dp)
         if tuple(state["layout"]) != layout:
-            raise ValueError(f"checkpoint was written with (tp, pp, dp) = {tuple(state['layout'])}, "
-                             f"this job is {layout}")
+            raise ValueError(
+                f"checkpoint was written with (tp, pp, dp) = {tuple(state['layout'])}, this job is {layout}"
+            )
         self.gpt.load_state_dict(state["model"])
         inner = self._torch_optimizers()
         mains = [[p for g in o.param_groups for p in g["params"]] for o in inner]

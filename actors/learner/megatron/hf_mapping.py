@@ -107,8 +107,12 @@ def _layer_suffixes(shape: ModelShape) -> list[str]:
         names.append("self_attention.linear_qkv.bias")
     if shape.qk_norm:
         names += ["self_attention.q_layernorm.weight", "self_attention.k_layernorm.weight"]
-    return names + ["self_attention.linear_proj.weight", "pre_mlp_layernorm.weight", "mlp.linear_fc1.weight",
-                    "mlp.linear_fc2.weight"]
+    return names + [
+        "self_attention.linear_proj.weight",
+        "pre_mlp_layernorm.weight",
+        "mlp.linear_fc1.weight",
+        "mlp.linear_fc2.weight",
+    ]
 
 
 @dataclass(frozen=True)
@@ -180,11 +184,17 @@ def full_shape(mg_name: str, shape: ModelShape) -> tuple[int, ...]:
     if mg_name == "decoder.final_layernorm.weight":
         return (h,)
     qkv = (shape.num_heads + 2 * shape.num_kv_heads) * d
-    shapes = {"input_layernorm.weight": (h,), "pre_mlp_layernorm.weight": (h,),
-              "self_attention.linear_qkv.weight": (qkv, h), "self_attention.linear_qkv.bias": (qkv,),
-              "self_attention.q_layernorm.weight": (d,), "self_attention.k_layernorm.weight": (d,),
-              "self_attention.linear_proj.weight": (h, shape.num_heads * d), "mlp.linear_fc1.weight": (2 * ffn, h),
-              "mlp.linear_fc2.weight": (h, ffn)}
+    shapes = {
+        "input_layernorm.weight": (h,),
+        "pre_mlp_layernorm.weight": (h,),
+        "self_attention.linear_qkv.weight": (qkv, h),
+        "self_attention.linear_qkv.bias": (qkv,),
+        "self_attention.q_layernorm.weight": (d,),
+        "self_attention.k_layernorm.weight": (d,),
+        "self_attention.linear_proj.weight": (h, shape.num_heads * d),
+        "mlp.linear_fc1.weight": (2 * ffn, h),
+        "mlp.linear_fc2.weight": (h, ffn),
+    }
     _, rest = _split_layer_name(mg_name)
     if rest not in shapes:
         raise KeyError(f"unknown megatron parameter {mg_name!r}")

@@ -58,8 +58,9 @@ def _stats(x: torch.Tensor, inv_t: torch.Tensor, target: torch.Tensor) -> tuple[
     return m, s, zt
 
 
-def _grad(x: torch.Tensor, inv_t: torch.Tensor, target: torch.Tensor, lse: torch.Tensor,
-          g: torch.Tensor) -> torch.Tensor:
+def _grad(
+    x: torch.Tensor, inv_t: torch.Tensor, target: torch.Tensor, lse: torch.Tensor, g: torch.Tensor
+) -> torch.Tensor:
     """One chunk's ∂ loss / ∂ logits = g · (onehot(target) - softmax(z)) / T, in x's dtype."""
     p = torch.exp(x.float() * inv_t - lse[:, None])
     cols = torch.arange(x.shape[-1], device=x.device)
@@ -114,10 +115,18 @@ def _sum(t: torch.Tensor, vocab: VocabSlice) -> torch.Tensor:
 
 class _ChunkedLogprobs(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, temperature: float, vocab: VocabSlice,
-                chunk_rows: int, compiled: bool, overwrite: bool) -> torch.Tensor:
+    def forward(
+        ctx,
+        logits: torch.Tensor,
+        targets: torch.Tensor,
+        temperature: float,
+        vocab: VocabSlice,
+        chunk_rows: int,
+        compiled: bool,
+        overwrite: bool,
+    ) -> torch.Tensor:
         stats, _, _ = _kernels(compiled)
-        real = logits[:, :vocab.valid]
+        real = logits[:, : vocab.valid]
         inv_t = torch.tensor(1.0 / temperature, dtype=torch.float32, device=logits.device)
         local_targets = targets - vocab.start  # outside [0, valid) on the ranks that lack the target
         local_targets = torch.where(local_targets < vocab.valid, local_targets, torch.full_like(local_targets, -1))
@@ -152,8 +161,16 @@ class _ChunkedLogprobs(torch.autograd.Function):
         return out, None, None, None, None, None, None
 
 
-def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float, vocab: VocabSlice, *,
-                   chunk_rows: int = 2048, compiled: bool = False, overwrite: bool = False) -> torch.Tensor:
+def token_logprobs(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float,
+    vocab: VocabSlice,
+    *,
+    chunk_rows: int = 2048,
+    compiled: bool = False,
+    overwrite: bool = False,
+) -> torch.Tensor:
     """float32 log softmax(logits / T)[target] over the whole vocabulary, from this rank's slice of the
     logits [t, V/tp] (targets are whole-vocabulary ids [t]); differentiable. Every TP rank must call
     it with the same t (all-reduces per chunk). `overwrite`: the backward writes the gradient into the
@@ -164,12 +181,13 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: flo
 
 
 @torch.no_grad()
-def token_entropy(logits: torch.Tensor, temperature: float, vocab: VocabSlice, *, chunk_rows: int = 2048,
-                  compiled: bool = False) -> torch.Tensor:
+def token_entropy(
+    logits: torch.Tensor, temperature: float, vocab: VocabSlice, *, chunk_rows: int = 2048, compiled: bool = False
+) -> torch.Tensor:
     """float32 entropy of softmax(logits / T) over the whole vocabulary [t], from this rank's slice (a
     metric: no gradient). Every TP rank must call it with the same t."""
     _, _, stats = _kernels(compiled)
-    real = logits[:, :vocab.valid]
+    real = logits[:, : vocab.valid]
     inv_t = torch.tensor(1.0 / temperature, dtype=torch.float32, device=logits.device)
     out = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
     for row in range(0, logits.shape[0], chunk_rows):

@@ -47,15 +47,18 @@ class Kernels:
     """Which kernels the model runs; each switch can change between steps (gpu_check times both sides
     of each in one process). `learner.megatron` in the config sets them."""
 
-    fused_logprobs: bool = True  # chunked logprobs/entropies by compiled kernels (`logprobs`), else fp32 over all logits
+    fused_logprobs: bool = (
+        True  # chunked logprobs/entropies by compiled kernels (`logprobs`), else fp32 over all logits
+    )
     logprob_chunk_rows: int = 2048  # rows per chunk of the chunked path
     fused_swiglu: bool = True  # megatron's compiled SwiGLU (fwd and bwd) instead of silu and mul apart
     fused_rope: bool = True  # RoPE of q and k by one compiled kernel each (attention.py)
     compile: bool = True  # the fused paths use torch.compile (False on CPU: the same chunked math, eager)
 
 
-def transformer_config(hf_config, shape: hm.ModelShape, *, tensor_parallel: int, dtype: str,
-                       pipeline_parallel: int = 1) -> TransformerConfig:
+def transformer_config(
+    hf_config, shape: hm.ModelShape, *, tensor_parallel: int, dtype: str, pipeline_parallel: int = 1
+) -> TransformerConfig:
     params_dtype = PARAM_DTYPES[dtype]
     config = TransformerConfig(
         num_layers=shape.num_layers,
@@ -103,16 +106,25 @@ def layer_spec(shape: hm.ModelShape):
     return spec
 
 
-def build_gpt(hf_config, shape: hm.ModelShape, *, tensor_parallel: int, dtype: str, max_seq_len: int,
-              stage: hm.Stage | None = None, on_cpu: bool = False) -> GPTModel:
+def build_gpt(
+    hf_config,
+    shape: hm.ModelShape,
+    *,
+    tensor_parallel: int,
+    dtype: str,
+    max_seq_len: int,
+    stage: hm.Stage | None = None,
+    on_cpu: bool = False,
+) -> GPTModel:
     """This pipeline stage's part (all of it by default) of an uninitialised GPTModel on the current CUDA
     device, or on the CPU for tests (parallel state must be set up)."""
     if dtype not in PARAM_DTYPES:
         raise ValueError(f"the megatron backend trains in {sorted(PARAM_DTYPES)}, not {dtype!r}")
     hm.check_tp(shape, tensor_parallel)
     stage = stage or hm.stage(shape)
-    config = transformer_config(hf_config, shape, tensor_parallel=tensor_parallel, dtype=dtype,
-                                pipeline_parallel=stage.size)
+    config = transformer_config(
+        hf_config, shape, tensor_parallel=tensor_parallel, dtype=dtype, pipeline_parallel=stage.size
+    )
     config.use_cpu_initialization = on_cpu
     model = GPTModel(
         config=config,
@@ -173,8 +185,9 @@ def _tp_gathered(name: str, param: torch.Tensor) -> torch.Tensor:
     if tp == 1 or hm.parallel_kind(name) == "replicated":
         return param.detach()
     shards = [torch.empty_like(param) for _ in range(tp)]
-    torch.distributed.all_gather(shards, param.detach().contiguous(),
-                                 group=parallel_state.get_tensor_model_parallel_group())
+    torch.distributed.all_gather(
+        shards, param.detach().contiguous(), group=parallel_state.get_tensor_model_parallel_group()
+    )
     return hm.gather(name, shards)
 
 
@@ -217,8 +230,15 @@ def rotary_tables(hf_config, shape: hm.ModelShape) -> RotaryTables:
     return RotaryTables(rope_theta(hf_config), shape.head_dim)
 
 
-def packed_forward(model, tokens: torch.Tensor, position_ids: torch.Tensor, boundaries: list[int],
-                   rope: RotaryTables, *, fused_rope: bool = False) -> torch.Tensor:
+def packed_forward(
+    model,
+    tokens: torch.Tensor,
+    position_ids: torch.Tensor,
+    boundaries: list[int],
+    rope: RotaryTables,
+    *,
+    fused_rope: bool = False,
+) -> torch.Tensor:
     """The model's output for one packed row of whole sequences: on the last pipeline stage the logits
     [1, t, padded_vocab / tp] (this rank's vocab slice), on the others the hidden states [t, 1, h]
     that go to the next stage (a stage after the first takes its input from the schedule, not from
@@ -226,28 +246,37 @@ def packed_forward(model, tokens: torch.Tensor, position_ids: torch.Tensor, boun
     dropped) and `position_ids` restart at 0 in each."""
     bounds = [b for i, b in enumerate(boundaries) if i == 0 or b != boundaries[i - 1]]
     packed = PackedSequences.build(bounds, position_ids, rope, fused_rope=fused_rope)
-    return model(input_ids=tokens[None], position_ids=position_ids[None], attention_mask=None,
-                 packed_seq_params=packed)
+    return model(input_ids=tokens[None], position_ids=position_ids[None], attention_mask=None, packed_seq_params=packed)
 
 
 def vocab_slice(local_columns: int, vocab_size: int) -> chunked.VocabSlice:
     """This TP rank's columns of the logits: which are real vocabulary ids, and the group to reduce over."""
     start = parallel_state.get_tensor_model_parallel_rank() * local_columns
-    return chunked.VocabSlice(start=start, valid=max(0, min(local_columns, vocab_size - start)),
-                              group=parallel_state.get_tensor_model_parallel_group())
+    return chunked.VocabSlice(
+        start=start,
+        valid=max(0, min(local_columns, vocab_size - start)),
+        group=parallel_state.get_tensor_model_parallel_group(),
+    )
 
 
-def vocab_parallel_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float,
-                            vocab_size: int, kernels: Kernels | None = None) -> torch.Tensor:
+def vocab_parallel_logprobs(
+    logits: torch.Tensor, targets: torch.Tensor, temperature: float, vocab_size: int, kernels: Kernels | None = None
+) -> torch.Tensor:
     """float32 log softmax(logits / T)[target] from this rank's vocab slice of the logits [t, V/tp],
     over the HF model's vocabulary (padding columns are left out). Fused: `logprobs.token_logprobs`
     (the backward writes into the logits' storage: nothing else may backpropagate through them).
     Plain: an fp32 copy of all logits through megatron's vocab-parallel cross entropy (−log p)."""
     kernels = kernels or Kernels(fused_logprobs=False)
     if kernels.fused_logprobs:
-        return chunked.token_logprobs(logits, targets, temperature, vocab_slice(logits.shape[-1], vocab_size),
-                                      chunk_rows=kernels.logprob_chunk_rows, compiled=kernels.compile,
-                                      overwrite=True)
+        return chunked.token_logprobs(
+            logits,
+            targets,
+            temperature,
+            vocab_slice(logits.shape[-1], vocab_size),
+            chunk_rows=kernels.logprob_chunk_rows,
+            compiled=kernels.compile,
+            overwrite=True,
+        )
     local = logits.shape[-1]
     start = parallel_state.get_tensor_model_parallel_rank() * local
     scaled = logits.float() / temperature
@@ -259,13 +288,18 @@ def vocab_parallel_logprobs(logits: torch.Tensor, targets: torch.Tensor, tempera
 
 
 @torch.no_grad()
-def vocab_parallel_entropy(logits: torch.Tensor, temperature: float, vocab_size: int,
-                           kernels: Kernels | None = None) -> torch.Tensor:
+def vocab_parallel_entropy(
+    logits: torch.Tensor, temperature: float, vocab_size: int, kernels: Kernels | None = None
+) -> torch.Tensor:
     """float32 entropy of softmax(logits / T) over the HF model's vocabulary [t], from this rank's vocab
     slice of the logits [t, V/tp]: a metric, so no gradient. Row chunks bound the float32 temporaries
     (compiled kernels when `kernels.fused_logprobs`); every TP rank has the same t, so they make the
     same all-reduces."""
     kernels = kernels or Kernels(fused_logprobs=False)
-    return chunked.token_entropy(logits, temperature, vocab_slice(logits.shape[-1], vocab_size),
-                                 chunk_rows=kernels.logprob_chunk_rows,
-                                 compiled=kernels.fused_logprobs and kernels.compile)
+    return chunked.token_entropy(
+        logits,
+        temperature,
+        vocab_slice(logits.shape[-1], vocab_size),
+        chunk_rows=kernels.logprob_chunk_rows,
+        compiled=kernels.fused_logprobs and kernels.compile,
+    )

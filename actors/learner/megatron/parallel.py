@@ -18,7 +18,6 @@ import torch.distributed as dist
 from megatron.core import parallel_state, tensor_parallel
 
 
-
 @dataclass(frozen=True)
 class Layout:
     """This rank's place in the TP x DP x PP grid."""
@@ -50,8 +49,12 @@ def init_distributed(device: str | torch.device) -> torch.device:
     torch.cuda.set_device(device)
     if not dist.is_initialized():
         if "RANK" not in os.environ:
-            os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                              MASTER_PORT=os.environ.get("MASTER_PORT", str(_free_port())))
+            os.environ.update(
+                RANK="0",
+                WORLD_SIZE="1",
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=os.environ.get("MASTER_PORT", str(_free_port())),
+            )
         dist.init_process_group("nccl", init_method="env://", timeout=timedelta(minutes=10), device_id=device)
     return device
 
@@ -63,13 +66,20 @@ def init_model_parallel(tp: int, seed: int, pp: int = 1) -> Layout:
     if world % (tp * pp):
         raise ValueError(f"tensor_parallel={tp} x pipeline_parallel={pp} does not divide the world size {world}")
     if parallel_state.model_parallel_is_initialized():
-        if (parallel_state.get_tensor_model_parallel_world_size(),
-                parallel_state.get_pipeline_model_parallel_world_size()) != (tp, pp):
+        if (
+            parallel_state.get_tensor_model_parallel_world_size(),
+            parallel_state.get_pipeline_model_parallel_world_size(),
+        ) != (tp, pp):
             parallel_state.destroy_model_parallel()
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
     tensor_parallel.model_parallel_cuda_manual_seed(seed)
-    return Layout(tp=tp, dp=parallel_state.get_data_parallel_world_size(),
-                  tp_rank=parallel_state.get_tensor_model_parallel_rank(),
-                  dp_rank=parallel_state.get_data_parallel_rank(), rank=dist.get_rank(), pp=pp,
-                  pp_rank=parallel_state.get_pipeline_model_parallel_rank())
+    return Layout(
+        tp=tp,
+        dp=parallel_state.get_data_parallel_world_size(),
+        tp_rank=parallel_state.get_tensor_model_parallel_rank(),
+        dp_rank=parallel_state.get_data_parallel_rank(),
+        rank=dist.get_rank(),
+        pp=pp,
+        pp_rank=parallel_state.get_pipeline_model_parallel_rank(),
+    )

@@ -59,8 +59,13 @@ def unique_tensors(named: Iterable[tuple[str, torch.Tensor]]) -> list[tuple[str,
     seen, out = set(), []
     for name, tensor in named:
         tensor = tensor.detach()
-        key = (tensor.device, tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape),
-               tensor.stride())
+        key = (
+            tensor.device,
+            tensor.untyped_storage().data_ptr(),
+            tensor.storage_offset(),
+            tuple(tensor.shape),
+            tensor.stride(),
+        )
         if key in seen:
             continue
         seen.add(key)
@@ -121,12 +126,27 @@ class EngineWeights(Protocol):
 
     def update_weights_from_disk(self, path: str, version: int) -> None: ...
 
-    def init_weights_update_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
-                                  group_name: str = "weight_update_group", backend: str = "nccl") -> None: ...
+    def init_weights_update_group(
+        self,
+        master_address: str,
+        master_port: int,
+        rank_offset: int,
+        world_size: int,
+        group_name: str = "weight_update_group",
+        backend: str = "nccl",
+    ) -> None: ...
 
-    def update_weights_from_distributed(self, names: list[str], dtypes: list[str], shapes: list[list[int]],
-                                        version: int, group_name: str = "weight_update_group", *,
-                                        last: bool = True, flat: bool = False) -> None: ...
+    def update_weights_from_distributed(
+        self,
+        names: list[str],
+        dtypes: list[str],
+        shapes: list[list[int]],
+        version: int,
+        group_name: str = "weight_update_group",
+        *,
+        last: bool = True,
+        flat: bool = False,
+    ) -> None: ...
 
 
 class Loader(abc.ABC):
@@ -141,8 +161,9 @@ class Loader(abc.ABC):
         self.link: str | None = None  # the link this engine holds with the learner (a group's name), if any
 
     @abc.abstractmethod
-    def join(self, engine: EngineWeights, engine_id: str, reply: WeightAnnouncement | WeightHandles,
-             have: int) -> Load | None:
+    def join(
+        self, engine: EngineWeights, engine_id: str, reply: WeightAnnouncement | WeightHandles, have: int
+    ) -> Load | None:
         """Take the learner's answer to a WeightRequest sent with `have_version=have`, joining what it
         names; returns the load that brings the engine to `reply.version`, or None if there is none."""
 

@@ -35,7 +35,7 @@ def export_ipc(named: list[tuple[str, torch.Tensor]], bucket_bytes: int) -> tupl
         buf = torch.empty(total, dtype=torch.uint8, device=device)
         for spec, off in zip(bucket, offsets):
             src = tensors[spec.name]
-            buf[off:off + src.numel() * src.element_size()].view(src.dtype).view(src.shape).copy_(src)
+            buf[off : off + src.numel() * src.element_size()].view(src.dtype).view(src.shape).copy_(src)
         buffers.append(buf)
     torch.cuda.synchronize()
     for buf in buffers:
@@ -57,7 +57,7 @@ def open_ipc(handles: WeightHandles, device: torch.device) -> list[tuple[str, to
         for spec, off in zip(bucket, offsets):
             dtype = getattr(torch, spec.dtype)
             n = dtype.itemsize * int(torch.Size(spec.shape).numel())
-            named.append((spec.name, buf[off:off + n].view(dtype).view(spec.shape).to(device, copy=True)))
+            named.append((spec.name, buf[off : off + n].view(dtype).view(spec.shape).to(device, copy=True)))
         del buf
     torch.cuda.synchronize()
     return named
@@ -75,9 +75,15 @@ class IpcSender(Sender):
     def publish(self, current: Published, named: list[tuple[str, torch.Tensor]]) -> str:
         buffers, handles = export_ipc(named, current.bucket_bytes)
         with self._lock:
-            self.snapshots[current.version] = (buffers, WeightHandles(
-                version=current.version, manifest=current.manifest, bucket_bytes=current.bucket_bytes,
-                handles=handles))
+            self.snapshots[current.version] = (
+                buffers,
+                WeightHandles(
+                    version=current.version,
+                    manifest=current.manifest,
+                    bucket_bytes=current.bucket_bytes,
+                    handles=handles,
+                ),
+            )
             self.newest = current.version
         return ""
 
@@ -102,8 +108,9 @@ class IpcSender(Sender):
 class IpcLoader(Loader):
     name = "cuda_ipc"
 
-    def join(self, engine: EngineWeights, engine_id: str, reply: WeightAnnouncement | WeightHandles,
-             have: int) -> Load | None:
+    def join(
+        self, engine: EngineWeights, engine_id: str, reply: WeightAnnouncement | WeightHandles, have: int
+    ) -> Load | None:
         if not isinstance(reply, WeightHandles):  # nothing published yet
             return None
         return lambda: engine.update_weights_from_tensors(open_ipc(reply, device_of(engine)), reply.version)

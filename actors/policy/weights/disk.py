@@ -75,8 +75,9 @@ class DiskSender(Sender):
         path = self.root / f"v{current.version}"
         if not path.exists():  # a fallback: this learner pushes another way, so the version is not written yet
             path = self.write(current.version, unique_tensors(current.named()))
-        return WeightAnnouncement(version=current.version, manifest=current.manifest, transport=self.name,
-                                  location=str(path))
+        return WeightAnnouncement(
+            version=current.version, manifest=current.manifest, transport=self.name, location=str(path)
+        )
 
     def write(self, version: int, named: list[tuple[str, torch.Tensor]]) -> Path:
         path = write_hf_dir(self.root, version, named, self.hf_config)
@@ -87,8 +88,9 @@ class DiskSender(Sender):
 class DiskLoader(Loader):
     name = "disk"
 
-    def join(self, engine: EngineWeights, engine_id: str, reply: WeightAnnouncement | WeightHandles,
-             have: int) -> Load | None:
+    def join(
+        self, engine: EngineWeights, engine_id: str, reply: WeightAnnouncement | WeightHandles, have: int
+    ) -> Load | None:
         return self.receive(engine, reply) if reply.version > have else None
 
     def receive(self, engine: EngineWeights, announcement: WeightAnnouncement) -> Load | None:

@@ -59,8 +59,9 @@ def _dtype(name: str) -> torch.dtype:
 
 
 def _store(master_address: str, master_port: int, rank: int, world_size: int, timeout_s: float):
-    return dist.TCPStore(master_address, master_port, world_size, is_master=rank == 0,
-                         timeout=datetime.timedelta(seconds=timeout_s))
+    return dist.TCPStore(
+        master_address, master_port, world_size, is_master=rank == 0, timeout=datetime.timedelta(seconds=timeout_s)
+    )
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -70,8 +71,15 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def _form(store, rank: int, world_size: int, group_name: str, backend: str, timeout_s: float,
-          device: torch.device | None = None):
+def _form(
+    store,
+    rank: int,
+    world_size: int,
+    group_name: str,
+    backend: str,
+    timeout_s: float,
+    device: torch.device | None = None,
+):
     """The process group over `store`; blocks until every rank has joined (or the timeout)."""
     if backend not in ("gloo", "nccl"):
         raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
@@ -84,8 +92,16 @@ def _form(store, rank: int, world_size: int, group_name: str, backend: str, time
     return group
 
 
-def _group(master_address: str, master_port: int, rank: int, world_size: int, group_name: str, backend: str,
-           timeout_s: float, device: torch.device | None = None):
+def _group(
+    master_address: str,
+    master_port: int,
+    rank: int,
+    world_size: int,
+    group_name: str,
+    backend: str,
+    timeout_s: float,
+    device: torch.device | None = None,
+):
     if backend not in ("gloo", "nccl"):
         raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
     store = _store(master_address, master_port, rank, world_size, timeout_s)
@@ -95,17 +111,28 @@ def _group(master_address: str, master_port: int, rank: int, world_size: int, gr
 class WeightReceiver:
     """An engine's end of the group (rank >= 1)."""
 
-    def __init__(self, master_address: str, master_port: int, rank: int, world_size: int, *,
-                 group_name: str = "weight_update_group", backend: str = "gloo", device: str | torch.device = "cpu",
-                 timeout_s: float = 600.0) -> None:
+    def __init__(
+        self,
+        master_address: str,
+        master_port: int,
+        rank: int,
+        world_size: int,
+        *,
+        group_name: str = "weight_update_group",
+        backend: str = "gloo",
+        device: str | torch.device = "cpu",
+        timeout_s: float = 600.0,
+    ) -> None:
         if not 1 <= rank < world_size:
             raise ValueError(f"an engine's rank must lie in [1, {world_size}), got {rank}")
         self.device = torch.device(device)
-        self._store, self.group = _group(master_address, master_port, rank, world_size, group_name, backend,
-                                         timeout_s, self.device)
+        self._store, self.group = _group(
+            master_address, master_port, rank, world_size, group_name, backend, timeout_s, self.device
+        )
 
-    def receive(self, names: list[str], dtypes: list[str], shapes: list[list[int]], *,
-                flat: bool = False) -> list[tuple[str, torch.Tensor]]:
+    def receive(
+        self, names: list[str], dtypes: list[str], shapes: list[list[int]], *, flat: bool = False
+    ) -> list[tuple[str, torch.Tensor]]:
         """Receive one bucket: the tensors the learner broadcasts next, in this order. `flat`: the
         bucket comes as one tensor of its single dtype; the tensors returned are views of it."""
         if not len(names) == len(dtypes) == len(shapes):
@@ -115,8 +142,7 @@ class WeightReceiver:
             offsets, total = flat_offsets(specs)
             bucket = torch.empty(total, dtype=_dtype(dtypes[0]) if names else torch.uint8, device=self.device)
             self.group.broadcast(bucket, 0).wait()
-            return [(s.name, bucket[o:o + math.prod(s.shape)].view(s.shape))
-                    for s, o in zip(specs, offsets)]
+            return [(s.name, bucket[o : o + math.prod(s.shape)].view(s.shape)) for s, o in zip(specs, offsets)]
         out = []
         for name, dtype, shape in zip(names, dtypes, shapes):
             tensor = torch.empty(shape, dtype=_dtype(dtype), device=self.device)
@@ -133,9 +159,18 @@ class WeightBroadcaster:
     for every engine to reach the store, then `timeout_s` (also each broadcast's limit) for the group.
     An engine that never comes thus costs the join timeout, not the push timeout."""
 
-    def __init__(self, master_address: str, master_port: int, world_size: int, *,
-                 group_name: str = "weight_update_group", backend: str = "gloo", timeout_s: float = 600.0,
-                 join_timeout_s: float | None = None, form: bool = True) -> None:
+    def __init__(
+        self,
+        master_address: str,
+        master_port: int,
+        world_size: int,
+        *,
+        group_name: str = "weight_update_group",
+        backend: str = "gloo",
+        timeout_s: float = 600.0,
+        join_timeout_s: float | None = None,
+        form: bool = True,
+    ) -> None:
         if backend not in ("gloo", "nccl"):
             raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
         self.address, self.port = master_address, master_port or free_port(master_address)
@@ -152,8 +187,14 @@ class WeightBroadcaster:
         if self._store is None:
             world_size, _, _, _, join_timeout_s = self._args
             # Its timeout bounds each rendezvous read: an engine that never comes costs join_timeout_s.
-            self._store = dist.TCPStore(self.address, self.port, world_size, is_master=True,
-                                        timeout=datetime.timedelta(seconds=join_timeout_s), wait_for_workers=False)
+            self._store = dist.TCPStore(
+                self.address,
+                self.port,
+                world_size,
+                is_master=True,
+                timeout=datetime.timedelta(seconds=join_timeout_s),
+                wait_for_workers=False,
+            )
 
     def form(self, group_name: str | None = None) -> None:
         """Listen (if not yet), wait for the engines, form the group; `group_name` overrides the
@@ -175,8 +216,9 @@ class WeightBroadcaster:
         for _, tensor in tensors:
             self.group.broadcast(tensor.contiguous(), 0).wait()
 
-    def broadcast_flat(self, buckets: Iterable[list[tuple[str, torch.Tensor]]],
-                       still_wanted: Callable[[], bool] = lambda: True) -> None:
+    def broadcast_flat(
+        self, buckets: Iterable[list[tuple[str, torch.Tensor]]], still_wanted: Callable[[], bool] = lambda: True
+    ) -> None:
         """Each bucket (one dtype) as one broadcast of its tensors concatenated; bucket i+1 is packed
         while bucket i is on the wire, and at most FLAT_DEPTH + 1 packed buckets exist. Stops with an
         error when `still_wanted()` turns False (the engine was dropped)."""
@@ -221,8 +263,11 @@ def _finished(work, flat: torch.Tensor) -> None:
 
 def manifest(tensors: list[tuple[str, torch.Tensor]]) -> tuple[list[str], list[str], list[list[int]]]:
     """(names, dtypes, shapes) of a bucket, as announced before its broadcast."""
-    return ([n for n, _ in tensors], [str(t.dtype).removeprefix("torch.") for _, t in tensors],
-            [list(t.shape) for _, t in tensors])
+    return (
+        [n for n, _ in tensors],
+        [str(t.dtype).removeprefix("torch.") for _, t in tensors],
+        [list(t.shape) for _, t in tensors],
+    )
 
 
 def settle(named: list[tuple[str, torch.Tensor]]) -> None:
@@ -265,8 +310,9 @@ class GroupSender(Sender):
                 finished.notify_all()
 
         for engine_id, group in targets.items():
-            threading.Thread(target=run, args=(engine_id, group), name=f"kiln-weight-push-{engine_id}",
-                             daemon=True).start()
+            threading.Thread(
+                target=run, args=(engine_id, group), name=f"kiln-weight-push-{engine_id}", daemon=True
+            ).start()
         with finished:
             while any(e not in outcome and self.groups.get(e) is g for e, g in targets.items()):
                 finished.wait(DROP_POLL_S)
@@ -278,8 +324,9 @@ class GroupSender(Sender):
         self.forget(request.engine_id)  # an earlier life of this engine
         s = self.settings
         try:
-            group = WeightBroadcaster(s.host, 0, 2, backend=self.name, timeout_s=s.timeout_s,
-                                      join_timeout_s=s.join_timeout_s, form=False)
+            group = WeightBroadcaster(
+                s.host, 0, 2, backend=self.name, timeout_s=s.timeout_s, join_timeout_s=s.join_timeout_s, form=False
+            )
         except Exception as err:
             reply(ErrorReply(message=f"no rendezvous for a weight group: {err}"))
             raise
@@ -289,8 +336,16 @@ class GroupSender(Sender):
         except Exception as err:
             reply(ErrorReply(message=f"no rendezvous for a weight group: {err}"))
             raise
-        reply(WeightAnnouncement(version=current.version, manifest=current.manifest, transport=self.name,
-                                 location=location, bucket_bytes=current.bucket_bytes, flat=current.flat))
+        reply(
+            WeightAnnouncement(
+                version=current.version,
+                manifest=current.manifest,
+                transport=self.name,
+                location=location,
+                bucket_bytes=current.bucket_bytes,
+                flat=current.flat,
+            )
+        )
         try:
             group.form(unique_group_name(request.engine_id, location))
             if current.version > request.have_version:
@@ -324,8 +379,12 @@ def _buckets(current: Published, tensors: dict[str, torch.Tensor]) -> list[list[
     return [[(s.name, tensors[s.name]) for s in bucket] for bucket in plan]
 
 
-def send(group: WeightBroadcaster, buckets: list[list[tuple[str, torch.Tensor]]], flat: bool,
-         still_wanted: Callable[[], bool] = lambda: True) -> None:
+def send(
+    group: WeightBroadcaster,
+    buckets: list[list[tuple[str, torch.Tensor]]],
+    flat: bool,
+    still_wanted: Callable[[], bool] = lambda: True,
+) -> None:
     """A version's buckets into one engine's group, in the announced format."""
     if flat:
         group.broadcast_flat(buckets, still_wanted)
@@ -348,8 +407,9 @@ class GroupLoader(Loader):
         # announcement is pushed into it, whatever version the engine serves, and must be received.
         self.version = -1
 
-    def join(self, engine: EngineWeights, engine_id: str, reply: WeightAnnouncement | WeightHandles,
-             have: int) -> Load | None:
+    def join(
+        self, engine: EngineWeights, engine_id: str, reply: WeightAnnouncement | WeightHandles, have: int
+    ) -> Load | None:
         host, port = parse_location(reply.location)
         name = unique_group_name(engine_id, reply.location)
         engine.init_weights_update_group(host, port, 1, 2, group_name=name, backend=self.name)
@@ -370,5 +430,11 @@ class GroupLoader(Loader):
         buckets = plan_buckets(announcement.manifest, announcement.bucket_bytes, by_dtype=announcement.flat)
         for i, bucket in enumerate(buckets):
             engine.update_weights_from_distributed(
-                [s.name for s in bucket], [s.dtype for s in bucket], [list(s.shape) for s in bucket],
-                announcement.version, group_name=self.link, last=i == len(buckets) - 1, flat=announcement.flat)
+                [s.name for s in bucket],
+                [s.dtype for s in bucket],
+                [list(s.shape) for s in bucket],
+                announcement.version,
+                group_name=self.link,
+                last=i == len(buckets) - 1,
+                flat=announcement.flat,
+            )

@@ -72,11 +72,11 @@ def _parse(line: bytes) -> tuple[AnswerRecord | None, str]:
         return None, "not a JSON object"
     task_id, sample, text = row.get("task_id"), row.get("sample"), row.get("text")
     if not isinstance(task_id, str) or not task_id:
-        return None, "no \"task_id\" string"
+        return None, 'no "task_id" string'
     if not isinstance(sample, int) or isinstance(sample, bool) or sample < 0:
-        return None, "\"sample\" must be an integer >= 0"
+        return None, '"sample" must be an integer >= 0'
     if not isinstance(text, str):
-        return None, "no \"text\" string"
+        return None, 'no "text" string'
     return AnswerRecord(task_id=task_id, sample=sample, text=text), ""
 
 
@@ -97,8 +97,10 @@ def main(argv: list[str] | None = None) -> int:
     from launch.stages.eval.sources import load_task_set
     from tasks.loader import TaskLoadError
 
-    p = argparse.ArgumentParser(prog="python -m launch.stages.eval.answers",
-                                description="write an answer set (JSONL) from a solutions directory")
+    p = argparse.ArgumentParser(
+        prog="python -m launch.stages.eval.answers",
+        description="write an answer set (JSONL) from a solutions directory",
+    )
     p.add_argument("--tasks", nargs="+", required=True, metavar="DIR")
     p.add_argument("--solutions", required=True, metavar="DIR")
     p.add_argument("--out", required=True, metavar="FILE.jsonl")
@@ -116,8 +118,10 @@ def main(argv: list[str] | None = None) -> int:
     with open(args.out, "w", encoding="utf-8") as f:
         for r in records:
             f.write(json.dumps({"task_id": r.task_id, "sample": r.sample, "text": r.text}) + "\n")
-    print(f"wrote {len(records)} answers for {len({r.task_id for r in records})} of {len(task_set.tasks)} tasks "
-          f"to {args.out}")
+    print(
+        f"wrote {len(records)} answers for {len({r.task_id for r in records})} of {len(task_set.tasks)} tasks "
+        f"to {args.out}"
+    )
     return 0
 
 

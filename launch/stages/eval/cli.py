@@ -35,24 +35,36 @@ def add_eval_parser(sub) -> None:
 
     p = sub.add_parser("eval", help="Pass@k, Avg@n and Faster-than-eager/compile of a model or an answer set")
     src = p.add_argument_group("what to evaluate")
-    src.add_argument("--model", metavar="DIR", help="an HF checkpoint directory, a run directory (its final/), or "
-                                                    "kiln:tiny-chat")
+    src.add_argument(
+        "--model", metavar="DIR", help="an HF checkpoint directory, a run directory (its final/), or kiln:tiny-chat"
+    )
     src.add_argument("--engine-urls", nargs="+", metavar="URL", help="SGLang-API servers serving --model")
-    src.add_argument("--answers", metavar="FILE.jsonl", help="answers produced elsewhere: "
-                                                             '{"task_id": ..., "sample": ..., "text": ...} per line')
+    src.add_argument(
+        "--answers",
+        metavar="FILE.jsonl",
+        help='answers produced elsewhere: {"task_id": ..., "sample": ..., "text": ...} per line',
+    )
     src.add_argument("--compare", nargs=2, metavar=("A.json", "B.json"), help="print two summaries side by side")
-    p.add_argument("--tasks", nargs="+", metavar="DIR", help="task directories: Kiln's tasks/, KernelBench-format "
-                                                             "files, or a KernelBench clone's root")
+    p.add_argument(
+        "--tasks",
+        nargs="+",
+        metavar="DIR",
+        help="task directories: Kiln's tasks/, KernelBench-format files, or a KernelBench clone's root",
+    )
     p.add_argument("--samples", type=int, default=8, help="n: attempts sampled per task (default 8)")
     p.add_argument("--k", default=None, help="comma-separated k of Pass@k (default: 1 and n)")
     p.add_argument("--backend", choices=("cpu", "cuda"), help="verifier backend (default: verifier.backend)")
-    p.add_argument("--fast-threshold", type=float, help="speedup an attempt must exceed to count as faster "
-                                                        "(default eval.fast_threshold, 1.1)")
+    p.add_argument(
+        "--fast-threshold",
+        type=float,
+        help="speedup an attempt must exceed to count as faster (default eval.fast_threshold, 1.1)",
+    )
     p.add_argument("--temperature", type=float, help="sampling temperature (default eval.temperature, 0.7)")
     p.add_argument("--top-p", type=float, help="nucleus sampling (default eval.top_p, 0.95)")
     p.add_argument("--max-new-tokens", type=int, help="answer length limit (default eval.max_new_tokens)")
-    p.add_argument("--thinking", choices=("on", "off"), help="let a thinking model think (default "
-                                                             "model.enable_thinking)")
+    p.add_argument(
+        "--thinking", choices=("on", "off"), help="let a thinking model think (default model.enable_thinking)"
+    )
     p.add_argument("--out", metavar="DIR", help="output directory (default <logging.root>/eval/<name>)")
     p.add_argument("--name", help="the table row's label (default: the model's or answer file's name)")
     p.add_argument("--ray", action="store_true", help="engines and verifiers as Ray actors (default: in-process)")
@@ -84,8 +96,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
         print(f"kiln eval: {err}", file=sys.stderr)
         return 2
     print((plan.out / "table.md").read_text(), end="")
-    print(f"\nwrote {plan.out}/table.md, summary.json, attempts.jsonl, chart.png "
-          f"({doc['counts']['verified']} attempts verified now, {doc['counts']['resumed']} resumed)")
+    print(
+        f"\nwrote {plan.out}/table.md, summary.json, attempts.jsonl, chart.png "
+        f"({doc['counts']['verified']} attempts verified now, {doc['counts']['resumed']} resumed)"
+    )
     return 0
 
 
@@ -98,8 +112,10 @@ def _plan(args: argparse.Namespace):
     if len(modes) != 1:
         raise UsageError("give --model DIR (with --engine-urls for a served model) or --answers FILE.jsonl")
     if args.engine_urls and not args.model:
-        raise UsageError("--engine-urls needs --model DIR: the checkpoint the servers serve (its tokenizer and "
-                         "chat template pose the prompts)")
+        raise UsageError(
+            "--engine-urls needs --model DIR: the checkpoint the servers serve (its tokenizer and "
+            "chat template pose the prompts)"
+        )
     if not args.tasks:
         raise UsageError("--tasks DIR [DIR ...] is required")
     # `--tasks DIR section.key=value`: argparse gives the trailing overrides to --tasks
@@ -118,8 +134,10 @@ def _plan(args: argparse.Namespace):
         answer_set = read_answers(args.answers, {t.task_id for t in task_set.tasks})
         answers, rejected = answer_set.answers, answer_set.rejected
         if not answers:
-            raise UsageError(f"{args.answers} holds no usable answer for the loaded tasks "
-                             f"({len(rejected)} lines left out{': ' + rejected[0] if rejected else ''})")
+            raise UsageError(
+                f"{args.answers} holds no usable answer for the loaded tasks "
+                f"({len(rejected)} lines left out{': ' + rejected[0] if rejected else ''})"
+            )
         per_task: dict[str, int] = {}
         for a in answers:
             per_task[a.task_id] = per_task.get(a.task_id, 0) + 1
@@ -127,14 +145,30 @@ def _plan(args: argparse.Namespace):
         source, name = str(Path(args.answers).resolve()), Path(args.answers).stem
     else:
         cfg, source, name = _model(cfg, args)
-        sampling = {"temperature": cfg.eval.temperature, "top_p": cfg.eval.top_p,
-                    "max_new_tokens": cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
-                    "enable_thinking": cfg.model.enable_thinking, "engine": cfg.rollout.engine}
+        sampling = {
+            "temperature": cfg.eval.temperature,
+            "top_p": cfg.eval.top_p,
+            "max_new_tokens": cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
+            "enable_thinking": cfg.model.enable_thinking,
+            "engine": cfg.rollout.engine,
+        }
     ks = _ks(args.k, samples, mode)
     name = args.name or name
     out = Path(args.out) if args.out else Path(cfg.logging.root) / "eval" / name
-    return EvalPlan(name=name, mode=mode, source=source, task_set=task_set, ks=ks, samples=samples, out=out,
-                    cfg=cfg, use_ray=args.ray, answers=answers, rejected_answers=rejected, sampling=sampling)
+    return EvalPlan(
+        name=name,
+        mode=mode,
+        source=source,
+        task_set=task_set,
+        ks=ks,
+        samples=samples,
+        out=out,
+        cfg=cfg,
+        use_ray=args.ray,
+        answers=answers,
+        rejected_answers=rejected,
+        sampling=sampling,
+    )
 
 
 def _apply_flags(cfg, args):
@@ -142,10 +176,12 @@ def _apply_flags(cfg, args):
     if args.backend:
         verifier = dataclasses.replace(verifier, backend=args.backend)
     ev = cfg.eval
-    for flag, key, ok in (("fast_threshold", "fast_threshold", lambda v: v > 0),
-                          ("temperature", "temperature", lambda v: v > 0),
-                          ("top_p", "top_p", lambda v: 0 < v <= 1),
-                          ("max_new_tokens", "max_new_tokens", lambda v: v >= 1)):
+    for flag, key, ok in (
+        ("fast_threshold", "fast_threshold", lambda v: v > 0),
+        ("temperature", "temperature", lambda v: v > 0),
+        ("top_p", "top_p", lambda v: 0 < v <= 1),
+        ("max_new_tokens", "max_new_tokens", lambda v: v >= 1),
+    ):
         value = getattr(args, flag)
         if value is not None:
             if not ok(value):
@@ -155,8 +191,9 @@ def _apply_flags(cfg, args):
     if args.thinking:
         model = dataclasses.replace(model, enable_thinking=args.thinking == "on")
     # Evaluation answers are sampled, never forced; one turn, with the evaluation's length limit.
-    rollout = dataclasses.replace(cfg.rollout, forced_candidates=None,
-                                  max_new_tokens=ev.max_new_tokens or cfg.rollout.max_new_tokens)
+    rollout = dataclasses.replace(
+        cfg.rollout, forced_candidates=None, max_new_tokens=ev.max_new_tokens or cfg.rollout.max_new_tokens
+    )
     return dataclasses.replace(cfg, verifier=verifier, eval=ev, model=model, rollout=rollout)
 
 
@@ -188,8 +225,9 @@ def _model(cfg, args):
                 path = str(candidate)
                 break
         else:
-            raise UsageError(f"--model {given}: not a checkpoint directory (no config.json) nor a run directory "
-                             "with final/")
+            raise UsageError(
+                f"--model {given}: not a checkpoint directory (no config.json) nor a run directory with final/"
+            )
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=path))
     cfg = resolve_model_path(cfg)
     findings = errors(check_model(cfg.model))

@@ -98,8 +98,9 @@ class Summary:
                 if v is not None:
                     out[f"{p}faster_{b}"] = v
         o = self.overall
-        out.update({f"{prefix}tasks": float(o.tasks), f"{prefix}attempts": float(o.attempts),
-                    f"{prefix}infra": float(o.infra)})
+        out.update(
+            {f"{prefix}tasks": float(o.tasks), f"{prefix}attempts": float(o.attempts), f"{prefix}infra": float(o.infra)}
+        )
         for k, short in o.short_of_k.items():
             out[f"{prefix}short_of_{k}"] = float(short)
         return out
@@ -123,8 +124,7 @@ def summarize(attempts: Iterable[Verdict], ks: Iterable[int], fast_threshold: fl
     return Summary(ks=ks, n=max(per_task.values(), default=0), fast_threshold=fast_threshold, rows=rows)
 
 
-def _row(label: str, attempts: list[Verdict], ks: tuple[int, ...], threshold: float,
-         measured: dict[str, bool]) -> Row:
+def _row(label: str, attempts: list[Verdict], ks: tuple[int, ...], threshold: float, measured: dict[str, bool]) -> Row:
     usable = [a for a in attempts if a.error_class != "infra"]
     tasks: dict[str, list[Verdict]] = defaultdict(list)
     for a in usable:
@@ -137,6 +137,15 @@ def _row(label: str, attempts: list[Verdict], ks: tuple[int, ...], threshold: fl
     passed = sum(a.passed for a in usable)
     counts = {b: sum(is_faster(a.passed, speedup_of(a, b), threshold) for a in usable) for b in BASELINES}
     faster = {b: (counts[b] / len(usable) if usable and measured[b] else None) for b in BASELINES}
-    return Row(label=label, tasks=len(tasks), attempts=len(usable), passed=passed, infra=len(attempts) - len(usable),
-               pass_at=pass_at, short_of_k=short, avg=passed / len(usable) if usable else None, faster=faster,
-               faster_count=counts)
+    return Row(
+        label=label,
+        tasks=len(tasks),
+        attempts=len(usable),
+        passed=passed,
+        infra=len(attempts) - len(usable),
+        pass_at=pass_at,
+        short_of_k=short,
+        avg=passed / len(usable) if usable else None,
+        faster=faster,
+        faster_count=counts,
+    )

@@ -24,8 +24,16 @@ def _clock(seconds: float | None) -> str:
 
 
 class Progress:
-    def __init__(self, tasks: int, attempts: int, resumed: int, *, stream: TextIO | None = None,
-                 every_s: float = 10.0, clock=time.monotonic) -> None:
+    def __init__(
+        self,
+        tasks: int,
+        attempts: int,
+        resumed: int,
+        *,
+        stream: TextIO | None = None,
+        every_s: float = 10.0,
+        clock=time.monotonic,
+    ) -> None:
         self.tasks, self.attempts, self.resumed = tasks, attempts, resumed
         self.stream, self.every_s, self.clock = stream or sys.stderr, every_s, clock
         self.started = self.last = clock()
@@ -38,8 +46,10 @@ class Progress:
         width = 24
         filled = int(width * done / self.attempts) if self.attempts else width
         eta = eta_seconds(self.done_here, self.attempts - done, self.clock() - self.started)
-        return (f"[{'#' * filled}{'.' * (width - filled)}] tasks {self.tasks_done}/{self.tasks}  "
-                f"attempts {done}/{self.attempts}  ETA {_clock(eta)}")
+        return (
+            f"[{'#' * filled}{'.' * (width - filled)}] tasks {self.tasks_done}/{self.tasks}  "
+            f"attempts {done}/{self.attempts}  ETA {_clock(eta)}"
+        )
 
     def update(self, verified: int, tasks_done: int) -> None:
         self.done_here += verified

@@ -30,15 +30,23 @@ class RolloutSampler:
         self._tasks: list[Task] = []
         self._stop = threading.Event()
         self._server = ReplyServer()
-        self._thread = threading.Thread(target=self._server.serve, args=(self._answer, self._stop), daemon=True,
-                                        name="kiln-eval-tasks")
+        self._thread = threading.Thread(
+            target=self._server.serve, args=(self._answer, self._stop), daemon=True, name="kiln-eval-tasks"
+        )
         self._thread.start()
         self.supervisor = supervisor
         supervisor.registry.register("replay", "replay", {"replay": self._server.address})
         slot = Slot(gpus=(0,), num_gpus=gpu_share) if gpu_share else Slot()
-        self.handle = supervisor.launch(ActorSpec(
-            name="rollout-0", cls=RolloutActor, handle=RolloutHandle, args=(cfg.rollout, cfg.model, cfg.eval),
-            kwargs={"follow_learner": False}, slot=slot))
+        self.handle = supervisor.launch(
+            ActorSpec(
+                name="rollout-0",
+                cls=RolloutActor,
+                handle=RolloutHandle,
+                args=(cfg.rollout, cfg.model, cfg.eval),
+                kwargs={"follow_learner": False},
+                slot=slot,
+            )
+        )
 
     def _answer(self, record):
         if isinstance(record, TaskListRequest):

@@ -56,9 +56,14 @@ class EvalPlan:
 
     def settings(self) -> dict:
         """What an interrupted evaluation must share with the one that resumes it."""
-        return {"mode": self.mode, "source": self.source, "tasks": [t.task_id for t in self.task_set.tasks],
-                "samples": self.samples if self.mode == "model" else None, "sampling": self.sampling,
-                "verifier": verifier_settings(self.cfg.verifier)}
+        return {
+            "mode": self.mode,
+            "source": self.source,
+            "tasks": [t.task_id for t in self.task_set.tasks],
+            "samples": self.samples if self.mode == "model" else None,
+            "sampling": self.sampling,
+            "verifier": verifier_settings(self.cfg.verifier),
+        }
 
 
 def run_evaluation(plan: EvalPlan, *, progress_stream=None) -> dict:
@@ -73,8 +78,13 @@ def run_evaluation(plan: EvalPlan, *, progress_stream=None) -> dict:
         progress = Progress(len(plan.task_set.tasks), total, resumed, stream=progress_stream)
         verified = 0
         if pending:
-            verifiers = VerifierSet(plan.cfg.verifier, plan.cfg.rollout, plan.out / "actors", use_ray=plan.use_ray,
-                                    gpu_share=0.5 if _engine_on_ray_gpu(plan) else 1.0)
+            verifiers = VerifierSet(
+                plan.cfg.verifier,
+                plan.cfg.rollout,
+                plan.out / "actors",
+                use_ray=plan.use_ray,
+                gpu_share=0.5 if _engine_on_ray_gpu(plan) else 1.0,
+            )
             try:
                 verified = _produce(plan, pending, attempt_log, verifiers, progress)
             finally:
@@ -82,8 +92,9 @@ def run_evaluation(plan: EvalPlan, *, progress_stream=None) -> dict:
         progress.finish()
     finally:
         attempt_log.close()
-    return write_outputs(plan, list(attempt_log.done.values()), resumed=resumed, verified=verified,
-                         seconds=time.monotonic() - started)
+    return write_outputs(
+        plan, list(attempt_log.done.values()), resumed=resumed, verified=verified, seconds=time.monotonic() - started
+    )
 
 
 def _check_resumable(plan: EvalPlan) -> None:
@@ -96,8 +107,10 @@ def _check_resumable(plan: EvalPlan) -> None:
             before = None
         if before != json.loads(json.dumps(settings)):
             diff = [k for k in settings if before is None or before.get(k) != json.loads(json.dumps(settings[k]))]
-            raise EvalError(f"{plan.out} holds an evaluation with other settings ({', '.join(diff)} differ); "
-                            "give another --out to start a new one")
+            raise EvalError(
+                f"{plan.out} holds an evaluation with other settings ({', '.join(diff)} differ); "
+                "give another --out to start a new one"
+            )
     else:
         path.write_text(json.dumps(settings, indent=1))
 
@@ -155,8 +168,9 @@ def _produce(plan: EvalPlan, pending: dict, attempt_log: AttemptLog, verifiers: 
     return verifiers.sent
 
 
-def _produce_on_ray(plan: EvalPlan, pending: dict, attempt_log: AttemptLog, verifiers: VerifierSet,
-                    progress: Progress, size: int) -> int:
+def _produce_on_ray(
+    plan: EvalPlan, pending: dict, attempt_log: AttemptLog, verifiers: VerifierSet, progress: Progress, size: int
+) -> int:
     """The engine in a RolloutActor on Ray; each batch through `RolloutActor.evaluate` (whose own
     verify client sends every sample of a batch's tasks to the verifiers)."""
     from launch.stages.eval.ray_sampler import RolloutSampler
@@ -207,8 +221,9 @@ class _Sampler:
         self._warned = False
 
     def answers(self, pairs: list[tuple[Task, int]]) -> list[Answer]:
-        return first_turn_answers(pairs, generate=self.engine.generate, tokenizer=self.tokenizer,
-                                  policy=self.policy, params=self.params)
+        return first_turn_answers(
+            pairs, generate=self.engine.generate, tokenizer=self.tokenizer, policy=self.policy, params=self.params
+        )
 
     @contextmanager
     def paused(self):
@@ -232,20 +247,29 @@ class _Sampler:
         self.engine.close()
 
 
-def write_outputs(plan: EvalPlan, attempts: list[EvalAttempt], *, resumed: int, verified: int,
-                  seconds: float) -> dict:
+def write_outputs(plan: EvalPlan, attempts: list[EvalAttempt], *, resumed: int, verified: int, seconds: float) -> dict:
     attempts = sorted(attempts, key=lambda a: (a.level, a.task_id, a.sample))
     summary = summarize(attempts, plan.ks, plan.cfg.eval.fast_threshold)
     doc = {
-        "name": plan.name, "mode": plan.mode, "source": plan.source, "task_roots": plan.task_set.roots,
-        "ks": list(summary.ks), "n": summary.n, "fast_threshold": summary.fast_threshold,
+        "name": plan.name,
+        "mode": plan.mode,
+        "source": plan.source,
+        "task_roots": plan.task_set.roots,
+        "ks": list(summary.ks),
+        "n": summary.n,
+        "fast_threshold": summary.fast_threshold,
         "rows": table.summary_rows(summary),
         "sampling": plan.sampling,
         "verifier": verifier_settings(plan.cfg.verifier),
         "device": device_name(plan.cfg.verifier.backend),
         "toolchain": toolchain(plan.cfg.verifier.backend),
-        "counts": {"attempts": len(attempts), "resumed": resumed, "verified": verified,
-                   "infra": sum(a.infra for a in attempts), "tasks": len({a.task_id for a in attempts})},
+        "counts": {
+            "attempts": len(attempts),
+            "resumed": resumed,
+            "verified": verified,
+            "infra": sum(a.infra for a in attempts),
+            "tasks": len({a.task_id for a in attempts}),
+        },
         "failed_loads": [dataclasses.asdict(f) for f in plan.task_set.failed],
         "rejected_answers": plan.rejected_answers,
         "seconds": round(seconds, 1),
@@ -254,7 +278,8 @@ def write_outputs(plan: EvalPlan, attempts: list[EvalAttempt], *, resumed: int, 
     text = f"# Evaluation: {plan.name}\n\n" + table.markdown_table([(plan.name, doc)]) + "\n"
     if plan.task_set.failed:
         text += "\nTask files that failed to load:\n\n" + "".join(
-            f"* `{f.path}`: {f.reason}\n" for f in plan.task_set.failed)
+            f"* `{f.path}`: {f.reason}\n" for f in plan.task_set.failed
+        )
     if plan.rejected_answers:
         text += "\nAnswers left out:\n\n" + "".join(f"* {line}\n" for line in plan.rejected_answers)
     (plan.out / TABLE).write_text(text)
@@ -266,4 +291,3 @@ def attempts_of(out: Path) -> list[EvalAttempt]:
     """The verified attempts an evaluation directory holds (for tools and tests)."""
     path = out / ATTEMPTS
     return [EvalAttempt.from_json(json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
-

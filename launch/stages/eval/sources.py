@@ -57,7 +57,8 @@ def load_task_set(paths: list[str], backend: str) -> TaskSet:
             except (OSError, UnicodeDecodeError) as err:
                 failed.append(FailedLoad(path=str(tf.path), reason=f"cannot be read: {err}"))
     if not tasks:
-        raise TaskLoadError(f"no KernelBench-format reference file (Model, get_inputs, get_init_inputs) in "
-                            f"{' '.join(paths)}")
+        raise TaskLoadError(
+            f"no KernelBench-format reference file (Model, get_inputs, get_init_inputs) in {' '.join(paths)}"
+        )
     ordered = sorted(tasks.values(), key=lambda t: (t.kernel.level, t.task_id))
     return TaskSet(tasks=ordered, failed=failed, roots=roots)

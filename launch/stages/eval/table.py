@@ -78,12 +78,15 @@ def markdown_table(entries: list[tuple[str, dict]], *, deltas: bool = False) -> 
 def caption(s: dict) -> str:
     o = s["rows"][-1]
     short = ", ".join(f"k={k}: {v}" for k, v in o["short_of_k"].items() if v)
-    return (f"Percent. Pass@k: unbiased estimator per task, averaged over tasks. Avg@{s['n']} (mean correctness "
-            f"over the n = {s['n']} samples per task) and Faster-eager / Faster-compile (passed and speedup "
-            f"> {s['fast_threshold']:g}x over eager PyTorch / torch.compile) are per attempt. Overall pools every "
-            f"attempt of every level. {o['attempts']} attempts on {o['tasks']} tasks; {o['infra']} infra verdicts "
-            f"excluded" + (f"; tasks with fewer than k usable attempts, left out of Pass@k: {short}" if short else "")
-            + f"; {len(s.get('failed_loads', []))} task files failed to load.")
+    return (
+        f"Percent. Pass@k: unbiased estimator per task, averaged over tasks. Avg@{s['n']} (mean correctness "
+        f"over the n = {s['n']} samples per task) and Faster-eager / Faster-compile (passed and speedup "
+        f"> {s['fast_threshold']:g}x over eager PyTorch / torch.compile) are per attempt. Overall pools every "
+        f"attempt of every level. {o['attempts']} attempts on {o['tasks']} tasks; {o['infra']} infra verdicts "
+        f"excluded"
+        + (f"; tasks with fewer than k usable attempts, left out of Pass@k: {short}" if short else "")
+        + f"; {len(s.get('failed_loads', []))} task files failed to load."
+    )
 
 
 def setting_differences(a: dict, b: dict) -> list[str]:

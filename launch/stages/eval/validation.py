@@ -25,9 +25,16 @@ def record_validation(cfg: KilnConfig, run_dir: Path, step: int, attempts: list[
             attempt_log.append(attempt)
     finally:
         attempt_log.close()
-    plan = EvalPlan(name=f"step {step}", mode="validation", source=str(run_dir),
-                    task_set=TaskSet(tasks=[], failed=[], roots=[cfg.replay.tasks]), ks=(cfg.eval.k,),
-                    samples=cfg.eval.samples, out=out, cfg=cfg,
-                    sampling={"temperature": cfg.eval.temperature, "top_p": cfg.eval.top_p})
+    plan = EvalPlan(
+        name=f"step {step}",
+        mode="validation",
+        source=str(run_dir),
+        task_set=TaskSet(tasks=[], failed=[], roots=[cfg.replay.tasks]),
+        ks=(cfg.eval.k,),
+        samples=cfg.eval.samples,
+        out=out,
+        cfg=cfg,
+        sampling={"temperature": cfg.eval.temperature, "top_p": cfg.eval.top_p},
+    )
     write_outputs(plan, attempts, resumed=0, verified=len(attempts), seconds=0.0)
     return summarize(attempts, plan.ks, cfg.eval.fast_threshold).metrics()

@@ -24,8 +24,9 @@ log = logging.getLogger(__name__)
 
 
 class VerifierSet:
-    def __init__(self, cfg: VerifierConfig, rollout: RolloutConfig, run_dir: Path, *, use_ray: bool,
-                 gpu_share: float = 1.0) -> None:
+    def __init__(
+        self, cfg: VerifierConfig, rollout: RolloutConfig, run_dir: Path, *, use_ray: bool, gpu_share: float = 1.0
+    ) -> None:
         """`gpu_share`: the share of each GPU the verifiers take together under Ray (the rest is the
         engine's when it runs on Ray too)."""
         from launch.driver.handles import VerifierHandle
@@ -39,12 +40,24 @@ class VerifierSet:
         for i in range(cfg.num_actors):
             # Under Ray a cuda verifier needs a GPU share to see a device; actors spread over the GPUs.
             slot = Slot(gpus=(i % gpus,), num_gpus=min(1.0, gpu_share * gpus / cfg.num_actors)) if gpus else Slot()
-            self.supervisor.launch(ActorSpec(name=f"verifier-{i}", cls=VerifierActor, handle=VerifierHandle,
-                                             args=(cfg,), rank=i, world_size=cfg.num_actors, slot=slot))
+            self.supervisor.launch(
+                ActorSpec(
+                    name=f"verifier-{i}",
+                    cls=VerifierActor,
+                    handle=VerifierHandle,
+                    args=(cfg,),
+                    rank=i,
+                    world_size=cfg.num_actors,
+                    slot=slot,
+                )
+            )
         # Each verifier works on verifier.max_inflight requests at once; keep them all busy.
-        self.client = Verifier(self.supervisor.registry.pool_resolver("verifier", "verifier"),
-                               timeout_s=rollout.verify_reply_timeout_s, retries=rollout.verify_retries,
-                               concurrency=max(1, cfg.num_actors * cfg.max_inflight))
+        self.client = Verifier(
+            self.supervisor.registry.pool_resolver("verifier", "verifier"),
+            timeout_s=rollout.verify_reply_timeout_s,
+            retries=rollout.verify_retries,
+            concurrency=max(1, cfg.num_actors * cfg.max_inflight),
+        )
 
     @property
     def sent(self) -> int:

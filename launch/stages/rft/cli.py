@@ -37,17 +37,29 @@ PROG = "kiln rft"
 def add_rft_parser(sub) -> None:
     from launch.config_args import add_config_arguments
 
-    p = sub.add_parser("rft", help="verified, deduplicated fine-tuning data from the model's own attempts",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "rft",
+        help="verified, deduplicated fine-tuning data from the model's own attempts",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--model", required=True, metavar="DIR", help="HF checkpoint directory (or kiln:tiny-chat)")
     p.add_argument("--tasks", required=True, metavar="DIR", help="KernelBench-format task directory")
     p.add_argument("--samples", required=True, type=int, metavar="N", help="attempts per task")
     p.add_argument("--max-per-task", type=int, default=4, metavar="M", help="distinct examples kept per task (0 = all)")
     p.add_argument("--keep-repairs", action="store_true", help="also keep repair dialogues that ended in a pass")
-    p.add_argument("--exclude", nargs="+", action="extend", default=[], metavar="DIR",
-                   help="task directories (a KernelBench clone, ...) whose tasks are never sampled")
+    p.add_argument(
+        "--exclude",
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="DIR",
+        help="task directories (a KernelBench clone, ...) whose tasks are never sampled",
+    )
     p.add_argument("--out", default="rft.jsonl", metavar="FILE", help="output JSONL (default rft.jsonl)")
-    p.add_argument("--forced", metavar="SOLUTIONS_DIR", help="forced-candidate mode: draw attempts from these solutions")
+    p.add_argument(
+        "--forced", metavar="SOLUTIONS_DIR", help="forced-candidate mode: draw attempts from these solutions"
+    )
     p.add_argument("--backend", choices=("cpu", "cuda"), help="verifier backend (default verifier.backend)")
     add_config_arguments(p)
     p.set_defaults(func=cmd_rft)
@@ -88,18 +100,34 @@ def cmd_rft(args: argparse.Namespace) -> int:
     rows, kept = [], []
     verifier = LocalVerifierPool(verifier_cfg)
     try:
-        for task, episodes in sample_groups(train, rollout=cfg.rollout, model=cfg.model, samples=args.samples,
-                                            verifier=verifier, forced=Path(args.forced) if args.forced else None):
+        for task, episodes in sample_groups(
+            train,
+            rollout=cfg.rollout,
+            model=cfg.model,
+            samples=args.samples,
+            verifier=verifier,
+            forced=Path(args.forced) if args.forced else None,
+        ):
             row = TaskYield(task.task_id)
             kept += choose(candidates(task, episodes, args.keep_repairs, row), args.max_per_task, row)
             rows.append(row)
-            print(f"{task.task_id}: {row.passed_first} passed at turn 1, {row.passed_repair} after repair, "
-                  f"{row.kept} kept", file=sys.stderr, flush=True)
+            print(
+                f"{task.task_id}: {row.passed_first} passed at turn 1, {row.passed_repair} after repair, "
+                f"{row.kept} kept",
+                file=sys.stderr,
+                flush=True,
+            )
     finally:
         verifier.close()
     out = write_examples(args.out, [c.example for c in kept])
-    summary = {"tasks": len(train), "samples": args.samples, "kept": len(kept), "seconds": time.monotonic() - started,
-               "decontamination": dict(evaluation.dropped), "rows": [dataclasses.asdict(r) for r in rows]}
+    summary = {
+        "tasks": len(train),
+        "samples": args.samples,
+        "kept": len(kept),
+        "seconds": time.monotonic() - started,
+        "decontamination": dict(evaluation.dropped),
+        "rows": [dataclasses.asdict(r) for r in rows],
+    }
     Path(f"{out}.yield.json").write_text(json.dumps(summary, indent=1))
     print(yield_table(rows))
     print(f"wrote {len(kept)} examples to {out} ({summary['seconds']:.0f} s)")

@@ -26,27 +26,106 @@ import ast
 import hashlib
 import re
 
-CONTRACT = frozenset({"Model", "ModelNew", "forward", "__init__", "get_inputs", "get_init_inputs", "self", "cls",
-                      "super"})
+CONTRACT = frozenset(
+    {"Model", "ModelNew", "forward", "__init__", "get_inputs", "get_init_inputs", "self", "cls", "super"}
+)
 CPP_HINT = re.compile(r"[{};]")
-_TOKEN = re.compile(r"""
+_TOKEN = re.compile(
+    r"""
     (?P<comment>//[^\n]*|/\*.*?\*/)
   | (?P<pre>\#[^\n]*)
   | (?P<string>"(?:\\.|[^"\\\n])*"|'(?:\\.|[^'\\\n])*')
   | (?P<number>\.?\d[\w.]*(?:[eE][+-]\d+)?\w*)
   | (?P<id>[A-Za-z_]\w*)
   | (?P<op><<<|>>>|::|->|\+\+|--|&&|\|\||<<=|>>=|[-+*/%&|^!=<>]=|[^\s])
-    """, re.S | re.X)
-NOT_TYPES = frozenset({"return", "else", "case", "goto", "new", "delete", "throw", "sizeof", "if", "while", "for",
-                       "switch", "do", "co_return", "co_yield", "default", "public", "private", "protected"})
-KEYWORDS = NOT_TYPES | frozenset({
-    "int", "float", "double", "char", "bool", "void", "long", "short", "unsigned", "signed", "auto", "const",
-    "constexpr", "static", "inline", "struct", "class", "template", "typename", "namespace", "using", "true",
-    "false", "nullptr", "break", "continue", "volatile", "extern", "register", "__global__", "__device__",
-    "__host__", "__shared__", "__restrict__", "__forceinline__", "__syncthreads", "size_t", "int64_t", "int32_t",
-    "uint32_t", "uint64_t", "half", "float2", "float4", "threadIdx", "blockIdx", "blockDim", "gridDim", "warpSize",
-    "this", "operator", "typedef", "enum", "union", "std", "torch", "at", "c10",
-})
+    """,
+    re.S | re.X,
+)
+NOT_TYPES = frozenset(
+    {
+        "return",
+        "else",
+        "case",
+        "goto",
+        "new",
+        "delete",
+        "throw",
+        "sizeof",
+        "if",
+        "while",
+        "for",
+        "switch",
+        "do",
+        "co_return",
+        "co_yield",
+        "default",
+        "public",
+        "private",
+        "protected",
+    }
+)
+KEYWORDS = NOT_TYPES | frozenset(
+    {
+        "int",
+        "float",
+        "double",
+        "char",
+        "bool",
+        "void",
+        "long",
+        "short",
+        "unsigned",
+        "signed",
+        "auto",
+        "const",
+        "constexpr",
+        "static",
+        "inline",
+        "struct",
+        "class",
+        "template",
+        "typename",
+        "namespace",
+        "using",
+        "true",
+        "false",
+        "nullptr",
+        "break",
+        "continue",
+        "volatile",
+        "extern",
+        "register",
+        "__global__",
+        "__device__",
+        "__host__",
+        "__shared__",
+        "__restrict__",
+        "__forceinline__",
+        "__syncthreads",
+        "size_t",
+        "int64_t",
+        "int32_t",
+        "uint32_t",
+        "uint64_t",
+        "half",
+        "float2",
+        "float4",
+        "threadIdx",
+        "blockIdx",
+        "blockDim",
+        "gridDim",
+        "warpSize",
+        "this",
+        "operator",
+        "typedef",
+        "enum",
+        "union",
+        "std",
+        "torch",
+        "at",
+        "c10",
+    }
+)
 DECLARATION_END = frozenset({"(", "=", ";", ",", "[", ")", "{"})
 MEMBER = frozenset({".", "->", "::"})
 
@@ -88,8 +167,12 @@ def cpp_declared(tokens: list[tuple[str, str]]) -> set[str]:
         prev_kind, prev = tokens[j - 1]
         if prev_kind == "id" and prev not in NOT_TYPES:
             declared.add(name)
-        elif prev in ("*", "&", ">") and j >= 2 and (tokens[j - 2][0] == "id" or tokens[j - 2][1] in ("*", ">")) \
-                and tokens[j + 1][1] != "(":
+        elif (
+            prev in ("*", "&", ">")
+            and j >= 2
+            and (tokens[j - 2][0] == "id" or tokens[j - 2][1] in ("*", ">"))
+            and tokens[j + 1][1] != "("
+        ):
             declared.add(name)
     return declared
 
@@ -111,8 +194,7 @@ class _Renamer(ast.NodeTransformer):
     """Renames bound Python names through `canon`; C++ strings become their normal form (`cpp`), and a
     Python attribute or string naming a C++ declaration takes that declaration's C++ name."""
 
-    def __init__(self, bound: set[str], attrs: set[str], cpp: dict[str, str], cpp_canon: Canon,
-                 canon: Canon) -> None:
+    def __init__(self, bound: set[str], attrs: set[str], cpp: dict[str, str], cpp_canon: Canon, canon: Canon) -> None:
         self.bound, self.attrs, self.cpp, self.cpp_canon, self.canon = bound, attrs, cpp, cpp_canon, canon
 
     def _name(self, name: str) -> str:
@@ -174,8 +256,12 @@ class _Renamer(ast.NodeTransformer):
 
 def _drop_docstring(node) -> None:
     body = node.body
-    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
-            and isinstance(body[0].value.value, str):
+    if (
+        body
+        and isinstance(body[0], ast.Expr)
+        and isinstance(body[0].value, ast.Constant)
+        and isinstance(body[0].value.value, str)
+    ):
         node.body = body[1:] or [ast.Pass()]
 
 
@@ -191,8 +277,12 @@ def _bound_names(tree: ast.AST) -> tuple[set[str], set[str]]:
             bound.add(node.id)
         elif isinstance(node, ast.alias) and node.asname:
             bound.add(node.asname)
-        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) \
-                and isinstance(node.value, ast.Name) and node.value.id == "self":
+        elif (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.ctx, ast.Store)
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "self"
+        ):
             attrs.add(node.attr)
     return bound - CONTRACT, attrs
 
@@ -207,8 +297,12 @@ def normalised_source(source: str) -> str:
     _drop_docstring(tree)
     cpp_canon, cpp = Canon("c"), {}  # every C++ string first, so Python references find their names
     for node in ast.walk(tree):
-        if isinstance(node, ast.Constant) and isinstance(node.value, str) and looks_like_cpp(node.value) \
-                and node.value not in cpp:
+        if (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and looks_like_cpp(node.value)
+            and node.value not in cpp
+        ):
             tokens = cpp_tokens(node.value)
             cpp[node.value] = cpp_normal(tokens, cpp_declared(tokens), cpp_canon)
     bound, attrs = _bound_names(tree)

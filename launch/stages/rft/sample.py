@@ -51,19 +51,37 @@ class LocalVerifierPool:
         self.verifier.close()
 
 
-def sample_groups(tasks: list[Task], *, rollout: RolloutConfig, model: ModelConfig, samples: int,
-                  verifier: VerifierPool, forced: Path | None = None) -> Iterator[tuple[Task, list[Episode]]]:
+def sample_groups(
+    tasks: list[Task],
+    *,
+    rollout: RolloutConfig,
+    model: ModelConfig,
+    samples: int,
+    verifier: VerifierPool,
+    forced: Path | None = None,
+) -> Iterator[tuple[Task, list[Episode]]]:
     """Each task's `samples` attempts (with their repair turns, up to `rollout.max_turns`), in task order."""
     tokenizer = load_tokenizer(model)
     stops = tokenizer.stop_ids
-    params = SamplingParams(temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k,
-                            max_new_tokens=rollout.max_new_tokens, stop_token_ids=tuple(stops))
+    params = SamplingParams(
+        temperature=rollout.temperature,
+        top_p=rollout.top_p,
+        top_k=rollout.top_k,
+        max_new_tokens=rollout.max_new_tokens,
+        stop_token_ids=tuple(stops),
+    )
     pool = CandidatePool(forced, seed=rollout.seed) if forced is not None else None
     engine = make_engine(rollout, model, index=0, eos_token_ids=stops)
     try:
-        runner = GroupRunner(actor_id="rft", generate=engine.generate, verifier=verifier, tokenizer=tokenizer,
-                             params=params, policy=TurnPolicy(TurnRules.from_config(rollout, model), tokenizer),
-                             force=pool.draw if pool is not None else None)
+        runner = GroupRunner(
+            actor_id="rft",
+            generate=engine.generate,
+            verifier=verifier,
+            tokenizer=tokenizer,
+            params=params,
+            policy=TurnPolicy(TurnRules.from_config(rollout, model), tokenizer),
+            force=pool.draw if pool is not None else None,
+        )
         for i, task in enumerate(tasks):
             yield task, runner.run(TaskReply(status="task", task=task, group_id=f"rft-{i}", group_size=samples))
     finally:

@@ -66,8 +66,12 @@ def candidates(task: Task, episodes: list[Episode], keep_repairs: bool, row: Tas
         last = turns[-1].result
         if not last.passed:
             continue
-        meta = {"source": "kiln rft", "speedup_eager": last.speedup_eager, "turns": len(turns),
-                "episode": episode.episode_id}
+        meta = {
+            "source": "kiln rft",
+            "speedup_eager": last.speedup_eager,
+            "turns": len(turns),
+            "episode": episode.episode_id,
+        }
         if len(turns) == 1:
             row.passed_first += 1
             messages = (*opening(task), Message("assistant", turns[0].text, turns[0].reasoning))
@@ -92,10 +96,17 @@ def _dialogue(task: Task, episode: Episode, meta: dict) -> ChatExample:
         if k + 1 < len(turns):
             untrained.append(len(messages) - 1)
             follow = turns[k + 1].kind
-            messages.append(Message("user", optimize_request(turn.result) if follow == "optimize"
-                                    else repair_request(task, turn.result.feedback)))
-    return ChatExample(messages=tuple(messages), untrained=frozenset(untrained), task_id=task.task_id,
-                       meta={**meta, "kind": "repair"})
+            messages.append(
+                Message(
+                    "user",
+                    optimize_request(turn.result)
+                    if follow == "optimize"
+                    else repair_request(task, turn.result.feedback),
+                )
+            )
+    return ChatExample(
+        messages=tuple(messages), untrained=frozenset(untrained), task_id=task.task_id, meta={**meta, "kind": "repair"}
+    )
 
 
 def choose(found: list[Candidate], max_per_task: int, row: TaskYield) -> list[Candidate]:

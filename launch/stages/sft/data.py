@@ -35,9 +35,11 @@ class SFTData:
         return sum(len(s) for s in self.train)
 
     def summary(self) -> list[str]:
-        lines = [f"examples: {self.examples} read; {self.train_examples} train ({len(self.train)} sequences, "
-                 f"{self.train_tokens} tokens), {self.held_out_examples} held out ({len(self.held_out)} sequences)",
-                 self.decontam]
+        lines = [
+            f"examples: {self.examples} read; {self.train_examples} train ({len(self.train)} sequences, "
+            f"{self.train_tokens} tokens), {self.held_out_examples} held out ({len(self.held_out)} sequences)",
+            self.decontam,
+        ]
         if self.dropped["too long"]:
             lines.append(f"left out: {self.dropped['too long']} sequences whose prompt alone fills model.max_seq_len")
         return lines
@@ -51,8 +53,16 @@ def is_held_out(example: ChatExample, seed: int, fraction: float) -> bool:
     return int.from_bytes(digest[:8], "big") / 2**64 < fraction
 
 
-def load_sft_data(path, tokenizer, evaluation: EvalTasks, *, eval_fraction: float, seed: int, max_seq_len: int,
-                  enable_thinking: bool = False) -> SFTData:
+def load_sft_data(
+    path,
+    tokenizer,
+    evaluation: EvalTasks,
+    *,
+    eval_fraction: float,
+    seed: int,
+    max_seq_len: int,
+    enable_thinking: bool = False,
+) -> SFTData:
     """Everything above; raises DataError (one line, naming file and line) for a bad example."""
     train: list[TokenSequence] = []
     held: list[TokenSequence] = []
@@ -71,5 +81,12 @@ def load_sft_data(path, tokenizer, evaluation: EvalTasks, *, eval_fraction: floa
                 dropped["too long"] += 1
             else:
                 into.append(cut)
-    return SFTData(train=train, held_out=held, examples=read, train_examples=n_train, held_out_examples=n_held,
-                   dropped=dropped, decontam=evaluation.summary())
+    return SFTData(
+        train=train,
+        held_out=held,
+        examples=read,
+        train_examples=n_train,
+        held_out_examples=n_held,
+        dropped=dropped,
+        decontam=evaluation.summary(),
+    )

@@ -18,16 +18,23 @@ def write_report(out: Path, header: list[str]) -> Path:
     lines = ["# kiln sft", "", *[f"- {h}" for h in header if h], ""]
     lines += ["| | first | last |", "| --- | --- | --- |"]
     if train:
-        lines.append(f"| training loss (nats/token, assistant tokens) | {train[0][1]:.4f} (step {train[0][0]}) "
-                     f"| {train[-1][1]:.4f} (step {train[-1][0]}) |")
+        lines.append(
+            f"| training loss (nats/token, assistant tokens) | {train[0][1]:.4f} (step {train[0][0]}) "
+            f"| {train[-1][1]:.4f} (step {train[-1][0]}) |"
+        )
     if held:
-        lines.append(f"| held-out loss | {held[0][1]:.4f} (step {held[0][0]}) | {held[-1][1]:.4f} "
-                     f"(step {held[-1][0]}) |")
+        lines.append(
+            f"| held-out loss | {held[0][1]:.4f} (step {held[0][0]}) | {held[-1][1]:.4f} (step {held[-1][0]}) |"
+        )
     lines.append("")
     plot = _plot(out, train, held)
     lines.append(f"![loss]({plot.relative_to(out)})" if plot else "(no loss plot: matplotlib is not installed)")
-    lines += ["", "Files: `metrics.jsonl` (one row per step), `tb/` (TensorBoard, when installed), "
-              "`final/` (servable HF export), `exports/`, `checkpoints/` (resume).", ""]
+    lines += [
+        "",
+        "Files: `metrics.jsonl` (one row per step), `tb/` (TensorBoard, when installed), "
+        "`final/` (servable HF export), `exports/`, `checkpoints/` (resume).",
+        "",
+    ]
     path = out / "report.md"
     path.write_text("\n".join(lines), encoding="utf-8")
     return path

@@ -120,9 +120,15 @@ class SFTRun:
                 step = global_step
                 first = result.loss if first is None else first
                 last = result.loss
-                row = {"sft/loss": result.loss, "sft/grad_norm": result.grad_norm, "sft/tokens": result.tokens,
-                       "sft/trained_tokens": result.trained_tokens, "sft/step_s": result.seconds,
-                       "sft/epoch": epoch + (i + 1) / len(batches), "sft/lr": self.s.lr}
+                row = {
+                    "sft/loss": result.loss,
+                    "sft/grad_norm": result.grad_norm,
+                    "sft/tokens": result.tokens,
+                    "sft/trained_tokens": result.trained_tokens,
+                    "sft/step_s": result.seconds,
+                    "sft/epoch": epoch + (i + 1) / len(batches),
+                    "sft/lr": self.s.lr,
+                }
                 end_of_epoch = i + 1 == len(batches)
                 if self.held_batches and (end_of_epoch or (self.s.eval_every and step % self.s.eval_every == 0)):
                     loss = held_out_loss(self.trainer, self.held_batches)
@@ -139,8 +145,15 @@ class SFTRun:
         final = self.s.out / FINAL
         if step > done or not final.is_dir():
             self.export(final)
-        return SFTResult(steps=self.total, resumed_from=done, first_loss=first, final_loss=last, held_out=held,
-                         final=final, seconds=time.monotonic() - started)
+        return SFTResult(
+            steps=self.total,
+            resumed_from=done,
+            first_loss=first,
+            final_loss=last,
+            held_out=held,
+            final=final,
+            seconds=time.monotonic() - started,
+        )
 
     def checkpoint(self, step: int) -> None:
         """Save the state at `step` and drop older checkpoints (resume needs only the latest)."""

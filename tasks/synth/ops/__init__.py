@@ -50,8 +50,10 @@ def resolve_ops(names: Sequence[str] | None) -> tuple[Op, ...]:
         elif name in REGISTRY and REGISTRY[name].sampled:
             chosen.add(name)
         else:
-            raise OpSelectionError(f"unknown op or family {name!r} (families: {', '.join(FAMILIES)}; "
-                                   f"ops: {', '.join(n for n, op in REGISTRY.items() if op.sampled)})")
+            raise OpSelectionError(
+                f"unknown op or family {name!r} (families: {', '.join(FAMILIES)}; "
+                f"ops: {', '.join(n for n, op in REGISTRY.items() if op.sampled)})"
+            )
     return tuple(op for op in REGISTRY.values() if op.name in chosen)
 
 

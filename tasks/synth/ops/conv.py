@@ -53,16 +53,28 @@ class Conv(Op):
         c_in = x.shape[1]
         c_out = c_in if self.depthwise else b.new_var("channels")
         shape = (x.shape[0], c_out) + tuple(out_len(n) for n in x.shape[2:])
-        return b.add(self.name, [x], shape, x.layout, in_channels=c_in, out_channels=c_out, kernel=k,
-                     stride=s, padding=p, bias=rng.random() < 0.7)
+        return b.add(
+            self.name,
+            [x],
+            shape,
+            x.layout,
+            in_channels=c_in,
+            out_channels=c_out,
+            kernel=k,
+            stride=s,
+            padding=p,
+            bias=rng.random() < 0.7,
+        )
 
     def init(self, node: Node, module: str, dim) -> list[str]:
         cls = "nn.ConvTranspose2d" if self.transposed else f"nn.Conv{self.spatial}d"
         c_in, c_out = dim(node.attr("in_channels")), dim(node.attr("out_channels"))
         extra = f", groups={c_in}" if self.depthwise else ""
         extra += "" if node.attr("bias") else ", bias=False"
-        return [f"self.{module} = {cls}({c_in}, {c_out}, {node.attr('kernel')}, stride={node.attr('stride')}, "
-                f"padding={node.attr('padding')}{extra})"]
+        return [
+            f"self.{module} = {cls}({c_in}, {c_out}, {node.attr('kernel')}, stride={node.attr('stride')}, "
+            f"padding={node.attr('padding')}{extra})"
+        ]
 
     def params(self, node: Node) -> list[tuple]:  # kernel taps are plain ints
         c_in, c_out, k = node.attr("in_channels"), node.attr("out_channels"), node.attr("kernel")

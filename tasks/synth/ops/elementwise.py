@@ -111,10 +111,13 @@ class Where(Op):
             return None
         sources = [b.graph.values[i] for i in b.graph.inputs if broadcast(x.shape, b.graph.values[i].shape)]
         s = b.pick(sources, lambda: b.new_input(x.shape, x.layout))
-        mask = b.add("gt", [s], broadcast(x.shape, s.shape), x.layout, dtype="bool",
-                     threshold=choose(b.rng, (0.0, 0.5, -0.5)))
-        z = b.pick([v for v in b.floats() if v.id != x.id and broadcast(mask.shape, v.shape)],
-                   lambda: b.new_input(mask.shape, x.layout))
+        mask = b.add(
+            "gt", [s], broadcast(x.shape, s.shape), x.layout, dtype="bool", threshold=choose(b.rng, (0.0, 0.5, -0.5))
+        )
+        z = b.pick(
+            [v for v in b.floats() if v.id != x.id and broadcast(mask.shape, v.shape)],
+            lambda: b.new_input(mask.shape, x.layout),
+        )
         return b.add(self.name, [mask, x, z], broadcast(mask.shape, z.shape), x.layout)
 
     def forward(self, node: Node, args: list[str], module: str, dim) -> str:
@@ -126,8 +129,9 @@ OPS = [
     _unary("shift", "{x} + {c}", "offset", (0.5, -0.25, 1.0, -1.0)),
     _unary("abs", "torch.abs({x})"),
     _unary("square", "{x} * {x}"),
-    _unary("clamp", "torch.clamp({x}, min={lo}, max={hi})", "range",
-           ((-1.0, 1.0), (-0.5, 2.0), (0.0, 6.0), (-2.0, 0.5))),
+    _unary(
+        "clamp", "torch.clamp({x}, min={lo}, max={hi})", "range", ((-1.0, 1.0), (-0.5, 2.0), (0.0, 6.0), (-2.0, 0.5))
+    ),
     Binary("add", "{a} + {b}", commutative=True),
     Binary("sub", "{a} - {b}", commutative=False),
     Binary("mul", "{a} * {b}", commutative=True),

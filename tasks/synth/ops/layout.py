@@ -66,15 +66,19 @@ class Concat(Op):
         axis = len(x.shape) - 1 if x.layout in ("rows", "seq") else 1
 
         def fits(v: Value) -> bool:
-            return (v.id != x.id and v.layout == x.layout and len(v.shape) == len(x.shape)
-                    and all(d == e for i, (d, e) in enumerate(zip(v.shape, x.shape)) if i != axis))
+            return (
+                v.id != x.id
+                and v.layout == x.layout
+                and len(v.shape) == len(x.shape)
+                and all(d == e for i, (d, e) in enumerate(zip(v.shape, x.shape)) if i != axis)
+            )
 
         def fresh() -> Value:
             extent = b.new_var("features" if axis == len(x.shape) - 1 else "channels")
-            return b.new_input(x.shape[:axis] + (extent,) + x.shape[axis + 1:], x.layout)
+            return b.new_input(x.shape[:axis] + (extent,) + x.shape[axis + 1 :], x.layout)
 
         y = b.pick([v for v in b.floats() if fits(v)], fresh)
-        shape = x.shape[:axis] + (Sum((x.shape[axis], y.shape[axis])),) + x.shape[axis + 1:]
+        shape = x.shape[:axis] + (Sum((x.shape[axis], y.shape[axis])),) + x.shape[axis + 1 :]
         return b.add(self.name, [x, y], shape, x.layout, axis=axis)
 
     def forward(self, node: Node, args: list[str], module: str, dim) -> str:

@@ -30,8 +30,9 @@ class Linear(Op):
             return None
         out = b.new_var("features")
         bias = b.rng.random() < 0.7
-        return b.add(self.name, [x], x.shape[:-1] + (out,), x.layout,
-                     in_features=x.shape[-1], out_features=out, bias=bias)
+        return b.add(
+            self.name, [x], x.shape[:-1] + (out,), x.layout, in_features=x.shape[-1], out_features=out, bias=bias
+        )
 
     def init(self, node: Node, module: str, dim) -> list[str]:
         bias = "" if node.attr("bias") else ", bias=False"
@@ -66,8 +67,13 @@ class Matmul(Op):
             # On rows, x @ y^T with y sharing x's leading axis would mix the batch into the features
             # (a (batch, batch) product); such a y must be a separate matrix.
             batch_mix = self.transposed and x.layout == "rows" and v.shape[0] == x.shape[0]
-            return (len(v.shape) == len(x.shape) and v.shape[:-2] == batch and v.shape[contract] == k
-                    and non_one(v.shape[free]) and not batch_mix)
+            return (
+                len(v.shape) == len(x.shape)
+                and v.shape[:-2] == batch
+                and v.shape[contract] == k
+                and non_one(v.shape[free])
+                and not batch_mix
+            )
 
         def fresh() -> Value:
             role = "seq" if x.layout == "seq" and self.transposed else "features"

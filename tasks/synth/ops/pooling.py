@@ -39,8 +39,10 @@ class Pool(Op):
         return b.add(self.name, [x], shape, x.layout, kernel=k, stride=s, padding=p)
 
     def forward(self, node: Node, args: list[str], module: str, dim) -> str:
-        return (f"{self.function}({args[0]}, kernel_size={node.attr('kernel')}, stride={node.attr('stride')}, "
-                f"padding={node.attr('padding')})")
+        return (
+            f"{self.function}({args[0]}, kernel_size={node.attr('kernel')}, stride={node.attr('stride')}, "
+            f"padding={node.attr('padding')})"
+        )
 
     def flops(self, node: Node, shape) -> int:
         return prod(shape(node.out)) * node.attr("kernel") ** self.spatial

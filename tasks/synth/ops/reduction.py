@@ -57,8 +57,10 @@ class Reduction(Op):
         return b.add(self.name, [x], reduced_shape(x.shape, axes, keepdim), layout, axes=axes, keepdim=keepdim)
 
     def forward(self, node: Node, args: list[str], module: str, dim) -> str:
-        return (f"{self.function}({args[0]}, dim={axes_text(node.attr('axes'))}, "
-                f"keepdim={node.attr('keepdim')}{self.extra})")
+        return (
+            f"{self.function}({args[0]}, dim={axes_text(node.attr('axes'))}, "
+            f"keepdim={node.attr('keepdim')}{self.extra})"
+        )
 
     def flops(self, node: Node, shape) -> int:
         return self.work * prod(shape(node.inputs[0]))

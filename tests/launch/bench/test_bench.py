@@ -50,8 +50,10 @@ def test_overlapping_units_of_one_activity_make_one_span_and_busy_counts_any_act
     clock.now = 111
     assert rec.busy_s() == pytest.approx(5.0)  # 4 s verifying + 1 s of syncing still open
     spans = rec.take()  # the open one is cut at now and goes on from there
-    assert [(s.activity, s.start, s.end, s.units) for s in spans] == [("verifying", 100, 104, 2),
-                                                                      ("syncing", 110, 111, 1)]
+    assert [(s.activity, s.start, s.end, s.units) for s in spans] == [
+        ("verifying", 100, 104, 2),
+        ("syncing", 110, 111, 1),
+    ]
     clock.now = 112
     rec.end("syncing")
     assert [(s.activity, s.start, s.end, s.units) for s in rec.take()] == [("syncing", 111, 112, 0)]
@@ -77,7 +79,8 @@ def test_a_recorder_pushes_its_spans_to_the_driver_and_the_span_record_is_checke
                 got += msg.spans
         assert {s.activity for s in got} == {"generating"} and len(got) >= 2
         assert covered_s([SpanRow("r", s.activity, s.start, s.end) for s in got], 0, 1e12) == pytest.approx(
-            rec.busy_s(), abs=0.02)
+            rec.busy_s(), abs=0.02
+        )
     finally:
         rec.close()
         pull.close()
@@ -88,13 +91,19 @@ def test_a_recorder_pushes_its_spans_to_the_driver_and_the_span_record_is_checke
 
 
 def test_timeline_shares_work_on_the_union_of_spans_inside_the_window():
-    spans = [SpanRow("learner", "training", 0, 4), SpanRow("learner", "syncing", 3, 5),
-             SpanRow("rollout-0", "generating", 2, 6), SpanRow("rollout-0", "generating", 5, 12)]
+    spans = [
+        SpanRow("learner", "training", 0, 4),
+        SpanRow("learner", "syncing", 3, 5),
+        SpanRow("rollout-0", "generating", 2, 6),
+        SpanRow("rollout-0", "generating", 5, 12),
+    ]
     assert union([(3, 5), (0, 4), (7, 8)]) == [(0, 5), (7, 8)]
     assert covered_s(spans[2:], 4, 10) == pytest.approx(6.0)
     assert busy_shares(spans, 2, 12) == {"learner": pytest.approx(0.3), "rollout-0": pytest.approx(1.0)}
-    assert activity_shares(spans, 2, 12) == {"learner": {"syncing": pytest.approx(0.2), "training": pytest.approx(0.2)},
-                                             "rollout-0": {"generating": pytest.approx(1.0)}}
+    assert activity_shares(spans, 2, 12) == {
+        "learner": {"syncing": pytest.approx(0.2), "training": pytest.approx(0.2)},
+        "rollout-0": {"generating": pytest.approx(1.0)},
+    }
 
 
 # ---------------------------------------------------------------------------- workload knobs
@@ -105,8 +114,9 @@ def test_sampled_lengths_are_drawn_per_request_and_forced_responses_pass_unchang
     from actors.rollout.engines import make_engine
     from actors.rollout.workload import SampledLengthEngine
 
-    cfg = load_config(TEXT_MATCH, ["rollout.bench.lengths=[7,3]", "rollout.bench.length_weights=[1,3]",
-                                   "rollout.max_new_tokens=5"])
+    cfg = load_config(
+        TEXT_MATCH, ["rollout.bench.lengths=[7,3]", "rollout.bench.length_weights=[1,3]", "rollout.max_new_tokens=5"]
+    )
     engine = make_engine(cfg.rollout, cfg.model, index=0, eos_token_ids=[257])
     try:
         assert isinstance(engine, SampledLengthEngine)
@@ -129,8 +139,9 @@ def test_the_engine_alone_is_timed_while_its_batch_is_full_and_the_long_tail_dra
     from actors.rollout.engines import make_engine
     from launch.bench.stages import Workload, measure_engine
 
-    cfg = load_config(TEXT_MATCH, ["rollout.max_batch=4", "rollout.bench.lengths=[8,160]",
-                                   "rollout.bench.length_weights=[3,1]"])
+    cfg = load_config(
+        TEXT_MATCH, ["rollout.max_batch=4", "rollout.bench.lengths=[8,160]", "rollout.bench.length_weights=[3,1]"]
+    )
     work = Workload.of(cfg)
     engine = make_engine(cfg.rollout, cfg.model, index=0, eos_token_ids=list(work.tokenizer.stop_ids))
     try:
@@ -229,16 +240,46 @@ def test_the_ideal_overlap_bound_is_the_slowest_stage_in_samples_per_second():
     from launch.bench.stages import EngineStage, LearnerStage, Stages, SyncStage, VerifierStage
     from launch.bench.train import LoopResult
 
-    stages = Stages(engine=EngineStage(100.0, 32, 3200, 32.0, 16, 1, 100.0),
-                    verifier=VerifierStage(120.0, 120.0, 64, 32.0, 1, 16, 0.5, 0.3, 2.0),
-                    learner=LearnerStage(3.5, [3.5], 16, 40000, 9000), sync=SyncStage("gloo", 10, 0.5, 0.6, 3))
-    loop = LoopResult(eta=1, run_dir="", steps=6, window_steps=4, window=(0.0, 100.0), step_times=[], window_s=100.0,
-                      wall_s=200.0, samples_per_s=0.64, decoded_tokens_per_s=80.0, trained_tokens_per_s=0.0,
-                      gradient_tokens_per_s=0.0, trained_samples=64, decoded_tokens=8000.0,
-                      decoded_per_engine={"rollout-0": 80.0}, counters_s=100.0, verifications=128.0,
-                      verifications_per_min={"verifier-0": 76.8}, compiled_share=0.3, learner_step_s_median=3.5,
-                      sync_s={}, busy={}, activities={}, cpu_share=None, cores=2, staleness={}, restarts=[],
-                      versions_monotonic=True, episodes={}, killed=None, recovery_s=None, finished=True)
+    stages = Stages(
+        engine=EngineStage(100.0, 32, 3200, 32.0, 16, 1, 100.0),
+        verifier=VerifierStage(120.0, 120.0, 64, 32.0, 1, 16, 0.5, 0.3, 2.0),
+        learner=LearnerStage(3.5, [3.5], 16, 40000, 9000),
+        sync=SyncStage("gloo", 10, 0.5, 0.6, 3),
+    )
+    loop = LoopResult(
+        eta=1,
+        run_dir="",
+        steps=6,
+        window_steps=4,
+        window=(0.0, 100.0),
+        step_times=[],
+        window_s=100.0,
+        wall_s=200.0,
+        samples_per_s=0.64,
+        decoded_tokens_per_s=80.0,
+        trained_tokens_per_s=0.0,
+        gradient_tokens_per_s=0.0,
+        trained_samples=64,
+        decoded_tokens=8000.0,
+        decoded_per_engine={"rollout-0": 80.0},
+        counters_s=100.0,
+        verifications=128.0,
+        verifications_per_min={"verifier-0": 76.8},
+        compiled_share=0.3,
+        learner_step_s_median=3.5,
+        sync_s={},
+        busy={},
+        activities={},
+        cpu_share=None,
+        cores=2,
+        staleness={},
+        restarts=[],
+        versions_monotonic=True,
+        episodes={},
+        killed=None,
+        recovery_s=None,
+        finished=True,
+    )
     bound = ideal_bound(stages, [loop], engines=1, batch_sequences=16)
     # engine: 100 tok/s ÷ 125 decoded tokens per trained sample = 0.8; verifier: 2/s ÷ 2 = 1.0;
     # learner: 16 ÷ (3.5 + 0.5) = 4.0
@@ -276,25 +317,82 @@ def test_a_small_bench_reports_every_figure_and_async_beats_sync(tmp_path, capsy
     from launch.cli.main import main
 
     out = tmp_path / "bench"
-    assert main(["bench", str(TEXT_MATCH), "cluster.use_ray=false", "rollout.bench.lengths=[16]",
-                 "verifier.modelled_latency.median_s=0.3", "verifier.modelled_latency.sigma=1.0",
-                 "verifier.modelled_latency.max_s=3", "algo.group_size=4", "algo.batch_groups=2",
-                 "rollout.max_inflight=16", "verifier.max_inflight=32", "rollout.torch_threads=1",
-                 "learner.torch_threads=1", "logging.level=WARNING", "algo.drop_tied_groups=false",
-                 "replay.retry.probability=0", "--eta", "1", "--warmup", "1", "--steps", "4",
-                 "--engine-requests", "64", "--verifier-requests", "64", "--learner-steps", "2",
-                 "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                str(TEXT_MATCH),
+                "cluster.use_ray=false",
+                "rollout.bench.lengths=[16]",
+                "verifier.modelled_latency.median_s=0.3",
+                "verifier.modelled_latency.sigma=1.0",
+                "verifier.modelled_latency.max_s=3",
+                "algo.group_size=4",
+                "algo.batch_groups=2",
+                "rollout.max_inflight=16",
+                "verifier.max_inflight=32",
+                "rollout.torch_threads=1",
+                "learner.torch_threads=1",
+                "logging.level=WARNING",
+                "algo.drop_tied_groups=false",
+                "replay.retry.probability=0",
+                "--eta",
+                "1",
+                "--warmup",
+                "1",
+                "--steps",
+                "4",
+                "--engine-requests",
+                "64",
+                "--verifier-requests",
+                "64",
+                "--learner-steps",
+                "2",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     table = capsys.readouterr().out
-    for line in ("### Each stage alone", "| engine |", "| verifier |", "| learner |", "| weight sync |",
-                 "### The loop", "| samples/s (trained) |", "| decoded tok/s |", "| trained tok/s |",
-                 "| gradient tok/s |", "| occupancy rollout-0 |", "| occupancy verifier-0 |", "CPU share",
-                 "| weight sync s p50 / p99 (n) |", "| rows per decode step rollout-0 (of max_batch) |",
-                 "| staleness: trained samples by lag |",
-                 "| fraction of the ideal-overlap bound |", "async/sync speedup", "### Ideal-overlap bound"):
+    for line in (
+        "### Each stage alone",
+        "| engine |",
+        "| verifier |",
+        "| learner |",
+        "| weight sync |",
+        "### The loop",
+        "| samples/s (trained) |",
+        "| decoded tok/s |",
+        "| trained tok/s |",
+        "| gradient tok/s |",
+        "| occupancy rollout-0 |",
+        "| occupancy verifier-0 |",
+        "CPU share",
+        "| weight sync s p50 / p99 (n) |",
+        "| rows per decode step rollout-0 (of max_batch) |",
+        "| staleness: trained samples by lag |",
+        "| fraction of the ideal-overlap bound |",
+        "async/sync speedup",
+        "### Ideal-overlap bound",
+    ):
         assert line in table, line
     report = json.loads((out / "bench.json").read_text())
-    assert {"config", "command", "date", "device", "load_average", "stages", "loops", "occupancy", "bound",
-            "bound_fraction", "speedup", "async_sync_speedup", "gantt"} <= set(report)
+    assert {
+        "config",
+        "command",
+        "date",
+        "device",
+        "load_average",
+        "stages",
+        "loops",
+        "occupancy",
+        "bound",
+        "bound_fraction",
+        "speedup",
+        "async_sync_speedup",
+        "gantt",
+    } <= set(report)
     assert set(report["stages"]) == {"engine", "verifier", "learner", "sync"}
     assert report["stages"]["engine"]["decoded_tokens"] == 64 * 16
     assert report["stages"]["learner"]["gradient_tokens"] > 0

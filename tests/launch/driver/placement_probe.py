@@ -50,21 +50,38 @@ def probe(preset: str) -> dict:
     group = reserve_bundles(p)
     table = placement_group_table(group)
     free_gpus = ray.available_resources().get("GPU", 0.0)  # outside the group, once it is reserved
-    gpu_of_bundle = [ray.get(bundle_gpu.options(scheduling_strategy=PlacementGroupSchedulingStrategy(
-        placement_group=group, placement_group_bundle_index=b.index)).remote()) for b in bundles(p)]
+    gpu_of_bundle = [
+        ray.get(
+            bundle_gpu.options(
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    placement_group=group, placement_group_bundle_index=b.index
+                )
+            ).remote()
+        )
+        for b in bundles(p)
+    ]
     supervisor = Supervisor(tempfile.mkdtemp(), use_ray=True, placement_group=group)
     actors = {}
     for role, count in (("learner", len(p.learner)), ("rollout", len(p.engines)), ("verifier", len(p.verifiers))):
         for i in range(count):
             slot = actor_slot(p, role, i)
             handle = supervisor.launch(ActorSpec(name=f"{role}-{i}", cls=Probe, handle=ActorHandle, slot=slot))
-            actors[handle.name] = {"planned_gpus": list(slot.gpus), "bundle": slot.bundle, "num_gpus": slot.num_gpus,
-                                   **ray.get(handle.ref.where.remote(), timeout=60)}
+            actors[handle.name] = {
+                "planned_gpus": list(slot.gpus),
+                "bundle": slot.bundle,
+                "num_gpus": slot.num_gpus,
+                **ray.get(handle.ref.where.remote(), timeout=60),
+            }
     supervisor.stop_all([])
     remove_placement_group(group)
-    return {"plan_bundles": [b.resources for b in bundles(p)], "plan_bundle_gpus": [list(b.gpus) for b in bundles(p)],
-            "group_bundles": [table["bundles"][i] for i in sorted(table["bundles"])], "gpu_of_bundle": gpu_of_bundle,
-            "free_gpus": free_gpus, "actors": actors}
+    return {
+        "plan_bundles": [b.resources for b in bundles(p)],
+        "plan_bundle_gpus": [list(b.gpus) for b in bundles(p)],
+        "group_bundles": [table["bundles"][i] for i in sorted(table["bundles"])],
+        "gpu_of_bundle": gpu_of_bundle,
+        "free_gpus": free_gpus,
+        "actors": actors,
+    }
 
 
 if __name__ == "__main__":

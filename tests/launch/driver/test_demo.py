@@ -51,8 +51,17 @@ def test_every_mechanism_of_the_demo_acted_and_the_report_points_at_an_episode_s
     page = (demo_run.path / "report.html").read_text()
     assert "<h2>Mechanisms</h2>" in page and "data:image/png;base64," in page
     plots = sorted(p.name for p in (demo_run.path / "plots").glob("*.png"))
-    assert plots == ["corrections.png", "policy.png", "progress.png", "reward.png", "staleness.png",
-                     "throughput.png", "timeline.png", "training.png", "verifier.png"], plots
+    assert plots == [
+        "corrections.png",
+        "policy.png",
+        "progress.png",
+        "reward.png",
+        "staleness.png",
+        "throughput.png",
+        "timeline.png",
+        "training.png",
+        "verifier.png",
+    ], plots
     for name in plots:
         assert f"(plots/{name})" in demo_run.report and (demo_run.path / "plots" / name).read_bytes()[:4] == b"\x89PNG"
     assert "Not recorded" not in demo_run.report

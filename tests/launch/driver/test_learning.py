@@ -24,14 +24,26 @@ MINIBATCHES = 4
 
 def train_run(tmp_path: Path, name: str, seed: int, lr: float) -> list[dict]:
     """One short training run; its metrics rows."""
-    cfg = load_config(CONFIG, [
-        f"logging.root={tmp_path}", f"logging.run_name={name}", "logging.live=false", "logging.episodes_per_step=0",
-        "cluster.use_ray=false", f"algo.total_steps={STEPS}", f"learner.lr={lr}",
-        # four updates per batch, each against the batch's π_prox: the clip has something to do
-        f"algo.ppo_minibatches={MINIBATCHES}",
-        # a stationary task mix: no repair tasks from the retry buffer
-        "replay.retry.probability=0.0",
-        f"model.seed={seed}", f"rollout.seed={seed}", f"algo.seed={seed}", f"replay.split_seed={seed}"])
+    cfg = load_config(
+        CONFIG,
+        [
+            f"logging.root={tmp_path}",
+            f"logging.run_name={name}",
+            "logging.live=false",
+            "logging.episodes_per_step=0",
+            "cluster.use_ray=false",
+            f"algo.total_steps={STEPS}",
+            f"learner.lr={lr}",
+            # four updates per batch, each against the batch's π_prox: the clip has something to do
+            f"algo.ppo_minibatches={MINIBATCHES}",
+            # a stationary task mix: no repair tasks from the retry buffer
+            "replay.retry.probability=0.0",
+            f"model.seed={seed}",
+            f"rollout.seed={seed}",
+            f"algo.seed={seed}",
+            f"replay.split_seed={seed}",
+        ],
+    )
     run = RunDirectory.create(cfg)
     train(cfg, run)
     return read_metrics(run.path)
@@ -58,8 +70,10 @@ def test_reward_rises_with_learning_and_stays_flat_without(tmp_path):
     control = reward_change(train_run(tmp_path, "control", 0, lr=0.0))
     rises = [reward_change(rows) for rows in runs]
     clips = [clip_fraction(rows) for rows in runs]
-    print(f"\nreward change over {STEPS} steps: seeds {rises[0]:+.3f} {rises[1]:+.3f}, lr=0 control {control:+.3f}; "
-          f"clip fraction {clips[0]:.3f} {clips[1]:.3f}")
+    print(
+        f"\nreward change over {STEPS} steps: seeds {rises[0]:+.3f} {rises[1]:+.3f}, lr=0 control {control:+.3f}; "
+        f"clip fraction {clips[0]:.3f} {clips[1]:.3f}"
+    )
     assert abs(control) < 0.03, f"lr=0 must stay flat, moved {control:+.3f}"
     for rise in rises:
         # measured 2026-11-23 (four mini-batches): rises +0.055 and +0.087, control -0.002; clip fraction

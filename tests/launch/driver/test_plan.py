@@ -20,8 +20,15 @@ ROOT = Path(__file__).resolve().parents[3]
 CLUSTER = ROOT / "launch" / "cluster"
 
 # Each preset and the GPUs it is written for (default.yaml: CPU only).
-INTENDED_GPUS = {"default.yaml": 0, "bench_cpu.yaml": 0, "single_gpu.yaml": 1, "two_gpu.yaml": 2, "four_gpu.yaml": 4,
-                 "eight_gpu.yaml": 8, "musacoder_27b.yaml": 24}
+INTENDED_GPUS = {
+    "default.yaml": 0,
+    "bench_cpu.yaml": 0,
+    "single_gpu.yaml": 1,
+    "two_gpu.yaml": 2,
+    "four_gpu.yaml": 4,
+    "eight_gpu.yaml": 8,
+    "musacoder_27b.yaml": 24,
+}
 
 
 def _plan(preset: str, *overrides: str, gpus=None, memory=None):
@@ -46,7 +53,8 @@ def _shares_fit(p) -> bool:
 def test_every_preset_has_an_intended_gpu_count():
     presets = {p.name for p in PRESETS.glob("*.yaml")}
     assert presets == set(INTENDED_GPUS), (
-        f"presets {sorted(presets ^ set(INTENDED_GPUS))}: name each preset's GPU count in INTENDED_GPUS so it is planned")
+        f"presets {sorted(presets ^ set(INTENDED_GPUS))}: name each preset's GPU count in INTENDED_GPUS so it is planned"
+    )
 
 
 @pytest.mark.parametrize("preset, gpus", sorted(INTENDED_GPUS.items()))
@@ -115,8 +123,17 @@ def test_parameter_count_matches_transformers(tmp_path, arch, tied):
 
     from actors.policy.model import hf_config
 
-    cfg = load_config(None, [f"model.arch={arch}", "model.hidden_size=64", "model.num_heads=4",
-                             "model.num_kv_heads=2", "model.num_layers=2", "model.intermediate_size=96"])
+    cfg = load_config(
+        None,
+        [
+            f"model.arch={arch}",
+            "model.hidden_size=64",
+            "model.num_heads=4",
+            "model.num_kv_heads=2",
+            "model.num_layers=2",
+            "model.intermediate_size=96",
+        ],
+    )
     hf = hf_config(cfg.model)
     hf.tie_word_embeddings = tied
     if tied:  # random init from the model section, as the engines build it
@@ -130,35 +147,91 @@ def test_parameter_count_matches_transformers(tmp_path, arch, tied):
     assert shape.params == sum(p.numel() for p in model.parameters())
 
 
-@pytest.mark.parametrize("preset, overrides, gpus, memory, message", [
-    ("four_gpu.yaml", [], 3, None, r"needs 4 GPUs \(learner 2 \+ engines 1×1 \+ verifiers 1 dedicated\) but 3 are available"),
-    ("four_gpu.yaml", ["learner.tensor_parallel=3", "cluster.learner_gpus=3"], None, None,
-     "learner.tensor_parallel=3 must divide the model's num_heads=16"),
-    ("four_gpu.yaml", ["learner.tensor_parallel=4", "cluster.learner_gpus=4", "model.num_kv_heads=2"], None, None,
-     "learner.tensor_parallel=4 must divide the model's num_kv_heads=2"),
-    ("four_gpu.yaml", ["cluster.learner_gpus=3"], None, None,
-     r"cluster.learner_gpus=3 is not divisible by learner.tensor_parallel × pipeline_parallel = 2×1 = 2"),
-    ("eight_gpu.yaml", [], 8, 40.0, r"GPU 0 \(engine 0\) needs ~46.1 GiB = engine 46.1 \[weights 2.1, kv_cache 44.0 GiB\] "
-                                    r"but has 40.0 GiB"),
-    ("musacoder_27b.yaml", ["learner.tensor_parallel=4", "learner.pipeline_parallel=1", "cluster.learner_gpus=4"], 16, 80.0,
-     r"GPU 0 \(learner rank 0\) needs ~\d+\.\d GiB = learner .*optimizer"),
-    ("default.yaml", ["learner.backend=megatron"], None, None, "learner.backend=megatron needs GPUs"),
-    ("default.yaml", ["learner.tensor_parallel=2"], None, None, "need learner.backend=megatron"),
-    ("default.yaml", ["learner.cpu_ranks=2", "cluster.use_ray=false"], None, None, "needs cluster.use_ray=true"),
-    ("single_gpu.yaml", ["cluster.learner_gpus=2", "cluster.num_gpus=2"], None, None,
-     "colocated runs one learner rank"),
-    ("four_gpu.yaml", ["learner.cpu_ranks=2"], None, None, "one rank per GPU"),
-    ("default.yaml", ["cluster.engine_gpus=2"], None, None, "the embedded torch engine runs on one device"),
-    ("default.yaml", ["rollout.engine=sglang"], None, None, "SGLang servers, which need GPUs"),
-    ("default.yaml", ["rollout.engine=sglang", "cluster.engine_gpus=1", "rollout.sglang.tp_size=2"], None, None,
-     "must equal rollout.sglang.tp_size=2"),
-    ("default.yaml", ["cluster.verifier_gpus=1"], None, None, "verifier.backend=cpu needs no GPUs"),
-    ("default.yaml", ["verifier.backend=cuda"], None, None, "verifier.backend=cuda runs candidates on a GPU"),
-    ("single_gpu.yaml", ["rollout.num_actors=2"], None, None, r"2 engines × 1 GPUs = 2 do not fit on the learner's 1"),
-    ("default.yaml", ["cluster.layout=colocated", "cluster.engine_gpus=1"], None, None,
-     "colocated puts engines on the learner's GPUs, but cluster.learner_gpus=0"),
-    ("four_gpu.yaml", ["cluster.verifier_gpus=3"], None, None, "exceeds verifier.num_actors=2"),
-])
+@pytest.mark.parametrize(
+    "preset, overrides, gpus, memory, message",
+    [
+        (
+            "four_gpu.yaml",
+            [],
+            3,
+            None,
+            r"needs 4 GPUs \(learner 2 \+ engines 1×1 \+ verifiers 1 dedicated\) but 3 are available",
+        ),
+        (
+            "four_gpu.yaml",
+            ["learner.tensor_parallel=3", "cluster.learner_gpus=3"],
+            None,
+            None,
+            "learner.tensor_parallel=3 must divide the model's num_heads=16",
+        ),
+        (
+            "four_gpu.yaml",
+            ["learner.tensor_parallel=4", "cluster.learner_gpus=4", "model.num_kv_heads=2"],
+            None,
+            None,
+            "learner.tensor_parallel=4 must divide the model's num_kv_heads=2",
+        ),
+        (
+            "four_gpu.yaml",
+            ["cluster.learner_gpus=3"],
+            None,
+            None,
+            r"cluster.learner_gpus=3 is not divisible by learner.tensor_parallel × pipeline_parallel = 2×1 = 2",
+        ),
+        (
+            "eight_gpu.yaml",
+            [],
+            8,
+            40.0,
+            r"GPU 0 \(engine 0\) needs ~46.1 GiB = engine 46.1 \[weights 2.1, kv_cache 44.0 GiB\] "
+            r"but has 40.0 GiB",
+        ),
+        (
+            "musacoder_27b.yaml",
+            ["learner.tensor_parallel=4", "learner.pipeline_parallel=1", "cluster.learner_gpus=4"],
+            16,
+            80.0,
+            r"GPU 0 \(learner rank 0\) needs ~\d+\.\d GiB = learner .*optimizer",
+        ),
+        ("default.yaml", ["learner.backend=megatron"], None, None, "learner.backend=megatron needs GPUs"),
+        ("default.yaml", ["learner.tensor_parallel=2"], None, None, "need learner.backend=megatron"),
+        ("default.yaml", ["learner.cpu_ranks=2", "cluster.use_ray=false"], None, None, "needs cluster.use_ray=true"),
+        (
+            "single_gpu.yaml",
+            ["cluster.learner_gpus=2", "cluster.num_gpus=2"],
+            None,
+            None,
+            "colocated runs one learner rank",
+        ),
+        ("four_gpu.yaml", ["learner.cpu_ranks=2"], None, None, "one rank per GPU"),
+        ("default.yaml", ["cluster.engine_gpus=2"], None, None, "the embedded torch engine runs on one device"),
+        ("default.yaml", ["rollout.engine=sglang"], None, None, "SGLang servers, which need GPUs"),
+        (
+            "default.yaml",
+            ["rollout.engine=sglang", "cluster.engine_gpus=1", "rollout.sglang.tp_size=2"],
+            None,
+            None,
+            "must equal rollout.sglang.tp_size=2",
+        ),
+        ("default.yaml", ["cluster.verifier_gpus=1"], None, None, "verifier.backend=cpu needs no GPUs"),
+        ("default.yaml", ["verifier.backend=cuda"], None, None, "verifier.backend=cuda runs candidates on a GPU"),
+        (
+            "single_gpu.yaml",
+            ["rollout.num_actors=2"],
+            None,
+            None,
+            r"2 engines × 1 GPUs = 2 do not fit on the learner's 1",
+        ),
+        (
+            "default.yaml",
+            ["cluster.layout=colocated", "cluster.engine_gpus=1"],
+            None,
+            None,
+            "colocated puts engines on the learner's GPUs, but cluster.learner_gpus=0",
+        ),
+        ("four_gpu.yaml", ["cluster.verifier_gpus=3"], None, None, "exceeds verifier.num_actors=2"),
+    ],
+)
 def test_infeasible_plans_say_why(preset, overrides, gpus, memory, message):
     with pytest.raises(PlanError, match=message):
         _plan(preset, *overrides, gpus=gpus, memory=memory)
@@ -175,8 +248,13 @@ def test_megatron_memory_of_a_pipeline_is_its_most_loaded_stage():
     two micro-batches in flight there); the logits live on the last stage, and the fused kernels
     shrink activations and logits."""
     one = _plan("four_gpu.yaml", "learner.tensor_parallel=1", "cluster.learner_gpus=2", "cluster.num_gpus=4")
-    two = _plan("four_gpu.yaml", "learner.tensor_parallel=1", "learner.pipeline_parallel=2",
-                "cluster.learner_gpus=2", "cluster.num_gpus=4")
+    two = _plan(
+        "four_gpu.yaml",
+        "learner.tensor_parallel=1",
+        "learner.pipeline_parallel=2",
+        "cluster.learner_gpus=2",
+        "cluster.num_gpus=4",
+    )
     assert [(r.pp, r.dp) for r in two.learner] == [(0, 0), (1, 0)]
     p1, p2 = one.memory.learner_parts, two.memory.learner_parts
     assert p2["weights"] < 0.75 * p1["weights"]
@@ -190,8 +268,9 @@ def test_megatron_memory_of_a_pipeline_is_its_most_loaded_stage():
         assert p2["activations"] == pytest.approx(p1["activations"])
     else:
         assert p2["activations"] == pytest.approx(p1["activations"] / 2) and p2["logits"] == p1["logits"]
-    plain = _plan("four_gpu.yaml", "learner.megatron.fused_logprobs=false", "learner.megatron.fused_swiglu=false",
-                  gpus=4).memory.learner_parts
+    plain = _plan(
+        "four_gpu.yaml", "learner.megatron.fused_logprobs=false", "learner.megatron.fused_swiglu=false", gpus=4
+    ).memory.learner_parts
     fused = _plan("four_gpu.yaml", gpus=4).memory.learner_parts
     assert plain["activations"] > fused["activations"] and plain["logits"] > 3 * fused["logits"]
 
@@ -206,8 +285,13 @@ def test_render_shows_the_table_and_the_numbers():
     text = render(_plan("eight_gpu.yaml", gpus=8))
     assert text.startswith("placement plan: layout disaggregated, 8 GPUs needed of 8 (79 GiB each)")
     assert "1.108B parameters" in text
-    for expected in ("  3    learner rank 0", "verifier 0, verifier 1, verifier 2, verifier 3", "learner (megatron):",
-                     "gpu 7   0.25       dedicated", "engine   weights 2.06 + kv_cache 44.00 = 46.06"):
+    for expected in (
+        "  3    learner rank 0",
+        "verifier 0, verifier 1, verifier 2, verifier 3",
+        "learner (megatron):",
+        "gpu 7   0.25       dedicated",
+        "engine   weights 2.06 + kv_cache 44.00 = 46.06",
+    ):
         assert expected in text, expected
     external = render(_plan("musacoder_27b.yaml"))
     assert "http://router:30000" in external and "of 24" in external
@@ -223,8 +307,15 @@ def test_bundles_follow_the_gpu_slots_of_the_plan():
     assert actor_slot(four, "rollout", 0).bundle == 0
     assert {actor_slot(four, "verifier", i) for i in range(2)} == {Slot(gpus=(3,), num_gpus=0.5, bundle=3)}
     # a tensor-parallel SGLang engine is one bundle of its GPUs; the verifier sharing its GPUs joins it
-    sglang = _plan("default.yaml", "rollout.engine=sglang", "cluster.engine_gpus=2", "rollout.sglang.tp_size=2",
-                   "rollout.num_actors=2", "cluster.learner_gpus=1", "verifier.backend=cuda")
+    sglang = _plan(
+        "default.yaml",
+        "rollout.engine=sglang",
+        "cluster.engine_gpus=2",
+        "rollout.sglang.tp_size=2",
+        "rollout.num_actors=2",
+        "cluster.learner_gpus=1",
+        "verifier.backend=cuda",
+    )
     assert [b.gpus for b in bundles(sglang)] == [(0, 1), (2, 3), (4,)]
     assert actor_slot(sglang, "rollout", 1) == Slot(gpus=(2, 3), num_gpus=2.0, bundle=1)
     assert actor_slot(sglang, "verifier", 0) == Slot(gpus=(0,), num_gpus=0.5, bundle=0)
@@ -242,8 +333,13 @@ def test_the_placement_group_on_a_four_gpu_ray_is_the_plan():
     the run's placement group has one bundle per GPU slot of the plan, and every actor scheduled the
     way a run schedules it lands on its planned GPU (a shared GPU is one device for all its residents)."""
     presets = ["four_gpu.yaml", "two_gpu.yaml"]
-    out = subprocess.run([sys.executable, str(Path(__file__).with_name("placement_probe.py")), *presets], cwd=ROOT,
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, str(Path(__file__).with_name("placement_probe.py")), *presets],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     seen = json.loads(out.stdout.strip().splitlines()[-1])
     for preset in presets:
@@ -253,8 +349,11 @@ def test_the_placement_group_on_a_four_gpu_ray_is_the_plan():
         assert got["free_gpus"] == 4 - p.gpus_needed  # the group holds exactly the plan's GPUs
         device_of_bundle = [ids[0] for ids in got["gpu_of_bundle"]]
         assert len(set(device_of_bundle)) == len(device_of_bundle)  # one device per bundle
-        planned = {f"learner-{r.rank}": r.gpu for r in p.learner} | {f"rollout-{e.index}": e.gpus[0] for e in p.engines} \
+        planned = (
+            {f"learner-{r.rank}": r.gpu for r in p.learner}
+            | {f"rollout-{e.index}": e.gpus[0] for e in p.engines}
             | {f"verifier-{v.index}": v.gpu for v in p.verifiers}
+        )
         assert set(got["actors"]) == set(planned)
         for name, actor in got["actors"].items():
             assert actor["planned_gpus"] == [planned[name]]
@@ -301,11 +400,23 @@ def test_the_single_gpu_preset_fits_this_gpu():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("preset, overrides", [
-    ("single_gpu.yaml", []),
-    ("four_gpu.yaml", ["learner.backend=torch", "learner.tensor_parallel=1", "cluster.learner_gpus=1",
-                       "model.hidden_size=1536", "model.num_layers=24", "model.intermediate_size=4608"]),
-])
+@pytest.mark.parametrize(
+    "preset, overrides",
+    [
+        ("single_gpu.yaml", []),
+        (
+            "four_gpu.yaml",
+            [
+                "learner.backend=torch",
+                "learner.tensor_parallel=1",
+                "cluster.learner_gpus=1",
+                "model.hidden_size=1536",
+                "model.num_layers=24",
+                "model.intermediate_size=4608",
+            ],
+        ),
+    ],
+)
 def test_torch_learner_memory_matches_the_estimate(preset, overrides):
     """One AdamW step of the HF model at learner.micro_batch_tokens: the peak stays within 15% of
     the plan's learner estimate (the torch activation constant was measured this way)."""
@@ -318,8 +429,11 @@ def test_torch_learner_memory_matches_the_estimate(preset, overrides):
     estimate = plan(cfg).memory.learner_gib
     torch.cuda.empty_cache()
     base = torch.cuda.memory_allocated()
-    model = AutoModelForCausalLM.from_config(hf_config(cfg.model), dtype=torch.bfloat16,
-                                             attn_implementation="sdpa").cuda().train()
+    model = (
+        AutoModelForCausalLM.from_config(hf_config(cfg.model), dtype=torch.bfloat16, attn_implementation="sdpa")
+        .cuda()
+        .train()
+    )
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
     ids = torch.randint(0, 256, (cfg.learner.micro_batch_tokens // 4096, 4096), device="cuda")
     for _ in range(2):  # AdamW's moments exist from the second step on
@@ -338,8 +452,12 @@ def test_the_27b_preset_passes_a_dry_run_with_a_pipeline():
     """`kiln train --config configs/musacoder_27b.yaml --dry-run`: the dense qwen3 stand-in on TP=8 × PP=2,
     the first stage's estimate within an 80 GB GPU."""
     root = PRESETS.parent
-    out = subprocess.run([sys.executable, "-m", "launch.cli", "train", "--dry-run", "--config",
-                          "configs/musacoder_27b.yaml"], cwd=root, capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "launch.cli", "train", "--dry-run", "--config", "configs/musacoder_27b.yaml"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 0, out.stderr
     assert "27.2" in out.stdout and "learner (megatron):" in out.stdout
     p = _plan("musacoder_27b.yaml")

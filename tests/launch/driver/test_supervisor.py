@@ -84,17 +84,32 @@ def test_an_actor_in_its_own_process_logs_into_the_run_directory_and_its_replace
 
     root = Path(__file__).resolve().parents[3]
     for step in ("7", "8"):  # the actor, then its replacement
-        done = subprocess.run([sys.executable, "-c", LOGGING_PROCESS, str(tmp_path), step], cwd=root,
-                              capture_output=True, text=True, timeout=120)
+        done = subprocess.run(
+            [sys.executable, "-c", LOGGING_PROCESS, str(tmp_path), step],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert done.returncode == 0, done.stderr
         assert done.stdout.strip() == str(tmp_path / "logs" / "learner.log")
         assert "a warning" in done.stderr and "restored" not in done.stderr  # warnings reach the console too
     lines = (tmp_path / "logs" / "learner.log").read_text().splitlines()
-    assert [line.split("] ", 1)[1] for line in lines] == ["restored step 7", "a warning", "restored step 8", "a warning"]
+    assert [line.split("] ", 1)[1] for line in lines] == [
+        "restored step 7",
+        "a warning",
+        "restored step 8",
+        "a warning",
+    ]
     # the time to the millisecond, the level, the logger, the process and the thread
     assert re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} INFO kiln\.test \[\d+ MainThread\] restored", lines[0])
     blocked = tmp_path / "blocked"
     blocked.write_text("a file where the run directory should be")
-    done = subprocess.run([sys.executable, "-c", LOGGING_PROCESS, str(blocked), "9"], cwd=root,
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", LOGGING_PROCESS, str(blocked), "9"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0 and "cannot write the log file" in done.stderr  # the actor runs on

@@ -30,15 +30,21 @@ def test_template_renders_a_repair_dialogue_with_thinking(tiny_chat_model):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tiny_chat_model, local_files_only=True)
-    dialogue = [{"role": "system", "content": "rules"}, {"role": "user", "content": "task"},
-                {"role": "assistant", "content": "attempt 1", "reasoning": "let me think"},
-                {"role": "user", "content": "feedback 1"}]
+    dialogue = [
+        {"role": "system", "content": "rules"},
+        {"role": "user", "content": "task"},
+        {"role": "assistant", "content": "attempt 1", "reasoning": "let me think"},
+        {"role": "user", "content": "feedback 1"},
+    ]
     text = tok.apply_chat_template(dialogue, add_generation_prompt=True, tokenize=False, enable_thinking=False)
-    assert text == ("<|im_start|>system\nrules<|im_end|>\n<|im_start|>user\ntask<|im_end|>\n"
-                    "<|im_start|>assistant\n<think>\nlet me think\n</think>\n\nattempt 1<|im_end|>\n"
-                    "<|im_start|>user\nfeedback 1<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n")
-    ids = tok.apply_chat_template(dialogue, add_generation_prompt=True, tokenize=True, return_dict=False,
-                                  enable_thinking=False)
+    assert text == (
+        "<|im_start|>system\nrules<|im_end|>\n<|im_start|>user\ntask<|im_end|>\n"
+        "<|im_start|>assistant\n<think>\nlet me think\n</think>\n\nattempt 1<|im_end|>\n"
+        "<|im_start|>user\nfeedback 1<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    )
+    ids = tok.apply_chat_template(
+        dialogue, add_generation_prompt=True, tokenize=True, return_dict=False, enable_thinking=False
+    )
     assert all(isinstance(i, int) for i in ids) and tok.decode(ids) == text
 
 

@@ -25,8 +25,9 @@ TEXT_MATCH = ROOT / "configs" / "examples" / "text_match.yaml"
 
 
 def text_match(tmp_path: Path, name: str, *overrides: str):
-    cfg = load_config(TEXT_MATCH, [f"logging.root={tmp_path}", f"logging.run_name={name}", "logging.live=false",
-                                   *overrides])
+    cfg = load_config(
+        TEXT_MATCH, [f"logging.root={tmp_path}", f"logging.run_name={name}", "logging.live=false", *overrides]
+    )
     return cfg, RunDirectory.create(cfg)
 
 
@@ -35,8 +36,9 @@ def versions(run: RunDirectory) -> list[int]:
 
 
 def test_a_run_in_process_trains_pushes_weights_and_reports(tmp_path):
-    cfg, run = text_match(tmp_path, "inproc", "cluster.use_ray=false", "algo.total_steps=5",
-                          "learner.checkpoint_every=2")
+    cfg, run = text_match(
+        tmp_path, "inproc", "cluster.use_ray=false", "algo.total_steps=5", "learner.checkpoint_every=2"
+    )
     report = train(cfg, run)
     assert versions(run) == [1, 2, 3, 4, 5]
     summary = json.loads((run.path / "summary.json").read_text())
@@ -65,9 +67,18 @@ def test_killing_a_rollout_of_two_and_the_learner_mid_run_loses_nothing_and_keep
     # the same short prompts, so the step intervals are regular; 16 groups a step, so a step is long
     # enough (about half a second here) that its pace is not the noise of a 2-core machine. Each kill
     # waits for the standbys to be prepared (at the start, and again after each takeover): 50 steps.
-    cfg, run = text_match(tmp_path, "faults", "cluster.use_ray=true", "algo.total_steps=50", "rollout.num_actors=2",
-                          "learner.checkpoint_every=1", "replay.max_staleness=0", "algo.drop_tied_groups=false",
-                          "replay.retry.probability=0", "algo.batch_groups=16")
+    cfg, run = text_match(
+        tmp_path,
+        "faults",
+        "cluster.use_ray=true",
+        "algo.total_steps=50",
+        "rollout.num_actors=2",
+        "learner.checkpoint_every=1",
+        "replay.max_staleness=0",
+        "algo.drop_tied_groups=false",
+        "replay.retry.probability=0",
+        "algo.batch_groups=16",
+    )
     inject, times, killed, infra = kill_and_time({4: "rollout-0", 7: "learner"}, ["rollout-0", "rollout-1"])
     train(cfg, run, on_step=inject)
     summary = json.loads((run.path / "summary.json").read_text())
@@ -93,8 +104,14 @@ def test_killing_a_rollout_of_two_and_the_learner_mid_run_loses_nothing_and_keep
 
 
 def test_a_two_rank_learner_trains_and_restarts_as_a_group_when_a_rank_dies(tmp_path, ray_session):
-    cfg, run = text_match(tmp_path, "ranks", "cluster.use_ray=true", "learner.cpu_ranks=2", "algo.total_steps=8",
-                          "learner.checkpoint_every=2")
+    cfg, run = text_match(
+        tmp_path,
+        "ranks",
+        "cluster.use_ray=true",
+        "learner.cpu_ranks=2",
+        "algo.total_steps=8",
+        "learner.checkpoint_every=2",
+    )
     killed: list[int] = []
 
     def inject(session, step: int) -> None:
@@ -118,8 +135,9 @@ def test_a_two_rank_learner_trains_and_restarts_as_a_group_when_a_rank_dies(tmp_
 
 
 def test_resume_continues_a_run_above_its_versions(tmp_path):
-    cfg, run = text_match(tmp_path, "resume", "cluster.use_ray=false", "algo.total_steps=3",
-                          "learner.checkpoint_every=1")
+    cfg, run = text_match(
+        tmp_path, "resume", "cluster.use_ray=false", "algo.total_steps=3", "learner.checkpoint_every=1"
+    )
     train(cfg, run)
     first = versions(run)
     assert first == [1, 2, 3]
@@ -146,8 +164,9 @@ def test_dry_run_prints_the_plan_and_refuses_infeasible_ones():
     ok = subprocess.run(cmd + ["--config", "configs/eight_gpu.yaml"], cwd=ROOT, capture_output=True, text=True)
     assert ok.returncode == 0, ok.stderr
     assert "learner" in ok.stdout and "engines" in ok.stdout
-    bad = subprocess.run(cmd + ["--config", "configs/eight_gpu.yaml", "cluster.num_gpus=4"], cwd=ROOT,
-                         capture_output=True, text=True)
+    bad = subprocess.run(
+        cmd + ["--config", "configs/eight_gpu.yaml", "cluster.num_gpus=4"], cwd=ROOT, capture_output=True, text=True
+    )
     assert bad.returncode == 2 and "infeasible placement" in bad.stderr
 
 
@@ -156,8 +175,25 @@ def bench_loop(tmp_path, *args: str) -> dict:
     from launch.cli.main import main
 
     out = tmp_path / "bench.json"
-    assert main(["bench", str(TEXT_MATCH), "cluster.use_ray=false", "--no-stages", "--no-sync", "--eta", "1",
-                 "--out", str(tmp_path / "bench"), "--json", str(out), *args]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                str(TEXT_MATCH),
+                "cluster.use_ray=false",
+                "--no-stages",
+                "--no-sync",
+                "--eta",
+                "1",
+                "--out",
+                str(tmp_path / "bench"),
+                "--json",
+                str(out),
+                *args,
+            ]
+        )
+        == 0
+    )
     (loop,) = json.loads(out.read_text())["loops"]
     return loop
 
@@ -203,8 +239,10 @@ def kill_and_time(kills: dict[int, str], health_of: list[str]):
             killed[name] = time.time()
             session.supervisor[name].kill()
             steady_from[0] = step + 4
-            print(f"{name} killed {killed[name] - times[step]:.3f} s after the driver saw step {step} "
-                  f"(at {killed[name]:.3f})")
+            print(
+                f"{name} killed {killed[name] - times[step]:.3f} s after the driver saw step {step} "
+                f"(at {killed[name]:.3f})"
+            )
         if step % 3 == 0:  # health calls slow the driver: now and then (after a kill, the survivors')
             for handle in session.rollouts:
                 if handle.name in health_of:
@@ -241,8 +279,16 @@ def test_killing_replay_and_a_verifier_of_two_mid_run_loses_nothing_and_keeps_th
     # half tie), so this keeps the generation a step waits for as it was, without the filter's noise.
     # The kills come after step 6: by then the retry buffer serves repair tasks (longer prompts) and the
     # pace has settled.
-    cfg, run = text_match(tmp_path, "faults2", "cluster.use_ray=false", "algo.total_steps=13", "replay.max_staleness=0",
-                          "verifier.num_actors=2", "algo.drop_tied_groups=false", "algo.batch_groups=16")
+    cfg, run = text_match(
+        tmp_path,
+        "faults2",
+        "cluster.use_ray=false",
+        "algo.total_steps=13",
+        "replay.max_staleness=0",
+        "verifier.num_actors=2",
+        "algo.drop_tied_groups=false",
+        "algo.batch_groups=16",
+    )
     inject, times, killed, infra = kill_and_time({6: "verifier-0", 10: "replay"}, ["rollout-0"])
     train(cfg, run, on_step=inject)
     summary = json.loads((run.path / "summary.json").read_text())

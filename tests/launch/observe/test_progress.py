@@ -17,8 +17,14 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 def _counts(trainable=0, held_back=False, **filtered):
-    return ReplayCounts(groups=trainable + sum(filtered.values()), episodes=4 * (trainable + sum(filtered.values())),
-                        trainable=trainable, filtered=filtered, retry_buffer=2, held_back=held_back)
+    return ReplayCounts(
+        groups=trainable + sum(filtered.values()),
+        episodes=4 * (trainable + sum(filtered.values())),
+        trainable=trainable,
+        filtered=filtered,
+        retry_buffer=2,
+        held_back=held_back,
+    )
 
 
 def _tied(outcome="extract", stage="extract", reward=-1.0, attempts=8):
@@ -32,15 +38,25 @@ def test_a_progress_row_holds_replay_totals_the_windows_verdicts_and_decoded_rat
     window.stages.update({"done": 1, "extract": 3})
     window.errors.update({"extract": 3})
     first = rows.row(130.0, _counts(trainable=1, tied=5, stale=1), window, decoded_tokens=600)
-    assert first == {"progress/elapsed_s": 30.0, "progress/groups": 7.0, "progress/episodes": 28.0,
-                     "progress/trainable": 1.0, "progress/retry_buffer": 2.0, "progress/filtered/tied": 5.0,
-                     "progress/filtered/stale": 1.0, "progress/pass_rate": 0.25, "progress/verdict/passed": 1.0,
-                     "progress/verdict/extract": 3.0}  # the first reading of the decoded tokens sets the baseline
+    assert first == {
+        "progress/elapsed_s": 30.0,
+        "progress/groups": 7.0,
+        "progress/episodes": 28.0,
+        "progress/trainable": 1.0,
+        "progress/retry_buffer": 2.0,
+        "progress/filtered/tied": 5.0,
+        "progress/filtered/stale": 1.0,
+        "progress/pass_rate": 0.25,
+        "progress/verdict/passed": 1.0,
+        "progress/verdict/extract": 3.0,
+    }  # the first reading of the decoded tokens sets the baseline
     second = rows.row(160.0, None, Window(), decoded_tokens=1500)  # replay did not answer; nothing verified
     assert second == {"progress/elapsed_s": 60.0, "progress/decoded_tokens_per_s": 30.0}
     forced = ProgressRows(every_s=30.0, started=0.0)  # forced answers are scored, never decoded
-    assert [forced.row(t, None, Window(), decoded_tokens=0) for t in (30.0, 60.0)] == \
-        [{"progress/elapsed_s": 30.0}, {"progress/elapsed_s": 60.0}]  # no rate rather than a rate of 0
+    assert [forced.row(t, None, Window(), decoded_tokens=0) for t in (30.0, 60.0)] == [
+        {"progress/elapsed_s": 30.0},
+        {"progress/elapsed_s": 60.0},
+    ]  # no rate rather than a rate of 0
 
 
 def test_the_warning_comes_when_the_last_k_groups_all_tied_and_names_the_stage():
@@ -73,8 +89,10 @@ def test_the_warning_comes_when_nothing_became_trainable_for_no_progress_s():
 
 
 def test_the_story_of_how_attempts_end():
-    assert outcome_story([_tied("timeout", "run")]) == \
-        "every attempt fails at run: every attempt runs past verifier.run_timeout_s"
+    assert (
+        outcome_story([_tied("timeout", "run")])
+        == "every attempt fails at run: every attempt runs past verifier.run_timeout_s"
+    )
     assert outcome_story([_tied("passed", "done", reward=1.2)]).startswith("every attempt passes with the same score")
     assert outcome_story([GroupOutcome(tied=True, reward=-1.0, outcomes={}, stages={})]) == "no attempt was verified"
 
@@ -82,9 +100,9 @@ def test_the_story_of_how_attempts_end():
 # ------------------------------------------------------------------------------------ end to end
 
 
-def test_a_run_that_cannot_learn_reports_progress_warns_and_stops_with_a_report(tmp_path, tiny_chat_model,
-                                                                                verifier_cache_dir, caplog,
-                                                                                capsys, monkeypatch):
+def test_a_run_that_cannot_learn_reports_progress_warns_and_stops_with_a_report(
+    tmp_path, tiny_chat_model, verifier_cache_dir, caplog, capsys, monkeypatch
+):
     """The probe of a new user whose model never passes, CI-sized: `kiln train --config configs/default.yaml
     rollout.forced_candidates=null algo.total_steps=4` on the test-sized chat model, with short answers."""
     import torch
@@ -98,12 +116,25 @@ def test_a_run_that_cannot_learn_reports_progress_warns_and_stops_with_a_report(
     monkeypatch.chdir(ROOT)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    cfg = load_config(ROOT / "configs" / "default.yaml", [
-        "rollout.forced_candidates=null", "rollout.max_new_tokens=48", "algo.total_steps=4",
-        f"logging.root={tmp_path}", "logging.run_name=stuck", "logging.live=false", "cluster.use_ray=false",
-        f"model.path={tiny_chat_model}", "model.max_seq_len=4096", f"verifier.cache_dir={verifier_cache_dir}",
-        "logging.rollout_every_s=2", "logging.no_progress_groups=4", "logging.no_progress_s=600",
-        "algo.stop_after_no_progress_s=20"])
+    cfg = load_config(
+        ROOT / "configs" / "default.yaml",
+        [
+            "rollout.forced_candidates=null",
+            "rollout.max_new_tokens=48",
+            "algo.total_steps=4",
+            f"logging.root={tmp_path}",
+            "logging.run_name=stuck",
+            "logging.live=false",
+            "cluster.use_ray=false",
+            f"model.path={tiny_chat_model}",
+            "model.max_seq_len=4096",
+            f"verifier.cache_dir={verifier_cache_dir}",
+            "logging.rollout_every_s=2",
+            "logging.no_progress_groups=4",
+            "logging.no_progress_s=600",
+            "algo.stop_after_no_progress_s=20",
+        ],
+    )
     run = RunDirectory.create(cfg)
     try:
         with caplog.at_level(logging.WARNING, logger="launch.driver.session"):

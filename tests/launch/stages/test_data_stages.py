@@ -28,13 +28,24 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 def renamed_relu() -> str:
     """01_relu with every name it chose changed, in Python and in C++, plus comments and layout."""
     out = RELU
-    for old, new in (("relu_forward", "rectify"), ("relu_ext", "compiled"), (r"\bcpp_source\b", "kernel_code"),
-                     ("kiln_cpu_l1_relu", "my_extension"), (r"\bsrc\b", "input_ptr"), (r"\bdst\b", "output_ptr"),
-                     (r"\bv\b", "value"), (r"\bn\b", "count"), (r"\bi\b", "idx"), (r"\bout\b", "result")):
+    for old, new in (
+        ("relu_forward", "rectify"),
+        ("relu_ext", "compiled"),
+        (r"\bcpp_source\b", "kernel_code"),
+        ("kiln_cpu_l1_relu", "my_extension"),
+        (r"\bsrc\b", "input_ptr"),
+        (r"\bdst\b", "output_ptr"),
+        (r"\bv\b", "value"),
+        (r"\bn\b", "count"),
+        (r"\bi\b", "idx"),
+        (r"\bout\b", "result"),
+    ):
         out = re.sub(old, new, out)
     out = out.replace("    x = x.contiguous();", "    // contiguous first\n    x  =  x.contiguous( );")
-    out = out.replace("def forward(self, x):\n        return compiled.rectify(x)",
-                      'def forward(self, tensor):\n        """Apply ReLU."""\n        return compiled.rectify(tensor)')
+    out = out.replace(
+        "def forward(self, x):\n        return compiled.rectify(x)",
+        'def forward(self, tensor):\n        """Apply ReLU."""\n        return compiled.rectify(tensor)',
+    )
     assert out.count("rectify") == 3 and "tensor" in out and "input_ptr" in out
     return out
 
@@ -63,33 +74,40 @@ def test_renamed_copies_collapse_into_one_entry_and_other_kernels_stay():
 
 def test_multi_turn_mask_covers_the_trained_answers_and_their_end_of_turn(tiny_chat_model):
     tok = HFTokenizer(str(tiny_chat_model))
-    messages = [{"role": "system", "content": "rules"}, {"role": "user", "content": "Write relu."},
-                {"role": "assistant", "content": "```python\nbroken(\n```", "train": False},
-                {"role": "user", "content": "The verifier rejected this answer. Fix it."},
-                {"role": "assistant", "content": "```python\nfixed = 1\n```"},
-                {"role": "user", "content": "Make it faster."},
-                {"role": "assistant", "content": "```python\nfaster = 2\n```"}]
+    messages = [
+        {"role": "system", "content": "rules"},
+        {"role": "user", "content": "Write relu."},
+        {"role": "assistant", "content": "```python\nbroken(\n```", "train": False},
+        {"role": "user", "content": "The verifier rejected this answer. Fix it."},
+        {"role": "assistant", "content": "```python\nfixed = 1\n```"},
+        {"role": "user", "content": "Make it faster."},
+        {"role": "assistant", "content": "```python\nfaster = 2\n```"},
+    ]
     example = parse_example({"messages": messages})
     sequences = tokenize_example(example, tok)
     assert len(sequences) == 2  # one per trained answer; the failed one is context only
     end = tok.end_of_turn_id
     for seq, i in zip(sequences, (4, 6)):
         # the prompt is exactly what the rollout renders for that turn; the loss is on the answer only
-        assert list(seq.prompt) == tok.render([Message(**{k: m[k] for k in ("role", "content")})
-                                               for m in messages[:i]])
+        assert list(seq.prompt) == tok.render([Message(**{k: m[k] for k in ("role", "content")}) for m in messages[:i]])
         trained = [t for t, on in zip(seq.ids, seq.loss_mask) if on]
         assert trained[-1] == end and tok.decode(trained[:-1]) == messages[i]["content"]
     assert "broken(" in tok.decode(sequences[0].prompt) and "fixed = 1" in tok.decode(sequences[1].prompt)
 
 
-@pytest.mark.parametrize("line, message", [
-    ("not json", "not JSON"),
-    ('{"messages": [{"role": "user", "content": "q"}]}', "the last message must be the assistant's answer"),
-    ('{"messages": [{"role": "robot", "content": "q"}]}', "role must be one of"),
-    ('{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a", "train": false}]}',
-     "nothing to learn"),
-    ('{"messages": [], "extra": 1}', "unknown key 'extra'"),
-])
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("not json", "not JSON"),
+        ('{"messages": [{"role": "user", "content": "q"}]}', "the last message must be the assistant's answer"),
+        ('{"messages": [{"role": "robot", "content": "q"}]}', "role must be one of"),
+        (
+            '{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a", "train": false}]}',
+            "nothing to learn",
+        ),
+        ('{"messages": [], "extra": 1}', "unknown key 'extra'"),
+    ],
+)
 def test_a_bad_data_line_is_one_line_naming_file_and_line(line, message, tmp_path, capsys, tiny_chat_model):
     good = json.dumps({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]})
     data = tmp_path / "data.jsonl"
@@ -114,16 +132,24 @@ def test_sft_drops_examples_of_evaluation_tasks_and_counts_them(tmp_path, tiny_c
     val_id = next(tf.task_id for tf in eval_tasks(replay, None, [], trace=False).val_files)
 
     def line(task_id: str, shown: str) -> str:
-        return json.dumps({"task_id": task_id, "messages": [
-            {"role": "user", "content": f"Reference:\n```python\n{shown}```\n"},
-            {"role": "assistant", "content": "```python\nx = 1\n```"}]})
+        return json.dumps(
+            {
+                "task_id": task_id,
+                "messages": [
+                    {"role": "user", "content": f"Reference:\n```python\n{shown}```\n"},
+                    {"role": "assistant", "content": "```python\nx = 1\n```"},
+                ],
+            }
+        )
 
     data = tmp_path / "d.jsonl"
-    data.write_text("\n".join([line(val_id, "pass\n"), line("mine/relu_copy", reference),
-                               line("mine/other", "y = 2\n")]) + "\n")
+    data.write_text(
+        "\n".join([line(val_id, "pass\n"), line("mine/relu_copy", reference), line("mine/other", "y = 2\n")]) + "\n"
+    )
     evaluation = eval_tasks(replay, None, [kernelbench.parent], trace=False)
-    loaded = load_sft_data(data, HFTokenizer(str(tiny_chat_model)), evaluation, eval_fraction=0.0, seed=0,
-                           max_seq_len=4096)
+    loaded = load_sft_data(
+        data, HFTokenizer(str(tiny_chat_model)), evaluation, eval_fraction=0.0, seed=0, max_seq_len=4096
+    )
     assert loaded.examples == 3 and loaded.train_examples == 1
     assert evaluation.dropped == Counter({"validation split": 1, "evaluation task (source)": 1})
 
@@ -134,11 +160,31 @@ def test_sft_drops_examples_of_evaluation_tasks_and_counts_them(tmp_path, tiny_c
 @pytest.fixture(scope="module")
 def rft_run(tmp_path_factory, tiny_chat_model, verifier_cache_dir):
     out = tmp_path_factory.mktemp("rft") / "rft.jsonl"
-    status = kiln_main(["rft", "--model", str(tiny_chat_model), "--tasks", str(ROOT / "tasks" / "level1"),
-                        "--samples", "3", "--max-per-task", "2", "--keep-repairs",
-                        "--forced", str(ROOT / "tasks" / "solutions" / "cpu"), "--backend", "cpu", "--out", str(out),
-                        "model.max_seq_len=4096", "rollout.max_new_tokens=2560", "rollout.max_turns=2",
-                        f"verifier.cache_dir={verifier_cache_dir}", "verifier.compile_baseline=never"])
+    status = kiln_main(
+        [
+            "rft",
+            "--model",
+            str(tiny_chat_model),
+            "--tasks",
+            str(ROOT / "tasks" / "level1"),
+            "--samples",
+            "3",
+            "--max-per-task",
+            "2",
+            "--keep-repairs",
+            "--forced",
+            str(ROOT / "tasks" / "solutions" / "cpu"),
+            "--backend",
+            "cpu",
+            "--out",
+            str(out),
+            "model.max_seq_len=4096",
+            "rollout.max_new_tokens=2560",
+            "rollout.max_turns=2",
+            f"verifier.cache_dir={verifier_cache_dir}",
+            "verifier.compile_baseline=never",
+        ]
+    )
     return status, out
 
 
@@ -165,9 +211,27 @@ def test_rft_writes_a_deduplicated_jsonl_with_a_yield_table(rft_run):
 def sft_run(rft_run, tmp_path_factory, tiny_chat_model):
     _, data = rft_run
     out = tmp_path_factory.mktemp("sft") / "out"
-    argv = ["sft", "--model", str(tiny_chat_model), "--data", str(data), "--out", str(out), "--epochs", "4",
-            "--lr", "3e-3", "--batch-tokens", "6144", "--eval-fraction", "0", "--export-every", "2",
-            "model.max_seq_len=4096", "logging.tensorboard=false"]
+    argv = [
+        "sft",
+        "--model",
+        str(tiny_chat_model),
+        "--data",
+        str(data),
+        "--out",
+        str(out),
+        "--epochs",
+        "4",
+        "--lr",
+        "3e-3",
+        "--batch-tokens",
+        "6144",
+        "--eval-fraction",
+        "0",
+        "--export-every",
+        "2",
+        "model.max_seq_len=4096",
+        "logging.tensorboard=false",
+    ]
     assert kiln_main(argv) == 0
     return out, argv
 
@@ -192,9 +256,26 @@ def test_kiln_eval_runs_on_the_sft_export(sft_run, tmp_path, capsys, verifier_ca
     """The pipeline's last stage: the SFT export is a model `kiln eval` samples and verifies."""
     out, _ = sft_run
     ev = tmp_path / "eval"
-    code = kiln_main(["eval", "--model", str(out / "final"), "--tasks", str(ROOT / "tasks" / "level1"),
-                      "--backend", "cpu", "--samples", "1", "--k", "1", "--max-new-tokens", "24",
-                      "--out", str(ev), f"verifier.cache_dir={verifier_cache_dir}"])
+    code = kiln_main(
+        [
+            "eval",
+            "--model",
+            str(out / "final"),
+            "--tasks",
+            str(ROOT / "tasks" / "level1"),
+            "--backend",
+            "cpu",
+            "--samples",
+            "1",
+            "--k",
+            "1",
+            "--max-new-tokens",
+            "24",
+            "--out",
+            str(ev),
+            f"verifier.cache_dir={verifier_cache_dir}",
+        ]
+    )
     assert code == 0, capsys.readouterr().err
     summary = json.loads((ev / "summary.json").read_text())
     assert [r["label"] for r in summary["rows"]] == ["level 1", "Overall"]
@@ -225,15 +306,22 @@ def test_the_warm_start_builds_its_batches_with_the_sft_code(tiny_chat_model):
 
     tasks = load_tasks(ROOT / "tasks" / "level1", "cpu")
     solutions = ROOT / "tasks" / "solutions" / "cpu"
-    batches, pairs = warm_start_batches(tasks, WarmStartConfig(solutions=str(solutions), batch_tokens=4096),
-                                        ModelConfig(path=str(tiny_chat_model), max_seq_len=4096))
+    batches, pairs = warm_start_batches(
+        tasks,
+        WarmStartConfig(solutions=str(solutions), batch_tokens=4096),
+        ModelConfig(path=str(tiny_chat_model), max_seq_len=4096),
+    )
     assert pairs == 6 and sum(len(b.cu_seqlens) - 1 for b in batches) == 6
     tok = HFTokenizer(str(tiny_chat_model))
     task, solution = solution_pairs(tasks, solutions)[0]
     (seq,) = tokenize_example(solution_example(task, solution), tok)
     assert list(seq.prompt) == tok.render(opening(task))
-    found = [b for b in batches for s, e in zip(b.cu_seqlens[:-1], b.cu_seqlens[1:])
-             if list(b.tokens[s:e]) == seq.ids and list(b.loss_mask[s:e]) == seq.loss_mask]
+    found = [
+        b
+        for b in batches
+        for s, e in zip(b.cu_seqlens[:-1], b.cu_seqlens[1:])
+        if list(b.tokens[s:e]) == seq.ids and list(b.loss_mask[s:e]) == seq.loss_mask
+    ]
     assert len(found) == 1
 
 
@@ -253,10 +341,33 @@ def test_sft_on_the_gpu_lowers_the_loss_and_exports(backend, tmp_path, tiny_chat
     pairs = solution_pairs(load_tasks(ROOT / "tasks" / "level1", "cuda"), ROOT / "tasks" / "solutions" / "cuda")
     data = write_examples(tmp_path / "sol.jsonl", [solution_example(t, s) for t, s in pairs])
     out = tmp_path / "out"
-    assert kiln_main(["sft", "--model", str(tiny_chat_model), "--data", str(data), "--out", str(out),
-                      "--backend", backend, "--epochs", "6", "--lr", "3e-3", "--batch-tokens", "8192",
-                      "--eval-fraction", "0", "learner.device=cuda", "model.max_seq_len=4096",
-                      "logging.tensorboard=false"]) == 0
+    assert (
+        kiln_main(
+            [
+                "sft",
+                "--model",
+                str(tiny_chat_model),
+                "--data",
+                str(data),
+                "--out",
+                str(out),
+                "--backend",
+                backend,
+                "--epochs",
+                "6",
+                "--lr",
+                "3e-3",
+                "--batch-tokens",
+                "8192",
+                "--eval-fraction",
+                "0",
+                "learner.device=cuda",
+                "model.max_seq_len=4096",
+                "logging.tensorboard=false",
+            ]
+        )
+        == 0
+    )
     print(capsys.readouterr().out)
     losses = [json.loads(line)["sft/loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert losses[-1] < losses[0] - 0.3, losses

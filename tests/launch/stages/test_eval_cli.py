@@ -31,8 +31,13 @@ def task_tree(root: Path, files: list[str]) -> Path:
 def write_answers(path: Path, tasks: Path, *, variants: bool) -> Path:
     from launch.stages.eval.answers import main as answers_main
 
-    assert answers_main(["--tasks", str(tasks), "--solutions", str(SOLUTIONS), "--out", str(path)]
-                        + (["--variants"] if variants else [])) == 0
+    assert (
+        answers_main(
+            ["--tasks", str(tasks), "--solutions", str(SOLUTIONS), "--out", str(path)]
+            + (["--variants"] if variants else [])
+        )
+        == 0
+    )
     return path
 
 
@@ -57,9 +62,25 @@ def variants_eval(tmp_path_factory, verifier_cache_dir):
         f.write("not json\n")
         f.write(json.dumps({"task_id": "level9/nothing", "sample": 0, "text": "x"}) + "\n")
     out = base / "out"
-    code = main(["eval", "--answers", str(answers), "--tasks", str(tasks), "--backend", "cpu", "--k", "1,4",
-                 "--out", str(out), "--name", "shipped", f"verifier.cache_dir={verifier_cache_dir}",
-                 "verifier.run_timeout_s=5"])  # the `hang` variants each cost the run's time limit
+    code = main(
+        [
+            "eval",
+            "--answers",
+            str(answers),
+            "--tasks",
+            str(tasks),
+            "--backend",
+            "cpu",
+            "--k",
+            "1,4",
+            "--out",
+            str(out),
+            "--name",
+            "shipped",
+            f"verifier.cache_dir={verifier_cache_dir}",
+            "verifier.run_timeout_s=5",
+        ]
+    )  # the `hang` variants each cost the run's time limit
     return code, out, tasks, answers
 
 
@@ -70,22 +91,33 @@ def test_answers_from_shipped_solutions_and_variants_give_the_expected_table(var
     # relu: its kernel has no " + " to flip, so 5 answers: solution, compile error, endless loop,
     # fallback, cut off; rmsnorm adds the wrong result
     assert by_sample == {
-        ("level1/01_relu", 0): ("done", None), ("level1/01_relu", 1): ("compile", "compile"),
-        ("level1/01_relu", 2): ("run", "timeout"), ("level1/01_relu", 3): ("legality", "cheating"),
+        ("level1/01_relu", 0): ("done", None),
+        ("level1/01_relu", 1): ("compile", "compile"),
+        ("level1/01_relu", 2): ("run", "timeout"),
+        ("level1/01_relu", 3): ("legality", "cheating"),
         ("level1/01_relu", 4): ("extract", "extract"),
-        ("level2/06_rmsnorm", 0): ("done", None), ("level2/06_rmsnorm", 1): ("compile", "compile"),
-        ("level2/06_rmsnorm", 2): ("correctness", "correctness"), ("level2/06_rmsnorm", 3): ("run", "timeout"),
-        ("level2/06_rmsnorm", 4): ("legality", "cheating"), ("level2/06_rmsnorm", 5): ("extract", "extract")}
+        ("level2/06_rmsnorm", 0): ("done", None),
+        ("level2/06_rmsnorm", 1): ("compile", "compile"),
+        ("level2/06_rmsnorm", 2): ("correctness", "correctness"),
+        ("level2/06_rmsnorm", 3): ("run", "timeout"),
+        ("level2/06_rmsnorm", 4): ("legality", "cheating"),
+        ("level2/06_rmsnorm", 5): ("extract", "extract"),
+    }
     table = (out / "table.md").read_text()
     # Pass@1: L1 1/5, L2 1/6, Overall their mean; Pass@4: L1 1 - C(4,4)/C(5,4) = 0.8, L2 1 - C(5,4)/C(6,4)
     # = 2/3; Avg per attempt: Overall 2/11; naive single-threaded loops are slower than eager: 0 faster;
     # the compile baseline is not timed on cpu: n/a
-    assert ("| shipped | 20.0 | 16.7 | 18.3 | 80.0 | 66.7 | 73.3 | 20.0 | 16.7 | 18.2 | 0.0 | 0.0 | 0.0 "
-            "| n/a | n/a | n/a |") in table
+    assert (
+        "| shipped | 20.0 | 16.7 | 18.3 | 80.0 | 66.7 | 73.3 | 20.0 | 16.7 | 18.2 | 0.0 | 0.0 | 0.0 | n/a | n/a | n/a |"
+    ) in table
     assert "Overall pools every attempt of every level" in table
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["failed_loads"] == [{"path": str(out.parent / "tasks" / "level2" / "07_broken.py"),
-                                        "reason": "defines no get_inputs(), get_init_inputs() at module level"}]
+    assert summary["failed_loads"] == [
+        {
+            "path": str(out.parent / "tasks" / "level2" / "07_broken.py"),
+            "reason": "defines no get_inputs(), get_init_inputs() at module level",
+        }
+    ]
     assert [line.split(":")[0] for line in summary["rejected_answers"]] == ["line 12", "line 13"]
     assert summary["verifier"]["backend"] == "cpu" and summary["toolchain"]["torch"]
     assert summary["device"].startswith("cpu") and summary["counts"]["verified"] == 11
@@ -104,11 +136,22 @@ def test_compare_prints_deltas_and_warns_on_other_settings(variants_eval, tmp_pa
     assert "differ in device" in err and "verifier" not in err
 
 
-def test_a_finished_evaluation_is_not_verified_again_and_other_settings_are_refused(variants_eval, capsys,
-                                                                                   verifier_cache_dir):
+def test_a_finished_evaluation_is_not_verified_again_and_other_settings_are_refused(
+    variants_eval, capsys, verifier_cache_dir
+):
     _, out, tasks, answers = variants_eval
-    common = ["--answers", str(answers), "--tasks", str(tasks), "--backend", "cpu", "--out", str(out),
-              f"verifier.cache_dir={verifier_cache_dir}", "verifier.run_timeout_s=5"]
+    common = [
+        "--answers",
+        str(answers),
+        "--tasks",
+        str(tasks),
+        "--backend",
+        "cpu",
+        "--out",
+        str(out),
+        f"verifier.cache_dir={verifier_cache_dir}",
+        "verifier.run_timeout_s=5",
+    ]
     code, text, _ = run_eval(capsys, *common, "--k", "1,4")
     assert code == 0 and "0 attempts verified now, 11 resumed" in text
     code, _, err = run_eval(capsys, *common, "verifier.trials=2")
@@ -125,8 +168,7 @@ def test_usage_errors_are_one_line(capsys, tmp_path):
 
 
 def test_k_above_samples_is_refused(tiny_chat_model, capsys):
-    code, _, err = run_eval(capsys, "--model", str(tiny_chat_model), "--tasks", "tasks", "--samples", "2",
-                            "--k", "1,4")
+    code, _, err = run_eval(capsys, "--model", str(tiny_chat_model), "--tasks", "tasks", "--samples", "2", "--k", "1,4")
     assert code == 2 and "--k 4 exceeds --samples (2)" in err
 
 
@@ -141,11 +183,25 @@ def test_kernelbench_repository_layout_loads_and_evaluates(tmp_path, capsys, ver
     (clone / "scripts" / "run_and_check.py").write_text("def main():\n    inputs = ref.get_inputs()\n")
     solution = (SOLUTIONS / "level1" / "01_relu.py").read_text()
     answers = tmp_path / "answers.jsonl"
-    answers.write_text(json.dumps({"task_id": "level1/19_ReLU", "sample": 0, "text": f"```python\n{solution}```"})
-                       + "\n" + json.dumps({"task_id": "level1/19_ReLU", "sample": 1, "text": "no code"}) + "\n")
+    answers.write_text(
+        json.dumps({"task_id": "level1/19_ReLU", "sample": 0, "text": f"```python\n{solution}```"})
+        + "\n"
+        + json.dumps({"task_id": "level1/19_ReLU", "sample": 1, "text": "no code"})
+        + "\n"
+    )
     out = tmp_path / "out"
-    code, text, err = run_eval(capsys, "--answers", str(answers), "--tasks", str(clone), "--backend", "cpu",
-                               "--out", str(out), f"verifier.cache_dir={verifier_cache_dir}")
+    code, text, err = run_eval(
+        capsys,
+        "--answers",
+        str(answers),
+        "--tasks",
+        str(clone),
+        "--backend",
+        "cpu",
+        "--out",
+        str(out),
+        f"verifier.cache_dir={verifier_cache_dir}",
+    )
     assert code == 0, err
     summary = json.loads((out / "summary.json").read_text())
     assert summary["task_roots"] == [str(clone / "KernelBench")] and summary["failed_loads"] == []
@@ -160,10 +216,26 @@ def test_killed_evaluation_resumes_without_verifying_finished_attempts(tmp_path,
     tasks = task_tree(tmp_path / "tasks", ["level1/02_gelu_tanh.py", "level1/03_silu.py", "level1/06_hardtanh.py"])
     answers = write_answers(tmp_path / "answers.jsonl", tasks, variants=False)
     out = tmp_path / "out"
-    args = ["eval", "--answers", str(answers), "--tasks", str(tasks), "--backend", "cpu", "--out", str(out),
-            f"verifier.cache_dir={tmp_path / 'cache'}", "verifier.max_inflight=1"]
-    proc = subprocess.Popen([sys.executable, "-m", "launch.cli", *args], cwd=ROOT, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+    args = [
+        "eval",
+        "--answers",
+        str(answers),
+        "--tasks",
+        str(tasks),
+        "--backend",
+        "cpu",
+        "--out",
+        str(out),
+        f"verifier.cache_dir={tmp_path / 'cache'}",
+        "verifier.max_inflight=1",
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "launch.cli", *args],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     log = out / "attempts.jsonl"
     try:
         deadline = time.monotonic() + 240
@@ -188,12 +260,28 @@ def test_killed_evaluation_resumes_without_verifying_finished_attempts(tmp_path,
     assert summary["rows"][-1]["passed"] == 3
 
 
-def test_tiny_checkpoint_over_tasks_writes_every_output(tiny_chat_model, tmp_path, capsys, verifier_cache_dir,
-                                                        one_torch_thread):
+def test_tiny_checkpoint_over_tasks_writes_every_output(
+    tiny_chat_model, tmp_path, capsys, verifier_cache_dir, one_torch_thread
+):
     out = tmp_path / "out"
-    code, text, err = run_eval(capsys, "--model", str(tiny_chat_model), "--tasks", "tasks", "--backend", "cpu",
-                               "--samples", "2", "--k", "1,2", "--max-new-tokens", "24", "--out", str(out),
-                               f"verifier.cache_dir={verifier_cache_dir}")
+    code, text, err = run_eval(
+        capsys,
+        "--model",
+        str(tiny_chat_model),
+        "--tasks",
+        "tasks",
+        "--backend",
+        "cpu",
+        "--samples",
+        "2",
+        "--k",
+        "1,2",
+        "--max-new-tokens",
+        "24",
+        "--out",
+        str(out),
+        f"verifier.cache_dir={verifier_cache_dir}",
+    )
     assert code == 0, err
     for name in ("table.md", "summary.json", "attempts.jsonl", "chart.png"):
         assert (out / name).stat().st_size > 0
@@ -224,25 +312,43 @@ def test_in_run_validation_uses_the_evaluation_code_and_never_forced_candidates(
     assert "### By level" in report
 
 
-def test_on_ray_the_engine_and_verifiers_are_actors(ray_session, tiny_chat_model, tmp_path, capsys,
-                                                    verifier_cache_dir):
+def test_on_ray_the_engine_and_verifiers_are_actors(ray_session, tiny_chat_model, tmp_path, capsys, verifier_cache_dir):
     """--ray: a RolloutActor (the engine) and the verifiers run as Ray actors; batches go through
     RolloutActor.evaluate, the in-run validation's method."""
     tasks = task_tree(tmp_path / "tasks", ["level1/01_relu.py", "level2/06_rmsnorm.py"])
     out = tmp_path / "out"
-    code, text, err = run_eval(capsys, "--model", str(tiny_chat_model), "--tasks", str(tasks), "--backend", "cpu",
-                               "--samples", "2", "--max-new-tokens", "16", "--ray", "--out", str(out),
-                               f"verifier.cache_dir={verifier_cache_dir}")
+    code, text, err = run_eval(
+        capsys,
+        "--model",
+        str(tiny_chat_model),
+        "--tasks",
+        str(tasks),
+        "--backend",
+        "cpu",
+        "--samples",
+        "2",
+        "--max-new-tokens",
+        "16",
+        "--ray",
+        "--out",
+        str(out),
+        f"verifier.cache_dir={verifier_cache_dir}",
+    )
     assert code == 0, err
     attempts = rows(out)
     assert sorted((a["task_id"], a["sample"]) for a in attempts) == [
-        ("level1/01_relu", 0), ("level1/01_relu", 1), ("level2/06_rmsnorm", 0), ("level2/06_rmsnorm", 1)]
+        ("level1/01_relu", 0),
+        ("level1/01_relu", 1),
+        ("level2/06_rmsnorm", 0),
+        ("level2/06_rmsnorm", 1),
+    ]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["counts"]["verified"] == 4 and summary["rows"][-1]["attempts"] + summary["counts"]["infra"] == 4
 
 
-def test_engine_urls_sample_through_a_served_model(tiny_chat_model, tmp_path, capsys, verifier_cache_dir,
-                                                   one_torch_thread):
+def test_engine_urls_sample_through_a_served_model(
+    tiny_chat_model, tmp_path, capsys, verifier_cache_dir, one_torch_thread
+):
     """--engine-urls: generation goes to a server speaking the SGLang API (here Kiln's own HTTP server
     in front of the torch engine); --model's tokenizer and chat template pose the prompts."""
     from actors.policy.tokenizer import load_tokenizer
@@ -257,9 +363,24 @@ def test_engine_urls_sample_through_a_served_model(tiny_chat_model, tmp_path, ca
     server.start()
     tasks = task_tree(tmp_path / "tasks", ["level1/01_relu.py"])
     try:
-        code, _, err = run_eval(capsys, "--model", str(tiny_chat_model), "--engine-urls", server.url,
-                                "--tasks", str(tasks), "--backend", "cpu", "--samples", "2", "--max-new-tokens", "8",
-                                "--out", str(tmp_path / "out"), f"verifier.cache_dir={verifier_cache_dir}")
+        code, _, err = run_eval(
+            capsys,
+            "--model",
+            str(tiny_chat_model),
+            "--engine-urls",
+            server.url,
+            "--tasks",
+            str(tasks),
+            "--backend",
+            "cpu",
+            "--samples",
+            "2",
+            "--max-new-tokens",
+            "8",
+            "--out",
+            str(tmp_path / "out"),
+            f"verifier.cache_dir={verifier_cache_dir}",
+        )
         served_tokens = engine.health()["tokens"]
     finally:
         server.stop()

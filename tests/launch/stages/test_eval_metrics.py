@@ -10,21 +10,37 @@ from launch.stages.eval.metrics import is_faster, pass_at_k, summarize
 
 def att(task: str, level: int, passed: bool, eager=None, compile_=None, infra=False, sample=0) -> EvalAttempt:
     error = None if passed else ("infra" if infra else "correctness")
-    return EvalAttempt(task_id=task, level=level, sample=sample, text="", passed=passed, stage="perf" if passed else "run",
-                       error_class=error, speedup_eager=eager, speedup_compile=compile_)
+    return EvalAttempt(
+        task_id=task,
+        level=level,
+        sample=sample,
+        text="",
+        passed=passed,
+        stage="perf" if passed else "run",
+        error_class=error,
+        speedup_eager=eager,
+        speedup_compile=compile_,
+    )
 
 
 VERDICTS = [
     # level 1, task A: two passes (1.2x: faster; 1.05x: not faster at 1.1), a failure whose 2.0x does
     # not count, and an infra verdict (excluded, counted): n = 3 usable, c = 2
-    att("level1/a", 1, True, eager=1.2), att("level1/a", 1, True, eager=1.05), att("level1/a", 1, False, eager=2.0),
+    att("level1/a", 1, True, eager=1.2),
+    att("level1/a", 1, True, eager=1.05),
+    att("level1/a", 1, False, eager=2.0),
     att("level1/a", 1, False, infra=True),
     # level 1, task B: three failures: n = 3, c = 0
-    att("level1/b", 1, False), att("level1/b", 1, False), att("level1/b", 1, False),
+    att("level1/b", 1, False),
+    att("level1/b", 1, False),
+    att("level1/b", 1, False),
     # level 2, task C: pass at 1.2x eager / 1.15x compile, pass without timing, failure: n = 3, c = 2
-    att("level2/c", 2, True, eager=1.2, compile_=1.15), att("level2/c", 2, True), att("level2/c", 2, False),
+    att("level2/c", 2, True, eager=1.2, compile_=1.15),
+    att("level2/c", 2, True),
+    att("level2/c", 2, False),
     # level 2, task D: one usable pass and two infra verdicts: n = 1 < k = 2
-    att("level2/d", 2, True, eager=0.9, compile_=1.05), att("level2/d", 2, False, infra=True),
+    att("level2/d", 2, True, eager=0.9, compile_=1.05),
+    att("level2/d", 2, False, infra=True),
     att("level2/d", 2, False, infra=True),
 ]
 

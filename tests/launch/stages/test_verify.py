@@ -21,8 +21,16 @@ def kiln(*args: str, cache_dir: Path, timeout: float = 600) -> subprocess.Comple
 
 
 def test_json_pass(verifier_cache_dir):
-    p = kiln("--reference", RELU, "--candidate", "tasks/solutions/cpu/level1/01_relu.py", "--backend", "cpu",
-             "--json", cache_dir=verifier_cache_dir)
+    p = kiln(
+        "--reference",
+        RELU,
+        "--candidate",
+        "tasks/solutions/cpu/level1/01_relu.py",
+        "--backend",
+        "cpu",
+        "--json",
+        cache_dir=verifier_cache_dir,
+    )
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout)
     assert out["passed"] is True and out["stage"] == "done" and out["error_class"] is None
@@ -32,8 +40,14 @@ def test_json_pass(verifier_cache_dir):
 def test_json_failure_with_forged_output_and_exit(verifier_cache_dir):
     """The candidate prints a passing JSON verdict and calls os._exit(0): stdout still holds exactly one
     JSON object, the verifier's, and it says cheating."""
-    p = kiln("--reference", RELU, "--candidate", "tests/adversarial/common/exit_forged_result.py", "--json",
-             cache_dir=verifier_cache_dir)
+    p = kiln(
+        "--reference",
+        RELU,
+        "--candidate",
+        "tests/adversarial/common/exit_forged_result.py",
+        "--json",
+        cache_dir=verifier_cache_dir,
+    )
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout)  # raises if anything else reached stdout
     assert out["passed"] is False and out["error_class"] == "cheating" and out["score"] == -1.0
@@ -42,20 +56,25 @@ def test_json_failure_with_forged_output_and_exit(verifier_cache_dir):
 
 def test_raw_model_output_and_text_mode(verifier_cache_dir, tmp_path):
     answer = tmp_path / "answer.md"
-    answer.write_text("Sure! Here is the kernel.\n\n```python\nimport torch\nimport torch.nn as nn\n\n"
-                      "class ModelNew(nn.Module):\n    def forward(self, x):\n        return x.relu()\n```\n")
+    answer.write_text(
+        "Sure! Here is the kernel.\n\n```python\nimport torch\nimport torch.nn as nn\n\n"
+        "class ModelNew(nn.Module):\n    def forward(self, x):\n        return x.relu()\n```\n"
+    )
     p = kiln("--reference", RELU, "--candidate", str(answer), cache_dir=verifier_cache_dir)
     assert p.returncode == 0, p.stderr
     assert "FAIL (cheating)" in p.stdout and "aten::relu" in p.stdout
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--reference", "nope.py", "--candidate", RELU], "file not found: nope.py"),
-    (["--reference", RELU, "--candidate", RELU, "--backend", "rocm"], "unknown backend 'rocm'"),
-    (["--reference", RELU], "--reference and --candidate go together"),
-    (["--tasks", "tasks", "--solutions", "no/such/dir"], "solutions directory not found"),
-    (["--reference", "tasks/loader.py", "--candidate", RELU], "no KernelBench-format reference"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--reference", "nope.py", "--candidate", RELU], "file not found: nope.py"),
+        (["--reference", RELU, "--candidate", RELU, "--backend", "rocm"], "unknown backend 'rocm'"),
+        (["--reference", RELU], "--reference and --candidate go together"),
+        (["--tasks", "tasks", "--solutions", "no/such/dir"], "solutions directory not found"),
+        (["--reference", "tasks/loader.py", "--candidate", RELU], "no KernelBench-format reference"),
+    ],
+)
 def test_usage_errors_exit_nonzero_with_one_line(args, message, tmp_path):
     p = kiln(*args, cache_dir=tmp_path, timeout=120)
     assert p.returncode == 2 and p.stdout == ""
@@ -65,8 +84,19 @@ def test_usage_errors_exit_nonzero_with_one_line(args, message, tmp_path):
 @pytest.mark.slow
 def test_every_shipped_cpu_solution_passes(verifier_cache_dir):
     """Zero false rejections: the whole shipped set through `kiln verify --tasks --solutions`."""
-    p = kiln("--tasks", "tasks", "--solutions", "tasks/solutions/cpu", "--backend", "cpu", "--json",
-             "verifier.compile_workers=2", "verifier.run_workers=1", cache_dir=verifier_cache_dir, timeout=1500)
+    p = kiln(
+        "--tasks",
+        "tasks",
+        "--solutions",
+        "tasks/solutions/cpu",
+        "--backend",
+        "cpu",
+        "--json",
+        "verifier.compile_workers=2",
+        "verifier.run_workers=1",
+        cache_dir=verifier_cache_dir,
+        timeout=1500,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     results = json.loads(p.stdout)["results"]
     assert len(results) == 24
@@ -90,12 +120,23 @@ def test_cuda_without_a_preset_verifies_with_the_production_protocol_not_the_cpu
     from launch.stages.verify import _plan
 
     production = VerifierConfig()
-    args = argparse.Namespace(reference="tasks/level1/01_relu.py", candidate="tasks/solutions/cuda/level1/01_relu.py",
-                              tasks=None, solutions=None, backend="cuda", config=None, overrides=[])
+    args = argparse.Namespace(
+        reference="tasks/level1/01_relu.py",
+        candidate="tasks/solutions/cuda/level1/01_relu.py",
+        tasks=None,
+        solutions=None,
+        backend="cuda",
+        config=None,
+        overrides=[],
+    )
     cfg, jobs = _plan(args)
     assert cfg.backend == "cuda" and jobs[0][0].task_id == "level1/01_relu"
     assert (cfg.run_timeout_s, cfg.trials, cfg.warmup, cfg.repeats) == (
-        production.run_timeout_s, production.trials, production.warmup, production.repeats)
+        production.run_timeout_s,
+        production.trials,
+        production.warmup,
+        production.repeats,
+    )
     demo = load_for_backend(None, [], None).verifier
     assert demo.backend == "cpu" and demo.run_timeout_s == 5.0  # the demo itself is unchanged
     assert load_for_backend("configs/default.yaml", [], "cuda").verifier.run_timeout_s == 5.0
