@@ -294,8 +294,17 @@ class VerifierConfig:
     cache_dir: Optional[str] = F(
         None, "Compile and verdict cache directory; null = $KILN_CACHE_DIR/verifier, else ~/.cache/kiln/verifier"
     )
-    warmup: int = F(3, "Untimed warm-up runs before timing", ge=0)
-    repeats: int = F(20, "Timed runs; the median is reported", ge=1)
+    warmup: int = F(
+        3,
+        "Untimed warm-up trips before timing (on fresh inputs, as timed calls are); they choose the calls per trip",
+        ge=0,
+    )
+    repeats: int = F(
+        20,
+        "Timed trip pairs: a trip is K calls (K chosen so a trip lasts a few ms), timed by the verifier against the "
+        "same trip without the forward; the mean per-call time pays, the median is recorded",
+        ge=1,
+    )
     compile_baseline: str = F(
         "auto",
         "Also time torch.compile(reference) for speedup_compile: 'auto' = on cuda only (inductor's C++ build costs ~10-30 s per task on cpu), 'always', 'never'; always measured when reward.baseline is 'compile'",
@@ -303,7 +312,8 @@ class VerifierConfig:
     )
     atol: Optional[float] = F(
         None,
-        "Absolute tolerance of the correctness check; null = the task's KILN_TOLERANCE, else by dtype (fp32 1e-3, fp16 1e-2, bf16 2e-2)",
+        "Absolute tolerance of the correctness check, in units of the reference output's scale (its root mean square); "
+        "null = the task's KILN_TOLERANCE, else by dtype (fp32 1e-3, fp16 1e-2, bf16 2e-2)",
         ge=0.0,
     )
     rtol: Optional[float] = F(

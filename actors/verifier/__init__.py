@@ -7,12 +7,17 @@ process. Where things are:
   interface.py   the reward-actor interface (`RewardActor`), loaded by `actors.base.load_plugin`
   verifier.py    KernelVerifier: extract -> static scan -> compile -> run/correctness -> performance
   extract.py     stage 1: code from model output
-  legality.py    the legality policy and the static scan; gate.py and fence.py are its runtime half
-                 (in the sandbox), build/symbols.py its check of built libraries
+  legality.py    the legality policy and the static scan; fence.py (the seal) is its runtime half,
+                 build/symbols.py its check of built libraries
+  native/        the sandbox's native half: kiln_native (C: the one-way arm switch, the audit hook,
+                 refusers, the evidence log, the OS calls of the jail) and kiln_fence (C++: the
+                 compute fence at the dispatcher, the sandbox's own plumbing copies), built by the
+                 build service; shim.py, the stand-in for ctypes that keeps raw memory out of the zygote
   build/         the compile subsystem (BuildService: jailed capture and build processes, symbol check)
   jail.py, isolation.py, zygote.py   the confinement (namespaces, uid, filesystem, seccomp), what each
                  kind of process sees, and the one fork server of every jailed process
-  executor.py, sandbox.py, wire.py   the execution sandbox and its channel
+  executor.py, sandbox.py, wire.py   the execution sandbox (sealed before the candidate loads, signed
+                 replies, the I/O arena) and its channel
   reference.py, compare.py, runner.py, baselines.py, timing.py   the trusted side (protocols/lease.py:
                  the device lease shared with engines and learners)
   reward.py      the MooreEval score and the feedback texts; verdicts.py: the authenticated verdict cache

@@ -1,9 +1,15 @@
-"""Output comparison, run in the trusted verifier process on tensors received from the sandbox.
+"""Output comparison, run in the trusted verifier process on outputs read from the sandbox's arena.
 
-Tolerances are dtype-aware (|got - expected| <= atol + rtol * |expected|, elementwise); integer and
-boolean outputs must match exactly. NaN never passes, whatever the reference holds; infinities must
-match in sign and position. A mismatch is described the way a model can act on: which output, how
-many elements, the largest error, where, and the two values there.
+A floating-point element passes when |got - expected| <= atol * scale + rtol * |expected|, where
+`scale` is the root mean square of the reference output's finite values: the absolute tolerance
+follows the output's magnitude, so an output whose values are all smaller than atol cannot be
+matched by zeros. Integer and boolean outputs must match exactly. NaN never passes (a reference
+that produces NaN from finite inputs is a broken task, reference.py); infinities must match in sign
+and position. A constant output (every element equal) fails where the reference's values span more
+than 1% of the tolerance bound, however close it came: within tolerance of a nearly flat reference
+it still does not compute the task, while a reference that is constant up to rounding (a few ulps,
+far below 1% of the bound) is matched by its constant. A mismatch is described the way a model can act on: which output, how many elements,
+the largest error, where, and the two values there.
 """
 
 from __future__ import annotations
@@ -12,8 +18,9 @@ from dataclasses import dataclass
 
 import torch
 
-# (atol, rtol) by output dtype. float32 at 1e-3 passes fp32 kernels with any summation order and
-# rejects bf16 arithmetic (~4e-3 relative error); half types get the looser bounds their formats allow.
+# (atol, rtol) by output dtype; atol is in units of the output's scale. float32 at 1e-3 passes fp32
+# kernels with any summation order and rejects bf16 arithmetic (~4e-3 relative error); half types get
+# the looser bounds their formats allow.
 DEFAULT_TOLERANCE: dict[torch.dtype, tuple[float, float]] = {
     torch.float64: (1e-6, 1e-6),
     torch.float32: (1e-3, 1e-3),
@@ -35,6 +42,13 @@ def tolerance_for(dtype: torch.dtype, override: tuple[float, float] | None) -> t
     if override is not None:
         return override
     return DEFAULT_TOLERANCE.get(dtype, (0.0, 0.0))
+
+
+def scale_of(expected: torch.Tensor) -> float:
+    """The root mean square of the reference output's finite values (0 for none)."""
+    e = expected.detach().double()
+    finite = e[torch.isfinite(e)]
+    return float(finite.square().mean().sqrt()) if finite.numel() else 0.0
 
 
 def compare_outputs(got: list[torch.Tensor], expected: list[torch.Tensor],
@@ -79,16 +93,33 @@ def _compare_one(name: str, got: torch.Tensor, exp: torch.Tensor, tol: tuple[flo
     same_inf = torch.isinf(e) & (g == e)
     diff = torch.where(same_inf, torch.zeros_like(diff), diff)
     diff = torch.where(torch.isnan(diff), torch.full_like(diff, float("inf")), diff)
-    wrong = diff > (atol + rtol * e.abs().nan_to_num(posinf=0.0, neginf=0.0))
+    scale = scale_of(exp)
+    bound = atol * scale + rtol * e.abs().nan_to_num(posinf=0.0, neginf=0.0)
+    wrong = diff > bound
     wrong |= torch.isinf(g) & ~same_inf
     count = int(wrong.sum())
     max_err = float(diff.max())
     if count:
         idx = _index_of_max(torch.where(wrong, diff, torch.zeros_like(diff)))
-        return Comparison(False, f"{name}: {count} of {n} elements outside tolerance (atol={atol:g}, rtol={rtol:g}); "
-                                 f"max abs error {max_err:.4g} at {idx}: got {g[idx].item():.6g}, "
-                                 f"expected {e[idx].item():.6g}", max_err, count, n)
-    return Comparison(True, "", max_err, 0, n)
+        return Comparison(False, f"{name}: {count} of {n} elements outside tolerance (atol={atol:g} x the output's "
+                                 f"scale {scale:.3g}, rtol={rtol:g}); max abs error {max_err:.4g} at {idx}: "
+                                 f"got {g[idx].item():.6g}, expected {e[idx].item():.6g}", max_err, count, n)
+    finite = e[torch.isfinite(e)]
+    spread = 0.01 * (atol * scale + rtol * float(finite.abs().max())) if finite.numel() else 0.0
+    return _constant_check(name, g, e, spread, Comparison(True, "", max_err, 0, n))
+
+
+def _constant_check(name: str, got: torch.Tensor, exp: torch.Tensor, spread: float, passed: Comparison) -> Comparison:
+    """Every element of `got` equal, where the reference's finite values span more than `spread`."""
+    if got.numel() < 2:
+        return passed
+    flat_g, flat_e = got.reshape(-1), exp.reshape(-1)
+    finite = flat_e[torch.isfinite(flat_e)]
+    varies = finite.numel() > 1 and float(finite.max() - finite.min()) > spread
+    if varies and bool((flat_g == flat_g[0]).all()):
+        return Comparison(False, f"{name} is constant ({flat_g[0].item():.6g} everywhere), the reference's is not",
+                          passed.max_abs_error, got.numel(), got.numel())
+    return passed
 
 
 def _first_index(mask: torch.Tensor) -> tuple[int, ...]:

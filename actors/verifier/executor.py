@@ -1,35 +1,58 @@
 """Parent side of sandboxed execution: a bounded pool of jailed children with watchdogs.
 
-`SandboxPool.session()` forks a fresh sandbox from the zygote (one per candidate), jailed as
-isolation.run_jail says, watches the resident memory of its process tree (RssWatchdog; RLIMIT_AS
-would break CUDA contexts) and gives every request a wall-clock deadline. The first request, `hello`,
-is answered before any candidate code exists: its jail report is the one the verdict trusts. A
-sandbox that hangs is killed (and with it its whole PID namespace); one that crashes, exits, or is
-killed for memory is reaped and its own exit status recorded. Either way only that sandbox is lost:
-the next session forks a new one, and the zygote (which never runs candidate code) keeps serving.
-Replies are read with `wire.recv` (no pickle) and must echo the request's nonce. The evidence pipe
-carries what the compute fence refused, written by the sandbox the moment it happened.
+`SandboxPool.session(arena_bytes)` forks a fresh sandbox from the zygote (one per candidate), jailed
+as isolation.run_jail says, with three descriptors: its socket, the write end of its evidence pipe,
+and its I/O arena (a memory file this process created and maps too: inputs go in, outputs come out,
+nothing tensor-sized crosses the socket). It watches the resident memory of the sandbox's process
+tree (RssWatchdog; RLIMIT_AS would break CUDA contexts) and gives every request a wall-clock
+deadline. The first request, `hello`, is answered before any candidate code exists: its jail report
+is the one the verdict trusts.
+
+What this process takes from a sandbox, and how each read is bounded:
+* replies: a 4-byte length, at most MAX_REPLY bytes of msgpack, and a MAC under the session's key
+  (sandbox.py); the length is checked before anything is allocated, a reply without the right MAC
+  or nonce is forged (the candidate can write to the socket, not compute the MAC);
+* evidence: kiln_native's numbered log of what the compute fence and the audit hook refused, the
+  moment they refused: carried by every signed reply, and written to the evidence pipe too (read
+  here without blocking, for a process that dies before replying); at most MAX_EVIDENCE records,
+  each counted once. A pipe the candidate closed or replaced is itself a record of the log;
+* outputs: bytes in the arena, at offsets this process chose, of the sizes it expects;
+* its own observations: the exit status, the memory watchdog, the shared mappings of the sandbox's
+  address space (read from /proc here, not from the sandbox).
+A sandbox that hangs is killed (and with it its whole PID namespace); one that crashes, exits, or is
+killed for memory is reaped and its own exit status recorded. Only that sandbox is lost: the next
+session forks a new one, and the zygote (which never runs candidate code) keeps serving.
 """
 
 from __future__ import annotations
 
 import fcntl
+import hmac
+import mmap
 import os
 import secrets
 import shutil
 import signal
 import socket
+import struct
 import tempfile
 import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from actors.verifier import isolation, wire
+import msgpack
+import torch
+
+from actors.verifier import isolation, native
 from actors.verifier.isolation import RssWatchdog
 from actors.verifier.legality import Violation
 from actors.verifier.zygote import ExitStatus, Zygote, ZygoteError
 
+MAX_REPLY = 1 << 20  # a reply is metadata: output descriptors, an error text, timings
+MAX_EVIDENCE = 200
+MAC_BYTES = 32
+_HEADER = struct.Struct("<I")
 _SIGNAL_HINTS = {
     signal.SIGSEGV: "a segmentation fault (out-of-bounds pointer or index?)",
     signal.SIGBUS: "a bus error (misaligned or out-of-bounds access)",
@@ -54,30 +77,100 @@ class SandboxTimeout(SandboxFailure):
 class SandboxCrash(SandboxFailure):
     error_class = "runtime"
 
-    def __init__(self, message: str, status: ExitStatus, exited_cleanly: bool) -> None:
+    def __init__(self, message: str, status: ExitStatus, exited_cleanly: bool, memory: bool = False) -> None:
         super().__init__(message)
         self.status = status
         self.exited_cleanly = exited_cleanly  # exit status 0 mid-request: os._exit / a forged finish
+        self.memory = memory  # killed by the memory watchdog
 
 
 class SandboxForged(SandboxFailure):
-    """The channel carried a message the child's verifier code did not send."""
+    """The channel carried a message the sandbox's own code did not send."""
 
     error_class = "cheating"
 
 
 class SandboxInfra(SandboxFailure):
-    """The sandbox could not be started (the system's fault)."""
+    """The sandbox could not be started, or failed before any candidate code existed (the system's fault)."""
 
     error_class = "infra"
+
+
+class Arena:
+    """The I/O arena of one session: a memory file of `size` bytes, mapped here (and, by the sandbox,
+    there). Regions are handed out in order; `reset()` starts over for the next request."""
+
+    ALIGN = 64
+
+    def __init__(self, size: int) -> None:
+        self.size = max(int(size), 1 << 16)
+        self.fd = os.memfd_create("kiln-arena", os.MFD_CLOEXEC)
+        os.ftruncate(self.fd, self.size)
+        self.map = mmap.mmap(self.fd, self.size)
+        self.bytes = torch.frombuffer(self.map, dtype=torch.uint8)
+        self.used = 0
+
+    def reset(self) -> None:
+        self.used = 0
+
+    def region(self, nbytes: int) -> list[int]:
+        """[offset, nbytes] of a fresh region (ValueError when the arena is full)."""
+        offset = self.used
+        end = offset + int(nbytes)
+        if end > self.size:
+            raise ValueError(f"the I/O arena ({self.size} bytes) cannot hold {nbytes} more bytes")
+        self.used = (end + self.ALIGN - 1) // self.ALIGN * self.ALIGN
+        return [offset, int(nbytes)]
+
+    def put(self, value) -> dict | list:
+        """An input into the arena: a tensor becomes [offset, nbytes, dtype, shape]; anything else
+        travels as a value."""
+        from actors.verifier.sandbox import DTYPE_NAMES
+
+        if not isinstance(value, torch.Tensor):
+            return {"v": value}
+        t = value.detach().to("cpu").contiguous()
+        name = DTYPE_NAMES.get(t.dtype)
+        if name is None:
+            raise ValueError(f"inputs of dtype {t.dtype} are not supported")
+        nbytes = t.numel() * t.element_size()
+        offset, _ = self.region(nbytes)
+        if nbytes:
+            self.bytes[offset:offset + nbytes].copy_(t.reshape(-1).view(torch.uint8))
+        return [offset, nbytes, name, list(t.shape)]
+
+    def take(self, entry: list, expected: torch.Tensor) -> torch.Tensor | None:
+        """A copy of the tensor the sandbox placed at `entry` ([offset, nbytes, dtype, shape, ...]),
+        read only if it has exactly the expected dtype and shape; else None."""
+        from actors.verifier.sandbox import DTYPES
+
+        if not isinstance(entry, list) or len(entry) < 4 or not isinstance(entry[0], int) or entry[0] < 0:
+            return None
+        offset, nbytes, name, shape = entry[:4]
+        if DTYPES.get(name) != expected.dtype or shape != list(expected.shape):
+            return None
+        if nbytes != expected.numel() * expected.element_size() or offset + nbytes > self.size:
+            return None
+        if nbytes == 0:
+            return torch.empty(expected.shape, dtype=expected.dtype)
+        return self.bytes[offset:offset + nbytes].clone().view(expected.dtype).reshape(expected.shape)
+
+    def close(self) -> None:
+        del self.bytes
+        self.map.close()
+        os.close(self.fd)
 
 
 class ChildSession:
     """One jailed sandbox serving one candidate."""
 
-    def __init__(self, pool: "SandboxPool", memory_limit_bytes: int, check_cuda: bool = False) -> None:
+    def __init__(self, pool: "SandboxPool", memory_limit_bytes: int, arena_bytes: int = 1 << 16,
+                 check_cuda: bool = False) -> None:
         self.pool = pool
         self.scratch = Path(tempfile.mkdtemp(prefix="kiln-sandbox-", dir=pool.scratch_root))
+        self.work = self.scratch / "work"
+        self.work.mkdir()
+        os.chmod(self.work, 0o755)
         self.alive = False
         self.status: ExitStatus | None = None
         self.requests = 0
@@ -85,19 +178,24 @@ class ChildSession:
         self.evidence: list[Violation] = []
         self.jail: dict = {}
         self.cuda_error: str | None = None
+        self.key = secrets.token_bytes(32)
+        self.arena = Arena(arena_bytes)
+        self.baseline_maps: set[str] = set()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         ev_r, ev_w = os.pipe()
         fcntl.fcntl(ev_r, fcntl.F_SETFL, os.O_NONBLOCK)
         self._evidence_fd = ev_r
         self._evidence_buf = b""
-        spec = isolation.run_jail(str(self.scratch / "work"), cuda=pool.device_type == "cuda",
-                                  uid=pool.zygote.next_uid(), hidden=pool.hidden, visible=pool.visible)
+        self._evidence_seen: set[int] = set()
+        spec = isolation.run_jail(str(self.work), cuda=pool.device_type == "cuda", uid=pool.zygote.next_uid(),
+                                  hidden=pool.hidden, visible=pool.visible)
         try:
-            spawned = pool.zygote.spawn("run", spec, [theirs.fileno(), ev_w], str(self.scratch / "output.log"),
-                                        {"device": pool.device_type})
+            spawned = pool.zygote.spawn("run", spec, [theirs.fileno(), ev_w, self.arena.fd],
+                                        str(self.scratch / "output.log"), {"device": pool.device_type})
         except ZygoteError as err:
             ours.close()
             os.close(ev_r)
+            self.arena.close()
             raise SandboxInfra(str(err)) from None
         finally:
             theirs.close()
@@ -107,51 +205,106 @@ class ChildSession:
         self.sandbox_pid = spawned.sandbox or spawned.pid
         self.sock = ours
         self.alive = True
-        self.watchdog = RssWatchdog(self.sandbox_pid, memory_limit_bytes, self.kill)
+        self.watchdog = RssWatchdog(self.sandbox_pid, memory_limit_bytes + self.arena.size, self.kill)
         try:
-            hello = self.request("hello", {"check_cuda": check_cuda}, 120)
-            self.jail = hello.get("jail") or {}
-            self.cuda_error = hello.get("cuda")
+            hello = self.request("hello", {"check_cuda": check_cuda}, 120, signed=False)
+            self.jail = hello.get("jail") if isinstance(hello.get("jail"), dict) else {}
+            self.cuda_error = hello.get("cuda") if isinstance(hello.get("cuda"), str) else None
         except SandboxFailure as err:
             tail = self.output_tail()
             self.close()
             raise SandboxInfra(f"the sandbox did not start: {err}" + (f"\n{tail}" if tail else "")) from None
+        self.baseline_maps = self.shared_mappings()
 
-    def request(self, op: str, body: dict, budget_s: float, max_reply_bytes: int = 8 << 30) -> dict:
-        """Send one request and wait up to `budget_s` for its reply (raises SandboxFailure)."""
+    # ------------------------------------------------------------------------------ requests
+
+    def prepare(self, source: str, digest: str, artifacts: dict | None, toolchain: str, threads: int,
+                budget_s: float) -> dict:
+        """Write the candidate where the sandbox (read-only) sees it, and have it sealed and imported."""
+        path = self.work / f"kiln_candidate_{digest[:16]}.py"
+        path.write_text(source, encoding="utf-8")
+        os.chmod(path, 0o644)
+        reply = self.request("prepare", {"candidate": str(path), "source": source, "artifacts": artifacts,
+                                         "toolchain": toolchain, "key": self.key, "threads": threads,
+                                         "arena": self.arena.size}, budget_s, signed=False)
+        self.baseline_maps = self.shared_mappings()  # sealed, the arena mapped, no candidate code yet
+        return reply
+
+    def request(self, op: str, body: dict, budget_s: float, *, signed: bool = True) -> dict:
+        """Send one request and wait up to `budget_s` for its reply (raises SandboxFailure). Replies to
+        the requests answered before any candidate code exists (`signed=False`: hello, prepare) carry no
+        MAC and may say `internal` (the sandbox's own failure); every later one must carry the MAC."""
         if not self.alive:
             raise SandboxCrash("the sandbox child is gone", self.status or ExitStatus(None, None), False)
         nonce = secrets.token_hex(12)
         deadline = time.monotonic() + budget_s
         self.requests += 1
         try:
+            payload = msgpack.packb({"op": op, "nonce": nonce, **body}, use_bin_type=True)
             self.sock.settimeout(max(budget_s, 0.001))
-            wire.send(self.sock, {"op": op, "nonce": nonce, **body})
-            reply = wire.recv(self.sock, deadline, max_reply_bytes)
-        except (wire.PeerTimeout, socket.timeout):
+            self.sock.sendall(_HEADER.pack(len(payload)) + payload)
+            reply = self._reply(deadline, signed)
+            if signed:
+                self.take_logged(reply)
+        except socket.timeout:
             self.kill()
             self._reap()
             raise SandboxTimeout(f"no answer within {budget_s:.0f} s") from None
-        except (wire.PeerClosed, BrokenPipeError, ConnectionResetError):
+        except (ConnectionError, BrokenPipeError, EOFError, OSError) as err:
+            if isinstance(err, _Forged):
+                self.kill()
+                self._reap()
+                raise SandboxForged(str(err)) from None
             raise self._crashed() from None
-        except wire.WireError as err:
-            self.kill()
-            self._reap()
-            raise SandboxForged(f"the sandbox channel carried a malformed message ({err})") from None
         finally:
             self.drain_evidence()
-        if not isinstance(reply, dict) or reply.get("nonce") != nonce:
+        if reply.get("internal") and not signed:
+            return reply
+        if reply.get("nonce") != nonce:
             self.kill()
             self._reap()
-            raise SandboxForged("the sandbox channel carried a reply the verifier did not ask for "
-                                "(a forged result?)")
-        reply["findings"] = parse_findings(reply.get("findings"))
+            raise SandboxForged("the sandbox channel carried a reply to a request the verifier did not send")
         return reply
 
+    def _reply(self, deadline: float, signed: bool) -> dict:
+        head = self._read(_HEADER.size, deadline)
+        (n,) = _HEADER.unpack(head)
+        if n > MAX_REPLY:
+            raise _Forged(f"a reply announced {n} bytes; replies are at most {MAX_REPLY}")
+        payload = self._read(n, deadline)
+        try:
+            reply = msgpack.unpackb(payload, raw=False, strict_map_key=True)
+        except Exception:  # noqa: BLE001 - anything undecodable is a message the sandbox's code did not send
+            raise _Forged("the sandbox channel carried an undecodable reply") from None
+        if not isinstance(reply, dict):
+            raise _Forged("the sandbox channel carried a reply that is not a map")
+        if signed:
+            mac = self._read(MAC_BYTES, deadline)
+            if not hmac.compare_digest(mac, hmac.digest(self.key, payload, "sha256")):
+                raise _Forged("the sandbox channel carried a reply without the sandbox's MAC (a forged result?)")
+        return reply
+
+    def _read(self, n: int, deadline: float) -> bytes:
+        buf = bytearray(n)
+        view, got = memoryview(buf), 0
+        while got < n:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise socket.timeout()
+            self.sock.settimeout(left)
+            k = self.sock.recv_into(view[got:], n - got)
+            if k == 0:
+                raise EOFError("the sandbox closed its channel")
+            got += k
+        return bytes(buf)
+
+    # ------------------------------------------------------------------------ observations
+
     def drain_evidence(self) -> None:
-        """Read what the compute fence wrote to the evidence pipe (never blocks; nothing once closed:
-        a closed descriptor's number may already belong to another session's socket)."""
-        while self._evidence_fd >= 0 and len(self.evidence) < 200:
+        """Read what the fence and the audit hook wrote to the evidence pipe (never blocks): the
+        refusals of a process that dies before it can reply. The same log reaches the verifier in
+        every signed reply (`take_logged`), so a pipe the candidate closed loses nothing."""
+        while self._evidence_fd >= 0 and len(self._evidence_buf) < (1 << 20):
             try:
                 chunk = os.read(self._evidence_fd, 65536)
             except (BlockingIOError, OSError):
@@ -159,18 +312,38 @@ class ChildSession:
             if not chunk:
                 break
             self._evidence_buf += chunk
-        *lines, self._evidence_buf = self._evidence_buf.split(b"\n")
-        for line in lines[:200]:
-            parts = line.decode("utf-8", "replace").split("\t")
-            if len(parts) >= 2 and parts[0] and len(self.evidence) < 200:
-                self.evidence.append(Violation(parts[0][:40], parts[1][:200], (parts[2] if len(parts) > 2 else "")[:200],
-                                               "recorded by the compute fence as it refused"))
+        cut = self._evidence_buf.rfind(b"\n") + 1
+        self._record(self._evidence_buf[:cut])
+        self._evidence_buf = self._evidence_buf[cut:]
+
+    def take_logged(self, reply: dict) -> None:
+        """The refusals a signed reply carries (kiln_native's log since the previous reply)."""
+        logged = reply.pop("evidence", b"")
+        if isinstance(logged, bytes):
+            self._record(logged)
+
+    def _record(self, data: bytes) -> None:
+        for seq, kind, what, where in native.evidence_records(data):
+            if seq in self._evidence_seen or len(self.evidence) >= MAX_EVIDENCE:
+                continue
+            self._evidence_seen.add(seq)
+            self.evidence.append(Violation(kind, what, where, "refused in the sandbox (recorded as it happened)"))
+
+    def shared_mappings(self) -> set[str]:
+        """The sandbox's shared memory mappings, read from /proc here (see `mapped_shared`)."""
+        return mapped_shared(self.sandbox_pid, self.pool.device_type)
+
+    def new_shared_mappings(self) -> list[str]:
+        """Shared mappings that appeared since the sandbox started (before its candidate existed)."""
+        if not self.alive:
+            return []
+        return sorted(self.shared_mappings() - self.baseline_maps)
 
     def _crashed(self) -> SandboxCrash:
         self._reap()
         st = self.status or ExitStatus(None, None)
         if self.watchdog.tripped:
-            limit = self.watchdog.limit >> 20
+            limit = self.pool.memory_limit_bytes >> 20  # the watchdog also allows the I/O arena's pages
             msg = f"the process exceeded the memory limit of {limit} MB and was killed (out of memory)"
         elif st.signal:
             hint = _SIGNAL_HINTS.get(st.signal, f"signal {st.signal}")
@@ -182,7 +355,8 @@ class ChildSession:
         tail = self.output_tail()
         if tail:
             msg += f"\nlast output:\n{tail}"
-        return SandboxCrash(msg, st, exited_cleanly=(st.code == 0 and not st.signal and not self.watchdog.tripped))
+        return SandboxCrash(msg, st, exited_cleanly=(st.code == 0 and not st.signal and not self.watchdog.tripped),
+                            memory=self.watchdog.tripped)
 
     def output_tail(self, limit: int = 1500) -> str:
         log = self.scratch / "output.log"
@@ -212,7 +386,8 @@ class ChildSession:
         if self.alive:
             try:
                 self.sock.settimeout(2.0)
-                wire.send(self.sock, {"op": "close", "nonce": ""})
+                payload = msgpack.packb({"op": "close", "nonce": ""})
+                self.sock.sendall(_HEADER.pack(len(payload)) + payload)
             except OSError:
                 pass
             deadline = time.monotonic() + 2.0
@@ -225,11 +400,16 @@ class ChildSession:
         self.sock.close()
         os.close(self._evidence_fd)
         self._evidence_fd = -1
+        self.arena.close()
         shutil.rmtree(self.scratch, ignore_errors=True)
-        shutil.rmtree(f"{self.scratch}/work.root", ignore_errors=True)
+        shutil.rmtree(f"{self.work}.root", ignore_errors=True)
 
     def exit_status(self) -> dict:
         return (self.status or ExitStatus(None, None)).to_json()
+
+
+class _Forged(OSError):
+    """A reply the sandbox's own code did not send (unbounded, undecodable, unsigned)."""
 
 
 def _running(pid: int) -> bool:
@@ -240,15 +420,26 @@ def _running(pid: int) -> bool:
         return False
 
 
-def parse_findings(raw) -> list[Violation]:
-    """Violations from a child's reply, validated (the child is untrusted: anything odd is dropped)."""
-    out = []
-    if not isinstance(raw, list):
-        return out
-    for item in raw[:200]:
-        if isinstance(item, dict) and isinstance(item.get("kind"), str):
-            out.append(Violation.from_json({k: str(item.get(k, ""))[:400] for k in ("kind", "what", "where", "via")}))
-    return out
+def mapped_shared(pid: int, device_type: str) -> set[str]:
+    """A process's shared memory mappings (a file, shared memory or a memfd mapped MAP_SHARED), as
+    "range name" lines of /proc/PID/maps. On cuda the driver maps devices, anonymous and memfd memory
+    shared as the context grows, so only mappings of files count there (anything under /dev but
+    /dev/shm is left out). Read by the verifier, not by the process itself."""
+    found = set()
+    try:
+        with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as maps:
+            for line in maps:
+                parts = line.split(None, 5)
+                if len(parts) < 2 or parts[1][3:4] != "s":
+                    continue
+                name = parts[5].strip() if len(parts) > 5 else ""
+                if device_type != "cpu" and not (name.startswith("/") and (not name.startswith("/dev/")
+                                                                            or name.startswith("/dev/shm/"))):
+                    continue
+                found.add(f"{parts[0]} {name}")
+    except OSError:
+        pass
+    return found
 
 
 class SandboxPool:
@@ -290,11 +481,11 @@ class SandboxPool:
                 child.close()
 
     @contextmanager
-    def session(self):
+    def session(self, arena_bytes: int = 1 << 16):
         asked = time.perf_counter()
         with self._slots:
             waited = time.perf_counter() - asked
-            child = ChildSession(self, self.memory_limit_bytes)
+            child = ChildSession(self, self.memory_limit_bytes, arena_bytes)
             child.waited_s = waited  # time spent queueing for a free slot (run_workers)
             self.children += 1
             try:

@@ -1,279 +1,227 @@
-"""The compute fence: inside the window around forward, PyTorch computes nothing.
+"""The seal: what a process does before the first byte of candidate code runs in it, and never undoes.
 
-The dispatch-mode gate (gate.py) watches from the Python dispatch key, and Python code can step
-around it (`_disable_current_modes()`, excluding the key, `OpOverload.redispatch`, another thread).
-The fence sits where every dispatched op ends: the backend kernels themselves. At zygote start-up,
-before any candidate exists, every ATen operator outside tensor plumbing (`legality.PLUMBING_OPS`)
-gets a kernel at every backend key (CPU, CUDA, sparse, quantized, mkldnn, nested) that, while the
-window is open, records the op and raises instead of computing; outside the window it calls the
-kernel it replaced. Those kernels are C++ (build/fence_lib.py, built once per toolchain), so a call
-outside the window reaches the original kernel with its arguments untouched. The same holds for the paths that hand tensor data to Python without any op
-(`Tensor.apply_/map_/map2_/tolist/numpy`, DLPack, storage reads, `torch.save`'s writer) and for CUDA
-graph replay. So a disabled mode stack, a redispatch below Python, a thread, or a Python loop
-over elements gets no result at all, and the attempt is on record twice: in the reply's findings
-and on the evidence pipe, written by this process the moment it happens and read by the verifier
-(a pipe's contents cannot be taken back).
+Once a process has loaded candidate code, everything in it is the candidate's to use, so the
+guarantees below hold from the moment of sealing until the process exits, in every thread, for
+every caller (there is no window, no switch and no attribution to a "trusted" frame):
 
-The window is process-wide (threads included) and open only around forward; module import,
-`__init__` and the verifier's own checks run outside it. What the fence cannot stop: native code
-that calls a kernel function through a pointer it found without importing a symbol (the built
-library's imports are checked by `build/symbols.py`) or that rewrites this process's memory.
+1. ATen computes nothing. The compute fence (kiln_fence, installed here in the zygote before any
+   fork) puts a kernel in front of every operator outside tensor plumbing and random initialisation (`legality.ALLOWED_OPS`)
+   at every backend key (CPU, CUDA, sparse, quantized, mkldnn, nested); once the process is armed
+   that kernel refuses and records the op. A disabled mode stack, an excluded dispatch key,
+   `OpOverload.redispatch`, another thread or a sparse tensor all end at it.
+2. Python gets no tensor data and no raw memory. torch's routes from tensor memory to Python objects
+   (`Tensor.tolist/numpy/apply_/map_`, DLPack, storage indexing, `torch.save`'s writer), from Python
+   buffers or files to tensor memory (`frombuffer`, `asarray`, `from_file`, shared storages), from
+   integers to tensors or allocations (`_construct_storage_from_data_pointer`, raw allocators) are
+   replaced by refusers (`install_refusers`); ctypes, numpy and cffi are not in the interpreter at
+   all (native/shim.py) and their import is refused.
+3. Nothing computes around the dispatcher: TorchScript cannot be compiled or loaded (its fusers run
+   kernels of their own), tensor expressions (`torch._C._te`) are gone, operators cannot be
+   registered (`torch.library` would put Python kernels under the sandbox's own copies), CUDA graphs
+   cannot be captured or replayed.
+4. None of the sandbox's own state: its frames are not on the candidate's stack (`f_back` ends where
+   the sandbox's code begins, `sys._getframe` refuses to go past it), its functions' globals,
+   closures and code and its tracebacks' frames refuse; gc's object walks, tracing and profiling
+   hooks, eval-frame hooks (refused here) and code-object construction (marshal included) refuse
+   for everyone; and so do processes, signals, sockets and shared mappings.
+5. Data does not leave the device: a copy from a CUDA tensor to host memory made by candidate code
+   refuses (the sandbox's own reads of the outputs are its own copies).
+6. The kernel refuses, from the seal on, signal handlers, timers, new processes and memfd (a seccomp
+   filter stacked on the jail's: `jail.armed_seccomp_program`).
+Every refusal is numbered into kiln_native's log, which every signed reply carries, and written at
+once to the evidence pipe (for a process that dies before replying); a refusal that the candidate
+catches and hides is still on record, and so is a closed or replaced pipe.
+
+What this cannot stop: native code of the candidate's own extension can do anything in its process
+(call a kernel through an address it computed, rewrite memory). docs/verifier.md states that
+residual and what bounds it (the symbol check of every built library, the verifier's own clock and
+output comparison, the plausibility bound).
 """
 
 from __future__ import annotations
 
-import ctypes
 import gc
-import os
 import sys
-import warnings
 
 import torch
 
-from actors.verifier.legality import PLUMBING_OPS, Violation
+from actors.verifier import native
+from actors.verifier.legality import ALLOWED_OPS
 
 BACKEND_KEYS = ("CPU", "SparseCPU", "SparseCsrCPU", "MkldnnCPU", "QuantizedCPU", "NestedTensorCPU",
                 "CUDA", "SparseCUDA", "SparseCsrCUDA", "QuantizedCUDA", "NestedTensorCUDA")
-# Methods that hand a tensor's (or storage's) data to Python without dispatching an op.
-DATA_METHODS = {
-    torch._C.TensorBase: ("apply_", "map_", "map2_", "tolist", "numpy"),
-    torch._C.StorageBase: ("__getitem__", "_write_file"),
-}
-DATA_ATTRIBUTES = (("torch.Tensor", "__dlpack__"), ("torch.Tensor", "__array__"),
-                   ("torch.storage._StorageBase", "tolist"), ("torch.storage._StorageBase", "__getitem__"),
-                   ("torch.storage._StorageBase", "__iter__"), ("torch.UntypedStorage", "__getitem__"),
-                   ("torch._C", "_to_dlpack"), ("torch.PyTorchFileWriter", "write_record"),
-                   ("torch._C._CUDAGraph", "replay"), ("torch._C._CUDAGraph", "capture_begin"))
-# Constructors of tensors over memory that Python code can read without torch (a bytearray, an mmap,
-# a memoryview). Refused whenever a candidate is armed, not only inside forward: a buffer aliased in
-# `__init__` would carry the inputs' bytes to Python in forward through plumbing copies alone.
-# (`asarray` only when handed a buffer; file-backed shared tensors, `torch.from_file` and storages
-# moved to shared memory, are caught by the sandbox's shared-mapping check, whatever route made them.)
-ALIAS_CONSTRUCTORS = ("frombuffer", "asarray")
-ALIAS_STORAGE_METHODS = ("from_buffer",)
 
-
-class _State:
-    def __init__(self) -> None:
-        self.open = False
-        self.candidate_file = ""
-        self.findings = None  # gate.Findings of the current child
-        self.site = None  # gate.candidate_site: (candidate file, frame) -> "line N: `code`"
-        self.evidence_fd = -1  # write end of the evidence pipe (the verifier holds the read end)
-        self.ops = 0  # operator kernels fenced (0: the native half is missing)
-        self.installed = False
-
-
-_STATE = _State()
-_LIBRARY = None  # the native half (ctypes handle), held only here
+# Copies between the host and these devices made by candidate code refuse once armed (a host round-trip).
+DEVICE_KEYS = ("CUDA",)
+COPY_OPS = ("copy_", "_copy_from", "_copy_from_and_resize")
+_fenced = 0  # operator kernels fenced in this process (0: the fence library is missing)
 
 
 def install(library: str | None) -> int:
-    """Register the fence (once, in the zygote, before any candidate exists). `library` is the native
-    half (build/fence_lib.py), built by the service for this toolchain; None leaves the operator
-    kernels unfenced (the sandbox then reports the layer missing). Returns how many kernels it fenced."""
-    global _LIBRARY
-    if _STATE.installed:
-        return _STATE.ops
-    _STATE.installed = True
-    _fence_data_paths()
-    _fence_aliasing()
-    if not library:
-        return 0
-    lib = ctypes.CDLL(library)
-    lib.kiln_fence_install.restype = ctypes.c_int
-    lib.kiln_fence_install.argtypes = [ctypes.POINTER(ctypes.c_char_p), ctypes.c_int,
-                                       ctypes.POINTER(ctypes.c_char_p), ctypes.c_int]
-    lib.kiln_fence_window.argtypes = [ctypes.c_int]
-    lib.kiln_fence_evidence.argtypes = [ctypes.c_int]
-    lib.kiln_fence_take.argtypes = [ctypes.c_char_p, ctypes.c_int]
-    ops = [full[len("aten::"):].encode() for full in torch._C._dispatch_get_all_op_names()
-           if full.startswith("aten::") and full[len("aten::"):].split(".")[0] not in PLUMBING_OPS]
-    keys = [k.encode() for k in BACKEND_KEYS if k in torch._C.DispatchKey.__members__]
-    op_arr = (ctypes.c_char_p * len(ops))(*ops)
-    key_arr = (ctypes.c_char_p * len(keys))(*keys)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        _STATE.ops = int(lib.kiln_fence_install(op_arr, len(ops), key_arr, len(keys)))
-    _LIBRARY = lib
-    return _STATE.ops
-
-
-def _refuse(kind: str, what: str, why: str, message: str = ""):
-    site = _STATE.site(_STATE.candidate_file, sys._getframe(2)) if _STATE.site else ""
-    if _STATE.findings is not None:
-        _STATE.findings.add(Violation(kind, what, site, why))
-    if _STATE.evidence_fd >= 0:
-        try:
-            os.write(_STATE.evidence_fd, f"{kind}\t{what}\t{site[:200]}\n".encode("utf-8", "replace"))
-        except OSError:
-            pass
-    raise RuntimeError(message or f"{what} is not allowed inside forward: only tensor plumbing "
-                       f"(empty/view/reshape/contiguous/copy_) may run in PyTorch; compute in your own kernel")
-
-
-def _fence_aliasing() -> None:
-    functions = type(torch._C._VariableFunctions)
-    table = _type_dict(functions)
-    for name in ALIAS_CONSTRUCTORS:
-        if name in table:
-            table[name] = _alias_guard(f"torch.{name}", table[name], buffers_only=name == "asarray")
-    ctypes.pythonapi.PyType_Modified(ctypes.py_object(functions))
-    for name in ALIAS_CONSTRUCTORS:
-        original = torch.__dict__.get(name)
-        if original is not None:
-            wrapped = _alias_guard(f"torch.{name}", original, buffers_only=name == "asarray")
-            setattr(torch, name, wrapped)
-            _replace_references(original, wrapped)
-    for tp in (torch._C.StorageBase, torch.UntypedStorage, torch.TypedStorage):
-        for name in ALIAS_STORAGE_METHODS:
-            original = tp.__dict__.get(name)
-            if original is None:
-                continue
-            raw = original.__func__ if isinstance(original, classmethod) else original
-            guard = _alias_guard(f"{tp.__name__}.{name}", raw, buffers_only=False)
-            wrapped = classmethod(guard) if isinstance(original, classmethod) else guard
-            if isinstance(tp.__dict__, dict) or tp.__module__ != "torch._C":
-                setattr(tp, name, wrapped)
-            else:
-                _type_dict(tp)[name] = wrapped
-                ctypes.pythonapi.PyType_Modified(ctypes.py_object(tp))
-
-
-def _is_buffer(obj) -> bool:
-    if isinstance(obj, torch.Tensor):
-        return False
-    try:
-        memoryview(obj)
-    except TypeError:
-        return False
-    return True
-
-
-def _alias_guard(what: str, original, *, buffers_only: bool):
-    def guarded(*args, **kwargs):
-        if _STATE.candidate_file and (not buffers_only or _is_buffer(args[0] if args else kwargs.get("obj"))):
-            _refuse("python_compute", what, "a tensor over memory Python can read (the call refused)",
-                    message=f"{what} over a Python buffer is not allowed: tensor memory must be torch's own")
-        return original(*args, **kwargs)
-
-    guarded.__name__ = getattr(original, "__name__", what)
-    return guarded
-
-
-def _fence_data_paths() -> None:
-    for tp, names in DATA_METHODS.items():
-        table = _type_dict(tp)
-        for name in names:
-            original = table.get(name)
-            if original is not None:
-                table[name] = _method(tp.__name__, name, original)
-        ctypes.pythonapi.PyType_Modified(ctypes.py_object(tp))
-    for owner_path, name in DATA_ATTRIBUTES:
-        owner = _resolve(owner_path)
-        if owner is None or name not in getattr(owner, "__dict__", {}):
-            continue
-        original = owner.__dict__[name]
-        if isinstance(original, property):
-            continue
-        wrapped = _method(owner_path, name, original) if isinstance(owner, type) else _function(owner_path, name,
-                                                                                                 original)
-        setattr(owner, name, wrapped)
-        _replace_references(original, wrapped)
-
-
-def _method(owner: str, name: str, original):
-    what = f"{owner.rsplit('.', 1)[-1]}.{name}"
-
-    def fenced(self, *args, **kwargs):
-        if _STATE.open:
-            _refuse("python_compute", what, "tensor data handed to Python inside forward (the call refused)")
-        return original(self, *args, **kwargs)
-
-    fenced.__name__ = name
-    return fenced
-
-
-def _function(owner: str, name: str, original):
-    what = f"{owner}.{name}"
-
-    def fenced(*args, **kwargs):
-        if _STATE.open:
-            _refuse("python_compute", what, "tensor data handed to Python inside forward (the call refused)")
-        return original(*args, **kwargs)
-
-    fenced.__name__ = name
-    return fenced
-
-
-def _type_dict(tp: type) -> dict:
-    """The dict behind a (possibly immutable, C-defined) type's mappingproxy."""
-    return gc.get_referents(tp.__dict__)[0]
-
-
-def _resolve(path: str):
-    parts = path.split(".")
-    obj = sys.modules.get(parts[0])
-    for p in parts[1:]:
-        obj = getattr(obj, p, None)
-    return obj
-
-
-def _replace_references(original, wrapped) -> None:
-    """Module-level aliases of a fenced function (torch.utils.dlpack.to_dlpack = torch._C._to_dlpack)."""
-    for module in list(sys.modules.values()):
-        space = getattr(module, "__dict__", None)
-        if not isinstance(space, dict):
-            continue
-        for key, value in list(space.items()):
-            if value is original:
-                space[key] = wrapped
-
-
-# --------------------------------------------------------------------------- the sandbox's side
-
-
-def arm(candidate_file: str, findings, evidence_fd: int, site) -> None:
-    """Point the fence at this child's candidate (called once, before the candidate is imported)."""
-    _STATE.candidate_file = candidate_file
-    _STATE.findings = findings
-    _STATE.evidence_fd = evidence_fd
-    _STATE.site = site
-    if _LIBRARY is not None:
-        _LIBRARY.kiln_fence_evidence(evidence_fd)
+    """In the zygote, before any fork: register the compute fence (every child inherits it, disarmed
+    until it seals). None leaves ATen unfenced; the sandbox then reports the layer missing."""
+    global _fenced
+    if not library or _fenced:
+        return _fenced
+    module = native.load(native.FENCE, library)
+    ops = [full[len("aten::"):] for full in torch._C._dispatch_get_all_op_names()
+           if full.startswith("aten::") and full[len("aten::"):].split(".")[0] not in ALLOWED_OPS]
+    keys = [k for k in BACKEND_KEYS if k in torch._C.DispatchKey.__members__]
+    _fenced = int(module.install(ops, keys))
+    module.guard_copies(list(COPY_OPS), [k for k in DEVICE_KEYS if k in torch._C.DispatchKey.__members__])
+    return _fenced
 
 
 def active() -> bool:
-    """True when the operator kernels are fenced (the native half was loaded)."""
-    return _STATE.ops > 0
+    """True when the operator kernels are fenced here."""
+    return _fenced > 0
 
 
-def take_refused() -> list[str]:
-    """Ops the native half refused since the last call (for the reply's findings)."""
-    if _LIBRARY is None:
-        return []
-    buf = ctypes.create_string_buffer(65536)
-    n = _LIBRARY.kiln_fence_take(buf, len(buf))
-    return [line for line in buf.raw[:n].decode("utf-8", "replace").splitlines() if line]
+def data_movement():
+    """The fence module's plumbing for the sandbox's own code (kiln_fence.copy, empty, bytes_view,
+    meta, plain), or None without the fence library."""
+    return sys.modules.get(native.FENCE)
 
 
-class Window:
-    """`with Window():` around a forward call: PyTorch computes nothing inside."""
+# ------------------------------------------------------------------------------------- refusers
 
-    __slots__ = ()
+# TensorBase methods that hand tensor data to Python.
+TENSOR_DATA = ("tolist", "numpy", "apply_", "map_", "map2_")
+# torch.Tensor's Python-level ones.
+TENSOR_PY_DATA = ("__dlpack__", "__array__", "__array_wrap__", "__array_priority__")
+# What a candidate may still do with a storage (sizes, pointers as integers, plumbing copies).
+STORAGE_KEPT = frozenset({"data_ptr", "nbytes", "size", "element_size", "device", "is_cuda", "is_hpu", "is_sparse",
+                          "is_sparse_csr", "is_pinned", "is_shared", "resizable", "resize_", "copy_", "fill_", "new",
+                          "type", "_cdata", "dtype", "untyped", "_untyped_storage", "__len__", "__sizeof__"})
+# torch functions over memory Python can read (a buffer, a file) or given by an integer.
+TORCH_ALIASES = ("frombuffer", "from_file", "asarray", "from_numpy", "from_dlpack")
+# torch._C functions: data to Python, memory by address, allocators, operator registration,
+# TorchScript compilation and loading, eval-frame hooks.
+TORCH_C_REFUSED = ("_to_dlpack", "_to_dlpack_versioned", "_from_dlpack", "_dlpack_exchange_api",
+                   "_construct_storage_from_data_pointer", "_unsafe_reset_storage", "_dispatch_library",
+                   "_cuda_cudaCachingAllocator_raw_alloc", "_cuda_cudaCachingAllocator_raw_delete",
+                   "_cuda_cudaHostAllocator", "_cuda_customAllocator", "_cuda_changeCurrentAllocator",
+                   "CompilationUnit", "import_ir_module", "import_ir_module_from_buffer", "_load_for_lite_interpreter",
+                   "_load_for_lite_interpreter_from_buffer", "_load_jit_module_from_file",
+                   "_load_jit_module_from_bytes", "_load_mobile_module_from_file", "_load_mobile_module_from_bytes")
+TORCH_C_REFUSED_PATTERNS = ("script_compile", "from_trace", "_jit_set_", "_jit_override_")
+# Signal handlers, timers and signals to threads.
+SIGNAL_FUNCTIONS = ("signal", "setitimer", "alarm", "set_wakeup_fd", "siginterrupt", "pthread_kill", "pidfd_send_signal")
+CUDA_GRAPH_METHODS = ("capture_begin", "capture_end", "replay", "instantiate", "register_generator_state")
 
-    def __enter__(self):
-        _STATE.open = True
-        if _LIBRARY is not None:
-            _LIBRARY.kiln_fence_window(1)
-        return self
 
-    def __exit__(self, *exc):
-        if _LIBRARY is not None:
-            _LIBRARY.kiln_fence_window(0)
-        _STATE.open = False
-        return False
+def install_refusers(kn) -> list[str]:
+    """Replace torch's data paths with kiln_native refusers (C functions that hold no Python state:
+    nothing of the sandbox's is reachable through them). In the process about to load candidate
+    code, before it arms; returns what was replaced."""
+    done: list[str] = []
+    aliases: dict[int, tuple[object, object]] = {}  # id(original) -> (original, refuser), replaced in one pass
+
+    def refuser(what: str, kind: str = "python_compute", why: str = "tensor data handed to Python"):
+        return kn.refuser(what, kind, why)
+
+    def in_type(tp: type, name: str, what: str, kind: str, why: str) -> None:
+        table = tp.__dict__
+        if name not in table:
+            return
+        replacement = refuser(what, kind, why)
+        if _is_static(tp):
+            _type_dict(tp)[name] = replacement
+        else:
+            setattr(tp, name, replacement)
+        done.append(what)
+
+    tb = torch._C.TensorBase
+    for name in TENSOR_DATA:
+        in_type(tb, name, f"Tensor.{name}", "python_compute", "tensor data handed to Python")
+    for name in TENSOR_PY_DATA:
+        in_type(torch.Tensor, name, f"Tensor.{name}", "python_compute", "tensor data handed to Python")
+    storages = [torch._C.StorageBase, torch.storage._StorageBase, torch.UntypedStorage, torch.TypedStorage]
+    for tp in storages:
+        for name in list(tp.__dict__):
+            if name in STORAGE_KEPT or (name.startswith("__") and name not in ("__getitem__", "__iter__", "__reduce__",
+                                                                             "__reduce_ex__", "__array__")):
+                continue
+            if callable(tp.__dict__[name]) or isinstance(tp.__dict__[name], (classmethod, staticmethod)):
+                in_type(tp, name, f"{tp.__name__}.{name}", "python_compute",
+                        "storage data or memory handed to Python")
+    kn.refuse_subscript(torch._C.StorageBase, "UntypedStorage[i]")
+    functions = type(torch._C._VariableFunctions)
+    for name in TORCH_ALIASES:
+        what = f"torch.{name}"
+        why = "a tensor over memory Python can read, or memory given by address"
+        in_type(functions, name, what, "python_compute", why)
+        _replace_module_attribute(torch, name, refuser(what, "python_compute", why), done, aliases)
+    refused_c = set(TORCH_C_REFUSED) | {n for n in dir(torch._C) if any(p in n for p in TORCH_C_REFUSED_PATTERNS)}
+    for name in sorted(refused_c):
+        if hasattr(torch._C, name):
+            _replace_module_attribute(torch._C, name, refuser(f"torch._C.{name}", "torch_internals",
+                                                              "memory by address, allocators, operator registration "
+                                                              "or TorchScript"), done, aliases)
+    for name in ("_te",):  # tensor expressions compute with kernels of their own
+        if hasattr(torch._C, name):
+            delattr(torch._C, name)
+            sys.modules.pop(f"torch._C.{name}", None)
+            done.append(f"torch._C.{name}")
+    graph = getattr(torch._C, "_CUDAGraph", None)
+    if graph is not None:
+        for name in CUDA_GRAPH_METHODS:
+            in_type(graph, name, f"CUDAGraph.{name}", "torch_internals", "CUDA graph capture or replay")
+    writer = getattr(torch._C, "PyTorchFileWriter", None)
+    if writer is not None:
+        in_type(writer, "write_record", "PyTorchFileWriter.write_record", "python_compute",
+                "tensor data handed to Python")
+    import _signal
+    import signal
+
+    for name in SIGNAL_FUNCTIONS:  # the kernel refuses them anyway once armed; this puts the attempt on record
+        for module in (signal, _signal):
+            if name in vars(module):
+                _replace_module_attribute(module, name, refuser(f"signal.{name}", "signals",
+                                                                "a handler or a timer would run work after forward "
+                                                                "returned"), done, aliases)
+    for name in [n for n in sys.modules if n == "ctypes" or n.startswith("ctypes.")]:
+        sys.modules.pop(name)  # the stand-in (native/shim.py): `import ctypes` is an import again, and refused
+        done.append(f"sys.modules[{name!r}]")
+    frames = getattr(getattr(getattr(torch._C, "_dynamo", None), "eval_frame", None), "set_eval_frame", None)
+    if frames is not None:
+        _replace_module_attribute(torch._C._dynamo.eval_frame, "set_eval_frame",
+                                  refuser("set_eval_frame", "introspection", "an eval-frame hook sees every frame"),
+                                  done, aliases)
+    _replace_aliases(aliases)
+    for tp in {tb, torch.Tensor, functions, *storages, graph, writer} - {None}:
+        if _is_static(tp):
+            kn.type_modified(tp)
+    return done
 
 
-def is_open() -> bool:
-    return _STATE.open
+def _is_static(tp: type) -> bool:
+    return not (tp.__flags__ & (1 << 9))  # Py_TPFLAGS_HEAPTYPE
+
+
+def _type_dict(tp: type) -> dict:
+    """The dict behind a static (C-defined, immutable) type's mappingproxy."""
+    return gc.get_referents(tp.__dict__)[0]
+
+
+def _replace_module_attribute(module, name: str, replacement, done: list[str], aliases: dict) -> None:
+    """Replace `module.name`; every module-level alias of the same object goes in `_replace_aliases`."""
+    original = getattr(module, name, None)
+    if original is None:
+        return
+    aliases[id(original)] = (original, replacement)
+    setattr(module, name, replacement)
+    done.append(f"{module.__name__}.{name}")
+
+
+def _replace_aliases(aliases: dict) -> None:
+    """One pass over every loaded module's namespace: each alias of a replaced object is replaced too
+    (`from torch import frombuffer` made before sealing, `signal.signal` as `_signal.signal`)."""
+    for loaded in list(sys.modules.values()):
+        space = getattr(loaded, "__dict__", None)
+        if not isinstance(space, dict):
+            continue
+        for key, value in list(space.items()):
+            hit = aliases.get(id(value))
+            if hit is not None and hit[0] is value:
+                space[key] = hit[1]

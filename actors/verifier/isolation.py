@@ -1,8 +1,11 @@
 """What each kind of sandboxed process may see (its `JailSpec`), and the watchdog that bounds its memory.
 
 Three kinds of process run outside the verifier's trust boundary (see jail.py for the layers):
-* run      imports the candidate and runs it: sees the Python installation, the built extensions
-           (read-only), its scratch; nothing of Kiln's own tree, caches or run directories.
+* run      imports the candidate and runs it: sees the standard library without the modules that
+           expose raw memory or the interpreter's internals (native.DENIED_IMPORTS), of the installed
+           packages only torch and what torch needs (and msgpack, the sandbox's own), the built
+           extensions, and its scratch, all read-only; nothing of Kiln's own tree, caches or run
+           directories. It can write no file at all.
 * capture  runs the candidate's module-level code at compile time: the same view.
 * build    runs the compilers on the candidate's C++/CUDA: additionally the toolchain, the
            precompiled headers and the binding-object cache, read-only; it may run programs.
@@ -13,7 +16,9 @@ it past the limit instead.
 
 from __future__ import annotations
 
+import functools
 import os
+import sys
 import threading
 from pathlib import Path
 
@@ -51,12 +56,69 @@ def run_jail(scratch: str, *, cuda: bool, uid: int, hidden: tuple[str, ...] = ()
              nproc: int = 256) -> JailSpec:
     """The view of a process that runs candidate code (execution or compile-time capture). On cuda it
     also sees the driver: /dev/nvidia* and the directories of the loader's library path."""
-    hide = kiln_hidden(hidden)
+    packages_hidden, packages_shown = candidate_python()
+    hide = kiln_hidden(hidden) + packages_hidden
     if cuda:
         visible = tuple(visible) + library_path()
-    return JailSpec(scratch=scratch, hidden=hide, visible=python_paths(hide) + tuple(visible), cuda=cuda,
-                    exec_allowed=False, uid=uid, nproc=nproc,
+    return JailSpec(scratch=scratch, hidden=hide, visible=python_paths(hide) + packages_shown + tuple(visible),
+                    cuda=cuda, exec_allowed=False, writable=False, uid=uid, nproc=nproc,
                     env=_env(_RUN_ENV, {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}))
+
+
+# Distributions a process that runs candidate code sees: torch, what torch needs to run, and the
+# sandbox's own wire format. Everything else installed (numpy, cffi, ...) is not there.
+CANDIDATE_DISTRIBUTIONS = ("torch", "msgpack")
+
+
+@functools.lru_cache(maxsize=1)
+def candidate_python() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(hidden, shown) paths for the Python a candidate sees: every site-packages directory hidden,
+    the files of CANDIDATE_DISTRIBUTIONS and their requirements shown again, and the standard
+    library's modules of native.DENIED_IMPORTS hidden."""
+    import importlib.metadata
+    import importlib.util
+    import re
+    import site
+    import sysconfig
+
+    from actors.verifier.native import DENIED_IMPORTS
+
+    prefixes = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
+    sites = {os.path.realpath(p) for p in [*site.getsitepackages(), *site.getsitepackages(list(prefixes)),
+                                           site.getusersitepackages(), sysconfig.get_paths()["purelib"],
+                                           sysconfig.get_paths()["platlib"]]
+             if p and os.path.isdir(p)}
+    sites |= {os.path.realpath(p) for p in sys.path if p and os.path.basename(p) in ("site-packages", "dist-packages")}
+    shown: set[str] = set()
+    seen: set[str] = set()
+    todo = list(CANDIDATE_DISTRIBUTIONS)
+    while todo:
+        try:
+            dist = importlib.metadata.distribution(todo.pop())
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        name = (dist.metadata["Name"] or "").lower().replace("-", "_")
+        if name in seen:
+            continue
+        seen.add(name)
+        todo += [re.split(r"[ ;<>=!~\[(]", r, maxsplit=1)[0] for r in dist.requires or [] if "extra ==" not in r]
+        for f in dist.files or []:
+            top = str(f).split("/")[0]
+            if top in ("..", "__pycache__") or top.split(".")[0] in DENIED_IMPORTS:
+                continue
+            path = os.path.realpath(str(dist.locate_file(top)))
+            if os.path.exists(path):
+                shown.add(path)
+    denied = []
+    for module in DENIED_IMPORTS:
+        try:
+            spec = importlib.util.find_spec(module)
+        except (ImportError, ValueError):
+            continue
+        for path in [getattr(spec, "origin", None), *(getattr(spec, "submodule_search_locations", None) or [])]:
+            if path and os.path.exists(path):
+                denied.append(os.path.realpath(path))
+    return tuple(sorted(sites)) + tuple(sorted(set(denied))), tuple(sorted(shown))
 
 
 def build_jail(scratch: str, *, uid: int, toolchain_paths: tuple[str, ...], hidden: tuple[str, ...] = (),
@@ -79,11 +141,14 @@ def hide_kiln_modules() -> None:
     """In a sandbox, before any candidate code: Kiln's modules leave sys.modules (the verifier's own
     code keeps working through the references it holds) and the Kiln tree leaves sys.path, so no
     `import actors...` in candidate code can reach the gate, the clock or anything else of Kiln's."""
-    import sys
+    import types
 
     for name in list(sys.modules):
         if name.split(".")[0] in KILN_PACKAGES:
             del sys.modules[name]
+    # The zygote runs as `python -m actors.verifier.zygote`: its module is __main__.
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    sys.modules.pop("__mp_main__", None)
     root = str(REPO_ROOT)
     sys.path[:] = [p for p in sys.path if p and os.path.realpath(p) != root]
     sys.path_importer_cache.clear()

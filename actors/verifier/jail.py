@@ -2,8 +2,9 @@
 
 A candidate is untrusted, and so is every process that runs its code: module import, the compile
 stage's capture, `__init__`, forward, destructors, the compilers it drives. `enter(spec)` is called
-first thing in a process forked from the zygote and puts it behind these layers (Linux; plain
-syscalls through ctypes, so nothing but libc is needed):
+first thing in a process forked from the zygote and puts it behind these layers (Linux; the system
+calls go through kiln_native, the sandbox's native module, never ctypes, which no process that runs
+candidate code ever loads):
 
     layer      what it stops
     pid        its own PID namespace, the sandbox is PID 1: it cannot see, signal or ptrace the
@@ -22,24 +23,26 @@ syscalls through ctypes, so nothing but libc is needed):
                capture);
                only AF_UNIX sockets; no_new_privs
     files      core dumps off, file size and open-file limits
-    fence      (execution sandboxes, reported by sandbox.py) ATen compute kernels refuse to run inside
-               forward: the compute fence (fence.py)
+    fence      (processes that load candidate code, reported by them) armed before the first byte of
+               candidate code: ATen compute refuses until the process exits, and so do Python's
+               routes to raw memory and other code's frames (fence.py)
 
 The process is forked in two steps: the first child creates the namespaces and forks the sandbox
 (PID 1 of the new PID namespace), then stays as its *warden*: it waits, dies with the zygote
-(PDEATHSIG), takes the sandbox with it (the sandbox has PDEATHSIG on the warden) and exits with the
-sandbox's status. A layer that cannot be applied on this machine is reported by name in
+(PDEATHSIG), takes the sandbox with it (the sandbox has PDEATHSIG on the warden, set again after it
+changes uid, which clears it; a warden that died in between is seen through a pipe only it holds)
+and exits with the sandbox's status. A layer that cannot be applied on this machine is reported by name in
 `JailReport.missing`, which the verifier prints at start-up and puts in every verdict's
 diagnostics: confinement never weakens silently.
 """
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import os
 import platform
 import resource
+import select
 import signal
 import struct
 import sys
@@ -89,6 +92,9 @@ class JailSpec:
     visible: tuple[str, ...] = ()  # paths re-exposed read-only inside hidden areas (sys.path, artifacts)
     cuda: bool = False  # expose /dev/nvidia*
     exec_allowed: bool = False  # the process may run programs (compilers); never where candidate code runs
+    # The process may write files (its scratch, a /dev/shm): never where candidate code runs, so no file
+    # exists that it could map shared and read from Python. Its scratch is read-only then.
+    writable: bool = True
     uid: int | None = None  # the sandbox's own uid when the verifier is root
     nproc: int = 256  # processes + threads of that uid
     file_size_mb: int = 2048  # largest file the sandbox may write
@@ -96,14 +102,16 @@ class JailSpec:
 
     def to_json(self) -> dict:
         return {"scratch": self.scratch, "hidden": list(self.hidden), "visible": list(self.visible),
-                "cuda": self.cuda, "exec_allowed": self.exec_allowed, "uid": self.uid, "nproc": self.nproc,
+                "cuda": self.cuda, "exec_allowed": self.exec_allowed, "writable": self.writable, "uid": self.uid,
+                "nproc": self.nproc,
                 "file_size_mb": self.file_size_mb, "env": [list(kv) for kv in self.env]}
 
     @staticmethod
     def from_json(d: dict) -> "JailSpec":
         return JailSpec(scratch=str(d["scratch"]), hidden=tuple(map(str, d.get("hidden", ()))),
                         visible=tuple(map(str, d.get("visible", ()))), cuda=bool(d.get("cuda")),
-                        exec_allowed=bool(d.get("exec_allowed")), uid=d.get("uid"),
+                        exec_allowed=bool(d.get("exec_allowed")), writable=bool(d.get("writable", True)),
+                        uid=d.get("uid"),
                         nproc=int(d.get("nproc", 256)), file_size_mb=int(d.get("file_size_mb", 2048)),
                         env=tuple((str(k), str(v)) for k, v in d.get("env", ())))
 
@@ -135,10 +143,6 @@ class JailError(OSError):
     """A step of the set-up failed; the layer it belongs to is reported missing."""
 
 
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
-_libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
-_libc.syscall.restype = ctypes.c_long
 
 _SYSCALLS_X86_64 = {
     "pivot_root": 155, "mount_setattr": 442,
@@ -168,26 +172,32 @@ AUDIT_ARCH_X86_64 = 0xC000003E
 AF_UNIX = 1
 
 
-def _check(ret: int, what: str) -> int:
-    if ret < 0:
-        err = ctypes.get_errno()
-        raise JailError(err, f"{what}: {os.strerror(err)}")
-    return ret
+def _native():
+    from actors.verifier.native import loaded
+
+    return loaded()
+
+
+def _os_call(what: str, fn, *args):
+    """Call a kiln_native system-call wrapper; its OSError becomes a JailError naming `what`."""
+    try:
+        return fn(*args)
+    except OSError as err:
+        raise JailError(err.errno or errno.EPERM, f"{what}: {os.strerror(err.errno or errno.EPERM)}") from None
 
 
 def _syscall(name: str, *args) -> int:
     if platform.machine() != "x86_64":
         raise JailError(errno.ENOSYS, f"{name}: syscall numbers are known for x86_64 only")
-    return _libc.syscall(ctypes.c_long(_SYSCALLS_X86_64[name]), *args)
+    return _os_call(name, _native().syscall, _SYSCALLS_X86_64[name], *args)
 
 
 def _mount(src: str | None, dst: str, fstype: str | None, flags: int, data: str | None = None) -> None:
-    enc = (lambda s: s.encode() if s is not None else None)
-    _check(_libc.mount(enc(src), enc(dst), enc(fstype), flags, enc(data)), f"mount {src or fstype} on {dst}")
+    _os_call(f"mount {src or fstype} on {dst}", _native().mount, src, dst, fstype, flags, data)
 
 
 def _prctl(option: int, arg: int = 0) -> None:
-    _check(_libc.prctl(option, ctypes.c_ulong(arg), 0, 0, 0), f"prctl({option})")
+    _os_call(f"prctl({option})", _native().prctl, option, arg)
 
 
 # ---------------------------------------------------------------------------------- the warden
@@ -209,21 +219,24 @@ def enter(spec: JailSpec, report_pid) -> JailReport:
             else:
                 raise
     try:
-        _check(_libc.unshare(flags), "unshare")
+        _os_call("unshare", _native().unshare, flags)
     except JailError as err:
         for layer in ("pid", "fs", "proc", "net", "ipc"):
             report.fail(layer, str(err))
         report_pid(os.getpid())
-        _confine_process(spec, report, root, mounts=False)
+        _confine_process(spec, report, root, mounts=False, warden_alive=None)
         return report
     _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # the warden dies with the zygote
+    alive_r, alive_w = os.pipe()  # only the warden holds the write end: EOF here means it is gone
     pid = os.fork()
     if pid:
+        os.close(alive_r)
         _warden(pid, report_pid)  # never returns
+    os.close(alive_w)
     _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # the sandbox dies with its warden
     for layer in ("pid", "net", "ipc"):
         report.ok(layer)
-    _confine_process(spec, report, root, mounts=True)
+    _confine_process(spec, report, root, mounts=True, warden_alive=alive_r)
     return report
 
 
@@ -254,7 +267,7 @@ def _enter_user_namespace() -> None:
     from here propagates, and the sandbox does not start), not a missing layer."""
     uid, gid = os.geteuid(), os.getegid()
     _prctl(PR_SET_DUMPABLE, 1)  # /proc/self/*_map belong to root in a non-dumpable process
-    _check(_libc.unshare(CLONE_NEWUSER), "unshare(CLONE_NEWUSER)")
+    _os_call("unshare(CLONE_NEWUSER)", _native().unshare, CLONE_NEWUSER)
     for path, text in (("/proc/self/setgroups", "deny"), ("/proc/self/uid_map", f"0 {uid} 1"),
                        ("/proc/self/gid_map", f"0 {gid} 1")):
         try:
@@ -267,7 +280,8 @@ def _enter_user_namespace() -> None:
 # ----------------------------------------------------------------------------- the sandbox
 
 
-def _confine_process(spec: JailSpec, report: JailReport, root: bool, *, mounts: bool) -> None:
+def _confine_process(spec: JailSpec, report: JailReport, root: bool, *, mounts: bool,
+                     warden_alive: int | None) -> None:
     scratch = Path(spec.scratch)
     scratch.mkdir(parents=True, exist_ok=True)
     if root and spec.uid is not None:
@@ -283,6 +297,7 @@ def _confine_process(spec: JailSpec, report: JailReport, root: bool, *, mounts: 
     os.chdir(scratch)
     _set_limits(spec, report, root)
     _drop_identity(spec, report, root)
+    _rearm_parent_death(warden_alive)
     _set_environment(spec)
     try:
         _prctl(PR_SET_DUMPABLE, 0)
@@ -291,6 +306,18 @@ def _confine_process(spec: JailSpec, report: JailReport, root: bool, *, mounts: 
         report.ok("seccomp")
     except JailError as err:
         report.fail("seccomp", str(err))
+
+
+def _rearm_parent_death(warden_alive: int | None) -> None:
+    """Changing uid cleared the parent-death signal: set it again, then make sure the warden did not
+    die in between (its pipe reads EOF then), so the sandbox can never outlive it."""
+    if warden_alive is None:
+        return
+    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    ready, _, _ = select.select([warden_alive], [], [], 0)
+    os.close(warden_alive)
+    if ready:
+        os._exit(70)
 
 
 def _set_limits(spec: JailSpec, report: JailReport, root: bool) -> None:
@@ -323,9 +350,12 @@ def _drop_identity(spec: JailSpec, report: JailReport, root: bool) -> None:
         return
     # In a user namespace we are uid 0 with every capability of that namespace: drop them all.
     header = struct.pack("=Ii", 0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this process
-    data = ctypes.create_string_buffer(24)  # two __user_cap_data_struct, all zero
-    if _libc.syscall(ctypes.c_long(126), ctypes.c_char_p(header), data) != 0 and "user" in report.active:
-        report.fail("user", f"capset: {os.strerror(ctypes.get_errno())}")
+    data = bytes(24)  # two __user_cap_data_struct, all zero
+    try:
+        _native().syscall(126, header, data)
+    except OSError as err:
+        if "user" in report.active:
+            report.fail("user", f"capset: {os.strerror(err.errno or errno.EPERM)}")
 
 
 def _set_environment(spec: JailSpec) -> None:
@@ -354,15 +384,15 @@ def _build_root(spec: JailSpec) -> None:
         if path not in special:
             _expose(path, new, hidden, visible)
     _bind(new, "/sys", readonly=True)
-    _make_dev(new, spec.cuda)
+    _make_dev(new, spec.cuda, shm=spec.writable)
     os.makedirs(new + "/proc", exist_ok=True)
     _mount("proc", new + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-    _bind(new, spec.scratch, readonly=False)
+    _bind(new, spec.scratch, readonly=not spec.writable)
     os.makedirs(new + "/tmp", exist_ok=True)
     os.makedirs(new + "/.old", exist_ok=True)
-    _check(_syscall("pivot_root", new.encode(), (new + "/.old").encode()), "pivot_root")
+    _syscall("pivot_root", new.encode(), (new + "/.old").encode())
     os.chdir("/")
-    _check(_libc.umount2(b"/.old", MNT_DETACH), "umount old root")
+    _os_call("umount old root", _native().umount2, "/.old", MNT_DETACH)
     os.rmdir("/.old")
     # /proc/1/mem is this process's memory: a write through it would patch the gate in place.
     _mount("/dev/null", "/proc/1/mem", None, MS_BIND)
@@ -453,7 +483,7 @@ def _mounts_under(target: str) -> list[str]:
     return out
 
 
-def _make_dev(new: str, cuda: bool) -> None:
+def _make_dev(new: str, cuda: bool, *, shm: bool) -> None:
     dev = new + "/dev"
     os.makedirs(dev, exist_ok=True)
     _mount("kiln-dev", dev, "tmpfs", MS_NOSUID, "size=64k,mode=755")
@@ -467,8 +497,9 @@ def _make_dev(new: str, cuda: bool) -> None:
     for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
                          ("stderr", "/proc/self/fd/2")):
         os.symlink(target, f"{dev}/{name}")
-    os.makedirs(dev + "/shm", exist_ok=True)
-    _mount("kiln-shm", dev + "/shm", "tmpfs", MS_NOSUID | MS_NODEV, "size=64m,mode=1777")
+    if shm:
+        os.makedirs(dev + "/shm", exist_ok=True)
+        _mount("kiln-shm", dev + "/shm", "tmpfs", MS_NOSUID | MS_NODEV, "size=64m,mode=1777")
 
 
 # --------------------------------------------------------------------------------- seccomp
@@ -477,19 +508,12 @@ def _make_dev(new: str, cuda: bool) -> None:
 def _install_seccomp(spec: JailSpec) -> None:
     if platform.machine() != "x86_64":
         raise JailError(errno.ENOSYS, f"no seccomp policy for {platform.machine()}")
-    prog = seccomp_program(spec.exec_allowed)
-    buf = ctypes.create_string_buffer(prog)
-    fprog = struct.pack("=HxxxxxxQ", len(prog) // 8, ctypes.addressof(buf))
-    _check(_libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.c_char_p(fprog), 0, 0), "seccomp")
+    _os_call("seccomp", _native().seccomp, seccomp_program(spec.exec_allowed))
 
 
 def seccomp_program(exec_allowed: bool) -> bytes:
     """A classic-BPF seccomp filter (x86_64): deny listed syscalls with EPERM, namespace flags in
     clone, non-AF_UNIX sockets, x32 and foreign-architecture calls; allow the rest."""
-    ld, jeq, jset, jge, ret = 0x20, 0x15, 0x45, 0x35, 0x06
-    allow, kill = 0x7FFF0000, 0x80000000
-    deny = 0x00050000 | errno.EPERM
-    nosys = 0x00050000 | errno.ENOSYS
     # Compilers may run programs, and gcc turns address-space randomisation off (personality) to map a
     # precompiled header where it was built; candidate code needs neither.
     denied = list(_DENIED) + ([] if exec_allowed else ["execve", "execveat", "personality"])
@@ -497,7 +521,33 @@ def seccomp_program(exec_allowed: bool) -> bytes:
     body: list[tuple] = [("ld", 4), ("jeq_else_kill", AUDIT_ARCH_X86_64), ("ld", 0), ("jge_deny", 0x40000000),
                          ("jeq_nosys", _SYSCALLS_X86_64["clone3"]), ("clone",), ("socket",)]
     body += [("jeq_deny", _SYSCALLS_X86_64[n]) for n in denied]
-    # Expand the composite steps into instructions with symbolic targets.
+    return _assemble(body)
+
+
+# What the kernel refuses from the moment a process that loads candidate code seals (fence.py), on
+# top of the jail's filter: signal handlers and timers (a handler would run work after forward
+# returned), new processes (threads stay allowed) and anonymous shared memory files.
+_ARMED_DENIED = ("rt_sigaction", "alarm", "setitimer", "timer_create", "timer_settime", "timerfd_create",
+                 "timerfd_settime", "signalfd", "signalfd4", "memfd_create", "kill", "fork", "vfork")
+_SYSCALLS_X86_64.update({"rt_sigaction": 13, "alarm": 37, "setitimer": 38, "timer_create": 222, "timer_settime": 223,
+                         "timerfd_create": 283, "timerfd_settime": 286, "signalfd": 282, "signalfd4": 289,
+                         "memfd_create": 319, "kill": 62, "fork": 57, "vfork": 58})
+CLONE_THREAD = 0x00010000
+
+
+def armed_seccomp_program() -> bytes:
+    """The filter a process stacks when it seals: _ARMED_DENIED, and clone without CLONE_THREAD."""
+    body: list[tuple] = [("ld", 4), ("jeq_else_kill", AUDIT_ARCH_X86_64), ("ld", 0), ("thread_only",)]
+    body += [("jeq_deny", _SYSCALLS_X86_64[n]) for n in _ARMED_DENIED]
+    return _assemble(body)
+
+
+def _assemble(body: list[tuple]) -> bytes:
+    """Classic-BPF instructions for the steps of a filter, with symbolic jumps to its four returns."""
+    ld, jeq, jset, jge, ret = 0x20, 0x15, 0x45, 0x35, 0x06
+    allow, kill = 0x7FFF0000, 0x80000000
+    deny = 0x00050000 | errno.EPERM
+    nosys = 0x00050000 | errno.ENOSYS
     ins: list[list] = []
     for step in body:
         op = step[0]
@@ -514,6 +564,9 @@ def seccomp_program(exec_allowed: bool) -> bytes:
         elif op == "clone":  # if nr == clone: A = flags; deny if any namespace flag; reload nr
             ins += [[jeq, 0, 3, _SYSCALLS_X86_64["clone"]], [ld, None, None, 16], [jset, "DENY", 0, NS_FLAGS],
                     [ld, None, None, 0]]
+        elif op == "thread_only":  # if nr == clone: A = flags; deny unless CLONE_THREAD; reload nr
+            ins += [[jeq, 0, 3, _SYSCALLS_X86_64["clone"]], [ld, None, None, 16], [jset, 0, "DENY", CLONE_THREAD],
+                    [ld, None, None, 0]]
         elif op == "socket":  # if nr == socket: A = domain; deny unless AF_UNIX; reload nr
             ins += [[jeq, 0, 3, _SYSCALLS_X86_64["socket"]], [ld, None, None, 16], [jeq, 0, "DENY", AF_UNIX],
                     [ld, None, None, 0]]
@@ -524,10 +577,7 @@ def seccomp_program(exec_allowed: bool) -> bytes:
         def rel(t):
             if t is None:
                 return 0
-            if isinstance(t, str):
-                off = tail[t] - i - 1
-            else:
-                off = t
+            off = tail[t] - i - 1 if isinstance(t, str) else t
             if not 0 <= off < 256:
                 raise ValueError("seccomp jump out of range")
             return off

@@ -1,8 +1,9 @@
 """The legality policy: what a candidate may do, and the static half of enforcing it.
 
-The runtime half lives in `gate.py` (ATen dispatch interception, audit hooks, integrity checks) and
-runs inside the sandbox during every execution of the candidate. This module owns:
-* `PLUMBING_OPS`, the ATen ops allowed inside `ModelNew.forward` (allocation, views, copies);
+The runtime half is the seal (fence.py: the compute fence, the refusers, kiln_native's audit hook),
+armed in every process before it loads candidate code. This module owns:
+* `ALLOWED_OPS`, the ATen ops a candidate's code may run anywhere: tensor plumbing (allocation,
+  views, copies) and random initialisation;
 * `Violation`, one finding, with where it happened, as reported in diagnostics and feedback;
 * `static_scan(source)`, run in the trusted process before anything is compiled: Python escape
   hatches (patching torch, introspecting the verifier, other compute frameworks, threads, process
@@ -14,6 +15,7 @@ The static scan names the exact construct and line, so its findings double as fe
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from dataclasses import asdict, dataclass
 
@@ -28,17 +30,26 @@ PLUMBING_OPS = frozenset({
     "expand_as", "view_as", "squeeze", "unsqueeze", "flatten", "unflatten", "alias", "as_strided",
     "detach", "select", "slice", "narrow", "split", "split_with_sizes", "chunk", "unbind", "movedim",
     "contiguous", "_reshape_copy",
-    # copies and casts (precision loss is caught by the tolerance check)
-    "clone", "copy_", "_to_copy", "to", "_copy_from", "_copy_from_and_resize",
+    # copies and casts (precision loss is caught by the tolerance check); an RNN's weights packed
+    # into one buffer (nn.LSTM/GRU do it when moved to a GPU)
+    "clone", "copy_", "_to_copy", "to", "_copy_from", "_copy_from_and_resize", "_cudnn_rnn_flatten_weight",
+    # questions about tensors' metadata, not their values (nn.Module.to asks the first)
+    "_has_compatible_shallow_copy_type", "is_same_size", "_has_same_storage_numel",
 })
-
-# Ops that move data between devices: a device -> host copy inside forward on cuda is a host round-trip.
-COPY_OPS = frozenset({"_to_copy", "to", "copy_", "_copy_from", "_copy_from_and_resize"})
+# Random initialisation: values drawn from scalar parameters, a function of no input. Allowed wherever
+# plumbing is (nn.Linear, nn.Conv2d, nn.Embedding initialise their parameters with them in __init__,
+# which runs with the fence armed like everything else of the candidate's).
+RANDOM_FILLS = frozenset({
+    "uniform_", "normal_", "random_", "exponential_", "geometric_", "cauchy_", "log_normal_", "randn", "rand",
+    "randint", "randperm", "randn_like", "rand_like", "randint_like", "normal",
+})
+# Every ATen op a process that loaded candidate code may run; the compute fence refuses the others.
+ALLOWED_OPS = PLUMBING_OPS | RANDOM_FILLS
 
 
 @dataclass(frozen=True)
 class Violation:
-    kind: str  # forbidden_op, host_roundtrip, patched, introspection, ... (see gate.py / static_scan)
+    kind: str  # forbidden_op, host_roundtrip, introspection, ... (kiln_native, kiln_fence, the runner, static_scan)
     what: str  # the construct: "aten::relu", "torch.allclose", "import numpy"
     where: str = ""  # "line 31: `return torch.relu(x)`" when known
     via: str = ""  # how it was reached: "torch.relu", "native code (C++ extension)"
@@ -269,17 +280,43 @@ _VENDORS = {
 
 
 def native_scan(native: str) -> list[Violation]:
+    """What the C++/CUDA sources certainly call of ATen's compute, for early feedback with the line:
+    an op outside ALLOWED_OPS named at the top of at:: or torch:: (`at::relu`, `torch::clamp_min`), or
+    anything in a namespace that only holds kernels (`at::_ops`, `at::native`, `at::cpu`, ...). A name
+    deeper in another namespace may be header-only code compiled into the candidate's own library
+    (`at::vec::exp` on a Vectorized<float>), so it is left to the check of what the built library
+    imports (build/symbols.py), which decides."""
     out = []
+    ops = _aten_ops()
     for m in _NATIVE_NAME.finditer(native):
-        root = m.group(1).split("::")[0]
+        parts = m.group(1).split("::")
+        root = parts[0]
         if root in NATIVE_ALLOWED_ROOTS or _NATIVE_CONSTANT.match(root):
             continue
-        out.append(Violation("native_op", m.group(0), _native_line(native, m.start()),
-                             "ATen compute called from C++ (write the computation in your kernel)"))
+        kernel_namespace = root in _KERNEL_NAMESPACES and len(parts) > 1
+        top_level_op = len(parts) == 1 and root in ops and root not in ALLOWED_OPS
+        if kernel_namespace or top_level_op:
+            out.append(Violation("native_op", m.group(0), _native_line(native, m.start()),
+                                 "ATen compute called from C++ (write the computation in your kernel)"))
     for m in _NATIVE_BYPASS.finditer(native):
         out.append(Violation("native_bypass", m.group(1), _native_line(native, m.start()),
                              "bypassing the ATen dispatcher"))
     return out
+
+
+# at::/torch:: namespaces that hold nothing but kernels (cuda holds streams and devices too: left to the
+# symbol check).
+_KERNEL_NAMESPACES = frozenset({"_ops", "native", "cpu", "meta", "mps", "redispatch", "compositeexplicitautograd",
+                                "compositeexplicitautogradnonfunctional", "compositeimplicitautograd",
+                                "sparsecpu", "sparsecuda", "quantizedcpu", "quantizedcuda", "mkldnncpu"})
+
+
+@functools.lru_cache(maxsize=1)
+def _aten_ops() -> frozenset[str]:
+    import torch
+
+    return frozenset(n[len("aten::"):].split(".")[0] for n in torch._C._dispatch_get_all_op_names()
+                     if n.startswith("aten::"))
 
 
 def vendor_libraries(native: str) -> list[str]:

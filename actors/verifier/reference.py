@@ -34,6 +34,11 @@ class ReferenceError(RuntimeError):
     """The reference itself failed (a broken task): the system's fault, reported as infra."""
 
 
+class BrokenTask(ReferenceError):
+    """The reference produced NaN from finite inputs: the task cannot say what a kernel should output,
+    so no kernel is judged on it (infra for the task, counted by the verifier)."""
+
+
 @dataclass(frozen=True)
 class ShapeConfig:
     label: str  # "primary", "alt0", ... as shown in feedback
@@ -164,16 +169,31 @@ class Reference:
         state = {k: v.detach().to("cpu").clone() for k, v in model.state_dict().items()}
         return Instance(config, init_args, seed, state, model)
 
-    def trial(self, instance: Instance, index: int) -> Trial:
-        """Fresh inputs for one trial and the reference's outputs on them."""
+    def trial(self, instance: Instance, index: int, scale: float = 1.0) -> Trial | None:
+        """Fresh inputs for one trial and the reference's outputs on them. `scale` multiplies the
+        floating-point inputs (a power of two keeps them exact); a scaled trial the reference cannot
+        take (its outputs stop being finite) is None."""
         seed = secrets.randbits(62)
         with self.shapes(instance.config.overrides):
             with _RNG_LOCK, torch.random.fork_rng(devices=self._rng_devices()):
                 torch.manual_seed(seed)
                 inputs = list(self.module.get_inputs())
             inputs = [x.detach().to("cpu") if isinstance(x, torch.Tensor) else x for x in inputs]
+            if scale != 1.0:
+                inputs = [x * scale if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs]
             expected = self.run(instance.model, inputs)
+        if scale != 1.0 and not all(bool(torch.isfinite(e).all()) for e in expected if e.is_floating_point()):
+            return None
+        self.check_outputs(inputs, expected)
         return Trial(instance.config, index, inputs, expected)
+
+    def check_outputs(self, inputs: list, expected: list[torch.Tensor]) -> None:
+        """NaN from finite inputs: the task is broken (BrokenTask), not any kernel judged on it."""
+        finite_inputs = all(bool(torch.isfinite(x).all()) for x in inputs
+                            if isinstance(x, torch.Tensor) and x.is_floating_point())
+        if finite_inputs and any(bool(torch.isnan(e).any()) for e in expected if e.is_floating_point()):
+            raise BrokenTask(f"the reference of {self.task_id} produces NaN from finite inputs: the task is broken "
+                             "(no kernel is judged on it)")
 
     def fresh_inputs(self, instance: Instance) -> list:
         """A fresh draw of `get_inputs()` at the instance's shapes (CPU tensors), never used before."""
@@ -203,6 +223,7 @@ class Reference:
                 inputs.append(a)
         with self.shapes(instance.config.overrides):
             expected = self.run(instance.model, inputs)
+        self.check_outputs(inputs, expected)
         return Trial(instance.config, -1, inputs, expected)
 
     def run(self, model: torch.nn.Module, inputs: list) -> list[torch.Tensor]:

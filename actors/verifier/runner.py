@@ -1,26 +1,28 @@
 """Stages 3-5 for one built candidate: run, correctness trials, legality verdict, performance.
 
-This is the trusted side of an execution: the sandbox runs the candidate, this process decides.
-It prepares every trial (fresh seeds, reference outputs), sends inputs to the sandbox, compares what
-comes back, and keeps the clock that counts. The sandbox only ever sees inputs; expected outputs
-never leave this process. Per shape configuration the sandbox builds one ModelNew and sees several
-fresh inputs, so a result cached across calls shows up as a mismatch, and a result replayed from an
-earlier call is named as such. After the primary trials, a canary trial (an earlier trial's inputs
-with a few elements changed) catches a candidate that recognises inputs by a fingerprint.
+This is the trusted side of an execution: the sandbox runs the candidate, this process decides. It
+prepares every trial (fresh seeds, reference outputs, one trial on inputs scaled up), writes inputs
+into the session's I/O arena, reads outputs back as bytes of the dtype and shape it expects (nothing
+else is ever read), compares them, and keeps the clock that counts. Expected outputs never leave
+this process. Per shape configuration the sandbox builds one ModelNew and sees several fresh
+inputs, so a result cached across calls shows up as a mismatch, and one replayed from an earlier
+call is named as such. After the primary trials, a canary trial (an earlier trial's inputs with a
+few elements changed) catches a candidate that recognises inputs by a fingerprint.
 
-Timing: every timed run gets a fresh draw of `get_inputs()`, never seen before, staged into the
-sandbox's fixed input buffers outside the window. The sandbox reports its own time for each run,
-and this process measures each run's round trip and, in between, the same request without the
-forward (`timing.trusted_seconds` decides which counts). A random subset of the timed runs, which
-the candidate cannot predict, has its outputs fetched and compared with the reference on exactly
-those inputs. A time below the device's physical bound (`timing.Bandwidth`) earns no speed bonus.
+Each trial is looked at three times: the outputs as they were when forward returned (and, on cuda,
+the caller's stream was synchronised), the outputs again once the device is idle (on cpu, after a
+pause), and the inputs after the call. The first must match the reference; a difference between
+the first two is work that outlived forward; inputs that changed were written to.
+
+Timing (timing.py): paired trips of K fresh calls, timed here around the request, the null trip
+subtracted. After each pair one call of the trip, chosen here after the trip, has its snapshot
+fetched and compared with the reference on exactly its inputs. A time below the device's physical
+bound (`timing.Bandwidth`) earns no speed bonus.
 """
 
 from __future__ import annotations
 
 import hashlib
-import math
-import os
 import random
 import secrets
 import time
@@ -33,17 +35,24 @@ from actors.verifier.baselines import Baselines
 from actors.verifier.compare import compare_outputs
 from actors.verifier.executor import ChildSession, SandboxCrash, SandboxFailure, SandboxForged, SandboxPool
 from actors.verifier.legality import Violation
-from actors.verifier.reference import Instance, Reference, ReferenceError, ShapeConfig, Trial
+from actors.verifier.reference import BrokenTask, Instance, Reference, ReferenceError, ShapeConfig, Trial
 from configs import VerifierConfig
 from protocols.lease import DeviceLease
 
-# Timed runs stop short of `repeats` when their fresh inputs would exceed this many bytes in total.
+# Fresh inputs of all timed calls together stay under this many bytes (fewer calls per trip, or fewer
+# pairs, for tasks with large inputs).
 TIMING_INPUT_BUDGET = 1 << 30
+# One trip's inputs and output snapshots live on the device at once: K stays under this many bytes.
+TRIP_DEVICE_BUDGET = 2 << 30
+SCALED_INPUTS = 16.0  # the extra trial's floating-point inputs are this many times larger
+# cuda: a device-wide synchronize right after the caller's stream was synchronised that takes longer
+# than this found work still running: work of the candidate's that outlived forward.
+PENDING_S = 0.5e-3
 
 
 @dataclass
 class TrialRecord:
-    label: str  # "primary#0", "alt1#0"
+    label: str  # "primary#0", "alt1#0", "scaled#0"
     shapes: str
     passed: bool
     message: str = ""
@@ -67,17 +76,27 @@ class RunOutcome:
     eager_s: float | None = None
     compile_s: float | None = None
     timing_runs: int = 0
-    timing: dict = field(default_factory=dict)  # both clocks, which counted, the checked runs
+    timing: dict = field(default_factory=dict)  # the protocol's figures for both sides, the checked calls
     implausible: str = ""  # why the measured time earns no speed bonus ("" when it does)
     params: str = ""
     notes: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
     sandbox: dict = field(default_factory=dict)  # the jail report of the sandbox that ran it
     exit: dict = field(default_factory=dict)  # the sandbox's own exit status
+    broken_task: bool = False  # the reference produced NaN from finite inputs
 
     @property
     def q(self) -> float:
         return sum(t.passed for t in self.trials) / len(self.trials) if self.trials else 0.0
+
+
+@dataclass
+class Plan:
+    """The trusted work done before the sandbox starts: every instance and trial, and the arena size."""
+
+    configs: list[tuple[ShapeConfig, Instance, list[Trial]]]
+    arena_bytes: int
+    notes: list[str]
 
 
 class _Budget:
@@ -86,10 +105,10 @@ class _Budget:
     def __init__(self, seconds: float) -> None:
         self.left = seconds
 
-    def ask(self, session: ChildSession, op: str, body: dict, **kw) -> dict:
+    def ask(self, session: ChildSession, op: str, body: dict) -> dict:
         started = time.monotonic()
         try:
-            return session.request(op, body, max(self.left, 0.5), **kw)
+            return session.request(op, body, max(self.left, 0.5))
         finally:
             self.left -= time.monotonic() - started
 
@@ -101,10 +120,12 @@ class CandidateRun:
                  baselines: Baselines, bandwidth: timing.Bandwidth | None = None) -> None:
         self.cfg, self.ref, self.pool, self.lease, self.baselines = cfg, ref, pool, lease, baselines
         self.bandwidth = bandwidth
+        self.device_type = baselines.device_type
         self.out = RunOutcome()
         self.budget = _Budget(cfg.run_timeout_s)
         self.tol_override = _tol_override(cfg, ref)
         self.primary: Instance | None = None
+        self.primary_index = 0  # the sandbox's ModelNew of the primary shapes
         self.primary_trials: list[Trial] = []
         self.current_op = "starting the sandbox"
         self._seen_outputs: dict[str, int] = {}
@@ -113,43 +134,99 @@ class CandidateRun:
         started = time.perf_counter()
         child = None
         try:
-            with self.pool.session() as child:
+            plan = self._plan()
+            self.out.notes += plan.notes
+            self.out.timings["reference"] = time.perf_counter() - started
+            with self.pool.session(plan.arena_bytes) as child:
                 self.out.sandbox = dict(child.jail)
                 self.out.timings["sandbox_wait"] = child.waited_s
-                self.out.timings["sandbox_start"] = time.perf_counter() - started - child.waited_s
-                self._execute(child, source, source_hash, artifacts, toolchain)
+                self._execute(child, plan, source, source_hash, artifacts, toolchain)
+                self._inspect(child)
         except SandboxFailure as err:
             self._sandbox_failed(err)
+        except BrokenTask as err:
+            self.out.stage, self.out.error_class, self.out.message, self.out.broken_task = "run", "infra", str(err), True
         except ReferenceError as err:
             self.out.stage, self.out.error_class, self.out.message = "run", "infra", str(err)
         if child is not None:
             self.out.exit = child.exit_status()
             self._absorb_evidence(child)
         self._finish()
+        self.out.timings["execution"] = time.perf_counter() - started
         return self.out
+
+    # ------------------------------------------------------------------------- trusted work
+
+    def _plan(self) -> Plan:
+        """Every shape config's reference instance and trials (alternative shapes first, the primary
+        last, so the sandbox's last ModelNew is the one timed), the scaled trial, and an arena that
+        holds the largest trial's inputs, its outputs twice and its inputs again, or the timed calls."""
+        configs, notes = [], []
+        largest_trial, largest_inputs = 0, 1
+        shape_configs = self.ref.shape_configs(self.cfg.backend, self.cfg.trials)
+        for config in shape_configs[1:] + shape_configs[:1]:
+            with self.lease.shared():
+                try:
+                    inst = self.ref.instance(config)
+                except Exception as err:
+                    if config.label != "primary":  # a derived alternative shape the reference rejects
+                        notes.append(f"skipped shapes {config.describe()}: the reference fails there ({err})")
+                        continue
+                    raise ReferenceError(f"the reference fails at its own shapes: {type(err).__name__}: {err}") from err
+                trials = [self.ref.trial(inst, len(configs) * 100 + k) for k in range(config.trials)]
+                if config.label == "primary":
+                    scaled = self.ref.trial(inst, 10_000, scale=SCALED_INPUTS)
+                    if scaled is not None:
+                        trials.insert(len(trials) - 1, scaled)  # the canary stays built on the last plain trial
+                    else:
+                        notes.append(f"no trial on inputs x{SCALED_INPUTS:g}: the reference's outputs are not finite there")
+            configs.append((config, inst, [t for t in trials if t is not None]))
+            for t in trials:
+                if t is not None:
+                    largest_trial = max(largest_trial, 2 * _nbytes(t.inputs) + 2 * _nbytes(t.expected))
+                    largest_inputs = max(largest_inputs, _nbytes(t.inputs))
+        params = sum(_nbytes(list(i.state_dict.values())) + 64 * len(i.state_dict) for _, i, _ in configs)
+        timed = min(timing.MAX_CALLS_PER_TRIP, max(1, TIMING_INPUT_BUDGET // largest_inputs)) * largest_inputs
+        primary_out = _nbytes(configs[-1][2][0].expected) if configs and configs[-1][2] else 0
+        arena = max(largest_trial, params, timed + primary_out) + 64 * 1024
+        return Plan(configs, arena, notes)
 
     # ------------------------------------------------------------------------------ the stages
 
-    def _execute(self, child: ChildSession, source: str, source_hash: str, artifacts, toolchain: str) -> None:
+    def _execute(self, child: ChildSession, plan: Plan, source: str, source_hash: str, artifacts,
+                 toolchain: str) -> None:
         self.current_op = "importing the candidate"
         t0 = time.perf_counter()
         with self.lease.shared():
-            reply = self.budget.ask(child, "prepare", {
-                "source": source, "source_hash": source_hash, "artifacts": artifacts, "toolchain": toolchain,
-                "reference_paths": [os.path.abspath(self.ref.source_path)] if self.ref.source_path else []})
+            reply = child.prepare(source, source_hash, artifacts, toolchain, timing.CPU_TIMING_THREADS,
+                                  max(self.budget.left, 0.5))
+            if reply.get("internal") or not reply.get("ok"):
+                raise SandboxFailure(f"the sandbox could not seal itself: {reply.get('error')}")
+            reply = self.budget.ask(child, "load", {})
         self.out.timings["import"] = time.perf_counter() - t0
         if not self._absorb(reply, "importing the module"):
             return
+        self.current_op = "building ModelNew"
+        arena = child.arena
+        arena.reset()
+        instances = [{"init": _wire_values(inst.init_args), "seed": inst.init_seed,
+                      "params": [[name, arena.put(t)] for name, t in inst.state_dict.items()]}
+                     for _, inst, _ in plan.configs]
+        with self.lease.shared():
+            reply = self.budget.ask(child, "build", {"instances": instances})
+        described = "; ".join(f"ModelNew({_args(inst.init_args)})" for _, inst, _ in plan.configs)
+        if not self._absorb(reply, f"constructing {described}"):
+            return
+        self.out.params = ",".join(str(p)[:10] for p in (reply.get("params") or []))[:60]
         t0 = time.perf_counter()
         self.out.stage = "correctness"
-        configs = self.ref.shape_configs(self.cfg.backend, self.cfg.trials)
-        for config in configs[1:] + configs[:1]:  # primary last: the sandbox's ModelNew is then the one timed
-            if not self._run_config(child, config):
+        for index, (config, inst, trials) in enumerate(plan.configs):
+            if not self._run_config(child, index, config, inst, trials):
                 break
         if self.out.error_class is None and not self.out.violations and self.primary_trials:
             self._canary(child)
         self.out.timings["correctness"] = time.perf_counter() - t0
-        self._absorb_evidence(child)
+        self._inspect(child)
         if self.out.violations:
             self.out.stage, self.out.error_class = "legality", "cheating"
             return
@@ -162,44 +239,40 @@ class CandidateRun:
         t0 = time.perf_counter()
         self._time(child)
         self.out.timings["performance"] = time.perf_counter() - t0
-        self._absorb_evidence(child)
+        self._inspect(child)
         if self.out.violations:
             self.out.stage, self.out.error_class = "legality", "cheating"
         elif self.out.error_class is None:
             self.out.stage = "done"
 
-    def _run_config(self, child: ChildSession, config: ShapeConfig) -> bool:
-        """Build ModelNew for one shape config and run its trials. False stops the job."""
-        self.current_op = f"building ModelNew at {config.describe()}"
-        with self.lease.shared():
-            try:
-                inst = self.ref.instance(config)
-            except Exception as err:
-                if config.label != "primary":  # a derived alternative shape the reference rejects
-                    self.out.notes.append(f"skipped shapes {config.describe()}: the reference fails there ({err})")
-                    return True
-                raise ReferenceError(f"the reference fails at its own shapes: {type(err).__name__}: {err}") from err
-            reply = self.budget.ask(child, "instance", {"init_args": inst.init_args, "seed": inst.init_seed,
-                                                        "state_dict": inst.state_dict})
-        if not self._absorb(reply, f"constructing ModelNew({_args(inst.init_args)})"):
-            return False
-        self.out.params = reply.get("params", "")
+    def _run_config(self, child: ChildSession, index: int, config: ShapeConfig, inst: Instance,
+                    trials: list[Trial]) -> bool:
+        """The trials of one shape config on the sandbox's ModelNew `index`. False stops the job."""
         if config.label == "primary":
-            self.primary = inst
-        for k in range(config.trials):
-            index = len(self.out.trials)
-            self.current_op = f"trial {index + 1} ({config.describe()})"
+            self.primary, self.primary_index = inst, index
+        for k, trial in enumerate(trials):
+            label = "scaled" if trial.index == 10_000 else config.label
+            self.current_op = f"trial {len(self.out.trials) + 1} ({config.describe()})"
             with self.lease.shared():
-                trial = self.ref.trial(inst, index)
-                reply = self.budget.ask(child, "call", {"inputs": trial.inputs})
-            if not self._absorb(reply, f"forward on trial {index + 1} ({config.describe()})"):
+                reply = self._call(child, index, trial)
+            if not self._absorb(reply, f"forward on trial {len(self.out.trials) + 1} ({config.describe()})"):
                 return False
-            self._judge_trial(trial, reply, f"{config.label}#{k}")
+            self._judge_trial(child, trial, reply, f"{label}#{k}")
             if self.out.violations:
                 return False
-            if config.label == "primary":
+            if config.label == "primary" and label != "scaled":
                 self.primary_trials.append(trial)
         return True
+
+    def _call(self, child: ChildSession, instance: int, trial: Trial) -> dict:
+        arena = child.arena
+        arena.reset()
+        inputs = [arena.put(x) for x in trial.inputs]
+        out = arena.region(_nbytes(trial.expected) + 64 * len(trial.expected))
+        after = arena.region(_nbytes(trial.expected) + 64 * len(trial.expected))
+        kept = arena.region(_nbytes(trial.inputs) + 64 * len(trial.inputs))
+        return self.budget.ask(child, "call", {"instance": instance, "inputs": inputs, "out": out, "after": after,
+                                               "kept": kept})
 
     def _canary(self, child: ChildSession) -> None:
         """An earlier primary trial's inputs with a few elements changed: counted for nothing but the
@@ -207,130 +280,190 @@ class CandidateRun:
         self.current_op = "the canary trial"
         with self.lease.shared():
             canary = self.ref.mosaic(self.primary_trials[-1], self.primary)
-            reply = self.budget.ask(child, "call", {"inputs": canary.inputs})
+            reply = self._call(child, self.primary_index, canary)
         if self._absorb(reply, "forward on the canary trial") and not reply.get("failure"):
-            self._judge_trial(canary, reply, "canary", counts=False)
+            self._judge_trial(child, canary, reply, "canary", counts=False)
 
-    def _judge_trial(self, trial: Trial, reply: dict, label: str, *, counts: bool = True) -> None:
+    def _judge_trial(self, child: ChildSession, trial: Trial, reply: dict, label: str, *, counts: bool = True) -> None:
         shapes = trial.config.describe()
         if reply.get("failure"):
+            if reply.get("subclass"):
+                self.out.violations.append(Violation(
+                    "output_type", f"an output that poses as one: {str(reply['failure'])[:200]}", "",
+                    "outputs must be plain torch.Tensor objects in a plain tuple or list, not subclasses"))
             if counts:
-                self.out.trials.append(TrialRecord(label, shapes, False, str(reply["failure"])[:400]))
+                where = f" at {reply['where']}" if reply.get("where") else ""
+                self.out.trials.append(TrialRecord(label, shapes, False, f"{str(reply['failure'])[:400]}{where}"))
             return
-        got = _tensors(reply.get("outputs"))
-        result = compare_outputs(got, trial.expected, self.tol_override)
+        got, why = self._outputs(child, reply.get("outputs"), trial.expected)
+        result = compare_outputs(got, trial.expected, self.tol_override) if got is not None else None
         if counts:
-            self.out.trials.append(TrialRecord(label, shapes, result.ok, result.message, result.max_abs_error))
+            if result is None:
+                self.out.trials.append(TrialRecord(label, shapes, False, why))
+            else:
+                self.out.trials.append(TrialRecord(label, shapes, result.ok, result.message, result.max_abs_error))
+        if got is None:
+            return
+        later, _ = self._outputs(child, reply.get("after"), trial.expected)
+        pending = reply.get("pending_s")
+        still_running = self.device_type == "cuda" and isinstance(pending, (int, float)) and pending > PENDING_S
+        if later is None or still_running or any(not torch.equal(a, b) for a, b in zip(got, later)):
+            kind = "stream_escape" if self.device_type == "cuda" else "thread_escape"
+            self.out.violations.append(Violation(kind, "the outputs were still being written after forward returned",
+                                                 "", "work left running after the call escapes the output check"))
+        tensors = [x for x in trial.inputs if isinstance(x, torch.Tensor)]
+        kept, _ = self._outputs(child, reply.get("inputs_after"), tensors)
+        for i, (before, after) in enumerate(zip(tensors, kept or [])):
+            if not torch.equal(before, after):
+                self.out.violations.append(Violation("input_mutated", f"input {i} was modified in place", "",
+                                                     "forward must not write to its inputs"))
         # A wrong output that is bit for bit an earlier trial's *correct* output is a replayed result
         # (a constant or garbage output that merely repeats is only wrong, not replayed).
         digest = _digest(got)
         earlier = self._seen_outputs.get(digest)
-        if not result.ok and earlier is not None:
+        if result is not None and not result.ok and earlier is not None:
             which = "the canary trial" if not counts else f"trial {trial.index + 1}"
             self.out.violations.append(Violation(
                 "replayed_output", f"{which} returned exactly the output of trial {earlier + 1}",
                 "", "results cached across calls"))
-        if result.ok and counts:
+        if result is not None and result.ok and counts:
             self._seen_outputs.setdefault(digest, trial.index)
+
+    def _outputs(self, child: ChildSession, entries, expected: list[torch.Tensor]):
+        """The outputs the sandbox placed, read as the expected dtypes and shapes (nothing else is
+        read), or (None, why they cannot be)."""
+        if not isinstance(entries, list):
+            return None, "no outputs were placed"
+        if len(entries) != len(expected):
+            return None, f"returned {len(entries)} output(s), the reference returns {len(expected)}"
+        got = []
+        for i, (entry, exp) in enumerate(zip(entries, expected)):
+            name = "the output" if len(expected) == 1 else f"output {i}"
+            t = child.arena.take(entry, exp)
+            if t is None:
+                return None, _describe_mismatch(name, entry, exp, self.device_type)
+            got.append(t)
+        return got, ""
 
     # -------------------------------------------------------------------------------- timing
 
     def _time(self, child: ChildSession) -> None:
         primary = self.primary
         input_bytes = max(_nbytes(self.primary_trials[0].inputs), 1)
-        runs = min(self.cfg.repeats, max(timing.MIN_RUNS, TIMING_INPUT_BUDGET // input_bytes))
+        pairs = self.cfg.repeats
         t0 = time.perf_counter()
-        self.out.eager_s, self.out.compile_s = self.baselines.measure(self.ref, primary, runs)
+        eager, compiled = self.baselines.measure(self.ref, primary, pairs)
+        self.out.eager_s = eager.mean_s
+        self.out.compile_s = compiled.mean_s if compiled is not None else None
         self.out.timings["baseline"] = time.perf_counter() - t0
         note = self.baselines.note(self.ref, primary.config)
         if note:
             self.out.notes.append(note)
-        with self.lease.shared():
-            sets = [self.ref.fresh_inputs(primary) for _ in range(runs)]
-        checked = set(random.Random(secrets.randbits(64)).sample(range(runs), max(2, runs // 4)))
+        expect = [[_dtype_name(t.dtype), list(t.shape)] for t in self.primary_trials[0].expected]
+        output_bytes = max(_nbytes(self.primary_trials[0].expected), 1)
+        # Every timed call gets a fresh draw, and all of them together stay within the input budget:
+        # K from the warm-up (within the device budget), then as many pairs as the budget allows.
+        calls = max(timing.MIN_RUNS, TIMING_INPUT_BUDGET // input_bytes)
+        most = max(1, min(timing.MAX_CALLS_PER_TRIP, TRIP_DEVICE_BUDGET // (input_bytes + 2 * output_bytes),
+                          calls // timing.MIN_RUNS))
         self.current_op = "the timed runs"
         budget_s = min(max(self.budget.left * 0.5, 1.0), 20.0)
-        reported, trips, nulls = [], [], []
-        # the sandbox's own time per request, and its wall clock around the timed window
-        handled: dict[str, list[float]] = {"run": [], "null": [], "run_window": [], "null_window": []}
+        with self.lease.shared():  # the warm-up pairs' inputs: fresh, as timed calls' are
+            warm = [self.ref.fresh_inputs(primary) for _ in range(max(1, min(4, most)))]
+        if not self._stage(child, warm):
+            return
+        trip, replies = self._trips(child, expect)
+        with self.lease.exclusive():
+            k = timing.choose_k(trip, self.device_type, most, self.cfg.warmup)
+        if not self._replies_ok(replies):
+            return
+        pairs = min(pairs, max(timing.MIN_RUNS, calls // k))
+        times = timing.TripTimes(k)
+        checked = []
+        started = time.perf_counter()
+        for i in range(pairs):
+            with self.lease.shared():
+                calls = [self.ref.fresh_inputs(primary) for _ in range(k)]
+            run_s, null_s = self._pair(child, calls, expect, i)
+            if run_s is None:
+                return
+            timing.record(times, run_s, null_s)
+            j = random.Random(secrets.randbits(64)).randrange(k)  # chosen after the trip
+            checked.append([i, j])
+            if not self._check_timed(child, i, j, calls[j]):
+                return
+            if len(times.per_call) >= timing.MIN_RUNS and time.perf_counter() - started > budget_s:
+                break
+        self.out.candidate_s = times.mean_s
+        self.out.timing_runs = len(times.per_call) * k
+        self.out.timing = {"clock": "verifier", "candidate": times.to_json(), "eager": eager.to_json(),
+                           "compile": compiled.to_json() if compiled is not None else None,
+                           "checked": checked, "median_s": {"candidate": times.median_s, "eager": eager.median_s,
+                                                            "compile": compiled.median_s if compiled else None}}
+        self._plausibility(times.mean_s)
+
+    def _stage(self, child: ChildSession, calls: list[list]) -> bool:
+        """The next trip's inputs into the arena and from there onto the sandbox's device (untimed)."""
+        arena = child.arena
+        arena.reset()
+        descs = [[arena.put(x) for x in inputs] for inputs in calls]
+        with self.lease.shared():
+            reply = self.budget.ask(child, "stage", {"instance": self.primary_index, "calls": descs})
+        return self._replies_ok([reply])
+
+    def _trips(self, child: ChildSession, expect: list):
+        """(trip, replies): `trip(k, null)` runs one trip of the k staged calls in the sandbox; each
+        reply is kept for `_replies_ok`."""
+        flush = self.device_type == "cuda"
+        replies: list[dict] = []
+
+        def trip(k: int, null: bool) -> None:
+            replies.append(self.budget.ask(child, "trip", {"null": null, "expect": expect, "flush": flush}))
+
+        return trip, replies
+
+    def _replies_ok(self, replies: list[dict]) -> bool:
+        for reply in replies:
+            if not self._absorb(reply, "a timed run"):
+                return False
+            if reply.get("failure"):
+                self.out.stage, self.out.error_class = "performance", "runtime"
+                self.out.message = f"a timed run failed: {str(reply['failure'])[:300]}"
+                return False
+        return True
+
+    def _pair(self, child: ChildSession, calls: list[list], expect: list, index: int):
+        """(trip seconds, null trip seconds) of one pair, timed here around the requests, or (None, None)."""
+        if not self._stage(child, calls):
+            return None, None
+        trip, replies = self._trips(child, expect)
         with self.lease.exclusive(), timing.responsive_gil():
-            for w in range(self.cfg.warmup):  # untimed, on inputs the candidate has seen already
-                self._one_run(child, self.primary_trials[w % len(self.primary_trials)].inputs)
-            started = time.perf_counter()
-            for i, inputs in enumerate(sets):
-                reply, trip, null = self._one_run(child, inputs, handled)
-                if reply is None:
-                    return
-                reported.append(_claimed_seconds(reply))
-                trips.append(trip)
-                nulls.append(null)
-                if i in checked and not self._check_timed(child, i, inputs):
-                    return
-                if len(trips) >= timing.MIN_RUNS and time.perf_counter() - started > budget_s:
-                    break
-        seconds, clock = timing.trusted_seconds(reported, trips, nulls, self.baselines.device_type)
-        self.out.candidate_s = seconds
-        self.out.timing_runs = len(trips)
-        self.out.timing = {"clock": clock, "sandbox_s": timing.median(reported), "round_trip_s": min(trips),
-                           "null_s": min(nulls), "runs": len(trips),
-                           # where a round trip goes: the sandbox's handling of each request, which it
-                           # reports (untrusted, so diagnostics only, never the verdict)
-                           "run_handled_s": min(handled["run"], default=None),
-                           "null_handled_s": min(handled["null"], default=None),
-                           "run_window_s": min(handled["run_window"], default=None),
-                           "null_window_s": min(handled["null_window"], default=None),
-                           "checked": sorted(i for i in checked if i < len(trips))}
-        if clock == "verifier":
-            self.out.notes.append("the sandbox reported less time than the verifier measured around its runs: "
-                                  "the verifier's clock counts")
-        self._plausibility(seconds)
+            run_s, null_s = timing.time_pair(trip, len(calls), index)
+        if not self._replies_ok(replies):
+            return None, None
+        return run_s, null_s
 
-    def _one_run(self, child: ChildSession, inputs: list, handled: dict[str, list[float]] | None = None):
-        """Stage one run's inputs, then time it (sandbox clock and this process's round trip), then
-        time the same request without the forward, then let the sandbox run its untimed post-run
-        checks. (reply, round trip, null round trip) or Nones."""
-        reply = self.budget.ask(child, "stage", {"inputs": inputs})
-        if not self._absorb(reply, "staging a timed run"):
-            return None, 0.0, 0.0
-        t0 = time.perf_counter()
-        reply = self.budget.ask(child, "run", {})
-        trip = time.perf_counter() - t0
-        if not self._absorb(reply, "a timed run"):
-            return None, 0.0, 0.0
-        if reply.get("failure"):
-            self.out.stage, self.out.error_class = "performance", "runtime"
-            self.out.message = f"a timed run failed: {str(reply['failure'])[:300]}"
-            return None, 0.0, 0.0
-        t0 = time.perf_counter()
-        null = self.budget.ask(child, "run", {"null": True})
-        null_trip = time.perf_counter() - t0
-        if not self._absorb(null, "a timed run"):
-            return None, 0.0, 0.0
-        if not self._absorb(self.budget.ask(child, "settle", {}), "a timed run"):
-            return None, 0.0, 0.0
-        if handled is not None:
-            for key, r in (("run", reply), ("null", null)):
-                for field, suffix in (("handled_s", ""), ("window_s", "_window")):
-                    if isinstance(r.get(field), (int, float)):
-                        handled[key + suffix].append(float(r[field]))
-        return reply, trip, null_trip
-
-    def _check_timed(self, child: ChildSession, index: int, inputs: list) -> bool:
-        """Compare one timed run's outputs with the reference on exactly its inputs."""
-        reply = self.budget.ask(child, "outputs", {})
+    def _check_timed(self, child: ChildSession, pair: int, call: int, inputs: list) -> bool:
+        """Compare one timed call's snapshot with the reference on exactly its inputs."""
+        arena = child.arena
+        arena.reset()
+        with self.lease.shared():
+            expected = self.ref.run(self.primary.model, inputs)
+            out = arena.region(_nbytes(expected) + 64 * len(expected))
+            reply = self.budget.ask(child, "fetch", {"call": call, "out": out})
         if not self._absorb(reply, "fetching a timed run's outputs"):
             return False
-        got = _tensors(reply.get("outputs"))
-        expected = self.ref.run(self.primary.model, inputs)
-        check = compare_outputs(got, expected, self.tol_override)
-        if check.ok:
+        got, why = self._outputs(child, reply.get("outputs"), expected)
+        check = compare_outputs(got, expected, self.tol_override) if got is not None else None
+        if check is not None and check.ok:
             return True
-        earlier = self._seen_outputs.get(_digest(got))
+        earlier = self._seen_outputs.get(_digest(got)) if got is not None else None
         if earlier is not None:
-            self.out.violations.append(Violation("replayed_output", f"timed run {index + 1} returned exactly the "
+            self.out.violations.append(Violation("replayed_output", f"timed run {pair + 1} returned exactly the "
                                                  f"output of trial {earlier + 1}", "", "results cached across calls"))
         else:
-            self.out.violations.append(Violation("timed_output", f"while timed (run {index + 1}), {check.message}",
+            message = check.message if check is not None else why
+            self.out.violations.append(Violation("timed_output", f"while timed (run {pair + 1}), {message}",
                                                  "", "output differs when timed (call-count dependent?)"))
         return False
 
@@ -347,28 +480,48 @@ class CandidateRun:
                                     f"can ({floor * 1e6:.1f} us at the calibrated bandwidth x{self.bandwidth.SLACK:g}): "
                                     "no speed bonus")
 
-    # ------------------------------------------------------------------------------ replies
+    # ------------------------------------------------------------------------------ evidence
+
+    def _inspect(self, child: ChildSession) -> None:
+        """What the verifier sees of the sandbox from outside: shared mappings that appeared after it
+        started (memory a file descriptor and a tensor both see: Python reads it without torch)."""
+        new = child.new_shared_mappings()
+        if new:
+            self.out.violations.append(Violation("shared_memory", f"a shared memory mapping ({len(new)} new)", "",
+                                                 "tensor memory that Python reads and writes outside PyTorch: "
+                                                 "compute in your own kernel"))
+            child.baseline_maps |= set(new)  # said once
 
     def _absorb(self, reply: dict, doing: str) -> bool:
-        """Record findings and errors of a reply; False when the job cannot go on."""
-        self.out.violations += reply.get("findings", [])
+        """Record the error of a reply; False when the job cannot go on."""
+        patched = reply.get("patched")
+        if isinstance(patched, list) and patched:
+            self.out.violations.append(Violation("patched", ", ".join(str(p)[:40] for p in patched[:5]), "",
+                                                 "replacing torch's comparison functions"))
+        if reply.get("ok") and reply.get("raised") and reply.get("failure"):
+            self.out.stage, self.out.error_class = "run", "runtime"
+            where = f" at {reply['where']}" if reply.get("where") else ""
+            self.out.message = f"{str(reply['failure'])[:1000]} while {doing}{where}"
+            return False
         if reply.get("ok"):
+            if reply.get("failure") and doing == "importing the module":
+                self.out.stage, self.out.error_class = "run", "runtime"
+                where = f" at {reply['where']}" if reply.get("where") else ""
+                self.out.message = f"{str(reply['failure'])[:1000]} while {doing}{where}"
+                return False
+            if reply.get("failure") and doing.startswith("constructing"):
+                self.out.stage, self.out.error_class = "run", "runtime"
+                where = f" at {reply['where']}" if reply.get("where") else ""
+                self.out.message = f"{str(reply['failure'])[:1000]} while {doing}{where}"
+                return False
             return True
-        err = reply.get("error") if isinstance(reply.get("error"), dict) else {}
-        kind, msg, where = str(err.get("type", "Error")), str(err.get("message", "")), str(err.get("where", ""))
-        self.out.stage = "run"
-        if reply.get("internal"):
-            self.out.error_class, self.out.message = "infra", f"sandbox error while {doing}: {kind}: {msg}"
-        else:
-            self.out.error_class = "runtime"
-            self.out.message = f"{kind} while {doing}" + (f" at {where}" if where else "") + (f": {msg}" if msg else "")
-        if self.out.violations:
-            self.out.stage, self.out.error_class = "legality", "cheating"
+        self.out.stage, self.out.error_class = "run", "runtime"
+        self.out.message = f"the sandbox could not answer while {doing}: {str(reply.get('error', ''))[:300]}"
         return False
 
     def _absorb_evidence(self, child: ChildSession) -> None:
-        """What the compute fence wrote to the evidence pipe: it holds even if the sandbox's own reply
-        was tampered with afterwards."""
+        """What the fence and the audit hook wrote to the evidence pipe the moment they refused: it holds
+        whatever the candidate did afterwards."""
         child.drain_evidence()
         known = {(v.kind, v.what) for v in self.out.violations}
         for v in child.evidence:
@@ -409,18 +562,26 @@ def _tol_override(cfg: VerifierConfig, ref: Reference) -> tuple[float, float] | 
     return ref.tolerance()
 
 
-def _claimed_seconds(reply: dict) -> float:
-    """The sandbox's own time for a run (untrusted: anything but a finite positive number is 0)."""
-    seconds = reply.get("seconds")
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds):
-        return 0.0
-    return max(float(seconds), 0.0)
+def _describe_mismatch(name: str, entry, exp: torch.Tensor, device_type: str) -> str:
+    if not isinstance(entry, list) or len(entry) < 6:
+        return f"{name} could not be read"
+    _, nbytes, dtype, shape, _, where = entry[:6]
+    if where != device_type:
+        return f"{name} is on {where}, expected {device_type}"
+    if dtype != _dtype_name(exp.dtype):
+        return f"{name} has dtype {dtype}, expected {_dtype_name(exp.dtype)}"
+    if shape != list(exp.shape):
+        return f"{name} has shape {tuple(shape) if isinstance(shape, list) else shape}, expected {tuple(exp.shape)}"
+    return f"{name} ({nbytes} bytes) does not fit where the reference's output does"
 
 
-def _tensors(items) -> list[torch.Tensor]:
-    if not isinstance(items, (list, tuple)):
-        return []
-    return [t for t in items if isinstance(t, torch.Tensor)]
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def _wire_values(values: list) -> list:
+    """Init arguments as msgpack values (tuples become lists; anything else must already be plain)."""
+    return [list(v) if isinstance(v, tuple) else v for v in values]
 
 
 def _nbytes(items) -> int:
@@ -431,7 +592,8 @@ def _digest(tensors: list[torch.Tensor]) -> str:
     h = hashlib.sha256()
     for t in tensors:
         h.update(str((tuple(t.shape), t.dtype)).encode())
-        h.update(t.detach().to("cpu").contiguous().view(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        if t.numel():
+            h.update(memoryview(t.detach().to("cpu").contiguous().view(-1).view(torch.uint8).numpy()))
     return h.hexdigest()
 
 

@@ -1,471 +1,508 @@
-"""The execution sandbox: imports one candidate and runs it on the verifier's request.
+"""The execution sandbox: a jailed process that imports one candidate and runs it on request.
 
-A sandbox is forked from the zygote (zygote.py) for each candidate and jailed (jail.py: its own PID,
-mount and network namespaces, an unprivileged uid, a read-only filesystem with one scratch
-directory, seccomp), so nothing a candidate does reaches the verifier or the next candidate. Before
-any candidate code exists it hides Kiln's own modules (isolation.hide_kiln_modules), arms the audit
-hook and points the compute fence (fence.py) at the candidate. Then it answers requests:
+Forked from the zygote for each candidate and jailed (jail.py). Its life has two halves.
 
-    hello    {}                                             the jail's report (before any candidate code)
-    prepare  {source, artifacts, toolchain, reference_paths} install prebuilt .so files, import
-    instance {init_args, seed, state_dict}                  build ModelNew for one shape config
-    call     {inputs}                                       one gated forward -> outputs (a correctness trial)
-    stage    {inputs}                                       copy a timed run's inputs into the fixed buffers
-    run      {null}                                         one timed forward (null: the same path without it)
-    settle   {}                                             the timed run's shared-mapping check (untimed)
-    outputs  {}                                             the last timed run's outputs
+Before the candidate exists (ordinary Python, the only code in the process):
+    hello    {}     the jail's report (the one the verdict trusts: no candidate code exists yet)
+    prepare  {candidate, source, artifacts, toolchain, key, threads, arena}
+             install the candidate's prebuilt extensions, make the CUDA context, map the I/O arena,
+             capture every callable the second half uses, and seal the process (fence.py); the
+             reply says it is sealed (the last reply without a MAC: no candidate code ran yet).
+After (`server`'s nested functions, which look up nothing at run time):
+    load     {}                               import the candidate: from here on, everything in this
+                                              process is the candidate's
+    build    {instances: [{init, seed, params}]}  every ModelNew the run needs (one per shape config),
+                                              then arm the compute fence: no input exists yet, and
+                                              from here on ATen computes nothing until exit
+    call     {instance, inputs, out, after, kept}  one correctness trial
+    stage    {instance, calls}                K timed calls' inputs, from the arena onto the device
+    trip     {null, expect, flush}            the K staged calls timed, each output snapshotted at its
+                                              return
+    fetch    {call, out}                      one snapshot of the last trip, into the arena
     close
 
-This process is untrusted from the moment the candidate is imported: what it reports can only count
-against the candidate. It never sees an expected output, never compares anything with the reference,
-and its clock is cross-checked by the verifier's own (runner.py).
+Tensors never cross the socket. The verifier created the I/O arena (a memory file mapped here before
+sealing); requests name regions of it, and this process moves bytes between it and its tensors with
+plumbing copies no Python code can intercept (kiln_fence). Outputs are read as data: `forward`'s
+result must be exactly a tensor, or exactly a tuple or list of exactly tensors, read with C accessors
+and no method of the candidate's, and the bytes that count are those copied at the moment `forward`
+returned (on cuda: once the caller's stream is synchronised), before anything else runs here.
+Every reply carries a MAC under a key that only this process's own code holds: the candidate can
+read and write the socket, but cannot forge a reply.
+
+What the second half uses was captured before sealing into its closure: it looks up no global,
+builtin or attribute, so nothing the candidate patches changes what it does
+(tests/verifier checks its bytecode). What this process reports can only count against the
+candidate: the verdict, the comparison with the reference and the clock that counts are the
+verifier's.
 """
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
+import _hashlib
+import _socket
 import os
 import socket
+import struct
 import sys
 import time
 import traceback
-from pathlib import Path
+import types
 
+import msgpack
 import torch
 
-from actors.verifier import fence, gate, isolation, timing, wire
+from actors.verifier import fence, isolation, jail, native, timing
 from actors.verifier.build.prebuilt import install_prebuilt
-from actors.verifier.gate import AuditMonitor, Findings, GateSession, Integrity
-from actors.verifier.legality import Violation
 
-_TB = torch._C.TensorBase
-_clone = _TB.clone
-_numpy = _TB.numpy  # captured before the fence wraps it (preload)
-_contiguous, _reshape, _view, _to = _TB.contiguous, _TB.reshape, _TB.view, _TB.to
-_sleep = time.sleep
-_perf = time.perf_counter
-SETTLE_S = 0.002  # cpu: pause before re-reading the outputs, to see whether a thread still writes them
-_CUDA_MARKERS = ("CUDA error", "cudaError", "CUBLAS_STATUS", "CUDNN_STATUS", "device-side assert",
-                 "illegal memory access", "an illegal instruction", "misaligned address")
-
-
-def preload(fence_library: str | None) -> None:
-    """In the zygote, before any fork: register the compute fence (inherited by every child)."""
-    fence.install(fence_library)
-
-
-class ChildState:
-    """Everything one sandbox knows about its candidate."""
-
-    def __init__(self, sock: socket.socket, scratch: Path, device_type: str, jail_report, evidence_fd: int) -> None:
-        self.sock = sock
-        self.scratch = scratch
-        self.device_type = device_type
-        self.device = "cuda" if device_type == "cuda" else "cpu"
-        self.jail = jail_report
-        self.evidence_fd = evidence_fd
-        self.findings = Findings()
-        self.candidate_file = ""
-        self.audit: AuditMonitor | None = None
-        self.integrity: Integrity | None = None
-        self.model_cls = None
-        self.model: torch.nn.Module | None = None
-        self.owned: list[tuple[int, int]] = []  # storage ranges of the model's parameters and buffers
-        self.previous: list[torch.Tensor] = []  # outputs of the last call, held to catch storage reuse
-        self.retired: list[torch.Tensor] = []  # the outputs before those, freed by the untimed `settle`
-        self.calls = 0
-        self.shared_maps: set[str] = set()  # shared mappings present before any candidate code ran
-        self.clock: timing.Clock | None = None
-        self.feed: list = []  # the fixed input buffers of timed runs
-        self.last: list[torch.Tensor] = []  # the last timed run's outputs
-
-    def armed(self):
-        return _Armed(self)
-
-    def collect(self) -> list[dict]:
-        if self.integrity is not None:
-            for v in self.integrity.check():
-                self.findings.add(v)
-        for op in fence.take_refused():
-            self.findings.add(Violation("forbidden_op", op, "", "ATen compute inside forward (the kernel refused to run)"))
-        return self.findings.drain()
-
-    def to_device(self, items: list) -> list:
-        """Received tensors on the execution device, in memory torch allocated (received buffers are
-        not: the foreign-memory check would mistake them for numpy data)."""
-        return [(_clone(x) if self.device == "cpu" else _to(x, self.device)) if isinstance(x, torch.Tensor) else x
-                for x in items]
-
-    def sync(self) -> None:
-        if self.device_type == "cuda":
-            timing.device_sync()
+_HEADER = struct.Struct("<I")
+CANDIDATE_MODULE = "kiln_candidate"
+MAX_REQUEST = 16 << 20  # a request is metadata and init arguments; tensors live in the arena
+MAC_BYTES = 32
+ALIGN = 64  # every tensor region in the arena starts at a multiple of this
+CUDA_FATAL = ("CUDA error", "cudaError", "CUBLAS_STATUS", "CUDNN_STATUS", "device-side assert",
+              "illegal memory access", "an illegal instruction", "misaligned address")
+SETTLE_S = 0.002  # cpu: the pause before the second look at a trial's outputs (work still running?)
+# cuda: a correctness trial's inputs land about a millisecond after forward is called, in the caller's
+# stream order (until then they hold NaN): work not ordered after that stream reads no input.
+INPUT_DELAY_CYCLES = 2_000_000
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16,
+    "int8": torch.int8, "int16": torch.int16, "int32": torch.int32, "int64": torch.int64, "uint8": torch.uint8,
+    "bool": torch.bool,
+}
+DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 
 
-class _Armed:
-    """Audit hook armed while candidate code runs."""
-
-    def __init__(self, state: ChildState) -> None:
-        self.state = state
-
-    def __enter__(self):
-        if self.state.audit:
-            self.state.audit.armed = True
-
-    def __exit__(self, *exc):
-        if self.state.audit:
-            self.state.audit.armed = False
-        return False
-
-
-# ------------------------------------------------------------------------------------ handlers
-
-
-def handle_hello(st: ChildState, req: dict) -> dict:
-    """The jail's report, before any candidate code exists. With `check_cuda` (the verifier's start-up
-    probe on cuda), also whether a CUDA context can be created inside the jail."""
-    reply = {"ok": True, "jail": st.jail.to_json(), "pid": os.getpid()}
-    if req.get("check_cuda"):
-        try:
-            torch.cuda.set_device(0)
-            torch.empty(1, device="cuda")
-            timing.device_sync()
-            reply["cuda"] = ""
-        except Exception as err:  # noqa: BLE001 - reported to the verifier, which refuses to start
-            reply["cuda"] = f"{type(err).__name__}: {err}"[:600]
-    return reply
-
-
-def handle_prepare(st: ChildState, req: dict) -> dict:
-    source, digest = req["source"], req["source_hash"][:16]
-    path = st.scratch / f"kiln_candidate_{digest}.py"
-    path.write_text(source, encoding="utf-8")
-    st.candidate_file = str(path)
-    if st.device_type == "cuda":
-        torch.cuda.set_device(0)
-        torch.empty(1, device="cuda")  # create the context before any candidate code runs
-    if st.device_type == "cpu":
-        torch.set_num_threads(timing.CPU_TIMING_THREADS)  # as the baseline is timed (timing.py)
-    _TB.fill_(torch.empty(1 << 20), 1)  # start the intra-op pool now, not inside the first forward
-    st.clock = timing.Clock(st.device_type)
-    st.audit = AuditMonitor(st.findings, st.candidate_file, req.get("reference_paths", []))
-    st.audit.install()
-    fence.arm(st.candidate_file, st.findings, st.evidence_fd, gate.candidate_site)
-    st.shared_maps = shared_mappings(st.device_type)
-    st.integrity = Integrity()
-    if req.get("artifacts") is not None:
-        install_prebuilt(req["artifacts"], req["toolchain"])
-    name = f"kiln_candidate_{digest}"
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    with st.armed():
-        spec.loader.exec_module(module)
-    cls = getattr(module, "ModelNew", None)
-    if not isinstance(cls, type) or not issubclass(cls, torch.nn.Module):
-        return {"ok": False, "error": {"type": "TypeError", "where": "",
-                                       "message": "ModelNew must be a torch.nn.Module subclass"}}
-    st.model_cls = cls
-    check_shared_mappings(st)
-    return {"ok": True}
-
-
-def handle_instance(st: ChildState, req: dict) -> dict:
-    st.model, st.previous, st.feed, st.last = None, [], [], []
-    torch.manual_seed(req["seed"])
-    with st.armed():
-        model = st.model_cls(*req["init_args"])
-    params = "seeded"
-    ref_state = req["state_dict"]
-    own_state = model.state_dict()
-    if ref_state and set(own_state) == set(ref_state) and all(
-            tuple(own_state[k].shape) == tuple(v.shape) for k, v in ref_state.items()):
-        with st.armed():
-            model.load_state_dict(ref_state, strict=True)
-        params = "loaded"
-    st.model = model.to(st.device)
-    st.owned = [_storage_range(t) for t in list(st.model.parameters()) + list(st.model.buffers())]
-    st.sync()
-    check_shared_mappings(st)
-    return {"ok": True, "params": params}
-
-
-def handle_call(st: ChildState, req: dict) -> dict:
-    """A correctness trial: the detailed gate, the settle check, and the input-mutation check."""
-    inputs = st.to_device(req["inputs"])
-    before = [tensor_digest(x) if isinstance(x, torch.Tensor) else None for x in inputs]
-    st.sync()
-    session = GateSession(st.findings, st.candidate_file, st.device_type, detailed=True).watch_threads()
-    with torch.no_grad(), st.armed(), session:
-        raw = st.model(*inputs)
-    outs, failure = check_outputs(st, raw, inputs)
-    if failure is None:
-        settle(st, session, outs)
-        for i, (x, digest) in enumerate(zip(inputs, before)):
-            if digest is not None and tensor_digest(x) != digest:
-                st.findings.add(Violation("input_mutated", f"input {i} was modified in place", "",
-                                          "forward must not write to its inputs"))
-    st.calls += 1
-    st.previous = outs
-    check_shared_mappings(st)
-    return {"ok": True, "outputs": outs if failure is None else [], "failure": failure}
-
-
-def handle_stage(st: ChildState, req: dict) -> dict:
-    """Before a timed run (not timed): its fresh inputs go into the fixed buffers (the same addresses
-    every run, as the baseline is fed), and on cuda the L2 cache is flushed."""
-    inputs = req["inputs"]
-    if len(st.feed) != len(inputs) or any(
-            isinstance(b, torch.Tensor) != isinstance(x, torch.Tensor)
-            or (isinstance(x, torch.Tensor) and (b.shape != x.shape or b.dtype != x.dtype))
-            for b, x in zip(st.feed, inputs)):
-        st.feed = st.to_device(inputs)
-    else:
-        st.feed = [_TB.copy_(b, x) if isinstance(x, torch.Tensor) else x for b, x in zip(st.feed, inputs)]
-    # Free the received buffers here, untimed: dropped at the next request instead, a large input
-    # (128 MB for a level-1 task on cuda) would be unmapped inside the timed run's round trip.
-    del inputs
-    req.pop("inputs", None)
-    st.last = []
-    st.clock.prepare()
-    return {"ok": True}
-
-
-def handle_run(st: ChildState, req: dict) -> dict:
-    """One timed forward, measured by this process's clock (the verifier measures the round trip with
-    its own). `null` runs the same path with a call that returns the last outputs instead of forward:
-    the verifier's measure of the overhead around a call."""
-    null = bool(req.get("null"))
-    call = (lambda: st.last) if null else (lambda: st.model(*st.feed))
-    session = GateSession(st.findings, st.candidate_file, st.device_type, detailed=False).watch_threads()
-    with torch.no_grad(), st.armed(), session:
-        opened = _perf()
-        raw, seconds = st.clock.measure(call)
-        window = _perf() - opened  # this process's wall clock around the same window (diagnostics)
-    outs, failure = check_outputs(st, raw, st.feed, record=not null)
-    if null:
-        session.new_threads(native_too=st.calls > 0)
-        return {"ok": True, "seconds": seconds, "window_s": window}
-    if failure is None:
-        _thread_check(st, session)
-    st.calls += 1
-    st.retired = st.previous  # freed by `settle`, outside the round trip the verifier times
-    st.previous = outs
-    st.last = outs if failure is None else []
-    return {"ok": True, "seconds": seconds, "window_s": window, "failure": failure}
-
-
-def handle_settle(st: ChildState, req: dict) -> dict:
-    """After a timed run and its null run, outside both round trips: what would otherwise sit in the
-    run's round trip but not in the null's, and so skew the verifier's floor: the shared-mapping
-    check (reading /proc/self/maps takes milliseconds in a CUDA process) and freeing the previous
-    run's outputs (unmapping a large CPU tensor takes milliseconds too)."""
-    check_shared_mappings(st)
-    st.retired = []
-    return {"ok": True}
-
-
-def handle_outputs(st: ChildState, req: dict) -> dict:
-    return {"ok": True, "outputs": st.last}
-
-
-def check_outputs(st: ChildState, out, inputs: list, *, record: bool = True):
-    """Outputs must be plain, dense tensors on the device in memory of their own. `record=False`
-    (the null run) goes through the same checks without adding findings."""
-    findings = st.findings if record else Findings()
-    items = list(out) if isinstance(out, (tuple, list)) else [out]
-    for i, t in enumerate(items):
-        if not isinstance(t, torch.Tensor):
-            return [], f"forward returned {type(t).__name__} as output {i}, not a tensor"
-        if type(t) is not torch.Tensor:
-            findings.add(Violation("output_type", f"output {i} is a {type(t).__qualname__}", "",
-                                      "outputs must be plain torch.Tensor objects, not subclasses"))
-            return [], f"output {i} is a tensor subclass"
-        if t.layout != torch.strided or t.device.type != st.device_type:
-            return [], f"output {i} is a {t.layout} tensor on {t.device}, expected a dense tensor on {st.device_type}"
-        if gate.foreign_memory(t):
-            findings.add(Violation("host_roundtrip", f"output {i} lives in memory torch did not allocate", "",
-                                      "torch.from_numpy / frombuffer: computed outside torch"))
-    taken = [_storage_range(x) for x in inputs if isinstance(x, torch.Tensor)]
-    earlier = [_storage_range(p) for p in st.previous]
-    for i, t in enumerate(items):
-        r = _storage_range(t)
-        if any(_overlaps(r, o) for o in taken) or any(_overlaps(r, o) for o in st.owned):
-            findings.add(Violation("output_alias", f"output {i} shares memory with an input or parameter", "",
-                                      "outputs must be fresh tensors"))
-        elif any(_overlaps(r, o) for o in earlier):
-            findings.add(Violation("output_reuse", f"output {i} reuses the memory of an earlier call's output",
-                                      "", "outputs must be fresh tensors, not a cached result"))
-    return items, None
-
-
-def settle(st: ChildState, session: GateSession, outs: list) -> None:
-    """Work still running after forward returned: on cuda, the current stream's view of the outputs
-    must equal the device-wide one; on cpu, no thread may keep writing them."""
-    snapshot = [tensor_digest(t) for t in outs]
-    _thread_check(st, session)
-    if st.device_type == "cuda":
-        timing.device_sync()
-    else:
-        _sleep(SETTLE_S)
-    if any(a != tensor_digest(b) for a, b in zip(snapshot, outs)):
-        kind = "stream_escape" if st.device_type == "cuda" else "thread_escape"
-        st.findings.add(Violation(kind, "the outputs were still being written after forward returned", "",
-                                  "work on another stream/thread escapes the timer"))
-
-
-def shared_mappings(device_type: str) -> set[str]:
-    """This process's shared memory mappings (a file, shared memory or memfd mapped MAP_SHARED), as
-    "range name" lines of /proc/self/maps. On cuda the driver maps devices, anonymous and memfd
-    memory shared as the context grows, so only mappings of files count there (anything under
-    /dev but /dev/shm is left out)."""
-    found = set()
-    try:
-        with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
-            for line in maps:
-                parts = line.split(None, 5)
-                if len(parts) < 2 or parts[1][3:4] != "s":
-                    continue
-                name = parts[5].strip() if len(parts) > 5 else ""
-                if device_type != "cpu" and not (name.startswith("/") and (not name.startswith("/dev/")
-                                                                            or name.startswith("/dev/shm/"))):
-                    continue
-                found.add(f"{parts[0]} {name}")
-    except OSError:
-        pass
-    return found
-
-
-def check_shared_mappings(st: ChildState) -> None:
-    """A shared mapping that candidate code made (torch.from_file(shared=True), a storage moved to
-    shared memory, an mmap) is memory that a tensor and a file descriptor both see: Python can read
-    the inputs' bytes and write results back through the descriptor while forward dispatches only
-    plumbing copies. Tensors over memory torch did not allocate are the candidate's own kernels'
-    business, never Python's, so any new shared mapping is a finding."""
-    new = shared_mappings(st.device_type) - st.shared_maps
-    if new:
-        scratch = str(st.scratch)
-        names = sorted({"a file in your scratch directory" if n.split(" ", 1)[-1].startswith(scratch) else
-                        "shared memory" for n in new})
-        st.findings.add(Violation("shared_memory", f"a shared memory mapping ({', '.join(names)})", "",
-                                  "tensor memory that Python reads and writes outside PyTorch "
-                                  "(torch.from_file / share_memory_ / mmap): compute in your own kernel"))
-        st.shared_maps |= new  # said once
-
-
-def _thread_check(st: ChildState, session: GateSession | None) -> None:
-    if session is None:
-        return
-    late = session.new_threads(native_too=st.calls > 0)
-    if late:
-        st.findings.add(Violation("thread_escape", f"threads still running after forward returned: {late[:3]}",
-                                  "", "work on a thread escapes the timer"))
-
-
-def tensor_digest(t: torch.Tensor) -> bytes:
-    """blake2b of a tensor's bytes, taken without any ATen compute op (only views and copies): the
-    digest does not depend on kernels a candidate could have re-registered."""
-    if _TB.numel(t) == 0:
-        return hashlib.blake2b(str((tuple(t.shape), t.dtype)).encode()).digest()
-    flat = _view(_reshape(_contiguous(t), (-1,)), torch.uint8)
-    # A copy: Tensor.numpy() marks the storage it shares as not resizable, which the foreign-memory
-    # check would later read as "memory torch did not allocate".
-    flat = _to(flat, "cpu") if flat.device.type != "cpu" else _clone(flat)
-    h = hashlib.blake2b(str((tuple(t.shape), t.dtype)).encode())
-    h.update(memoryview(_numpy(flat)))
-    return h.digest()
-
-
-def _storage_range(t: torch.Tensor) -> tuple[int, int]:
-    s = _TB.untyped_storage(t)
-    return s.data_ptr(), s.data_ptr() + s.nbytes()
-
-
-def _overlaps(a: tuple[int, int], b: tuple[int, int]) -> bool:
-    return a[0] < b[1] and b[0] < a[1] and a[0] != a[1] and b[0] != b[1]
-
-
-# -------------------------------------------------------------------------------- error reports
-
-
-def describe_error(st: ChildState, err: BaseException) -> dict:
-    where = ""
-    tb = err.__traceback__
-    while tb is not None:
-        if tb.tb_frame.f_code.co_filename == st.candidate_file:
-            where = gate.format_site(st.candidate_file, tb.tb_lineno)
-        tb = tb.tb_next
-    message = str(err)
-    fatal = any(m in message for m in _CUDA_MARKERS)
-    if len(message) > 2000:
-        message = message[:1000] + "\n...\n" + message[-800:]
-    return {"type": type(err).__name__, "message": message, "where": where, "fatal": fatal}
-
-
-HANDLERS = {"hello": handle_hello, "prepare": handle_prepare, "instance": handle_instance, "call": handle_call,
-            "stage": handle_stage, "run": handle_run, "settle": handle_settle, "outputs": handle_outputs}
-
-
-def serve(st: ChildState) -> int:
-    """Answer requests until `close` or the verifier hangs up. Returns the exit status."""
-    while True:
-        try:
-            req = wire.recv(st.sock)
-        except wire.WireError:
-            return 0
-        _reap_orphans()
-        op, nonce = req.get("op"), req.get("nonce")
-        if op == "close":
-            return 0
-        handler = HANDLERS.get(op)
-        started = _perf()
-        try:
-            reply = handler(st, req) if handler else {"ok": False, "internal": True,
-                                                      "error": {"type": "ValueError", "message": f"unknown op {op!r}"}}
-        except Exception as err:  # candidate code raised (or a CUDA error surfaced)
-            reply = {"ok": False, "error": describe_error(st, err)}
-        except BaseException as err:  # SystemExit, KeyboardInterrupt raised by the candidate
-            st.findings.add(Violation("exit", f"{type(err).__name__} raised", "", "ending the process"))
-            reply = {"ok": False, "error": describe_error(st, err)}
-        reply["findings"] = st.collect()
-        reply["nonce"] = nonce
-        reply["handled_s"] = _perf() - started
-        try:
-            wire.send(st.sock, reply)
-        except (OSError, wire.WireError) as err:
-            try:
-                wire.send(st.sock, {"ok": False, "nonce": nonce, "findings": reply["findings"],
-                                    "error": {"type": type(err).__name__, "where": "",
-                                              "message": f"the result could not be sent back: {err}"}})
-            except OSError:
-                return 3
-        if not reply.get("ok") and reply.get("error", {}).get("fatal"):
-            return 4  # a CUDA error poisons this process: leave, the verifier starts a fresh child
-
-
-def _reap_orphans() -> None:
-    """As PID 1 of its namespace the sandbox inherits every orphan the candidate leaves: reap them."""
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if not pid:
-            return
+# ------------------------------------------------------------------ before the candidate exists
 
 
 def child_main(fds: list[int], spec, report, args: dict) -> int:
-    """Entry point in the jailed process (called by the zygote)."""
+    """Entry point in the jailed process (called by the zygote): fds = [socket, evidence pipe, arena]."""
     isolation.hide_kiln_modules()
     if fence.active():
         report.ok("fence")
     else:
         report.fail("fence", "the compute fence's native library was not loaded: ATen kernels are not fenced")
     sock = socket.socket(fileno=fds[0])
-    evidence = fds[1] if len(fds) > 1 else -1
-    st = ChildState(sock, Path(spec.scratch), str(args.get("device", "cpu")), report, evidence)
+    device = "cuda" if args.get("device") == "cuda" else "cpu"
     try:
-        return serve(st)
-    except BaseException:
+        while True:
+            req = _receive(sock)
+            if req is None or req.get("op") == "close":
+                return 0
+            if req.get("op") == "hello":
+                _send(sock, dict(_hello(report, device, bool(req.get("check_cuda"))), nonce=req.get("nonce")))
+            elif req.get("op") == "prepare":
+                return _prepare(sock, fds[1], fds[2], device, req, report)
+            else:
+                _send(sock, {"ok": False, "internal": True, "nonce": req.get("nonce"),
+                             "error": f"unexpected request {req.get('op')!r}"})
+    except BaseException:  # a bug here, before any candidate code: the verifier reports infra
         traceback.print_exc()
         return 5
+
+
+def _receive(sock: socket.socket) -> dict | None:
+    head = _read(sock, _HEADER.size)
+    if head is None:
+        return None
+    (n,) = _HEADER.unpack(head)
+    body = _read(sock, n) if n <= MAX_REQUEST else None
+    return msgpack.unpackb(body, raw=False) if body is not None else None
+
+
+def _read(sock: socket.socket, n: int) -> bytes | None:
+    buf = bytearray(n)
+    view, got = memoryview(buf), 0
+    while got < n:
+        k = sock.recv_into(view[got:], n - got)
+        if not k:
+            return None
+        got += k
+    return bytes(buf)
+
+
+def _send(sock: socket.socket, body: dict) -> None:
+    payload = msgpack.packb(body, use_bin_type=True)
+    sock.sendall(_HEADER.pack(len(payload)) + payload)
+
+
+def _hello(report, device: str, check_cuda: bool) -> dict:
+    """The jail's report, before any candidate code exists. With `check_cuda` (the verifier's start-up
+    probe on cuda), also whether a CUDA context can be created inside the jail."""
+    reply = {"ok": True, "jail": report.to_json(), "pid": os.getpid()}
+    if check_cuda:
+        try:
+            torch.cuda.set_device(0)
+            torch.empty(1, device="cuda")
+            torch.cuda.synchronize()
+            reply["cuda"] = ""
+        except Exception as err:  # noqa: BLE001 - reported to the verifier, which refuses to start
+            reply["cuda"] = f"{type(err).__name__}: {err}"[:600]
+    return reply
+
+
+def _prepare(sock: socket.socket, evidence_fd: int, arena_fd: int, device: str, req: dict, report) -> int:
+    """Everything that must exist before the candidate does, the seal, the import, then `serve`."""
+    key = bytes(req["key"])
+    try:
+        if device == "cuda":
+            torch.cuda.set_device(0)
+            torch.empty(1, device="cuda")  # the context, before any candidate code
+        torch.set_num_threads(int(req.get("threads") or timing.CPU_TIMING_THREADS))
+        torch.empty(1 << 20).fill_(1)  # start the intra-op pool now, not inside the first forward
+        arena = torch.from_file(f"/proc/self/fd/{arena_fd}", shared=True, size=int(req["arena"]),
+                                dtype=torch.uint8)
+        os.close(arena_fd)
+        if req.get("artifacts") is not None:
+            install_prebuilt(req["artifacts"], req["toolchain"])
+        caps = _capture(sock, key, arena, device)
+    except Exception as err:  # noqa: BLE001 - still no candidate code: the system's fault
+        _send(sock, {"ok": False, "internal": True, "error": f"{type(err).__name__}: {err}"[:2000]})
+        return 5
+    path, source = str(req["candidate"]), str(req.get("source") or "")
+    module = types.ModuleType(CANDIDATE_MODULE)
+    module.__file__ = path
+    sys.modules[CANDIDATE_MODULE] = module
+    try:
+        code = compile(source, path, "exec")
+    except SyntaxError as err:  # the static stage parsed it, so this is the system's fault
+        _send(sock, {"ok": False, "internal": True, "error": f"SyntaxError: {err}"})
+        return 5
+    kn = native.loaded()
+    fence.install_refusers(kn)
+    sys.modules.pop(native.NATIVE, None)
+    sys.modules.pop(native.FENCE, None)
+    native.arm(kn, evidence_fd, path, source, jail.armed_seccomp_program())
+    serve = server(**caps)
+    _send(sock, {"ok": True, "nonce": req["nonce"]})  # sealed; the last unsigned reply: no candidate code ran yet
+    return serve(code, module)
+
+
+def _capture(sock: socket.socket, key: bytes, arena: torch.Tensor, device: str) -> dict:
+    """Every callable and object `server` uses, bound now: C functions and methods of C types (which
+    no Python code can replace), a msgpack packer, the sandbox's own tensors."""
+    data = fence.data_movement()
+    if data is None:
+        raise RuntimeError("the sandbox's data movement needs the fence library (kiln_fence)")
+    import torch.nn as nn
+
+    caps = dict(
+        sock=sock, key=key, arena=arena, device=device, dtypes=dict(DTYPES), dtype_names=dict(DTYPE_NAMES),
+        recv_into=_socket.socket.recv_into, sendall=_socket.socket.sendall, unpack_header=_HEADER.unpack,
+        pack_header=_HEADER.pack, unpackb=msgpack.unpackb, pack=msgpack.Packer(use_bin_type=True).pack,
+        hmac=_hashlib.hmac_digest, bytearray_=bytearray, memoryview_=memoryview, bytes_=bytes, str_=str,
+        exec_=exec, type_name=type.__dict__["__name__"].__get__,
+        int_=int, len_=len, range_=range, type_=type, tuple_=tuple, list_=list, dict_=dict, min_=min,
+        tensor_type=torch.Tensor, base_exception=BaseException, exception=Exception, value_error=ValueError,
+        append=list.append, dict_get=dict.get, str_join=str.join, str_contains=str.__contains__,
+        plain=data.plain, meta=data.meta, empty=data.empty, bytes_view=data.bytes_view, copy=data.copy,
+        poison=data.poison, arm_compute=native.loaded().arm_compute, evidence_since=native.loaded().evidence_since,
+        perf=time.perf_counter, sleep=time.sleep, site_of=native.loaded().traceback_site,
+        exc_traceback=BaseException.__traceback__.__get__, cuda_fatal=CUDA_FATAL,
+        module_dict=type(sys).__dict__["__dict__"].__get__, issubclass_=issubclass, module_class=nn.Module,
+        state_dict=nn.Module.state_dict, load_state_dict=nn.Module.load_state_dict, to_device=nn.Module.to,
+        manual_seed=torch.default_generator.manual_seed, no_grad=torch._C._set_grad_enabled,
+        align=ALIGN, settle_s=SETTLE_S, sync=_noop, stream_sync=_noop, set_stream=_noop, delay=_noop,
+        flush=None, flush_zero=None, comparison=_comparison(device))
+    if device == "cuda":
+        stream = torch.cuda.current_stream()
+        ident = (stream.stream_id, stream.device_index, stream.device_type)
+        props = torch.cuda.get_device_properties(0)
+        l2 = max(2 * int(getattr(props, "L2_cache_size", 0) or (50 << 20)), 64 << 20)
+        caps.update(
+            sync=torch._C._cuda_synchronize, stream_sync=lambda _s=stream, _f=torch._C._CudaStreamBase.synchronize: _f(_s),
+            set_stream=lambda _i=ident, _f=torch._C._cuda_setStream: _f(*_i),
+            delay=lambda _f=torch._C._cuda_sleep: _f(INPUT_DELAY_CYCLES),
+            flush=torch.empty(l2, dtype=torch.uint8, device="cuda"),
+            flush_zero=torch.zeros(l2, dtype=torch.uint8, device="cuda"))
+    return caps
+
+
+def _noop() -> None:
+    return None
+
+
+def _comparison(device: str) -> list:
+    """(namespace, name, getter) of the functions a comparison or a measurement would use: patching
+    them is an attempt on the verdict, recorded though it cannot succeed (outputs are compared and
+    calls timed in the verifier's own process)."""
+    import time as time_module
+
+    import torch.testing
+
+    proxy = type(type.__dict__).get
+    found = ([(vars(torch), n, dict.get) for n in ("allclose", "isclose", "equal", "testing")]
+             + [(vars(torch.testing), "assert_close", dict.get)]
+             + [(torch.Tensor.__dict__, n, proxy) for n in ("__eq__", "__ne__")]
+             + [(torch._C.TensorBase.__dict__, n, proxy) for n in ("allclose", "equal", "isclose")]
+             + [(vars(time_module), n, dict.get) for n in ("perf_counter", "perf_counter_ns", "monotonic", "time")])
+    if device == "cuda":
+        found += [(vars(torch.cuda), n, dict.get) for n in ("synchronize", "Event", "current_stream", "Stream")]
+        found += [(torch.cuda.Event.__dict__, n, proxy) for n in ("elapsed_time", "record", "synchronize", "query")]
+    return found
+
+
+# ---------------------------------------------------------- after: the candidate's process
+
+
+def server(*, sock, key, arena, device, dtypes, dtype_names, recv_into, sendall, unpack_header, pack_header,
+           unpackb, pack, hmac, bytearray_, memoryview_, bytes_, str_, exec_, type_name, int_, len_, range_, type_,
+           tuple_, list_, dict_, min_, tensor_type, base_exception, exception, value_error, append, dict_get,
+           str_join, str_contains, plain, meta, empty, bytes_view, copy, poison, arm_compute, evidence_since, perf,
+           sleep, site_of,
+           exc_traceback,
+           cuda_fatal, module_dict, issubclass_, module_class, state_dict, load_state_dict, to_device, manual_seed,
+           no_grad, align, settle_s, sync, stream_sync, set_stream, delay, flush, flush_zero, comparison):
+    """The sandbox's half that runs once candidate code exists. Every name below is a parameter or a
+    local: the nested functions load no global, builtin or attribute (tests/verifier checks the
+    bytecode), so the candidate cannot change what they call."""
+    state = {"models": [], "model": None, "cls": None, "snaps": [], "null_snaps": [], "sets": [], "last": None,
+             "logged": 0}
+
+    def receive():
+        head = read(4)
+        if head is None:
+            return None
+        (n,) = unpack_header(head)
+        if n > 16 << 20:
+            return None
+        body = read(n)
+        return None if body is None else unpackb(body, raw=False)
+
+    def read(n):
+        buf = bytearray_(n)
+        view = memoryview_(buf)
+        got = 0
+        while got < n:
+            k = recv_into(sock, view[got:], n - got)
+            if not k:
+                return None
+            got = got + k
+        return bytes_(buf)
+
+    def reply(nonce, body):
+        body["nonce"] = nonce
+        body["evidence"], state["logged"], _ = evidence_since(state["logged"])  # kiln_native log, since the last reply
+        payload = pack(body)
+        sendall(sock, pack_header(len_(payload)) + payload + hmac(key, payload, "sha256"))
+
+    def tensor_at(desc):
+        """A view of the arena: [offset, nbytes, dtype name, shape]."""
+        return bytes_view(arena, desc[0], desc[1], dtypes[desc[2]], desc[3])
+
+    def staged(items):
+        """Inputs from the arena into fresh tensors of this device; non-tensor inputs as sent."""
+        out = []
+        for item in items:
+            if type_(item) is dict_:
+                append(out, item["v"])
+                continue
+            dst = empty(item[3], dtypes[item[2]], device)
+            copy(dst, tensor_at(item))
+            append(out, dst)
+        return out
+
+    def delayed(items):
+        """A correctness trial's inputs: on cuda first onto the device, then, after a delay on the
+        caller's stream, into tensors that hold NaN until then (the copy is in that stream's order,
+        so only work ordered after it sees the inputs); on cpu as `staged`."""
+        ready = staged(items)
+        if flush is None:
+            return ready
+        out = []
+        for x in ready:
+            if type_(x) is tensor_type:
+                dst = empty(meta(x)[1], meta(x)[0], device)
+                poison(dst)
+                append(out, dst)
+            else:
+                append(out, x)
+        delay()
+        for i in range_(len_(out)):
+            if type_(out[i]) is tensor_type:
+                copy(out[i], ready[i], True)
+        return out
+
+    def lookalike(kind):
+        """A subclass of a tensor, tuple or list: something that poses as an output and runs code of
+        its own when read."""
+        return issubclass_(kind, tensor_type) or issubclass_(kind, tuple_) or issubclass_(kind, list_)
+
+    def outputs_of(result):
+        """forward's result as a tuple of plain tensors, or (None, why, whether it poses as one)."""
+        kind = type_(result)
+        if kind is tensor_type:
+            return (result,), "", False
+        if kind is not tuple_ and kind is not list_:
+            return (None, f"forward returned a {type_name(kind)}, not a tensor or a tuple/list of tensors",
+                    lookalike(kind))
+        items = tuple_(result)
+        for i in range_(len_(items)):
+            if not plain(items[i]):
+                return (None, f"output {i} is a {type_name(type_(items[i]))}, not a plain torch.Tensor",
+                        lookalike(type_(items[i])))
+        return items, "", False
+
+    def lay_out(items, region):
+        """Copy tensors into the arena region [offset, limit]; their metadata, placed or not."""
+        offset, limit = region[0], region[0] + region[1]
+        placed = []
+        for t in items:
+            dtype, shape, strides, where, nbytes = meta(t)
+            name = dict_get(dtype_names, dtype)
+            entry = [-1, nbytes, name, list_(shape), list_(strides), where]
+            if name is not None and where == device and offset + nbytes <= limit:
+                copy(bytes_view(arena, offset, nbytes, dtype, shape), t)
+                entry[0] = offset
+                offset = offset + (nbytes + align - 1) // align * align
+            append(placed, entry)
+        return placed
+
+    def failure(exc):
+        text = str_(exc)[:2000]
+        return {"ok": True, "failure": f"{type_name(type_(exc))}: {text}", "where": site_of(exc_traceback(exc)),
+                "raised": True, "fatal": any_fatal(text)}
+
+    watched = [(space, name, get, get(space, name)) for space, name, get in comparison]
+
+    def patched():
+        """The comparison functions of torch the candidate replaced (the verifier compares in its own
+        process, so this only records the attempt)."""
+        found = []
+        for space, name, get, original in watched:
+            if get(space, name) is not original:
+                append(found, name)
+        return found
+
+    def any_fatal(text):
+        for marker in cuda_fatal:
+            if str_contains(text, marker):
+                return True
+        return False
+
+    def op_load(code, module):
+        exec_(code, module_dict(module))
+        cls = dict_get(module_dict(module), "ModelNew")
+        if type_(cls) is not type_ or not issubclass_(cls, module_class):
+            return {"ok": True, "failure": "ModelNew must be a torch.nn.Module subclass defined by the candidate"}
+        state["cls"] = cls
+        return {"ok": True}
+
+    def op_build(req):
+        """Every ModelNew of the run, each seeded as the reference was and given the reference's
+        parameters and buffers where their names and shapes match; then the compute fence is armed,
+        before the first input exists here."""
+        built, how = [], []
+        for spec in req["instances"]:
+            manual_seed(spec["seed"])
+            model = state["cls"](*spec["init"])
+            params = "seeded"
+            wanted = spec["params"]
+            if len_(state_dict(model)) == len_(wanted):
+                loaded = {}
+                for name, desc in wanted:
+                    dst = empty(desc[3], dtypes[desc[2]], "cpu")
+                    copy(dst, tensor_at(desc))
+                    loaded[name] = dst
+                try:
+                    load_state_dict(model, loaded, True)
+                    params = "loaded"
+                except exception:
+                    params = "seeded"
+            append(built, to_device(model, device))
+            append(how, params)
+        sync()
+        state["models"] = built
+        arm_compute()
+        return {"ok": True, "params": how}
+
+    def op_call(req):
+        """A correctness trial: the outputs as they are when forward returns (and the caller's
+        stream is synchronised), again after the device (or, on cpu, a pause) settled, and the
+        inputs as forward left them."""
+        no_grad(False)
+        set_stream()
+        inputs = delayed(req["inputs"])
+        result = state["models"][req["instance"]](*inputs)
+        set_stream()
+        stream_sync()
+        items, why, subclass = outputs_of(result)
+        if items is None:
+            return {"ok": True, "failure": why, "subclass": subclass}
+        first = lay_out(items, req["out"])
+        started = perf()
+        sync()  # cuda: the whole device; how long it took says whether work was still running
+        pending = perf() - started
+        sleep(settle_s) if device == "cpu" else None
+        second = lay_out(items, req["after"])
+        stream_sync()
+        kept = lay_out([x for x in inputs if type_(x) is tensor_type], req["kept"])
+        return {"ok": True, "outputs": first, "after": second, "inputs_after": kept, "pending_s": pending}
+
+    def op_stage(req):
+        """The next trip's inputs onto the device, one set per call (outside any timed request)."""
+        if state["model"] is not state["models"][req["instance"]]:
+            state["model"], state["snaps"], state["null_snaps"], state["last"] = state["models"][req["instance"]], [], [], None
+        state["sets"] = [staged(items) for items in req["calls"]]
+        sync()
+        return {"ok": True}
+
+    def op_trip(req):
+        """The staged calls, each preceded (on cuda) by an L2 flush and followed by a copy of its
+        outputs to a snapshot the moment it returned; `null` does the same work without forward, on
+        the last outputs. Ends when the device is idle."""
+        no_grad(False)
+        null, expect, sets = req["null"], req["expect"], state["sets"]
+        # The null trip's snapshots have buffers of their own: the run trip's are what `fetch` reads.
+        snaps = state["null_snaps"] if null else state["snaps"]
+        while len_(snaps) < len_(sets):
+            append(snaps, [empty(e[1], dtypes[e[0]], device) for e in expect])
+        model = state["model"]
+        for k in range_(len_(sets)):
+            if flush is not None:
+                copy(flush, flush_zero)
+            set_stream()
+            result = state["last"] if null else model(*sets[k])
+            set_stream()
+            items, why, subclass = outputs_of(result)
+            if items is None:
+                sync()
+                return {"ok": True, "failure": why, "subclass": subclass}
+            if len_(items) != len_(expect):
+                sync()
+                return {"ok": True, "failure": f"forward returned {len_(items)} outputs, expected {len_(expect)}"}
+            for i in range_(len_(items)):
+                dtype, shape, strides, where, nbytes = meta(items[i])
+                if dict_get(dtype_names, dtype) != expect[i][0] or list_(shape) != expect[i][1] or where != device:
+                    sync()
+                    return {"ok": True, "failure": f"output {i} changed its dtype, shape or device in a timed call"}
+                copy(snaps[k][i], items[i])
+            state["last"] = result
+        sync()
+        return {"ok": True}
+
+    def op_fetch(req):
+        return {"ok": True, "outputs": lay_out(state["snaps"][req["call"]], req["out"])}
+
+    handlers = {"build": op_build, "call": op_call, "stage": op_stage, "trip": op_trip, "fetch": op_fetch}
+
+    def serve(code, module):
+        while True:
+            req = receive()
+            if req is None or req["op"] == "close":
+                return 0
+            op = req["op"]
+            started = perf()
+            try:
+                body = op_load(code, module) if op == "load" else handlers[op](req)
+            except base_exception as exc:  # candidate code raised (SystemExit too), or a CUDA error surfaced
+                body = failure(exc)
+            body["handled_s"] = perf() - started
+            body["patched"] = patched()
+            reply(req["nonce"], body)
+            if dict_get(body, "fatal"):
+                return 4  # a CUDA error poisons this process: leave, the verifier starts a fresh one
+
+    return serve

@@ -8,7 +8,8 @@ the same text applies to every backend, that starts with
     # one line saying what the candidate tries
 
 `expect` is an error class (cheating, correctness, runtime, timeout, ...) or `pass` for the control
-cases. Cases built on the same extension hold it once: a line
+cases. An optional `config=section.key=value[,section.key=value]` after it names the verifier settings
+the verdict holds under (a case about switching vendor libraries off runs with them off). Cases built on the same extension hold it once: a line
 
     # kiln-adversarial-include: _relu_extension.py
 
@@ -16,7 +17,8 @@ stands for that file of the backend's directory (a name starting with "_" is not
 verifier gets the same text as if it were written out, and identical extensions are built once per
 run. A common case that includes the relu extension thus gets the C++ one on cpu and the CUDA one on
 cuda. The suite runs the same way in CI (cpu) and on the GPU machine
-(`python -m launch.bench.gpu_verifier`, cuda).
+(`python -m launch.bench.gpu_verifier`, cuda). Tasks that exist only for the suite (a reference whose
+outputs are all tiny, one that produces NaN) live in tests/adversarial/tasks/ (`suite_tasks`).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ def suite_dir() -> Path:
     be installed without its tests), else next to this package."""
     here = Path.cwd() / "tests" / "adversarial"
     return here if here.is_dir() else REPO / "tests" / "adversarial"
-_HEADER = re.compile(r"^# kiln-adversarial: task=(\S+) expect=(\S+)\s*$")
+_HEADER = re.compile(r"^# kiln-adversarial: task=(\S+) expect=(\S+)(?: config=(\S+))?\s*$")
 _INCLUDE = re.compile(r"^# kiln-adversarial-include: (_\w+\.py)\s*$")
 
 
@@ -48,6 +50,7 @@ class SuiteCase:
     expect: str  # an error class, or "pass"
     why: str
     include_dir: Path  # where its include lines are resolved: the backend's directory
+    config: tuple[str, ...] = ()  # verifier overrides the verdict holds under ("verifier.x.y=z")
 
     def source(self) -> str:
         """The candidate as the verifier gets it: the file, each include line replaced by the file it names."""
@@ -78,10 +81,22 @@ def load_suite(backend: str, root: Path | None = None) -> list[SuiteCase]:
         if m is None:
             raise ValueError(f"{path}: first line must be '# kiln-adversarial: task=... expect=...'")
         why = lines[1].lstrip("# ").strip() if len(lines) > 1 else ""
-        case = SuiteCase(path.stem, path, m.group(1), m.group(2), why, root / backend)
+        config = tuple(c for c in (m.group(3) or "").split(",") if c)
+        case = SuiteCase(path.stem, path, m.group(1), m.group(2), why, root / backend, config)
         case.source()  # an include that is not there stops the suite here, naming the case
         cases[case.name] = case
     return [cases[name] for name in sorted(cases)]
+
+
+def suite_tasks(backend: str, tasks_dir: str | Path = "tasks", root: Path | None = None) -> dict[str, Task]:
+    """The tasks the suite's cases name: the shipped ones and tests/adversarial/tasks/."""
+    from tasks.loader import load_tasks
+
+    found = {t.task_id: t for t in load_tasks(tasks_dir, backend)}
+    extra = (root or suite_dir()) / "tasks"
+    if extra.is_dir():
+        found.update({t.task_id: t for t in load_tasks(extra, backend)})
+    return found
 
 
 def verdict(result: VerifyResult) -> str:

@@ -1,17 +1,19 @@
-"""Device-synchronised timing, the rule that decides which clock counts, and the plausibility bound.
+"""The timing protocol (one harness for the candidate and the baselines) and the plausibility bound.
 
-`Clock` measures one call, the same way for the candidate (in its sandbox) and the reference
-baselines (in the verifier):
-* cuda: before each run (`prepare`, outside the window) a buffer twice the L2 size is zeroed (a cold
-  cache, as a fresh call would see in a model); then start event -> the call -> a device-wide
-  synchronize -> end event. The device-wide synchronize makes work on side streams count.
-* cpu: perf_counter around the call (no L2 flush).
+A figure that enters the reward comes from the verifier's own clock, never from a process that
+loaded candidate code. The unit of measurement is a *trip*: K calls, each on a fresh draw of the
+task's inputs staged into fixed buffers, each preceded (on cuda) by an L2 flush and followed by a
+copy of its outputs (the snapshot the output check reads), the trip ending once the device is idle.
+A *null trip* does the same work without the forward, re-using the last outputs. The verifier times
+a trip and its null trip back to back, alternating which goes first; one call costs
 
-A sandbox's clock is the candidate's clock: it runs in the candidate's process. So every timed run
-is also measured by the verifier, around the round trip of the request that made it (`run`), and
-so is the same request without the forward (`null`) in between. `trusted_seconds` uses the
-sandbox's median only while it is not clearly below the verifier's floor (fastest round trip minus
-fastest null); when the sandbox claims less, the floor counts and the diagnostics say so.
+    (trip - null trip) / K
+
+so the round trip to the sandbox, the staging, the flush and the snapshot cancel out and K amortises
+what noise is left (K is chosen so that a trip lasts TRIP_TARGET_S). The candidate's trips run in its
+sandbox (a request each, timed here around the request); the baselines' trips run in the verifier
+(`LocalTrips`, the same steps in the same order), which never loads candidate code. The mean of the
+per-call figures pays; the median is recorded beside it.
 
 `Bandwidth` is the physical plausibility bound: calibrated once per device at start-up (the fastest
 copy this device achieves, at cache and at memory sizes), it gives the shortest time a call that
@@ -21,27 +23,25 @@ reads its inputs and writes its outputs can take. A measured time below it earns
 from __future__ import annotations
 
 import contextlib
+import math
 import statistics
 import sys
 import threading
 import time
+from dataclasses import dataclass, field
 
 import torch
-
-# Captured at import (before any candidate runs in this process): C-level functions that a
-# candidate's monkey-patching of torch.cuda.Event / torch.cuda.synchronize cannot reach.
-_EventBase = torch._C._CudaEventBase  # a method-less stub in CPU-only builds of torch
-_record, _elapsed, _event_sync = (getattr(_EventBase, n, None) for n in ("record", "elapsed_time", "synchronize"))
-_current_stream = torch.cuda.current_stream
-device_sync = getattr(torch._C, "_cuda_synchronize", None) or torch.cuda.synchronize
-_zero = torch._C.TensorBase.zero_
 
 MIN_RUNS = 3
 # On the cpu backend both sides are timed on one intra-op thread: CPU timing shares the host with
 # compiles and other sandboxes, and a spinning OpenMP team on an oversubscribed host turns a
 # microsecond op into milliseconds. One thread measures the kernels, not the scheduler.
 CPU_TIMING_THREADS = 1
-_perf_ns = time.perf_counter_ns
+# How long one trip should last: long enough that the round trip's noise (tens of microseconds on a
+# loaded host) is a small part of it, short enough that a round of trips stays cheap.
+TRIP_TARGET_S = {"cpu": 4e-3, "cuda": 2e-3}
+MAX_CALLS_PER_TRIP = 64
+device_sync = getattr(torch._C, "_cuda_synchronize", None) or torch.cuda.synchronize
 
 
 @contextlib.contextmanager
@@ -58,82 +58,119 @@ def cpu_threads(device_type: str):
         torch.set_num_threads(old)
 
 
-class Clock:
-    def __init__(self, device_type: str) -> None:
-        self.device_type = device_type
-        self._flush = None
-        if device_type == "cuda":
-            props = torch.cuda.get_device_properties(torch.cuda.current_device())
-            l2 = int(getattr(props, "L2_cache_size", 0) or 0) or (50 << 20)
-            self._flush = torch.empty(max(2 * l2, 64 << 20), dtype=torch.uint8, device="cuda")
-            self._start = _EventBase(enable_timing=True)
-            self._end = _EventBase(enable_timing=True)
-
-    def prepare(self) -> None:
-        """Before a timed run, outside its window: a cold L2 on cuda."""
-        if self.device_type == "cuda":
-            _zero(self._flush)
-            device_sync()
-
-    def measure(self, fn):
-        """(fn's result, seconds) for one call."""
-        if self.device_type != "cuda":
-            t0 = _perf_ns()
-            result = fn()
-            return result, (_perf_ns() - t0) / 1e9
-        _record(self._start, _current_stream())
-        result = fn()
-        device_sync()
-        _record(self._end, _current_stream())
-        _event_sync(self._end)
-        return result, _elapsed(self._start, self._end) / 1e3
-
-    def sync(self) -> None:
-        if self.device_type == "cuda":
-            device_sync()
-
-
 def median(times: list[float]) -> float:
     return statistics.median(times) if times else float("nan")
 
 
-# The sandbox's clock is distrusted when the verifier's floor exceeds its median by more than this
-# ratio and slack. The slack is the honest excess of the floor over the sandbox's own time, per
-# backend: on cpu the run and null request paths differ by a Python call or two; on an H100 the
-# floor of honest candidates exceeded their CUDA-event times by 0.03-0.36 ms (median 0.2-0.25 ms
-# in four runs of 25): the host work after a real forward (output checks, the reply) runs slower
-# than after the null's, and the events start after the handler's own work began. A forger gains
-# at most this slack plus the ratio.
-CLOCK_RATIO = 1.25
-CLOCK_SLACK_S = {"cpu": 50e-6, "cuda": 400e-6}
+def calls_per_trip(estimate_s: float, device_type: str, most: int) -> int:
+    """K for a call that takes about `estimate_s`: a trip of TRIP_TARGET_S, within [1, most]."""
+    target = TRIP_TARGET_S.get(device_type, TRIP_TARGET_S["cpu"])
+    k = math.ceil(target / max(estimate_s, 1e-7))
+    return max(1, min(k, most, MAX_CALLS_PER_TRIP))
 
 
-def trusted_seconds(reported: list[float], round_trips: list[float], nulls: list[float],
-                    device_type: str = "cpu") -> tuple[float, str]:
-    """The candidate's time per call, and whose clock it is ("sandbox" or "verifier").
+@dataclass
+class TripTimes:
+    """Per-call seconds from paired trips: what the reward reads (mean) and what is recorded beside it."""
 
-    `reported`: the sandbox's own measurement of each timed run; `round_trips`: the verifier's clock
-    around the same requests; `nulls`: the verifier's clock around the same request path without the
-    forward. Scheduling noise on a shared host only ever adds time to a round trip, so the fastest
-    round trip minus the fastest null is a floor under what one forward took, measured from outside
-    the sandbox. The sandbox's median counts while it is not clearly below that floor; otherwise the
-    floor counts. A forged sandbox clock therefore gains at most the gap between a forward's fastest
-    run and its median, plus the band."""
-    own = median(reported)
-    floor = max(min(round_trips) - min(nulls), 1e-9) if round_trips and nulls else 1e-9
-    if not reported or own != own or own <= 0:
-        return floor, "verifier"
-    if floor > own * CLOCK_RATIO + CLOCK_SLACK_S.get(device_type, CLOCK_SLACK_S["cpu"]):
-        return floor, "verifier"
-    return own, "sandbox"
+    calls_per_trip: int
+    per_call: list[float] = field(default_factory=list)  # (trip - null trip) / K, one per pair
+    trips: list[float] = field(default_factory=list)
+    nulls: list[float] = field(default_factory=list)
+
+    @property
+    def mean_s(self) -> float:
+        return max(statistics.fmean(self.per_call), 1e-9) if self.per_call else float("nan")
+
+    @property
+    def median_s(self) -> float:
+        return max(median(self.per_call), 1e-9) if self.per_call else float("nan")
+
+    def to_json(self) -> dict:
+        return {"calls_per_trip": self.calls_per_trip, "pairs": len(self.per_call), "mean_s": self.mean_s,
+                "median_s": self.median_s, "trip_min_s": min(self.trips, default=None),
+                "null_min_s": min(self.nulls, default=None)}
 
 
-# The verifier measures a timed run's round trip from one of its threads. When the reply arrives, that
+def time_pair(trip, k: int, index: int) -> tuple[float, float]:
+    """(trip seconds, null trip seconds) by this process's clock; `trip(k, null)` runs one. The order
+    alternates with `index` so that drift between the two cancels over pairs."""
+    order = (False, True) if index % 2 == 0 else (True, False)
+    took = {}
+    for null in order:
+        t0 = time.perf_counter()
+        trip(k, null)
+        took[null] = time.perf_counter() - t0
+    return took[False], took[True]
+
+
+def choose_k(trip, device_type: str, most: int, warmups: int) -> int:
+    """K for the timed pairs, from `warmups` untimed pairs of a few calls each (one call's cost is too
+    close to the round trip's noise to measure alone)."""
+    k0 = max(1, min(4, most))
+    estimates = []
+    for i in range(max(warmups, 1)):
+        run_s, null_s = time_pair(trip, k0, i)
+        estimates.append(max((run_s - null_s) / k0, 1e-7))
+    return calls_per_trip(median(estimates), device_type, most)
+
+
+def record(times: TripTimes, run_s: float, null_s: float) -> None:
+    times.trips.append(run_s)
+    times.nulls.append(null_s)
+    times.per_call.append((run_s - null_s) / times.calls_per_trip)
+
+
+class LocalTrips:
+    """Trips of the reference (eager or compiled) in this process, step for step as the sandbox runs
+    the candidate's (sandbox.py, op_trip): each call on its own set of inputs already on the device,
+    preceded (on cuda) by an L2 flush, its outputs copied to a snapshot; then wait for the device.
+    `sets` are the calls' inputs (on the host); `stage(k)` puts the first k on the device, untimed."""
+
+    def __init__(self, fn, sets: list[list], device: str) -> None:
+        self.fn = fn
+        self.sets = sets
+        self.device = device
+        self.cuda = device.startswith("cuda")
+        self.staged: list[list] = []
+        self.last = None
+        self.snaps: dict[bool, list[list[torch.Tensor]]] = {False: [], True: []}
+        self.flush = self.zero = None
+        if self.cuda:
+            props = torch.cuda.get_device_properties(torch.cuda.current_device())
+            size = max(2 * int(getattr(props, "L2_cache_size", 0) or (50 << 20)), 64 << 20)
+            self.flush = torch.empty(size, dtype=torch.uint8, device=device)
+            self.zero = torch.zeros(size, dtype=torch.uint8, device=device)
+
+    def stage(self, k: int) -> None:
+        self.staged = [[x.to(self.device) if isinstance(x, torch.Tensor) else x for x in self.sets[i % len(self.sets)]]
+                       for i in range(k)]
+        if self.cuda:
+            device_sync()
+
+    def __call__(self, k: int, null: bool) -> None:
+        if len(self.staged) != k:
+            raise ValueError(f"{len(self.staged)} calls are staged, not {k}")
+        snaps = self.snaps[null]
+        for i in range(k):
+            if self.flush is not None:
+                self.flush.copy_(self.zero)
+            out = self.last if null and self.last is not None else self.fn(*self.staged[i])
+            items = list(out) if isinstance(out, (tuple, list)) else [out]
+            while len(snaps) <= i:
+                snaps.append([torch.empty_like(t) for t in items])
+            for snap, t in zip(snaps[i], items):
+                snap.copy_(t)
+            self.last = out
+        if self.cuda:
+            device_sync()
+
+
+# The verifier measures a trip's round trip from one of its threads. When the reply arrives, that
 # thread must take the GIL back from whichever thread took it while it waited, and CPython hands the
-# GIL over only every switch interval (5 ms by default): a busy verifier (other candidates' checks,
-# compile supervision, baseline work) then adds up to 5 ms to a run's round trip but rarely to the
-# much shorter null round trip, and the floor counts a 0.2 ms kernel as several ms. While any timed
-# window is open the interval is this short, so the thread gets the GIL back within microseconds.
+# GIL over only every switch interval (5 ms by default): a busy verifier would add up to 5 ms to a
+# trip but rarely to its null trip. While any timed window is open the interval is this short, so the
+# thread gets the GIL back within microseconds.
 TIMING_SWITCH_INTERVAL_S = 20e-6
 _windows = 0
 _windows_lock = threading.Lock()

@@ -2,7 +2,8 @@
 gets the same VerifyResult without running again, and nothing but the verifier can write an entry.
 
 Key = sha256(source hash, task id, reference hash, toolchain id, the verifier settings that change a
-verdict or a score, VERIFIER_VERSION). Results whose outcome depends on the moment (infra, timeout)
+verdict or a score, VERIFIER_VERSION and a digest of the verifier's own code, so that a changed
+verifier never serves a verdict its predecessor reached). Results whose outcome depends on the moment (infra, timeout)
 are never stored. The cache lives in the verifier's cache directory, which no sandbox can see
 (isolation.kiln_hidden), and each entry is authenticated anyway: an HMAC-SHA256, keyed by a secret
 that only the verifier's processes can read (`<root>/.key`, mode 0600, created on first use), over
@@ -14,6 +15,7 @@ transplanted entry is a miss. Entries are written by atomic rename.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import hmac
 import json
@@ -26,8 +28,8 @@ from pathlib import Path
 from configs import VerifierConfig
 from protocols import ProtocolError, Task, VerifyResult, decode, encode
 
-# Bump whenever the verifier's checks change what a candidate's verdict would be.
-VERIFIER_VERSION = "kiln-verifier-2"
+# The verifier's generation, for people; the key also holds `code_digest()`, which changes by itself.
+VERIFIER_VERSION = "kiln-verifier-sealed-1"
 UNCACHED = ("infra", "timeout")
 _MAGIC = b"kiln-verdict-1\n"
 
@@ -40,11 +42,22 @@ def verdict_settings(cfg: VerifierConfig) -> dict:
     }
 
 
+@functools.cache
+def code_digest() -> str:
+    """sha256 over the verifier's own sources (Python, C and C++): any edit is a new verifier."""
+    root = Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    for path in sorted(p for p in root.rglob("*") if p.suffix in (".py", ".c", ".cpp") and p.is_file()):
+        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
 def verdict_key(source_hash: str, task: Task, toolchain: str, cfg: VerifierConfig) -> str:
     reference = task.kernel.reference if task.kernel is not None else json.dumps(task.payload, sort_keys=True)
     blob = json.dumps({"source": source_hash, "task": task.task_id,
                        "reference": hashlib.sha256(reference.encode()).hexdigest(), "toolchain": toolchain,
-                       "settings": verdict_settings(cfg), "version": VERIFIER_VERSION}, sort_keys=True)
+                       "settings": verdict_settings(cfg), "version": VERIFIER_VERSION,
+                       "code": code_digest()}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()
 
 

@@ -1,12 +1,14 @@
 """`KernelVerifier`: the staged kernel verifier, a reward actor like any other.
 
     extract -> static legality scan -> compile (BuildService: jailed capture and build processes,
-            symbol check of every built library, cached) -> run + correctness (jailed sandbox,
-            compute fence) -> performance (the verifier's clock) -> score + feedback
+            symbol check of every built library, cached) -> run + correctness (a sealed, jailed
+            sandbox; outputs read from its I/O arena and compared here) -> performance (paired trips
+            on the verifier's clock, the baselines by the same protocol here) -> score + feedback
 
 The trust boundary: whatever runs candidate code is untrusted, and that is every process but this
 one. The verdict, the comparison, the clock that counts and the verdict cache live here. One zygote
-forks every jailed process (compile and execution alike); at start-up a probe sandbox reports which
+forks every jailed process (compile and execution alike); each one that loads candidate code seals
+itself first (fence.py) and stays sealed until it exits. At start-up a probe sandbox reports which
 confinement layers hold on this machine, and every verdict's diagnostics repeat what is missing.
 
 `verify()` is synchronous and thread-safe: the VerifierActor calls it from several threads at once,
@@ -77,7 +79,7 @@ class KernelVerifier(RewardActor):
         self.references = ReferenceCache(self.device)
         self.baselines = Baselines(cfg, self.device, self.lease)
         self.verdicts = VerdictCache(self.cache_dir / "verdicts")
-        self.counts = {"verified": 0, "cached": 0}
+        self.counts = {"verified": 0, "cached": 0, "broken_tasks": 0}
         self._lock = threading.Lock()
         self.sandbox = self.pool.probe()  # which confinement layers hold here: said now and in every verdict
         missing = self.sandbox.get("missing") or {}
@@ -189,6 +191,11 @@ class KernelVerifier(RewardActor):
                 diagnostics["error"] = out.message
             return self._cheating(request, digest, out.violations, vendors, diagnostics, timings, stage=out.stage, q=q)
         if out.error_class == "infra":
+            if out.broken_task:
+                diagnostics["broken_task"] = True
+                with self._lock:
+                    self.counts["broken_tasks"] += 1
+                log.warning("verifier: %s", out.message)
             return self._infra(request, out.message, timings, digest, diagnostics)
         if out.error_class in ("runtime", "timeout"):
             text = fb.runtime_feedback(out.message) if out.error_class == "runtime" else fb.timeout_feedback(out.message)

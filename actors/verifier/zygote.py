@@ -16,13 +16,16 @@ for `run`, the write end of its evidence pipe):
     {"op": "reap", "pid": warden, "timeout_s": t}                  -> {"pid", "code", "signal"}
     {"op": "ping"}                                                 -> {"pong": true}
 The zygote is a child subreaper. It exits when its control socket closes (the verifier is gone) and
-kills its wardens; each sandbox dies with its warden (PR_SET_PDEATHSIG), and with the sandbox, its
-whole PID namespace.
+kills its wardens; each sandbox dies with its warden (PR_SET_PDEATHSIG, set again after the sandbox
+changes uid, which clears it), and with the sandbox, its whole PID namespace.
+
+What the zygote's interpreter loads, every sandbox has: it loads the sandbox's native parts
+(actors/verifier/native: kiln_native first, then torch, then the compute fence) and never ctypes,
+numpy or any other module that hands Python raw memory (native/shim.py).
 """
 
 from __future__ import annotations
 
-import ctypes
 import itertools
 import json
 import os
@@ -216,22 +219,29 @@ def main() -> int:
     # so does the CUDA driver: torch.cuda.is_available() normally asks the driver for the device count,
     # which marks every later fork "bad" (children then cannot use CUDA); asking NVML instead does not.
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+    from actors.verifier import native
+    from actors.verifier.native import shim
+
+    kn = native.load(native.NATIVE, sys.argv[2])
+    shim.install(kn)  # before torch: ctypes and numpy never load in this interpreter
     import torch  # noqa: F401
-    import torch._dynamo  # noqa: F401 - imported lazily by dispatch modes, and it re-binds torch.manual_seed
-    import torch.utils.cpp_extension  # noqa: F401
+
+    # Not torch.utils.cpp_extension: importing it asks for the device count, which without ctypes NVML
+    # cannot answer, so torch asks the CUDA driver, and every fork would then be unable to use CUDA.
+    # Each child imports it (before any candidate code), which costs a few tenths of a second.
 
     import actors.verifier.build.capture  # noqa: F401
     import actors.verifier.build.worker  # noqa: F401
     import actors.verifier.jail  # noqa: F401
-    import actors.verifier.sandbox as sandbox
+    import actors.verifier.sandbox  # noqa: F401
+    from actors.verifier import fence
 
-    sandbox.preload(sys.argv[2] if len(sys.argv) > 2 else None)  # the compute fence, inherited by every child
+    fence.install(sys.argv[3] if len(sys.argv) > 3 else None)  # inherited by every child
     if torch.cuda.is_initialized() or _forks_are_poisoned():  # fail loudly once, not per candidate
         print("kiln zygote: CUDA was initialised while preloading; sandbox children cannot be forked",
               file=sys.stderr)
         return 3
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    kn.prctl(PR_SET_CHILD_SUBREAPER, 1)
     ctrl.send(json.dumps({"ready": True, "pid": os.getpid()}).encode())
     serve(ctrl)
     return 0
@@ -310,9 +320,13 @@ class Spawned:
 class Zygote:
     """Parent-side handle: starts the zygote lazily and restarts it if it died. Thread-safe."""
 
-    def __init__(self, start_timeout_s: float = 120.0, fence_library: str | None = None) -> None:
+    def __init__(self, start_timeout_s: float = 120.0, native_library: str | None = None,
+                 fence_library: str | None = None) -> None:
         self.start_timeout_s = start_timeout_s
-        self.fence_library = fence_library  # the compute fence's native half (set before the first start)
+        # The sandbox's native parts (actors/verifier/native), set before the first start: kiln_native
+        # is required (the jail's system calls); without the fence, the "fence" layer is reported missing.
+        self.native_library = native_library
+        self.fence_library = fence_library
         self._lock = threading.Lock()
         self._proc: subprocess.Popen | None = None
         self._ctrl: socket.socket | None = None
@@ -327,7 +341,11 @@ class Zygote:
         env = dict(os.environ)
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         env.setdefault("OMP_NUM_THREADS", "1")
-        argv = [sys.executable, "-m", "actors.verifier.zygote", str(theirs.fileno())]
+        if not self.native_library:
+            theirs.close()
+            ours.close()
+            raise ZygoteError("the sandbox's native module (kiln_native) was not built")
+        argv = [sys.executable, "-m", "actors.verifier.zygote", str(theirs.fileno()), self.native_library]
         if self.fence_library:
             argv.append(self.fence_library)
         self._proc = subprocess.Popen(argv,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from actors.verifier.suite import load_suite, request_for, verdict
+from actors.verifier.suite import load_suite, request_for, suite_tasks, verdict
 from actors.verifier.verifier import KernelVerifier
 from configs import load_config
 from tasks.loader import load_tasks
@@ -24,15 +24,15 @@ CASES_BY_NAME = {c.name: c for c in CASES}
 # What the feedback must mention, so a model can tell what was caught and where.
 FEEDBACK = {
     "fallback_python": ["aten::relu", "line 9", "torch.relu"],
-    "fallback_tensor_method": ["aten::clamp", "Tensor.clamp"],
+    "fallback_tensor_method": ["aten::clamp", "x.clamp"],
     "fallback_nn_module": ["aten::relu"],
     "fallback_cpp_aten": ["at::relu"],
     "fallback_cpp_method": ["aten::clamp_min", "native code"],
     "fallback_try_except": ["aten::relu"],
     "mutates_input": ["modified in place"],
-    "output_aliases_input": ["shares memory"],
+    "output_aliases_input": ["modified in place"],
     "lazy_subclass": ["subclass"],
-    "cached_result": ["earlier call"],
+    "cached_result": ["exactly the output of trial"],
     "cached_copy": ["exactly the output of trial"],
     # A no-op timed run returns fresh uninitialised memory, which may still hold an earlier output's bytes:
     # then it is caught as a replay before the comparison (either names the timed run).
@@ -41,9 +41,9 @@ FEEDBACK = {
     "python_thread": ["import threading"],
     "numpy_roundtrip": ["numpy"],
     "patch_allclose_static": ["torch.allclose"],
-    "patch_allclose_runtime": ["torch.allclose"],
+    "patch_allclose_runtime": ["allclose", "comparison functions"],
     "exit_forged_result": ["status 0"],
-    "imports_reference": ["tasks.level1", "the reference"],
+    "imports_reference": ["tasks.level1"],
     "crash_segfault": ["segmentation fault"],
     "infinite_loop": ["10 s limit"],
     "out_of_memory": ["memory limit"],
@@ -51,13 +51,13 @@ FEEDBACK = {
     "default_shape_only": ["batch_size=3"],
     "uninitialised_memory": ["outside tolerance"],
     # The classes of the trust-boundary issue and their neighbours.
-    "gate_modes_disabled": ["aten::relu"],
+    "gate_modes_disabled": [("aten::relu", "marshal.loads")],
     "gate_patched_findings": ["actors.verifier.gate"],
     "gate_apply_lambda": ["apply_"],
     "gate_redispatch": ["aten::relu"],
     "gate_other_thread": ["aten::relu"],
     "gate_storage_bytes": ["__getitem__"],
-    "gate_torch_save": ["write_record"],
+    "gate_torch_save": [("write_record", "TypedStorage", "__reduce__"), "torch.save"],
     "native_namespace_alias": ["at::cpu::clamp_min"],
     "native_token_paste": ["ExcludeDispatchKeyGuard"],
     "native_ops_macro": ["aten::relu"],
@@ -75,13 +75,46 @@ FEEDBACK = {
     "escape_files_and_processes": ["for writing"],
     "leak_include_host_file": ["outside your sources"],
     "leak_host_file_runtime": ["ValueError"],
-    "proc_self_mem": ["/proc/1/mem"],
+    "proc_self_mem": ["/proc/self/mem"],
     "gc_find_gate": ["gc.get_objects"],
     # Found by the red team that did not write the fix (docs/verifier.md).
-    "python_mapped_file": ["shared memory mapping"],
+    "python_mapped_file": ["for writing"],
     "python_frombuffer_alias": ["torch.frombuffer"],
-    "python_shared_fd": ["shared memory mapping"],
-    "python_pickle_bytes": ["_write_file"],
+    "python_shared_fd": ["_share_fd_cpu_"],
+    "python_pickle_bytes": ["__reduce__"],
+    # The second red team's cases, against the sealed sandbox (docs/verifier.md, "what is guaranteed").
+    "audit_repointed": ["gc.get_objects"],
+    "pytree_laundered_gc": ["gc.get_objects", "line 13"],
+    "torch_ctypes_maps_switch": ["dlopen"],
+    "ctypes_at_cpu_clamp_min": ["dlopen"],
+    "ctypes_at_cpu_maximum": ["ctypes"],
+    "del_on_returned_list": ["not a tensor or a tuple/list of tensors"],
+    "late_list_iter": ["not a tensor or a tuple/list of tensors"],
+    "late_tuple_getitem": ["not a tensor or a tuple/list of tensors"],
+    "finalizer_on_freed_tensors": ["aten::relu", "line 17"],
+    "unarmed_state_dict": ["aten::relu"],
+    "unarmed_to": ["aten::relu"],
+    "forged_header_amplified": ["replies are at most"],
+    "forged_header_huge_buffer": ["undecodable reply"],
+    "huge_output": ["has shape (268435456,)"],
+    "zeros_below_atol": ["outside tolerance", "scale"],
+    "zeros_kernel_below_atol": ["outside tolerance", "scale"],
+    "infra_error_ice": ["internal compiler error"],
+    "infra_pragma_message_disk": ["not declared in this scope"],
+    "infra_warning_oom_link": ["cannot convert"],
+    "infra_internal_reply": ["outside tolerance"],
+    "wrapper_globals_switch": ["__globals__"],
+    "persistent_worker_thread": ["while timed"],
+    "settle_launched_kernel": ["while timed"],
+    "sigalrm_python": ["signal.signal"],
+    "sigalrm_raw_syscall": ["while timed"],
+    "vendor_blas_sgemm_plain": ["sgemm", "allow_vendor_libs"],
+    "vendor_blas_sgemm_upper": ["SGEMM", "allow_vendor_libs"],
+    "honest_log_of_negatives": ["produces NaN from finite inputs"],
+    "evidence_pipe_closed": ["evidence pipe was closed or replaced", "aten::relu"],
+    "frame_walk_to_server": ["sys._getframe", "line 96"],
+    "facade_internals": ["function.__globals__", "traceback.tb_frame"],
+    "relu6_passes_for_relu": ["scaled", "outside tolerance"],
 }
 
 
@@ -103,13 +136,19 @@ def suite_config(cache_dir, **overrides):
 
 @pytest.fixture(scope="module")
 def results(verifier_cache_dir):
-    tasks = {t.task_id: t for t in load_tasks("tasks", "cpu")}
-    verifier = KernelVerifier(suite_config(verifier_cache_dir))
-    try:
-        with ThreadPoolExecutor(4) as pool:
-            done = dict(zip([c.name for c in CASES], pool.map(lambda c: verifier.verify(request_for(c, tasks)), CASES)))
-    finally:
-        verifier.close()
+    """Every case's verdict: the cases of each `config=` group through one verifier with those settings."""
+    tasks = suite_tasks("cpu")
+    done = {}
+    for settings in sorted({c.config for c in CASES}):
+        group = [c for c in CASES if c.config == settings]
+        verifier = KernelVerifier(suite_config(verifier_cache_dir, **dict(kv.split("=", 1) for kv in settings)))
+        try:
+            with ThreadPoolExecutor(4) as pool:
+                done.update(
+                    zip([c.name for c in group], pool.map(lambda c: verifier.verify(request_for(c, tasks)), group))
+                )
+        finally:
+            verifier.close()
     return done
 
 
@@ -138,7 +177,7 @@ def test_suite_covers_the_issue_list():
         "control_correct",
     }
     assert expected <= {c.name for c in CASES}
-    assert set(FEEDBACK) == {c.name for c in CASES} - {"control_correct"}
+    assert set(FEEDBACK) == {c.name for c in CASES if c.expect != "pass"}
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
@@ -147,6 +186,9 @@ def test_adversarial_case_gets_its_verdict(case, results):
     assert verdict(r) == case.expect, f"{case.name}: {case.why}\nfeedback: {r.feedback}\n{r.diagnostics}"
     if case.expect == "pass":
         assert r.score >= 1.0 and r.q == 1.0 and r.speedup_eager is not None and r.speedup_eager > 0
+        return
+    if case.expect == "infra":  # a broken task (the reference's NaN), not a bad kernel: never trained on
+        assert r.score == 0.0 and r.diagnostics.get("broken_task"), r.diagnostics
         return
     assert not r.passed and r.score < 0
     if case.expect == "cheating":

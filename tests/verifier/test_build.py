@@ -259,7 +259,7 @@ def test_module_level_calls_into_the_extension_work(service):
     src = candidate(
         "#include <torch/extension.h>\n" + RELU_KERNEL.format(scale="1.0f"),
         "t_relu_selftest",
-        tail="assert ext.relu_fwd(torch.tensor([-1.0, 2.0])).tolist() == [0.0, 2.0]\n",
+        tail="assert torch.equal(ext.relu_fwd(torch.tensor([-1.0, 2.0])), torch.tensor([0.0, 2.0]))\n",
     )
     r = service.submit(src).result()
     assert r.ok, r.error
@@ -349,9 +349,9 @@ def test_unsupported_call_is_a_compile_error(service):
     [
         ("while True:\n    pass\n", "timeout", ["did not finish"]),
         ("import os\nos._exit(0)\n", "runtime", ["exit status 0"]),
-        ("import ctypes\nctypes.string_at(0)\n", "runtime", ["SIGSEGV"]),
+        ("import ctypes\nctypes.string_at(0)\n", "runtime", ["import ctypes", "not allowed"]),
         ("import torch\nx = torch.ones(50 * 2**30 // 4)\n", "runtime", ["memory"]),
-        ("raise ValueError('boom')\n", "runtime", ["ValueError: boom", 'candidate.py", line 2']),
+        ("raise ValueError('boom')\n", "runtime", ["ValueError: boom", "line 2: `raise ValueError('boom')`"]),
     ],
 )
 def test_module_level_failures_give_a_clean_result(service, short_service, relu_result, code, error_class, words):
@@ -464,6 +464,76 @@ def test_static_facts():
     assert calls == ["torch::matmul"] and methods == ["sum"]
 
 
+_TORCH_LIKE = r"""
+namespace at { namespace cuda { namespace blas {
+template <typename T> void gemm(char, char, long, long, long, T, const T*, long, const T*, long, T, T*, long) {}
+template void gemm<float>(char, char, long, long, long, float, const float*, long, const float*, long, float, float*,
+                          long);
+}}}
+namespace google { void helper() {} }
+namespace c10 { void plumbing() {} }
+extern "C" {
+void sgemm_() {}
+void SGEMM() {}
+void aoti_torch_cpu_relu() {}
+void Sleef_expf8_u10() {}
+void THPVariable_Wrap() {}
+void kiln_internal_entry() {}
+}
+"""
+
+
+def test_imports_are_judged_by_the_library_that_defines_them(tmp_path):
+    """An import a torch library defines is judged by that library's role: its bundled BLAS is a
+    vendor library (whatever the symbol's case), its vectorised math and Python glue are allowed,
+    its AOTI C shim is ATen by another door, and any other C entry is an internal, refused; a
+    namespace that is not torch's is bundled vendor code; at::cuda::blas is cuBLAS. Read from a real
+    ELF file named like torch's."""
+    from actors.verifier.build.symbols import Allowlist, read_imports
+
+    lib = tmp_path / "libtorch_cuda.so"
+    src = tmp_path / "torch_like.cpp"
+    src.write_text(_TORCH_LIKE)
+    subprocess.run(["g++", "-shared", "-fPIC", "-O0", str(src), "-o", str(lib)], check=True, timeout=120)
+    allow = Allowlist(["aten::relu", "aten::empty.memory_format", "aten::clamp_min"], str(tmp_path))
+    defined = {s.split("@")[0] for s in read_imports(str(lib)).defined}
+    gemm = next(s for s in defined if s.startswith("_ZN2at4cuda4blas4gemmIf"))
+    expected = {
+        gemm: ("vendor", "cublas"),
+        "sgemm_": ("vendor", "BLAS"),
+        "SGEMM": ("vendor", "BLAS"),
+        "aoti_torch_cpu_relu": ("deny", "C shim"),
+        "Sleef_expf8_u10": ("allow", ""),
+        "THPVariable_Wrap": ("allow", ""),
+        "kiln_internal_entry": ("deny", "an internal of libtorch_cuda.so"),
+        "_ZN6google6helperEv": ("vendor", "bundled google"),
+        "_ZN3c108plumbingEv": ("allow", ""),
+    }
+    assert set(expected) <= defined
+    for sym, (kind, words) in expected.items():
+        verdict, what = allow.classify(sym)
+        assert verdict == kind and words in what, (sym, verdict, what)
+    # and what no torch library defines is judged by its name alone
+    assert allow.classify("_ZN2at4_ops4relu4callERKNS_6TensorE")[0] == "deny"
+    assert allow.classify("_ZN2at6native4reluERKNS_6TensorE")[0] == "deny"
+    assert allow.classify("dlsym")[0] == "deny"
+    assert allow.classify("cublasSgemm_v2") == ("vendor", "cublas")
+    assert allow.classify("cudaGraphLaunch")[0] == "deny"
+    assert allow.classify("cudaLaunchKernel")[0] == "allow"
+
+
+def test_a_failure_that_looks_like_the_machine_is_decided_by_a_known_good_build(service, tmp_path, monkeypatch):
+    """Class 10: a build process that died without an answer is the machine's only if a known-good
+    extension fails to build right after; never from what the compiler printed."""
+    deadline = time.monotonic() + 120
+    died = {"ok": False, "infra": True, "unit": "builder", "message": "the build process ended without an answer"}
+    judged = service._confirm_infra(dict(died), tmp_path, deadline)
+    assert judged["infra"] is False and "a known-good extension built" in judged["message"]
+    monkeypatch.setattr(service, "_toolchain_paths", lambda: ())  # a machine whose compiler is gone
+    judged = service._confirm_infra(dict(died), tmp_path, deadline)
+    assert judged["infra"] is True and "failed to build as well" in judged["message"]
+
+
 def test_first_errors_are_trimmed_and_scrubbed():
     out = (
         "/tmp/cache/tmp/abc/kernel_lean.cpp: In function 'at::Tensor f(at::Tensor)':\n"
@@ -476,7 +546,7 @@ def test_first_errors_are_trimmed_and_scrubbed():
     assert "retur x;" in text and "<torch>/ATen/core/TensorBody.h" in text and "noise" not in text
     assert diagnostics.looks_like_missing_api(text)
     assert not diagnostics.looks_like_missing_api("cpp_source:3:5: error: expected ';' before 'return'")
-    assert diagnostics.is_infra_failure("g++: internal compiler error: Killed (program cc1plus)")
+    assert not hasattr(diagnostics, "is_infra_failure")  # a failure's class never comes from the compiler's text
 
 
 def test_flag_profiles():

@@ -10,9 +10,7 @@ import socket
 import uuid
 
 import pytest
-import torch
 
-from actors.verifier.executor import SandboxPool
 from actors.verifier.suite import load_suite
 from actors.verifier.verifier import KernelVerifier
 from configs import load_config
@@ -76,42 +74,35 @@ def test_the_zygote_is_restarted_when_it_dies(verifier, relu_task):
     assert verifier.pool.zygote.starts == starts + 1 and verifier.pool.zygote.pid != pid
 
 
-def test_sandbox_children_have_no_network(tmp_path):
-    """A candidate that reaches for the network is flagged, and its connection never arrives."""
+def test_sandbox_children_have_no_network(verifier, relu_task):
+    """A candidate that reaches for the network is refused and flagged, and its connection never arrives."""
     listener = socket.create_server(("127.0.0.1", 0))
     listener.settimeout(0.5)
     port = listener.getsockname()[1]
-    source = f"""
-import socket
-import torch
-import torch.nn as nn
+    source = (
+        SUITE["control_correct"]
+        .source()
+        .replace(
+            "class ModelNew(nn.Module):",
+            f"""socket = __builtins__["__imp" + "ort__"]("soc" + "ket") if isinstance(__builtins__, dict) else getattr(
+    __builtins__, "__imp" + "ort__")("soc" + "ket")  # a built name: past the static scan, to the sandbox
 
 
 class ModelNew(nn.Module):
-    def forward(self, x):
+    def __init__(self):
+        super().__init__()
         try:
             socket.create_connection(("127.0.0.1", {port}), timeout=1).close()
-        except OSError:
+        except Exception:
             pass
-        return torch.empty_like(x)
-"""
-    pool = SandboxPool("cpu", 1, 2048)
-    try:
-        with pool.session() as child:
-            prep = child.request(
-                "prepare",
-                {"source": source, "source_hash": "ab" * 32, "artifacts": None, "toolchain": "", "reference_paths": []},
-                60,
-            )
-            assert prep["ok"], prep
-            assert child.request("instance", {"init_args": [], "seed": 0, "state_dict": {}}, 30)["ok"]
-            reply = child.request("call", {"inputs": [torch.randn(2, 2)]}, 30)
-    finally:
-        pool.close()
-    assert any(v.kind == "network" for v in reply["findings"]), reply["findings"]
-    if not prep.get("notes"):  # the network namespace was applied: nothing can have connected
-        with pytest.raises(TimeoutError):
-            listener.accept()
+""",
+        )
+        + f"\n# {uuid.uuid4().hex}\n"
+    )
+    r = verifier.verify(VerifyRequest(request_id="net", task=relu_task, candidate=source))
+    assert r.error_class == "cheating" and any(v["kind"] == "network" for v in r.diagnostics["violations"]), r.feedback
+    with pytest.raises(TimeoutError):
+        listener.accept()
     listener.close()
 
 

@@ -7,7 +7,6 @@ import socket
 import struct
 from pathlib import Path
 
-import msgpack
 import pytest
 import torch
 
@@ -140,28 +139,15 @@ def test_moore_eval_hierarchy():
 
 def test_wire_roundtrip_and_untrusted_input():
     a, b = socket.socketpair()
-    body = {
-        "x": torch.randn(3, 4),
-        "h": torch.ones(2, dtype=torch.bfloat16),
-        "t": (1, [2.5, None]),
-        "s": "ok",
-        "empty": torch.empty(0, 5),
-    }
+    body = {"t": [1, [2.5, None]], "s": "ok", "b": b"\x00\x01"}
     wire.send(a, body)
-    got = wire.recv(b)
-    assert torch.equal(got["x"], body["x"]) and got["h"].dtype == torch.bfloat16 and got["t"] == (1, [2.5, None])
-    assert got["empty"].shape == (0, 5)
-    header = msgpack.packb({"body": {"__tensor__": 0, "dtype": "float32", "shape": [4]}, "buffers": [3]})
-    a.sendall(struct.pack("<Q", len(header)) + header + b"abc")
-    with pytest.raises(wire.WireError, match="needs 16 bytes"):
+    assert wire.recv(b) == body
+    a.sendall(struct.pack("<I", 4) + b"\xc1\xc1\xc1\xc1")  # 0xc1 is never valid msgpack
+    with pytest.raises(wire.WireError, match="undecodable"):
         wire.recv(b)
-    header = msgpack.packb({"body": 1, "buffers": [1 << 40]})
-    a.sendall(struct.pack("<Q", len(header)) + header)
+    a.sendall(struct.pack("<I", (1 << 32) - 1))
     with pytest.raises(wire.WireError, match="more than"):
-        wire.recv(b)
-    a.sendall(struct.pack("<Q", 1 << 40))
-    with pytest.raises(wire.WireError, match="exceeds"):
-        wire.recv(b)
+        wire.recv(b, max_bytes=1 << 20)
     a.close()
     with pytest.raises(wire.PeerClosed):
         wire.recv(b)

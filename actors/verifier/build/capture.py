@@ -20,12 +20,10 @@ import resource
 import socket
 import sys
 import time
-import traceback
 import types
 from pathlib import Path
 
-from actors.verifier import isolation, wire
-from actors.verifier.gate import AuditMonitor, Findings
+from actors.verifier import fence, isolation, jail, native, wire
 
 from .prebuilt import import_extension, refuse_load
 from .spec import UnsupportedCall, spec_from_call
@@ -88,8 +86,12 @@ class Recorder:
             raise BuildAborted(f"load_inline(name={spec.name!r}) built a module that does not import") from None
 
 
-def run_job(channel: Channel, scratch: Path, findings: Findings) -> None:
-    """Capture one candidate (its source is scratch/candidate.py, written by the service)."""
+def run_job(channel: Channel, scratch: Path, evidence_fd: int) -> None:
+    """Capture one candidate (its source is scratch/candidate.py, written by the service). The process
+    is sealed (fence.py) before the candidate's first line runs, as the execution sandbox is: module-level
+    code computes nothing with ATen and reaches nothing of this process's. What this process reports
+    can only cost the candidate: the service builds what it asks for, checks what it built, and the
+    execution stage imports the module afresh."""
     recorder = Recorder(channel)
     from torch.utils import cpp_extension
 
@@ -101,33 +103,27 @@ def run_job(channel: Channel, scratch: Path, findings: Findings) -> None:
     module = types.ModuleType(CANDIDATE_MODULE)
     module.__file__ = str(path)
     sys.modules[CANDIDATE_MODULE] = module
-    audit = AuditMonitor(findings, str(path), [])
-    audit.install()
     t0 = time.monotonic()
     try:
         code = compile(source, str(path), "exec")
-        audit.armed = True
-        exec(code, module.__dict__)
-    except BuildAborted:
-        pass  # the service already knows why
     except SyntaxError as e:
         channel.event("exception", type="SyntaxError", message=f"{e.msg} ({CANDIDATE_FILE}, line {e.lineno})",
                       traceback="")
+        channel.event("done", seconds=time.monotonic() - t0, compile_seconds=0.0)
+        return
+    kn = native.loaded()
+    fence.install_refusers(kn)
+    native.arm(kn, evidence_fd, str(path), source, jail.armed_seccomp_program())
+    site_of = kn.traceback_site
+    try:
+        exec(code, module.__dict__)
+    except BuildAborted:
+        pass  # the service already knows why
     except BaseException as e:  # noqa: BLE001 - candidate code may raise anything, SystemExit included
+        where = site_of(e.__traceback__)
         channel.event("exception", type=type(e).__name__, message=str(e)[:1000],
-                      traceback=_candidate_traceback(e, str(path)))
-    finally:
-        audit.armed = False
-    channel.event("done", seconds=time.monotonic() - t0, compile_seconds=recorder.compile_seconds,
-                  findings=findings.drain())
-
-
-def _candidate_traceback(e: BaseException, path: str) -> str:
-    """The traceback frames that are in the candidate's file (ours are noise to the model)."""
-    frames = [f for f in traceback.extract_tb(e.__traceback__) if f.filename == path]
-    for f in frames:
-        f.filename = CANDIDATE_FILE
-    return "".join(traceback.format_list(frames[-5:]))
+                      traceback=where.replace(str(path), CANDIDATE_FILE))
+    channel.event("done", seconds=time.monotonic() - t0, compile_seconds=recorder.compile_seconds)
 
 
 def child_main(fds: list[int], spec, report, args: dict) -> int:
@@ -146,7 +142,7 @@ def child_main(fds: list[int], spec, report, args: dict) -> int:
     channel = Channel(socket.socket(fileno=fds[0]))
     channel.event("start", jail=report.to_json())
     try:
-        run_job(channel, Path(spec.scratch), Findings())
+        run_job(channel, Path(spec.scratch), fds[1] if len(fds) > 1 else -1)
     except wire.WireError:
         return 3
     return 0

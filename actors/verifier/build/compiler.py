@@ -262,7 +262,10 @@ class ExtensionBuilder:
                                    env=_compiler_env())
                 returncode, unit.output = p.returncode, p.stdout + p.stderr
             unit.ok = returncode == 0
-            unit.infra = returncode < 0 or diagnostics.is_infra_failure(unit.output)
+            # The class comes from the process's fate, never from its output text (a candidate writes
+            # that: `#error "internal compiler error"`). A compiler killed by a signal is only a suspect:
+            # the service confirms with a known-good build (service.py, `_confirm_infra`).
+            unit.infra = returncode < 0
         except OSError as e:
             unit.output, unit.ok, unit.infra = f"{unit.cmd[0]}: {e}", False, True
         unit.seconds = time.monotonic() - t0
@@ -330,8 +333,7 @@ class ExtensionBuilder:
         if p.returncode != 0:
             out = p.stdout + p.stderr
             message = diagnostics.first_errors(out, self._path_names(bdir), tuple(plan.cpp_names + plan.cu_names))
-            raise CompileFailed(message, infra=p.returncode < 0 or diagnostics.is_infra_failure(out),
-                                phases=phases, unit="link")
+            raise CompileFailed(message, infra=p.returncode < 0, phases=phases, unit="link")
         return time.monotonic() - t0
 
     # ------------------------------------------------------------------------------ units

@@ -2,8 +2,8 @@
 
 The first few errors, each with the code line the compiler quoted, with build paths replaced by
 the names the candidate knows (`cpp_source:12:5`, `cuda_source(40)`, `<torch>/ATen/...`), and at
-most a screenful. Also tells apart a failure of the candidate's code from one of the machine
-(internal compiler error, a compiler killed by a signal or out of memory), which is "infra".
+most a screenful. Whether a failure is the machine's is never read from this text (the candidate
+writes it); the build service decides that from evidence of its own (service.py).
 
 `sanitize` is the last step before feedback: a line that still names a host path (after the
 known roots became `<torch>`, `<python>`, `<cuda>`, `<system>`) is about a file outside the
@@ -25,8 +25,6 @@ _ERROR = re.compile(r"(:\d+:\d+: (fatal )?error:|\(\d+\): (catastrophic )?error:
 _SNIPPET = re.compile(r"^\s*(\d+\s*\||\|)|^\s{2,}\S.*$|^\s*\^")
 _CONTEXT = re.compile(r"(required from here|In function|In instantiation of|In member function|In file included from|"
                       r"from [^ ]+:\d+)")
-_INFRA = re.compile(r"internal compiler error|Killed signal terminated|out of memory allocating|"
-                    r"virtual memory exhausted|cannot allocate memory|No space left on device")
 # An error that more torch headers could fix: the lean prelude lacked a name or an overload.
 _MISSING_NAME = re.compile(r"was not declared|is not a member of|has not been declared|does not name a|"
                            r"incomplete type|has no member|no member named|is undefined|not a namespace|"
@@ -96,10 +94,6 @@ def first_errors(output: str, replacements: dict[str, str], user_files: tuple[st
         picked = [ln.rstrip() for ln in lines if ln.strip()][-MAX_LINES:]
     text = "\n".join(picked[:MAX_LINES])
     return text[:MAX_CHARS]
-
-
-def is_infra_failure(output: str) -> bool:
-    return bool(_INFRA.search(output))
 
 
 def looks_like_missing_api(errors: str) -> bool:

@@ -33,8 +33,9 @@ import threading
 import time
 from pathlib import Path
 
+from actors.verifier import native
+
 from .facade_lib import FACADE_BRIDGE, FACADE_CUDA_PRELUDE, FACADE_HEADER, FACADE_LIB_SOURCE
-from .fence_lib import SOURCE as FENCE_SOURCE
 from .thunks import FACADE_THUNK_HEADER, SHELL_SOURCE, THUNK_ABI_HEADER, THUNK_CALLS_HEADER, THUNK_HEADER
 
 _TORCH_SPELLINGS = """
@@ -103,7 +104,8 @@ PRELUDE_DIGEST = hashlib.sha256(("".join(PRELUDES[k] for k in sorted(PRELUDES)) 
                                   + FACADE_LIB_SOURCE).encode()).hexdigest()[:10]
 SHELL = "shell"  # the thunk module shell object, built next to the PCH variants
 FACADE_LIB = "facade"  # the CUDA facade's out-of-line parts (facade_lib.py), built next to them too
-FENCE = "fence"  # the compute fence's native library (fence_lib.py), built next to them too
+NATIVE = "native"  # the sandbox's native module (actors/verifier/native/kiln_native.c), built next to them too
+FENCE = "fence"  # the compute fence (actors/verifier/native/kiln_fence.cpp), built next to them too
 
 # Flags that decide whether gcc accepts a PCH, and that are safe to run outside the sandbox.
 _PROFILE_FLAG = re.compile(r"^(-ffast-math|-funroll-loops|-march=native|-mtune=native|-fopenmp|-g|-g[0-3]|"
@@ -149,7 +151,6 @@ class PchStore:
         for name, text in PRELUDES.items():
             _write_once(self.root / f"{name}.h", text)
         _write_once(self.root / f"{SHELL}.cpp", SHELL_SOURCE)
-        _write_once(self.root / f"{FENCE}.cpp", FENCE_SOURCE)
         _write_once(self.root / f"{FACADE_LIB}.cpp", FACADE_LIB_SOURCE)
 
     def header(self, prelude: str) -> Path:
@@ -169,8 +170,10 @@ class PchStore:
         """
         if prelude == SHELL:
             return self._build_once(self.shell_object(), self._shell_cmd, nice)
+        if prelude == NATIVE:
+            return self._build_once(self.native_module(), native.native_command, nice)
         if prelude == FENCE:
-            return self._build_once(self.fence_library(), self._fence_cmd, nice)
+            return self._build_once(self.fence_module(), lambda tmp: native.fence_command(self.toolchain, tmp), nice)
         if prelude == FACADE_LIB:
             return self._build_once(self.facade_object(), self._facade_cmd, nice)
         if prelude not in PCH_PRELUDES or not self.toolchain.cxx_is_gcc:
@@ -196,13 +199,12 @@ class PchStore:
         return [self.toolchain.cxx, *self.toolchain.cxx_flags(), *self.toolchain.common_flags(None),
                 "-O2", "-c", str(self.root / f"{FACADE_LIB}.cpp"), "-o", str(tmp)]
 
-    def fence_library(self) -> Path:
-        return self.root / "libkiln_fence.so"
+    def native_module(self) -> Path:
+        """kiln_native, named after its sources (a changed source builds anew)."""
+        return self.root / f"kiln_native.{native.source_digest()}.so"
 
-    def _fence_cmd(self, tmp: Path) -> list[str]:
-        tc = self.toolchain
-        return [tc.cxx, *tc.cxx_flags(), *tc.common_flags(None), "-O2", "-shared", str(self.root / f"{FENCE}.cpp"),
-                "-o", str(tmp), f"-L{tc.torch_libdir}", "-lc10", "-ltorch_cpu"]
+    def fence_module(self) -> Path:
+        return self.root / f"kiln_fence.{native.source_digest()}.so"
 
     def _build_once(self, out: Path, make_cmd, nice: int) -> float:
         if out.exists():

@@ -104,7 +104,8 @@ def assemble(events: list[dict], outcome: dict, toolchain: str, timeout_s: float
             wanted += [w for w in e.get("pch_wanted") or [] if isinstance(w, list) and len(w) == 2]
             violations += list(e.get("violations") or [])
         elif kind == "done":
-            violations += [v for v in (e.get("findings") or []) if isinstance(v, dict) and isinstance(v.get("kind"), str)]
+            pass
+    violations += list(outcome.get("evidence") or [])  # read by the service from the capture's evidence pipe
     done = next((e for e in events if e["event"] == "done"), None)
     if done:
         phases["capture"] = max(_num(done.get("seconds")) - _num(done.get("compile_seconds")), 0.0)

@@ -26,20 +26,25 @@ import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-from actors.verifier import isolation, proctree, wire
+from actors.verifier import isolation, native, proctree, wire
 from actors.verifier.zygote import Zygote, ZygoteError
 
 from . import diagnostics, symbols
 from .cache import ArtifactCache
 from .capture import CANDIDATE_FILE
-from .preludes import FACADE_LIB, FENCE, SHELL, PchStore, flag_profile
+from .preludes import FACADE_LIB, FENCE, NATIVE, SHELL, PchStore, flag_profile
 from .results import BuildResult, assemble, infra_result
-from .spec import ExtensionSpec, UnsupportedCall, check_flags
+from .spec import ExtensionSpec, UnsupportedCall, check_flags, spec_from_call
 from .toolchain import Toolchain
 
 log = logging.getLogger(__name__)
 
 POLL_S = 0.1  # how often a capture or build process tree is checked against its limits
+MAX_EVENT_BYTES = 8 << 20  # one message of a capture process (a load_inline call carries its sources)
+MAX_CAPTURE_EVENTS = 10_000  # a capture process that sends more is killed
+MAX_EVIDENCE = 200
+# The known-good extension that tells a failing machine from a failing candidate (`_confirm_infra`).
+CANARY_SOURCE = "torch::Tensor kiln_canary(torch::Tensor x) { return x; }"
 MAX_PCH_VARIANTS = 6  # per prelude and service
 
 
@@ -79,6 +84,8 @@ class BuildService:
         self.prelude_policy = prelude_policy
         self.gpu_visible = gpu_visible
         self.allowlist = symbols.Allowlist.from_torch()
+        # torch's exports, for the symbol check of the first builds: read now, beside the zygote's start
+        threading.Thread(target=self.allowlist.torch.load, name="kiln-torch-exports", daemon=True).start()
         self._closed = False
         self._active: dict = {}  # job -> its running capture process (zygote.Spawned), for close()
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kiln-build")
@@ -86,8 +93,8 @@ class BuildService:
         self._key_guard = threading.Lock()
         self.own_zygote = zygote is None
         self.zygote = zygote or Zygote(start_timeout_s)
-        if not self.zygote.started:  # the compute fence's native half: every jailed process gets it
-            self.zygote.fence_library = self._fence_library()
+        if not self.zygote.started:  # the sandbox's native parts: every jailed process gets them
+            self.zygote.native_library, self.zygote.fence_library = self._native_parts()
         try:
             self.zygote.start()
         except ZygoteError as err:
@@ -102,17 +109,24 @@ class BuildService:
             for prelude, profile in self.default_pch_variants():
                 self.request_pch(prelude, profile)
 
-    def _fence_library(self) -> str | None:
-        """Build (once per toolchain and machine, like a precompiled header) and return the compute
-        fence's native library; None, with a warning, when it does not build."""
+    def _native_parts(self) -> tuple[str, str | None]:
+        """Build (once per toolchain and machine, like a precompiled header) the sandbox's native
+        module, which the jail cannot do without (RuntimeError when it does not build), and the
+        compute fence (None, with a warning, when it does not build: the layer is then reported
+        missing in every verdict)."""
+        try:
+            self.pch.build(NATIVE, ())
+        except (RuntimeError, OSError) as err:
+            raise RuntimeError(f"the sandbox's native module (kiln_native) did not build: {err}") from None
         try:
             seconds = self.pch.build(FENCE, ())
             if seconds:
-                log.info("built the compute fence library in %.1f s", seconds)
-            return str(self.pch.fence_library())
+                log.info("built the compute fence in %.1f s", seconds)
+            fence = str(self.pch.fence_module())
         except (RuntimeError, OSError) as err:
-            log.warning("the compute fence library did not build: %s", err)
-            return None
+            log.warning("the compute fence did not build: %s", err)
+            fence = None
+        return str(self.pch.native_module()), fence
 
     # ------------------------------------------------------------------------------ public API
     def submit(self, candidate_source: str) -> Future:
@@ -184,7 +198,8 @@ class BuildService:
 
     def _job(self, source: str) -> BuildResult:
         t0 = time.monotonic()
-        source_key = hashlib.sha256(f"{self.toolchain_id}\n{self.prelude_policy}\n{source}".encode()).hexdigest()[:32]
+        source_key = hashlib.sha256(f"{self.toolchain_id}\n{self.prelude_policy}\n{symbols.RULES_VERSION}\n{source}"
+                                    .encode()).hexdigest()[:32]
         cached = self._cached_capture(source_key, t0)
         if cached is not None:
             return cached
@@ -236,15 +251,18 @@ class BuildService:
         if not self.gpu_visible:  # the compile stage must never touch a GPU (a timing window may be open on it)
             spec = _with_env(spec, CUDA_VISIBLE_DEVICES="")
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        ev_r, ev_w = os.pipe()
         t_fork = time.monotonic()
         try:
-            spawned = self.zygote.spawn("capture", spec, [theirs.fileno()], str(job_dir / "stderr.txt"),
+            spawned = self.zygote.spawn("capture", spec, [theirs.fileno(), ev_w], str(job_dir / "stderr.txt"),
                                         {"memory_limit_bytes": self.memory_limit})
         except ZygoteError as err:
             ours.close()
+            os.close(ev_r)
             return [], {"infra": f"the compile zygote could not start a capture process: {err}"}
         finally:
             theirs.close()
+            os.close(ev_w)
         self._active[job] = spawned
         fork_s = time.monotonic() - t_fork
         deadline = time.monotonic() + self.timeout_s
@@ -252,11 +270,15 @@ class BuildService:
                        lambda: self._kill(spawned))
         events: list[dict] = []
         jail: dict = {}
+        received = 0
         try:
             while True:
                 try:
-                    msg = wire.recv(ours, deadline + 1.0, max_bytes=64 << 20)
+                    msg = wire.recv(ours, deadline + 1.0, max_bytes=MAX_EVENT_BYTES)
                 except (wire.PeerClosed, wire.PeerTimeout, wire.WireError, OSError):
+                    break
+                received += 1
+                if received > MAX_CAPTURE_EVENTS:
                     break
                 if not isinstance(msg, dict) or not isinstance(msg.get("event"), str):
                     continue
@@ -275,6 +297,7 @@ class BuildService:
             watch.stop()
             self._kill(spawned)
             ours.close()
+            evidence = _read_evidence(ev_r)
             try:
                 status = self.zygote.reap(spawned.pid)
             except ZygoteError as err:
@@ -287,7 +310,8 @@ class BuildService:
             return events, {"infra": "the build service was closed while this candidate was building"}
         st = {"signal": status.signal} if status.signal else {"exit": status.code}
         return events, {"status": st, "killed": watch.verdict, "fork_s": fork_s, "exit": status.to_json(),
-                        "jail": jail, "limits": {"memory_bytes": self.memory_limit, "processes": self.max_processes}}
+                        "jail": jail, "limits": {"memory_bytes": self.memory_limit, "processes": self.max_processes},
+                        "evidence": evidence}
 
     def _kill(self, spawned) -> None:
         spawned.kill()
@@ -326,6 +350,8 @@ class BuildService:
             bdir = job_dir / f"build-{key[:12]}"
             bdir.mkdir(parents=True, exist_ok=True)
             reply, exit_status = self._run_builder(spec, bdir, deadline)
+            if not reply.get("ok") and reply.get("infra") is True:
+                reply = self._confirm_infra(reply, job_dir, deadline)
             if not reply.get("ok"):
                 message = diagnostics.sanitize(str(reply.get("message") or "the build failed"))
                 return {"event": "compile_error", "trusted": True, "key": key, "name": spec.name,
@@ -372,6 +398,24 @@ class BuildService:
         if tc.nvcc:
             paths += [tc.cuda_home, tc.cuda_libdir, os.path.dirname(os.path.realpath(tc.nvcc))]
         return tuple(str(p) for p in paths if p)
+
+    def _confirm_infra(self, reply: dict, job_dir: Path, deadline: float) -> dict:
+        """A build that failed as if the machine failed (a compiler killed by a signal, a build process
+        that never answered) is the machine's only if a known-good extension fails too, built now the
+        same way; otherwise the failure is the candidate's (a source that crashes or starves the
+        compiler is a compile error). Never decided from text the compiler printed."""
+        canary = spec_from_call("kiln_canary", CANARY_SOURCE, functions=["kiln_canary"])
+        cdir = job_dir / f"canary-{uuid.uuid4().hex[:8]}"
+        cdir.mkdir(parents=True, exist_ok=True)
+        try:
+            check, _ = self._run_builder(canary, cdir, max(deadline, time.monotonic() + 60.0))
+        finally:
+            shutil.rmtree(cdir, ignore_errors=True)
+        if not check.get("ok"):
+            return dict(reply, message=f"{reply.get('message', '')}\n(a known-good extension failed to build as "
+                                       "well: the machine, not the candidate)")
+        return dict(reply, infra=False, message=f"{reply.get('message', '')}\n(the compiler failed on this source; "
+                                                "a known-good extension built right after)")
 
     def _run_builder(self, spec: ExtensionSpec, bdir: Path, deadline: float) -> tuple[dict, dict]:
         jail = isolation.build_jail(str(bdir / "work"), uid=self.zygote.next_uid(),
@@ -472,6 +516,24 @@ def _with_env(spec, **extra):
     env = dict(spec.env)
     env.update(extra)
     return replace(spec, env=tuple(sorted(env.items())))
+
+
+def _read_evidence(fd: int) -> list[dict]:
+    """What the capture process's seal refused, as it happened (read once the process is gone; at most
+    MAX_EVIDENCE lines, each cut short)."""
+    data = b""
+    try:
+        while len(data) < (1 << 20):
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            data += chunk
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    return [{"kind": kind, "what": what, "where": where, "via": "refused at module level (recorded as it happened)"}
+            for _, kind, what, where in native.evidence_records(data)[:MAX_EVIDENCE]]
 
 
 def _tail(path: Path, n: int = 800) -> str:

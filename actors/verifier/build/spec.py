@@ -18,6 +18,7 @@ from typing import Any
 # Bump when anything that shapes a built artifact changes (preludes, flags, binding text, the
 # metadata an artifact carries: kiln-build-2 records the symbol check of every built library).
 PIPELINE_VERSION = "kiln-build-2"
+from .symbols import RULES_VERSION  # noqa: E402 - a change of the rules re-checks every build
 
 # Flags that load code into the compiler or linker, run another program, or read the flags from a
 # file: a candidate's extra_*flags never carry them (the compilers run jailed anyway).
@@ -51,7 +52,7 @@ class ExtensionSpec:
 
     def key(self, toolchain: str) -> str:
         """Content hash of everything that shapes the built .so, plus the toolchain id."""
-        blob = json.dumps({"spec": asdict(self), "toolchain": toolchain, "v": PIPELINE_VERSION},
+        blob = json.dumps({"spec": asdict(self), "toolchain": toolchain, "v": PIPELINE_VERSION, "rules": RULES_VERSION},
                           sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()[:32]
 

@@ -7,7 +7,7 @@ trusted build service reads every built library's dynamic symbols and libraries 
 anything imports it, and classifies them:
 
 * allowed: tensor plumbing (allocation, shape, strides, data pointers, streams: the ATen ops in
-  `legality.PLUMBING_OPS` and non-op helpers), the C/C++ runtime, OpenMP, pybind11 / the Python C
+  `legality.ALLOWED_OPS` and non-op helpers), the C/C++ runtime, OpenMP, pybind11 / the Python C
   API, the CUDA runtime and driver;
 * vendor: cuBLAS, cuDNN, cuFFT, cuRAND, cuSPARSE, cuSOLVER, CPU BLAS, MKL, oneDNN (allowed when
   `verifier.legality.allow_vendor_libs` is on, and reported);
@@ -19,17 +19,28 @@ anything imports it, and classifies them:
 * libraries (DT_NEEDED) outside torch, the C/C++ runtime, CUDA and the vendor libraries, search
   paths (RPATH/RUNPATH) outside torch's and CUDA's, and rtld audit/filter entries.
 Names are read from the mangled symbol (Itanium C++ ABI), not from a demangler's text.
+
+A symbol is judged by the library that defines it, not by how it is spelled. torch's own libraries
+bundle other libraries (MKL's BLAS and LAPACK under every spelling: `sgemm_`, `SGEMM`, `cblas_sgemm`;
+NNPACK, FBGEMM, oneDNN, the AOTI C shim over ATen ops), so an import that torch's libraries define is
+allowed only when it is torch's plumbing: C-named symbols there are the vectorised math library
+(Sleef, as libm is allowed) or else a bundled vendor library (reported, and refused when vendor
+libraries are off) or, for the AOTI shim and anything unknown, refused; C++ names outside at::, c10::
+and torch:: there are a bundled vendor library.
 """
 
 from __future__ import annotations
 
 import re
 import struct
+import threading
 from dataclasses import dataclass, field
 
-from actors.verifier.legality import PLUMBING_OPS, Violation
+from actors.verifier.legality import ALLOWED_OPS, Violation
 
 MAX_ELF_BYTES = 512 << 20
+# Part of every build's cache key: a change to the rules below re-checks what was built before.
+RULES_VERSION = "kiln-symbols-2"
 
 _DENY_C = frozenset("""
 dlopen dlmopen dlsym dlvsym dladdr dladdr1 dlinfo dl_iterate_phdr __libc_dlopen_mode __libc_dlsym _dl_sym
@@ -242,10 +253,57 @@ def _skip_until_e(s: str, i: int) -> int:
 # ------------------------------------------------------------------------------ classification
 
 
-class Allowlist:
-    """The ATen operator names of this torch (one table per process, built from the dispatcher)."""
+# C-named exports of torch's libraries a candidate may import: the vectorised math library, the Python
+# binding glue a pybind11 extension links against.
+_TORCH_C_ALLOWED = re.compile(r"^(Sleef_\w+|THP\w+)$")
+# C-named exports of torch's libraries that are ATen ops by another door (the AOTI C shim).
+_TORCH_C_OPS = re.compile(r"^(aoti_torch_\w+)$")
+_TORCH_LIBRARY = re.compile(r"^(libtorch\w*|libc10\w*|libshm)\.so")
 
-    def __init__(self, op_names: list[str]) -> None:
+
+class TorchExports:
+    """Which of torch's libraries defines a symbol, read from their ELF files once per process (a
+    second or two for libtorch_cuda): by `load`, which the build service starts in the background at
+    start-up, or else when first asked. One lock: concurrent first builds wait for one read instead
+    of each parsing the same gigabyte under the GIL."""
+
+    def __init__(self, libdir: str | None) -> None:
+        self.libdir = libdir
+        self._defined: dict[str, str] | None = None
+        self._lock = threading.Lock()
+
+    def load(self) -> None:
+        with self._lock:
+            if self._defined is None:
+                self._defined = self._load()
+
+    def library_of(self, sym: str) -> str | None:
+        if self._defined is None:
+            self.load()
+        return self._defined.get(sym.split("@")[0])
+
+    def _load(self) -> dict[str, str]:
+        import os
+
+        found: dict[str, str] = {}
+        if not self.libdir or not os.path.isdir(self.libdir):
+            return found
+        for name in sorted(os.listdir(self.libdir)):
+            if not _TORCH_LIBRARY.match(name):
+                continue
+            try:
+                for sym in read_imports(os.path.join(self.libdir, name)).defined:
+                    found.setdefault(sym.split("@")[0], name)
+            except (OSError, ElfError, struct.error, IndexError):
+                continue
+        return found
+
+
+class Allowlist:
+    """The ATen operator names of this torch (one table per process, built from the dispatcher), and
+    the exports of torch's libraries."""
+
+    def __init__(self, op_names: list[str], torch_libdir: str | None = None) -> None:
         packets: set[str] = set()
         structs: dict[str, str] = {}
         for full in op_names:
@@ -259,12 +317,15 @@ class Allowlist:
                 structs[f"{name}_{overload}"] = name
         self.packets = frozenset(packets)
         self.structs = structs
+        self.torch = TorchExports(torch_libdir)
 
     @classmethod
     def from_torch(cls) -> "Allowlist":
+        import os
+
         import torch
 
-        return cls(list(torch._C._dispatch_get_all_op_names()))
+        return cls(list(torch._C._dispatch_get_all_op_names()), os.path.join(os.path.dirname(torch.__file__), "lib"))
 
     def op_of(self, name: str) -> str | None:
         """The ATen op a function name stands for (`clamp_min_out` -> clamp_min), or None."""
@@ -278,9 +339,32 @@ class Allowlist:
     def classify(self, sym: str) -> tuple[str, str]:
         """("allow" | "vendor" | "deny", what) for one undefined symbol."""
         comps = qualified_name(sym)
+        verdict = self._classify_c(sym) if comps is None else self._classify_cxx(sym, comps)
+        if verdict[0] == "deny":
+            return verdict
+        library = self.torch.library_of(sym)
+        if library is None:
+            return verdict
+        return self._torch_defined(sym, comps, library, verdict)
+
+    def _torch_defined(self, sym: str, comps: list[str] | None, library: str, verdict: tuple[str, str]):
+        """The rule for an import that one of torch's libraries defines."""
+        base = sym.split("@")[0]
         if comps is None:
-            return self._classify_c(sym)
-        return self._classify_cxx(sym, comps)
+            if _TORCH_C_ALLOWED.match(base):
+                return "allow", base
+            if _TORCH_C_OPS.match(base):
+                return "deny", f"{base}() (an ATen op through {library}'s C shim)"
+            if re.match(r"^(cblas_|[sdcz](gemm|gemv|syrk|trsm|symm|axpy|dot|scal|gesv|getrf|potrf|geqrf|gesdd|syev)|"
+                        r"[SDCZ](GEMM|GEMV|SYRK|TRSM|SYMM|AXPY|DOT|SCAL|GESV|GETRF|POTRF|GEQRF|GESDD|SYEV)|mkl_|MKL_|"
+                        r"Dfti|DFTI|nnp_|pytorch_qnnp_|qnnp_|xnn_|dnnl_|mkldnn_)", base):
+                return "vendor", f"{library}: bundled BLAS/LAPACK/FFT/NN ({base})"
+            return "deny", f"{base}() (an internal of {library}, not tensor plumbing)"
+        if comps[0] not in ("at", "c10", "torch", "caffe2", "std", "__gnu_cxx", "__cxxabiv1", "pybind11"):
+            return "vendor", f"{library}: bundled {comps[0]}"
+        if comps[0] == "at" and len(comps) > 2 and comps[1] in ("cuda", "native") and comps[2] in ("blas", "cpublas"):
+            return "vendor", "cublas" if comps[1] == "cuda" else f"{library}: bundled BLAS"
+        return verdict
 
     def _classify_c(self, sym: str) -> tuple[str, str]:
         base = sym.split("@")[0]
@@ -315,14 +399,14 @@ class Allowlist:
             if len(comps) > 1 and comps[1] in _TORCH_DENIED_NS:
                 return "deny", f"{text} (torch::{comps[1]} is not tensor plumbing)"
             op = self.op_of(comps[-1])
-            if op and op not in PLUMBING_OPS:
+            if op and op not in ALLOWED_OPS:
                 return "deny", f"{text} (aten::{op})"
             return "allow", text
         if root != "at":
             return "allow", text
         if len(comps) >= 3 and comps[1] == "_ops":
             op = self.structs.get(comps[2])
-            if op is None or op not in PLUMBING_OPS:
+            if op is None or op not in ALLOWED_OPS:
                 return "deny", f"{text} (aten::{op or comps[2]})"
             return "allow", text
         if len(comps) >= 2 and comps[1] == "native":
@@ -332,7 +416,7 @@ class Allowlist:
         if "getCudnnHandle" in comps[-1]:
             return "vendor", "cudnn"
         op = self.op_of(comps[-1])
-        if op and op not in PLUMBING_OPS:
+        if op and op not in ALLOWED_OPS:
             how = "an ATen kernel called directly" if len(comps) > 2 and comps[1] in _AT_BACKENDS else f"aten::{op}"
             return "deny", f"{text} ({how})"
         return "allow", text
