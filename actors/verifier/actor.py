@@ -55,16 +55,24 @@ class VerifierActor(Actor):
         if cfg.compile_workers == 0:  # follow the node's cores, shared by the run's verifiers
             cfg = dataclasses.replace(cfg, compile_workers=node_compile_workers(ctx.world_size if ctx else 1))
         self.cfg, self.ctx = cfg, ctx
-        self.reward_cls = load_plugin(cfg.reward_actor or DEFAULT_REWARD_ACTOR, RewardActor,
-                                      key="verifier.reward_actor")
+        self.reward_cls = load_plugin(
+            cfg.reward_actor or DEFAULT_REWARD_ACTOR, RewardActor, key="verifier.reward_actor"
+        )
         self.timeout_s = cfg.reward_timeout_s or (cfg.compile_timeout_s + cfg.run_timeout_s + 120.0)
         self.impl = None
         self.server: ReplyServer | None = None
         self._work: queue.Queue = queue.Queue()
         self._outbox: queue.Queue = queue.Queue()
         self._inflight: set[tuple[bytes, bytes]] = set()
-        self.stats = {"received": 0, "replied": 0, "infra": 0, "hung": 0, "rejected": 0, "compiled": 0,
-                      "modelled_s": 0.0}
+        self.stats = {
+            "received": 0,
+            "replied": 0,
+            "infra": 0,
+            "hung": 0,
+            "rejected": 0,
+            "compiled": 0,
+            "modelled_s": 0.0,
+        }
         self._stats_lock = threading.Lock()
         self.latency = ModelledLatency(cfg.modelled_latency, rank=ctx.rank if ctx is not None else 0)
         metrics = ctx.registry.address("driver", "metrics") if ctx is not None else ""
@@ -101,10 +109,17 @@ class VerifierActor(Actor):
     def health(self) -> VerifierHealth:
         with self._stats_lock:
             stats = dict(self.stats)
-        return VerifierHealth(role=self.role, alive=not self.stopping, looping=self.threads_running,
-                              busy_s=self.timeline.busy_s(), address=self.server.address if self.server else "",
-                              **stats, queued=self._work.qsize(), inflight=len(self._inflight),
-                              reward_actor=f"{self.reward_cls.__module__}.{self.reward_cls.__qualname__}")
+        return VerifierHealth(
+            role=self.role,
+            alive=not self.stopping,
+            looping=self.threads_running,
+            busy_s=self.timeline.busy_s(),
+            address=self.server.address if self.server else "",
+            **stats,
+            queued=self._work.qsize(),
+            inflight=len(self._inflight),
+            reward_actor=f"{self.reward_cls.__module__}.{self.reward_cls.__qualname__}",
+        )
 
     # --------------------------------------------------------------------------------- serving
 
@@ -125,8 +140,9 @@ class VerifierActor(Actor):
     def _accept(self, req: Request) -> None:
         if not isinstance(req.record, VerifyRequest):
             self._count("rejected")
-            self.server.reply(req, ErrorReply(message=f"the verifier answers VerifyRequest, not "
-                                                      f"{type(req.record).__name__}"))
+            self.server.reply(
+                req, ErrorReply(message=f"the verifier answers VerifyRequest, not {type(req.record).__name__}")
+            )
             return
         key = (req.peer, req.corr)
         if key in self._inflight:  # a client resent a request we are still working on
@@ -209,8 +225,10 @@ def validate_result(result, request: VerifyRequest) -> str:
     except ProtocolError as err:
         return str(err)
     if result.request_id != request.request_id or result.task_id != request.task.task_id:
-        return (f"it answers request {result.request_id!r} / task {result.task_id!r}, not "
-                f"{request.request_id!r} / {request.task.task_id!r}")
+        return (
+            f"it answers request {result.request_id!r} / task {result.task_id!r}, not "
+            f"{request.request_id!r} / {request.task.task_id!r}"
+        )
     if not math.isfinite(result.score):
         return f"score {result.score} is not a finite number"
     return ""

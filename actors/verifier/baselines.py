@@ -35,13 +35,16 @@ class Baselines:
 
     def wants_compile(self) -> bool:
         mode = self.cfg.compile_baseline
-        return self.cfg.reward.baseline == "compile" or mode == "always" or (mode == "auto" and self.device_type == "cuda")
+        return (
+            self.cfg.reward.baseline == "compile" or mode == "always" or (mode == "auto" and self.device_type == "cuda")
+        )
 
     def _key(self, ref: Reference, config: ShapeConfig) -> tuple:
         return ref.task_id, ref.hash, tuple(sorted(config.overrides.items())), self.device
 
-    def measure(self, ref: Reference, instance: Instance, pairs: int) -> tuple[timing.TripTimes,
-                                                                              timing.TripTimes | None]:
+    def measure(
+        self, ref: Reference, instance: Instance, pairs: int
+    ) -> tuple[timing.TripTimes, timing.TripTimes | None]:
         """(eager, torch.compile or None) per-call times of the reference at `instance`'s shapes."""
         key = self._key(ref, instance.config)
         with self._guard:
@@ -89,7 +92,7 @@ class Baselines:
                 k = timing.choose_k(trips, self.device_type, len(sets), self.cfg.warmup)
             times = timing.TripTimes(k)
             for i in range(max(pairs, timing.MIN_RUNS)):
-                trips.sets = sets[(i * k) % len(sets):] + sets[:(i * k) % len(sets)]  # fresh draws where there are
+                trips.sets = sets[(i * k) % len(sets) :] + sets[: (i * k) % len(sets)]  # fresh draws where there are
                 with self.lease.shared():
                     trips.stage(k)
                 with self.lease.exclusive(), timing.responsive_gil():

@@ -51,8 +51,9 @@ def scale_of(expected: torch.Tensor) -> float:
     return float(finite.square().mean().sqrt()) if finite.numel() else 0.0
 
 
-def compare_outputs(got: list[torch.Tensor], expected: list[torch.Tensor],
-                    override: tuple[float, float] | None = None) -> Comparison:
+def compare_outputs(
+    got: list[torch.Tensor], expected: list[torch.Tensor], override: tuple[float, float] | None = None
+) -> Comparison:
     """Compare a candidate's outputs with the reference's, output by output."""
     if len(got) != len(expected):
         return Comparison(False, f"returned {len(got)} output(s), the reference returns {len(expected)}", 0.0, 0, 0)
@@ -80,15 +81,26 @@ def _compare_one(name: str, got: torch.Tensor, exp: torch.Tensor, tol: tuple[flo
         count = int(wrong.sum())
         if count:
             idx = _first_index(wrong)
-            return Comparison(False, f"{name}: {count} of {n} elements differ (must match exactly); first at "
-                                     f"{idx}: got {got[idx].item()}, expected {exp[idx].item()}", float("inf"), count, n)
+            return Comparison(
+                False,
+                f"{name}: {count} of {n} elements differ (must match exactly); first at "
+                f"{idx}: got {got[idx].item()}, expected {exp[idx].item()}",
+                float("inf"),
+                count,
+                n,
+            )
         return Comparison(True, "", 0.0, 0, n)
     g, e = got.double(), exp.double()
     nan = torch.isnan(g)
     if bool(nan.any()):
         count = int(nan.sum())
-        return Comparison(False, f"{name} contains {count} NaN value(s) (first at {_first_index(nan)}); "
-                                 "NaN never passes", float("nan"), count, n)
+        return Comparison(
+            False,
+            f"{name} contains {count} NaN value(s) (first at {_first_index(nan)}); NaN never passes",
+            float("nan"),
+            count,
+            n,
+        )
     diff = (g - e).abs()
     same_inf = torch.isinf(e) & (g == e)
     diff = torch.where(same_inf, torch.zeros_like(diff), diff)
@@ -101,9 +113,15 @@ def _compare_one(name: str, got: torch.Tensor, exp: torch.Tensor, tol: tuple[flo
     max_err = float(diff.max())
     if count:
         idx = _index_of_max(torch.where(wrong, diff, torch.zeros_like(diff)))
-        return Comparison(False, f"{name}: {count} of {n} elements outside tolerance (atol={atol:g} x the output's "
-                                 f"scale {scale:.3g}, rtol={rtol:g}); max abs error {max_err:.4g} at {idx}: "
-                                 f"got {g[idx].item():.6g}, expected {e[idx].item():.6g}", max_err, count, n)
+        return Comparison(
+            False,
+            f"{name}: {count} of {n} elements outside tolerance (atol={atol:g} x the output's "
+            f"scale {scale:.3g}, rtol={rtol:g}); max abs error {max_err:.4g} at {idx}: "
+            f"got {g[idx].item():.6g}, expected {e[idx].item():.6g}",
+            max_err,
+            count,
+            n,
+        )
     finite = e[torch.isfinite(e)]
     spread = 0.01 * (atol * scale + rtol * float(finite.abs().max())) if finite.numel() else 0.0
     return _constant_check(name, g, e, spread, Comparison(True, "", max_err, 0, n))
@@ -117,8 +135,13 @@ def _constant_check(name: str, got: torch.Tensor, exp: torch.Tensor, spread: flo
     finite = flat_e[torch.isfinite(flat_e)]
     varies = finite.numel() > 1 and float(finite.max() - finite.min()) > spread
     if varies and bool((flat_g == flat_g[0]).all()):
-        return Comparison(False, f"{name} is constant ({flat_g[0].item():.6g} everywhere), the reference's is not",
-                          passed.max_abs_error, got.numel(), got.numel())
+        return Comparison(
+            False,
+            f"{name} is constant ({flat_g[0].item():.6g} everywhere), the reference's is not",
+            passed.max_abs_error,
+            got.numel(),
+            got.numel(),
+        )
     return passed
 
 

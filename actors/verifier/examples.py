@@ -20,7 +20,6 @@ KIND = "text_match"
 
 
 class TextMatchReward(RewardActor):
-
     def __init__(self, cfg: VerifierConfig, *, partial_credit: float = 1.5) -> None:
         """`partial_credit` (from `verifier.reward_actor_args`): the score a full character overlap
         would add to -1; below 2, a near miss always scores under an exact match."""
@@ -33,23 +32,50 @@ class TextMatchReward(RewardActor):
         task = request.task
         answer = task.payload.get("answer")
         if task.kind != KIND or not isinstance(answer, str):
-            return self._result(request, passed=False, error_class="infra", q=0.0, score=0.0,
-                                feedback=f"TextMatchReward cannot score a task of kind {task.kind!r} "
-                                         "(needs kind 'text_match' with a string payload['answer'])")
+            return self._result(
+                request,
+                passed=False,
+                error_class="infra",
+                q=0.0,
+                score=0.0,
+                feedback=f"TextMatchReward cannot score a task of kind {task.kind!r} "
+                "(needs kind 'text_match' with a string payload['answer'])",
+            )
         lines = request.candidate.strip().splitlines()
         got = lines[0].strip() if lines else ""
         if got == answer:
-            return self._result(request, passed=True, error_class=None, q=1.0, score=1.0,
-                                feedback="Correct.", got=got)
+            return self._result(request, passed=True, error_class=None, q=1.0, score=1.0, feedback="Correct.", got=got)
         overlap = difflib.SequenceMatcher(None, got, answer).ratio()
-        return self._result(request, passed=False, error_class="correctness", q=overlap,
-                            score=-1.0 + self.partial_credit * overlap,
-                            feedback=f"Wrong answer {got!r}: {overlap:.0%} of the characters match the expected "
-                                     "answer. Answer on the first line, nothing else.", got=got)
+        return self._result(
+            request,
+            passed=False,
+            error_class="correctness",
+            q=overlap,
+            score=-1.0 + self.partial_credit * overlap,
+            feedback=f"Wrong answer {got!r}: {overlap:.0%} of the characters match the expected "
+            "answer. Answer on the first line, nothing else.",
+            got=got,
+        )
 
-    def _result(self, request: VerifyRequest, *, passed: bool, error_class: str | None, q: float, score: float,
-                feedback: str, got: str | None = None) -> VerifyResult:
-        return VerifyResult(request_id=request.request_id, task_id=request.task.task_id, passed=passed,
-                            stage="done" if passed else ("run" if error_class == "infra" else "correctness"),
-                            error_class=error_class, q=q, score=score, feedback=feedback,
-                            diagnostics={} if got is None else {"answer": got})
+    def _result(
+        self,
+        request: VerifyRequest,
+        *,
+        passed: bool,
+        error_class: str | None,
+        q: float,
+        score: float,
+        feedback: str,
+        got: str | None = None,
+    ) -> VerifyResult:
+        return VerifyResult(
+            request_id=request.request_id,
+            task_id=request.task.task_id,
+            passed=passed,
+            stage="done" if passed else ("run" if error_class == "infra" else "correctness"),
+            error_class=error_class,
+            q=q,
+            score=score,
+            feedback=feedback,
+            diagnostics={} if got is None else {"answer": got},
+        )

@@ -136,7 +136,7 @@ class Arena:
         nbytes = t.numel() * t.element_size()
         offset, _ = self.region(nbytes)
         if nbytes:
-            self.bytes[offset:offset + nbytes].copy_(t.reshape(-1).view(torch.uint8))
+            self.bytes[offset : offset + nbytes].copy_(t.reshape(-1).view(torch.uint8))
         return [offset, nbytes, name, list(t.shape)]
 
     def take(self, entry: list, expected: torch.Tensor) -> torch.Tensor | None:
@@ -153,7 +153,7 @@ class Arena:
             return None
         if nbytes == 0:
             return torch.empty(expected.shape, dtype=expected.dtype)
-        return self.bytes[offset:offset + nbytes].clone().view(expected.dtype).reshape(expected.shape)
+        return self.bytes[offset : offset + nbytes].clone().view(expected.dtype).reshape(expected.shape)
 
     def close(self) -> None:
         del self.bytes
@@ -164,8 +164,9 @@ class Arena:
 class ChildSession:
     """One jailed sandbox serving one candidate."""
 
-    def __init__(self, pool: "SandboxPool", memory_limit_bytes: int, arena_bytes: int = 1 << 16,
-                 check_cuda: bool = False) -> None:
+    def __init__(
+        self, pool: "SandboxPool", memory_limit_bytes: int, arena_bytes: int = 1 << 16, check_cuda: bool = False
+    ) -> None:
         self.pool = pool
         self.scratch = Path(tempfile.mkdtemp(prefix="kiln-sandbox-", dir=pool.scratch_root))
         self.work = self.scratch / "work"
@@ -187,11 +188,21 @@ class ChildSession:
         self._evidence_fd = ev_r
         self._evidence_buf = b""
         self._evidence_seen: set[int] = set()
-        spec = isolation.run_jail(str(self.work), cuda=pool.device_type == "cuda", uid=pool.zygote.next_uid(),
-                                  hidden=pool.hidden, visible=pool.visible)
+        spec = isolation.run_jail(
+            str(self.work),
+            cuda=pool.device_type == "cuda",
+            uid=pool.zygote.next_uid(),
+            hidden=pool.hidden,
+            visible=pool.visible,
+        )
         try:
-            spawned = pool.zygote.spawn("run", spec, [theirs.fileno(), ev_w, self.arena.fd],
-                                        str(self.scratch / "output.log"), {"device": pool.device_type})
+            spawned = pool.zygote.spawn(
+                "run",
+                spec,
+                [theirs.fileno(), ev_w, self.arena.fd],
+                str(self.scratch / "output.log"),
+                {"device": pool.device_type},
+            )
         except ZygoteError as err:
             ours.close()
             os.close(ev_r)
@@ -218,15 +229,27 @@ class ChildSession:
 
     # ------------------------------------------------------------------------------ requests
 
-    def prepare(self, source: str, digest: str, artifacts: dict | None, toolchain: str, threads: int,
-                budget_s: float) -> dict:
+    def prepare(
+        self, source: str, digest: str, artifacts: dict | None, toolchain: str, threads: int, budget_s: float
+    ) -> dict:
         """Write the candidate where the sandbox (read-only) sees it, and have it sealed and imported."""
         path = self.work / f"kiln_candidate_{digest[:16]}.py"
         path.write_text(source, encoding="utf-8")
         os.chmod(path, 0o644)
-        reply = self.request("prepare", {"candidate": str(path), "source": source, "artifacts": artifacts,
-                                         "toolchain": toolchain, "key": self.key, "threads": threads,
-                                         "arena": self.arena.size}, budget_s, signed=False)
+        reply = self.request(
+            "prepare",
+            {
+                "candidate": str(path),
+                "source": source,
+                "artifacts": artifacts,
+                "toolchain": toolchain,
+                "key": self.key,
+                "threads": threads,
+                "arena": self.arena.size,
+            },
+            budget_s,
+            signed=False,
+        )
         self.baseline_maps = self.shared_mappings()  # sealed, the arena mapped, no candidate code yet
         return reply
 
@@ -355,8 +378,12 @@ class ChildSession:
         tail = self.output_tail()
         if tail:
             msg += f"\nlast output:\n{tail}"
-        return SandboxCrash(msg, st, exited_cleanly=(st.code == 0 and not st.signal and not self.watchdog.tripped),
-                            memory=self.watchdog.tripped)
+        return SandboxCrash(
+            msg,
+            st,
+            exited_cleanly=(st.code == 0 and not st.signal and not self.watchdog.tripped),
+            memory=self.watchdog.tripped,
+        )
 
     def output_tail(self, limit: int = 1500) -> str:
         log = self.scratch / "output.log"
@@ -433,8 +460,9 @@ def mapped_shared(pid: int, device_type: str) -> set[str]:
                 if len(parts) < 2 or parts[1][3:4] != "s":
                     continue
                 name = parts[5].strip() if len(parts) > 5 else ""
-                if device_type != "cpu" and not (name.startswith("/") and (not name.startswith("/dev/")
-                                                                            or name.startswith("/dev/shm/"))):
+                if device_type != "cpu" and not (
+                    name.startswith("/") and (not name.startswith("/dev/") or name.startswith("/dev/shm/"))
+                ):
                     continue
                 found.add(f"{parts[0]} {name}")
     except OSError:
@@ -448,8 +476,17 @@ class SandboxPool:
     `hidden` and `visible` extend the jail's view: the verifier's cache directory is hidden, the
     directory of built extensions is visible (read-only) so the candidate can import its own."""
 
-    def __init__(self, device_type: str, slots: int, memory_limit_mb: int, scratch_root: str | None = None, *,
-                 zygote: Zygote | None = None, hidden: tuple[str, ...] = (), visible: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        device_type: str,
+        slots: int,
+        memory_limit_mb: int,
+        scratch_root: str | None = None,
+        *,
+        zygote: Zygote | None = None,
+        hidden: tuple[str, ...] = (),
+        visible: tuple[str, ...] = (),
+    ) -> None:
         self.device_type = device_type
         self.memory_limit_bytes = memory_limit_mb << 20
         self.scratch_root = scratch_root
@@ -473,9 +510,11 @@ class SandboxPool:
             child = ChildSession(self, self.memory_limit_bytes, check_cuda=self.device_type == "cuda")
             try:
                 if child.cuda_error:
-                    raise SandboxInfra(f"CUDA does not initialise inside the sandbox ({child.cuda_error}); "
-                                       f"its jail shows /dev/nvidia*, /sys, /usr and the library path: is the "
-                                       f"driver library elsewhere?")
+                    raise SandboxInfra(
+                        f"CUDA does not initialise inside the sandbox ({child.cuda_error}); "
+                        f"its jail shows /dev/nvidia*, /sys, /usr and the library path: is the "
+                        f"driver library elsewhere?"
+                    )
                 return dict(child.jail)
             finally:
                 child.close()

@@ -95,7 +95,10 @@ def extract(text: str) -> Extracted:
         return Extracted("", f"the code does not parse ({err})", source_hash(code))
     if not defines_model_new(tree):
         hint = " (found a fenced block, but none defines it)" if fenced_blocks(text) else ""
-        return Extracted("", f"no `class ModelNew` at module level{hint}: the answer must define "
-                             "ModelNew with the same constructor and forward signature as Model",
-                         source_hash(code))
+        return Extracted(
+            "",
+            f"no `class ModelNew` at module level{hint}: the answer must define "
+            "ModelNew with the same constructor and forward signature as Model",
+            source_hash(code),
+        )
     return Extracted(code, "", source_hash(code))

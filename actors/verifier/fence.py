@@ -48,8 +48,19 @@ import torch
 from actors.verifier import native
 from actors.verifier.legality import ALLOWED_OPS
 
-BACKEND_KEYS = ("CPU", "SparseCPU", "SparseCsrCPU", "MkldnnCPU", "QuantizedCPU", "NestedTensorCPU",
-                "CUDA", "SparseCUDA", "SparseCsrCUDA", "QuantizedCUDA", "NestedTensorCUDA")
+BACKEND_KEYS = (
+    "CPU",
+    "SparseCPU",
+    "SparseCsrCPU",
+    "MkldnnCPU",
+    "QuantizedCPU",
+    "NestedTensorCPU",
+    "CUDA",
+    "SparseCUDA",
+    "SparseCsrCUDA",
+    "QuantizedCUDA",
+    "NestedTensorCUDA",
+)
 
 # Copies between the host and these devices made by candidate code refuse once armed (a host round-trip).
 DEVICE_KEYS = ("CUDA",)
@@ -64,8 +75,11 @@ def install(library: str | None) -> int:
     if not library or _fenced:
         return _fenced
     module = native.load(native.FENCE, library)
-    ops = [full[len("aten::"):] for full in torch._C._dispatch_get_all_op_names()
-           if full.startswith("aten::") and full[len("aten::"):].split(".")[0] not in ALLOWED_OPS]
+    ops = [
+        full[len("aten::") :]
+        for full in torch._C._dispatch_get_all_op_names()
+        if full.startswith("aten::") and full[len("aten::") :].split(".")[0] not in ALLOWED_OPS
+    ]
     keys = [k for k in BACKEND_KEYS if k in torch._C.DispatchKey.__members__]
     _fenced = int(module.install(ops, keys))
     module.guard_copies(list(COPY_OPS), [k for k in DEVICE_KEYS if k in torch._C.DispatchKey.__members__])
@@ -90,23 +104,71 @@ TENSOR_DATA = ("tolist", "numpy", "apply_", "map_", "map2_")
 # torch.Tensor's Python-level ones.
 TENSOR_PY_DATA = ("__dlpack__", "__array__", "__array_wrap__", "__array_priority__")
 # What a candidate may still do with a storage (sizes, pointers as integers, plumbing copies).
-STORAGE_KEPT = frozenset({"data_ptr", "nbytes", "size", "element_size", "device", "is_cuda", "is_hpu", "is_sparse",
-                          "is_sparse_csr", "is_pinned", "is_shared", "resizable", "resize_", "copy_", "fill_", "new",
-                          "type", "_cdata", "dtype", "untyped", "_untyped_storage", "__len__", "__sizeof__"})
+STORAGE_KEPT = frozenset(
+    {
+        "data_ptr",
+        "nbytes",
+        "size",
+        "element_size",
+        "device",
+        "is_cuda",
+        "is_hpu",
+        "is_sparse",
+        "is_sparse_csr",
+        "is_pinned",
+        "is_shared",
+        "resizable",
+        "resize_",
+        "copy_",
+        "fill_",
+        "new",
+        "type",
+        "_cdata",
+        "dtype",
+        "untyped",
+        "_untyped_storage",
+        "__len__",
+        "__sizeof__",
+    }
+)
 # torch functions over memory Python can read (a buffer, a file) or given by an integer.
 TORCH_ALIASES = ("frombuffer", "from_file", "asarray", "from_numpy", "from_dlpack")
 # torch._C functions: data to Python, memory by address, allocators, operator registration,
 # TorchScript compilation and loading, eval-frame hooks.
-TORCH_C_REFUSED = ("_to_dlpack", "_to_dlpack_versioned", "_from_dlpack", "_dlpack_exchange_api",
-                   "_construct_storage_from_data_pointer", "_unsafe_reset_storage", "_dispatch_library",
-                   "_cuda_cudaCachingAllocator_raw_alloc", "_cuda_cudaCachingAllocator_raw_delete",
-                   "_cuda_cudaHostAllocator", "_cuda_customAllocator", "_cuda_changeCurrentAllocator",
-                   "CompilationUnit", "import_ir_module", "import_ir_module_from_buffer", "_load_for_lite_interpreter",
-                   "_load_for_lite_interpreter_from_buffer", "_load_jit_module_from_file",
-                   "_load_jit_module_from_bytes", "_load_mobile_module_from_file", "_load_mobile_module_from_bytes")
+TORCH_C_REFUSED = (
+    "_to_dlpack",
+    "_to_dlpack_versioned",
+    "_from_dlpack",
+    "_dlpack_exchange_api",
+    "_construct_storage_from_data_pointer",
+    "_unsafe_reset_storage",
+    "_dispatch_library",
+    "_cuda_cudaCachingAllocator_raw_alloc",
+    "_cuda_cudaCachingAllocator_raw_delete",
+    "_cuda_cudaHostAllocator",
+    "_cuda_customAllocator",
+    "_cuda_changeCurrentAllocator",
+    "CompilationUnit",
+    "import_ir_module",
+    "import_ir_module_from_buffer",
+    "_load_for_lite_interpreter",
+    "_load_for_lite_interpreter_from_buffer",
+    "_load_jit_module_from_file",
+    "_load_jit_module_from_bytes",
+    "_load_mobile_module_from_file",
+    "_load_mobile_module_from_bytes",
+)
 TORCH_C_REFUSED_PATTERNS = ("script_compile", "from_trace", "_jit_set_", "_jit_override_")
 # Signal handlers, timers and signals to threads.
-SIGNAL_FUNCTIONS = ("signal", "setitimer", "alarm", "set_wakeup_fd", "siginterrupt", "pthread_kill", "pidfd_send_signal")
+SIGNAL_FUNCTIONS = (
+    "signal",
+    "setitimer",
+    "alarm",
+    "set_wakeup_fd",
+    "siginterrupt",
+    "pthread_kill",
+    "pidfd_send_signal",
+)
 CUDA_GRAPH_METHODS = ("capture_begin", "capture_end", "replay", "instantiate", "register_generator_state")
 
 
@@ -139,12 +201,13 @@ def install_refusers(kn) -> list[str]:
     storages = [torch._C.StorageBase, torch.storage._StorageBase, torch.UntypedStorage, torch.TypedStorage]
     for tp in storages:
         for name in list(tp.__dict__):
-            if name in STORAGE_KEPT or (name.startswith("__") and name not in ("__getitem__", "__iter__", "__reduce__",
-                                                                             "__reduce_ex__", "__array__")):
+            if name in STORAGE_KEPT or (
+                name.startswith("__")
+                and name not in ("__getitem__", "__iter__", "__reduce__", "__reduce_ex__", "__array__")
+            ):
                 continue
             if callable(tp.__dict__[name]) or isinstance(tp.__dict__[name], (classmethod, staticmethod)):
-                in_type(tp, name, f"{tp.__name__}.{name}", "python_compute",
-                        "storage data or memory handed to Python")
+                in_type(tp, name, f"{tp.__name__}.{name}", "python_compute", "storage data or memory handed to Python")
     kn.refuse_subscript(torch._C.StorageBase, "UntypedStorage[i]")
     functions = type(torch._C._VariableFunctions)
     for name in TORCH_ALIASES:
@@ -155,9 +218,17 @@ def install_refusers(kn) -> list[str]:
     refused_c = set(TORCH_C_REFUSED) | {n for n in dir(torch._C) if any(p in n for p in TORCH_C_REFUSED_PATTERNS)}
     for name in sorted(refused_c):
         if hasattr(torch._C, name):
-            _replace_module_attribute(torch._C, name, refuser(f"torch._C.{name}", "torch_internals",
-                                                              "memory by address, allocators, operator registration "
-                                                              "or TorchScript"), done, aliases)
+            _replace_module_attribute(
+                torch._C,
+                name,
+                refuser(
+                    f"torch._C.{name}",
+                    "torch_internals",
+                    "memory by address, allocators, operator registration or TorchScript",
+                ),
+                done,
+                aliases,
+            )
     for name in ("_te",):  # tensor expressions compute with kernels of their own
         if hasattr(torch._C, name):
             delattr(torch._C, name)
@@ -169,25 +240,34 @@ def install_refusers(kn) -> list[str]:
             in_type(graph, name, f"CUDAGraph.{name}", "torch_internals", "CUDA graph capture or replay")
     writer = getattr(torch._C, "PyTorchFileWriter", None)
     if writer is not None:
-        in_type(writer, "write_record", "PyTorchFileWriter.write_record", "python_compute",
-                "tensor data handed to Python")
+        in_type(
+            writer, "write_record", "PyTorchFileWriter.write_record", "python_compute", "tensor data handed to Python"
+        )
     import _signal
     import signal
 
     for name in SIGNAL_FUNCTIONS:  # the kernel refuses them anyway once armed; this puts the attempt on record
         for module in (signal, _signal):
             if name in vars(module):
-                _replace_module_attribute(module, name, refuser(f"signal.{name}", "signals",
-                                                                "a handler or a timer would run work after forward "
-                                                                "returned"), done, aliases)
+                _replace_module_attribute(
+                    module,
+                    name,
+                    refuser(f"signal.{name}", "signals", "a handler or a timer would run work after forward returned"),
+                    done,
+                    aliases,
+                )
     for name in [n for n in sys.modules if n == "ctypes" or n.startswith("ctypes.")]:
         sys.modules.pop(name)  # the stand-in (native/shim.py): `import ctypes` is an import again, and refused
         done.append(f"sys.modules[{name!r}]")
     frames = getattr(getattr(getattr(torch._C, "_dynamo", None), "eval_frame", None), "set_eval_frame", None)
     if frames is not None:
-        _replace_module_attribute(torch._C._dynamo.eval_frame, "set_eval_frame",
-                                  refuser("set_eval_frame", "introspection", "an eval-frame hook sees every frame"),
-                                  done, aliases)
+        _replace_module_attribute(
+            torch._C._dynamo.eval_frame,
+            "set_eval_frame",
+            refuser("set_eval_frame", "introspection", "an eval-frame hook sees every frame"),
+            done,
+            aliases,
+        )
     _replace_aliases(aliases)
     for tp in {tb, torch.Tensor, functions, *storages, graph, writer} - {None}:
         if _is_static(tp):

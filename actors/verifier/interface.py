@@ -46,4 +46,3 @@ class RewardActor(Protocol):
 
     def close(self) -> None:
         """Release processes, files and devices when the actor stops."""
-

@@ -29,10 +29,26 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 # Top-level packages of Kiln: never importable by candidate code (hidden from the sandbox's
 # filesystem and removed from sys.modules in it).
 KILN_PACKAGES = ("actors", "protocols", "configs", "launch", "tasks", "tests")
-_RUN_ENV = ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "PYTORCH_NVML_BASED_CUDA_CHECK",
-            "NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS")
-_BUILD_ENV = ("PATH", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH", "TORCH_CUDA_ARCH_LIST", "CUDA_VISIBLE_DEVICES",
-              "KILN_NVCC_PLAIN", "CC", "CXX")
+_RUN_ENV = (
+    "CUDA_VISIBLE_DEVICES",
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "PYTORCH_NVML_BASED_CUDA_CHECK",
+    "NCCL_NVLS_ENABLE",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST",
+    "NVSHMEM_DISABLE_NVLS",
+)
+_BUILD_ENV = (
+    "PATH",
+    "LD_LIBRARY_PATH",
+    "CUDA_HOME",
+    "CUDA_PATH",
+    "TORCH_CUDA_ARCH_LIST",
+    "CUDA_VISIBLE_DEVICES",
+    "KILN_NVCC_PLAIN",
+    "CC",
+    "CXX",
+)
 
 
 def kiln_hidden(extra: tuple[str, ...] = ()) -> tuple[str, ...]:
@@ -52,17 +68,26 @@ def _env(names: tuple[str, ...], base: dict[str, str]) -> tuple[tuple[str, str],
     return tuple(sorted(env.items()))
 
 
-def run_jail(scratch: str, *, cuda: bool, uid: int, hidden: tuple[str, ...] = (), visible: tuple[str, ...] = (),
-             nproc: int = 256) -> JailSpec:
+def run_jail(
+    scratch: str, *, cuda: bool, uid: int, hidden: tuple[str, ...] = (), visible: tuple[str, ...] = (), nproc: int = 256
+) -> JailSpec:
     """The view of a process that runs candidate code (execution or compile-time capture). On cuda it
     also sees the driver: /dev/nvidia* and the directories of the loader's library path."""
     packages_hidden, packages_shown = candidate_python()
     hide = kiln_hidden(hidden) + packages_hidden
     if cuda:
         visible = tuple(visible) + library_path()
-    return JailSpec(scratch=scratch, hidden=hide, visible=python_paths(hide) + packages_shown + tuple(visible),
-                    cuda=cuda, exec_allowed=False, writable=False, uid=uid, nproc=nproc,
-                    env=_env(_RUN_ENV, {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}))
+    return JailSpec(
+        scratch=scratch,
+        hidden=hide,
+        visible=python_paths(hide) + packages_shown + tuple(visible),
+        cuda=cuda,
+        exec_allowed=False,
+        writable=False,
+        uid=uid,
+        nproc=nproc,
+        env=_env(_RUN_ENV, {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}),
+    )
 
 
 # Distributions a process that runs candidate code sees: torch, what torch needs to run, and the
@@ -84,10 +109,17 @@ def candidate_python() -> tuple[tuple[str, ...], tuple[str, ...]]:
     from actors.verifier.native import DENIED_IMPORTS
 
     prefixes = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
-    sites = {os.path.realpath(p) for p in [*site.getsitepackages(), *site.getsitepackages(list(prefixes)),
-                                           site.getusersitepackages(), sysconfig.get_paths()["purelib"],
-                                           sysconfig.get_paths()["platlib"]]
-             if p and os.path.isdir(p)}
+    sites = {
+        os.path.realpath(p)
+        for p in [
+            *site.getsitepackages(),
+            *site.getsitepackages(list(prefixes)),
+            site.getusersitepackages(),
+            sysconfig.get_paths()["purelib"],
+            sysconfig.get_paths()["platlib"],
+        ]
+        if p and os.path.isdir(p)
+    }
     sites |= {os.path.realpath(p) for p in sys.path if p and os.path.basename(p) in ("site-packages", "dist-packages")}
     shown: set[str] = set()
     seen: set[str] = set()
@@ -121,14 +153,27 @@ def candidate_python() -> tuple[tuple[str, ...], tuple[str, ...]]:
     return tuple(sorted(sites)) + tuple(sorted(set(denied))), tuple(sorted(shown))
 
 
-def build_jail(scratch: str, *, uid: int, toolchain_paths: tuple[str, ...], hidden: tuple[str, ...] = (),
-               visible: tuple[str, ...] = (), nproc: int = 512) -> JailSpec:
+def build_jail(
+    scratch: str,
+    *,
+    uid: int,
+    toolchain_paths: tuple[str, ...],
+    hidden: tuple[str, ...] = (),
+    visible: tuple[str, ...] = (),
+    nproc: int = 512,
+) -> JailSpec:
     """The view of the compilers: the toolchain, headers and read-only caches they need."""
     hide = kiln_hidden(hidden)
-    return JailSpec(scratch=scratch, hidden=hide,
-                    visible=python_paths(hide) + toolchain_paths + tuple(visible) + library_path(),
-                    cuda=False, exec_allowed=True, uid=uid, nproc=nproc,
-                    env=_env(_BUILD_ENV, {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C", "LC_ALL": "C"}))
+    return JailSpec(
+        scratch=scratch,
+        hidden=hide,
+        visible=python_paths(hide) + toolchain_paths + tuple(visible) + library_path(),
+        cuda=False,
+        exec_allowed=True,
+        uid=uid,
+        nproc=nproc,
+        env=_env(_BUILD_ENV, {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C", "LC_ALL": "C"}),
+    )
 
 
 def library_path() -> tuple[str, ...]:

@@ -59,8 +59,16 @@ CLONE_NEWUSER = 0x10000000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
 CLONE_NEWTIME = 0x00000080
-NS_FLAGS = (CLONE_NEWNS | CLONE_NEWCGROUP | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWUSER | CLONE_NEWPID
-            | CLONE_NEWNET | CLONE_NEWTIME)
+NS_FLAGS = (
+    CLONE_NEWNS
+    | CLONE_NEWCGROUP
+    | CLONE_NEWUTS
+    | CLONE_NEWIPC
+    | CLONE_NEWUSER
+    | CLONE_NEWPID
+    | CLONE_NEWNET
+    | CLONE_NEWTIME
+)
 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
@@ -101,19 +109,33 @@ class JailSpec:
     env: tuple[tuple[str, str], ...] = ()  # the complete environment (HOME/TMPDIR are set to scratch)
 
     def to_json(self) -> dict:
-        return {"scratch": self.scratch, "hidden": list(self.hidden), "visible": list(self.visible),
-                "cuda": self.cuda, "exec_allowed": self.exec_allowed, "writable": self.writable, "uid": self.uid,
-                "nproc": self.nproc,
-                "file_size_mb": self.file_size_mb, "env": [list(kv) for kv in self.env]}
+        return {
+            "scratch": self.scratch,
+            "hidden": list(self.hidden),
+            "visible": list(self.visible),
+            "cuda": self.cuda,
+            "exec_allowed": self.exec_allowed,
+            "writable": self.writable,
+            "uid": self.uid,
+            "nproc": self.nproc,
+            "file_size_mb": self.file_size_mb,
+            "env": [list(kv) for kv in self.env],
+        }
 
     @staticmethod
     def from_json(d: dict) -> "JailSpec":
-        return JailSpec(scratch=str(d["scratch"]), hidden=tuple(map(str, d.get("hidden", ()))),
-                        visible=tuple(map(str, d.get("visible", ()))), cuda=bool(d.get("cuda")),
-                        exec_allowed=bool(d.get("exec_allowed")), writable=bool(d.get("writable", True)),
-                        uid=d.get("uid"),
-                        nproc=int(d.get("nproc", 256)), file_size_mb=int(d.get("file_size_mb", 2048)),
-                        env=tuple((str(k), str(v)) for k, v in d.get("env", ())))
+        return JailSpec(
+            scratch=str(d["scratch"]),
+            hidden=tuple(map(str, d.get("hidden", ()))),
+            visible=tuple(map(str, d.get("visible", ()))),
+            cuda=bool(d.get("cuda")),
+            exec_allowed=bool(d.get("exec_allowed")),
+            writable=bool(d.get("writable", True)),
+            uid=d.get("uid"),
+            nproc=int(d.get("nproc", 256)),
+            file_size_mb=int(d.get("file_size_mb", 2048)),
+            env=tuple((str(k), str(v)) for k, v in d.get("env", ())),
+        )
 
 
 @dataclass
@@ -143,31 +165,122 @@ class JailError(OSError):
     """A step of the set-up failed; the layer it belongs to is reported missing."""
 
 
-
 _SYSCALLS_X86_64 = {
-    "pivot_root": 155, "mount_setattr": 442,
+    "pivot_root": 155,
+    "mount_setattr": 442,
     # denied everywhere
-    "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311, "kexec_load": 246, "kexec_file_load": 320,
-    "init_module": 175, "finit_module": 313, "delete_module": 176, "bpf": 321, "perf_event_open": 298,
-    "userfaultfd": 323, "keyctl": 250, "add_key": 248, "request_key": 249, "mount": 165, "umount2": 166,
-    "unshare": 272, "setns": 308, "swapon": 167, "swapoff": 168, "reboot": 169, "acct": 163,
-    "settimeofday": 164, "clock_settime": 227, "clock_adjtime": 305, "adjtimex": 159, "syslog": 103,
-    "open_by_handle_at": 304, "name_to_handle_at": 303, "quotactl": 179, "iopl": 172, "ioperm": 173,
-    "vhangup": 153, "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427, "fsopen": 430,
-    "fsconfig": 431, "fsmount": 432, "fspick": 433, "open_tree": 428, "move_mount": 429, "chroot": 161,
-    "pidfd_getfd": 438, "process_madvise": 440, "kcmp": 312, "lookup_dcookie": 212, "fanotify_init": 300,
-    "mknod": 133, "mknodat": 259, "personality": 135, "clone3": 435,
+    "ptrace": 101,
+    "process_vm_readv": 310,
+    "process_vm_writev": 311,
+    "kexec_load": 246,
+    "kexec_file_load": 320,
+    "init_module": 175,
+    "finit_module": 313,
+    "delete_module": 176,
+    "bpf": 321,
+    "perf_event_open": 298,
+    "userfaultfd": 323,
+    "keyctl": 250,
+    "add_key": 248,
+    "request_key": 249,
+    "mount": 165,
+    "umount2": 166,
+    "unshare": 272,
+    "setns": 308,
+    "swapon": 167,
+    "swapoff": 168,
+    "reboot": 169,
+    "acct": 163,
+    "settimeofday": 164,
+    "clock_settime": 227,
+    "clock_adjtime": 305,
+    "adjtimex": 159,
+    "syslog": 103,
+    "open_by_handle_at": 304,
+    "name_to_handle_at": 303,
+    "quotactl": 179,
+    "iopl": 172,
+    "ioperm": 173,
+    "vhangup": 153,
+    "io_uring_setup": 425,
+    "io_uring_enter": 426,
+    "io_uring_register": 427,
+    "fsopen": 430,
+    "fsconfig": 431,
+    "fsmount": 432,
+    "fspick": 433,
+    "open_tree": 428,
+    "move_mount": 429,
+    "chroot": 161,
+    "pidfd_getfd": 438,
+    "process_madvise": 440,
+    "kcmp": 312,
+    "lookup_dcookie": 212,
+    "fanotify_init": 300,
+    "mknod": 133,
+    "mknodat": 259,
+    "personality": 135,
+    "clone3": 435,
     # conditional
-    "execve": 59, "execveat": 322, "clone": 56, "socket": 41,
+    "execve": 59,
+    "execveat": 322,
+    "clone": 56,
+    "socket": 41,
 }
-_DENIED = ("ptrace", "process_vm_readv", "process_vm_writev", "kexec_load", "kexec_file_load", "init_module",
-           "finit_module", "delete_module", "bpf", "perf_event_open", "userfaultfd", "keyctl", "add_key",
-           "request_key", "mount", "umount2", "unshare", "setns", "swapon", "swapoff", "reboot", "acct",
-           "settimeofday", "clock_settime", "clock_adjtime", "adjtimex", "syslog", "open_by_handle_at",
-           "name_to_handle_at", "quotactl", "iopl", "ioperm", "vhangup", "io_uring_setup", "io_uring_enter",
-           "io_uring_register", "fsopen", "fsconfig", "fsmount", "fspick", "open_tree", "move_mount", "chroot",
-           "pidfd_getfd", "process_madvise", "kcmp", "lookup_dcookie", "fanotify_init", "mknod", "mknodat",
-           "pivot_root", "mount_setattr")
+_DENIED = (
+    "ptrace",
+    "process_vm_readv",
+    "process_vm_writev",
+    "kexec_load",
+    "kexec_file_load",
+    "init_module",
+    "finit_module",
+    "delete_module",
+    "bpf",
+    "perf_event_open",
+    "userfaultfd",
+    "keyctl",
+    "add_key",
+    "request_key",
+    "mount",
+    "umount2",
+    "unshare",
+    "setns",
+    "swapon",
+    "swapoff",
+    "reboot",
+    "acct",
+    "settimeofday",
+    "clock_settime",
+    "clock_adjtime",
+    "adjtimex",
+    "syslog",
+    "open_by_handle_at",
+    "name_to_handle_at",
+    "quotactl",
+    "iopl",
+    "ioperm",
+    "vhangup",
+    "io_uring_setup",
+    "io_uring_enter",
+    "io_uring_register",
+    "fsopen",
+    "fsconfig",
+    "fsmount",
+    "fspick",
+    "open_tree",
+    "move_mount",
+    "chroot",
+    "pidfd_getfd",
+    "process_madvise",
+    "kcmp",
+    "lookup_dcookie",
+    "fanotify_init",
+    "mknod",
+    "mknodat",
+    "pivot_root",
+    "mount_setattr",
+)
 AUDIT_ARCH_X86_64 = 0xC000003E
 AF_UNIX = 1
 
@@ -268,8 +381,11 @@ def _enter_user_namespace() -> None:
     uid, gid = os.geteuid(), os.getegid()
     _prctl(PR_SET_DUMPABLE, 1)  # /proc/self/*_map belong to root in a non-dumpable process
     _os_call("unshare(CLONE_NEWUSER)", _native().unshare, CLONE_NEWUSER)
-    for path, text in (("/proc/self/setgroups", "deny"), ("/proc/self/uid_map", f"0 {uid} 1"),
-                       ("/proc/self/gid_map", f"0 {gid} 1")):
+    for path, text in (
+        ("/proc/self/setgroups", "deny"),
+        ("/proc/self/uid_map", f"0 {uid} 1"),
+        ("/proc/self/gid_map", f"0 {gid} 1"),
+    ):
         try:
             with open(path, "w") as f:
                 f.write(text)
@@ -280,8 +396,7 @@ def _enter_user_namespace() -> None:
 # ----------------------------------------------------------------------------- the sandbox
 
 
-def _confine_process(spec: JailSpec, report: JailReport, root: bool, *, mounts: bool,
-                     warden_alive: int | None) -> None:
+def _confine_process(spec: JailSpec, report: JailReport, root: bool, *, mounts: bool, warden_alive: int | None) -> None:
     scratch = Path(spec.scratch)
     scratch.mkdir(parents=True, exist_ok=True)
     if root and spec.uid is not None:
@@ -334,8 +449,11 @@ def _set_limits(spec: JailSpec, report: JailReport, root: bool) -> None:
         resource.setrlimit(resource.RLIMIT_NPROC, (spec.nproc, spec.nproc))
         report.ok("nproc")
     else:  # RLIMIT_NPROC counts every process of the uid, and this uid is the user's own
-        report.fail("nproc", "no private uid (the verifier is not root): processes are bounded by the "
-                             "PID namespace and the verifier's watchdog only")
+        report.fail(
+            "nproc",
+            "no private uid (the verifier is not root): processes are bounded by the "
+            "PID namespace and the verifier's watchdog only",
+        )
 
 
 def _drop_identity(spec: JailSpec, report: JailReport, root: bool) -> None:
@@ -494,8 +612,12 @@ def _make_dev(new: str, cuda: bool, *, shm: bool) -> None:
         src = "/dev/" + name
         if os.path.exists(src):
             _bind(new, src, readonly=False, device=True)
-    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
-                         ("stderr", "/proc/self/fd/2")):
+    for name, target in (
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ):
         os.symlink(target, f"{dev}/{name}")
     if shm:
         os.makedirs(dev + "/shm", exist_ok=True)
@@ -518,8 +640,15 @@ def seccomp_program(exec_allowed: bool) -> bytes:
     # precompiled header where it was built; candidate code needs neither.
     denied = list(_DENIED) + ([] if exec_allowed else ["execve", "execveat", "personality"])
     # Layout: [arch check][x32 check][clone3 -> ENOSYS][clone flags][socket domain][denied...] [ALLOW][DENY][NOSYS][KILL]
-    body: list[tuple] = [("ld", 4), ("jeq_else_kill", AUDIT_ARCH_X86_64), ("ld", 0), ("jge_deny", 0x40000000),
-                         ("jeq_nosys", _SYSCALLS_X86_64["clone3"]), ("clone",), ("socket",)]
+    body: list[tuple] = [
+        ("ld", 4),
+        ("jeq_else_kill", AUDIT_ARCH_X86_64),
+        ("ld", 0),
+        ("jge_deny", 0x40000000),
+        ("jeq_nosys", _SYSCALLS_X86_64["clone3"]),
+        ("clone",),
+        ("socket",),
+    ]
     body += [("jeq_deny", _SYSCALLS_X86_64[n]) for n in denied]
     return _assemble(body)
 
@@ -527,11 +656,38 @@ def seccomp_program(exec_allowed: bool) -> bytes:
 # What the kernel refuses from the moment a process that loads candidate code seals (fence.py), on
 # top of the jail's filter: signal handlers and timers (a handler would run work after forward
 # returned), new processes (threads stay allowed) and anonymous shared memory files.
-_ARMED_DENIED = ("rt_sigaction", "alarm", "setitimer", "timer_create", "timer_settime", "timerfd_create",
-                 "timerfd_settime", "signalfd", "signalfd4", "memfd_create", "kill", "fork", "vfork")
-_SYSCALLS_X86_64.update({"rt_sigaction": 13, "alarm": 37, "setitimer": 38, "timer_create": 222, "timer_settime": 223,
-                         "timerfd_create": 283, "timerfd_settime": 286, "signalfd": 282, "signalfd4": 289,
-                         "memfd_create": 319, "kill": 62, "fork": 57, "vfork": 58})
+_ARMED_DENIED = (
+    "rt_sigaction",
+    "alarm",
+    "setitimer",
+    "timer_create",
+    "timer_settime",
+    "timerfd_create",
+    "timerfd_settime",
+    "signalfd",
+    "signalfd4",
+    "memfd_create",
+    "kill",
+    "fork",
+    "vfork",
+)
+_SYSCALLS_X86_64.update(
+    {
+        "rt_sigaction": 13,
+        "alarm": 37,
+        "setitimer": 38,
+        "timer_create": 222,
+        "timer_settime": 223,
+        "timerfd_create": 283,
+        "timerfd_settime": 286,
+        "signalfd": 282,
+        "signalfd4": 289,
+        "memfd_create": 319,
+        "kill": 62,
+        "fork": 57,
+        "vfork": 58,
+    }
+)
 CLONE_THREAD = 0x00010000
 
 
@@ -562,18 +718,31 @@ def _assemble(body: list[tuple]) -> bytes:
         elif op == "jeq_deny":
             ins.append([jeq, "DENY", 0, step[1]])
         elif op == "clone":  # if nr == clone: A = flags; deny if any namespace flag; reload nr
-            ins += [[jeq, 0, 3, _SYSCALLS_X86_64["clone"]], [ld, None, None, 16], [jset, "DENY", 0, NS_FLAGS],
-                    [ld, None, None, 0]]
+            ins += [
+                [jeq, 0, 3, _SYSCALLS_X86_64["clone"]],
+                [ld, None, None, 16],
+                [jset, "DENY", 0, NS_FLAGS],
+                [ld, None, None, 0],
+            ]
         elif op == "thread_only":  # if nr == clone: A = flags; deny unless CLONE_THREAD; reload nr
-            ins += [[jeq, 0, 3, _SYSCALLS_X86_64["clone"]], [ld, None, None, 16], [jset, 0, "DENY", CLONE_THREAD],
-                    [ld, None, None, 0]]
+            ins += [
+                [jeq, 0, 3, _SYSCALLS_X86_64["clone"]],
+                [ld, None, None, 16],
+                [jset, 0, "DENY", CLONE_THREAD],
+                [ld, None, None, 0],
+            ]
         elif op == "socket":  # if nr == socket: A = domain; deny unless AF_UNIX; reload nr
-            ins += [[jeq, 0, 3, _SYSCALLS_X86_64["socket"]], [ld, None, None, 16], [jeq, 0, "DENY", AF_UNIX],
-                    [ld, None, None, 0]]
+            ins += [
+                [jeq, 0, 3, _SYSCALLS_X86_64["socket"]],
+                [ld, None, None, 16],
+                [jeq, 0, "DENY", AF_UNIX],
+                [ld, None, None, 0],
+            ]
     tail = {"ALLOW": len(ins), "DENY": len(ins) + 1, "NOSYS": len(ins) + 2, "KILL": len(ins) + 3}
     ins += [[ret, None, None, allow], [ret, None, None, deny], [ret, None, None, nosys], [ret, None, None, kill]]
     out = b""
     for i, (code, jt, jf, k) in enumerate(ins):
+
         def rel(t):
             if t is None:
                 return 0
@@ -581,6 +750,7 @@ def _assemble(body: list[tuple]) -> bytes:
             if not 0 <= off < 256:
                 raise ValueError("seccomp jump out of range")
             return off
+
         out += struct.pack("=HBBI", code, rel(jt), rel(jf), k & 0xFFFFFFFF)
     return out
 

@@ -20,29 +20,94 @@ import re
 from dataclasses import asdict, dataclass
 
 # ATen ops (overload packet names) that are tensor plumbing. Everything else inside forward is compute.
-PLUMBING_OPS = frozenset({
-    # allocation
-    "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "empty_permuted",
-    "zeros", "zeros_like", "new_zeros", "zero_", "ones", "ones_like", "new_ones", "full", "full_like",
-    "new_full", "fill_", "scalar_tensor", "resize_", "lift_fresh",
-    # views and shape plumbing
-    "view", "_unsafe_view", "reshape", "_reshape_alias", "permute", "transpose", "t", "expand",
-    "expand_as", "view_as", "squeeze", "unsqueeze", "flatten", "unflatten", "alias", "as_strided",
-    "detach", "select", "slice", "narrow", "split", "split_with_sizes", "chunk", "unbind", "movedim",
-    "contiguous", "_reshape_copy",
-    # copies and casts (precision loss is caught by the tolerance check); an RNN's weights packed
-    # into one buffer (nn.LSTM/GRU do it when moved to a GPU)
-    "clone", "copy_", "_to_copy", "to", "_copy_from", "_copy_from_and_resize", "_cudnn_rnn_flatten_weight",
-    # questions about tensors' metadata, not their values (nn.Module.to asks the first)
-    "_has_compatible_shallow_copy_type", "is_same_size", "_has_same_storage_numel",
-})
+PLUMBING_OPS = frozenset(
+    {
+        # allocation
+        "empty",
+        "empty_like",
+        "empty_strided",
+        "new_empty",
+        "new_empty_strided",
+        "empty_permuted",
+        "zeros",
+        "zeros_like",
+        "new_zeros",
+        "zero_",
+        "ones",
+        "ones_like",
+        "new_ones",
+        "full",
+        "full_like",
+        "new_full",
+        "fill_",
+        "scalar_tensor",
+        "resize_",
+        "lift_fresh",
+        # views and shape plumbing
+        "view",
+        "_unsafe_view",
+        "reshape",
+        "_reshape_alias",
+        "permute",
+        "transpose",
+        "t",
+        "expand",
+        "expand_as",
+        "view_as",
+        "squeeze",
+        "unsqueeze",
+        "flatten",
+        "unflatten",
+        "alias",
+        "as_strided",
+        "detach",
+        "select",
+        "slice",
+        "narrow",
+        "split",
+        "split_with_sizes",
+        "chunk",
+        "unbind",
+        "movedim",
+        "contiguous",
+        "_reshape_copy",
+        # copies and casts (precision loss is caught by the tolerance check); an RNN's weights packed
+        # into one buffer (nn.LSTM/GRU do it when moved to a GPU)
+        "clone",
+        "copy_",
+        "_to_copy",
+        "to",
+        "_copy_from",
+        "_copy_from_and_resize",
+        "_cudnn_rnn_flatten_weight",
+        # questions about tensors' metadata, not their values (nn.Module.to asks the first)
+        "_has_compatible_shallow_copy_type",
+        "is_same_size",
+        "_has_same_storage_numel",
+    }
+)
 # Random initialisation: values drawn from scalar parameters, a function of no input. Allowed wherever
 # plumbing is (nn.Linear, nn.Conv2d, nn.Embedding initialise their parameters with them in __init__,
 # which runs with the fence armed like everything else of the candidate's).
-RANDOM_FILLS = frozenset({
-    "uniform_", "normal_", "random_", "exponential_", "geometric_", "cauchy_", "log_normal_", "randn", "rand",
-    "randint", "randperm", "randn_like", "rand_like", "randint_like", "normal",
-})
+RANDOM_FILLS = frozenset(
+    {
+        "uniform_",
+        "normal_",
+        "random_",
+        "exponential_",
+        "geometric_",
+        "cauchy_",
+        "log_normal_",
+        "randn",
+        "rand",
+        "randint",
+        "randperm",
+        "randn_like",
+        "rand_like",
+        "randint_like",
+        "normal",
+    }
+)
 # Every ATen op a process that loaded candidate code may run; the compute fence refuses the others.
 ALLOWED_OPS = PLUMBING_OPS | RANDOM_FILLS
 
@@ -74,25 +139,50 @@ class Violation:
 
 # Modules a candidate must not import, with the reason shown in feedback.
 FORBIDDEN_MODULES = {
-    "numpy": "host compute with numpy", "scipy": "host compute with scipy", "cupy": "another array library",
-    "numba": "another kernel compiler", "jax": "another framework", "tensorflow": "another framework",
-    "ctypes": "raw memory and symbol access", "cffi": "raw memory and symbol access",
-    "gc": "introspection of the verifier", "inspect": "introspection of the verifier",
-    "importlib": "dynamic imports", "builtins": "patching builtins", "sys": None, "os": None,
-    "subprocess": "spawning processes", "multiprocessing": "spawning processes", "signal": "signal handlers",
-    "threading": "work on threads", "_thread": "work on threads", "concurrent": "work on threads",
-    "asyncio": "work on threads", "socket": "network access", "urllib": "network access",
-    "http": "network access", "requests": "network access", "pickle": "unpickling", "marshal": "code objects",
-    "time": None, "timeit": "patching the timer", "torch._C": "torch internals",
+    "numpy": "host compute with numpy",
+    "scipy": "host compute with scipy",
+    "cupy": "another array library",
+    "numba": "another kernel compiler",
+    "jax": "another framework",
+    "tensorflow": "another framework",
+    "ctypes": "raw memory and symbol access",
+    "cffi": "raw memory and symbol access",
+    "gc": "introspection of the verifier",
+    "inspect": "introspection of the verifier",
+    "importlib": "dynamic imports",
+    "builtins": "patching builtins",
+    "sys": None,
+    "os": None,
+    "subprocess": "spawning processes",
+    "multiprocessing": "spawning processes",
+    "signal": "signal handlers",
+    "threading": "work on threads",
+    "_thread": "work on threads",
+    "concurrent": "work on threads",
+    "asyncio": "work on threads",
+    "socket": "network access",
+    "urllib": "network access",
+    "http": "network access",
+    "requests": "network access",
+    "pickle": "unpickling",
+    "marshal": "code objects",
+    "time": None,
+    "timeit": "patching the timer",
+    "torch._C": "torch internals",
     "torch._dynamo": "torch.compile (compute the gate cannot see)",
     "torch._inductor": "torch.compile (compute the gate cannot see)",
-    "torch.jit": "TorchScript fusion (compute the gate cannot see)", "torch.fx": "graph rewriting",
-    "torch.library": "registering operators", "torch.overrides": "torch function overrides",
-    "torch.utils._python_dispatch": "dispatch modes", "torch.testing": "patching the comparison",
+    "torch.jit": "TorchScript fusion (compute the gate cannot see)",
+    "torch.fx": "graph rewriting",
+    "torch.library": "registering operators",
+    "torch.overrides": "torch function overrides",
+    "torch.utils._python_dispatch": "dispatch modes",
+    "torch.testing": "patching the comparison",
     "torch.cuda.graphs": "CUDA graph replay (compute the gate cannot see)",
     # Kiln itself: the gate, the clock and the caches are not the candidate's business.
-    "actors": "reaching into the verifier", "protocols": "reaching into the verifier",
-    "configs": "reaching into the verifier", "launch": "reaching into the verifier",
+    "actors": "reaching into the verifier",
+    "protocols": "reaching into the verifier",
+    "configs": "reaching into the verifier",
+    "launch": "reaching into the verifier",
 }
 # Attribute chains that are escape hatches wherever they appear.
 FORBIDDEN_ATTRS = {
@@ -101,24 +191,44 @@ FORBIDDEN_ATTRS = {
     "torch.cuda.CUDAGraph": "CUDA graph replay (compute the gate cannot see)",
     "torch.cuda.make_graphed_callables": "CUDA graph replay (compute the gate cannot see)",
     "torch.from_numpy": "host round-trip through numpy",
-    "sys.modules": "reaching into loaded modules", "sys._getframe": "introspection of the verifier",
-    "sys.settrace": "tracing hooks", "sys.setprofile": "profiling hooks", "sys.exit": "exiting the process",
-    "sys.addaudithook": "audit hooks", "os._exit": "exiting the process", "os.kill": "signalling processes",
-    "os.killpg": "signalling processes", "os.fork": "spawning processes", "os.system": "spawning processes",
-    "os.popen": "spawning processes", "os.execv": "spawning processes", "os.execvp": "spawning processes",
+    "sys.modules": "reaching into loaded modules",
+    "sys._getframe": "introspection of the verifier",
+    "sys.settrace": "tracing hooks",
+    "sys.setprofile": "profiling hooks",
+    "sys.exit": "exiting the process",
+    "sys.addaudithook": "audit hooks",
+    "os._exit": "exiting the process",
+    "os.kill": "signalling processes",
+    "os.killpg": "signalling processes",
+    "os.fork": "spawning processes",
+    "os.system": "spawning processes",
+    "os.popen": "spawning processes",
+    "os.execv": "spawning processes",
+    "os.execvp": "spawning processes",
     "os.abort": "exiting the process",
 }
 FORBIDDEN_CALLS = {
-    "exec": "dynamic code", "eval": "dynamic code", "compile": "dynamic code", "__import__": "dynamic imports",
-    "globals": "reaching into module globals", "vars": "reaching into objects", "exit": "exiting the process",
-    "quit": "exiting the process", "breakpoint": "debugger hooks",
+    "exec": "dynamic code",
+    "eval": "dynamic code",
+    "compile": "dynamic code",
+    "__import__": "dynamic imports",
+    "globals": "reaching into module globals",
+    "vars": "reaching into objects",
+    "exit": "exiting the process",
+    "quit": "exiting the process",
+    "breakpoint": "debugger hooks",
 }
 FORBIDDEN_METHODS = {
-    "numpy": "host round-trip through numpy", "tolist": "host round-trip through Python lists",
-    "__array__": "host round-trip through numpy", "apply_": "Python compute over tensor elements",
-    "map_": "Python compute over tensor elements", "map2_": "Python compute over tensor elements",
-    "redispatch": "calling a kernel below the dispatcher", "_disable_current_modes": "switching off dispatch modes",
-    "_pop_mode": "switching off dispatch modes", "_pop_mode_temporarily": "switching off dispatch modes",
+    "numpy": "host round-trip through numpy",
+    "tolist": "host round-trip through Python lists",
+    "__array__": "host round-trip through numpy",
+    "apply_": "Python compute over tensor elements",
+    "map_": "Python compute over tensor elements",
+    "map2_": "Python compute over tensor elements",
+    "redispatch": "calling a kernel below the dispatcher",
+    "_disable_current_modes": "switching off dispatch modes",
+    "_pop_mode": "switching off dispatch modes",
+    "_pop_mode_temporarily": "switching off dispatch modes",
     "__dlpack__": "host round-trip through DLPack",
 }
 _REFERENCE_IMPORT = re.compile(r"(^|\.)(level\d+|reference|references|kernelbench|tasks)(\.|$)", re.IGNORECASE)
@@ -144,12 +254,21 @@ def static_scan(source: str, *, allow_vendor_libs: bool = True) -> tuple[list[Vi
             chain = _resolve(node, aliases)
             if chain in FORBIDDEN_ATTRS:
                 found.append(Violation("static", chain, where(node), FORBIDDEN_ATTRS[chain]))
-            elif chain.startswith("torch._C") or chain.startswith("torch._dynamo") or chain.startswith("torch._inductor"):
+            elif (
+                chain.startswith("torch._C") or chain.startswith("torch._dynamo") or chain.startswith("torch._inductor")
+            ):
                 found.append(Violation("static", chain, where(node), "torch internals"))
             elif node.attr in FORBIDDEN_METHODS and isinstance(getattr(node, "ctx", None), ast.Load):
                 found.append(Violation("static", f".{node.attr}()", where(node), FORBIDDEN_METHODS[node.attr]))
-            elif node.attr in ("__torch_function__", "__torch_dispatch__", "__code__", "__globals__",
-                               "__closure__", "__subclasses__", "__builtins__"):
+            elif node.attr in (
+                "__torch_function__",
+                "__torch_dispatch__",
+                "__code__",
+                "__globals__",
+                "__closure__",
+                "__subclasses__",
+                "__builtins__",
+            ):
                 found.append(Violation("static", node.attr, where(node), "interpreter internals"))
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in FORBIDDEN_CALLS:
             found.append(Violation("static", f"{node.func.id}()", where(node), FORBIDDEN_CALLS[node.func.id]))
@@ -162,16 +281,22 @@ def static_scan(source: str, *, allow_vendor_libs: bool = True) -> tuple[list[Vi
             for t in targets:
                 owner = _resolve(t.value, aliases) if isinstance(t, ast.Attribute) else ""
                 if owner.split(".")[0] in _TORCH_ROOTS and not owner.startswith("torch.backends"):
-                    found.append(Violation("static", f"assignment to {_resolve(t, aliases)}", where(node),
-                                           "patching a library"))
+                    found.append(
+                        Violation("static", f"assignment to {_resolve(t, aliases)}", where(node), "patching a library")
+                    )
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in (
-                "__torch_function__", "__torch_dispatch__"):
+            "__torch_function__",
+            "__torch_dispatch__",
+        ):
             found.append(Violation("static", f"def {node.name}", where(node), "tensor subclass / override"))
         elif isinstance(node, ast.ClassDef):
             for base in node.bases:
                 if _resolve(base, aliases) in ("torch.Tensor", "torch._C.TensorBase", "torch.nn.Parameter"):
-                    found.append(Violation("static", f"class {node.name}({_resolve(base, aliases)})", where(node),
-                                           "tensor subclass"))
+                    found.append(
+                        Violation(
+                            "static", f"class {node.name}({_resolve(base, aliases)})", where(node), "tensor subclass"
+                        )
+                    )
     for text in _string_constants(tree):  # getattr(x, "apply_"), importlib-free module names
         if text.isidentifier() and text in FORBIDDEN_METHODS:
             found.append(Violation("static", f"'{text}'", "", FORBIDDEN_METHODS[text]))
@@ -179,8 +304,14 @@ def static_scan(source: str, *, allow_vendor_libs: bool = True) -> tuple[list[Vi
     found += native_scan(native)
     vendors = vendor_libraries(native)
     if vendors and not allow_vendor_libs:
-        found.append(Violation("vendor_lib", ", ".join(vendors), "",
-                               "vendor libraries are switched off (verifier.legality.allow_vendor_libs)"))
+        found.append(
+            Violation(
+                "vendor_lib",
+                ", ".join(vendors),
+                "",
+                "vendor libraries are switched off (verifier.legality.allow_vendor_libs)",
+            )
+        )
     return _dedupe(found), vendors
 
 
@@ -188,8 +319,14 @@ def _check_import(node, where: str) -> list[Violation]:
     names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
     if isinstance(node, ast.ImportFrom):
         if node.level:
-            return [Violation("static", f"relative import from {'.' * node.level}{node.module or ''}", where,
-                              "importing the reference")]
+            return [
+                Violation(
+                    "static",
+                    f"relative import from {'.' * node.level}{node.module or ''}",
+                    where,
+                    "importing the reference",
+                )
+            ]
         names += [f"{node.module}.{a.name}" for a in node.names]
     out = []
     for name in names:
@@ -204,7 +341,9 @@ def _check_import(node, where: str) -> list[Violation]:
             for a in node.names:
                 chain = f"{node.module}.{a.name}"
                 if chain in FORBIDDEN_ATTRS:
-                    out.append(Violation("static", f"from {node.module} import {a.name}", where, FORBIDDEN_ATTRS[chain]))
+                    out.append(
+                        Violation("static", f"from {node.module} import {a.name}", where, FORBIDDEN_ATTRS[chain])
+                    )
     return out
 
 
@@ -250,16 +389,59 @@ def _dedupe(items: list[Violation]) -> list[Violation]:
 # ------------------------------------------------------------------------- static scan: native code
 
 # Qualified at::/torch:: names that are types, allocation, device/stream plumbing or utilities.
-NATIVE_ALLOWED_ROOTS = frozenset({
-    "Tensor", "TensorOptions", "TensorAccessor", "PackedTensorAccessor", "PackedTensorAccessor32",
-    "PackedTensorAccessor64", "GenericPackedTensorAccessor", "RestrictPtrTraits", "DefaultPtrTraits",
-    "ScalarType", "Scalar", "IntArrayRef", "ArrayRef", "Device", "DeviceType", "DeviceGuard",
-    "OptionalDeviceGuard", "Layout", "MemoryFormat", "Half", "BFloat16", "optional", "nullopt",
-    "empty", "empty_like", "empty_strided", "zeros", "zeros_like", "ones", "ones_like", "full",
-    "full_like", "from_blob", "cuda", "parallel_for", "get_num_threads", "in_parallel_region",
-    "get_thread_num", "elementSize", "toString", "Dtype", "dtype", "device", "indexing", "acc_type",
-    "opmath_type", "numeric_limits", "NoGradGuard", "InferenceMode",
-})
+NATIVE_ALLOWED_ROOTS = frozenset(
+    {
+        "Tensor",
+        "TensorOptions",
+        "TensorAccessor",
+        "PackedTensorAccessor",
+        "PackedTensorAccessor32",
+        "PackedTensorAccessor64",
+        "GenericPackedTensorAccessor",
+        "RestrictPtrTraits",
+        "DefaultPtrTraits",
+        "ScalarType",
+        "Scalar",
+        "IntArrayRef",
+        "ArrayRef",
+        "Device",
+        "DeviceType",
+        "DeviceGuard",
+        "OptionalDeviceGuard",
+        "Layout",
+        "MemoryFormat",
+        "Half",
+        "BFloat16",
+        "optional",
+        "nullopt",
+        "empty",
+        "empty_like",
+        "empty_strided",
+        "zeros",
+        "zeros_like",
+        "ones",
+        "ones_like",
+        "full",
+        "full_like",
+        "from_blob",
+        "cuda",
+        "parallel_for",
+        "get_num_threads",
+        "in_parallel_region",
+        "get_thread_num",
+        "elementSize",
+        "toString",
+        "Dtype",
+        "dtype",
+        "device",
+        "indexing",
+        "acc_type",
+        "opmath_type",
+        "numeric_limits",
+        "NoGradGuard",
+        "InferenceMode",
+    }
+)
 _NATIVE_CONSTANT = re.compile(r"k[A-Z]\w*$")  # at::kFloat, torch::kCUDA, ...
 _NATIVE_NAME = re.compile(r"\b(?:at|torch)::((?:\w+::)*\w+)")
 # Dispatcher bypasses: excluding the Python dispatch key hides ATen calls from the runtime gate.
@@ -296,27 +478,50 @@ def native_scan(native: str) -> list[Violation]:
         kernel_namespace = root in _KERNEL_NAMESPACES and len(parts) > 1
         top_level_op = len(parts) == 1 and root in ops and root not in ALLOWED_OPS
         if kernel_namespace or top_level_op:
-            out.append(Violation("native_op", m.group(0), _native_line(native, m.start()),
-                                 "ATen compute called from C++ (write the computation in your kernel)"))
+            out.append(
+                Violation(
+                    "native_op",
+                    m.group(0),
+                    _native_line(native, m.start()),
+                    "ATen compute called from C++ (write the computation in your kernel)",
+                )
+            )
     for m in _NATIVE_BYPASS.finditer(native):
-        out.append(Violation("native_bypass", m.group(1), _native_line(native, m.start()),
-                             "bypassing the ATen dispatcher"))
+        out.append(
+            Violation("native_bypass", m.group(1), _native_line(native, m.start()), "bypassing the ATen dispatcher")
+        )
     return out
 
 
 # at::/torch:: namespaces that hold nothing but kernels (cuda holds streams and devices too: left to the
 # symbol check).
-_KERNEL_NAMESPACES = frozenset({"_ops", "native", "cpu", "meta", "mps", "redispatch", "compositeexplicitautograd",
-                                "compositeexplicitautogradnonfunctional", "compositeimplicitautograd",
-                                "sparsecpu", "sparsecuda", "quantizedcpu", "quantizedcuda", "mkldnncpu"})
+_KERNEL_NAMESPACES = frozenset(
+    {
+        "_ops",
+        "native",
+        "cpu",
+        "meta",
+        "mps",
+        "redispatch",
+        "compositeexplicitautograd",
+        "compositeexplicitautogradnonfunctional",
+        "compositeimplicitautograd",
+        "sparsecpu",
+        "sparsecuda",
+        "quantizedcpu",
+        "quantizedcuda",
+        "mkldnncpu",
+    }
+)
 
 
 @functools.lru_cache(maxsize=1)
 def _aten_ops() -> frozenset[str]:
     import torch
 
-    return frozenset(n[len("aten::"):].split(".")[0] for n in torch._C._dispatch_get_all_op_names()
-                     if n.startswith("aten::"))
+    return frozenset(
+        n[len("aten::") :].split(".")[0] for n in torch._C._dispatch_get_all_op_names() if n.startswith("aten::")
+    )
 
 
 def vendor_libraries(native: str) -> list[str]:
@@ -326,5 +531,5 @@ def vendor_libraries(native: str) -> list[str]:
 def _native_line(text: str, pos: int) -> str:
     start = text.rfind("\n", 0, pos) + 1
     end = text.find("\n", pos)
-    line = text[start:end if end >= 0 else len(text)].strip()
+    line = text[start : end if end >= 0 else len(text)].strip()
     return f"C++ `{line[:120]}`"

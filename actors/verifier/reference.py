@@ -189,11 +189,14 @@ class Reference:
 
     def check_outputs(self, inputs: list, expected: list[torch.Tensor]) -> None:
         """NaN from finite inputs: the task is broken (BrokenTask), not any kernel judged on it."""
-        finite_inputs = all(bool(torch.isfinite(x).all()) for x in inputs
-                            if isinstance(x, torch.Tensor) and x.is_floating_point())
+        finite_inputs = all(
+            bool(torch.isfinite(x).all()) for x in inputs if isinstance(x, torch.Tensor) and x.is_floating_point()
+        )
         if finite_inputs and any(bool(torch.isnan(e).any()) for e in expected if e.is_floating_point()):
-            raise BrokenTask(f"the reference of {self.task_id} produces NaN from finite inputs: the task is broken "
-                             "(no kernel is judged on it)")
+            raise BrokenTask(
+                f"the reference of {self.task_id} produces NaN from finite inputs: the task is broken "
+                "(no kernel is judged on it)"
+            )
 
     def fresh_inputs(self, instance: Instance) -> list:
         """A fresh draw of `get_inputs()` at the instance's shapes (CPU tensors), never used before."""
@@ -211,8 +214,13 @@ class Reference:
         fresh = self.fresh_inputs(instance)
         inputs = []
         for a, b in zip(trial.inputs, fresh):
-            if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape \
-                    and a.dtype == b.dtype and a.numel():
+            if (
+                isinstance(a, torch.Tensor)
+                and isinstance(b, torch.Tensor)
+                and a.shape == b.shape
+                and a.dtype == b.dtype
+                and a.numel()
+            ):
                 c = a.clone()
                 flat, src = c.view(-1), b.reshape(-1)
                 for _ in range(changed):

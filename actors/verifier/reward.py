@@ -16,8 +16,10 @@ from configs.schema import RewardConfig
 
 FAILURE_CLASSES = ("extract", "compile", "runtime", "timeout", "cheating")
 
-PLUMBING_HINT = ("Only tensor plumbing (empty/zeros/view/reshape/permute/contiguous/copy_) may run in "
-                 "PyTorch inside forward; the computation itself must happen in your own kernel.")
+PLUMBING_HINT = (
+    "Only tensor plumbing (empty/zeros/view/reshape/permute/contiguous/copy_) may run in "
+    "PyTorch inside forward; the computation itself must happen in your own kernel."
+)
 
 
 def moore_score(cfg: RewardConfig, error_class: str | None, q: float, speedup: float | None) -> float:
@@ -47,8 +49,10 @@ def _cut(text: str, limit: int = 1200) -> str:
 
 
 def extract_feedback(error: str) -> str:
-    return _cut(f"Could not extract a candidate: {error}. Answer with one complete Python module in a "
-                "```python block that defines class ModelNew.")
+    return _cut(
+        f"Could not extract a candidate: {error}. Answer with one complete Python module in a "
+        "```python block that defines class ModelNew."
+    )
 
 
 def compile_feedback(errors: str) -> str:
@@ -85,14 +89,23 @@ def correctness_feedback(trials: list[dict], q: float) -> str:
     return _cut(head + "\n" + "\n".join(details))
 
 
-def pass_feedback(candidate_s: float | None, eager_s: float | None, compile_s: float | None,
-                  speedup: float | None, baseline: str, vendors: list[str], review: bool, implausible: str = "") -> str:
+def pass_feedback(
+    candidate_s: float | None,
+    eager_s: float | None,
+    compile_s: float | None,
+    speedup: float | None,
+    baseline: str,
+    vendors: list[str],
+    review: bool,
+    implausible: str = "",
+) -> str:
     text = "Correct on every trial and legal."
     if implausible:
         return text + f" The measured time is not physically plausible ({implausible}); scored as no speedup."
     if candidate_s is not None and eager_s is not None:
-        text += (f" Speedup {eager_s / candidate_s:.2f}x vs eager PyTorch "
-                 f"({_ms(candidate_s)} vs {_ms(eager_s)} per call)")
+        text += (
+            f" Speedup {eager_s / candidate_s:.2f}x vs eager PyTorch ({_ms(candidate_s)} vs {_ms(eager_s)} per call)"
+        )
         if compile_s is not None:
             text += f", {compile_s / candidate_s:.2f}x vs torch.compile"
         text += "."

@@ -59,8 +59,13 @@ class TrialRecord:
     max_abs_error: float = 0.0
 
     def to_json(self) -> dict:
-        return {"label": self.label, "shapes": self.shapes, "passed": self.passed, "message": self.message,
-                "max_abs_error": self.max_abs_error if self.max_abs_error == self.max_abs_error else None}
+        return {
+            "label": self.label,
+            "shapes": self.shapes,
+            "passed": self.passed,
+            "message": self.message,
+            "max_abs_error": self.max_abs_error if self.max_abs_error == self.max_abs_error else None,
+        }
 
 
 @dataclass
@@ -116,8 +121,15 @@ class _Budget:
 class CandidateRun:
     """One execution of one candidate against one reference."""
 
-    def __init__(self, cfg: VerifierConfig, ref: Reference, pool: SandboxPool, lease: DeviceLease,
-                 baselines: Baselines, bandwidth: timing.Bandwidth | None = None) -> None:
+    def __init__(
+        self,
+        cfg: VerifierConfig,
+        ref: Reference,
+        pool: SandboxPool,
+        lease: DeviceLease,
+        baselines: Baselines,
+        bandwidth: timing.Bandwidth | None = None,
+    ) -> None:
         self.cfg, self.ref, self.pool, self.lease, self.baselines = cfg, ref, pool, lease, baselines
         self.bandwidth = bandwidth
         self.device_type = baselines.device_type
@@ -145,7 +157,12 @@ class CandidateRun:
         except SandboxFailure as err:
             self._sandbox_failed(err)
         except BrokenTask as err:
-            self.out.stage, self.out.error_class, self.out.message, self.out.broken_task = "run", "infra", str(err), True
+            self.out.stage, self.out.error_class, self.out.message, self.out.broken_task = (
+                "run",
+                "infra",
+                str(err),
+                True,
+            )
         except ReferenceError as err:
             self.out.stage, self.out.error_class, self.out.message = "run", "infra", str(err)
         if child is not None:
@@ -179,7 +196,9 @@ class CandidateRun:
                     if scaled is not None:
                         trials.insert(len(trials) - 1, scaled)  # the canary stays built on the last plain trial
                     else:
-                        notes.append(f"no trial on inputs x{SCALED_INPUTS:g}: the reference's outputs are not finite there")
+                        notes.append(
+                            f"no trial on inputs x{SCALED_INPUTS:g}: the reference's outputs are not finite there"
+                        )
             configs.append((config, inst, [t for t in trials if t is not None]))
             for t in trials:
                 if t is not None:
@@ -193,13 +212,15 @@ class CandidateRun:
 
     # ------------------------------------------------------------------------------ the stages
 
-    def _execute(self, child: ChildSession, plan: Plan, source: str, source_hash: str, artifacts,
-                 toolchain: str) -> None:
+    def _execute(
+        self, child: ChildSession, plan: Plan, source: str, source_hash: str, artifacts, toolchain: str
+    ) -> None:
         self.current_op = "importing the candidate"
         t0 = time.perf_counter()
         with self.lease.shared():
-            reply = child.prepare(source, source_hash, artifacts, toolchain, timing.CPU_TIMING_THREADS,
-                                  max(self.budget.left, 0.5))
+            reply = child.prepare(
+                source, source_hash, artifacts, toolchain, timing.CPU_TIMING_THREADS, max(self.budget.left, 0.5)
+            )
             if reply.get("internal") or not reply.get("ok"):
                 raise SandboxFailure(f"the sandbox could not seal itself: {reply.get('error')}")
             reply = self.budget.ask(child, "load", {})
@@ -209,9 +230,14 @@ class CandidateRun:
         self.current_op = "building ModelNew"
         arena = child.arena
         arena.reset()
-        instances = [{"init": _wire_values(inst.init_args), "seed": inst.init_seed,
-                      "params": [[name, arena.put(t)] for name, t in inst.state_dict.items()]}
-                     for _, inst, _ in plan.configs]
+        instances = [
+            {
+                "init": _wire_values(inst.init_args),
+                "seed": inst.init_seed,
+                "params": [[name, arena.put(t)] for name, t in inst.state_dict.items()],
+            }
+            for _, inst, _ in plan.configs
+        ]
         with self.lease.shared():
             reply = self.budget.ask(child, "build", {"instances": instances})
         described = "; ".join(f"ModelNew({_args(inst.init_args)})" for _, inst, _ in plan.configs)
@@ -245,8 +271,9 @@ class CandidateRun:
         elif self.out.error_class is None:
             self.out.stage = "done"
 
-    def _run_config(self, child: ChildSession, index: int, config: ShapeConfig, inst: Instance,
-                    trials: list[Trial]) -> bool:
+    def _run_config(
+        self, child: ChildSession, index: int, config: ShapeConfig, inst: Instance, trials: list[Trial]
+    ) -> bool:
         """The trials of one shape config on the sandbox's ModelNew `index`. False stops the job."""
         if config.label == "primary":
             self.primary, self.primary_index = inst, index
@@ -271,8 +298,9 @@ class CandidateRun:
         out = arena.region(_nbytes(trial.expected) + 64 * len(trial.expected))
         after = arena.region(_nbytes(trial.expected) + 64 * len(trial.expected))
         kept = arena.region(_nbytes(trial.inputs) + 64 * len(trial.inputs))
-        return self.budget.ask(child, "call", {"instance": instance, "inputs": inputs, "out": out, "after": after,
-                                               "kept": kept})
+        return self.budget.ask(
+            child, "call", {"instance": instance, "inputs": inputs, "out": out, "after": after, "kept": kept}
+        )
 
     def _canary(self, child: ChildSession) -> None:
         """An earlier primary trial's inputs with a few elements changed: counted for nothing but the
@@ -288,9 +316,14 @@ class CandidateRun:
         shapes = trial.config.describe()
         if reply.get("failure"):
             if reply.get("subclass"):
-                self.out.violations.append(Violation(
-                    "output_type", f"an output that poses as one: {str(reply['failure'])[:200]}", "",
-                    "outputs must be plain torch.Tensor objects in a plain tuple or list, not subclasses"))
+                self.out.violations.append(
+                    Violation(
+                        "output_type",
+                        f"an output that poses as one: {str(reply['failure'])[:200]}",
+                        "",
+                        "outputs must be plain torch.Tensor objects in a plain tuple or list, not subclasses",
+                    )
+                )
             if counts:
                 where = f" at {reply['where']}" if reply.get("where") else ""
                 self.out.trials.append(TrialRecord(label, shapes, False, f"{str(reply['failure'])[:400]}{where}"))
@@ -309,23 +342,37 @@ class CandidateRun:
         still_running = self.device_type == "cuda" and isinstance(pending, (int, float)) and pending > PENDING_S
         if later is None or still_running or any(not torch.equal(a, b) for a, b in zip(got, later)):
             kind = "stream_escape" if self.device_type == "cuda" else "thread_escape"
-            self.out.violations.append(Violation(kind, "the outputs were still being written after forward returned",
-                                                 "", "work left running after the call escapes the output check"))
+            self.out.violations.append(
+                Violation(
+                    kind,
+                    "the outputs were still being written after forward returned",
+                    "",
+                    "work left running after the call escapes the output check",
+                )
+            )
         tensors = [x for x in trial.inputs if isinstance(x, torch.Tensor)]
         kept, _ = self._outputs(child, reply.get("inputs_after"), tensors)
         for i, (before, after) in enumerate(zip(tensors, kept or [])):
             if not torch.equal(before, after):
-                self.out.violations.append(Violation("input_mutated", f"input {i} was modified in place", "",
-                                                     "forward must not write to its inputs"))
+                self.out.violations.append(
+                    Violation(
+                        "input_mutated", f"input {i} was modified in place", "", "forward must not write to its inputs"
+                    )
+                )
         # A wrong output that is bit for bit an earlier trial's *correct* output is a replayed result
         # (a constant or garbage output that merely repeats is only wrong, not replayed).
         digest = _digest(got)
         earlier = self._seen_outputs.get(digest)
         if result is not None and not result.ok and earlier is not None:
             which = "the canary trial" if not counts else f"trial {trial.index + 1}"
-            self.out.violations.append(Violation(
-                "replayed_output", f"{which} returned exactly the output of trial {earlier + 1}",
-                "", "results cached across calls"))
+            self.out.violations.append(
+                Violation(
+                    "replayed_output",
+                    f"{which} returned exactly the output of trial {earlier + 1}",
+                    "",
+                    "results cached across calls",
+                )
+            )
         if result is not None and result.ok and counts:
             self._seen_outputs.setdefault(digest, trial.index)
 
@@ -364,8 +411,14 @@ class CandidateRun:
         # Every timed call gets a fresh draw, and all of them together stay within the input budget:
         # K from the warm-up (within the device budget), then as many pairs as the budget allows.
         calls = max(timing.MIN_RUNS, TIMING_INPUT_BUDGET // input_bytes)
-        most = max(1, min(timing.MAX_CALLS_PER_TRIP, TRIP_DEVICE_BUDGET // (input_bytes + 2 * output_bytes),
-                          calls // timing.MIN_RUNS))
+        most = max(
+            1,
+            min(
+                timing.MAX_CALLS_PER_TRIP,
+                TRIP_DEVICE_BUDGET // (input_bytes + 2 * output_bytes),
+                calls // timing.MIN_RUNS,
+            ),
+        )
         self.current_op = "the timed runs"
         budget_s = min(max(self.budget.left * 0.5, 1.0), 20.0)
         with self.lease.shared():  # the warm-up pairs' inputs: fresh, as timed calls' are
@@ -396,10 +449,18 @@ class CandidateRun:
                 break
         self.out.candidate_s = times.mean_s
         self.out.timing_runs = len(times.per_call) * k
-        self.out.timing = {"clock": "verifier", "candidate": times.to_json(), "eager": eager.to_json(),
-                           "compile": compiled.to_json() if compiled is not None else None,
-                           "checked": checked, "median_s": {"candidate": times.median_s, "eager": eager.median_s,
-                                                            "compile": compiled.median_s if compiled else None}}
+        self.out.timing = {
+            "clock": "verifier",
+            "candidate": times.to_json(),
+            "eager": eager.to_json(),
+            "compile": compiled.to_json() if compiled is not None else None,
+            "checked": checked,
+            "median_s": {
+                "candidate": times.median_s,
+                "eager": eager.median_s,
+                "compile": compiled.median_s if compiled else None,
+            },
+        }
         self._plausibility(times.mean_s)
 
     def _stage(self, child: ChildSession, calls: list[list]) -> bool:
@@ -459,12 +520,24 @@ class CandidateRun:
             return True
         earlier = self._seen_outputs.get(_digest(got)) if got is not None else None
         if earlier is not None:
-            self.out.violations.append(Violation("replayed_output", f"timed run {pair + 1} returned exactly the "
-                                                 f"output of trial {earlier + 1}", "", "results cached across calls"))
+            self.out.violations.append(
+                Violation(
+                    "replayed_output",
+                    f"timed run {pair + 1} returned exactly the output of trial {earlier + 1}",
+                    "",
+                    "results cached across calls",
+                )
+            )
         else:
             message = check.message if check is not None else why
-            self.out.violations.append(Violation("timed_output", f"while timed (run {pair + 1}), {message}",
-                                                 "", "output differs when timed (call-count dependent?)"))
+            self.out.violations.append(
+                Violation(
+                    "timed_output",
+                    f"while timed (run {pair + 1}), {message}",
+                    "",
+                    "output differs when timed (call-count dependent?)",
+                )
+            )
         return False
 
     def _plausibility(self, seconds: float) -> None:
@@ -476,9 +549,11 @@ class CandidateRun:
         floor = self.bandwidth.min_seconds(moved)
         self.out.timing["min_plausible_s"] = floor
         if seconds < floor:
-            self.out.implausible = (f"{seconds * 1e6:.1f} us per call moves {moved} bytes faster than this device "
-                                    f"can ({floor * 1e6:.1f} us at the calibrated bandwidth x{self.bandwidth.SLACK:g}): "
-                                    "no speed bonus")
+            self.out.implausible = (
+                f"{seconds * 1e6:.1f} us per call moves {moved} bytes faster than this device "
+                f"can ({floor * 1e6:.1f} us at the calibrated bandwidth x{self.bandwidth.SLACK:g}): "
+                "no speed bonus"
+            )
 
     # ------------------------------------------------------------------------------ evidence
 
@@ -487,17 +562,25 @@ class CandidateRun:
         started (memory a file descriptor and a tensor both see: Python reads it without torch)."""
         new = child.new_shared_mappings()
         if new:
-            self.out.violations.append(Violation("shared_memory", f"a shared memory mapping ({len(new)} new)", "",
-                                                 "tensor memory that Python reads and writes outside PyTorch: "
-                                                 "compute in your own kernel"))
+            self.out.violations.append(
+                Violation(
+                    "shared_memory",
+                    f"a shared memory mapping ({len(new)} new)",
+                    "",
+                    "tensor memory that Python reads and writes outside PyTorch: compute in your own kernel",
+                )
+            )
             child.baseline_maps |= set(new)  # said once
 
     def _absorb(self, reply: dict, doing: str) -> bool:
         """Record the error of a reply; False when the job cannot go on."""
         patched = reply.get("patched")
         if isinstance(patched, list) and patched:
-            self.out.violations.append(Violation("patched", ", ".join(str(p)[:40] for p in patched[:5]), "",
-                                                 "replacing torch's comparison functions"))
+            self.out.violations.append(
+                Violation(
+                    "patched", ", ".join(str(p)[:40] for p in patched[:5]), "", "replacing torch's comparison functions"
+                )
+            )
         if reply.get("ok") and reply.get("raised") and reply.get("failure"):
             self.out.stage, self.out.error_class = "run", "runtime"
             where = f" at {reply['where']}" if reply.get("where") else ""
@@ -538,8 +621,14 @@ class CandidateRun:
     def _sandbox_failed(self, err: SandboxFailure) -> None:
         doing = self.current_op
         if isinstance(err, SandboxCrash) and err.exited_cleanly:
-            self.out.violations.append(Violation("exit", "the process exited with status 0 during " + doing, "",
-                                                 "os._exit / exit to fake a finished run"))
+            self.out.violations.append(
+                Violation(
+                    "exit",
+                    "the process exited with status 0 during " + doing,
+                    "",
+                    "os._exit / exit to fake a finished run",
+                )
+            )
         if isinstance(err, SandboxForged):
             self.out.violations.append(Violation("forged", str(err), "", "writing to the verifier's channel"))
         if self.out.violations:
@@ -548,8 +637,10 @@ class CandidateRun:
             return
         self.out.error_class = err.error_class
         if err.error_class == "timeout":
-            self.out.message = (f"execution exceeded the {self.cfg.run_timeout_s:g} s limit during {doing}: "
-                                "an endless loop, a deadlock, or far too slow")
+            self.out.message = (
+                f"execution exceeded the {self.cfg.run_timeout_s:g} s limit during {doing}: "
+                "an endless loop, a deadlock, or far too slow"
+            )
         else:
             self.out.message = f"while {doing}, {err}"
         self.out.stage = "performance" if self.out.stage == "performance" else "run"

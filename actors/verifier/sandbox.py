@@ -60,15 +60,30 @@ CANDIDATE_MODULE = "kiln_candidate"
 MAX_REQUEST = 16 << 20  # a request is metadata and init arguments; tensors live in the arena
 MAC_BYTES = 32
 ALIGN = 64  # every tensor region in the arena starts at a multiple of this
-CUDA_FATAL = ("CUDA error", "cudaError", "CUBLAS_STATUS", "CUDNN_STATUS", "device-side assert",
-              "illegal memory access", "an illegal instruction", "misaligned address")
+CUDA_FATAL = (
+    "CUDA error",
+    "cudaError",
+    "CUBLAS_STATUS",
+    "CUDNN_STATUS",
+    "device-side assert",
+    "illegal memory access",
+    "an illegal instruction",
+    "misaligned address",
+)
 SETTLE_S = 0.002  # cpu: the pause before the second look at a trial's outputs (work still running?)
 # cuda: a correctness trial's inputs land about a millisecond after forward is called, in the caller's
 # stream order (until then they hold NaN): work not ordered after that stream reads no input.
 INPUT_DELAY_CYCLES = 2_000_000
 DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16,
-    "int8": torch.int8, "int16": torch.int16, "int32": torch.int32, "int64": torch.int64, "uint8": torch.uint8,
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "int8": torch.int8,
+    "int16": torch.int16,
+    "int32": torch.int32,
+    "int64": torch.int64,
+    "uint8": torch.uint8,
     "bool": torch.bool,
 }
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
@@ -96,8 +111,15 @@ def child_main(fds: list[int], spec, report, args: dict) -> int:
             elif req.get("op") == "prepare":
                 return _prepare(sock, fds[1], fds[2], device, req, report)
             else:
-                _send(sock, {"ok": False, "internal": True, "nonce": req.get("nonce"),
-                             "error": f"unexpected request {req.get('op')!r}"})
+                _send(
+                    sock,
+                    {
+                        "ok": False,
+                        "internal": True,
+                        "nonce": req.get("nonce"),
+                        "error": f"unexpected request {req.get('op')!r}",
+                    },
+                )
     except BaseException:  # a bug here, before any candidate code: the verifier reports infra
         traceback.print_exc()
         return 5
@@ -152,8 +174,7 @@ def _prepare(sock: socket.socket, evidence_fd: int, arena_fd: int, device: str, 
             torch.empty(1, device="cuda")  # the context, before any candidate code
         torch.set_num_threads(int(req.get("threads") or timing.CPU_TIMING_THREADS))
         torch.empty(1 << 20).fill_(1)  # start the intra-op pool now, not inside the first forward
-        arena = torch.from_file(f"/proc/self/fd/{arena_fd}", shared=True, size=int(req["arena"]),
-                                dtype=torch.uint8)
+        arena = torch.from_file(f"/proc/self/fd/{arena_fd}", shared=True, size=int(req["arena"]), dtype=torch.uint8)
         os.close(arena_fd)
         if req.get("artifacts") is not None:
             install_prebuilt(req["artifacts"], req["toolchain"])
@@ -189,34 +210,85 @@ def _capture(sock: socket.socket, key: bytes, arena: torch.Tensor, device: str) 
     import torch.nn as nn
 
     caps = dict(
-        sock=sock, key=key, arena=arena, device=device, dtypes=dict(DTYPES), dtype_names=dict(DTYPE_NAMES),
-        recv_into=_socket.socket.recv_into, sendall=_socket.socket.sendall, unpack_header=_HEADER.unpack,
-        pack_header=_HEADER.pack, unpackb=msgpack.unpackb, pack=msgpack.Packer(use_bin_type=True).pack,
-        hmac=_hashlib.hmac_digest, bytearray_=bytearray, memoryview_=memoryview, bytes_=bytes, str_=str,
-        exec_=exec, type_name=type.__dict__["__name__"].__get__,
-        int_=int, len_=len, range_=range, type_=type, tuple_=tuple, list_=list, dict_=dict, min_=min,
-        tensor_type=torch.Tensor, base_exception=BaseException, exception=Exception, value_error=ValueError,
-        append=list.append, dict_get=dict.get, str_join=str.join, str_contains=str.__contains__,
-        plain=data.plain, meta=data.meta, empty=data.empty, bytes_view=data.bytes_view, copy=data.copy,
-        poison=data.poison, arm_compute=native.loaded().arm_compute, evidence_since=native.loaded().evidence_since,
-        perf=time.perf_counter, sleep=time.sleep, site_of=native.loaded().traceback_site,
-        exc_traceback=BaseException.__traceback__.__get__, cuda_fatal=CUDA_FATAL,
-        module_dict=type(sys).__dict__["__dict__"].__get__, issubclass_=issubclass, module_class=nn.Module,
-        state_dict=nn.Module.state_dict, load_state_dict=nn.Module.load_state_dict, to_device=nn.Module.to,
-        manual_seed=torch.default_generator.manual_seed, no_grad=torch._C._set_grad_enabled,
-        align=ALIGN, settle_s=SETTLE_S, sync=_noop, stream_sync=_noop, set_stream=_noop, delay=_noop,
-        flush=None, flush_zero=None, comparison=_comparison(device))
+        sock=sock,
+        key=key,
+        arena=arena,
+        device=device,
+        dtypes=dict(DTYPES),
+        dtype_names=dict(DTYPE_NAMES),
+        recv_into=_socket.socket.recv_into,
+        sendall=_socket.socket.sendall,
+        unpack_header=_HEADER.unpack,
+        pack_header=_HEADER.pack,
+        unpackb=msgpack.unpackb,
+        pack=msgpack.Packer(use_bin_type=True).pack,
+        hmac=_hashlib.hmac_digest,
+        bytearray_=bytearray,
+        memoryview_=memoryview,
+        bytes_=bytes,
+        str_=str,
+        exec_=exec,
+        type_name=type.__dict__["__name__"].__get__,
+        int_=int,
+        len_=len,
+        range_=range,
+        type_=type,
+        tuple_=tuple,
+        list_=list,
+        dict_=dict,
+        min_=min,
+        tensor_type=torch.Tensor,
+        base_exception=BaseException,
+        exception=Exception,
+        value_error=ValueError,
+        append=list.append,
+        dict_get=dict.get,
+        str_join=str.join,
+        str_contains=str.__contains__,
+        plain=data.plain,
+        meta=data.meta,
+        empty=data.empty,
+        bytes_view=data.bytes_view,
+        copy=data.copy,
+        poison=data.poison,
+        arm_compute=native.loaded().arm_compute,
+        evidence_since=native.loaded().evidence_since,
+        perf=time.perf_counter,
+        sleep=time.sleep,
+        site_of=native.loaded().traceback_site,
+        exc_traceback=BaseException.__traceback__.__get__,
+        cuda_fatal=CUDA_FATAL,
+        module_dict=type(sys).__dict__["__dict__"].__get__,
+        issubclass_=issubclass,
+        module_class=nn.Module,
+        state_dict=nn.Module.state_dict,
+        load_state_dict=nn.Module.load_state_dict,
+        to_device=nn.Module.to,
+        manual_seed=torch.default_generator.manual_seed,
+        no_grad=torch._C._set_grad_enabled,
+        align=ALIGN,
+        settle_s=SETTLE_S,
+        sync=_noop,
+        stream_sync=_noop,
+        set_stream=_noop,
+        delay=_noop,
+        flush=None,
+        flush_zero=None,
+        comparison=_comparison(device),
+    )
     if device == "cuda":
         stream = torch.cuda.current_stream()
         ident = (stream.stream_id, stream.device_index, stream.device_type)
         props = torch.cuda.get_device_properties(0)
         l2 = max(2 * int(getattr(props, "L2_cache_size", 0) or (50 << 20)), 64 << 20)
         caps.update(
-            sync=torch._C._cuda_synchronize, stream_sync=lambda _s=stream, _f=torch._C._CudaStreamBase.synchronize: _f(_s),
+            sync=torch._C._cuda_synchronize,
+            stream_sync=lambda _s=stream, _f=torch._C._CudaStreamBase.synchronize: _f(_s),
             set_stream=lambda _i=ident, _f=torch._C._cuda_setStream: _f(*_i),
             delay=lambda _f=torch._C._cuda_sleep: _f(INPUT_DELAY_CYCLES),
             flush=torch.empty(l2, dtype=torch.uint8, device="cuda"),
-            flush_zero=torch.zeros(l2, dtype=torch.uint8, device="cuda"))
+            flush_zero=torch.zeros(l2, dtype=torch.uint8, device="cuda"),
+        )
     return caps
 
 
@@ -233,11 +305,13 @@ def _comparison(device: str) -> list:
     import torch.testing
 
     proxy = type(type.__dict__).get
-    found = ([(vars(torch), n, dict.get) for n in ("allclose", "isclose", "equal", "testing")]
-             + [(vars(torch.testing), "assert_close", dict.get)]
-             + [(torch.Tensor.__dict__, n, proxy) for n in ("__eq__", "__ne__")]
-             + [(torch._C.TensorBase.__dict__, n, proxy) for n in ("allclose", "equal", "isclose")]
-             + [(vars(time_module), n, dict.get) for n in ("perf_counter", "perf_counter_ns", "monotonic", "time")])
+    found = (
+        [(vars(torch), n, dict.get) for n in ("allclose", "isclose", "equal", "testing")]
+        + [(vars(torch.testing), "assert_close", dict.get)]
+        + [(torch.Tensor.__dict__, n, proxy) for n in ("__eq__", "__ne__")]
+        + [(torch._C.TensorBase.__dict__, n, proxy) for n in ("allclose", "equal", "isclose")]
+        + [(vars(time_module), n, dict.get) for n in ("perf_counter", "perf_counter_ns", "monotonic", "time")]
+    )
     if device == "cuda":
         found += [(vars(torch.cuda), n, dict.get) for n in ("synchronize", "Event", "current_stream", "Stream")]
         found += [(torch.cuda.Event.__dict__, n, proxy) for n in ("elapsed_time", "record", "synchronize", "query")]
@@ -247,19 +321,87 @@ def _comparison(device: str) -> list:
 # ---------------------------------------------------------- after: the candidate's process
 
 
-def server(*, sock, key, arena, device, dtypes, dtype_names, recv_into, sendall, unpack_header, pack_header,
-           unpackb, pack, hmac, bytearray_, memoryview_, bytes_, str_, exec_, type_name, int_, len_, range_, type_,
-           tuple_, list_, dict_, min_, tensor_type, base_exception, exception, value_error, append, dict_get,
-           str_join, str_contains, plain, meta, empty, bytes_view, copy, poison, arm_compute, evidence_since, perf,
-           sleep, site_of,
-           exc_traceback,
-           cuda_fatal, module_dict, issubclass_, module_class, state_dict, load_state_dict, to_device, manual_seed,
-           no_grad, align, settle_s, sync, stream_sync, set_stream, delay, flush, flush_zero, comparison):
+def server(
+    *,
+    sock,
+    key,
+    arena,
+    device,
+    dtypes,
+    dtype_names,
+    recv_into,
+    sendall,
+    unpack_header,
+    pack_header,
+    unpackb,
+    pack,
+    hmac,
+    bytearray_,
+    memoryview_,
+    bytes_,
+    str_,
+    exec_,
+    type_name,
+    int_,
+    len_,
+    range_,
+    type_,
+    tuple_,
+    list_,
+    dict_,
+    min_,
+    tensor_type,
+    base_exception,
+    exception,
+    value_error,
+    append,
+    dict_get,
+    str_join,
+    str_contains,
+    plain,
+    meta,
+    empty,
+    bytes_view,
+    copy,
+    poison,
+    arm_compute,
+    evidence_since,
+    perf,
+    sleep,
+    site_of,
+    exc_traceback,
+    cuda_fatal,
+    module_dict,
+    issubclass_,
+    module_class,
+    state_dict,
+    load_state_dict,
+    to_device,
+    manual_seed,
+    no_grad,
+    align,
+    settle_s,
+    sync,
+    stream_sync,
+    set_stream,
+    delay,
+    flush,
+    flush_zero,
+    comparison,
+):
     """The sandbox's half that runs once candidate code exists. Every name below is a parameter or a
     local: the nested functions load no global, builtin or attribute (tests/verifier checks the
     bytecode), so the candidate cannot change what they call."""
-    state = {"models": [], "model": None, "cls": None, "snaps": [], "null_snaps": [], "sets": [], "last": None,
-             "logged": 0}
+    state = {
+        "models": [],
+        "model": None,
+        "cls": None,
+        "snaps": [],
+        "null_snaps": [],
+        "sets": [],
+        "last": None,
+        "logged": 0,
+    }
 
     def receive():
         head = read(4)
@@ -336,13 +478,19 @@ def server(*, sock, key, arena, device, dtypes, dtype_names, recv_into, sendall,
         if kind is tensor_type:
             return (result,), "", False
         if kind is not tuple_ and kind is not list_:
-            return (None, f"forward returned a {type_name(kind)}, not a tensor or a tuple/list of tensors",
-                    lookalike(kind))
+            return (
+                None,
+                f"forward returned a {type_name(kind)}, not a tensor or a tuple/list of tensors",
+                lookalike(kind),
+            )
         items = tuple_(result)
         for i in range_(len_(items)):
             if not plain(items[i]):
-                return (None, f"output {i} is a {type_name(type_(items[i]))}, not a plain torch.Tensor",
-                        lookalike(type_(items[i])))
+                return (
+                    None,
+                    f"output {i} is a {type_name(type_(items[i]))}, not a plain torch.Tensor",
+                    lookalike(type_(items[i])),
+                )
         return items, "", False
 
     def lay_out(items, region):
@@ -362,8 +510,13 @@ def server(*, sock, key, arena, device, dtypes, dtype_names, recv_into, sendall,
 
     def failure(exc):
         text = str_(exc)[:2000]
-        return {"ok": True, "failure": f"{type_name(type_(exc))}: {text}", "where": site_of(exc_traceback(exc)),
-                "raised": True, "fatal": any_fatal(text)}
+        return {
+            "ok": True,
+            "failure": f"{type_name(type_(exc))}: {text}",
+            "where": site_of(exc_traceback(exc)),
+            "raised": True,
+            "fatal": any_fatal(text),
+        }
 
     watched = [(space, name, get, get(space, name)) for space, name, get in comparison]
 
@@ -444,7 +597,12 @@ def server(*, sock, key, arena, device, dtypes, dtype_names, recv_into, sendall,
     def op_stage(req):
         """The next trip's inputs onto the device, one set per call (outside any timed request)."""
         if state["model"] is not state["models"][req["instance"]]:
-            state["model"], state["snaps"], state["null_snaps"], state["last"] = state["models"][req["instance"]], [], [], None
+            state["model"], state["snaps"], state["null_snaps"], state["last"] = (
+                state["models"][req["instance"]],
+                [],
+                [],
+                None,
+            )
         state["sets"] = [staged(items) for items in req["calls"]]
         sync()
         return {"ok": True}

@@ -38,6 +38,8 @@ def suite_dir() -> Path:
     be installed without its tests), else next to this package."""
     here = Path.cwd() / "tests" / "adversarial"
     return here if here.is_dir() else REPO / "tests" / "adversarial"
+
+
 _HEADER = re.compile(r"^# kiln-adversarial: task=(\S+) expect=(\S+)(?: config=(\S+))?\s*$")
 _INCLUDE = re.compile(r"^# kiln-adversarial-include: (_\w+\.py)\s*$")
 
@@ -104,5 +106,6 @@ def verdict(result: VerifyResult) -> str:
 
 
 def request_for(case: SuiteCase, tasks: dict[str, Task]) -> VerifyRequest:
-    return VerifyRequest(request_id=f"{case.name}-{uuid.uuid4().hex[:8]}", task=tasks[case.task_id],
-                         candidate=case.source())
+    return VerifyRequest(
+        request_id=f"{case.name}-{uuid.uuid4().hex[:8]}", task=tasks[case.task_id], candidate=case.source()
+    )

@@ -87,9 +87,14 @@ class TripTimes:
         return max(median(self.per_call), 1e-9) if self.per_call else float("nan")
 
     def to_json(self) -> dict:
-        return {"calls_per_trip": self.calls_per_trip, "pairs": len(self.per_call), "mean_s": self.mean_s,
-                "median_s": self.median_s, "trip_min_s": min(self.trips, default=None),
-                "null_min_s": min(self.nulls, default=None)}
+        return {
+            "calls_per_trip": self.calls_per_trip,
+            "pairs": len(self.per_call),
+            "mean_s": self.mean_s,
+            "median_s": self.median_s,
+            "trip_min_s": min(self.trips, default=None),
+            "null_min_s": min(self.nulls, default=None),
+        }
 
 
 def time_pair(trip, k: int, index: int) -> tuple[float, float]:
@@ -143,8 +148,10 @@ class LocalTrips:
             self.zero = torch.zeros(size, dtype=torch.uint8, device=device)
 
     def stage(self, k: int) -> None:
-        self.staged = [[x.to(self.device) if isinstance(x, torch.Tensor) else x for x in self.sets[i % len(self.sets)]]
-                       for i in range(k)]
+        self.staged = [
+            [x.to(self.device) if isinstance(x, torch.Tensor) else x for x in self.sets[i % len(self.sets)]]
+            for i in range(k)
+        ]
         if self.cuda:
             device_sync()
 

@@ -36,9 +36,15 @@ _MAGIC = b"kiln-verdict-1\n"
 
 def verdict_settings(cfg: VerifierConfig) -> dict:
     return {
-        "backend": cfg.backend, "trials": cfg.trials, "atol": cfg.atol, "rtol": cfg.rtol,
-        "warmup": cfg.warmup, "repeats": cfg.repeats, "compile_baseline": cfg.compile_baseline,
-        "reward": dataclasses.asdict(cfg.reward), "legality": dataclasses.asdict(cfg.legality),
+        "backend": cfg.backend,
+        "trials": cfg.trials,
+        "atol": cfg.atol,
+        "rtol": cfg.rtol,
+        "warmup": cfg.warmup,
+        "repeats": cfg.repeats,
+        "compile_baseline": cfg.compile_baseline,
+        "reward": dataclasses.asdict(cfg.reward),
+        "legality": dataclasses.asdict(cfg.legality),
     }
 
 
@@ -54,10 +60,18 @@ def code_digest() -> str:
 
 def verdict_key(source_hash: str, task: Task, toolchain: str, cfg: VerifierConfig) -> str:
     reference = task.kernel.reference if task.kernel is not None else json.dumps(task.payload, sort_keys=True)
-    blob = json.dumps({"source": source_hash, "task": task.task_id,
-                       "reference": hashlib.sha256(reference.encode()).hexdigest(), "toolchain": toolchain,
-                       "settings": verdict_settings(cfg), "version": VERIFIER_VERSION,
-                       "code": code_digest()}, sort_keys=True)
+    blob = json.dumps(
+        {
+            "source": source_hash,
+            "task": task.task_id,
+            "reference": hashlib.sha256(reference.encode()).hexdigest(),
+            "toolchain": toolchain,
+            "settings": verdict_settings(cfg),
+            "version": VERIFIER_VERSION,
+            "code": code_digest(),
+        },
+        sort_keys=True,
+    )
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
@@ -91,10 +105,10 @@ class VerdictCache:
     def _open(self, data: bytes, key: str, source_hash: str, task_id: str) -> VerifyResult | None:
         if not data.startswith(_MAGIC) or len(data) < len(_MAGIC) + 36:
             return None
-        rest = data[len(_MAGIC):]
+        rest = data[len(_MAGIC) :]
         mac, rest = rest[:32], rest[32:]
         n = int.from_bytes(rest[:4], "big")
-        claims, body = rest[4:4 + n], rest[4 + n:]
+        claims, body = rest[4 : 4 + n], rest[4 + n :]
         if not hmac.compare_digest(mac, self._mac(claims, body)):
             return None
         try:
@@ -111,8 +125,9 @@ class VerdictCache:
     def put(self, key: str, result: VerifyResult) -> None:
         if result.error_class in UNCACHED:
             return
-        claims = json.dumps({"key": key, "source_hash": result.source_hash, "task_id": result.task_id},
-                            sort_keys=True).encode()
+        claims = json.dumps(
+            {"key": key, "source_hash": result.source_hash, "task_id": result.task_id}, sort_keys=True
+        ).encode()
         body = encode(result)
         data = _MAGIC + self._mac(claims, body) + len(claims).to_bytes(4, "big") + claims + body
         path = self._path(key)

@@ -70,11 +70,23 @@ class KernelVerifier(RewardActor):
 
         self.zygote = Zygote()
         workers = cfg.compile_workers or node_compile_workers()  # 0 = the node's cores
-        self.builds = BuildService(self.cache_dir / "build", cfg.backend, workers, cfg.compile_timeout_s,
-                                   memory_limit_mb=cfg.memory_limit_mb, zygote=self.zygote)
+        self.builds = BuildService(
+            self.cache_dir / "build",
+            cfg.backend,
+            workers,
+            cfg.compile_timeout_s,
+            memory_limit_mb=cfg.memory_limit_mb,
+            zygote=self.zygote,
+        )
         self.toolchain = str(self.builds.toolchain_id)
-        self.pool = SandboxPool(cfg.backend, cfg.run_workers, cfg.memory_limit_mb, zygote=self.zygote,
-                                hidden=(str(self.cache_dir),), visible=(str(self.builds.cache.root / "ext"),))
+        self.pool = SandboxPool(
+            cfg.backend,
+            cfg.run_workers,
+            cfg.memory_limit_mb,
+            zygote=self.zygote,
+            hidden=(str(self.cache_dir),),
+            visible=(str(self.builds.cache.root / "ext"),),
+        )
         self.lease = DeviceLease(self.device)
         self.references = ReferenceCache(self.device)
         self.baselines = Baselines(cfg, self.device, self.lease)
@@ -84,8 +96,10 @@ class KernelVerifier(RewardActor):
         self.sandbox = self.pool.probe()  # which confinement layers hold here: said now and in every verdict
         missing = self.sandbox.get("missing") or {}
         if missing:
-            log.warning("verifier: sandbox layers unavailable on this machine: %s",
-                        "; ".join(f"{k}: {v}" for k, v in missing.items()))
+            log.warning(
+                "verifier: sandbox layers unavailable on this machine: %s",
+                "; ".join(f"{k}: {v}" for k, v in missing.items()),
+            )
         else:
             log.info("verifier: sandbox layers active: %s", ", ".join(self.sandbox.get("active") or []))
         with self.lease.exclusive():
@@ -103,10 +117,16 @@ class KernelVerifier(RewardActor):
             result = self._verify(request, started)
         except Exception as err:  # a bug or a broken machine: the system's fault, never the policy's
             log.exception("verifier: request %s failed", request.request_id)
-            result = self._result(request, stage="run", error_class="infra", q=0.0, source_hash="",
-                                  feedback=fb.infra_feedback(f"{type(err).__name__}: {err}"),
-                                  diagnostics={"exception": f"{type(err).__name__}: {err}"},
-                                  timings={"total": time.perf_counter() - started})
+            result = self._result(
+                request,
+                stage="run",
+                error_class="infra",
+                q=0.0,
+                source_hash="",
+                feedback=fb.infra_feedback(f"{type(err).__name__}: {err}"),
+                diagnostics={"exception": f"{type(err).__name__}: {err}"},
+                timings={"total": time.perf_counter() - started},
+            )
         with self._lock:
             self.counts["verified"] += 1
             self.counts["cached"] += int(result.cached)
@@ -118,15 +138,25 @@ class KernelVerifier(RewardActor):
         if task.kind != "kernel" or task.kernel is None:
             return self._infra(request, f"the kernel verifier cannot verify tasks of kind {task.kind!r}", timings)
         if task.kernel.backend != self.cfg.backend:
-            return self._infra(request, f"task {task.task_id} is for backend {task.kernel.backend!r}, this verifier "
-                                        f"runs {self.cfg.backend!r}", timings)
+            return self._infra(
+                request,
+                f"task {task.task_id} is for backend {task.kernel.backend!r}, this verifier runs {self.cfg.backend!r}",
+                timings,
+            )
         t0 = time.perf_counter()
         ext = extract(request.candidate)
         timings["extract"] = time.perf_counter() - t0
         if not ext.ok:
-            return self._result(request, stage="extract", error_class="extract", q=0.0, source_hash=ext.source_hash,
-                                feedback=fb.extract_feedback(ext.error), diagnostics={"error": ext.error},
-                                timings=timings)
+            return self._result(
+                request,
+                stage="extract",
+                error_class="extract",
+                q=0.0,
+                source_hash=ext.source_hash,
+                feedback=fb.extract_feedback(ext.error),
+                diagnostics={"error": ext.error},
+                timings=timings,
+            )
         key = verdict_key(ext.source_hash, task, self.toolchain, self.cfg)
         cached = self.verdicts.get(key, ext.source_hash, task.task_id)
         if cached is not None:
@@ -139,8 +169,11 @@ class KernelVerifier(RewardActor):
         return result
 
     def _verify_source(self, request: VerifyRequest, source: str, digest: str, timings: dict) -> VerifyResult:
-        diagnostics: dict = {"backend": self.cfg.backend, "toolchain": self.toolchain,
-                             "sandbox": {"missing": dict(self.sandbox.get("missing") or {})}}
+        diagnostics: dict = {
+            "backend": self.cfg.backend,
+            "toolchain": self.toolchain,
+            "sandbox": {"missing": dict(self.sandbox.get("missing") or {})},
+        }
         t0 = time.perf_counter()
         violations, vendors = static_scan(source, allow_vendor_libs=self.cfg.legality.allow_vendor_libs)
         timings["static"] = time.perf_counter() - t0
@@ -149,9 +182,12 @@ class KernelVerifier(RewardActor):
         t0 = time.perf_counter()
         build = self.builds.submit(source).result(timeout=self.cfg.compile_timeout_s + 120)
         timings["compile"] = time.perf_counter() - t0
-        diagnostics["build"] = {"seconds": build.seconds, "cached": bool(build.cached),
-                                "phases": {k: float(v) for k, v in (build.phases or {}).items()},
-                                "capture_exit": dict(build.capture_exit or {})}
+        diagnostics["build"] = {
+            "seconds": build.seconds,
+            "cached": bool(build.cached),
+            "phases": {k: float(v) for k, v in (build.phases or {}).items()},
+            "capture_exit": dict(build.capture_exit or {}),
+        }
         diagnostics["sandbox"]["missing"].update((build.sandbox or {}).get("missing") or {})
         vendors = sorted(set(vendors) | set(build.vendor_libs or ()))
         diagnostics["vendor_libs"] = vendors
@@ -161,8 +197,14 @@ class KernelVerifier(RewardActor):
         if not build.ok:
             return self._build_failed(request, digest, build, diagnostics, timings)
         if vendors and not self.cfg.legality.allow_vendor_libs:
-            found = [Violation("vendor_lib", ", ".join(vendors), "",
-                               "vendor libraries are switched off (verifier.legality.allow_vendor_libs)")]
+            found = [
+                Violation(
+                    "vendor_lib",
+                    ", ".join(vendors),
+                    "",
+                    "vendor libraries are switched off (verifier.legality.allow_vendor_libs)",
+                )
+            ]
             return self._cheating(request, digest, found, vendors, diagnostics, timings, stage="legality")
         try:
             ref = self.references.get(request.task)
@@ -175,8 +217,9 @@ class KernelVerifier(RewardActor):
 
     # ------------------------------------------------------------------------------ results
 
-    def _from_outcome(self, request, digest: str, out: RunOutcome, vendors: list[str], diagnostics: dict,
-                      timings: dict) -> VerifyResult:
+    def _from_outcome(
+        self, request, digest: str, out: RunOutcome, vendors: list[str], diagnostics: dict, timings: dict
+    ) -> VerifyResult:
         trials = [t.to_json() for t in out.trials]
         violations = [v.to_json() for v in out.violations]
         diagnostics.update({"trials": trials, "violations": violations, "notes": out.notes, "params": out.params})
@@ -198,17 +241,40 @@ class KernelVerifier(RewardActor):
                 log.warning("verifier: %s", out.message)
             return self._infra(request, out.message, timings, digest, diagnostics)
         if out.error_class in ("runtime", "timeout"):
-            text = fb.runtime_feedback(out.message) if out.error_class == "runtime" else fb.timeout_feedback(out.message)
+            text = (
+                fb.runtime_feedback(out.message) if out.error_class == "runtime" else fb.timeout_feedback(out.message)
+            )
             diagnostics["error"] = out.message
-            return self._result(request, stage=out.stage, error_class=out.error_class, q=q, source_hash=digest,
-                                feedback=text, diagnostics=diagnostics, timings=timings)
+            return self._result(
+                request,
+                stage=out.stage,
+                error_class=out.error_class,
+                q=q,
+                source_hash=digest,
+                feedback=text,
+                diagnostics=diagnostics,
+                timings=timings,
+            )
         if out.error_class == "correctness":
-            return self._result(request, stage="correctness", error_class="correctness", q=q, source_hash=digest,
-                                feedback=fb.correctness_feedback(trials, q), diagnostics=diagnostics, timings=timings)
+            return self._result(
+                request,
+                stage="correctness",
+                error_class="correctness",
+                q=q,
+                source_hash=digest,
+                feedback=fb.correctness_feedback(trials, q),
+                diagnostics=diagnostics,
+                timings=timings,
+            )
         eager = out.eager_s / out.candidate_s if out.eager_s and out.candidate_s else None
         compiled = out.compile_s / out.candidate_s if out.compile_s and out.candidate_s else None
-        diagnostics.update({"times_s": {"candidate": out.candidate_s, "eager": out.eager_s, "compile": out.compile_s},
-                            "timing_runs": out.timing_runs, "timing": out.timing})
+        diagnostics.update(
+            {
+                "times_s": {"candidate": out.candidate_s, "eager": out.eager_s, "compile": out.compile_s},
+                "timing_runs": out.timing_runs,
+                "timing": out.timing,
+            }
+        )
         if out.implausible:  # faster than the device can move the bytes: ν = 1, no bonus
             diagnostics["speed_clamped"] = out.implausible
             diagnostics["measured_speedups"] = {"eager": eager, "compile": compiled}
@@ -217,11 +283,29 @@ class KernelVerifier(RewardActor):
         speedup = fb.chosen_speedup(self.cfg.reward, eager, compiled)
         review = bool(speedup is not None and speedup > self.cfg.legality.review_speedup)
         diagnostics["review"] = review
-        text = fb.pass_feedback(out.candidate_s, out.eager_s, out.compile_s, speedup, self.cfg.reward.baseline,
-                                vendors, review, out.implausible)
-        return self._result(request, stage="done", error_class=None, q=1.0, source_hash=digest, feedback=text,
-                            diagnostics=diagnostics, timings=timings, speedup_eager=eager,
-                            speedup_compile=compiled, speedup=speedup)
+        text = fb.pass_feedback(
+            out.candidate_s,
+            out.eager_s,
+            out.compile_s,
+            speedup,
+            self.cfg.reward.baseline,
+            vendors,
+            review,
+            out.implausible,
+        )
+        return self._result(
+            request,
+            stage="done",
+            error_class=None,
+            q=1.0,
+            source_hash=digest,
+            feedback=text,
+            diagnostics=diagnostics,
+            timings=timings,
+            speedup_eager=eager,
+            speedup_compile=compiled,
+            speedup=speedup,
+        )
 
     def _build_failed(self, request, digest: str, build, diagnostics: dict, timings: dict) -> VerifyResult:
         cls = build.error_class or "compile"
@@ -230,30 +314,86 @@ class KernelVerifier(RewardActor):
         if cls == "infra":
             return self._infra(request, message, timings, digest, diagnostics)
         text = {"compile": fb.compile_feedback, "timeout": fb.timeout_feedback}.get(cls, fb.runtime_feedback)(message)
-        return self._result(request, stage="compile", error_class=cls, q=0.0, source_hash=digest, feedback=text,
-                            diagnostics=diagnostics, timings=timings)
+        return self._result(
+            request,
+            stage="compile",
+            error_class=cls,
+            q=0.0,
+            source_hash=digest,
+            feedback=text,
+            diagnostics=diagnostics,
+            timings=timings,
+        )
 
-    def _cheating(self, request, digest: str, violations: list[Violation], vendors: list[str], diagnostics: dict,
-                  timings: dict, *, stage: str, q: float = 0.0) -> VerifyResult:
+    def _cheating(
+        self,
+        request,
+        digest: str,
+        violations: list[Violation],
+        vendors: list[str],
+        diagnostics: dict,
+        timings: dict,
+        *,
+        stage: str,
+        q: float = 0.0,
+    ) -> VerifyResult:
         found = [v.to_json() for v in violations]
         diagnostics.update({"violations": found, "vendor_libs": vendors})
-        return self._result(request, stage=stage, error_class="cheating", q=q, source_hash=digest,
-                            feedback=fb.cheating_feedback(found), diagnostics=diagnostics, timings=timings)
+        return self._result(
+            request,
+            stage=stage,
+            error_class="cheating",
+            q=q,
+            source_hash=digest,
+            feedback=fb.cheating_feedback(found),
+            diagnostics=diagnostics,
+            timings=timings,
+        )
 
     def _infra(self, request, message: str, timings: dict, digest: str = "", diagnostics: dict | None = None):
         diag = dict(diagnostics or {}, error=message)
-        return self._result(request, stage="run", error_class="infra", q=0.0, source_hash=digest,
-                            feedback=fb.infra_feedback(message), diagnostics=diag, timings=timings)
+        return self._result(
+            request,
+            stage="run",
+            error_class="infra",
+            q=0.0,
+            source_hash=digest,
+            feedback=fb.infra_feedback(message),
+            diagnostics=diag,
+            timings=timings,
+        )
 
-    def _result(self, request: VerifyRequest, *, stage: str, error_class: str | None, q: float, source_hash: str,
-                feedback: str, diagnostics: dict, timings: dict, speedup_eager: float | None = None,
-                speedup_compile: float | None = None, speedup: float | None = None) -> VerifyResult:
+    def _result(
+        self,
+        request: VerifyRequest,
+        *,
+        stage: str,
+        error_class: str | None,
+        q: float,
+        source_hash: str,
+        feedback: str,
+        diagnostics: dict,
+        timings: dict,
+        speedup_eager: float | None = None,
+        speedup_compile: float | None = None,
+        speedup: float | None = None,
+    ) -> VerifyResult:
         return VerifyResult(
-            request_id=request.request_id, task_id=request.task.task_id, passed=error_class is None, stage=stage,
-            error_class=error_class, q=q, score=fb.moore_score(self.cfg.reward, error_class, q, speedup),
-            speedup_eager=speedup_eager, speedup_compile=speedup_compile, feedback=feedback,
-            diagnostics=_json_safe(diagnostics), timings={k: float(v) for k, v in timings.items()},
-            source_hash=source_hash, cached=False)
+            request_id=request.request_id,
+            task_id=request.task.task_id,
+            passed=error_class is None,
+            stage=stage,
+            error_class=error_class,
+            q=q,
+            score=fb.moore_score(self.cfg.reward, error_class, q, speedup),
+            speedup_eager=speedup_eager,
+            speedup_compile=speedup_compile,
+            feedback=feedback,
+            diagnostics=_json_safe(diagnostics),
+            timings={k: float(v) for k, v in timings.items()},
+            source_hash=source_hash,
+            cached=False,
+        )
 
     def close(self) -> None:
         self.pool.close()

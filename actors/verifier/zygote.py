@@ -164,11 +164,12 @@ def serve(ctrl: socket.socket) -> None:
                 pid = 0
             if pid:
                 if pid in wardens:  # orphans re-parented to this subreaper are reaped silently
-                    statuses[pid] = (os.WEXITSTATUS(status) if os.WIFEXITED(status) else -1,
-                                     os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0)
+                    statuses[pid] = (
+                        os.WEXITSTATUS(status) if os.WIFEXITED(status) else -1,
+                        os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0,
+                    )
                 continue
-            if block_for is None or block_for in statuses or block_for not in wardens \
-                    or time.monotonic() > deadline:
+            if block_for is None or block_for in statuses or block_for not in wardens or time.monotonic() > deadline:
                 return
             time.sleep(0.002)
 
@@ -238,8 +239,7 @@ def main() -> int:
 
     fence.install(sys.argv[3] if len(sys.argv) > 3 else None)  # inherited by every child
     if torch.cuda.is_initialized() or _forks_are_poisoned():  # fail loudly once, not per candidate
-        print("kiln zygote: CUDA was initialised while preloading; sandbox children cannot be forked",
-              file=sys.stderr)
+        print("kiln zygote: CUDA was initialised while preloading; sandbox children cannot be forked", file=sys.stderr)
         return 3
     kn.prctl(PR_SET_CHILD_SUBREAPER, 1)
     ctrl.send(json.dumps({"ready": True, "pid": os.getpid()}).encode())
@@ -320,8 +320,9 @@ class Spawned:
 class Zygote:
     """Parent-side handle: starts the zygote lazily and restarts it if it died. Thread-safe."""
 
-    def __init__(self, start_timeout_s: float = 120.0, native_library: str | None = None,
-                 fence_library: str | None = None) -> None:
+    def __init__(
+        self, start_timeout_s: float = 120.0, native_library: str | None = None, fence_library: str | None = None
+    ) -> None:
         self.start_timeout_s = start_timeout_s
         # The sandbox's native parts (actors/verifier/native), set before the first start: kiln_native
         # is required (the jail's system calls); without the fence, the "fence" layer is reported missing.
@@ -348,9 +349,9 @@ class Zygote:
         argv = [sys.executable, "-m", "actors.verifier.zygote", str(theirs.fileno()), self.native_library]
         if self.fence_library:
             argv.append(self.fence_library)
-        self._proc = subprocess.Popen(argv,
-                                      pass_fds=[theirs.fileno()], env=env, cwd=root, stdin=subprocess.DEVNULL,
-                                      start_new_session=True)
+        self._proc = subprocess.Popen(
+            argv, pass_fds=[theirs.fileno()], env=env, cwd=root, stdin=subprocess.DEVNULL, start_new_session=True
+        )
         theirs.close()
         ours.settimeout(self.start_timeout_s)
         try:
@@ -395,8 +396,9 @@ class Zygote:
         return sandbox_uid(next(_JOBS) + 7919 * os.getpid())
 
     def spawn(self, kind: str, jail_spec, fds: list[int], log: str, args: dict | None = None) -> Spawned:
-        reply = self._ask({"op": "fork", "kind": kind, "jail": jail_spec.to_json(), "log": log,
-                           "args": args or {}}, fds)
+        reply = self._ask(
+            {"op": "fork", "kind": kind, "jail": jail_spec.to_json(), "log": log, "args": args or {}}, fds
+        )
         if "pid" not in reply:
             raise ZygoteError(f"the sandbox zygote could not start a {kind} process: {reply.get('error')}")
         return Spawned(int(reply["pid"]), reply.get("sandbox"))

@@ -49,5 +49,4 @@ from .results import BuildResult
 from .service import BuildService
 from .spec import ExtensionSpec, UnsupportedCall
 
-__all__ = ["BuildResult", "BuildService", "ExtensionSpec", "PrebuiltMissing", "UnsupportedCall",
-           "install_prebuilt"]
+__all__ = ["BuildResult", "BuildService", "ExtensionSpec", "PrebuiltMissing", "UnsupportedCall", "install_prebuilt"]

@@ -29,8 +29,9 @@ from pathlib import Path
 
 
 class ArtifactCache:
-    def __init__(self, cache_dir: Path, toolchain_digest: str, tmp_dir: Path | None = None, *,
-                 create: bool = True) -> None:
+    def __init__(
+        self, cache_dir: Path, toolchain_digest: str, tmp_dir: Path | None = None, *, create: bool = True
+    ) -> None:
         """`create=False` (a jailed build process, which sees the cache read-only): create nothing."""
         self.root = Path(cache_dir) / toolchain_digest
         if create:

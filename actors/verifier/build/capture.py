@@ -107,8 +107,9 @@ def run_job(channel: Channel, scratch: Path, evidence_fd: int) -> None:
     try:
         code = compile(source, str(path), "exec")
     except SyntaxError as e:
-        channel.event("exception", type="SyntaxError", message=f"{e.msg} ({CANDIDATE_FILE}, line {e.lineno})",
-                      traceback="")
+        channel.event(
+            "exception", type="SyntaxError", message=f"{e.msg} ({CANDIDATE_FILE}, line {e.lineno})", traceback=""
+        )
         channel.event("done", seconds=time.monotonic() - t0, compile_seconds=0.0)
         return
     kn = native.loaded()
@@ -121,8 +122,12 @@ def run_job(channel: Channel, scratch: Path, evidence_fd: int) -> None:
         pass  # the service already knows why
     except BaseException as e:  # noqa: BLE001 - candidate code may raise anything, SystemExit included
         where = site_of(e.__traceback__)
-        channel.event("exception", type=type(e).__name__, message=str(e)[:1000],
-                      traceback=where.replace(str(path), CANDIDATE_FILE))
+        channel.event(
+            "exception",
+            type=type(e).__name__,
+            message=str(e)[:1000],
+            traceback=where.replace(str(path), CANDIDATE_FILE),
+        )
     channel.event("done", seconds=time.monotonic() - t0, compile_seconds=recorder.compile_seconds)
 
 

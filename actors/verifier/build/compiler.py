@@ -160,18 +160,32 @@ class ExtensionBuilder:
         how = "+".join(sorted({u.how for u in plan.units if u.label in ("kernel", "cuda", "main")})) or "binding-only"
         if plan.bindable is None:
             how = f"monolithic({how})"
-        wanted = plan.wanted + [(u.prelude, u.profile) for u in plan.units
-                                if u.profile is not None and not self.pch.has(u.prelude, u.profile)]
+        wanted = plan.wanted + [
+            (u.prelude, u.profile)
+            for u in plan.units
+            if u.profile is not None and not self.pch.has(u.prelude, u.profile)
+        ]
         compiled = next((u.how for u in plan.units if u.label == "binding"), "")
         if compiled:
             plan.notes.append(f"binding: compiled ({compiled})")
-        return Built(key=key, so_path=str(bdir / so_name), prelude=how, phases=phases, vendor_libs=sorted(vendor),
-                     cached=False, notes=plan.notes, pch_wanted=wanted, binding=binding)
+        return Built(
+            key=key,
+            so_path=str(bdir / so_name),
+            prelude=how,
+            phases=phases,
+            vendor_libs=sorted(vendor),
+            cached=False,
+            notes=plan.notes,
+            pch_wanted=wanted,
+            binding=binding,
+        )
 
     def _plan(self, spec: ExtensionSpec, bdir: Path) -> "_Plan":
         """Which translation units to compile (see the module docstring)."""
-        plan = _Plan(cpp_names=self._write_user_files(bdir, "cpp_source", spec.cpp_sources),
-                     cu_names=self._write_user_files(bdir, "cuda_source", spec.cuda_sources))
+        plan = _Plan(
+            cpp_names=self._write_user_files(bdir, "cpp_source", spec.cpp_sources),
+            cu_names=self._write_user_files(bdir, "cuda_source", spec.cuda_sources),
+        )
         cpp_text = "\n".join(spec.cpp_sources)
         cu_text = "\n".join(spec.cuda_sources)
         if spec.has_functions and not spec.no_implicit_headers and not cxx_scan.uses_pybind(cpp_text + "\n" + cu_text):
@@ -258,8 +272,9 @@ class ExtensionBuilder:
             if unit.label == "cuda":
                 returncode, unit.output = nvcc.run(unit.cmd, bdir, _compiler_env(), self.tc.nvcc_parallel)
             else:
-                p = subprocess.run(unit.cmd, cwd=bdir, capture_output=True, text=True, errors="replace",
-                                   env=_compiler_env())
+                p = subprocess.run(
+                    unit.cmd, cwd=bdir, capture_output=True, text=True, errors="replace", env=_compiler_env()
+                )
                 returncode, unit.output = p.returncode, p.stdout + p.stderr
             unit.ok = returncode == 0
             # The class comes from the process's fate, never from its output text (a candidate writes
@@ -281,8 +296,10 @@ class ExtensionBuilder:
         failed = [u for u in (cuda, thunk) if u is not None and not u.ok]
         if not failed or any(u.infra for u in failed):
             return
-        plan.notes.append(f"{failed[0].label}: the CUDA facade lacked something ({_first_line(failed[0].output)}); "
-                          f"recompiled with the lean CUDA prelude")
+        plan.notes.append(
+            f"{failed[0].label}: the CUDA facade lacked something ({_first_line(failed[0].output)}); "
+            f"recompiled with the lean CUDA prelude"
+        )
         plan.facade, plan.binding_obj = False, None
         plan.units = [u for u in plan.units if u is not cuda and u is not thunk]
         plan.notes = [n for n in plan.notes if n != "binding: cached (thunk-facade)"]
@@ -300,8 +317,11 @@ class ExtensionBuilder:
             if u.ok or u.infra or u.label not in ("kernel", "cuda") or u.prelude not in ("lean", "lean_cuda"):
                 continue
             if diagnostics.looks_like_missing_api(u.output):
-                full = (self._kernel_unit(spec, bdir, plan.cpp_names, "full") if u.label == "kernel"
-                        else self._cuda_unit(spec, bdir, plan.cu_names, "full_cuda"))
+                full = (
+                    self._kernel_unit(spec, bdir, plan.cpp_names, "full")
+                    if u.label == "kernel"
+                    else self._cuda_unit(spec, bdir, plan.cu_names, "full_cuda")
+                )
                 full.how = f"{u.how}->{full.prelude}"
                 retry.append((u, full))
         if not retry:
@@ -309,8 +329,10 @@ class ExtensionBuilder:
         self._run_all([full for _, full in retry], bdir)
         swap = {id(lean): full for lean, full in retry}
         for lean, full in retry:
-            plan.notes.append(f"{lean.label}: lean prelude lacked a name ({_first_line(lean.output)}); "
-                              f"recompiled with the full torch headers")
+            plan.notes.append(
+                f"{lean.label}: lean prelude lacked a name ({_first_line(lean.output)}); "
+                f"recompiled with the full torch headers"
+            )
             full.seconds += lean.seconds
         plan.units = [swap.get(id(u), u) for u in plan.units]
 
@@ -324,8 +346,16 @@ class ExtensionBuilder:
 
     def _link(self, spec, bdir, objs, so_name, plan: "_Plan", phases) -> float:
         t0 = time.monotonic()
-        cmd = [self.tc.cxx, *self.tc.link_flags, *objs, "-shared", *_split_flags(spec.extra_ldflags),
-               *self.tc.link_libs(spec.with_cuda), "-o", so_name]
+        cmd = [
+            self.tc.cxx,
+            *self.tc.link_flags,
+            *objs,
+            "-shared",
+            *_split_flags(spec.extra_ldflags),
+            *self.tc.link_libs(spec.with_cuda),
+            "-o",
+            so_name,
+        ]
         try:
             p = subprocess.run(cmd, cwd=bdir, capture_output=True, text=True, errors="replace", env=_compiler_env())
         except OSError as e:
@@ -368,65 +398,127 @@ class ExtensionBuilder:
         # -Winvalid-pch: gcc otherwise skips a precompiled header it cannot use without a word, and
         # the unit silently costs a full parse (see `_pch_notes`).
         pch = ["-Winvalid-pch", "-Wno-error=invalid-pch"] if self.tc.cxx_is_gcc else []
-        return [self.tc.cxx, *self.tc.cxx_flags(), *self.tc.common_flags(module, spec.extra_include_paths),
-                *user_flags, *pch, "-c", src, "-o", obj]
+        return [
+            self.tc.cxx,
+            *self.tc.cxx_flags(),
+            *self.tc.common_flags(module, spec.extra_include_paths),
+            *user_flags,
+            *pch,
+            "-c",
+            src,
+            "-o",
+            obj,
+        ]
 
     def _kernel_unit(self, spec, bdir, cpp_names, prelude) -> _Unit:
         src, obj = f"kernel_{prelude}.cpp", f"kernel_{prelude}.o"
         (bdir / src).write_text(self._tu_text(prelude, cpp_names, spec.cpp_sources))
         flags = _split_flags(spec.extra_cflags)
-        return _Unit("kernel", prelude, src, obj, self._gxx_cmd(spec, spec.name, flags, src, obj),
-                     profile=flag_profile(flags) if self.tc.cxx_is_gcc else None)
+        return _Unit(
+            "kernel",
+            prelude,
+            src,
+            obj,
+            self._gxx_cmd(spec, spec.name, flags, src, obj),
+            profile=flag_profile(flags) if self.tc.cxx_is_gcc else None,
+        )
 
     def _main_unit(self, spec, bdir, cpp_names) -> _Unit:
         """load_inline's main.cpp: implicit header, the candidate's C++, the generated module."""
         prelude = None if spec.no_implicit_headers else "full"
         tail = ""
         if spec.has_functions:
-            tail = _module_def("TORCH_EXTENSION_NAME", spec.functions, spec.docstrings,
-                               spec.with_pytorch_error_handling)
+            tail = _module_def(
+                "TORCH_EXTENSION_NAME", spec.functions, spec.docstrings, spec.with_pytorch_error_handling
+            )
         (bdir / "main.cpp").write_text(self._tu_text(prelude, cpp_names, spec.cpp_sources, tail))
         flags = _split_flags(spec.extra_cflags)
         profile = flag_profile(flags) if prelude and self.tc.cxx_is_gcc else None
-        return _Unit("main", prelude or "none", "main.cpp", "main.o",
-                     self._gxx_cmd(spec, spec.name, flags, "main.cpp", "main.o"), profile=profile)
+        return _Unit(
+            "main",
+            prelude or "none",
+            "main.cpp",
+            "main.o",
+            self._gxx_cmd(spec, spec.name, flags, "main.cpp", "main.o"),
+            profile=profile,
+        )
 
     def _thunk_unit(self, spec, bdir, bindable: cxx_scan.Bindable, with_facade: bool = False) -> _Unit:
         """The thunk binding; `with_facade`: for a facade-built CUDA unit, with the declarations in
         the facade's types and no torch header in the TU (kiln_facade_thunk.h, thunks.py)."""
         decls = [facade.facade_declaration(d.text) if with_facade else d.text for d in bindable.declarations]
-        body = thunks.thunk_source(bindable.preamble, decls, spec.functions, spec.docstrings,
-                                   spec.with_pytorch_error_handling, facade=with_facade)
+        body = thunks.thunk_source(
+            bindable.preamble,
+            decls,
+            spec.functions,
+            spec.docstrings,
+            spec.with_pytorch_error_handling,
+            facade=with_facade,
+        )
         flags = [*BINDING_OPT, *_binding_defines(spec)]
         if with_facade:
-            (bdir / "thunk_facade.cpp").write_text(f'#include "{self.pch.header("kiln_facade_thunk")}"\n'
-                                                   f'#line 1 "kiln_binding.cpp"\n{body}\n')
-            cmd = [self.tc.cxx, *self.tc.cxx_flags(), *self._without_torch(self.tc.common_flags(SPLIT_MODULE, spec.extra_include_paths)),
-                   *flags, "-c", "thunk_facade.cpp", "-o", "thunk_facade.o"]
-            return _Unit("binding", "facade", "thunk_facade.cpp", "thunk_facade.o", cmd, profile=None,
-                         how="thunk-facade")
-        (bdir / "thunk.cpp").write_text(f'#include "{self.pch.header("lean")}"\n'
-                                        f'#include "{self.pch.header("kiln_thunk")}"\n'
-                                        f'#line 1 "kiln_binding.cpp"\n{body}\n')
-        return _Unit("binding", "lean", "thunk.cpp", "thunk.o",
-                     self._gxx_cmd(spec, SPLIT_MODULE, flags, "thunk.cpp", "thunk.o"),
-                     profile=flag_profile(flags) if self.tc.cxx_is_gcc else None, how="thunk")
+            (bdir / "thunk_facade.cpp").write_text(
+                f'#include "{self.pch.header("kiln_facade_thunk")}"\n#line 1 "kiln_binding.cpp"\n{body}\n'
+            )
+            cmd = [
+                self.tc.cxx,
+                *self.tc.cxx_flags(),
+                *self._without_torch(self.tc.common_flags(SPLIT_MODULE, spec.extra_include_paths)),
+                *flags,
+                "-c",
+                "thunk_facade.cpp",
+                "-o",
+                "thunk_facade.o",
+            ]
+            return _Unit(
+                "binding", "facade", "thunk_facade.cpp", "thunk_facade.o", cmd, profile=None, how="thunk-facade"
+            )
+        (bdir / "thunk.cpp").write_text(
+            f'#include "{self.pch.header("lean")}"\n'
+            f'#include "{self.pch.header("kiln_thunk")}"\n'
+            f'#line 1 "kiln_binding.cpp"\n{body}\n'
+        )
+        return _Unit(
+            "binding",
+            "lean",
+            "thunk.cpp",
+            "thunk.o",
+            self._gxx_cmd(spec, SPLIT_MODULE, flags, "thunk.cpp", "thunk.o"),
+            profile=flag_profile(flags) if self.tc.cxx_is_gcc else None,
+            how="thunk",
+        )
 
     def _without_torch(self, flags: list[str]) -> list[str]:
         """Compiler flags with torch's and Python's include directories removed: a facade unit
         reaches no torch header, so nothing slips past the facade and nothing heavy is parsed."""
         hidden = {*self.tc.torch_includes, self.tc.python_include}
-        return [f for i, f in enumerate(flags)
-                if f not in hidden and not (f == "-isystem" and i + 1 < len(flags) and flags[i + 1] in hidden)]
+        return [
+            f
+            for i, f in enumerate(flags)
+            if f not in hidden and not (f == "-isystem" and i + 1 < len(flags) and flags[i + 1] in hidden)
+        ]
 
     def _binding_unit(self, spec, bdir, bindable: cxx_scan.Bindable) -> _Unit:
-        body = "\n".join([*bindable.preamble, *(d.text for d in bindable.declarations),
-                          _module_def(SPLIT_MODULE, spec.functions, spec.docstrings, spec.with_pytorch_error_handling)])
-        (bdir / "binding.cpp").write_text(f'#include "{self.pch.header("binding")}"\n#line 1 "kiln_binding.cpp"\n{body}\n')
+        body = "\n".join(
+            [
+                *bindable.preamble,
+                *(d.text for d in bindable.declarations),
+                _module_def(SPLIT_MODULE, spec.functions, spec.docstrings, spec.with_pytorch_error_handling),
+            ]
+        )
+        (bdir / "binding.cpp").write_text(
+            f'#include "{self.pch.header("binding")}"\n#line 1 "kiln_binding.cpp"\n{body}\n'
+        )
         flags = [*BINDING_OPT, *_binding_defines(spec)]
-        return _Unit("binding", "binding", "binding.cpp", "binding.o",
-                     self._gxx_cmd(spec, SPLIT_MODULE, flags, "binding.cpp", "binding.o"),
-                     profile=flag_profile(flags) if self.tc.cxx_is_gcc else None, how="pybind11")
+        return _Unit(
+            "binding",
+            "binding",
+            "binding.cpp",
+            "binding.o",
+            self._gxx_cmd(spec, SPLIT_MODULE, flags, "binding.cpp", "binding.o"),
+            profile=flag_profile(flags) if self.tc.cxx_is_gcc else None,
+            how="pybind11",
+        )
 
     def _cuda_unit(self, spec, bdir, cu_names, prelude) -> _Unit:
         src, obj = f"cuda_{prelude}.cu", f"cuda_{prelude}.o"
@@ -434,15 +526,31 @@ class ExtensionBuilder:
         common = self.tc.common_flags(spec.name, spec.extra_include_paths)
         if prelude == "facade_cuda":
             common = self._without_torch(common)
-        cmd = [self.tc.nvcc or "nvcc", *common,
-               *self.tc.nvcc_flags(tuple(_split_flags(spec.extra_cuda_cflags))), "-c", src, "-o", obj]
+        cmd = [
+            self.tc.nvcc or "nvcc",
+            *common,
+            *self.tc.nvcc_flags(tuple(_split_flags(spec.extra_cuda_cflags))),
+            "-c",
+            src,
+            "-o",
+            obj,
+        ]
         return _Unit("cuda", prelude, src, obj, cmd, profile=None)
 
     def _binding_key(self, spec: ExtensionSpec, bindable: cxx_scan.Bindable, kind: str) -> str:
         """Names a binding object: depends on the signatures only, never on kernel code."""
-        blob = json.dumps([self.tc.id, kind, bindable.preamble, [d.text for d in bindable.declarations],
-                           spec.functions, spec.docstrings, spec.with_pytorch_error_handling,
-                           _binding_defines(spec)])
+        blob = json.dumps(
+            [
+                self.tc.id,
+                kind,
+                bindable.preamble,
+                [d.text for d in bindable.declarations],
+                spec.functions,
+                spec.docstrings,
+                spec.with_pytorch_error_handling,
+                _binding_defines(spec),
+            ]
+        )
         return f"{kind}-{hashlib.sha256(blob.encode()).hexdigest()[:32]}"
 
     def _pch_notes(self, units: list[_Unit]) -> list[str]:
@@ -453,15 +561,25 @@ class ExtensionBuilder:
             if u.profile is None or not self.pch.has(u.prelude, u.profile):
                 continue
             variant = self.pch.variant(u.prelude, u.profile).name
-            reasons = {line.split("not used because", 1)[1].replace("[-Winvalid-pch]", "").strip().rstrip(".")
-                       for line in u.output.splitlines() if variant in line and "not used because" in line}
+            reasons = {
+                line.split("not used because", 1)[1].replace("[-Winvalid-pch]", "").strip().rstrip(".")
+                for line in u.output.splitlines()
+                if variant in line and "not used because" in line
+            }
             if reasons:
-                notes.append(f"{u.label}: the precompiled {u.prelude} prelude was not used ({'; '.join(sorted(reasons))})")
+                notes.append(
+                    f"{u.label}: the precompiled {u.prelude} prelude was not used ({'; '.join(sorted(reasons))})"
+                )
         return notes
 
     def _path_names(self, bdir: Path) -> dict[str, str]:
-        names = {f"{bdir}/": "", str(bdir): ".", f"{self.pch.root}/": "<kiln-prelude>/",
-                 f"{self.cache.root}/": "<cache>/", self.tc.python_include: "<python>"}
+        names = {
+            f"{bdir}/": "",
+            str(bdir): ".",
+            f"{self.pch.root}/": "<kiln-prelude>/",
+            f"{self.cache.root}/": "<cache>/",
+            self.tc.python_include: "<python>",
+        }
         for inc in self.tc.torch_includes:
             names[inc] = "<torch>"
         if self.tc.cuda_home:

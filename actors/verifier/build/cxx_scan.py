@@ -89,7 +89,7 @@ def mask(text: str) -> Masked:
                     nocomment[m] = masked[m] = code[m] = " "
             i = k
             continue
-        raw = _RAW_STRING.match(text, i) if c in 'uULR' else None
+        raw = _RAW_STRING.match(text, i) if c in "uULR" else None
         if raw and (i == 0 or not (text[i - 1].isalnum() or text[i - 1] == "_")):
             end = text.find(")" + raw.group(1) + '"', raw.end())
             end = n if end < 0 else end + len(raw.group(1)) + 2
@@ -127,8 +127,10 @@ class Declaration:
     end: int
 
 
-_BAD_PREFIX = re.compile(r"\b(template|static|inline|constexpr|consteval|extern|friend|virtual|"
-                         r"operator|auto|__attribute__|__declspec|__global__|__device__|__host__)\b")
+_BAD_PREFIX = re.compile(
+    r"\b(template|static|inline|constexpr|consteval|extern|friend|virtual|"
+    r"operator|auto|__attribute__|__declspec|__global__|__device__|__host__)\b"
+)
 _TYPE_CHARS = re.compile(r"^[\w\s:<>,*&\[\]]+$")
 _WORD = re.compile(r"[A-Za-z_]\w*")
 
@@ -224,13 +226,13 @@ def _declaration_in(stmt_masked: str, stmt_text: str, offset: int, names: set[st
     m = None
     for w in _WORD.finditer(stmt_masked):
         if w.group(0) in names:
-            rest = stmt_masked[w.end():].lstrip()
+            rest = stmt_masked[w.end() :].lstrip()
             if rest.startswith("("):
                 m = w
                 break
     if m is None:
         return None
-    prefix = stmt_masked[:m.start()]
+    prefix = stmt_masked[: m.start()]
     if not prefix.strip() or _BAD_PREFIX.search(prefix) or prefix.rstrip().endswith("::"):
         return None
     if not _TYPE_CHARS.match(prefix) or "(" in prefix:
@@ -248,13 +250,13 @@ def _declaration_in(stmt_masked: str, stmt_text: str, offset: int, names: set[st
                 break
     if close_at < 0:
         return None
-    tail = stmt_masked[close_at + 1:].strip()
+    tail = stmt_masked[close_at + 1 :].strip()
     tail = re.sub(r"^noexcept\b", "", tail).strip()
     if not (tail.startswith("{") or tail == ";"):
         return None
-    inner_m, inner_t = stmt_masked[open_at + 1:close_at], stmt_text[open_at + 1:close_at]
+    inner_m, inner_t = stmt_masked[open_at + 1 : close_at], stmt_text[open_at + 1 : close_at]
     params = [_without_default(inner_m[a:b], inner_t[a:b]).strip() for a, b in _split_params(inner_m)]
-    ret = " ".join(stmt_text[:m.start()].split())
+    ret = " ".join(stmt_text[: m.start()].split())
     text = f"{ret} {m.group(0)}({', '.join(' '.join(p.split()) for p in params)});"
     return Declaration(name=m.group(0), text=text, start=offset, end=offset + len(stmt_masked))
 
@@ -343,14 +345,36 @@ _VENDOR_HEADERS = {
     "openblas": re.compile(r"^(cblas|openblas)"),
     "onednn": re.compile(r"^(dnnl|oneapi/dnnl)"),
 }
-_VENDOR_LIBFLAGS = {"cublas": "cublas", "cublasLt": "cublas", "cudnn": "cudnn", "cufft": "cufft",
-                    "curand": "curand", "cusparse": "cusparse", "cusolver": "cusolver",
-                    "mkl_rt": "mkl", "openblas": "openblas", "cblas": "openblas", "dnnl": "onednn"}
-_VENDOR_SYMBOLS = {"cublas": "cublas", "cudnn": "cudnn", "cufft": "cufft", "curand": "curand",
-                   "cusparse": "cusparse", "cusolver": "cusolver", "cblas_": "openblas",
-                   "dnnl_": "onednn", "mkl_": "mkl"}
-_VENDOR_CALLS = {"getCurrentCUDABlasHandle": "cublas", "getCurrentCUDABlasLtHandle": "cublas",
-                 "getCudnnHandle": "cudnn", "getCurrentCUDASparseHandle": "cusparse"}
+_VENDOR_LIBFLAGS = {
+    "cublas": "cublas",
+    "cublasLt": "cublas",
+    "cudnn": "cudnn",
+    "cufft": "cufft",
+    "curand": "curand",
+    "cusparse": "cusparse",
+    "cusolver": "cusolver",
+    "mkl_rt": "mkl",
+    "openblas": "openblas",
+    "cblas": "openblas",
+    "dnnl": "onednn",
+}
+_VENDOR_SYMBOLS = {
+    "cublas": "cublas",
+    "cudnn": "cudnn",
+    "cufft": "cufft",
+    "curand": "curand",
+    "cusparse": "cusparse",
+    "cusolver": "cusolver",
+    "cblas_": "openblas",
+    "dnnl_": "onednn",
+    "mkl_": "mkl",
+}
+_VENDOR_CALLS = {
+    "getCurrentCUDABlasHandle": "cublas",
+    "getCurrentCUDABlasLtHandle": "cublas",
+    "getCudnnHandle": "cudnn",
+    "getCurrentCUDASparseHandle": "cusparse",
+}
 
 
 def vendor_libs_in_sources(sources: list[str], ldflags: tuple[str, ...]) -> set[str]:

@@ -20,21 +20,33 @@ MAX_LINES = 24
 MAX_CHARS = 2400
 
 # g++ "file:line:col: error:", EDG/nvcc "file(line): error:", ld "undefined reference", fatal errors.
-_ERROR = re.compile(r"(:\d+:\d+: (fatal )?error:|\(\d+\): (catastrophic )?error:|: fatal error:|"
-                    r"undefined reference to|undefined symbol|multiple definition of|^\S*ld: .*error)")
+_ERROR = re.compile(
+    r"(:\d+:\d+: (fatal )?error:|\(\d+\): (catastrophic )?error:|: fatal error:|"
+    r"undefined reference to|undefined symbol|multiple definition of|^\S*ld: .*error)"
+)
 _SNIPPET = re.compile(r"^\s*(\d+\s*\||\|)|^\s{2,}\S.*$|^\s*\^")
-_CONTEXT = re.compile(r"(required from here|In function|In instantiation of|In member function|In file included from|"
-                      r"from [^ ]+:\d+)")
+_CONTEXT = re.compile(
+    r"(required from here|In function|In instantiation of|In member function|In file included from|"
+    r"from [^ ]+:\d+)"
+)
 # An error that more torch headers could fix: the lean prelude lacked a name or an overload.
-_MISSING_NAME = re.compile(r"was not declared|is not a member of|has not been declared|does not name a|"
-                           r"incomplete type|has no member|no member named|is undefined|not a namespace|"
-                           r"no matching function|no matching member|is not a template|"
-                           r"no instance of (overloaded|function)|not a class, namespace")
+_MISSING_NAME = re.compile(
+    r"was not declared|is not a member of|has not been declared|does not name a|"
+    r"incomplete type|has no member|no member named|is undefined|not a namespace|"
+    r"no matching function|no matching member|is not a template|"
+    r"no instance of (overloaded|function)|not a class, namespace"
+)
 
 
 # Public headers and tools, named without their host path (kept in feedback).
-SYSTEM_ROOTS = {"/usr/include/": "<system>/", "/usr/local/include/": "<system>/", "/usr/lib/gcc/": "<system>/",
-                "/usr/lib/llvm": "<system>/llvm", "/usr/bin/": "", "/usr/local/bin/": ""}
+SYSTEM_ROOTS = {
+    "/usr/include/": "<system>/",
+    "/usr/local/include/": "<system>/",
+    "/usr/lib/gcc/": "<system>/",
+    "/usr/lib/llvm": "<system>/llvm",
+    "/usr/bin/": "",
+    "/usr/local/bin/": "",
+}
 _HOST_PATH = re.compile(r"(?<![\w<>.+@-])/(?:[\w.+@-]+/)*[\w.+@-]+")
 _REMOVED = "(a line about a file outside your sources was removed)"
 

@@ -22,11 +22,23 @@ from __future__ import annotations
 import re
 
 # The torch headers a CUDA candidate may include that the facade stands in for.
-COVERED_INCLUDES = frozenset({
-    "torch/extension.h", "torch/types.h", "torch/torch.h", "torch/all.h", "ATen/ATen.h", "ATen/Dispatch.h",
-    "ATen/cuda/CUDAContext.h", "ATen/cuda/CUDAContextLight.h", "c10/cuda/CUDAStream.h", "c10/cuda/CUDAGuard.h",
-    "c10/cuda/CUDAException.h", "ATen/core/Tensor.h", "c10/util/Exception.h",
-})
+COVERED_INCLUDES = frozenset(
+    {
+        "torch/extension.h",
+        "torch/types.h",
+        "torch/torch.h",
+        "torch/all.h",
+        "ATen/ATen.h",
+        "ATen/Dispatch.h",
+        "ATen/cuda/CUDAContext.h",
+        "ATen/cuda/CUDAContextLight.h",
+        "c10/cuda/CUDAStream.h",
+        "c10/cuda/CUDAGuard.h",
+        "c10/cuda/CUDAException.h",
+        "ATen/core/Tensor.h",
+        "c10/util/Exception.h",
+    }
+)
 _TORCH_INCLUDE = re.compile(r"^(torch|ATen|c10|caffe2|pybind11|THC|cub|thrust)/")
 _INCLUDE_LINE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*[<"]([^>"]+)[>"].*$', re.M)
 # Types a facade-bound function may take or return (after `torch::Tensor` became the facade's).
@@ -41,10 +53,12 @@ def covers_includes(cu_text: str, includes: list[str]) -> bool:
 
 def without_covered_includes(cu_text: str) -> str:
     """The source with the covered torch includes commented out (line numbers kept)."""
+
     def sub(m: re.Match) -> str:
         if m.group(1) in COVERED_INCLUDES:
             return "// " + m.group(0).strip() + " (the Kiln facade stands in)"
         return m.group(0)
+
     return _INCLUDE_LINE.sub(sub, cu_text)
 
 

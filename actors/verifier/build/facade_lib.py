@@ -272,10 +272,22 @@ template <typename... A>
 _DISPATCH_CASE = "case ::kiln::fc::ScalarType::{name}: {{ using scalar_t = {ctype}; return __VA_ARGS__(); }}"
 _DISPATCH_SETS = {
     "AT_DISPATCH_FLOATING_TYPES": (("Float", "float"), ("Double", "double")),
-    "AT_DISPATCH_INTEGRAL_TYPES": (("Byte", "uint8_t"), ("Char", "int8_t"), ("Short", "int16_t"), ("Int", "int32_t"),
-                                   ("Long", "int64_t")),
-    "AT_DISPATCH_ALL_TYPES": (("Byte", "uint8_t"), ("Char", "int8_t"), ("Short", "int16_t"), ("Int", "int32_t"),
-                              ("Long", "int64_t"), ("Float", "float"), ("Double", "double")),
+    "AT_DISPATCH_INTEGRAL_TYPES": (
+        ("Byte", "uint8_t"),
+        ("Char", "int8_t"),
+        ("Short", "int16_t"),
+        ("Int", "int32_t"),
+        ("Long", "int64_t"),
+    ),
+    "AT_DISPATCH_ALL_TYPES": (
+        ("Byte", "uint8_t"),
+        ("Char", "int8_t"),
+        ("Short", "int16_t"),
+        ("Int", "int32_t"),
+        ("Long", "int64_t"),
+        ("Float", "float"),
+        ("Double", "double"),
+    ),
 }
 
 
@@ -283,43 +295,95 @@ def _dispatch_macros() -> str:
     out = []
     for macro, cases in _DISPATCH_SETS.items():
         body = " ".join(_DISPATCH_CASE.format(name=n, ctype=c) for n, c in cases)
-        out.append(f"#define {macro}(TYPE, NAME, ...) [&] {{ const ::kiln::fc::ScalarType _kiln_st = (TYPE); "
-                   f"switch (_kiln_st) {{ {body} default: ::kiln::fc::detail::dispatch_failed(NAME, _kiln_st); }} }}()")
+        out.append(
+            f"#define {macro}(TYPE, NAME, ...) [&] {{ const ::kiln::fc::ScalarType _kiln_st = (TYPE); "
+            f"switch (_kiln_st) {{ {body} default: ::kiln::fc::detail::dispatch_failed(NAME, _kiln_st); }} }}()"
+        )
     return "\n".join(out) + "\n"
 
 
 _SCALAR_CONSTANTS = "\n".join(
-    f"constexpr ScalarType {k} = ScalarType::{v};" for k, v in (
-        ("kByte", "Byte"), ("kChar", "Char"), ("kShort", "Short"), ("kInt", "Int"), ("kLong", "Long"),
-        ("kHalf", "Half"), ("kFloat", "Float"), ("kDouble", "Double"), ("kBool", "Bool"), ("kBFloat16", "BFloat16")))
-_NAMES = ("Tensor", "TensorOptions", "ScalarType", "Device", "DeviceType", "IntArrayRef", "MemoryFormat", "empty",
-          "empty_strided", "empty_like", "zeros", "zeros_like", "ones", "ones_like", "full", "full_like", "dtype",
-          "device", "requires_grad", "device_of")
+    f"constexpr ScalarType {k} = ScalarType::{v};"
+    for k, v in (
+        ("kByte", "Byte"),
+        ("kChar", "Char"),
+        ("kShort", "Short"),
+        ("kInt", "Int"),
+        ("kLong", "Long"),
+        ("kHalf", "Half"),
+        ("kFloat", "Float"),
+        ("kDouble", "Double"),
+        ("kBool", "Bool"),
+        ("kBFloat16", "BFloat16"),
+    )
+)
+_NAMES = (
+    "Tensor",
+    "TensorOptions",
+    "ScalarType",
+    "Device",
+    "DeviceType",
+    "IntArrayRef",
+    "MemoryFormat",
+    "empty",
+    "empty_strided",
+    "empty_like",
+    "zeros",
+    "zeros_like",
+    "ones",
+    "ones_like",
+    "full",
+    "full_like",
+    "dtype",
+    "device",
+    "requires_grad",
+    "device_of",
+)
 _USING = "\n".join(f"using ::kiln::fc::{n};" for n in _NAMES)
-_CUDA_NS = "namespace cuda {\nusing ::kiln::fc::CUDAStream;\nusing ::kiln::fc::getCurrentCUDAStream;\n" \
-           "using ::kiln::fc::CUDAGuard;\nusing OptionalCUDAGuard = ::kiln::fc::CUDAGuard;\n}  // namespace cuda\n"
-_COMMON_NS = (f"{_USING}\n{_SCALAR_CONSTANTS}\nconstexpr DeviceType kCUDA = DeviceType::CUDA;\n"
-              f"constexpr DeviceType kCPU = DeviceType::CPU;\n{_CUDA_NS}")
+_CUDA_NS = (
+    "namespace cuda {\nusing ::kiln::fc::CUDAStream;\nusing ::kiln::fc::getCurrentCUDAStream;\n"
+    "using ::kiln::fc::CUDAGuard;\nusing OptionalCUDAGuard = ::kiln::fc::CUDAGuard;\n}  // namespace cuda\n"
+)
+_COMMON_NS = (
+    f"{_USING}\n{_SCALAR_CONSTANTS}\nconstexpr DeviceType kCUDA = DeviceType::CUDA;\n"
+    f"constexpr DeviceType kCPU = DeviceType::CPU;\n{_CUDA_NS}"
+)
 
 FACADE_CUDA_PRELUDE = (
     "// Kiln facade prelude (CUDA): torch's spellings of the facade, no torch header (facade_lib.py)\n"
-    "#ifndef KILN_FACADE_CUDA_H\n#define KILN_FACADE_CUDA_H\n#include \"kiln_facade.h\"\n"
+    '#ifndef KILN_FACADE_CUDA_H\n#define KILN_FACADE_CUDA_H\n#include "kiln_facade.h"\n'
     f"namespace c10 {{\n{_COMMON_NS}}}  // namespace c10\n"
     f"namespace at {{\n{_COMMON_NS}}}  // namespace at\n"
     "namespace torch {\nusing namespace at;\nusing Dtype = ScalarType;\n"
-    + "\n".join(f"constexpr ScalarType {k} = ScalarType::{v};" for k, v in (
-        ("kUInt8", "Byte"), ("kInt8", "Char"), ("kInt16", "Short"), ("kInt32", "Int"), ("kInt64", "Long"),
-        ("kFloat16", "Half"), ("kFloat32", "Float"), ("kFloat64", "Double"), ("kU8", "Byte"), ("kI8", "Char"),
-        ("kI16", "Short"), ("kI32", "Int"), ("kI64", "Long"), ("kF16", "Half"), ("kF32", "Float"),
-        ("kF64", "Double")))
+    + "\n".join(
+        f"constexpr ScalarType {k} = ScalarType::{v};"
+        for k, v in (
+            ("kUInt8", "Byte"),
+            ("kInt8", "Char"),
+            ("kInt16", "Short"),
+            ("kInt32", "Int"),
+            ("kInt64", "Long"),
+            ("kFloat16", "Half"),
+            ("kFloat32", "Float"),
+            ("kFloat64", "Double"),
+            ("kU8", "Byte"),
+            ("kI8", "Char"),
+            ("kI16", "Short"),
+            ("kI32", "Int"),
+            ("kI64", "Long"),
+            ("kF16", "Half"),
+            ("kF32", "Float"),
+            ("kF64", "Double"),
+        )
+    )
     + "\n}  // namespace torch\n"
     "#define TORCH_CHECK(cond, ...) \\\n  do { if (!(cond)) ::kiln::fc::detail::fail(__func__, __FILE__, __LINE__, "
     "#cond, ##__VA_ARGS__); } while (0)\n"
     "#define TORCH_INTERNAL_ASSERT(cond, ...) TORCH_CHECK(cond, ##__VA_ARGS__)\n"
     "#define C10_CUDA_CHECK(expr) \\\n  do { const cudaError_t _kiln_err = (expr); "
     "if (_kiln_err != cudaSuccess) ::kiln::fc::detail::cuda_failed(_kiln_err, __FILE__, __LINE__); } while (0)\n"
-    "#define C10_CUDA_KERNEL_LAUNCH_CHECK() C10_CUDA_CHECK(cudaGetLastError())\n"
-    + _dispatch_macros() + "#endif\n")
+    "#define C10_CUDA_KERNEL_LAUNCH_CHECK() C10_CUDA_CHECK(cudaGetLastError())\n" + _dispatch_macros() + "#endif\n"
+)
 
 # The conversions between torch's tensor and the facade handle, for the facade library (compiled by
 # g++ against the real ATen headers once per toolchain).

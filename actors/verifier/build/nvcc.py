@@ -40,8 +40,14 @@ def plan(cmd: list[str], cwd: Path, keep_dir: Path) -> Plan | None:
     """The phases of `cmd` (an `nvcc ... -c x.cu -o x.o` argv), or None when it cannot be split."""
     keep_dir.mkdir(parents=True, exist_ok=True)
     try:
-        p = subprocess.run([*cmd, "--dryrun", "-keep", "-keep-dir", str(keep_dir)], cwd=cwd, capture_output=True,
-                           text=True, timeout=60, env={**os.environ, "LC_ALL": "C"})
+        p = subprocess.run(
+            [*cmd, "--dryrun", "-keep", "-keep-dir", str(keep_dir)],
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "LC_ALL": "C"},
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     lines = [ln[3:] for ln in (p.stderr + p.stdout).splitlines() if ln.startswith("#$ ")]
@@ -62,14 +68,24 @@ def plan(cmd: list[str], cwd: Path, keep_dir: Path) -> Plan | None:
     if len(frontends) != 1 or "--gen_module_id_file" not in steps[frontends[0]]:
         return None
     module_id = _MODULE_ID.search(steps[frontends[0]])
-    compiles = [s for s in steps if " -c " in f" {s} " and not _is_cicc(s)
-                and not s.startswith(("cudafe++", "ptxas", "fatbinary"))]
-    host = steps[:frontends[0] + 1]
-    device = steps[frontends[0] + 1:-1]
+    compiles = [
+        s
+        for s in steps
+        if " -c " in f" {s} " and not _is_cicc(s) and not s.startswith(("cudafe++", "ptxas", "fatbinary"))
+    ]
+    host = steps[: frontends[0] + 1]
+    device = steps[frontends[0] + 1 : -1]
     final = steps[-1:]
-    if (module_id is None or len(host) != 2 or " -E " not in host[0] or "__CUDA_ARCH__=" in host[0]
-            or compiles != final or not device or not any(_is_cicc(s) for s in device)
-            or not device[-1].startswith("fatbinary")):
+    if (
+        module_id is None
+        or len(host) != 2
+        or " -E " not in host[0]
+        or "__CUDA_ARCH__=" in host[0]
+        or compiles != final
+        or not device
+        or not any(_is_cicc(s) for s in device)
+        or not device[-1].startswith("fatbinary")
+    ):
         return None
     if any(module_id.group(1) not in s for s in device if _is_cicc(s)):
         return None
@@ -161,10 +177,14 @@ def compare(argv: list[str]) -> int:
             print(f"{mode} failed:\n{text[-2000:]}")
             return 1
         nm = subprocess.run(["nm", f"{out}.{mode}.o"], capture_output=True, text=True).stdout
-        symbols[mode] = sorted(re.sub(r"_kiln_[0-9a-f]{16}|_[0-9a-f]{8}_\d+_\w+?_cu_\w*?(?=\d|$)", "ID", line.split()[-1])
-                               for line in nm.splitlines() if line.strip())
+        symbols[mode] = sorted(
+            re.sub(r"_kiln_[0-9a-f]{16}|_[0-9a-f]{8}_\d+_\w+?_cu_\w*?(?=\d|$)", "ID", line.split()[-1])
+            for line in nm.splitlines()
+            if line.strip()
+        )
     same = len(symbols["plain"]) == len(symbols["parallel"])
-    print(f"plain nvcc {seconds['plain']:.1f} s, parallel front ends {seconds['parallel']:.1f} s, "
-          f"{len(symbols['parallel'])} symbols ({'same count' if same else 'DIFFERENT count'})")
+    print(
+        f"plain nvcc {seconds['plain']:.1f} s, parallel front ends {seconds['parallel']:.1f} s, "
+        f"{len(symbols['parallel'])} symbols ({'same count' if same else 'DIFFERENT count'})"
+    )
     return 0 if same else 1
-

@@ -37,8 +37,10 @@ def import_extension(so_path: str | Path) -> ModuleType:
 
 
 def refuse_load(*args, **kwargs):
-    raise UnsupportedCall("torch.utils.cpp_extension.load(...) (building from files) is not supported "
-                          "by the verifier: pass the sources as strings to load_inline(...)")
+    raise UnsupportedCall(
+        "torch.utils.cpp_extension.load(...) (building from files) is not supported "
+        "by the verifier: pass the sources as strings to load_inline(...)"
+    )
 
 
 def install_prebuilt(artifacts: dict[str, str], toolchain: str) -> None:
@@ -61,7 +63,8 @@ def install_prebuilt(artifacts: dict[str, str], toolchain: str) -> None:
             raise PrebuiltMissing(
                 f"load_inline(name={spec.name!r}) was called with sources or flags the compile stage did not "
                 f"build (key {key[:12]}; built: {sorted(k[:12] for k in table) or 'none'}). Call load_inline at "
-                f"module level with fixed arguments; building differently at run time is not allowed.")
+                f"module level with fixed arguments; building differently at run time is not allowed."
+            )
         if key not in loaded:
             loaded[key] = import_extension(table[key])
         return loaded[key]

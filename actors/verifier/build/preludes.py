@@ -65,20 +65,20 @@ constexpr auto kF64 = kFloat64;
 
 PRELUDES: dict[str, str] = {
     "lean": "// Kiln lean prelude (C++)\n#ifndef KILN_LEAN_H\n#define KILN_LEAN_H\n#include <ATen/ATen.h>\n#include <c10/util/Exception.h>\n"
-            "#include <algorithm>\n#include <cmath>\n#include <cstdint>\n#include <limits>\n#include <vector>\n"
-            + _TORCH_SPELLINGS + "#endif\n",
+    "#include <algorithm>\n#include <cmath>\n#include <cstdint>\n#include <limits>\n#include <vector>\n"
+    + _TORCH_SPELLINGS
+    + "#endif\n",
     "lean_cuda": "// Kiln lean prelude (CUDA)\n#ifndef KILN_LEAN_CUDA_H\n#define KILN_LEAN_CUDA_H\n#include <ATen/core/Tensor.h>\n"
-                 "#include <ATen/ops/empty.h>\n#include <ATen/ops/empty_like.h>\n#include <ATen/ops/empty_strided.h>\n"
-                 "#include <ATen/ops/zeros.h>\n#include <ATen/ops/zeros_like.h>\n#include <ATen/ops/ones.h>\n"
-                 "#include <ATen/ops/ones_like.h>\n#include <ATen/ops/full.h>\n#include <ATen/ops/full_like.h>\n"
-                 "#include <ATen/Dispatch.h>\n"
-                 "#include <c10/util/Exception.h>\n#include <cuda.h>\n#include <cuda_runtime.h>\n"
-                 + _TORCH_SPELLINGS + "#endif\n",
-    "binding": "// Kiln binding prelude\n#include \"lean.h\"\n#include <torch/csrc/utils/pybind.h>\n"
-               "#include <torch/csrc/Exceptions.h>\n",
+    "#include <ATen/ops/empty.h>\n#include <ATen/ops/empty_like.h>\n#include <ATen/ops/empty_strided.h>\n"
+    "#include <ATen/ops/zeros.h>\n#include <ATen/ops/zeros_like.h>\n#include <ATen/ops/ones.h>\n"
+    "#include <ATen/ops/ones_like.h>\n#include <ATen/ops/full.h>\n#include <ATen/ops/full_like.h>\n"
+    "#include <ATen/Dispatch.h>\n"
+    "#include <c10/util/Exception.h>\n#include <cuda.h>\n#include <cuda_runtime.h>\n" + _TORCH_SPELLINGS + "#endif\n",
+    "binding": '// Kiln binding prelude\n#include "lean.h"\n#include <torch/csrc/utils/pybind.h>\n'
+    "#include <torch/csrc/Exceptions.h>\n",
     "full": "// load_inline's implicit C++ header\n#include <torch/extension.h>\n",
     "full_cuda": "// load_inline's implicit CUDA headers\n#include <torch/types.h>\n#include <cuda.h>\n"
-                 "#include <cuda_runtime.h>\n",
+    "#include <cuda_runtime.h>\n",
 }
 PRELUDES["kiln_thunk_abi"] = THUNK_ABI_HEADER
 PRELUDES["kiln_thunk_calls"] = THUNK_CALLS_HEADER
@@ -100,17 +100,20 @@ if os.getppid() != parent:
 os.nice(int(sys.argv[2]))
 sys.exit(subprocess.call(sys.argv[3:]))
 """
-PRELUDE_DIGEST = hashlib.sha256(("".join(PRELUDES[k] for k in sorted(PRELUDES)) + SHELL_SOURCE
-                                  + FACADE_LIB_SOURCE).encode()).hexdigest()[:10]
+PRELUDE_DIGEST = hashlib.sha256(
+    ("".join(PRELUDES[k] for k in sorted(PRELUDES)) + SHELL_SOURCE + FACADE_LIB_SOURCE).encode()
+).hexdigest()[:10]
 SHELL = "shell"  # the thunk module shell object, built next to the PCH variants
 FACADE_LIB = "facade"  # the CUDA facade's out-of-line parts (facade_lib.py), built next to them too
 NATIVE = "native"  # the sandbox's native module (actors/verifier/native/kiln_native.c), built next to them too
 FENCE = "fence"  # the compute fence (actors/verifier/native/kiln_fence.cpp), built next to them too
 
 # Flags that decide whether gcc accepts a PCH, and that are safe to run outside the sandbox.
-_PROFILE_FLAG = re.compile(r"^(-ffast-math|-funroll-loops|-march=native|-mtune=native|-fopenmp|-g|-g[0-3]|"
-                           r"-DNDEBUG|-fno-math-errno|-fno-trapping-math|-ffp-contract=fast|"
-                           r"-m(avx|avx2|avx512f|avx512bw|avx512vl|fma|f16c|bmi2|sse4\.1|sse4\.2))$")
+_PROFILE_FLAG = re.compile(
+    r"^(-ffast-math|-funroll-loops|-march=native|-mtune=native|-fopenmp|-g|-g[0-3]|"
+    r"-DNDEBUG|-fno-math-errno|-fno-trapping-math|-ffp-contract=fast|"
+    r"-m(avx|avx2|avx512f|avx512bw|avx512vl|fma|f16c|bmi2|sse4\.1|sse4\.2))$"
+)
 
 
 def flag_profile(user_flags: tuple[str, ...] | list[str]) -> tuple[str, ...]:
@@ -180,24 +183,49 @@ class PchStore:
             return 0.0
         if any(not (_PROFILE_FLAG.match(f) or re.fullmatch(r"-O[0-3sg]?", f)) for f in profile):
             raise ValueError(f"refusing PCH profile with unvetted flags: {profile}")
-        cmd = lambda tmp: [self.toolchain.cxx, *self.toolchain.cxx_flags(), *self.toolchain.common_flags(None),  # noqa: E731
-                           *profile, "-x", "c++-header", str(self.header(prelude)), "-o", str(tmp)]
+        cmd = lambda tmp: [
+            self.toolchain.cxx,
+            *self.toolchain.cxx_flags(),
+            *self.toolchain.common_flags(None),  # noqa: E731
+            *profile,
+            "-x",
+            "c++-header",
+            str(self.header(prelude)),
+            "-o",
+            str(tmp),
+        ]
         return self._build_once(self.variant(prelude, profile), cmd, nice)
 
     def shell_object(self) -> Path:
         return self.root / f"{SHELL}.o"
 
     def _shell_cmd(self, tmp: Path) -> list[str]:
-        return [self.toolchain.cxx, *self.toolchain.cxx_flags(), *self.toolchain.common_flags("kiln_ext"),
-                "-O2", "-c", str(self.root / f"{SHELL}.cpp"), "-o", str(tmp)]
+        return [
+            self.toolchain.cxx,
+            *self.toolchain.cxx_flags(),
+            *self.toolchain.common_flags("kiln_ext"),
+            "-O2",
+            "-c",
+            str(self.root / f"{SHELL}.cpp"),
+            "-o",
+            str(tmp),
+        ]
 
     def facade_object(self) -> Path:
         return self.root / f"{FACADE_LIB}.o"
 
     def _facade_cmd(self, tmp: Path) -> list[str]:
         # The lean PCH's flags (-O2 profile), so gcc can use it for the ATen part.
-        return [self.toolchain.cxx, *self.toolchain.cxx_flags(), *self.toolchain.common_flags(None),
-                "-O2", "-c", str(self.root / f"{FACADE_LIB}.cpp"), "-o", str(tmp)]
+        return [
+            self.toolchain.cxx,
+            *self.toolchain.cxx_flags(),
+            *self.toolchain.common_flags(None),
+            "-O2",
+            "-c",
+            str(self.root / f"{FACADE_LIB}.cpp"),
+            "-o",
+            str(tmp),
+        ]
 
     def native_module(self) -> Path:
         """kiln_native, named after its sources (a changed source builds anew)."""
@@ -226,9 +254,15 @@ class PchStore:
                 with self._lock:
                     if self._aborted:
                         raise RuntimeError("PCH store closed")
-                    self._proc = subprocess.Popen(launcher + make_cmd(tmp), cwd=self.root, stdout=subprocess.PIPE,
-                                                  stderr=subprocess.STDOUT, text=True, errors="replace",
-                                                  start_new_session=True)
+                    self._proc = subprocess.Popen(
+                        launcher + make_cmd(tmp),
+                        cwd=self.root,
+                        stdout=subprocess.PIPE,
+                        stderr=subprocess.STDOUT,
+                        text=True,
+                        errors="replace",
+                        start_new_session=True,
+                    )
                 output, _ = self._proc.communicate()
                 if self._proc.returncode != 0:
                     raise RuntimeError(f"building {out.name} failed:\n{output[-3000:]}")

@@ -56,8 +56,18 @@ class BuildResult:
 
 
 def infra_result(message: str, toolchain: str, error_class: str = "infra") -> BuildResult:
-    return BuildResult(ok=False, specs=[], artifacts={}, error=message, error_class=error_class, seconds=0.0,
-                       phases={}, cached=False, vendor_libs=[], toolchain=toolchain)
+    return BuildResult(
+        ok=False,
+        specs=[],
+        artifacts={},
+        error=message,
+        error_class=error_class,
+        seconds=0.0,
+        phases={},
+        cached=False,
+        vendor_libs=[],
+        toolchain=toolchain,
+    )
 
 
 @functools.lru_cache(maxsize=1)
@@ -78,8 +88,9 @@ def _num(x) -> float:
     return float(x) if isinstance(x, (int, float)) else 0.0
 
 
-def assemble(events: list[dict], outcome: dict, toolchain: str, timeout_s: float,
-             stderr: Path) -> tuple[BuildResult, list]:
+def assemble(
+    events: list[dict], outcome: dict, toolchain: str, timeout_s: float, stderr: Path
+) -> tuple[BuildResult, list]:
     """(BuildResult, precompiled-header variants the builds missed) for one finished capture.
     `events`: the capture's messages interleaved with the service's own "built"/"compile_error"
     records (the service writes those; a capture process cannot send one)."""
@@ -113,17 +124,31 @@ def assemble(events: list[dict], outcome: dict, toolchain: str, timeout_s: float
     calls, methods = cxx_scan.torch_calls(sources, _tensor_methods())
     if done and not specs:
         notes.append("no load_inline call at module level")
-    result = BuildResult(ok=False, specs=specs, artifacts=artifacts, error="", error_class=None, seconds=0.0,
-                         phases=phases, cached=bool(artifacts) and all_cached, vendor_libs=sorted(vendor),
-                         toolchain=toolchain, preludes=preludes, notes=notes, torch_calls=calls,
-                         tensor_methods=methods, violations=violations[:50])
+    result = BuildResult(
+        ok=False,
+        specs=specs,
+        artifacts=artifacts,
+        error="",
+        error_class=None,
+        seconds=0.0,
+        phases=phases,
+        cached=bool(artifacts) and all_cached,
+        vendor_libs=sorted(vendor),
+        toolchain=toolchain,
+        preludes=preludes,
+        notes=notes,
+        torch_calls=calls,
+        tensor_methods=methods,
+        violations=violations[:50],
+    )
     result.error_class, result.error = _classify(events, done, outcome, stderr, timeout_s)
     result.ok = result.error_class is None
     return result, wanted
 
 
-def _classify(events: list[dict], done: dict | None, outcome: dict, stderr_path: Path,
-              timeout_s: float) -> tuple[str | None, str]:
+def _classify(
+    events: list[dict], done: dict | None, outcome: dict, stderr_path: Path, timeout_s: float
+) -> tuple[str | None, str]:
     if outcome.get("infra"):
         return "infra", str(outcome["infra"])
     failed = next((e for e in events if e["event"] == "compile_error" and e.get("trusted")), None)
@@ -147,8 +172,10 @@ def _classify(events: list[dict], done: dict | None, outcome: dict, stderr_path:
         doing = "compiling an extension" if last in ("spec", "build") else "running module-level code"
         return "timeout", f"the candidate did not finish importing within {timeout_s:.0f} s (still {doing})"
     if killed == "memory":
-        return "runtime", (f"module-level code exceeded the compile stage's memory limit "
-                           f"({limits.get('memory_bytes', 0) >> 20} MiB) and was killed")
+        return "runtime", (
+            f"module-level code exceeded the compile stage's memory limit "
+            f"({limits.get('memory_bytes', 0) >> 20} MiB) and was killed"
+        )
     if killed == "processes":
         return "runtime", f"module-level code started more than {limits.get('processes')} processes and was killed"
     exc = next((e for e in events if e["event"] == "exception"), None)
@@ -167,16 +194,19 @@ def _classify(events: list[dict], done: dict | None, outcome: dict, stderr_path:
             name = f"signal {status['signal']}"
         return "runtime", f"module-level code crashed the process ({name}){_crash_frames(stderr)}"
     code = status.get("exit")
-    return "runtime", (f"module-level code ended the process (exit status {code}, e.g. os._exit) "
-                       f"before the module finished importing")
+    return "runtime", (
+        f"module-level code ended the process (exit status {code}, e.g. os._exit) before the module finished importing"
+    )
 
 
 def _import_error_text(name: str, message: str) -> str:
     head = f"load_inline(name={name!r}) built a module that does not import"
     if "undefined symbol" in message:
         sym = message.rsplit("undefined symbol:", 1)[-1].strip()[:200]
-        return (f"{head}: undefined symbol {sym}. A function is declared (or bound) but never defined with "
-                f"exactly that signature.")
+        return (
+            f"{head}: undefined symbol {sym}. A function is declared (or bound) but never defined with "
+            f"exactly that signature."
+        )
     return f"{head}: {message.rsplit('/', 1)[-1][:300]}" if message else head
 
 

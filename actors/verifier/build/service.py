@@ -60,15 +60,29 @@ def default_pch_dir() -> Path:
 class BuildService:
     """Compile pool of one verifier. Thread-safe; `close()` when done."""
 
-    def __init__(self, cache_dir: Path, backend: str, workers: int, timeout_s: float, *,
-                 memory_limit_mb: int = 8192, max_processes: int = 64, prelude_policy: str = "auto",
-                 pch: str = "auto", pch_dir: Path | None = None, gpu_visible: bool = False,
-                 start_timeout_s: float = 120.0, zygote: Zygote | None = None) -> None:
+    def __init__(
+        self,
+        cache_dir: Path,
+        backend: str,
+        workers: int,
+        timeout_s: float,
+        *,
+        memory_limit_mb: int = 8192,
+        max_processes: int = 64,
+        prelude_policy: str = "auto",
+        pch: str = "auto",
+        pch_dir: Path | None = None,
+        gpu_visible: bool = False,
+        start_timeout_s: float = 120.0,
+        zygote: Zygote | None = None,
+    ) -> None:
         if workers < 1 or timeout_s <= 0:
             raise ValueError("workers must be >= 1 and timeout_s > 0")
         if pch not in ("auto", "use"):
-            raise ValueError("pch must be 'auto' (build common variants, then misses, in the background) "
-                             "or 'use' (use variants already built, never build)")
+            raise ValueError(
+                "pch must be 'auto' (build common variants, then misses, in the background) "
+                "or 'use' (use variants already built, never build)"
+            )
         self.toolchain = Toolchain.detect(backend)
         self.toolchain_id = self.toolchain.id
         self.backend = backend
@@ -167,7 +181,6 @@ class BuildService:
         facade = [(FACADE_LIB, ())] if self.backend == "cuda" else []
         return [("lean", flag_profile(["-O3"])), (SHELL, ()), *facade]
 
-
     def request_pch(self, prelude: str, profile: tuple[str, ...], force: bool = False) -> None:
         """Queue a precompiled-header variant for background building (once per service).
         With pch='use' only `force=True` (benchmarks, tests) builds."""
@@ -181,12 +194,10 @@ class BuildService:
             self._pch_pending += 1
         self._pch_queue.put(item)
 
-
     def wait_pch(self, timeout_s: float | None = None) -> bool:
         """Block until every queued PCH variant is built (benchmarks use this); True when idle."""
         with self._pch_cond:
             return self._pch_cond.wait_for(lambda: self._pch_pending == 0, timeout_s)
-
 
     # ------------------------------------------------------------------------------ jobs
     def _guarded_job(self, source: str) -> BuildResult:
@@ -198,8 +209,9 @@ class BuildService:
 
     def _job(self, source: str) -> BuildResult:
         t0 = time.monotonic()
-        source_key = hashlib.sha256(f"{self.toolchain_id}\n{self.prelude_policy}\n{symbols.RULES_VERSION}\n{source}"
-                                    .encode()).hexdigest()[:32]
+        source_key = hashlib.sha256(
+            f"{self.toolchain_id}\n{self.prelude_policy}\n{symbols.RULES_VERSION}\n{source}".encode()
+        ).hexdigest()[:32]
         cached = self._cached_capture(source_key, t0)
         if cached is not None:
             return cached
@@ -245,17 +257,27 @@ class BuildService:
     def _capture(self, job: str, job_dir: Path) -> tuple[list[dict], dict]:
         """Run the capture process of one job and serve its build requests. Returns (events, outcome)."""
         work = job_dir / "work"
-        spec = isolation.run_jail(str(work), cuda=self.gpu_visible, uid=self.zygote.next_uid(),
-                                  hidden=self._hidden(), visible=(str(self.cache.root / "ext"),),
-                                  nproc=self.max_processes)
+        spec = isolation.run_jail(
+            str(work),
+            cuda=self.gpu_visible,
+            uid=self.zygote.next_uid(),
+            hidden=self._hidden(),
+            visible=(str(self.cache.root / "ext"),),
+            nproc=self.max_processes,
+        )
         if not self.gpu_visible:  # the compile stage must never touch a GPU (a timing window may be open on it)
             spec = _with_env(spec, CUDA_VISIBLE_DEVICES="")
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         ev_r, ev_w = os.pipe()
         t_fork = time.monotonic()
         try:
-            spawned = self.zygote.spawn("capture", spec, [theirs.fileno(), ev_w], str(job_dir / "stderr.txt"),
-                                        {"memory_limit_bytes": self.memory_limit})
+            spawned = self.zygote.spawn(
+                "capture",
+                spec,
+                [theirs.fileno(), ev_w],
+                str(job_dir / "stderr.txt"),
+                {"memory_limit_bytes": self.memory_limit},
+            )
         except ZygoteError as err:
             ours.close()
             os.close(ev_r)
@@ -266,8 +288,9 @@ class BuildService:
         self._active[job] = spawned
         fork_s = time.monotonic() - t_fork
         deadline = time.monotonic() + self.timeout_s
-        watch = _Watch(spawned.sandbox or spawned.pid, deadline, self.max_processes, self.memory_limit,
-                       lambda: self._kill(spawned))
+        watch = _Watch(
+            spawned.sandbox or spawned.pid, deadline, self.max_processes, self.memory_limit, lambda: self._kill(spawned)
+        )
         events: list[dict] = []
         jail: dict = {}
         received = 0
@@ -305,13 +328,23 @@ class BuildService:
             finally:
                 self._active.pop(job, None)
                 spawned.close()
-        if self._closed and watch.verdict is None and status.signal == 9 and not any(
-                e["event"] == "done" for e in events):
+        if (
+            self._closed
+            and watch.verdict is None
+            and status.signal == 9
+            and not any(e["event"] == "done" for e in events)
+        ):
             return events, {"infra": "the build service was closed while this candidate was building"}
         st = {"signal": status.signal} if status.signal else {"exit": status.code}
-        return events, {"status": st, "killed": watch.verdict, "fork_s": fork_s, "exit": status.to_json(),
-                        "jail": jail, "limits": {"memory_bytes": self.memory_limit, "processes": self.max_processes},
-                        "evidence": evidence}
+        return events, {
+            "status": st,
+            "killed": watch.verdict,
+            "fork_s": fork_s,
+            "exit": status.to_json(),
+            "jail": jail,
+            "limits": {"memory_bytes": self.memory_limit, "processes": self.max_processes},
+            "evidence": evidence,
+        }
 
     def _kill(self, spawned) -> None:
         spawned.kill()
@@ -354,24 +387,46 @@ class BuildService:
                 reply = self._confirm_infra(reply, job_dir, deadline)
             if not reply.get("ok"):
                 message = diagnostics.sanitize(str(reply.get("message") or "the build failed"))
-                return {"event": "compile_error", "trusted": True, "key": key, "name": spec.name,
-                        "infra": reply.get("infra") is True, "unit": str(reply.get("unit", "")),
-                        "message": message, "phases": reply.get("phases") or {}, "exit": exit_status}
+                return {
+                    "event": "compile_error",
+                    "trusted": True,
+                    "key": key,
+                    "name": spec.name,
+                    "infra": reply.get("infra") is True,
+                    "unit": str(reply.get("unit", "")),
+                    "message": message,
+                    "phases": reply.get("phases") or {},
+                    "exit": exit_status,
+                }
             out = bdir / "work"
             so = out / str(reply["so"])
             check = symbols.check_library(str(so), self.allowlist, self._library_dirs())
             vendors = sorted(set(reply.get("vendor_libs") or []) | check.vendors)
-            meta = {"prelude": str(reply.get("prelude", "")), "vendor_libs": vendors,
-                    "notes": [str(n) for n in reply.get("notes") or []], "phases": reply.get("phases") or {},
-                    "symbols": check.to_json()}
+            meta = {
+                "prelude": str(reply.get("prelude", "")),
+                "vendor_libs": vendors,
+                "notes": [str(n) for n in reply.get("notes") or []],
+                "phases": reply.get("phases") or {},
+                "symbols": check.to_json(),
+            }
             final = self.cache.publish(key, out, so.name, meta)
             binding = reply.get("binding")
             if isinstance(binding, list) and len(binding) == 2 and (out / str(binding[1])).is_file():
                 self.cache.publish_binding(str(binding[0]), out / str(binding[1]))
             phases = {k: float(v) for k, v in meta["phases"].items() if isinstance(v, (int, float))}
-            return {"event": "built", "trusted": True, "key": key, "so": str(final), "prelude": meta["prelude"],
-                    "phases": phases, "vendor_libs": vendors, "cached": False, "notes": meta["notes"],
-                    "pch_wanted": reply.get("pch_wanted") or [], "violations": check.to_json()["violations"]}
+            return {
+                "event": "built",
+                "trusted": True,
+                "key": key,
+                "so": str(final),
+                "prelude": meta["prelude"],
+                "phases": phases,
+                "vendor_libs": vendors,
+                "cached": False,
+                "notes": meta["notes"],
+                "pch_wanted": reply.get("pch_wanted") or [],
+                "violations": check.to_json()["violations"],
+            }
 
     def _hit(self, key: str, spec: ExtensionSpec, t0: float) -> dict | None:
         found = self.cache.lookup(key)
@@ -379,9 +434,19 @@ class BuildService:
             return None
         so, meta = found
         sym = meta.get("symbols") if isinstance(meta.get("symbols"), dict) else {}
-        return {"event": "built", "trusted": True, "key": key, "so": str(so), "prelude": str(meta.get("prelude", "cache")),
-                "phases": {"cache": time.monotonic() - t0}, "vendor_libs": list(meta.get("vendor_libs", [])),
-                "cached": True, "notes": [], "pch_wanted": [], "violations": list(sym.get("violations") or [])}
+        return {
+            "event": "built",
+            "trusted": True,
+            "key": key,
+            "so": str(so),
+            "prelude": str(meta.get("prelude", "cache")),
+            "phases": {"cache": time.monotonic() - t0},
+            "vendor_libs": list(meta.get("vendor_libs", [])),
+            "cached": True,
+            "notes": [],
+            "pch_wanted": [],
+            "violations": list(sym.get("violations") or []),
+        }
 
     def _key_lock(self, key: str) -> threading.Lock:
         with self._key_guard:
@@ -393,8 +458,14 @@ class BuildService:
 
     def _toolchain_paths(self) -> tuple[str, ...]:
         tc = self.toolchain
-        paths = [self.pch.root, self.cache.root / "bind", tc.torch_libdir, tc.python_include, *tc.torch_includes,
-                 os.path.dirname(os.path.realpath(tc.cxx))]
+        paths = [
+            self.pch.root,
+            self.cache.root / "bind",
+            tc.torch_libdir,
+            tc.python_include,
+            *tc.torch_includes,
+            os.path.dirname(os.path.realpath(tc.cxx)),
+        ]
         if tc.nvcc:
             paths += [tc.cuda_home, tc.cuda_libdir, os.path.dirname(os.path.realpath(tc.nvcc))]
         return tuple(str(p) for p in paths if p)
@@ -412,14 +483,25 @@ class BuildService:
         finally:
             shutil.rmtree(cdir, ignore_errors=True)
         if not check.get("ok"):
-            return dict(reply, message=f"{reply.get('message', '')}\n(a known-good extension failed to build as "
-                                       "well: the machine, not the candidate)")
-        return dict(reply, infra=False, message=f"{reply.get('message', '')}\n(the compiler failed on this source; "
-                                                "a known-good extension built right after)")
+            return dict(
+                reply,
+                message=f"{reply.get('message', '')}\n(a known-good extension failed to build as "
+                "well: the machine, not the candidate)",
+            )
+        return dict(
+            reply,
+            infra=False,
+            message=f"{reply.get('message', '')}\n(the compiler failed on this source; "
+            "a known-good extension built right after)",
+        )
 
     def _run_builder(self, spec: ExtensionSpec, bdir: Path, deadline: float) -> tuple[dict, dict]:
-        jail = isolation.build_jail(str(bdir / "work"), uid=self.zygote.next_uid(),
-                                    toolchain_paths=self._toolchain_paths(), hidden=self._hidden())
+        jail = isolation.build_jail(
+            str(bdir / "work"),
+            uid=self.zygote.next_uid(),
+            toolchain_paths=self._toolchain_paths(),
+            hidden=self._hidden(),
+        )
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             spawned = self.zygote.spawn("build", jail, [theirs.fileno()], str(bdir / "build.log"))
@@ -428,27 +510,50 @@ class BuildService:
             return {"ok": False, "infra": True, "unit": "builder", "message": f"no build process: {err}"}, {}
         finally:
             theirs.close()
-        watch = _Watch(spawned.sandbox or spawned.pid, deadline, 4 * self.max_processes, 4 * self.memory_limit,
-                       lambda: self._kill(spawned))
+        watch = _Watch(
+            spawned.sandbox or spawned.pid,
+            deadline,
+            4 * self.max_processes,
+            4 * self.memory_limit,
+            lambda: self._kill(spawned),
+        )
         try:
-            wire.send(ours, {"spec": spec.to_dict(), "toolchain": self.toolchain.to_dict(),
-                             "pch_dir": str(self.pch.root.parent), "cache_dir": str(self.cache_dir),
-                             "prelude_policy": self.prelude_policy})
+            wire.send(
+                ours,
+                {
+                    "spec": spec.to_dict(),
+                    "toolchain": self.toolchain.to_dict(),
+                    "pch_dir": str(self.pch.root.parent),
+                    "cache_dir": str(self.cache_dir),
+                    "prelude_policy": self.prelude_policy,
+                },
+            )
             reply = wire.recv(ours, deadline + 1.0, max_bytes=1 << 20)
             if not isinstance(reply, dict):
                 reply = {"ok": False, "infra": True, "unit": "builder", "message": "the build process answered nothing"}
         except (wire.WireError, OSError) as err:
             verdict = watch.verdict
             if verdict == "timeout":
-                reply = {"ok": False, "unit": "compiler", "timeout": True,
-                         "message": f"compiling did not finish within the {self.timeout_s:.0f} s limit"}
+                reply = {
+                    "ok": False,
+                    "unit": "compiler",
+                    "timeout": True,
+                    "message": f"compiling did not finish within the {self.timeout_s:.0f} s limit",
+                }
             elif verdict:
-                reply = {"ok": False, "unit": "compiler",
-                         "message": f"the compiler exceeded the compile stage's {verdict} limit"}
+                reply = {
+                    "ok": False,
+                    "unit": "compiler",
+                    "message": f"the compiler exceeded the compile stage's {verdict} limit",
+                }
             else:
                 tail = _tail(bdir / "build.log")
-                reply = {"ok": False, "infra": True, "unit": "builder",
-                         "message": f"the build process ended without an answer ({err}){tail}"}
+                reply = {
+                    "ok": False,
+                    "infra": True,
+                    "unit": "builder",
+                    "message": f"the build process ended without an answer ({err}){tail}",
+                }
         finally:
             watch.stop()
             self._kill(spawned)
@@ -532,8 +637,10 @@ def _read_evidence(fd: int) -> list[dict]:
         pass
     finally:
         os.close(fd)
-    return [{"kind": kind, "what": what, "where": where, "via": "refused at module level (recorded as it happened)"}
-            for _, kind, what, where in native.evidence_records(data)[:MAX_EVIDENCE]]
+    return [
+        {"kind": kind, "what": what, "where": where, "via": "refused at module level (recorded as it happened)"}
+        for _, kind, what, where in native.evidence_records(data)[:MAX_EVIDENCE]
+    ]
 
 
 def _tail(path: Path, n: int = 800) -> str:

@@ -24,7 +24,8 @@ from .symbols import RULES_VERSION  # noqa: E402 - a change of the rules re-chec
 # file: a candidate's extra_*flags never carry them (the compilers run jailed anyway).
 _CODE_LOADING_FLAG = re.compile(
     r"^(-fplugin|-wrapper|-B|-specs|--specs|@|-fuse-ld=/|--plugin|-plugin|-ccbin|--compiler-bindir|"
-    r"--dependency-drive|-Xclang|--sysroot|-isysroot|-fprofile-use|-fauto-profile)")
+    r"--dependency-drive|-Xclang|--sysroot|-isysroot|-fprofile-use|-fauto-profile)"
+)
 _LINKER_OPTION = re.compile(r"(^|,)(--plugin|-plugin|--audit|--depaudit|-P|--dynamic-linker|-dynamic-linker)(=|,|$)")
 
 
@@ -52,8 +53,11 @@ class ExtensionSpec:
 
     def key(self, toolchain: str) -> str:
         """Content hash of everything that shapes the built .so, plus the toolchain id."""
-        blob = json.dumps({"spec": asdict(self), "toolchain": toolchain, "v": PIPELINE_VERSION, "rules": RULES_VERSION},
-                          sort_keys=True, separators=(",", ":"))
+        blob = json.dumps(
+            {"spec": asdict(self), "toolchain": toolchain, "v": PIPELINE_VERSION, "rules": RULES_VERSION},
+            sort_keys=True,
+            separators=(",", ":"),
+        )
         return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
     def to_dict(self) -> dict:
@@ -92,12 +96,27 @@ def _strings(value: Any, what: str) -> tuple[str, ...]:
     raise UnsupportedCall(f"load_inline: {what} must be a string or a list of strings")
 
 
-def spec_from_call(name, cpp_sources, cuda_sources=None, sycl_sources=None, functions=None,
-                   extra_cflags=None, extra_cuda_cflags=None, extra_sycl_cflags=None,
-                   extra_ldflags=None, extra_include_paths=None, build_directory=None,
-                   verbose=False, with_cuda=None, with_sycl=None, is_python_module=True,
-                   with_pytorch_error_handling=True, keep_intermediates=True, use_pch=False,
-                   no_implicit_headers=False) -> ExtensionSpec:
+def spec_from_call(
+    name,
+    cpp_sources,
+    cuda_sources=None,
+    sycl_sources=None,
+    functions=None,
+    extra_cflags=None,
+    extra_cuda_cflags=None,
+    extra_sycl_cflags=None,
+    extra_ldflags=None,
+    extra_include_paths=None,
+    build_directory=None,
+    verbose=False,
+    with_cuda=None,
+    with_sycl=None,
+    is_python_module=True,
+    with_pytorch_error_handling=True,
+    keep_intermediates=True,
+    use_pch=False,
+    no_implicit_headers=False,
+) -> ExtensionSpec:
     """Normalise load_inline's arguments (same signature as torch's) into an ExtensionSpec.
 
     Arguments that only steer torch's own build (build_directory, verbose, keep_intermediates,
@@ -108,8 +127,9 @@ def spec_from_call(name, cpp_sources, cuda_sources=None, sycl_sources=None, func
     if sycl_sources or extra_sycl_cflags or with_sycl:
         raise UnsupportedCall("load_inline: SYCL sources are not supported by this verifier")
     if not is_python_module:
-        raise UnsupportedCall("load_inline: is_python_module=False is not supported; "
-                              "bind functions with `functions=[...]` instead")
+        raise UnsupportedCall(
+            "load_inline: is_python_module=False is not supported; bind functions with `functions=[...]` instead"
+        )
     if functions is None:
         names, docs = (), ()
     elif isinstance(functions, str):
@@ -153,9 +173,11 @@ def check_flags(spec: ExtensionSpec) -> None:
             for i, flag in enumerate(parts):
                 inner = [flag]
                 if flag.startswith(("-Wl,", "-Xlinker", "--linker-options", "-Xcompiler", "--compiler-options")):
-                    inner = flag.split(",")[1:] or parts[i + 1:i + 2]
+                    inner = flag.split(",")[1:] or parts[i + 1 : i + 2]
                     inner = [x for y in inner for x in y.split(",")]
                 for f in inner:
                     if _CODE_LOADING_FLAG.match(f) or _LINKER_OPTION.search(f):
-                        raise UnsupportedCall(f"load_inline: the flag {flag!r} in {field_name} is not allowed "
-                                              "(it loads or runs other code in the compiler or linker)")
+                        raise UnsupportedCall(
+                            f"load_inline: the flag {flag!r} in {field_name} is not allowed "
+                            "(it loads or runs other code in the compiler or linker)"
+                        )

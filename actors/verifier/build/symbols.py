@@ -42,7 +42,8 @@ MAX_ELF_BYTES = 512 << 20
 # Part of every build's cache key: a change to the rules below re-checks what was built before.
 RULES_VERSION = "kiln-symbols-2"
 
-_DENY_C = frozenset("""
+_DENY_C = frozenset(
+    """
 dlopen dlmopen dlsym dlvsym dladdr dladdr1 dlinfo dl_iterate_phdr __libc_dlopen_mode __libc_dlsym _dl_sym
 syscall ptrace process_vm_readv process_vm_writev mprotect pkey_mprotect mmap mmap64 mremap remap_file_pages
 fork vfork clone clone3 __clone execve execv execvp execvpe execl execlp execle fexecve posix_spawn posix_spawnp
@@ -51,33 +52,87 @@ prctl setrlimit setrlimit64 prlimit prlimit64 unshare setns chroot mount umount 
 open open64 openat openat64 __open_2 __open64_2 __openat_2 __openat64_2 fopen fopen64 freopen freopen64
 creat creat64 fdopen socket socketpair connect bind listen accept accept4 memfd_create shm_open
 link linkat symlink symlinkat unlink unlinkat rename renameat renameat2 truncate truncate64
-""".split())
-_VENDOR_C = (("cublas", "cublas"), ("cudnn", "cudnn"), ("cufft", "cufft"), ("curand", "curand"),
-             ("cusparse", "cusparse"), ("cusolver", "cusolver"), ("cblas_", "openblas"), ("sgemm_", "openblas"),
-             ("dgemm_", "openblas"), ("dnnl_", "onednn"), ("mkl_", "mkl"))
+""".split()
+)
+_VENDOR_C = (
+    ("cublas", "cublas"),
+    ("cudnn", "cudnn"),
+    ("cufft", "cufft"),
+    ("curand", "curand"),
+    ("cusparse", "cusparse"),
+    ("cusolver", "cusolver"),
+    ("cblas_", "openblas"),
+    ("sgemm_", "openblas"),
+    ("dgemm_", "openblas"),
+    ("dnnl_", "onednn"),
+    ("mkl_", "mkl"),
+)
 _CUDA_GRAPH = re.compile(r"^(cuda|cu)(Graph|StreamBeginCapture|StreamEndCapture|ThreadExchangeStreamCaptureMode)")
-_STD_DENIED = frozenset({"basic_filebuf", "basic_ifstream", "basic_ofstream", "basic_fstream", "__basic_file",
-                         "filesystem"})
-_DISPATCH_WORDS = ("Dispatcher", "OperatorHandle", "OperatorEntry", "KernelFunction", "BoxedKernel",
-                   "RegisterOperators", "DispatchKey", "dispatch_key", "TorchDispatchModeTLS", "PythonDispatcherTLS",
-                   "PythonTorchFunctionTLS", "AutoDispatch", "_AutoDispatch", "AutoNonVariableTypeMode",
-                   "CUDAGraph")
-_TORCH_DENIED_NS = frozenset({"jit", "Library", "CppFunction", "detail", "nn", "optim", "data", "serialize",
-                              "autograd_function"})
-_AT_BACKENDS = frozenset({"cpu", "cuda", "meta", "mps", "redispatch", "compositeexplicitautograd",
-                          "compositeexplicitautogradnonfunctional", "compositeimplicitautograd",
-                          "compositeimplicitautogradnestedtensor", "sparsecpu", "sparsecuda", "sparsecsrcpu",
-                          "sparsecsrcuda", "mkldnncpu", "quantizedcpu", "quantizedcuda", "nestedtensorcpu",
-                          "nestedtensorcuda", "zerotensor", "conjugate", "negative"})
+_STD_DENIED = frozenset(
+    {"basic_filebuf", "basic_ifstream", "basic_ofstream", "basic_fstream", "__basic_file", "filesystem"}
+)
+_DISPATCH_WORDS = (
+    "Dispatcher",
+    "OperatorHandle",
+    "OperatorEntry",
+    "KernelFunction",
+    "BoxedKernel",
+    "RegisterOperators",
+    "DispatchKey",
+    "dispatch_key",
+    "TorchDispatchModeTLS",
+    "PythonDispatcherTLS",
+    "PythonTorchFunctionTLS",
+    "AutoDispatch",
+    "_AutoDispatch",
+    "AutoNonVariableTypeMode",
+    "CUDAGraph",
+)
+_TORCH_DENIED_NS = frozenset(
+    {"jit", "Library", "CppFunction", "detail", "nn", "optim", "data", "serialize", "autograd_function"}
+)
+_AT_BACKENDS = frozenset(
+    {
+        "cpu",
+        "cuda",
+        "meta",
+        "mps",
+        "redispatch",
+        "compositeexplicitautograd",
+        "compositeexplicitautogradnonfunctional",
+        "compositeimplicitautograd",
+        "compositeimplicitautogradnestedtensor",
+        "sparsecpu",
+        "sparsecuda",
+        "sparsecsrcpu",
+        "sparsecsrcuda",
+        "mkldnncpu",
+        "quantizedcpu",
+        "quantizedcuda",
+        "nestedtensorcpu",
+        "nestedtensorcuda",
+        "zerotensor",
+        "conjugate",
+        "negative",
+    }
+)
 _OP_SUFFIXES = ("_outf", "_out", "_symint")
-_LIB_ALLOWED = re.compile(r"^(libtorch\w*|libc10\w*|libshm|libc|libm|libstdc\+\+|libgcc_s|libgomp[\w-]*|libpthread|"
-                          r"libdl|librt|ld-linux[\w-]*|libpython3[\w.]*|libcudart|libcuda|libnvrtc[\w-]*|"
-                          r"libnvToolsExt|libnvtx3interop|libcupti)\.so(\.[\w.]+)?$")
-_LIB_VENDOR = re.compile(r"^(libcublas|libcublasLt|libcudnn\w*|libcufft\w*|libcurand|libcusparse\w*|libcusolver\w*|"
-                         r"libopenblas\w*|libblas|libcblas|libmkl\w*|libdnnl|libmkldnn)\.so(\.[\w.]+)?$")
+_LIB_ALLOWED = re.compile(
+    r"^(libtorch\w*|libc10\w*|libshm|libc|libm|libstdc\+\+|libgcc_s|libgomp[\w-]*|libpthread|"
+    r"libdl|librt|ld-linux[\w-]*|libpython3[\w.]*|libcudart|libcuda|libnvrtc[\w-]*|"
+    r"libnvToolsExt|libnvtx3interop|libcupti)\.so(\.[\w.]+)?$"
+)
+_LIB_VENDOR = re.compile(
+    r"^(libcublas|libcublasLt|libcudnn\w*|libcufft\w*|libcurand|libcusparse\w*|libcusolver\w*|"
+    r"libopenblas\w*|libblas|libcblas|libmkl\w*|libdnnl|libmkldnn)\.so(\.[\w.]+)?$"
+)
 _DT_NEEDED, _DT_RPATH, _DT_RUNPATH = 1, 15, 29
-_DT_SUSPICIOUS = {0x6FFFFEFB: "DT_AUDIT", 0x6FFFFEFC: "DT_DEPAUDIT", 0x7FFFFFFD: "DT_AUXILIARY",
-                  0x7FFFFFFF: "DT_FILTER"}
+_DT_SUSPICIOUS = {
+    0x6FFFFEFB: "DT_AUDIT",
+    0x6FFFFEFC: "DT_DEPAUDIT",
+    0x7FFFFFFD: "DT_AUXILIARY",
+    0x7FFFFFFF: "DT_FILTER",
+}
 
 
 @dataclass
@@ -96,8 +151,11 @@ class SymbolCheck:
     imports: int = 0
 
     def to_json(self) -> dict:
-        return {"violations": [v.to_json() for v in self.violations], "vendors": sorted(self.vendors),
-                "imports": self.imports}
+        return {
+            "violations": [v.to_json() for v in self.violations],
+            "vendors": sorted(self.vendors),
+            "imports": self.imports,
+        }
 
 
 class ElfError(ValueError):
@@ -111,7 +169,7 @@ def read_imports(path: str) -> ElfImports:
         raise ElfError("the built library is larger than the checker reads")
     if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
         raise ElfError("not a 64-bit little-endian ELF file")
-    shoff, = struct.unpack_from("<Q", data, 0x28)
+    (shoff,) = struct.unpack_from("<Q", data, 0x28)
     shentsize, shnum, _ = struct.unpack_from("<HHH", data, 0x3A)
     if shoff == 0 or shnum == 0 or shentsize != 64 or shoff + shnum * 64 > len(data):
         raise ElfError("the built library has no section table")
@@ -146,7 +204,7 @@ def read_imports(path: str) -> ElfImports:
 
 def _cstr(data: bytes, off: int) -> str:
     end = data.find(b"\0", off)
-    return data[off:end if end >= 0 else len(data)].decode("ascii", "replace")
+    return data[off : end if end >= 0 else len(data)].decode("ascii", "replace")
 
 
 # ------------------------------------------------------------------------------ mangled names
@@ -195,7 +253,7 @@ def _component(s: str, i: int, comps: list[str]) -> int:
         while s[j].isdigit():
             j += 1
         n = int(s[i:j])
-        comps.append(s[j:j + n])
+        comps.append(s[j : j + n])
         return j + n
     if c == "I":  # template arguments: skip, balanced
         return _skip_until_e(s, i + 1)
@@ -214,7 +272,7 @@ def _component(s: str, i: int, comps: list[str]) -> int:
         j = i + 1
         while s[j].isdigit():
             j += 1
-        return j + int(s[i + 1:j])
+        return j + int(s[i + 1 : j])
     if c == "L":  # a local entity: give up on precision
         raise ValueError("local name")
     if c.islower() and i + 1 < len(s) and s[i + 1].islower():  # an operator name ("nw", "dl", "cv" ...)
@@ -309,7 +367,7 @@ class Allowlist:
         for full in op_names:
             if not full.startswith("aten::"):
                 continue
-            base = full[len("aten::"):]
+            base = full[len("aten::") :]
             name, _, overload = base.partition(".")
             packets.add(name)
             structs[name] = name
@@ -355,9 +413,12 @@ class Allowlist:
                 return "allow", base
             if _TORCH_C_OPS.match(base):
                 return "deny", f"{base}() (an ATen op through {library}'s C shim)"
-            if re.match(r"^(cblas_|[sdcz](gemm|gemv|syrk|trsm|symm|axpy|dot|scal|gesv|getrf|potrf|geqrf|gesdd|syev)|"
-                        r"[SDCZ](GEMM|GEMV|SYRK|TRSM|SYMM|AXPY|DOT|SCAL|GESV|GETRF|POTRF|GEQRF|GESDD|SYEV)|mkl_|MKL_|"
-                        r"Dfti|DFTI|nnp_|pytorch_qnnp_|qnnp_|xnn_|dnnl_|mkldnn_)", base):
+            if re.match(
+                r"^(cblas_|[sdcz](gemm|gemv|syrk|trsm|symm|axpy|dot|scal|gesv|getrf|potrf|geqrf|gesdd|syev)|"
+                r"[SDCZ](GEMM|GEMV|SYRK|TRSM|SYMM|AXPY|DOT|SCAL|GESV|GETRF|POTRF|GEQRF|GESDD|SYEV)|mkl_|MKL_|"
+                r"Dfti|DFTI|nnp_|pytorch_qnnp_|qnnp_|xnn_|dnnl_|mkldnn_)",
+                base,
+            ):
                 return "vendor", f"{library}: bundled BLAS/LAPACK/FFT/NN ({base})"
             return "deny", f"{base}() (an internal of {library}, not tensor plumbing)"
         if comps[0] not in ("at", "c10", "torch", "caffe2", "std", "__gnu_cxx", "__cxxabiv1", "pybind11"):
@@ -380,8 +441,14 @@ class Allowlist:
         return "allow", base
 
     def _classify_words(self, sym: str) -> tuple[str, str]:
-        for marker, what in (("2at4_ops", "at::_ops"), ("2at6native", "at::native"), ("2at3cpu", "at::cpu"),
-                             ("2at4cuda", "at::cuda"), ("5torch3jit", "torch::jit"), ("Dispatch", "the dispatcher")):
+        for marker, what in (
+            ("2at4_ops", "at::_ops"),
+            ("2at6native", "at::native"),
+            ("2at3cpu", "at::cpu"),
+            ("2at4cuda", "at::cuda"),
+            ("5torch3jit", "torch::jit"),
+            ("Dispatch", "the dispatcher"),
+        ):
             if marker in sym and not (marker == "2at4cuda" and "getCurrent" in sym):
                 return "deny", f"{what} (symbol {sym[:80]})"
         return "allow", sym
@@ -428,8 +495,14 @@ def check_library(path: str, allowlist: Allowlist, allowed_dirs: tuple[str, ...]
     try:
         imports = read_imports(path)
     except (OSError, ElfError, struct.error, IndexError) as err:
-        result.violations.append(Violation("native_symbol", f"unreadable library: {err}", "",
-                                           "the verifier checks what every built library imports"))
+        result.violations.append(
+            Violation(
+                "native_symbol",
+                f"unreadable library: {err}",
+                "",
+                "the verifier checks what every built library imports",
+            )
+        )
         return result
     result.imports = len(imports.undefined)
     for sym in imports.undefined:
@@ -445,12 +518,16 @@ def check_library(path: str, allowlist: Allowlist, allowed_dirs: tuple[str, ...]
         if _LIB_VENDOR.match(lib):
             result.vendors.add(_vendor_name(lib))
         elif not _LIB_ALLOWED.match(lib):
-            result.violations.append(Violation("native_library", f"links {lib}", "",
-                                               "only torch, the C/C++ runtime, CUDA and vendor libraries"))
+            result.violations.append(
+                Violation(
+                    "native_library", f"links {lib}", "", "only torch, the C/C++ runtime, CUDA and vendor libraries"
+                )
+            )
     for entry in imports.search_paths:
         if entry.rstrip("/") not in allowed_dirs:
-            result.violations.append(Violation("native_library", f"library search path {entry}", "",
-                                               "RPATH/RUNPATH outside torch and CUDA"))
+            result.violations.append(
+                Violation("native_library", f"library search path {entry}", "", "RPATH/RUNPATH outside torch and CUDA")
+            )
     for tag in imports.suspicious:
         result.violations.append(Violation("native_library", tag, "", "dynamic-loader audit/filter entries"))
     result.violations = _dedupe(result.violations)
@@ -469,9 +546,17 @@ def _reason(kind: str, what: str) -> str:
 
 
 def _vendor_name(lib: str) -> str:
-    for prefix, name in (("libcublas", "cublas"), ("libcudnn", "cudnn"), ("libcufft", "cufft"), ("libcurand", "curand"),
-                         ("libcusparse", "cusparse"), ("libcusolver", "cusolver"), ("libmkl", "mkl"),
-                         ("libdnnl", "onednn"), ("libmkldnn", "onednn")):
+    for prefix, name in (
+        ("libcublas", "cublas"),
+        ("libcudnn", "cudnn"),
+        ("libcufft", "cufft"),
+        ("libcurand", "curand"),
+        ("libcusparse", "cusparse"),
+        ("libcusolver", "cusolver"),
+        ("libmkl", "mkl"),
+        ("libdnnl", "onednn"),
+        ("libmkldnn", "onednn"),
+    ):
         if lib.startswith(prefix):
             return name
     return "openblas"

@@ -477,8 +477,14 @@ PYBIND11_MODULE(kiln_ext, m) {
 """
 
 
-def thunk_source(preamble: tuple[str, ...], declarations: list[str], functions: tuple[str, ...],
-                 docstrings: tuple[str, ...], error_handling: bool, facade: bool = False) -> str:
+def thunk_source(
+    preamble: tuple[str, ...],
+    declarations: list[str],
+    functions: tuple[str, ...],
+    docstrings: tuple[str, ...],
+    error_handling: bool,
+    facade: bool = False,
+) -> str:
     """The per-signature thunk TU body (after its headers are included).
 
     Without `facade`, the lean prelude and kiln_thunk.h come first. With `facade`, the functions
@@ -490,12 +496,22 @@ def thunk_source(preamble: tuple[str, ...], declarations: list[str], functions: 
     rows = []
     for name, doc in zip(functions, docstrings or functions):
         fn = f"{fn_template}<decltype(&{name})>"
-        rows.append(f"    {{{json.dumps(name)}, {json.dumps(doc)}, {fn}::signature(), &{fn}::template call<&{name}>, "
-                    f"{'true' if error_handling else 'false'}}},")
+        rows.append(
+            f"    {{{json.dumps(name)}, {json.dumps(doc)}, {fn}::signature(), &{fn}::template call<&{name}>, "
+            f"{'true' if error_handling else 'false'}}},"
+        )
     # The table's own names are ones no candidate function takes: a bound function named `count` or
     # `table` would otherwise be the parameter or the array inside the initializer.
-    return "\n".join([*preamble, *declarations,
-                      'extern "C" const kiln::Binding* kiln_bindings(int* kiln_binding_count) {',
-                      "  static const kiln::Binding kiln_binding_table[] = {", *rows, "  };",
-                      "  *kiln_binding_count = static_cast<int>(sizeof(kiln_binding_table) / sizeof(kiln_binding_table[0]));",
-                      "  return kiln_binding_table;", "}"])
+    return "\n".join(
+        [
+            *preamble,
+            *declarations,
+            'extern "C" const kiln::Binding* kiln_bindings(int* kiln_binding_count) {',
+            "  static const kiln::Binding kiln_binding_table[] = {",
+            *rows,
+            "  };",
+            "  *kiln_binding_count = static_cast<int>(sizeof(kiln_binding_table) / sizeof(kiln_binding_table[0]));",
+            "  return kiln_binding_table;",
+            "}",
+        ]
+    )

@@ -53,12 +53,22 @@ class Toolchain:
     @property
     def id(self) -> str:
         """Compiler versions + torch version + backend: part of every cache key."""
-        parts = [self.backend, f"torch-{self.torch_version}", f"{Path(self.cxx).name}-{self.cxx_version}",
-                 f"py{sys.version_info.major}.{sys.version_info.minor}", self.std, f"abi{self.abi}",
-                 PIPELINE_VERSION, f"prelude-{PRELUDE_DIGEST}"]
+        parts = [
+            self.backend,
+            f"torch-{self.torch_version}",
+            f"{Path(self.cxx).name}-{self.cxx_version}",
+            f"py{sys.version_info.major}.{sys.version_info.minor}",
+            self.std,
+            f"abi{self.abi}",
+            PIPELINE_VERSION,
+            f"prelude-{PRELUDE_DIGEST}",
+        ]
         if self.backend == "cuda":
-            parts += [f"nvcc-{self.nvcc_version}", ",".join(a.split("code=")[-1] for a in self.arch_flags),
-                      "nvcc-parallel" if self.nvcc_parallel else "nvcc-plain"]
+            parts += [
+                f"nvcc-{self.nvcc_version}",
+                ",".join(a.split("code=")[-1] for a in self.arch_flags),
+                "nvcc-parallel" if self.nvcc_parallel else "nvcc-plain",
+            ]
             if not self.cuda_facade:
                 parts.append("no-facade")
         parts += list(self.link_flags)
@@ -149,8 +159,12 @@ class Toolchain:
         version = _run([cxx, "-dumpfullversion", "-dumpversion"]).strip()
         is_gcc = "gcc version" in _run([cxx, "-v"], stderr=True)
         fields = dict(
-            backend=backend, cxx=cxx, cxx_version=version, cxx_is_gcc=is_gcc,
-            std=_torch_cxx_std(cpp_extension), abi=int(torch._C._GLIBCXX_USE_CXX11_ABI),
+            backend=backend,
+            cxx=cxx,
+            cxx_version=version,
+            cxx_is_gcc=is_gcc,
+            std=_torch_cxx_std(cpp_extension),
+            abi=int(torch._C._GLIBCXX_USE_CXX11_ABI),
             torch_version=f"{torch.__version__}+{(torch.version.git_version or '')[:10]}",
             torch_includes=tuple(cpp_extension.include_paths()),
             python_include=sysconfig.get_path("include", scheme="posix_prefix"),
@@ -198,11 +212,17 @@ def _detect_cuda(cpp_extension) -> dict:
     libdir = os.path.join(home, "lib64")
     if not os.path.isdir(libdir) and os.path.isdir(os.path.join(home, "lib")):
         libdir = os.path.join(home, "lib")
-    return dict(nvcc=nvcc, nvcc_version=m.group(1) if m else "unknown", cuda_home=home,
-                cuda_libdir=libdir, arch_flags=tuple(cuda_arch_flags(nvcc)),
-                nvcc_common=tuple(cpp_extension.COMMON_NVCC_FLAGS), ccbin=os.environ.get("CC", ""),
-                nvcc_parallel=not os.environ.get("KILN_NVCC_PLAIN"),
-                cuda_facade=not os.environ.get("KILN_CUDA_FACADE_OFF"))
+    return dict(
+        nvcc=nvcc,
+        nvcc_version=m.group(1) if m else "unknown",
+        cuda_home=home,
+        cuda_libdir=libdir,
+        arch_flags=tuple(cuda_arch_flags(nvcc)),
+        nvcc_common=tuple(cpp_extension.COMMON_NVCC_FLAGS),
+        ccbin=os.environ.get("CC", ""),
+        nvcc_parallel=not os.environ.get("KILN_NVCC_PLAIN"),
+        cuda_facade=not os.environ.get("KILN_CUDA_FACADE_OFF"),
+    )
 
 
 _NAMED_ARCHES = {"Ampere": "8.0;8.6", "Ada": "8.9", "Hopper": "9.0", "Blackwell": "10.0;12.0"}

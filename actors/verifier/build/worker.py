@@ -36,10 +36,16 @@ def build(request: dict, build_dir: Path) -> dict:
         built = builder.compile(spec, build_dir)
     except CompileFailed as e:
         return {"ok": False, "message": e.message, "infra": e.infra, "unit": e.unit, "phases": e.phases}
-    return {"ok": True, "so": Path(built.so_path).name, "prelude": built.prelude, "phases": built.phases,
-            "vendor_libs": built.vendor_libs, "notes": built.notes,
-            "pch_wanted": [[p, list(prof)] for p, prof in built.pch_wanted],
-            "binding": list(built.binding) if built.binding else None}
+    return {
+        "ok": True,
+        "so": Path(built.so_path).name,
+        "prelude": built.prelude,
+        "phases": built.phases,
+        "vendor_libs": built.vendor_libs,
+        "notes": built.notes,
+        "pch_wanted": [[p, list(prof)] for p, prof in built.pch_wanted],
+        "binding": list(built.binding) if built.binding else None,
+    }
 
 
 def child_main(fds: list[int], spec, report, args: dict) -> int:
@@ -51,8 +57,13 @@ def child_main(fds: list[int], spec, report, args: dict) -> int:
         try:
             reply = build(request, Path(spec.scratch))
         except Exception as e:  # noqa: BLE001 - a bug or an unusable machine: infra, with the reason
-            reply = {"ok": False, "infra": True, "unit": "builder", "phases": {},
-                     "message": f"{type(e).__name__}: {e}\n{traceback.format_exc()[-1500:]}"}
+            reply = {
+                "ok": False,
+                "infra": True,
+                "unit": "builder",
+                "phases": {},
+                "message": f"{type(e).__name__}: {e}\n{traceback.format_exc()[-1500:]}",
+            }
         reply["jail"] = report.to_json()
         wire.send(sock, reply)
         return 0

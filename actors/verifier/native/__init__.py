@@ -32,12 +32,31 @@ FENCE = "kiln_fence"
 # memory (ctypes, cffi, numpy's array interface, the interpreter's test modules) or reach into the
 # interpreter. The zygote never loads them, the jail hides their files, and the armed audit hook
 # refuses their import.
-DENIED_IMPORTS = ("ctypes", "_ctypes", "_ctypes_test", "cffi", "_cffi_backend", "numpy", "numba", "cupy",
-                  "_testcapi", "_testinternalcapi", "_testbuffer", "_testmultiphase", "_testsinglephase",
-                  "_testimportmultiple", "_testclinic", "_xxsubinterpreters", "_xxinterpchannels",
-                  "_xxtestfuzz", "xxlimited", "xxlimited_35", "xxsubtype",
-                  # NVML's binding over ctypes: torch imports it when installed; without ctypes it cannot work
-                  "pynvml")
+DENIED_IMPORTS = (
+    "ctypes",
+    "_ctypes",
+    "_ctypes_test",
+    "cffi",
+    "_cffi_backend",
+    "numpy",
+    "numba",
+    "cupy",
+    "_testcapi",
+    "_testinternalcapi",
+    "_testbuffer",
+    "_testmultiphase",
+    "_testsinglephase",
+    "_testimportmultiple",
+    "_testclinic",
+    "_xxsubinterpreters",
+    "_xxinterpchannels",
+    "_xxtestfuzz",
+    "xxlimited",
+    "xxlimited_35",
+    "xxsubtype",
+    # NVML's binding over ctypes: torch imports it when installed; without ctypes it cannot work
+    "pynvml",
+)
 # Kiln's own packages: never the candidate's business (imports refused once armed).
 KILN_PACKAGES = ("actors", "protocols", "configs", "launch", "tasks", "tests")
 
@@ -54,15 +73,36 @@ def c_compiler() -> str:
 
 def native_command(out: Path) -> list[str]:
     """Compile kiln_native: plain C against this interpreter's headers, no torch."""
-    return [c_compiler(), "-O2", "-Wall", "-shared", "-fPIC", f"-I{sysconfig.get_path('include')}",
-            str(SOURCES / "kiln_native.c"), "-o", str(out)]
+    return [
+        c_compiler(),
+        "-O2",
+        "-Wall",
+        "-shared",
+        "-fPIC",
+        f"-I{sysconfig.get_path('include')}",
+        str(SOURCES / "kiln_native.c"),
+        "-o",
+        str(out),
+    ]
 
 
 def fence_command(toolchain, out: Path) -> list[str]:
     """Compile kiln_fence: C++ against torch's and this interpreter's headers."""
     tc = toolchain
-    return [tc.cxx, *tc.cxx_flags(), *tc.common_flags(None), "-O2", "-shared", str(SOURCES / "kiln_fence.cpp"),
-            "-o", str(out), f"-L{tc.torch_libdir}", "-lc10", "-ltorch_cpu", "-ltorch_python"]
+    return [
+        tc.cxx,
+        *tc.cxx_flags(),
+        *tc.common_flags(None),
+        "-O2",
+        "-shared",
+        str(SOURCES / "kiln_fence.cpp"),
+        "-o",
+        str(out),
+        f"-L{tc.torch_libdir}",
+        "-lc10",
+        "-ltorch_cpu",
+        "-ltorch_python",
+    ]
 
 
 def source_digest() -> str:

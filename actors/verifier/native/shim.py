@@ -57,22 +57,78 @@ class _Placeholder:
 
 
 # Sizes of the C scalar types on x86-64 / aarch64 Linux (LP64), for `sizeof`.
-_SIZES = {"c_bool": 1, "c_char": 1, "c_byte": 1, "c_ubyte": 1, "c_short": 2, "c_ushort": 2, "c_int": 4, "c_uint": 4,
-          "c_long": 8, "c_ulong": 8, "c_longlong": 8, "c_ulonglong": 8, "c_size_t": 8, "c_ssize_t": 8,
-          "c_float": 4, "c_double": 8, "c_longdouble": 16, "c_void_p": 8, "c_char_p": 8, "c_wchar_p": 8,
-          "c_int8": 1, "c_uint8": 1, "c_int16": 2, "c_uint16": 2, "c_int32": 4, "c_uint32": 4, "c_int64": 8,
-          "c_uint64": 8, "c_wchar": 4}
+_SIZES = {
+    "c_bool": 1,
+    "c_char": 1,
+    "c_byte": 1,
+    "c_ubyte": 1,
+    "c_short": 2,
+    "c_ushort": 2,
+    "c_int": 4,
+    "c_uint": 4,
+    "c_long": 8,
+    "c_ulong": 8,
+    "c_longlong": 8,
+    "c_ulonglong": 8,
+    "c_size_t": 8,
+    "c_ssize_t": 8,
+    "c_float": 4,
+    "c_double": 8,
+    "c_longdouble": 16,
+    "c_void_p": 8,
+    "c_char_p": 8,
+    "c_wchar_p": 8,
+    "c_int8": 1,
+    "c_uint8": 1,
+    "c_int16": 2,
+    "c_uint16": 2,
+    "c_int32": 4,
+    "c_uint32": 4,
+    "c_int64": 8,
+    "c_uint64": 8,
+    "c_wchar": 4,
+}
 
 
 # ctypes' public names, so that a star import of the stand-in defines them: types (placeholders that
 # torch's modules may subclass or size at import) and functions that would touch raw memory or call
 # foreign code (they raise).
-_NAMES = tuple(_SIZES) + ("POINTER", "CFUNCTYPE", "PYFUNCTYPE", "Structure", "Union", "Array", "BigEndianStructure",
-                          "LittleEndianStructure", "cdll", "pydll", "ArgumentError", "LibraryLoader", "DEFAULT_MODE",
-                          "py_object", "HRESULT")
-_RAW = ("pointer", "byref", "cast", "addressof", "memmove", "memset", "string_at", "wstring_at", "c_buffer",
-        "create_string_buffer", "create_unicode_buffer", "resize", "SetPointerType", "get_errno", "set_errno",
-        "alignment", "pythonapi")
+_NAMES = tuple(_SIZES) + (
+    "POINTER",
+    "CFUNCTYPE",
+    "PYFUNCTYPE",
+    "Structure",
+    "Union",
+    "Array",
+    "BigEndianStructure",
+    "LittleEndianStructure",
+    "cdll",
+    "pydll",
+    "ArgumentError",
+    "LibraryLoader",
+    "DEFAULT_MODE",
+    "py_object",
+    "HRESULT",
+)
+_RAW = (
+    "pointer",
+    "byref",
+    "cast",
+    "addressof",
+    "memmove",
+    "memset",
+    "string_at",
+    "wstring_at",
+    "c_buffer",
+    "create_string_buffer",
+    "create_unicode_buffer",
+    "resize",
+    "SetPointerType",
+    "get_errno",
+    "set_errno",
+    "alignment",
+    "pythonapi",
+)
 
 
 def _stand_in(native) -> tuple[types.ModuleType, types.ModuleType]:
@@ -80,8 +136,9 @@ def _stand_in(native) -> tuple[types.ModuleType, types.ModuleType]:
     module.__path__ = []  # a package, so `import ctypes.util` finds its submodule in sys.modules
 
     class CDLL:
-        def __init__(self, name, mode=os.RTLD_LOCAL, handle=None, use_errno=False, use_last_error=False,
-                     winmode=None) -> None:
+        def __init__(
+            self, name, mode=os.RTLD_LOCAL, handle=None, use_errno=False, use_last_error=False, winmode=None
+        ) -> None:
             self._name = name
             self._handle = handle if handle is not None else native.dlopen(name, mode | os.RTLD_NOW)
 
@@ -90,8 +147,7 @@ def _stand_in(native) -> tuple[types.ModuleType, types.ModuleType]:
             # candidate code exists, asking for one is an attempt at a foreign call, and evidence.
             if native.armed():
                 native.refuser(f"ctypes symbol {name}", "native_escape", "raw memory and foreign calls")()
-            raise AttributeError(f"{self._name}.{name}: foreign functions are not available in the verifier's "
-                                 "sandbox")
+            raise AttributeError(f"{self._name}.{name}: foreign functions are not available in the verifier's sandbox")
 
     module.CDLL = module.PyDLL = CDLL
     module.RTLD_GLOBAL, module.RTLD_LOCAL = os.RTLD_GLOBAL, os.RTLD_LOCAL
@@ -124,8 +180,7 @@ def _stand_in(native) -> tuple[types.ModuleType, types.ModuleType]:
 def install(native) -> None:
     """In the zygote, before torch: the ctypes stand-in and the refused modules."""
     if "_ctypes" in sys.modules:
-        raise RuntimeError("ctypes is already loaded: the zygote must install the stand-in before anything "
-                           "imports it")
+        raise RuntimeError("ctypes is already loaded: the zygote must install the stand-in before anything imports it")
     _Placeholder.native = native
     module, util = _stand_in(native)
     sys.modules["ctypes"] = module
