@@ -340,7 +340,7 @@ class CandidateRun:
         later, _ = self._outputs(child, reply.get("after"), trial.expected)
         pending = reply.get("pending_s")
         still_running = self.device_type == "cuda" and isinstance(pending, (int, float)) and pending > PENDING_S
-        if later is None or still_running or any(not torch.equal(a, b) for a, b in zip(got, later)):
+        if later is None or still_running or any(not _same_bytes(a, b) for a, b in zip(got, later)):
             kind = "stream_escape" if self.device_type == "cuda" else "thread_escape"
             self.out.violations.append(
                 Violation(
@@ -353,7 +353,7 @@ class CandidateRun:
         tensors = [x for x in trial.inputs if isinstance(x, torch.Tensor)]
         kept, _ = self._outputs(child, reply.get("inputs_after"), tensors)
         for i, (before, after) in enumerate(zip(tensors, kept or [])):
-            if not torch.equal(before, after):
+            if not _same_bytes(before, after):
                 self.out.violations.append(
                     Violation(
                         "input_mutated", f"input {i} was modified in place", "", "forward must not write to its inputs"
@@ -434,7 +434,9 @@ class CandidateRun:
         times = timing.TripTimes(k)
         checked = []
         started = time.perf_counter()
-        for i in range(pairs):
+        i = -1
+        while timing.want_more(times, pairs, time.perf_counter() - started, budget_s):
+            i += 1
             with self.lease.shared():
                 calls = [self.ref.fresh_inputs(primary) for _ in range(k)]
             run_s, null_s = self._pair(child, calls, expect, i)
@@ -445,9 +447,7 @@ class CandidateRun:
             checked.append([i, j])
             if not self._check_timed(child, i, j, calls[j]):
                 return
-            if len(times.per_call) >= timing.MIN_RUNS and time.perf_counter() - started > budget_s:
-                break
-        self.out.candidate_s = times.mean_s
+        self.out.candidate_s = times.paid_s
         self.out.timing_runs = len(times.per_call) * k
         self.out.timing = {
             "clock": "verifier",
@@ -461,7 +461,7 @@ class CandidateRun:
                 "compile": compiled.median_s if compiled else None,
             },
         }
-        self._plausibility(times.mean_s)
+        self._plausibility(times.paid_s)
 
     def _stage(self, child: ChildSession, calls: list[list]) -> bool:
         """The next trip's inputs into the arena and from there onto the sandbox's device (untimed)."""
@@ -677,6 +677,14 @@ def _wire_values(values: list) -> list:
 
 def _nbytes(items) -> int:
     return sum(t.numel() * t.element_size() for t in items if isinstance(t, torch.Tensor))
+
+
+def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bit for bit (a NaN equals the same NaN: outputs that hold NaN, from a bug or uninitialised
+    memory, have not changed because NaN != NaN)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    return torch.equal(a.contiguous().view(-1).view(torch.uint8), b.contiguous().view(-1).view(torch.uint8))
 
 
 def _digest(tensors: list[torch.Tensor]) -> str:

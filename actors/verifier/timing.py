@@ -41,6 +41,11 @@ CPU_TIMING_THREADS = 1
 # loaded host) is a small part of it, short enough that a round of trips stays cheap.
 TRIP_TARGET_S = {"cpu": 4e-3, "cuda": 2e-3}
 MAX_CALLS_PER_TRIP = 64
+# A mean per-call figure is resolved when it exceeds this many standard errors; until it is, up to
+# EXTRA_PAIRS x the configured pairs are timed (within the time budget), since more pairs shrink the
+# standard error where longer trips cannot (K is already at its target).
+RESOLVED_SEMS = 2.0
+EXTRA_PAIRS = 4
 device_sync = getattr(torch._C, "_cuda_synchronize", None) or torch.cuda.synchronize
 
 
@@ -83,6 +88,29 @@ class TripTimes:
         return max(statistics.fmean(self.per_call), 1e-9) if self.per_call else float("nan")
 
     @property
+    def sem_s(self) -> float:
+        """The standard error of the mean per-call figure."""
+        n = len(self.per_call)
+        return statistics.stdev(self.per_call) / math.sqrt(n) if n >= 2 else float("inf")
+
+    @property
+    def resolved(self) -> bool:
+        """The mean stands clear of the noise: at least MIN_RUNS pairs and mean > RESOLVED_SEMS x its
+        standard error. On a loaded host a fast call's trip and null trip differ by less than their
+        noise, and their difference is then any small number, zero or below included."""
+        return len(self.per_call) >= MIN_RUNS and statistics.fmean(self.per_call) > RESOLVED_SEMS * self.sem_s
+
+    @property
+    def paid_s(self) -> float:
+        """The candidate's figure: the mean when resolved; otherwise the upper end of its noise (mean +
+        RESOLVED_SEMS x standard error), so noise can never make a call look faster than it is."""
+        if not self.per_call:
+            return float("nan")
+        if self.resolved:
+            return self.mean_s
+        return max(statistics.fmean(self.per_call) + RESOLVED_SEMS * self.sem_s, 1e-9)
+
+    @property
     def median_s(self) -> float:
         return max(median(self.per_call), 1e-9) if self.per_call else float("nan")
 
@@ -118,6 +146,17 @@ def choose_k(trip, device_type: str, most: int, warmups: int) -> int:
         run_s, null_s = time_pair(trip, k0, i)
         estimates.append(max((run_s - null_s) / k0, 1e-7))
     return calls_per_trip(median(estimates), device_type, most)
+
+
+def want_more(times: TripTimes, pairs: int, elapsed_s: float, budget_s: float) -> bool:
+    """Whether to time another pair: until `pairs` are done, then while the figure is not resolved,
+    up to EXTRA_PAIRS x `pairs` and `budget_s` seconds (at least MIN_RUNS pairs in any case)."""
+    done = len(times.per_call)
+    if done < MIN_RUNS:
+        return True
+    if elapsed_s > budget_s:
+        return False
+    return done < pairs or (not times.resolved and done < EXTRA_PAIRS * pairs)
 
 
 def record(times: TripTimes, run_s: float, null_s: float) -> None:

@@ -115,6 +115,7 @@ FEEDBACK = {
     "frame_walk_to_server": ["sys._getframe", "line 96"],
     "facade_internals": ["function.__globals__", "traceback.tb_frame"],
     "relu6_passes_for_relu": ["scaled", "outside tolerance"],
+    "nan_output": ["NaN never passes"],
 }
 
 

@@ -157,6 +157,24 @@ def test_the_per_call_figure_is_a_trip_minus_its_null_trip_over_k():
     assert timing.calls_per_trip(1e-3, "cpu", 64) == 4 and timing.calls_per_trip(1e-6, "cpu", 16) == 16
 
 
+def test_noise_never_makes_a_call_look_faster_than_it_is():
+    """A fast call on a loaded host: trip and null trip differ by less than their noise, so the
+    per-call differences straddle zero. Such a figure is not resolved; more pairs are timed (up to
+    EXTRA_PAIRS x, within the budget), and if it stays unresolved the candidate is paid the upper end
+    of its noise, never zero or a time below the physical bound."""
+    noisy = timing.TripTimes(8)
+    for run_s, null_s in ((0.004, 0.0045), (0.0046, 0.004), (0.004, 0.0043)):
+        timing.record(noisy, run_s, null_s)
+    mean = sum(noisy.per_call) / 3
+    assert mean < 0 and not noisy.resolved and noisy.paid_s > 0
+    assert noisy.paid_s == pytest.approx(mean + 2 * noisy.sem_s)
+    assert timing.want_more(noisy, 3, 0.0, 10.0) and not timing.want_more(noisy, 3, 11.0, 10.0)
+    clear = timing.TripTimes(8)
+    for run_s, null_s in ((0.010, 0.002), (0.0101, 0.002), (0.0099, 0.002)):
+        timing.record(clear, run_s, null_s)
+    assert clear.resolved and clear.paid_s == clear.mean_s and not timing.want_more(clear, 3, 0.0, 10.0)
+
+
 def test_the_round_trip_is_not_in_the_candidates_time(verifier, relu_task, monkeypatch):
     """5 ms more on every trip request (the trip and its null trip alike, as a slow host adds) leaves
     the per-call figure where it was: the verifier's clock counts only what the forward adds."""
@@ -180,7 +198,7 @@ def test_the_round_trip_is_not_in_the_candidates_time(verifier, relu_task, monke
 
 
 def test_a_time_below_the_physical_bound_earns_no_bonus(verifier, relu_task, monkeypatch):
-    monkeypatch.setattr(timing.TripTimes, "mean_s", property(lambda self: 1e-12))
+    monkeypatch.setattr(timing.TripTimes, "paid_s", property(lambda self: 1e-12))
     r = verify(verifier, relu_task, fresh("control_correct"))
     assert r.passed and "speed_clamped" in r.diagnostics and r.speedup_eager == 1.0 and r.score == 1.0
     assert "not physically plausible" in r.feedback

@@ -105,10 +105,18 @@ def test_answers_from_shipped_solutions_and_variants_give_the_expected_table(var
     }
     table = (out / "table.md").read_text()
     # Pass@1: L1 1/5, L2 1/6, Overall their mean; Pass@4: L1 1 - C(4,4)/C(5,4) = 0.8, L2 1 - C(5,4)/C(6,4)
-    # = 2/3; Avg per attempt: Overall 2/11; naive single-threaded loops are slower than eager: 0 faster;
-    # the compile baseline is not timed on cpu: n/a
+    # = 2/3; Avg per attempt: Overall 2/11; the compile baseline is not timed on cpu: n/a. Faster than eager
+    # (> 1.1x): from each passing attempt's own speedup, which for a naive single-threaded loop against eager
+    # on one thread is close to 1 and on either side of 1.1 with the machine's noise.
+    fast = {
+        tid: any(r["passed"] and (r["speedup_eager"] or 0) > 1.1 for r in rows(out) if r["task_id"] == tid)
+        for tid in ("level1/01_relu", "level2/06_rmsnorm")
+    }
+    l1, l2 = 100.0 * fast["level1/01_relu"] / 5, 100.0 * fast["level2/06_rmsnorm"] / 6
+    overall = 100.0 * (fast["level1/01_relu"] + fast["level2/06_rmsnorm"]) / 11
     assert (
-        "| shipped | 20.0 | 16.7 | 18.3 | 80.0 | 66.7 | 73.3 | 20.0 | 16.7 | 18.2 | 0.0 | 0.0 | 0.0 | n/a | n/a | n/a |"
+        f"| shipped | 20.0 | 16.7 | 18.3 | 80.0 | 66.7 | 73.3 | 20.0 | 16.7 | 18.2 | {l1:.1f} | {l2:.1f} | {overall:.1f} "
+        "| n/a | n/a | n/a |"
     ) in table
     assert "Overall pools every attempt of every level" in table
     summary = json.loads((out / "summary.json").read_text())
