@@ -481,7 +481,7 @@ def pipeline_rows(small_backend, batch: TrainBatch, state: dict, world: int) -> 
 
 def plan_estimate(learner: LearnerConfig, *, tp: int, pp: int, dp: int, stage: int) -> float:
     """The placement plan's bytes for this pipeline stage of the LARGE model under `learner`."""
-    from launch.driver.plan import megatron_stage_memory, model_shape
+    from launch.driver.model_memory import megatron_stage_memory, model_shape
 
     stages = megatron_stage_memory(model_shape(LARGE), learner, tp=tp, pp=pp, dp=dp)
     return sum((stages[0] if stage == 0 else stages[-1]).values())

@@ -14,7 +14,8 @@ import pytest
 from configs import load_config
 from configs.loader import PRESETS
 from actors.base import Slot
-from launch.driver.plan import PlanError, actor_slot, bundles, local_gpus, model_shape, plan, render
+from launch.driver.model_memory import model_shape
+from launch.driver.plan import PlanError, actor_slot, bundles, local_gpus, plan, render
 
 ROOT = Path(__file__).resolve().parents[3]
 CLUSTER = ROOT / "launch" / "cluster"
