@@ -28,7 +28,6 @@ import math
 import os
 import tempfile
 import time
-import traceback
 from pathlib import Path
 
 import numpy as np
@@ -37,103 +36,27 @@ import torch.distributed as dist
 
 from actors.learner.algorithm import Trainer
 from actors.learner.megatron.backend import MegatronBackend
-from actors.learner.megatron.model import Kernels, packed_forward
+from actors.learner.megatron.model import packed_forward
 from actors.learner.megatron.parallel import init_distributed
 from actors.policy.model import build_model
 from configs import AlgoConfig, LearnerConfig, ModelConfig
-from configs.schema import MegatronKernelsConfig
+from launch.bench.gpu_megatron_throughput import throughput
+from launch.bench.megatron_rows import (
+    LARGE,
+    ROWS,
+    SMALL,
+    T,
+    check,
+    free,
+    make_batch,
+    max_diff,
+    plan_estimate,
+    rank0,
+    row,
+    weights,
+    with_behaviour,
+)
 from protocols import TrainBatch
-
-H100_BF16_FLOPS = 989e12
-T = 0.8
-SMALL = ModelConfig(
-    arch="qwen3",
-    vocab_size=1000,
-    hidden_size=256,
-    num_layers=4,
-    num_heads=8,
-    num_kv_heads=4,
-    intermediate_size=512,
-    max_seq_len=2048,
-    dtype="bfloat16",
-    seed=3,
-)
-LARGE = ModelConfig(
-    arch="qwen3",
-    vocab_size=151936,
-    hidden_size=2048,
-    num_layers=16,
-    num_heads=16,
-    num_kv_heads=8,
-    intermediate_size=6144,
-    max_seq_len=8192,
-    dtype="bfloat16",
-    seed=0,
-)
-ROWS: list[dict] = []
-
-
-def rank0() -> bool:
-    return dist.get_rank() == 0
-
-
-def row(name: str, ok: bool | None, detail: str, **values) -> None:
-    status = "SKIP" if ok is None else ("PASS" if ok else "FAIL")
-    ROWS.append({"check": name, "status": status, "detail": detail, **values})
-    if rank0():
-        print(f"[gpu_check] {status:4s} {name}: {detail}", flush=True)
-
-
-def check(name: str):
-    """Run the decorated check at once; an exception becomes a FAIL row and the next check runs."""
-
-    def run(fn):
-        try:
-            fn()
-        except Exception as err:  # noqa: BLE001 - one failure must not hide the other rows
-            row(name, False, f"{type(err).__name__}: {err}".splitlines()[0][:300])
-            if rank0():
-                traceback.print_exc()
-        gc.collect()
-        torch.cuda.empty_cache()
-        return fn
-
-    return run
-
-
-def make_batch(cfg: ModelConfig, lengths: list[int], seed: int) -> TrainBatch:
-    rng = np.random.default_rng(seed)
-    n = sum(lengths)
-    mask = np.concatenate([np.arange(length) >= length // 5 for length in lengths])
-    return TrainBatch(
-        version=0,
-        episode_ids=[f"s{i}" for i in range(len(lengths))],
-        tokens=rng.integers(0, cfg.vocab_size, n).astype(np.int64),
-        cu_seqlens=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
-        loss_mask=mask,
-        behaviour_logprobs=np.zeros(n, np.float32),
-        advantages=rng.standard_normal(len(lengths)).astype(np.float32),
-        versions=np.where(mask, 0, -1).astype(np.int64),
-    )
-
-
-def with_behaviour(batch: TrainBatch, logprobs: np.ndarray, drifted: int | None, seed: int) -> TrainBatch:
-    """μ = the given logprobs + small noise; sequence `drifted` gets noise far beyond MirrorPop's δ."""
-    rng = np.random.default_rng(seed)
-    noise = rng.normal(0, 0.02, logprobs.shape)
-    if drifted is not None:
-        a, b = batch.cu_seqlens[drifted], batch.cu_seqlens[drifted + 1]
-        noise[a:b] += 2.0
-    mu = np.where(batch.loss_mask, logprobs + noise, 0).astype(np.float32)
-    return dataclasses.replace(batch, behaviour_logprobs=mu)
-
-
-def weights(backend: Trainer | MegatronBackend) -> dict[str, torch.Tensor]:
-    return {n: t.detach().float().cpu() for n, t in backend.named_weights()}
-
-
-def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    return max(float((a[n] - b[n]).abs().max()) for n in a)
 
 
 def shared_tmpdir() -> Path:
@@ -385,11 +308,6 @@ def main() -> None:
     dist.destroy_process_group()
 
 
-def free() -> None:
-    gc.collect()
-    torch.cuda.empty_cache()
-
-
 # -------------------------------------------------------------------- pipeline parallelism (2 GPUs)
 
 
@@ -477,192 +395,6 @@ def pipeline_rows(small_backend, batch: TrainBatch, state: dict, world: int) -> 
         )
         del big
         free()
-
-
-def plan_estimate(learner: LearnerConfig, *, tp: int, pp: int, dp: int, stage: int) -> float:
-    """The placement plan's bytes for this pipeline stage of the LARGE model under `learner`."""
-    from launch.driver.model_memory import megatron_stage_memory, model_shape
-
-    stages = megatron_stage_memory(model_shape(LARGE), learner, tp=tp, pp=pp, dp=dp)
-    return sum((stages[0] if stage == 0 else stages[-1]).values())
-
-
-# -------------------------------------------------------------------- throughput and kernels
-
-
-VARIANTS = {  # learner.megatron switches: every one off, each alone, all on
-    "plain": dict(fused_logprobs=False, fused_swiglu=False, fused_rope=False),
-    "fused_logprobs": dict(fused_logprobs=True, fused_swiglu=False, fused_rope=False),
-    "fused_swiglu": dict(fused_logprobs=False, fused_swiglu=True, fused_rope=False),
-    "fused_rope": dict(fused_logprobs=False, fused_swiglu=False, fused_rope=True),
-    "all fused": dict(fused_logprobs=True, fused_swiglu=True, fused_rope=True),
-}
-
-
-def throughput(learner: LearnerConfig, algo: AlgoConfig, device, world: int, *, steps: int, profile: bool) -> None:
-    big, n_params = None, 0
-    per_gpu = 8192
-
-    @check("throughput ~1B")
-    def _():
-        nonlocal big, n_params
-        # lr = 0: the same arithmetic, but the weights stay put, so μ stays on-policy and MirrorPop keeps
-        # every sequence in every timed RL step (a moving policy would make it drop them all).
-        big = Trainer(
-            MegatronBackend(LARGE, dataclasses.replace(learner, micro_batch_tokens=per_gpu, lr=0.0), device=device),
-            algo,
-            temperature=1.0,
-        )
-        n_params = sum(t.numel() for _, t in big.named_weights())
-        row(
-            "throughput ~1B",
-            True,
-            f"N={n_params / 1e9:.2f}B, {per_gpu} tok/GPU/step (4 x 2048), "
-            f"dp={big.backend.layout.dp}, TP=1; MFU = 6·N·tokens/(s·989e12)",
-            params=n_params,
-        )
-
-    if big is None:
-        return
-    backend = big.backend
-    dp = backend.layout.dp
-    tokens_batch = make_batch(LARGE, [2048] * (4 * dp), seed=7)
-    rl_batch = with_behaviour(tokens_batch, big.logprobs(tokens_batch, 1.0).numpy(), drifted=None, seed=8)
-
-    def timed(fn) -> float:
-        fn(rl_batch)  # warm-up (and the compiled kernels' first compilation)
-        fn(rl_batch)
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(steps):
-            fn(rl_batch)
-        torch.cuda.synchronize()
-        return (time.perf_counter() - start) / steps
-
-    mfu = {}
-    for name, switches in VARIANTS.items():
-
-        @check(f"SFT step: {name}")
-        def _():
-            backend.kernels = Kernels(**switches, compile=True)
-            torch.cuda.reset_peak_memory_stats()
-            sft_s = timed(big.sft_step)
-            peak = torch.cuda.max_memory_allocated()
-            estimate = plan_estimate(
-                dataclasses.replace(learner, micro_batch_tokens=per_gpu, megatron=MegatronKernelsConfig(**switches)),
-                tp=1,
-                pp=1,
-                dp=dp,
-                stage=0,
-            )
-            mfu[name] = 6 * n_params * per_gpu / (sft_s * H100_BF16_FLOPS)
-            extra = ""
-            if name in ("plain", "all fused"):
-                rl_s = timed(big.train_step)
-                kept = big.train_step(rl_batch).metrics["kept_fraction"]
-                if kept < 1.0:
-                    raise RuntimeError(f"MirrorPop kept only {kept:.2f} of the timed RL batch: not a full step")
-                extra = f"; RL step {rl_s:.3f}s MFU(10N) {10 * n_params * per_gpu / (rl_s * H100_BF16_FLOPS):.1%}"
-            row(
-                f"SFT step: {name}",
-                True,
-                f"{sft_s:.3f}s {per_gpu / sft_s:,.0f} tok/s/GPU MFU {mfu[name]:.1%}{extra}; peak {peak / 2**30:.1f} GiB "
-                f"vs plan {estimate / 2**30:.1f} GiB ({peak / estimate:.2f}x)",
-                seconds=sft_s,
-                mfu=mfu[name],
-                peak_gib=peak / 2**30,
-                plan_gib=estimate / 2**30,
-                device=torch.cuda.get_device_name(),
-            )
-
-    if "plain" in mfu and "all fused" in mfu:
-        row(
-            "MFU target (>= 40%)",
-            mfu["all fused"] >= 0.40,
-            f"SFT step {mfu['plain']:.1%} -> {mfu['all fused']:.1%} with every switch on (dp={dp})",
-        )
-    if profile:
-        for name in ("plain", "all fused"):
-
-            @check(f"profile: {name}")
-            def _():
-                backend.kernels = Kernels(**VARIANTS[name], compile=True)
-                big.sft_step(rl_batch)  # warm
-                table = kernel_table(lambda: big.sft_step(rl_batch))
-                if rank0():
-                    print(f"\n[gpu_check] top CUDA kernels of one SFT step ({name}):\n{table}", flush=True)
-                    out = os.environ.get("OUT")
-                    if out:
-                        Path(out, f"profile_sft_{name.replace(' ', '_')}.md").write_text(table + "\n")
-                row(
-                    f"profile: {name}",
-                    True,
-                    "top 25 kernels printed above" + (" and in $OUT" if os.environ.get("OUT") else ""),
-                )
-
-    del big
-    free()
-
-
-def kernel_table(step, top: int = 25) -> str:
-    """torch.profiler over one call of `step`: the `top` CUDA kernels by GPU time, as a markdown
-    table, and how the step's GPU time splits into GEMMs, attention, communication and the rest."""
-    from torch.profiler import ProfilerActivity, profile
-
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        step()
-        torch.cuda.synchronize()
-    wall = time.perf_counter() - start
-    # Ranges such as `Optimizer.step#AdamW.step` show up with device time too: they span kernels that
-    # are listed on their own, so counting them would count those kernels twice.
-    kernels = [
-        e
-        for e in prof.key_averages()
-        if e.device_type == torch.autograd.DeviceType.CUDA
-        and not getattr(e, "is_user_annotation", False)
-        and "#" not in e.key
-    ]
-    time_of = lambda e: getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)  # noqa: E731
-    kernels.sort(key=time_of, reverse=True)
-    busy = sum(time_of(e) for e in kernels)  # µs
-    lines = [
-        f"GPU busy {busy / 1e3:.1f} ms of {wall * 1e3:.1f} ms wall (profiled; the profiler slows the host)",
-        "",
-        "| # | kernel | calls | total ms | % of GPU time | avg µs |",
-        "| --- | --- | --- | --- | --- | --- |",
-    ]
-    for i, e in enumerate(kernels[:top], 1):
-        name = e.key if len(e.key) <= 90 else e.key[:87] + "..."
-        lines.append(
-            f"| {i} | `{name}` | {e.count} | {time_of(e) / 1e3:.2f} | {time_of(e) / busy:.1%} | "
-            f"{time_of(e) / e.count:.0f} |"
-        )
-    groups: dict[str, float] = {}
-    for e in kernels:
-        key = e.key.lower()
-        # Compiled (triton) kernels first: their names list the ops they fused (`..._to_copy_cat_...`),
-        # which would otherwise read as copies.
-        kind = (
-            "GEMM"
-            if any(k in key for k in ("gemm", "cutlass", "xmma", "nvjet", "cublas"))
-            else "attention"
-            if any(k in key for k in ("flash", "fmha", "attention", "sdpa"))
-            else "communication"
-            if "nccl" in key
-            else "compiled (triton)"
-            if key.startswith("triton_")
-            else "optimizer (fused AdamW)"
-            if "multi_tensor_apply" in key
-            else "copies"
-            if any(k in key for k in ("memcpy", "memset", "copy_kernel", "catarraybatched"))
-            else "elementwise / reductions"
-        )
-        groups[kind] = groups.get(kind, 0.0) + time_of(e)
-    lines += ["", "| kind | ms | % of GPU time |", "| --- | --- | --- |"]
-    lines += [f"| {k} | {v / 1e3:.1f} | {v / busy:.1%} |" for k, v in sorted(groups.items(), key=lambda kv: -kv[1])]
-    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,204 @@
+"""The megatron GPU check's throughput rows: a ~1.1B Qwen3-style model at 8192 tokens per GPU per
+step, for each kernel switch of `learner.megatron` on its own and all together, with peak memory
+against the plan's estimate, and (`--profile`) torch.profiler's top CUDA kernels of one SFT step.
+launch/bench/gpu_megatron.py runs them after its correctness rows."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from actors.learner.algorithm import Trainer
+from actors.learner.megatron.backend import MegatronBackend
+from actors.learner.megatron.model import Kernels
+from configs import AlgoConfig, LearnerConfig
+from configs.schema import MegatronKernelsConfig
+from launch.bench.megatron_rows import (
+    H100_BF16_FLOPS,
+    LARGE,
+    check,
+    free,
+    make_batch,
+    plan_estimate,
+    rank0,
+    row,
+    with_behaviour,
+)
+
+VARIANTS = {  # learner.megatron switches: every one off, each alone, all on
+    "plain": dict(fused_logprobs=False, fused_swiglu=False, fused_rope=False),
+    "fused_logprobs": dict(fused_logprobs=True, fused_swiglu=False, fused_rope=False),
+    "fused_swiglu": dict(fused_logprobs=False, fused_swiglu=True, fused_rope=False),
+    "fused_rope": dict(fused_logprobs=False, fused_swiglu=False, fused_rope=True),
+    "all fused": dict(fused_logprobs=True, fused_swiglu=True, fused_rope=True),
+}
+
+
+def throughput(learner: LearnerConfig, algo: AlgoConfig, device, world: int, *, steps: int, profile: bool) -> None:
+    big, n_params = None, 0
+    per_gpu = 8192
+
+    @check("throughput ~1B")
+    def _():
+        nonlocal big, n_params
+        # lr = 0: the same arithmetic, but the weights stay put, so μ stays on-policy and MirrorPop keeps
+        # every sequence in every timed RL step (a moving policy would make it drop them all).
+        big = Trainer(
+            MegatronBackend(LARGE, dataclasses.replace(learner, micro_batch_tokens=per_gpu, lr=0.0), device=device),
+            algo,
+            temperature=1.0,
+        )
+        n_params = sum(t.numel() for _, t in big.named_weights())
+        row(
+            "throughput ~1B",
+            True,
+            f"N={n_params / 1e9:.2f}B, {per_gpu} tok/GPU/step (4 x 2048), "
+            f"dp={big.backend.layout.dp}, TP=1; MFU = 6·N·tokens/(s·989e12)",
+            params=n_params,
+        )
+
+    if big is None:
+        return
+    backend = big.backend
+    dp = backend.layout.dp
+    tokens_batch = make_batch(LARGE, [2048] * (4 * dp), seed=7)
+    rl_batch = with_behaviour(tokens_batch, big.logprobs(tokens_batch, 1.0).numpy(), drifted=None, seed=8)
+
+    def timed(fn) -> float:
+        fn(rl_batch)  # warm-up (and the compiled kernels' first compilation)
+        fn(rl_batch)
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(steps):
+            fn(rl_batch)
+        torch.cuda.synchronize()
+        return (time.perf_counter() - start) / steps
+
+    mfu = {}
+    for name, switches in VARIANTS.items():
+
+        @check(f"SFT step: {name}")
+        def _():
+            backend.kernels = Kernels(**switches, compile=True)
+            torch.cuda.reset_peak_memory_stats()
+            sft_s = timed(big.sft_step)
+            peak = torch.cuda.max_memory_allocated()
+            estimate = plan_estimate(
+                dataclasses.replace(learner, micro_batch_tokens=per_gpu, megatron=MegatronKernelsConfig(**switches)),
+                tp=1,
+                pp=1,
+                dp=dp,
+                stage=0,
+            )
+            mfu[name] = 6 * n_params * per_gpu / (sft_s * H100_BF16_FLOPS)
+            extra = ""
+            if name in ("plain", "all fused"):
+                rl_s = timed(big.train_step)
+                kept = big.train_step(rl_batch).metrics["kept_fraction"]
+                if kept < 1.0:
+                    raise RuntimeError(f"MirrorPop kept only {kept:.2f} of the timed RL batch: not a full step")
+                extra = f"; RL step {rl_s:.3f}s MFU(10N) {10 * n_params * per_gpu / (rl_s * H100_BF16_FLOPS):.1%}"
+            row(
+                f"SFT step: {name}",
+                True,
+                f"{sft_s:.3f}s {per_gpu / sft_s:,.0f} tok/s/GPU MFU {mfu[name]:.1%}{extra}; peak {peak / 2**30:.1f} GiB "
+                f"vs plan {estimate / 2**30:.1f} GiB ({peak / estimate:.2f}x)",
+                seconds=sft_s,
+                mfu=mfu[name],
+                peak_gib=peak / 2**30,
+                plan_gib=estimate / 2**30,
+                device=torch.cuda.get_device_name(),
+            )
+
+    if "plain" in mfu and "all fused" in mfu:
+        row(
+            "MFU target (>= 40%)",
+            mfu["all fused"] >= 0.40,
+            f"SFT step {mfu['plain']:.1%} -> {mfu['all fused']:.1%} with every switch on (dp={dp})",
+        )
+    if profile:
+        for name in ("plain", "all fused"):
+
+            @check(f"profile: {name}")
+            def _():
+                backend.kernels = Kernels(**VARIANTS[name], compile=True)
+                big.sft_step(rl_batch)  # warm
+                table = kernel_table(lambda: big.sft_step(rl_batch))
+                if rank0():
+                    print(f"\n[gpu_check] top CUDA kernels of one SFT step ({name}):\n{table}", flush=True)
+                    out = os.environ.get("OUT")
+                    if out:
+                        Path(out, f"profile_sft_{name.replace(' ', '_')}.md").write_text(table + "\n")
+                row(
+                    f"profile: {name}",
+                    True,
+                    "top 25 kernels printed above" + (" and in $OUT" if os.environ.get("OUT") else ""),
+                )
+
+    del big
+    free()
+
+
+def kernel_table(step, top: int = 25) -> str:
+    """torch.profiler over one call of `step`: the `top` CUDA kernels by GPU time, as a markdown
+    table, and how the step's GPU time splits into GEMMs, attention, communication and the rest."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    wall = time.perf_counter() - start
+    # Ranges such as `Optimizer.step#AdamW.step` show up with device time too: they span kernels that
+    # are listed on their own, so counting them would count those kernels twice.
+    kernels = [
+        e
+        for e in prof.key_averages()
+        if e.device_type == torch.autograd.DeviceType.CUDA
+        and not getattr(e, "is_user_annotation", False)
+        and "#" not in e.key
+    ]
+    time_of = lambda e: getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)  # noqa: E731
+    kernels.sort(key=time_of, reverse=True)
+    busy = sum(time_of(e) for e in kernels)  # µs
+    lines = [
+        f"GPU busy {busy / 1e3:.1f} ms of {wall * 1e3:.1f} ms wall (profiled; the profiler slows the host)",
+        "",
+        "| # | kernel | calls | total ms | % of GPU time | avg µs |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for i, e in enumerate(kernels[:top], 1):
+        name = e.key if len(e.key) <= 90 else e.key[:87] + "..."
+        lines.append(
+            f"| {i} | `{name}` | {e.count} | {time_of(e) / 1e3:.2f} | {time_of(e) / busy:.1%} | "
+            f"{time_of(e) / e.count:.0f} |"
+        )
+    groups: dict[str, float] = {}
+    for e in kernels:
+        key = e.key.lower()
+        # Compiled (triton) kernels first: their names list the ops they fused (`..._to_copy_cat_...`),
+        # which would otherwise read as copies.
+        kind = (
+            "GEMM"
+            if any(k in key for k in ("gemm", "cutlass", "xmma", "nvjet", "cublas"))
+            else "attention"
+            if any(k in key for k in ("flash", "fmha", "attention", "sdpa"))
+            else "communication"
+            if "nccl" in key
+            else "compiled (triton)"
+            if key.startswith("triton_")
+            else "optimizer (fused AdamW)"
+            if "multi_tensor_apply" in key
+            else "copies"
+            if any(k in key for k in ("memcpy", "memset", "copy_kernel", "catarraybatched"))
+            else "elementwise / reductions"
+        )
+        groups[kind] = groups.get(kind, 0.0) + time_of(e)
+    lines += ["", "| kind | ms | % of GPU time |", "| --- | --- | --- |"]
+    lines += [f"| {k} | {v / 1e3:.1f} | {v / busy:.1%} |" for k, v in sorted(groups.items(), key=lambda kv: -kv[1])]
+    return "\n".join(lines)
