@@ -374,19 +374,13 @@ class WeightsLoaded(Record):
 # ----------------------------------------------------------------------------- control, metrics
 
 
-@record
-class Heartbeat(Record):
-    actor_id: str
-    role: str
-    ts: float
-    busy: float = 0.0  # fraction of the last interval spent working
-    info: JsonDict = field(default_factory=dict)
-
-
-@record
+@record(schema=2)
 class Control(Record):
-    command: Literal["stop", "pause", "resume", "checkpoint", "sync"]
-    args: JsonDict = field(default_factory=dict)
+    """The learner's one command on its announcement channel (colocated mode): "pause" asks every
+    engine to give its accelerator memory back for the learner's step; the next `WeightAnnouncement`
+    brings it back. Liveness and the rest of control go through Ray (the actors' health records)."""
+
+    command: Literal["pause"]
 
 
 @record(schema=2)

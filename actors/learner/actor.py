@@ -44,7 +44,7 @@ from actors.learner.algorithm import StepResult, Trainer
 from actors.learner.backends import make_trainer
 from actors.learner.checkpoint import CheckpointMeta, read_latest, step_dir_name, write_checkpoint
 from actors.learner.health import LearnerHealth, WarmStartReport
-from actors.learner.ranks import LeaderBackend, RankSpec, follow, join
+from actors.learner.ranks import LeaderBackend, RankCall, RankSpec, SftStep, TrainStep, follow, join
 from actors.learner.warm_start import warm_start_batches
 from actors.learner.weight_sync import WeightServer
 from actors.policy.export import GenerationSettings, export_servable
@@ -217,12 +217,12 @@ class LearnerActor(Actor):
     def is_leader(self) -> bool:
         return self.rank == 0
 
-    def _count_call(self, method: str, seconds: float) -> None:
-        if method in ("train_step", "sft_step"):
+    def _count_call(self, call: RankCall, seconds: float) -> None:
+        if isinstance(call, (TrainStep, SftStep)):
             now = time.time()
             self.timeline.record("training", now - seconds, now)
             self.busy_s += seconds
-            self.stats["steps"] += method == "train_step"
+            self.stats["steps"] += isinstance(call, TrainStep)
 
     def stop(self) -> None:
         if isinstance(self.backend, LeaderBackend):

@@ -3,10 +3,10 @@
 Every learner call (a `Trainer`'s: steps, logprobs, weights, checkpoints) is collective across the
 ranks (TP all-gathers, DP gradient sums, checkpoint barriers), so every rank must make the same calls
 in the same order. Only rank 0 is the learner the rest of Kiln sees: it asks replay for batches,
-pushes weights to the engines and answers the driver. Before each call it sends the call (method
-name and arguments, the batch included) to the other ranks on a gloo control group; each of them
-makes the same call on its own Trainer. A follower therefore has no logic of its own and cannot
-drift from its leader.
+pushes weights to the engines and answers the driver. Before each call it sends the call, a typed
+record (`TrainStep`, `SftStep`, ... with its arguments, the batch included), to the other ranks on a
+gloo control group; each of them runs the same record on its own Trainer. A follower therefore has
+no logic of its own and cannot drift from its leader.
 
 Ranks find each other through the standard env:// rendezvous (RANK, WORLD_SIZE, MASTER_ADDR,
 MASTER_PORT), set by `join` from a `RankSpec`; each rank process sees one accelerator (Ray gives each
@@ -33,15 +33,84 @@ from protocols import TrainBatch
 
 log = logging.getLogger(__name__)
 
-STOP = "stop"
-# The calls a leader may send: the Trainer's, nothing else.
-CALLS = frozenset(
-    {"train_step", "sft_step", "logprobs", "named_weights", "save_checkpoint", "load_checkpoint", "export_hf"}
-)
 COLLECTIVE_TIMEOUT = timedelta(minutes=10)  # a collective a peer never joins fails after this
 # A follower waits for its leader's next call through every wait for a batch, so its control group
 # never times out; a dead leader closes the sockets, which ends the wait with an error at once.
 CONTROL_TIMEOUT = timedelta(days=7)
+
+
+# ------------------------------------------------------------------------------ the calls
+# One record per Trainer call; `run` makes the call. The leader runs a record locally after sending
+# it; a follower runs what it receives. A record is the whole call: there is no name to look up.
+
+
+@dataclass(frozen=True)
+class TrainStep:
+    batch: TrainBatch
+
+    def run(self, trainer: Trainer) -> StepResult:
+        return trainer.train_step(self.batch)
+
+
+@dataclass(frozen=True)
+class SftStep:
+    batch: TrainBatch
+    lr: float | None = None
+
+    def run(self, trainer: Trainer) -> StepResult:
+        return trainer.sft_step(self.batch, lr=self.lr)
+
+
+@dataclass(frozen=True)
+class Logprobs:
+    batch: TrainBatch
+    temperature: float
+
+    def run(self, trainer: Trainer) -> torch.Tensor:
+        return trainer.logprobs(self.batch, self.temperature)
+
+
+@dataclass(frozen=True)
+class NamedWeights:
+    def run(self, trainer: Trainer) -> list[tuple[str, torch.Tensor]]:
+        # Gathered in full: the TP all-gathers happen as the generator runs, and a lazily consumed
+        # generator could leave the followers' all-gathers ahead of the leader's when the consumer
+        # stops early.
+        return list(trainer.named_weights())
+
+
+@dataclass(frozen=True)
+class SaveCheckpoint:
+    path: Path
+
+    def run(self, trainer: Trainer) -> None:
+        trainer.save_checkpoint(self.path)
+
+
+@dataclass(frozen=True)
+class LoadCheckpoint:
+    path: Path
+
+    def run(self, trainer: Trainer) -> None:
+        trainer.load_checkpoint(self.path)
+
+
+@dataclass(frozen=True)
+class ExportHf:
+    path: Path
+
+    def run(self, trainer: Trainer) -> None:
+        trainer.export_hf(self.path)
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Ends a follower's life (the learner stops)."""
+
+
+# The calls a leader may send: the Trainer's, nothing else.
+RankCall = TrainStep | SftStep | Logprobs | NamedWeights | SaveCheckpoint | LoadCheckpoint | ExportHf
+CALLS = (TrainStep, SftStep, Logprobs, NamedWeights, SaveCheckpoint, LoadCheckpoint, ExportHf)
 
 
 @dataclass(frozen=True)
@@ -64,10 +133,11 @@ class ControlChannel:
     def __init__(self, group) -> None:
         self.group = group
 
-    def send(self, call: tuple[str, tuple, dict]) -> None:
+    def send(self, call: RankCall | Stop) -> None:
         dist.broadcast_object_list([call], src=0, group=self.group)
 
-    def receive(self) -> tuple[str, tuple, dict]:
+    def receive(self) -> object:
+        """The leader's next record; the follower checks what it is before running it."""
         box: list[Any] = [None]
         dist.broadcast_object_list(box, src=0, group=self.group)
         return box[0]
@@ -103,35 +173,31 @@ class LeaderBackend:
         self.local, self.channel = local, channel
         self._lock = threading.Lock()
 
-    def _everywhere(self, method: str, *args, **kwargs):
+    def _everywhere(self, call: RankCall):
         with self._lock:
-            self.channel.send((method, args, kwargs))
-            return getattr(self.local, method)(*args, **kwargs)
+            self.channel.send(call)
+            return call.run(self.local)
 
     def train_step(self, batch: TrainBatch) -> StepResult:
-        return self._everywhere("train_step", batch)
+        return self._everywhere(TrainStep(batch))
 
     def sft_step(self, batch: TrainBatch, lr: float | None = None) -> StepResult:
-        return self._everywhere("sft_step", batch, lr=lr)
+        return self._everywhere(SftStep(batch, lr))
 
     def logprobs(self, batch: TrainBatch, temperature: float) -> torch.Tensor:
-        return self._everywhere("logprobs", batch, temperature)
+        return self._everywhere(Logprobs(batch, temperature))
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        # Gathered in full while the lock is held: a lazily consumed generator could leave the
-        # followers' all-gathers ahead of the leader's when the consumer stops early.
-        with self._lock:
-            self.channel.send(("named_weights", (), {}))
-            return iter(list(self.local.named_weights()))
+        return iter(self._everywhere(NamedWeights()))  # gathered in full while the lock is held
 
     def save_checkpoint(self, path: Path) -> None:
-        self._everywhere("save_checkpoint", Path(path))
+        self._everywhere(SaveCheckpoint(Path(path)))
 
     def load_checkpoint(self, path: Path) -> None:
-        self._everywhere("load_checkpoint", Path(path))
+        self._everywhere(LoadCheckpoint(Path(path)))
 
     def export_hf(self, path: Path) -> None:
-        self._everywhere("export_hf", Path(path))
+        self._everywhere(ExportHf(Path(path)))
 
     def stop_followers(self, timeout_s: float = 10.0) -> bool:
         """Tell the followers to return; False if the leader is mid-call or a follower is gone (the
@@ -142,7 +208,7 @@ class LeaderBackend:
 
         def send() -> None:
             try:
-                self.channel.send((STOP, (), {}))
+                self.channel.send(Stop())
                 sent.set()
             except Exception as err:  # a follower died first
                 log.warning("learner ranks: stop not delivered: %s", err)
@@ -156,19 +222,16 @@ class LeaderBackend:
             self._lock.release()
 
 
-def follow(backend: Trainer, channel: ControlChannel, on_call: Callable[[str, float], None] | None = None) -> None:
-    """A follower's whole life: make each call its leader sends, until told to stop. A call that is not
-    one of the Trainer's is a protocol error and ends the follower (the group restarts)."""
+def follow(backend: Trainer, channel: ControlChannel, on_call: Callable[[RankCall, float], None] | None = None) -> None:
+    """A follower's whole life: run each call its leader sends, until told to stop. Anything that is not
+    one of the Trainer's calls is a protocol error and ends the follower (the group restarts)."""
     while True:
-        method, args, kwargs = channel.receive()
-        if method == STOP:
+        call = channel.receive()
+        if isinstance(call, Stop):
             return
-        if method not in CALLS:
-            raise RuntimeError(f"learner rank {dist.get_rank()}: unknown call {method!r} from the leader")
+        if not isinstance(call, CALLS):
+            raise RuntimeError(f"learner rank {dist.get_rank()}: unknown call {type(call).__name__} from the leader")
         started = time.perf_counter()
-        result = getattr(backend, method)(*args, **kwargs)
-        if method == "named_weights":
-            for _ in result:  # the TP all-gathers happen as the generator runs
-                pass
+        call.run(backend)
         if on_call is not None:
-            on_call(method, time.perf_counter() - started)
+            on_call(call, time.perf_counter() - started)

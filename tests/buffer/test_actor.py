@@ -16,7 +16,7 @@ from actors.buffer import ReplayActor
 from actors.buffer.storage import StorageError
 from configs import AlgoConfig, ReplayConfig
 from configs.schema import RetryConfig
-from protocols import BatchRequest, ErrorReply, Heartbeat, TaskRequest, decode_parts, encode_parts
+from protocols import BatchRequest, Control, ErrorReply, TaskRequest, decode_parts, encode_parts
 from protocols.channels import RemoteError, RequestClient
 from tests.helpers.synthetic import TurnSpec, make_episode
 
@@ -98,9 +98,9 @@ def test_garbage_and_unknown_records_get_error_replies_and_service_continues(ser
     assert raw.poll(5000)
     answer = decode_parts(raw.recv_multipart()[1:])
     assert isinstance(answer, ErrorReply) and "undecodable" in answer.message
-    raw.send_multipart([b"corr-id-2", *encode_parts(Heartbeat(actor_id="x", role="r", ts=0.0))])
+    raw.send_multipart([b"corr-id-2", *encode_parts(Control(command="pause"))])
     assert raw.poll(5000)
-    assert "not Heartbeat" in decode_parts(raw.recv_multipart()[1:]).message
+    assert "not Control" in decode_parts(raw.recv_multipart()[1:]).message
     raw.close()
     assert client.request(BatchRequest(learner_id="l", version=5)).status == "wait"
     with pytest.raises(RemoteError, match="versions only grow"):

@@ -169,5 +169,6 @@ def test_deeply_nested_json_is_refused_not_recursed():
     deep = "x"
     for _ in range(100):
         deep = [deep]
+    task = {"task_id": "t", "kind": "echo", "split": "train", "kernel": None, "payload": {"a": deep}, "repair": None}
     with pytest.raises(P.ProtocolError, match="nested deeper"):
-        P.decode_parts(header("Control", 1, {"command": "stop", "args": {"a": deep}}))
+        P.decode_parts(header("Task", 1, task))
