@@ -383,6 +383,31 @@ class Control(Record):
     command: Literal["pause"]
 
 
+@record
+class EngineHealth(Record):
+    """What an inference engine reports of itself (`Engine.health()`): carried in the rollout actor's
+    health record, served by the embedded engine's HTTP front (/server_info), read by the weight
+    client (alive, released) and the benchmarks (tokens, steps). The counters are the embedded torch
+    engine's; an engine that does not count a thing (an SGLang server behind its client) reports 0."""
+
+    alive: bool
+    version: int = -1  # the weight version it serves; -1 when the engine does not say
+    url: str = ""  # an HTTP engine's address
+    error: str = ""  # why it is not alive, when known
+    queued: int = 0  # requests waiting for a batch slot
+    running: int = 0  # requests in the batch now
+    paused: bool = False  # generation paused (a weight update in place)
+    released: bool = False  # colocated: its accelerator memory given back for a learner step
+    requests: int = 0  # requests received
+    tokens: int = 0  # tokens generated
+    steps: int = 0  # decode steps
+    graph_steps: int = 0  # decode steps replayed from a CUDA graph
+    rebuilds: int = 0  # batch rebuilds (a new batch, every row prefilled)
+    inserted: int = 0  # requests admitted into a finished row's slot
+    updates: int = 0  # weight versions loaded
+    aborted: int = 0  # requests aborted
+
+
 @record(schema=2)
 class Metrics(Record):
     source: str

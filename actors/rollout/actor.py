@@ -196,7 +196,7 @@ class RolloutActor(Actor):
             self.weights.close()
 
     def health(self) -> RolloutHealth:
-        engine = self.engine.health() if self.engine is not None else {"alive": False}
+        engine = self.engine.health() if self.engine is not None else None
         return RolloutHealth(
             role=self.role,
             alive=not self.stopping,
@@ -209,8 +209,8 @@ class RolloutActor(Actor):
             acked=len(self.sender.acked),
             verify_infra=self.verify_stats.get("infra", 0),
             inflight=self._pipeline_now.inflight if self._pipeline_now else 0,
-            engine_alive=bool(engine.get("alive")),
-            decoded_tokens=int(engine.get("tokens", 0)),
+            engine_alive=engine is not None and engine.alive,
+            decoded_tokens=engine.tokens if engine is not None else 0,
             engine=engine,
             weights=WeightSyncHealth(**self.weights.health()) if self.weights is not None else None,
         )

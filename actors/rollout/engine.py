@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Iterable, Literal
 import numpy as np
 import torch
 
+from protocols import EngineHealth
+
 if TYPE_CHECKING:
     from configs import ModelConfig, RolloutConfig
 
@@ -178,7 +180,7 @@ class Engine(abc.ABC):
     def weight_version(self) -> int: ...
 
     @abc.abstractmethod
-    def health(self) -> dict: ...
+    def health(self) -> EngineHealth: ...
 
     @abc.abstractmethod
     def close(self) -> None: ...

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 from actors.base import ActorHealth
+from protocols import EngineHealth
 
 
 @dataclass(frozen=True)
@@ -39,5 +39,5 @@ class RolloutHealth(ActorHealth):
     verify_infra: int = 0  # attempts marked 'infra' for want of a verifier answer
     engine_alive: bool = False
     decoded_tokens: int = 0  # tokens the engine generated (0 for an engine that does not count them)
-    engine: dict[str, Any] = field(default_factory=dict)  # the engine's own report; its keys depend on the engine
+    engine: EngineHealth | None = None  # the engine's own report; None before the engine is built
     weights: WeightSyncHealth | None = None  # None: serving the initial weights (rollout-only)

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from actors.rollout.engine import Engine, EngineError, GenerateRequest, Generation
+from protocols import EngineHealth
 
 
 class SGLangClient(Engine):
@@ -193,12 +194,12 @@ class SGLangClient(Engine):
         except (EngineError, KeyError, TypeError, ValueError):
             return self._version
 
-    def health(self) -> dict:
+    def health(self) -> EngineHealth:
         try:
             self.call("GET", "/health", timeout_s=10)
-            return {"alive": True, "url": self.url}
+            return EngineHealth(alive=True, version=self._version, url=self.url)
         except EngineError as err:
-            return {"alive": False, "url": self.url, "error": str(err)}
+            return EngineHealth(alive=False, version=self._version, url=self.url, error=str(err))
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -26,6 +26,7 @@ Bad requests get HTTP 400 {"error": {"message": ...}} and the server keeps servi
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import threading
@@ -163,7 +164,7 @@ class EngineServer:
         e = self.engine
         if method == "GET":
             if path in ("/health", "/health_generate"):
-                return (200, None) if e.health().get("alive") else (503, {"error": {"message": "engine down"}})
+                return (200, None) if e.health().alive else (503, {"error": {"message": "engine down"}})
             if path in ("/model_info", "/get_model_info"):
                 return 200, {
                     "model_path": self.model_path,
@@ -176,7 +177,7 @@ class EngineServer:
                     "version": "kiln-torch",
                     "weight_version": str(e.weight_version),
                     "model_path": self.model_path,
-                    "internal_states": [e.health()],
+                    "internal_states": [dataclasses.asdict(e.health())],
                 }
             if path == "/v1/models":
                 return 200, {"object": "list", "data": [{"id": self.model_path or "kiln", "object": "model"}]}

@@ -104,7 +104,7 @@ class ServerProcess:
         probe = SGLangClient(self.url, timeout_s=5.0)
         deadline = time.monotonic() + timeout_s
         try:
-            while not probe.health()["alive"]:
+            while not probe.health().alive:
                 if self.proc.poll() is not None:
                     raise EngineError(f"server exited with {self.proc.returncode}: {self.tail()}")
                 if time.monotonic() > deadline:

@@ -47,6 +47,7 @@ from actors.rollout import attention
 from actors.rollout.decode_step import DecodeStep
 from actors.rollout.engine import Engine, EngineError, GenerateRequest, Generation, RequestError
 from configs import ModelConfig
+from protocols import EngineHealth
 from protocols.lease import DeviceLease
 
 log = logging.getLogger(__name__)
@@ -278,18 +279,17 @@ class TorchEngine(Engine):
     def weight_version(self) -> int:
         return self._version
 
-    def health(self) -> dict:
+    def health(self) -> EngineHealth:
         with self._cv:
-            running = len(self._batch.rows) if self._batch else 0
-            return {
-                "alive": self._thread.is_alive() and not self._closed,
-                "version": self._version,
-                "queued": len(self._queue),
-                "running": running,
-                "paused": self._paused,
-                "released": self._released,
+            return EngineHealth(
+                alive=self._thread.is_alive() and not self._closed,
+                version=self._version,
+                queued=len(self._queue),
+                running=len(self._batch.rows) if self._batch else 0,
+                paused=self._paused,
+                released=self._released,
                 **self.stats,
-            }
+            )
 
     def close(self) -> None:
         with self._cv:

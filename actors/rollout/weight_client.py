@@ -142,7 +142,7 @@ class WeightClient:
         engine = self.engine
         if engine is None or command not in ("pause", "resume"):
             return
-        released = bool(engine.health().get("released", False))
+        released = engine.health().released
         try:
             if command == "pause" and not released:
                 engine.release_memory()
@@ -299,7 +299,7 @@ class WeightClient:
         except (EngineError, WeightSyncError, ValueError, RuntimeError) as err:
             log.warning("%s: version %d not loaded: %s", self.engine_id, ann.version, err)
             applying.detach()  # the learner dropped (or will drop) its link: rejoin
-            if engine.health().get("alive"):
+            if engine.health().alive:
                 try:
                     self._join()
                 except (EngineError, WeightSyncError, ValueError, RuntimeError) as again:

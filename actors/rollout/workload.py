@@ -18,6 +18,7 @@ import random
 from typing import Sequence
 
 from actors.rollout.engine import Engine, GenerateRequest, Generation
+from protocols import EngineHealth
 
 
 class LengthDraw:
@@ -91,7 +92,7 @@ class SampledLengthEngine(Engine):
     def weight_version(self) -> int:
         return self.inner.weight_version
 
-    def health(self) -> dict:
+    def health(self) -> EngineHealth:
         return self.inner.health()
 
     def close(self) -> None:

@@ -233,7 +233,7 @@ def measure_engine(engine, work: Workload, requests: int, poll_s: float = FULL_B
     task, prompt = work.prompt(0)  # warm-up: one forced scoring builds whatever the first call builds
     engine.generate([GenerateRequest("warm", prompt, params, forced_response=prompt[:8])])
     asked = [work.prompt(i) for i in range(requests)]
-    before = int(engine.health().get("tokens", 0))
+    before = engine.health().tokens
     readings: list[tuple[float, int, bool]] = []  # (time, decoded so far, max_batch rows decoding)
     done = threading.Event()
 
@@ -242,8 +242,8 @@ def measure_engine(engine, work: Workload, requests: int, poll_s: float = FULL_B
             h = engine.health()
             # Full while requests still wait: the engine refills a finished row from the queue at once
             # (a finished row is only dropped from `running` when the batch is rebuilt).
-            full = int(h.get("queued", 0)) > 0 and int(h.get("running", -1)) >= r.max_batch
-            readings.append((time.perf_counter(), int(h.get("tokens", 0)), full))
+            full = h.queued > 0 and h.running >= r.max_batch
+            readings.append((time.perf_counter(), h.tokens, full))
 
     watcher = threading.Thread(target=watch, name="kiln-bench-engine-watch", daemon=True)
     started = time.perf_counter()
@@ -254,7 +254,7 @@ def measure_engine(engine, work: Workload, requests: int, poll_s: float = FULL_B
         done.set()
         watcher.join()
     seconds = time.perf_counter() - started
-    decoded = int(engine.health().get("tokens", 0)) - before
+    decoded = engine.health().tokens - before
     if decoded <= 0:  # an engine that does not count (SGLang reports no counter): count what came back
         decoded = sum(len(g.output_ids) for g in gens)
     work.sampled = [(t, p, g) for (t, p), g in zip(asked, gens)]

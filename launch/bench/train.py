@@ -117,8 +117,8 @@ class Probe:
             if name.startswith("rollout-"):
                 self._counts.update(f"decoded/{name}", health.decoded_tokens, health.pid)
                 decoded[name] = self._counts.total[f"decoded/{name}"]
-                if "steps" in health.engine:
-                    self._counts.update(f"steps/{name}", health.engine["steps"], health.pid)
+                if health.engine is not None:  # an engine that does not count its steps reports 0
+                    self._counts.update(f"steps/{name}", health.engine.steps, health.pid)
                     decode_steps[name] = self._counts.total[f"steps/{name}"]
             elif name.startswith("verifier-"):
                 for kind, value, out in (

@@ -87,7 +87,7 @@ def test_bad_requests_are_refused_and_the_engine_keeps_serving(engine):
     with pytest.raises(ValueError):
         SamplingParams(temperature=0.0)
     (gen,) = engine.generate([GenerateRequest("ok", [256, 1], SamplingParams(max_new_tokens=3))])
-    assert len(gen.output_ids) >= 1 and engine.health()["alive"]
+    assert len(gen.output_ids) >= 1 and engine.health().alive
 
 
 def _pause_at(engine, step):
@@ -207,7 +207,7 @@ def test_abort_finishes_in_flight_requests_early(engine):
     t.join(30)  # answered while the engine is still paused (SGLang's pause mode "abort")
     gen = out["gens"][0]
     assert gen.finish_reason == "abort" and len(gen.output_ids) == 2
-    assert engine.health()["paused"]
+    assert engine.health().paused
     engine.resume()
     (gen,) = engine.generate([GenerateRequest("y", [256, 1], SamplingParams(max_new_tokens=2, ignore_eos=True))])
     assert gen.finish_reason == "length"
@@ -215,7 +215,7 @@ def test_abort_finishes_in_flight_requests_early(engine):
 
 def test_release_and_resume_memory_keep_serving(engine):
     engine.release_memory()
-    assert engine.health()["released"]
+    assert engine.health().released
     engine.resume_memory()
     (gen,) = engine.generate([GenerateRequest("m", [256, 2], SamplingParams(max_new_tokens=2, ignore_eos=True))])
     assert len(gen.output_ids) == 2
@@ -230,7 +230,7 @@ def test_a_crashed_engine_fails_its_requests_instead_of_hanging():
     engine.step_hook = boom
     with pytest.raises(EngineError, match="crashed"):
         engine.generate([GenerateRequest("c", [256, 1], SamplingParams(max_new_tokens=5))])
-    assert not engine.health()["alive"]
+    assert not engine.health().alive
     with pytest.raises(EngineError):
         engine.generate([GenerateRequest("d", [256, 1])])
     engine.close()

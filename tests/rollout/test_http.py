@@ -70,7 +70,7 @@ def served():
 
 def test_probe_endpoints_answer_like_sglang(served):
     engine, server, client = served
-    assert client.health()["alive"]
+    assert client.health().alive
     info = client.call("GET", "/model_info")
     assert info["is_generation"] is True and set(info) >= {"model_path", "tokenizer_path"}
     assert client.call("GET", "/get_model_info") == info
@@ -116,7 +116,7 @@ def test_bad_requests_get_a_clear_error_and_the_server_keeps_serving(served, bod
     engine, server, client = served
     status, raw = post(server.url, "/generate", body)
     assert status == 400 and message in json.loads(raw)["error"]["message"]
-    assert client.health()["alive"]
+    assert client.health().alive
 
 
 def test_weight_update_pause_continue_and_memory_endpoints(served, tmp_path):
@@ -130,7 +130,7 @@ def test_weight_update_pause_continue_and_memory_endpoints(served, tmp_path):
     client.resume()
     status, raw = post(server.url, "/pause_generation", json.dumps({"mode": "retract"}).encode())
     assert status == 400 and "retract" in json.loads(raw)["error"]["message"]
-    assert not engine.health()["paused"]
+    assert not engine.health().paused
     client.release_memory()
     client.resume_memory()
     client.update_weights_from_disk(str(tmp_path), version=2)

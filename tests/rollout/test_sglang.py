@@ -75,7 +75,7 @@ def test_a_launched_server_serves_exact_logprobs_and_stops_with_the_engine(check
     )
     engine = make_engine(rollout, dataclasses.replace(TINY, path=str(path)), index=0, eos_token_ids=[])
     try:
-        assert isinstance(engine, SGLangEngine) and engine.health()["alive"]
+        assert isinstance(engine, SGLangEngine) and engine.health().alive
         prompt = [256, 10, 20, 30]
         (gen,) = engine.generate(
             [GenerateRequest("a", prompt, SamplingParams(max_new_tokens=6, ignore_eos=True, temperature=0.8))]

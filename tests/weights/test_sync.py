@@ -404,7 +404,7 @@ def test_kiln_server_stages_buckets_sent_over_http_without_pausing(tmp_path):
                 flat=last,
             )
             assert engine.weight_version == (2 if last else 0)  # the first half is only staged
-            assert not engine.health()["paused"]
+            assert not engine.health().paused
         thread.join(30)
         assert_serves(engine, new)
         with pytest.raises(EngineError, match="load_format 'bogus'"):
@@ -428,11 +428,11 @@ def test_colocated_engines_release_memory_for_the_step_and_take_it_back(tmp_path
     actor.start()
     try:
         server.release_engines()  # what the learner does before each step in colocated mode
-        wait_for(lambda: actor.engine.health()["released"], 30, "the engine to release its memory")
+        wait_for(lambda: actor.engine.health().released, 30, "the engine to release its memory")
         train_a_little(model)
         server.publish(1, model.named_parameters)
         wait_for(
-            lambda: actor.engine.weight_version == 1 and not actor.engine.health()["released"],
+            lambda: actor.engine.weight_version == 1 and not actor.engine.health().released,
             30,
             "the engine to take its memory back and load version 1",
         )

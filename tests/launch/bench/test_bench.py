@@ -126,7 +126,7 @@ def test_sampled_lengths_are_drawn_per_request_and_forced_responses_pass_unchang
         assert set(lengths) == {3, 7} and 20 <= lengths.count(3) <= 38  # eos ignored: exactly as drawn
         (forced,) = engine.generate([GenerateRequest("f", [256, 65], params, forced_response=[70, 71])])
         assert forced.output_ids.tolist() == [70, 71]
-        assert engine.health()["tokens"] == sum(lengths)  # the scored tokens are not decoded ones
+        assert engine.health().tokens == sum(lengths)  # the scored tokens are not decoded ones
     finally:
         engine.close()
     with pytest.raises(ConfigError, match="one weight >= 0 per entry"):

@@ -389,7 +389,7 @@ def test_engine_urls_sample_through_a_served_model(
             str(tmp_path / "out"),
             f"verifier.cache_dir={verifier_cache_dir}",
         )
-        served_tokens = engine.health()["tokens"]
+        served_tokens = engine.health().tokens
     finally:
         server.stop()
         engine.close()
