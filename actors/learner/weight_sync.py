@@ -44,7 +44,8 @@ from actors.policy.weights import Sender, SenderSettings, sender
 from actors.policy.weights.base import NamedTensors, Published, specs, unique_tensors
 from actors.policy.weights.disk import DiskSender
 from protocols import Control, ErrorReply, Record, TensorSpec, WeightAnnouncement, WeightRequest, WeightsLoaded
-from protocols.channels import Publisher, ReplyServer, Request
+from protocols.announcements import Publisher
+from protocols.channels import ReplyServer, Request
 from protocols.weights import manifest_bytes
 
 log = logging.getLogger(__name__)

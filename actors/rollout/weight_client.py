@@ -25,7 +25,8 @@ from typing import Callable, Mapping
 from actors.policy.weights import Loader, loader
 from actors.rollout.engine import Engine, EngineError
 from protocols import Control, ErrorReply, WeightAnnouncement, WeightRequest, WeightsLoaded
-from protocols.channels import ChannelTimeout, ReconnectingClient, RemoteError, Subscriber
+from protocols.announcements import Subscriber
+from protocols.channels import ChannelTimeout, ReconnectingClient, RemoteError
 from protocols.schema import Record
 from protocols.timeline import SpanRecorder
 

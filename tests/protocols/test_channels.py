@@ -9,16 +9,8 @@ import numpy as np
 import pytest
 
 import protocols as P
-from protocols.channels import (
-    ChannelTimeout,
-    PullChannel,
-    PushChannel,
-    Publisher,
-    RemoteError,
-    ReplyServer,
-    RequestClient,
-    Subscriber,
-)
+from protocols.announcements import Publisher, Subscriber
+from protocols.channels import ChannelTimeout, PullChannel, PushChannel, RemoteError, ReplyServer, RequestClient
 
 CTX = mp.get_context("spawn")
 
