@@ -9,7 +9,7 @@ Continuous batching: every row of a batch shares one cache column per step (what
 supports, and what keeps the decode step's shapes fixed). A request admitted while the batch runs
 takes the slot of a finished row: only its own context is prefilled (into a small cache of its own),
 and its keys and values are copied into the batch's cache in the columns just before the current
-one, with the slot's mask and position ids set to match (`_insert`). The running rows are not
+one, with the slot's mask and position ids set to match (`static_batch.insert`). The running rows are not
 touched. A rebuild (the running rows' prompt + generated tokens, left-padded, plus the new ones,
 prefilled into a fresh cache) happens only when the batch must grow past its rows, when a new
 context is longer than the columns before the current one, when its budget would run past the
@@ -34,7 +34,6 @@ import logging
 import threading
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -43,41 +42,14 @@ import torch
 
 from actors.policy.model import build_model
 from actors.policy.sampling import sample, token_logprobs
-from actors.rollout import attention
-from actors.rollout.decode_step import DecodeStep
+from actors.rollout import attention, static_batch
 from actors.rollout.engine import Engine, EngineError, GenerateRequest, Generation, RequestError
+from actors.rollout.static_batch import Batch, Row
 from configs import ModelConfig
 from protocols import EngineHealth
 from protocols.lease import DeviceLease
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class _Row:
-    req: GenerateRequest
-    future: Future
-    start: float = field(default_factory=time.monotonic)
-    out: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)
-    finish: str | None = None
-    stops: frozenset[int] = frozenset()
-
-
-@dataclass
-class _Batch:
-    """The decode state of the rows currently in the static cache."""
-
-    rows: list[_Row]
-    cache: object  # the static KV cache; None once stale (new weights, or rows to refill)
-    step: DecodeStep
-    logits: torch.Tensor  # [B, V] logits predicting each row's next token
-    temperature: torch.Tensor
-    top_p: torch.Tensor
-    top_k: torch.Tensor
-    filtered: bool  # some row uses top-p or top-k (known from the requests: no host sync per step)
-    sampled: tuple[torch.Tensor, torch.Tensor]  # host buffers the step's tokens and logprobs land in
 
 
 class TorchEngine(Engine):
@@ -118,14 +90,14 @@ class TorchEngine(Engine):
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self._version = version
         self._cv = threading.Condition()
-        self._queue: collections.deque[_Row] = collections.deque()
+        self._queue: collections.deque[Row] = collections.deque()
         self._updates: collections.deque[tuple[Callable[[], None], int | None, Future]] = collections.deque()
         self._aborts: set[str] = set()
         self._abort_all = False
         self._paused = False
         self._released = False
         self._closed = False
-        self._batch: _Batch | None = None
+        self._batch: Batch | None = None
         self._groups: dict[str, object] = {}  # weight-broadcast groups joined, by name
         self._staged: dict[str, list[tuple[str, torch.Tensor]]] = {}  # received buckets of a version, by group
         self.stats = {
@@ -299,7 +271,7 @@ class TorchEngine(Engine):
 
     # ------------------------------------------------------------------------------ scheduler
 
-    def _row(self, req: GenerateRequest) -> _Row:
+    def _row(self, req: GenerateRequest) -> Row:
         if not req.prompt_ids:
             raise RequestError(f"request {req.request_id}: empty prompt")
         bad = [t for t in req.prompt_ids + (req.forced_response or []) if not 0 <= t < self.vocab_size]
@@ -310,7 +282,7 @@ class TorchEngine(Engine):
                 f"request {req.request_id}: prompt of {len(req.prompt_ids)} tokens >= max_seq_len {self.max_seq_len}"
             )
         stops = frozenset(req.params.stop_token_ids) | (frozenset() if req.params.ignore_eos else self.eos)
-        return _Row(req=req, future=Future(), stops=stops)
+        return Row(req=req, future=Future(), stops=stops)
 
     def _apply_on_scheduler(self, fn: Callable[[], None], version: int | None) -> None:
         """Run `fn` on the scheduler thread between decode steps; `version` (None: unchanged) is served
@@ -387,7 +359,7 @@ class TorchEngine(Engine):
         running = self._batch is not None and any(r.finish is None for r in self._batch.rows)
         return self.policy == "abort" or not running
 
-    def _admit(self) -> list[_Row]:
+    def _admit(self) -> list[Row]:
         live = [r for r in self._batch.rows if r.finish is None] if self._batch else []
         free = self.max_batch - len(live)
         if free <= 0 or not self._queue or self._paused or self._released:
@@ -465,7 +437,7 @@ class TorchEngine(Engine):
         self._released = False
 
     @torch.no_grad()
-    def _score_forced(self, rows: list[_Row]) -> None:
+    def _score_forced(self, rows: list[Row]) -> None:
         """Forced-response mode: one full forward per row gives the logprobs of the given tokens."""
         for row in rows:
             resp = row.req.forced_response
@@ -477,121 +449,44 @@ class TorchEngine(Engine):
             row.finish = "length" if len(resp) >= row.req.params.max_new_tokens else "stop"
             self._resolve(row)
 
-    @torch.no_grad()
-    def _rebuild(self, admitted: list[_Row]) -> None:
+    def _rebuild(self, admitted: list[Row]) -> None:
         """Prefill the running rows' contexts plus the admitted rows into a fresh static cache."""
-        from transformers import StaticCache
-
         rows = [r for r in (self._batch.rows if self._batch else []) if r.finish is None] + admitted
         rows = [r for r in rows if not self._finish_if_full(r)]
         if not rows:
             self._batch = None
             return
-        contexts = [r.req.prompt_ids + r.out for r in rows]
-        width = max(len(c) for c in contexts)
+        width = max(len(r.req.prompt_ids) + len(r.out) for r in rows)
         budget = max(self._budget(r) for r in rows)
         slack = int(budget * self.admit_slack) if self.insert else 0  # room for rows admitted later
         budget = min(budget + slack, max(budget, self.max_seq_len - width))
-        B, dev = len(rows), self.device
-        ids = torch.zeros(B, width, dtype=torch.long)
-        mask = torch.zeros(B, width + budget, dtype=torch.long)
-        for i, ctx in enumerate(contexts):
-            ids[i, width - len(ctx) :] = torch.tensor(ctx)
-            mask[i, width - len(ctx) : width] = 1
-        ids, mask = ids.to(dev), mask.to(dev)
-        positions = (mask[:, :width].cumsum(-1) - 1).clamp(min=0)
-        cache = StaticCache(config=self.model.config, max_cache_len=width + budget)
-        # Left padding puts every row's last prompt token in the last column: keep only its logits.
-        out = self.model(
-            input_ids=ids,
-            attention_mask=mask[:, :width],
-            position_ids=positions,
-            past_key_values=cache,
-            cache_position=torch.arange(width, device=dev),
-            use_cache=True,
-            logits_to_keep=1,
-        )
-        params = [r.req.params for r in rows]
-        step = DecodeStep(self.model, cache, mask, positions[:, -1:] + 1, width, cuda_graph=self.cuda_graphs)
-        pinned = dev.type == "cuda"  # lets the step's results come to the host without blocking the stream
-        self._batch = _Batch(
-            rows=rows,
-            cache=cache,
-            step=step,
-            logits=out.logits[:, -1],
-            temperature=torch.tensor([p.temperature for p in params], device=dev),
-            top_p=torch.tensor([p.top_p for p in params], device=dev),
-            top_k=torch.tensor([p.top_k for p in params], device=dev),
-            filtered=any(p.top_p < 1 or p.top_k > 0 for p in params),
-            sampled=(
-                torch.empty(B, dtype=torch.long, pin_memory=pinned),
-                torch.empty(B, dtype=torch.float32, pin_memory=pinned),
-            ),
-        )
+        self._batch = static_batch.prefill(self.model, rows, budget, self.device, cuda_graphs=self.cuda_graphs)
         self.stats["rebuilds"] += 1
 
-    @torch.no_grad()
-    def _insert(self, admitted: list[_Row]) -> list[_Row]:
+    def _insert(self, admitted: list[Row]) -> list[Row]:
         """Admit rows into finished rows' slots of the running batch, prefilling only them; returns the
         rows that do not fit (no free slot, a context longer than the columns before the current one,
         or a budget past the cache's end), which the caller rebuilds with."""
-        from transformers import StaticCache
-
         b = self._batch
-        step, column, dev = b.step, b.step.column, self.device
+        column, cache_len = b.step.column, b.step.cache_len
         free = [i for i, r in enumerate(b.rows) if r.finish is not None]
-        placed: list[tuple[int, _Row]] = []
-        rest: list[_Row] = []
+        placed: list[tuple[int, Row]] = []
+        rest: list[Row] = []
         for row in admitted:
-            context = len(row.req.prompt_ids)
-            if free and context <= column and column + self._budget(row) <= step.cache_len:
+            if free and len(row.req.prompt_ids) <= column and column + self._budget(row) <= cache_len:
                 placed.append((free.pop(0), row))
             else:
                 rest.append(row)
-        if not placed:
-            return rest
-        contexts = [r.req.prompt_ids + r.out for _, r in placed]
-        width = max(len(c) for c in contexts)
-        ids = torch.zeros(len(placed), width, dtype=torch.long)
-        mask = torch.zeros(len(placed), width, dtype=torch.long)
-        for j, ctx in enumerate(contexts):
-            ids[j, width - len(ctx) :] = torch.tensor(ctx)
-            mask[j, width - len(ctx) :] = 1
-        ids, mask = ids.to(dev), mask.to(dev)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        cache = StaticCache(config=self.model.config, max_cache_len=width)
-        out = self.model(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=positions,
-            past_key_values=cache,
-            cache_position=torch.arange(width, device=dev),
-            use_cache=True,
-            logits_to_keep=1,
-        )
-        for j, ((slot, row), ctx) in enumerate(zip(placed, contexts)):
-            n = len(ctx)
-            # Keys carry their rotary position already: any columns before the current one will do,
-            # as long as the slot's mask shows exactly them (and every column decoded from here on).
-            for src, dst in zip(cache.layers, b.cache.layers):
-                dst.keys[slot, :, column - n : column] = src.keys[j, :, width - n :]
-                dst.values[slot, :, column - n : column] = src.values[j, :, width - n :]
-            step.mask[slot] = False
-            step.mask[slot, 0, 0, column - n : column] = True
-            step.positions[slot] = n
-            b.logits[slot] = out.logits[j, -1]
-            p = row.req.params
-            b.temperature[slot], b.top_p[slot], b.top_k[slot] = p.temperature, p.top_p, p.top_k
-            b.rows[slot] = row
-        b.filtered = any(r.req.params.top_p < 1 or r.req.params.top_k > 0 for r in b.rows if r.finish is None)
-        self.stats["inserted"] += len(placed)
+        if placed:
+            static_batch.insert(self.model, b, placed, self.device)
+            self.stats["inserted"] += len(placed)
         return rest
 
-    def _budget(self, row: _Row) -> int:
+    def _budget(self, row: Row) -> int:
         context = len(row.req.prompt_ids) + len(row.out)
         return min(row.req.params.max_new_tokens - len(row.out), self.max_seq_len - context)
 
-    def _finish_if_full(self, row: _Row) -> bool:
+    def _finish_if_full(self, row: Row) -> bool:
         if self._budget(row) > 0:
             return False
         row.finish = "length"
@@ -644,7 +539,7 @@ class TorchEngine(Engine):
         if self.step_hook is not None:
             self.step_hook(self.stats["steps"])
 
-    def _decode_ahead_useful(self, b: _Batch) -> bool:
+    def _decode_ahead_useful(self, b: Batch) -> bool:
         """Whether to decode before this step's tokens are known: not when the host already knows the
         batch ends after this step (every live row at its length limit, or one at it while requests
         wait for its slot), and never past the static cache's last column."""
@@ -659,7 +554,7 @@ class TorchEngine(Engine):
         self._batch.logits = step(tokens)
         self.stats["graph_steps"] += step.graph is not None
 
-    def _resolve(self, row: _Row) -> None:
+    def _resolve(self, row: Row) -> None:
         if row.future.done():
             return
         row.future.set_result(
