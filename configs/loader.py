@@ -2,7 +2,7 @@
 
 Any mistake stops start-up with a `ConfigError` that names the key: unknown keys come with the
 nearest valid keys, out-of-range values with the bound and the field's help, and a key of an earlier
-layout (`RENAMED`) with its new name.
+layout (`RENAMED`) with its name now.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from configs.schema import FORCED_VARIANTS, KilnConfig
+from configs.rollout import FORCED_VARIANTS
+from configs.schema import KilnConfig
 
 PRESETS = Path(__file__).resolve().parent
 DEFAULT_PRESET = PRESETS / "default.yaml"
@@ -27,10 +28,14 @@ class ConfigError(ValueError):
     """A config could not be loaded; the message names the offending key."""
 
 
-# Keys of earlier layouts and their names now. A YAML file or override that uses one is refused with
-# "X was renamed to Y" (a silent alias would leave two spellings of one setting in circulation).
-RENAMED = {
+# Every rename, old key -> the key it was renamed to then (history: a key renamed twice appears twice).
+# A YAML file or override that uses an old key is refused with "X was renamed to Y", Y being the key's
+# name now (`RENAMED`); a silent alias would leave two spellings of one setting in circulation.
+RENAMES = {
     "rollout.concurrent_groups": "rollout.max_inflight",  # a budget of attempts in flight, not of groups
+    "rollout.max_inflight": "rollout.max_attempts_in_flight",  # its unit in its name (verifiers count requests)
+    "verifier.max_inflight": "verifier.max_concurrent_requests",  # requests one verifier works on at once
+    "replay.max_staleness": "algo.max_staleness",  # η: read by replay and learner alike, from the section both get
     "rollout.sglang_urls": "rollout.sglang.urls",
     "rollout.sglang_launch_module": "rollout.sglang.launch_module",
     "rollout.sglang_tp_size": "rollout.sglang.tp_size",
@@ -50,6 +55,23 @@ RENAMED = {
     "logging.eval_every": "eval.every",
     "logging.eval_k": "eval.k",
 }
+
+
+def final_names(renames: dict[str, str]) -> dict[str, str]:
+    """Each old key -> its name now, following chains of renames (a -> b, b -> c gives a -> c)."""
+    final = {}
+    for old in renames:
+        seen, new = {old}, renames[old]
+        while new in renames:
+            if new in seen:
+                raise ValueError(f"the renames of {old} run in a circle through {new}")
+            seen.add(new)
+            new = renames[new]
+        final[old] = new
+    return final
+
+
+RENAMED = final_names(RENAMES)
 
 
 def load_config(

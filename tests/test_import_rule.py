@@ -1,8 +1,9 @@
 """The import rule of the actor packages: a module under `actors/<role>/` (rollout, learner, verifier,
-buffer) imports only `protocols`, `configs`, `tasks`, `actors.base`, the shared package
-`actors.policy`, its own role package, and third-party or standard-library modules. The shared
-package (and `actors/` itself) imports no role package. So the roles never know each other: what
-two roles share lives in `actors.policy` or, torch-free, in `protocols`.
+buffer) imports only `protocols`, `configs`, `tasks`, `actors.base`, the algorithm's decisions
+`actors.decisions`, the shared package `actors.policy`, its own role package, and third-party or
+standard-library modules. The shared package (and `actors/` itself) imports no role package. So the
+roles never know each other: what two roles share lives in `actors.policy`, `actors.decisions` or,
+torch-free, in `protocols`.
 
 The check walks every module's syntax tree: top-level and function-local `import` / `from ... import`
 (relative ones resolved against the module's package), and the string arguments of
@@ -20,7 +21,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 ROLES = ("rollout", "learner", "verifier", "buffer")
-SHARED = ("protocols", "configs", "tasks", "actors.base", "actors.policy")
+SHARED = ("protocols", "configs", "tasks", "actors.base", "actors.decisions", "actors.policy")
 # Kiln's own top-level packages; any other top-level name is third-party or the standard library.
 FIRST_PARTY = frozenset(p.name for p in ROOT.iterdir() if (p / "__init__.py").is_file())
 

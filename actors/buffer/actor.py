@@ -222,7 +222,7 @@ class ReplayActor(Actor):
         if isinstance(rec, Episode):
             return self._state.on_episode(rec, now)
         if isinstance(rec, TaskRequest):
-            return self._state.on_task_request(rec, now, (lambda: self._may_open(rec, now)) if live else None)
+            return self._state.on_task_request(rec, now, (lambda: self._actor_room(rec, now)) if live else None)
         if isinstance(rec, BatchRequest):
             return self._state.on_batch_request(rec)
         if isinstance(rec, TaskListRequest):
@@ -239,17 +239,19 @@ class ReplayActor(Actor):
         cls = TaskReply if isinstance(rec, TaskRequest) else BatchReply
         return cls(status="wait", retry_after_s=0.0)
 
-    def _may_open(self, req: TaskRequest, now: float) -> bool:
-        """Whether a live request (never a re-applied one) that admission control lets in may open a group:
-        not from a process whose groups were released (it is dead: a request of its still queued, or
-        held, would open a group nobody works on until it expires), and within its actor's share of
-        the running window (actors/buffer/shares.py)."""
+    def _actor_room(self, req: TaskRequest, now: float) -> int:
+        """The attempts a live request (never a re-applied one) that the staleness bound lets in may
+        start: none from a process whose groups were released (it is dead: a request of its still
+        queued, or held, would open a group nobody works on until it expires), else what its actor's
+        share of the running window leaves (actors/buffer/shares.py)."""
         if req.incarnation and req.incarnation in self._released:
-            return False
+            return 0
         if req.incarnation:
             self._incarnations[req.actor_id] = req.incarnation
         state = self._state
-        return self._shares.allows(req.actor_id, state.running_by_actor(), state.running_window, now)
+        return self._shares.room(
+            req.actor_id, state.running_by_actor(), state.running_window, state.algo.group_size, now
+        )
 
     def release_actor(self, actor_id: str) -> int:
         """A rollout actor died: expire the groups it was working on now (their tasks are re-issued,

@@ -3,8 +3,9 @@ can point at one definition of each.
 
 * `prime_echo`: the episode reward R = α·s_first + (1-α)·max_k s_k + b_early.
 * `group_advantages` / `rewards_tie`: group-normalised advantages and the dynamic-sampling tie test.
-* `admission_limit` / `may_admit`: how many groups the task feed may have out at learner version v.
-* `sample_lag` / `is_stale`: how far a sample's oldest gradient-carrying token lags the learner.
+* `sample_lag`: how far a sample's oldest gradient-carrying token lags the learner.
+
+What the replay decides with them (admission, a group's fate, staleness) is in actors/decisions.py.
 """
 
 from __future__ import annotations
@@ -54,26 +55,6 @@ def group_advantages(rewards: Sequence[float], *, std_norm: bool = True) -> np.n
     return centred.astype(np.float32)
 
 
-def admission_limit(max_staleness: int, learner_version: int, batch_groups: int, total_steps: int | None = None) -> int:
-    """(η + v + 1)·B: the most groups that may be accepted or running at learner version v. With a
-    known run length it is capped at total_steps·B, the groups the run can ever train on."""
-    steps = max_staleness + learner_version + 1
-    if total_steps is not None:
-        steps = min(steps, total_steps)
-    return steps * batch_groups
-
-
-def may_admit(
-    accepted_plus_running: int,
-    max_staleness: int,
-    learner_version: int,
-    batch_groups: int,
-    total_steps: int | None = None,
-) -> bool:
-    """Admission control: a new group may start only while accepted + running < (η + v + 1)·B."""
-    return accepted_plus_running < admission_limit(max_staleness, learner_version, batch_groups, total_steps)
-
-
 def sample_lag(learner_version: int, token_versions: Sequence[int] | np.ndarray) -> int | None:
     """learner_version - min(token versions): the staleness of a sample, measured on its
     gradient-carrying tokens only. None when it has no such tokens (nothing to be stale)."""
@@ -81,8 +62,3 @@ def sample_lag(learner_version: int, token_versions: Sequence[int] | np.ndarray)
     if versions.size == 0:
         return None
     return int(learner_version - versions.min())
-
-
-def is_stale(lag: int | None, max_staleness: int) -> bool:
-    """A sample lagging the learner by more than η versions is never trained on."""
-    return lag is not None and lag > max_staleness

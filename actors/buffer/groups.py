@@ -3,7 +3,8 @@
 A group is opened when the task feed hands out a task and complete when all G sample slots hold an
 episode. `judge` turns a complete group into what the replay needs to decide its fate: whether the
 system failed it (infra), each episode's PrimeEcho reward and advantage, whether the rewards tie,
-whether any sample passed, and the best failed attempt for Buffered Dynamic Retry.
+whether any sample passed, and the best failed attempt for Buffered Dynamic Retry. The fate itself
+is decided in actors/decisions.py.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import numpy as np
 import protocols
 from actors.buffer.formulas import group_advantages, prime_echo, rewards_tie
 from actors.buffer.retry_buffer import FailedAttempt
+from actors.decisions import GroupOutcome
 from configs import AlgoConfig
 from protocols import Episode, Task, Turn
 
@@ -108,6 +110,17 @@ class Verdict:
     any_passed: bool
     best_failed: FailedAttempt | None
     unservable: str = ""  # the rollout could not pose the task at all (why); the task leaves the feed
+
+    def outcome(self, is_retry: bool) -> GroupOutcome:
+        """What the group's fate depends on (actors/decisions.py)."""
+        return GroupOutcome(
+            is_retry=is_retry,
+            unservable=self.unservable,
+            infra=self.infra,
+            tied=self.tied,
+            any_passed=self.any_passed,
+            has_failed_attempt=self.best_failed is not None,
+        )
 
 
 def judge(group: Group, algo: AlgoConfig) -> Verdict:

@@ -4,9 +4,10 @@ Admission control bounds the groups running over all rollout actors together. Le
 go first come, first served: the first actor to ask after a new version takes every group it has
 room for (its in-flight budget is usually larger than the window), so the step's groups pile onto
 one engine while the others idle, and all of them are lost if that actor dies. The share caps what
-one actor holds at once at ceil(window / active actors), where the window is the groups that may
-be running now and an actor is active while it holds a running group or has asked for one lately.
-A dead actor's release makes it inactive at once, so the survivors take its groups.
+one actor holds at once at ceil(window / active actors) (`actors.decisions.share_room`), where the
+window is the groups that may be running now. This module keeps the books the share needs: an actor
+is active while it holds a running group or has asked for one lately; a dead actor's release makes it
+inactive at once, so the survivors take its groups.
 
 It only ever says "wait" (an answer that changes nothing and is not logged), so a restart's
 re-application of the logged requests, all of which were admitted, never consults it.
@@ -16,6 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Mapping
+
+from actors import decisions
 
 ACTIVE_FOR_RETRIES = 5  # an actor holding nothing stays active this many retry intervals after it last asked
 
@@ -30,14 +33,13 @@ class AdmissionShares:
         """Waiting actors ask again every `retry_after_s`; a few missed asks mean it is gone."""
         return cls(idle_s=ACTIVE_FOR_RETRIES * retry_after_s)
 
-    def allows(self, actor_id: str, held: Mapping[str, int], window: int, now: float) -> bool:
-        """May `actor_id`, which asks now, open one more group? `held`: running groups per actor;
-        `window`: the groups that may be running at once now."""
+    def room(self, actor_id: str, held: Mapping[str, int], window: int, group_size: int, now: float) -> int:
+        """Attempts `actor_id`, which asks now, may still start under its share. `held`: running groups
+        per actor; `window`: the groups that may be running at once now."""
         self.asked[actor_id] = now
         active = {a for a, t in self.asked.items() if now - t <= self.idle_s}
         active |= {a for a, n in held.items() if n > 0}
-        share = -(-window // len(active))  # ceil: the window is never left unused for want of a share
-        return held.get(actor_id, 0) < share
+        return decisions.share_room(held.get(actor_id, 0), window, len(active), group_size)
 
     def release(self, actor_id: str) -> None:
         """`actor_id` died: not active until it asks again (its replacement does, under the same id)."""

@@ -1,6 +1,8 @@
 """The replay's state machine: task feed with admission control, episode intake and grouping,
 group verdicts, staleness filtering and batch assembly (docs/replay.md). No sockets, files or clocks:
-the caller passes `now` and makes every change durable (actors/buffer/actor.py).
+the caller passes `now` and makes every change durable (actors/buffer/actor.py). The decisions
+themselves (admission, a group's fate) are pure functions in actors/decisions.py; this module keeps
+the books and carries them out.
 
 Determinism is what makes recovery exact. Every state change comes from a request (TaskRequest that
 opened a group, Episode stored, BatchRequest that moved the version, filtered or served a batch) or
@@ -9,8 +11,9 @@ logs those inputs before it replies, and a restart re-applies them to the last s
 these same handlers. Answers that change nothing (waits, duplicates, rejections) are not logged;
 their diagnostic counters are restored as of the last snapshot.
 
-Units: the admission counter counts groups. accepted + running = groups handed out and not filtered
-(running, complete and waiting, or trained). A batch is B complete, non-filtered groups.
+Units: the books count groups. accepted + running = groups handed out and not filtered (running,
+complete and waiting, or trained). A batch is B complete, non-filtered groups. The admission decision
+counts attempts (G per group), the unit it shares with the rollout actor's engine budget.
 """
 
 from __future__ import annotations
@@ -21,10 +24,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import Callable
 
-import numpy as np
-
+from actors import decisions
 from actors.buffer import intake
-from actors.buffer.formulas import admission_limit, is_stale
 from actors.buffer.groups import Group, judge
 from actors.buffer.ledger import EpisodeLedger
 from actors.buffer.packing import episode_lag, gradient_versions, pack_batch
@@ -94,7 +95,6 @@ class ReplayState:
     def __init__(self, replay: ReplayConfig, algo: AlgoConfig, tasks: TaskSet) -> None:
         self.replay = replay
         self.algo = algo
-        self.eta = replay.max_staleness
         self.retry = RetryBuffer(replay.retry.capacity, replay.retry.max_retries)
         self.feed = TaskFeed(tasks, self.retry, replay.retry.probability, algo.seed)
         self.ledger = EpisodeLedger()
@@ -121,9 +121,13 @@ class ReplayState:
     def admission_bound(self) -> int:
         """Groups that may be accepted or running now: (η + v + 1)·B, or the whole run's total_steps·B
         with `replay.admission=whole_run` (rollout-only runs: no learner advances v)."""
-        if self.replay.admission == "whole_run":
-            return self.algo.total_steps * self.algo.batch_groups
-        return admission_limit(self.eta, self.learner_version, self.algo.batch_groups, self.algo.total_steps)
+        return decisions.staleness_bound(
+            self.algo.max_staleness,
+            self.learner_version,
+            self.algo.batch_groups,
+            self.algo.total_steps,
+            whole_run=self.replay.admission == "whole_run",
+        )
 
     @property
     def running_window(self) -> int:
@@ -134,18 +138,24 @@ class ReplayState:
         return collections.Counter(g.actor_id for g in self.running.values())
 
     def on_task_request(
-        self, req: TaskRequest, now: float, may_open: Callable[[], bool] | None = None
+        self, req: TaskRequest, now: float, actor_room: Callable[[], int] | None = None
     ) -> tuple[Record, bool]:
-        """`may_open`: the caller's last word before a group opens for a live request (its actor's share
-        of the window); a re-applied request, which opened its group, passes none."""
+        """`actor_room`: the caller's last word before a group opens for a live request, the attempts its
+        actor may still start (its share of the window, actors/buffer/shares.py); a re-applied request,
+        which opened its group, passes none."""
         if req.split == "val":
             return self._val_task(), False
         if self.learner_version >= self.algo.total_steps:
             return TaskReply(status="stop"), False
-        if self.admitted >= self.admission_bound:
+        capacity = decisions.admission_capacity(
+            decisions.staleness_room(self.admitted, self.admission_bound, self.algo.group_size)
+        )
+        if not decisions.may_start_group(capacity):
             self.counters.admission_waits += 1
             return TaskReply(status="wait", retry_after_s=self.replay.retry_after_s), False
-        if may_open is not None and not may_open():
+        if actor_room is not None and not decisions.may_start_group(
+            decisions.admission_capacity(capacity, actor_room())
+        ):
             return TaskReply(status="wait", retry_after_s=self.replay.retry_after_s), False
         served = self.feed.next_train()
         if served is None:
@@ -215,46 +225,34 @@ class ReplayState:
                 self.highest_version_seen = max(self.highest_version_seen, int(max(turn.versions)))
 
     def _close(self, group: Group) -> None:
-        """All G samples are in: decide the group's fate."""
+        """All G samples are in: judge the group, decide its fate (actors/decisions.py), carry it out."""
         del self.running[group.group_id]
         verdict = judge(group, self.algo)
         task_id = group.task.task_id
-        if verdict.unservable:
-            self._leave_feed(group, "unservable", f"the rollouts cannot pose it: {verdict.unservable}")
-            return
-        if verdict.infra:
-            streak = self.infra_streak[task_id] = self.infra_streak.get(task_id, 0) + 1
-            if streak >= self.replay.infra_retries:
-                self._leave_feed(
-                    group,
-                    "infra",
-                    f"{streak} of its groups in a row failed through the system's "
-                    "fault (infra), e.g. a reference that raises",
-                )
-            else:
-                self._filter(group, "infra", reissue=True)
-            return
-        self.infra_streak.pop(task_id, None)
-        if group.is_retry:
+        fate = decisions.fate_of_complete_group(
+            verdict.outcome(group.is_retry),
+            infra_streak=self.infra_streak.get(task_id, 0),
+            infra_retries=self.replay.infra_retries,
+            drop_tied=self.algo.drop_tied_groups,
+            task_in_feed=task_id not in self.feed.dropped,
+        )
+        if fate.infra_streak:
+            self.infra_streak[task_id] = fate.infra_streak
+        else:
+            self.infra_streak.pop(task_id, None)
+        if fate.retry == "resolve":
             self.retry.resolve(task_id, verdict.any_passed, verdict.best_failed)
-        elif task_id in self.feed.dropped:
-            pass  # a late group of a task that left the feed: never buffered for retry
-        elif not verdict.any_passed and verdict.best_failed is not None:
+        elif fate.retry == "admit" and verdict.best_failed is not None:
             self.retry.admit(group.task, verdict.best_failed, group.group_id)
-        if verdict.tied and self.algo.drop_tied_groups:  # dynamic sampling: no signal, no slot
-            self._filter(group, "tied", reissue=False)
+        elif fate.retry == "forget":
+            self.retry.forget(task_id)
+        if fate.trained:
+            group.advantages = verdict.advantages
+            self.ready[group.group_id] = group
             return
-        group.advantages = verdict.advantages
-        self.ready[group.group_id] = group
-
-    def _leave_feed(self, group: Group, reason: str, why: str) -> None:
-        """Filter the group and take its task out of the feed for good; reported once per task."""
-        self._filter(group, reason, reissue=False)
-        task_id = group.task.task_id
-        self.infra_streak.pop(task_id, None)
-        self.retry.forget(task_id)
-        if self.feed.drop(task_id, reason):
-            log.warning("replay: task %s leaves the task feed: %s (%s)", task_id, why, self._dropped_story())
+        self._filter(group, fate)
+        if fate.leave_feed and self.feed.drop(task_id, fate.filtered):
+            log.warning("replay: task %s leaves the task feed: %s (%s)", task_id, fate.why, self._dropped_story())
 
     def _dropped_story(self) -> str:
         counts = collections.Counter(self.feed.dropped.values())
@@ -262,18 +260,18 @@ class ReplayState:
             f"{n} {reason}" for reason, n in sorted(counts.items())
         )
 
-    def _filter(self, group: Group, reason: str, *, reissue: bool) -> None:
+    def _filter(self, group: Group, fate: decisions.Fate) -> None:
         for ep in group.episodes.values():
-            self.ledger.mark_filtered(ep.episode_id, reason)
-        self.counters.groups_filtered[reason] += 1
-        if reissue:  # a fresh group of the same task (repair context included) goes first
+            self.ledger.mark_filtered(ep.episode_id, fate.filtered)
+        self.counters.groups_filtered[fate.filtered] += 1
+        if fate.reissue:  # a fresh group of the same task (repair context included) goes first
             self.feed.reissue(group.task)
 
     # ---------------------------------------------------------------------------------- expiry
 
     def overdue(self, now: float, timeout_s: float) -> list[str]:
         """Running groups with no sign of life for `timeout_s` (a rollout died or lost its task)."""
-        return [gid for gid, g in self.running.items() if now - g.last_activity > timeout_s]
+        return [gid for gid, g in self.running.items() if decisions.is_overdue(g.last_activity, now, timeout_s)]
 
     def held_by(self, actor_id: str) -> list[str]:
         """Running groups handed to `actor_id` (a rollout actor that died: release them now)."""
@@ -292,7 +290,7 @@ class ReplayState:
                 len(group.episodes),
                 group.size,
             )
-            self._filter(group, "expired", reissue=True)
+            self._filter(group, decisions.EXPIRED)
 
     # ----------------------------------------------------------------------------------- batch
 
@@ -317,8 +315,7 @@ class ReplayState:
             return BatchReply(status="stop"), changed
         if self.served is not None:  # a repeated request for the version already served
             return BatchReply(status="batch", batch=self._pack(self.served.groups, v)), changed
-        changed |= self._filter_stale(v)
-        changed |= self._filter_discarded()
+        changed |= self._filter_at_batch(v)
         if len(self.ready) < self.algo.batch_groups:
             self.counters.batch_waits += 1
             return BatchReply(status="wait", retry_after_s=self.replay.retry_after_s), changed
@@ -334,31 +331,25 @@ class ReplayState:
         self.served = ServedBatch(version=v, groups=groups)
         return BatchReply(status="batch", batch=self._pack(groups, v)), True
 
-    def _filter_stale(self, version: int) -> bool:
-        """Filter every waiting group holding a sample that lags `version` by more than η: a group's
-        baseline is only meaningful over samples of one policy window, and lag only grows."""
-        stale = [
-            g
-            for g in self.ready.values()
-            if any(is_stale(episode_lag(ep, version, self.algo.train_turns), self.eta) for ep in g.episodes.values())
-        ]
-        for group in stale:
-            del self.ready[group.group_id]
-            self._filter(group, "stale", reissue=True)
-        return bool(stale)
-
-    def _filter_discarded(self) -> bool:
-        """Filter every waiting group with a sample made by weights a learner restore discarded."""
-
-        def discarded(ep: Episode) -> bool:
-            versions = gradient_versions(ep, self.algo.train_turns)
-            return any(bool(np.any((versions > lo) & (versions < hi))) for lo, hi in self.discarded)
-
-        bad = [g for g in self.ready.values() if any(discarded(ep) for ep in g.episodes.values())]
-        for group in bad:
-            del self.ready[group.group_id]
-            self._filter(group, "discarded", reissue=True)
-        return bool(bad)
+    def _filter_at_batch(self, version: int) -> bool:
+        """Decide the fate of every waiting group at the batch's `version` (stale, or made by discarded
+        weights: filtered and re-issued); True when any was filtered."""
+        turns = self.algo.train_turns
+        filtered = False
+        for group in list(self.ready.values()):
+            fate = decisions.fate_at_batch(
+                [episode_lag(ep, version, turns) for ep in group.episodes.values()],
+                self.algo.max_staleness,
+                made_by_discarded_weights=any(
+                    decisions.made_by_discarded(gradient_versions(ep, turns), self.discarded)
+                    for ep in group.episodes.values()
+                ),
+            )
+            if not fate.trained:
+                del self.ready[group.group_id]
+                self._filter(group, fate)
+                filtered = True
+        return filtered
 
     def _pack(self, groups: list[Group], version: int):
         episodes = [ep for g in groups for ep in g.ordered()]

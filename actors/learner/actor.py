@@ -9,7 +9,7 @@ and serves the result as version 0. A learner whose run already announced a vers
 version announced before (the highest it recorded, and the highest replay has seen: it asks replay),
 it continues at the checkpoint's version; otherwise at a version above all of them. It pushes its
 weights at once and tells replay which versions the restore discarded, so samples they produced are
-dropped, never trained on. With η = 0 (`replay.max_staleness`) it waits for the engines
+dropped, never trained on. With η = 0 (`algo.max_staleness`) it waits for the engines
 to confirm each version before asking for the next batch (synchronous mode).
 
 Exports (`export_hf`: RUN_DIR/final/ at the driver's request, RUN_DIR/exports/step-NNNNNN/ every
@@ -39,6 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
+from actors import decisions
 from actors.base import Actor, RunContext
 from actors.learner.algorithm import StepResult, Trainer
 from actors.learner.backends import make_trainer
@@ -87,13 +88,11 @@ class LearnerActor(Actor):
         ctx: RunContext,
         *,
         temperature: float,
-        max_staleness: int,
         request_timeout_s: float = 30.0,
         generation: GenerationSettings | None = None,
     ) -> None:
-        """`temperature` is the rollout temperature (the behaviour logprobs' convention); `max_staleness`
-        is replay's η (0 = synchronous mode); `generation` the rollout's sampling settings, written into
-        every HF export (default: sampling at `temperature`)."""
+        """`temperature` is the rollout temperature (the behaviour logprobs' convention); `generation` the
+        rollout's sampling settings, written into every HF export (default: sampling at `temperature`)."""
         super().__init__(ctx)
         self.model_cfg, self.cfg, self.algo, self.warm_cfg, self.ctx = model, learner, algo, warm_start, ctx
         self.temperature = temperature
@@ -105,9 +104,6 @@ class LearnerActor(Actor):
         self._replay = ReconnectingClient(
             ctx.registry.resolver("replay", "replay"), timeout_s=request_timeout_s, retries=1
         )
-        # Synchronous mode (η = 0): engines confirm each version before the next batch is asked for,
-        # so no sample is made with weights one version old (it could never be trained on).
-        self.confirm_before_next = max_staleness == 0
         self.busy_s = 0.0
         self.lease = DeviceLease(self.device)
         self.shares_gpu = ctx.slot.colocated  # engines on this GPU: CUDA IPC instead of NCCL, released per step
@@ -332,7 +328,7 @@ class LearnerActor(Actor):
             self.stats["steps"] += 1
             with self.timeline.span("syncing"):
                 push_s = self._push()
-                if self.confirm_before_next:
+                if decisions.waits_for_engines(self.algo.max_staleness):
                     self.weights.wait_confirmed(self.version, None, CONFIRM_TIMEOUT_S)
             self.busy_s += time.perf_counter() - t
             if self.cfg.checkpoint_every and self.step % self.cfg.checkpoint_every == 0:

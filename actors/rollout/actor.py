@@ -1,8 +1,9 @@
 """`RolloutActor` (docs/architecture.md, docs/rollout.md): asks the task feed for work, runs every attempt of every task
 group through the per-attempt pipeline (actors/rollout/episodes.py) on one event loop, and sends
 each group's `Episode` records to replay when its last attempt is done, keeping each until replay
-acknowledges it. Admission: a new group whenever fewer than `rollout.max_inflight` attempts are in
-flight (0 = 2 × `rollout.max_batch`) and replay's admission control gives one. Verification goes
+acknowledges it. Admission (actors/decisions.py, in attempts): a new group whenever fewer than
+`rollout.max_attempts_in_flight` attempts are in flight (0 = 2 × `rollout.max_batch`) and replay's
+admission control gives one. Verification goes
 through the actor's front to the verifier pool (actors/rollout/verify_pool.py).
 
 Prompts are chat conversations rendered by the model's tokenizer (actors/policy/tokenizer.py); the
@@ -45,6 +46,7 @@ from typing import Iterable
 
 import torch
 
+from actors import decisions
 from actors.base import Actor, RunContext
 from actors.policy.tokenizer import load_tokenizer
 from actors.rollout.engine import Engine, EngineError, GenerateRequest, Generation, SamplingParams
@@ -118,7 +120,7 @@ class RolloutActor(Actor):
             stop_token_ids=tuple(self.eos),
         )
         # The in-flight budget: attempts generating or being verified (admission stops at it).
-        self.max_inflight = rollout.max_inflight or 2 * rollout.max_batch
+        self.attempt_budget = decisions.attempt_budget(rollout.max_attempts_in_flight, rollout.max_batch)
         self.verify_stats: dict[str, int] = {}  # the verifier pool front's counters (sent, moved, infra, ...)
         replay = registry.resolver("replay", "replay")
         self.sender = EpisodeSender(replay, timeout_s=rollout.ack_timeout_s)
@@ -370,9 +372,9 @@ class RolloutActor(Actor):
             self._io.shutdown(wait=True)
 
     async def _serve(self) -> None:
-        """Admit task groups while fewer than `max_inflight` attempts are in flight (and replay's
-        admission control says yes); run each group's attempts through the pipeline; send each
-        group's episodes to replay when its last attempt is done."""
+        """Admit task groups while the engine's room leaves admission capacity (fewer attempts in flight
+        than the budget) and replay's admission control says yes; run each group's attempts through the
+        pipeline; send each group's episodes to replay when its last attempt is done."""
         loop = asyncio.get_running_loop()
         io = lambda fn, *args: loop.run_in_executor(self._io, fn, *args)  # noqa: E731 - sender/reporter thread
         verifier = self._verifier_pool()
@@ -381,7 +383,8 @@ class RolloutActor(Actor):
         groups: set[asyncio.Task] = set()
         try:
             while not self.stopping:
-                if pipeline.inflight >= self.max_inflight:
+                room = decisions.engine_room(pipeline.inflight, self.attempt_budget)
+                if not decisions.may_start_group(decisions.admission_capacity(room)):
                     pipeline.room.clear()
                     await self._until(pipeline.room, 0.2)
                     continue

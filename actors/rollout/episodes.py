@@ -6,7 +6,7 @@ Everything runs on one asyncio event loop. An attempt awaits its engine request 
 it with every other attempt in flight) and then its verification (sent the moment its generation
 ends, through the verifier pool's front); no attempt waits for a sibling, and no group waits for
 another. `Pipeline.inflight` counts the attempts in flight, which is what the rollout actor's
-admission (`rollout.max_inflight`) weighs.
+admission (`rollout.max_attempts_in_flight`, actors/decisions.py) weighs.
 
 `Pipeline.run_group(reply)` returns the group's `Episode` records, one per attempt, each turn carrying
 the prompt ids, response ids, behaviour logprobs, per-token weight versions and its VerifyResult.

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Mapping
 
 from configs import ConfigError
-from configs.schema import FORCED_MIX, FORCED_VARIANTS as VARIANTS
+from configs.rollout import FORCED_MIX, FORCED_VARIANTS as VARIANTS
 from protocols import Task
 
 _CPP_BLOCK = re.compile(r'(cpp_sources|cuda_sources|source)\s*=\s*(r?""")(.*?)(""")', re.S)

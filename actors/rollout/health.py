@@ -32,7 +32,7 @@ class RolloutHealth(ActorHealth):
     engine_restarts: int = 0
     waits: int = 0  # task requests answered "wait" (or not answered)
     feed_timeouts: int = 0
-    inflight: int = 0  # attempts in flight (generating or being verified), bounded by rollout.max_inflight
+    inflight: int = 0  # attempts in flight (generating or being verified), bounded by rollout.max_attempts_in_flight
     group_errors: int = 0  # groups cut short by an exception (their tasks are re-issued)
     unacked: int = 0  # episodes held until replay acknowledges them
     acked: int = 0

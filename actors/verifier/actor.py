@@ -4,7 +4,7 @@ It wraps the reward actor named by `verifier.reward_actor` (the kernel verifier 
 when the actor is constructed so a bad dotted path fails at start-up with a clear message.
 
 Concurrency: one thread owns the ROUTER socket (zmq sockets are not thread-safe). It receives
-requests into a queue that `max_inflight` worker threads drain, and it sends the replies those
+requests into a queue that `verifier.max_concurrent_requests` worker threads drain, and it sends the replies those
 workers put into an outbox, in whatever order they finish (ROUTER replies go to the right peer
 whatever the order). With the kernel verifier, compiles of later requests (a CPU process pool) thus
 overlap the execution of earlier ones, and the GPU never waits on nvcc. A request resent by a
@@ -89,7 +89,7 @@ class VerifierActor(Actor):
         else:
             self.server = ReplyServer()
         self.spawn(self._serve_socket, "router")
-        for i in range(self.cfg.max_inflight):
+        for i in range(self.cfg.max_concurrent_requests):
             self.spawn(self._worker, f"worker{i}")
         if self.ctx is not None:
             self.ctx.registry.register(self.ctx.name, self.role, {"verifier": self.server.address})

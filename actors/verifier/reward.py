@@ -12,7 +12,7 @@ reached it, or the measured speedup.
 
 from __future__ import annotations
 
-from configs.schema import RewardConfig
+from configs.verifier import RewardConfig
 
 FAILURE_CLASSES = ("extract", "compile", "runtime", "timeout", "cheating")
 

@@ -47,10 +47,9 @@ def client_loop(address: str, episodes: int, spec: TurnSpec, out: list[float], s
 
 def run(directory: Path, clients: int, episodes: int, spec: TurnSpec) -> dict:
     with tempfile.TemporaryDirectory(dir=directory) as tmp:
-        replay = ReplayConfig(
-            task_source="actors.buffer.examples.TextMatchTasks", max_staleness=1_000_000, snapshot_every=100_000
-        )
-        actor = ReplayActor(replay, AlgoConfig(group_size=GROUP, total_steps=1_000_000), RunContext(run_dir=tmp))
+        replay = ReplayConfig(task_source="actors.buffer.examples.TextMatchTasks", snapshot_every=100_000)
+        algo = AlgoConfig(group_size=GROUP, total_steps=1_000_000, max_staleness=1_000_000)
+        actor = ReplayActor(replay, algo, RunContext(run_dir=tmp))
         address = actor.start()["replay"]
         lat: list[list[float]] = [[] for _ in range(clients)]
         threads = [

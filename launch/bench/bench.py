@@ -7,7 +7,7 @@
 decoded tok/s at `rollout.max_batch`, the verifiers' verifications per minute on the run's candidate
 mix, the learner's step time on a batch of the run's shape, the weight-sync time.
 (b) The loop (`kiln train`, the same code and workload) at η = 0 and at each `--eta` (η ≥ 1; default
-1 and 2), only `replay.max_staleness` changed: `--warmup` steps, then `--steps` measured ones
+1 and 2), only `algo.max_staleness` changed: `--warmup` steps, then `--steps` measured ones
 (launch/bench/train.py). Every loop run starts with an empty verifier cache (so it compiles what a
 fresh run compiles) and without evaluations.
 
@@ -65,7 +65,7 @@ def add_bench_parser(sub) -> None:
         nargs="+",
         default=[1, 2],
         metavar="N",
-        help="η (replay.max_staleness) of the asynchronous runs (default: 1 2)",
+        help="η (algo.max_staleness) of the asynchronous runs (default: 1 2)",
     )
     p.add_argument("--no-sync", action="store_true", help="skip the η = 0 run")
     p.add_argument("--no-stages", action="store_true", help="skip the measurements of each stage alone")
@@ -86,7 +86,7 @@ def add_bench_parser(sub) -> None:
         "--verifier-requests",
         type=int,
         metavar="N",
-        help="verifier alone: attempts (default 4 × max_inflight × num_actors)",
+        help="verifier alone: attempts (default 4 × max_concurrent_requests × num_actors)",
     )
     p.add_argument("--learner-steps", type=int, default=3, metavar="N", help="learner alone: timed steps (default 3)")
     p.set_defaults(func=cmd_bench)
@@ -203,7 +203,7 @@ def bench(base: KilnConfig, plan: Plan, out: Path, args: argparse.Namespace):
             stages_cfg,
             out / "stages",
             engine_requests=args.engine_requests or 2 * r.max_batch,
-            verifier_requests=args.verifier_requests or 4 * v.max_inflight * v.num_actors,
+            verifier_requests=args.verifier_requests or 4 * v.max_concurrent_requests * v.num_actors,
             learner_steps=args.learner_steps,
         )
     for eta in plan.etas:
@@ -212,7 +212,7 @@ def bench(base: KilnConfig, plan: Plan, out: Path, args: argparse.Namespace):
             plan.overrides
             + plan.resolved
             + [
-                f"replay.max_staleness={eta}",
+                f"algo.max_staleness={eta}",
                 f"logging.root={out}",
                 f"logging.run_name=eta{eta}",
                 "logging.live=false",

@@ -70,7 +70,7 @@ def build_config(args) -> VerifierConfig:
     cfg.cache_dir = args.cache_dir or tempfile.mkdtemp(prefix="kiln-gpu-validate-")
     cfg.compile_workers = args.compile_workers
     cfg.run_workers = args.run_workers
-    cfg.max_inflight = args.inflight
+    cfg.max_concurrent_requests = args.inflight
     cfg.run_timeout_s = 60.0
     cfg.compile_baseline = "always" if args.compile_baseline else "never"
     return cfg
@@ -125,7 +125,7 @@ def configured(args) -> list[tuple[str, str, VerifyResult]]:
 
 
 def _flat(cfg: VerifierConfig) -> dict:
-    keys = ("backend", "compile_workers", "run_workers", "max_inflight", "run_timeout_s", "compile_baseline")
+    keys = ("backend", "compile_workers", "run_workers", "max_concurrent_requests", "run_timeout_s", "compile_baseline")
     return {k: getattr(cfg, k) for k in keys}
 
 

@@ -167,10 +167,10 @@ def render_stages(s: Stages) -> list[str]:
         + f"overall {_f(e.overall_tokens_per_s, 1)} tok/s ({e.decoded_tokens:,} tokens in {e.seconds:.1f} s, "
         f"mean {e.mean_response_tokens:.0f} per response) |",
         f"| verifier | {_f(v.verifications_per_min, 1)} verifications/min ({_f(v.per_actor_per_min, 1)} per actor) | "
-        f"{v.requests} attempts at once to {v.actors} actor(s) × {v.max_inflight} in flight; "
+        f"{v.requests} attempts at once to {v.actors} actor(s) × {v.max_concurrent_requests} in flight; "
         + (
-            f"every slot busy: {v.actors * v.max_inflight} slots ÷ {v.slot_s_mean:.2f} s mean per verification, "
-            if v.requests > v.actors * v.max_inflight and v.slot_s_mean > 0
+            f"every slot busy: {v.actors * v.max_concurrent_requests} slots ÷ {v.slot_s_mean:.2f} s mean per verification, "
+            if v.requests > v.actors * v.max_concurrent_requests and v.slot_s_mean > 0
             else "fewer requests than slots: the overall rate; "
         )
         + f"overall {_f(v.overall_per_min, 1)}/min ({v.seconds:.1f} s, the drain included); {v.forced_share:.0%} "

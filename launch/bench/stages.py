@@ -16,7 +16,7 @@
   cache, sent `requests` attempts at once through the rollout's own verifier client. The attempts are
   the run's candidate mix: a `rollout.forced_fraction` share drawn from the forced-candidate pool,
   the rest the engine's own sampled responses from above.
-  Capacity = verifications per minute with every one of the `verifier.max_inflight` worker slots
+  Capacity = verifications per minute with every one of the `verifier.max_concurrent_requests` worker slots
   busy: slots × actors ÷ the mean time one verification holds its slot (Little's law; each slot
   works through its verifications one after another). As for the engine, the drain at the end is
   left out: with a long-tailed modelled latency and a few requests per slot, the last slow
@@ -87,7 +87,7 @@ class VerifierStage:
     requests: int
     seconds: float
     actors: int
-    max_inflight: int
+    max_concurrent_requests: int  # per verifier actor
     forced_share: float  # of the requests, drawn from the forced-candidate pool
     compiled_share: float  # of the verifications, real compiles
     modelled_s_mean: float  # modelled GPU-side latency slept per verification
@@ -423,7 +423,7 @@ def measure_verifier(work: Workload, n: int, cache: Path) -> VerifierStage:
     overall = 60.0 * n / seconds
     slot_s = [s for a in actors for s in a.slot_s]
     slot_mean = statistics.fmean(slot_s) if slot_s else 0.0
-    slots = vcfg.max_inflight * len(actors)
+    slots = vcfg.max_concurrent_requests * len(actors)
     per_min = 60.0 * slots / slot_mean if n > slots and slot_mean > 0 else overall
     return VerifierStage(
         verifications_per_min=per_min,
@@ -431,7 +431,7 @@ def measure_verifier(work: Workload, n: int, cache: Path) -> VerifierStage:
         requests=n,
         seconds=seconds,
         actors=len(actors),
-        max_inflight=vcfg.max_inflight,
+        max_concurrent_requests=vcfg.max_concurrent_requests,
         forced_share=forced / max(n, 1),
         compiled_share=compiled / max(n, 1),
         modelled_s_mean=modelled / max(n, 1),

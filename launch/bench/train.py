@@ -153,7 +153,7 @@ class Probe:
 
 @dataclass
 class LoopResult:
-    eta: int  # replay.max_staleness of this run
+    eta: int  # algo.max_staleness of this run
     run_dir: str
     steps: int  # learner steps recorded in the whole run
     window_steps: int  # learner steps inside the window
@@ -263,7 +263,7 @@ def summarise(
         after = [m.read_at for m in probe.marks if m.read_at > probe.killed_at]
         recovery = after[0] - probe.killed_at if after else None
     return LoopResult(
-        eta=cfg.replay.max_staleness,
+        eta=cfg.algo.max_staleness,
         run_dir=str(run.path),
         steps=len(rows),
         window_steps=len(steady),

@@ -12,7 +12,7 @@ components' checks run where Ray places the components, once the cluster is join
 
 The driver starts the actors (Ray, or in-process with `cluster.use_ray=false`), then only watches:
 the actors do the work (rollouts pull tasks from replay, the learner pulls batches and pushes
-weights). Synchronous (η = 0) and asynchronous (η ≥ 1) runs are the same code; `replay.max_staleness`
+weights). Synchronous (η = 0) and asynchronous (η ≥ 1) runs are the same code; `algo.max_staleness`
 chooses. Ctrl-C checkpoints the learner and stops cleanly; `--resume` continues from there (the
 learner restores itself: its run directory says it announced versions before).
 """

@@ -57,7 +57,6 @@ def learner_specs(cfg: KilnConfig, placement: PlacementPlan) -> list[ActorSpec]:
     sections = (cfg.model, cfg.learner, cfg.algo, warm_start_section(cfg))
     settings = {
         "temperature": cfg.rollout.temperature,
-        "max_staleness": cfg.replay.max_staleness,
         "generation": GenerationSettings.from_rollout(cfg.rollout),
     }
     slots = [actor_slot(placement, "learner", rank) for rank in range(world)]

@@ -62,7 +62,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     with _real_stdout(args.json) as out:
         verifier = KernelVerifier(cfg)
         try:
-            results = _run(verifier, jobs, cfg.max_inflight)
+            results = _run(verifier, jobs, cfg.max_concurrent_requests)
         finally:
             verifier.close()
         if args.reference:

@@ -24,12 +24,10 @@ TEXT = "actors.buffer.examples.TextMatchTasks"
 
 
 def make(run_dir, *, eta=1, G=2, B=1, steps=20, train_turns="first", retry=None, **replay):
-    cfg = ReplayConfig(
-        task_source=TEXT, max_staleness=eta, val_fraction=0.0, retry=RetryConfig(**(retry or {})), **replay
-    )
+    cfg = ReplayConfig(task_source=TEXT, val_fraction=0.0, retry=RetryConfig(**(retry or {})), **replay)
     return ReplayActor(
         cfg,
-        AlgoConfig(group_size=G, batch_groups=B, total_steps=steps, train_turns=train_turns, seed=3),
+        AlgoConfig(group_size=G, batch_groups=B, total_steps=steps, train_turns=train_turns, seed=3, max_staleness=eta),
         RunContext(run_dir=str(run_dir)),
     )
 

@@ -153,8 +153,16 @@ def test_a_split_without_training_tasks_is_refused():
 def make_actor(tmp_path):
     made = []
 
-    def make(**kw):
-        algo = AlgoConfig(**{"group_size": 2, "batch_groups": 2, "total_steps": 3, **kw.pop("algo", {})})
+    def make(*, max_staleness=1, **kw):
+        algo = AlgoConfig(
+            **{
+                "group_size": 2,
+                "batch_groups": 2,
+                "total_steps": 3,
+                "max_staleness": max_staleness,
+                **kw.pop("algo", {}),
+            }
+        )
         a = ReplayActor(
             ReplayConfig(task_source=TEXT, **kw), algo, RunContext(run_dir=str(tmp_path / f"run{len(made)}"))
         )

@@ -6,11 +6,8 @@ import numpy as np
 import pytest
 
 from actors.buffer.formulas import (
-    admission_limit,
     early_bonus,
     group_advantages,
-    is_stale,
-    may_admit,
     prime_echo,
     rewards_tie,
     sample_lag,
@@ -122,27 +119,13 @@ def test_best_failed_attempt_skips_passed_turns():
     assert best_failed_attempt(eps).code == "z"
 
 
-# ----------------------------------------------------------------------------------- admission
-
-
-def test_admission_limit_hand_computed():
-    assert admission_limit(0, 0, 4) == 4  # η = 0: one batch ahead, i.e. synchronous
-    assert admission_limit(1, 0, 4) == 8
-    assert admission_limit(1, 3, 4) == 20  # (1 + 3 + 1) * 4
-    assert admission_limit(4, 0, 2, total_steps=3) == 6  # never more groups than the run can train on
-    assert may_admit(7, 1, 0, 4) and not may_admit(8, 1, 0, 4)
-    assert may_admit(3, 0, 0, 4) and not may_admit(4, 0, 0, 4)
-
-
 # ---------------------------------------------------------------------------------- staleness
 
 
-def test_sample_lag_and_staleness():
+def test_sample_lag():
     assert sample_lag(5, [3, 4, 5]) == 2  # the oldest token decides
     assert sample_lag(5, np.array([5, 5])) == 0
     assert sample_lag(5, []) is None
-    assert is_stale(2, 1) and not is_stale(1, 1) and not is_stale(0, 0) and is_stale(1, 0)
-    assert not is_stale(None, 0)
 
 
 def test_staleness_counts_only_gradient_carrying_tokens():

@@ -127,10 +127,10 @@ def actor(tmp_path):
     replay = ReplayConfig(
         task_source=TEXT,
         val_fraction=0.0,
-        max_staleness=4,
         retry=RetryConfig(capacity=8, probability=1.0, max_retries=2),
     )
-    a = ReplayActor(replay, AlgoConfig(group_size=2, batch_groups=1, total_steps=50), RunContext(run_dir=str(tmp_path)))
+    algo = AlgoConfig(group_size=2, batch_groups=1, total_steps=50, max_staleness=4)
+    a = ReplayActor(replay, algo, RunContext(run_dir=str(tmp_path)))
     yield a
     a.stop()
 

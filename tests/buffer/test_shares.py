@@ -15,16 +15,17 @@ from tests.buffer.test_actor import episodes, make
 
 def test_a_share_is_the_window_split_over_the_active_actors_rounded_up():
     shares = AdmissionShares(idle_s=1.0)
-    assert shares.allows("a", {}, window=5, now=0.0)  # alone: the whole window
-    assert shares.allows("b", {"a": 1}, window=5, now=0.1)  # two active: ceil(5 / 2) = 3 each
-    assert shares.allows("a", {"a": 2, "b": 1}, window=5, now=0.2)
-    assert not shares.allows("a", {"a": 3, "b": 1}, window=5, now=0.3)
+    G = 2  # the room is in attempts: G per group
+    assert shares.room("a", {}, window=5, group_size=G, now=0.0) == 10  # alone: the whole window
+    assert shares.room("b", {"a": 1}, window=5, group_size=G, now=0.1) == 6  # two active: ceil(5 / 2) = 3 each
+    assert shares.room("a", {"a": 2, "b": 1}, window=5, group_size=G, now=0.2) == 2
+    assert shares.room("a", {"a": 3, "b": 1}, window=5, group_size=G, now=0.3) == 0
     # b holds nothing and has not asked for longer than idle_s: a may take the window again
-    assert shares.allows("a", {"a": 3}, window=5, now=1.5)
+    assert shares.room("a", {"a": 3}, window=5, group_size=G, now=1.5) == 4
     # an actor that holds a running group counts however long ago it asked
-    assert not shares.allows("a", {"a": 3, "b": 2}, window=5, now=9.0)
+    assert shares.room("a", {"a": 3, "b": 2}, window=5, group_size=G, now=9.0) == 0
     shares.release("b")  # b died: its groups are released, and it no longer counts
-    assert shares.allows("a", {"a": 3}, window=5, now=9.1)
+    assert shares.room("a", {"a": 3}, window=5, group_size=G, now=9.1) == 4
 
 
 def test_two_rollout_actors_split_the_window_and_a_dead_ones_groups_go_to_the_other(tmp_path):

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from configs import ConfigError, KilnConfig, load_config, to_yaml
-from configs.loader import PRESETS, RENAMED, all_keys
+from configs.loader import PRESETS, RENAMED, all_keys, final_names
 from launch.cli.config_doc import render_markdown
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -155,6 +155,29 @@ def test_an_old_flat_key_yaml_gets_one_line_and_a_non_zero_exit(tmp_path):
         assert out.stderr == (
             f"kiln: config error: {old}: learner.weight_sync was renamed to learner.weight_sync.transport\n"
         )
+
+
+def test_a_key_renamed_twice_names_its_name_now():
+    assert final_names({"a": "b", "b": "c", "x": "y"}) == {"a": "c", "b": "c", "x": "y"}
+    with pytest.raises(ValueError, match="circle"):
+        final_names({"a": "b", "b": "a"})
+    # rollout.concurrent_groups became rollout.max_inflight, which became rollout.max_attempts_in_flight
+    with pytest.raises(
+        ConfigError, match="^command line: rollout.concurrent_groups was renamed to rollout.max_attempts_in_flight$"
+    ):
+        load_config(None, ["rollout.concurrent_groups=4"])
+
+
+def test_in_flight_budgets_and_eta_carry_their_unit_and_section_in_their_names(tmp_path):
+    old = tmp_path / "old.yaml"
+    old.write_text("verifier:\n  max_inflight: 4\n")
+    with pytest.raises(ConfigError, match="verifier.max_inflight was renamed to verifier.max_concurrent_requests$"):
+        load_config(old)
+    old.write_text("replay:\n  max_staleness: 0\n")
+    with pytest.raises(ConfigError, match="replay.max_staleness was renamed to algo.max_staleness$"):
+        load_config(old)
+    cfg = load_config(None, ["algo.max_staleness=0", "rollout.max_attempts_in_flight=6"])
+    assert (cfg.algo.max_staleness, cfg.rollout.max_attempts_in_flight) == (0, 6)
 
 
 def test_every_renamed_key_points_at_a_key_that_exists():

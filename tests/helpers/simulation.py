@@ -85,12 +85,15 @@ class Simulation:
         self.rng = np.random.default_rng(cfg.seed)
         replay = ReplayConfig(
             task_source=TEXT_TASKS,
-            max_staleness=cfg.eta,
             retry_after_s=cfg.retry_after_s,
             retry=RetryConfig(capacity=16, probability=0.25, max_retries=2),
         )
         algo = AlgoConfig(
-            group_size=cfg.group_size, batch_groups=cfg.batch_groups, total_steps=cfg.steps, seed=cfg.seed
+            group_size=cfg.group_size,
+            batch_groups=cfg.batch_groups,
+            total_steps=cfg.steps,
+            seed=cfg.seed,
+            max_staleness=cfg.eta,
         )
         self.actor = ReplayActor(replay, algo, RunContext(run_dir=str(run_dir), name="replay"))
         self.now = 0.0

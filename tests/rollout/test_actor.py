@@ -164,7 +164,7 @@ def test_a_task_without_a_prompt_becomes_infra_episodes_not_a_crash():
 
 @pytest.fixture
 def text_verifier():
-    actor = VerifierActor(VerifierConfig(reward_actor=TEXT_REWARD, max_inflight=4))
+    actor = VerifierActor(VerifierConfig(reward_actor=TEXT_REWARD, max_concurrent_requests=4))
     address = actor.start()["verifier"]
     yield address
     actor.stop()
@@ -215,7 +215,7 @@ def test_multi_turn_episodes_against_the_example_reward_actor(tmp_path, text_ver
 
 
 def test_multi_turn_episodes_against_the_cpu_kernel_verifier(tmp_path):
-    verifier = VerifierActor(VerifierConfig(backend="cpu", cache_dir=str(tmp_path / "vcache"), max_inflight=2))
+    verifier = VerifierActor(VerifierConfig(backend="cpu", cache_dir=str(tmp_path / "vcache"), max_concurrent_requests=2))
     address = verifier.start()["verifier"]
     replay = start_replay(tmp_path, tasks=None, G=2, B=1)
     model = dataclasses.replace(TINY, max_seq_len=4096)  # byte-level prompts of whole reference files

@@ -12,7 +12,7 @@ import pytest
 from actors.buffer.task_source import load_task_set
 from actors.rollout.forced import SPIN, CandidatePool, candidates, variants
 from configs import ConfigError, ReplayConfig, load_config
-from configs.schema import FORCED_VARIANTS
+from configs.rollout import FORCED_VARIANTS
 
 ROOT = Path(__file__).resolve().parents[2]
 SOLUTIONS = ROOT / "tasks" / "solutions" / "cpu"

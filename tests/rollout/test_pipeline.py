@@ -92,7 +92,7 @@ def test_one_slow_verification_delays_neither_its_siblings_nor_other_groups(tmp_
     verifier = HoldingVerifier(hold)
     Registry(tmp_path).register("verifier-0", "verifier", {"verifier": verifier.address})
     replay = start_replay(tmp_path, G=2, B=2)
-    actor = actor_for(tmp_path, rollout_cfg(max_turns=3, max_new_tokens=4, max_inflight=8))
+    actor = actor_for(tmp_path, rollout_cfg(max_turns=3, max_new_tokens=4, max_attempts_in_flight=8))
     seen = []
     actor.sender.submit = lambda ep, submit=actor.sender.submit: (seen.append(ep), submit(ep))[1]
     try:
@@ -131,7 +131,7 @@ def test_a_dead_verifiers_requests_go_to_a_live_one_at_once(tmp_path):
     registry.register("verifier-0", "verifier", {"verifier": first.address})
     replay = start_replay(tmp_path, G=2, B=2)
     actor = actor_for(
-        tmp_path, rollout_cfg(max_turns=1, max_new_tokens=4, verify_reply_timeout_s=300.0, max_inflight=4)
+        tmp_path, rollout_cfg(max_turns=1, max_new_tokens=4, verify_reply_timeout_s=300.0, max_attempts_in_flight=4)
     )
     seen = []
     actor.sender.submit = lambda ep, submit=actor.sender.submit: (seen.append(ep), submit(ep))[1]

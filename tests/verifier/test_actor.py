@@ -153,7 +153,7 @@ def test_misbehaving_reward_actor_yields_infra_and_the_actor_keeps_serving(runni
 
 
 def test_replies_leave_in_completion_order(running):
-    _, address = running(cfg_with("tests.verifier.test_actor.Slow", **{"verifier.max_inflight": 4}))
+    _, address = running(cfg_with("tests.verifier.test_actor.Slow", **{"verifier.max_concurrent_requests": 4}))
     finished: list[str] = []
 
     def ask(delay: str) -> VerifyResult:

@@ -15,7 +15,7 @@ from actors.verifier.compare import compare_outputs
 from actors.verifier.extract import extract
 from actors.verifier.legality import static_scan
 from actors.verifier.reward import chosen_speedup, moore_score
-from configs.schema import RewardConfig
+from configs.verifier import RewardConfig
 
 REPO = Path(__file__).resolve().parents[2]
 MODULE = (

@@ -9,7 +9,7 @@ import platform
 from configs import VerifierConfig
 
 # Settings that say where things are, not how verdicts are reached.
-_NOT_SETTINGS = ("cache_dir", "num_actors", "compile_workers", "run_workers", "max_inflight")
+_NOT_SETTINGS = ("cache_dir", "num_actors", "compile_workers", "run_workers", "max_concurrent_requests")
 
 
 def verifier_settings(cfg: VerifierConfig) -> dict:

@@ -145,7 +145,7 @@ def _batches(tasks: list[Task], pending: dict, size: int) -> Iterator[list[tuple
 def _produce(plan: EvalPlan, pending: dict, attempt_log: AttemptLog, verifiers: VerifierSet, progress: Progress) -> int:
     """Answer, verify and log every pending attempt, batch by batch; returns how many attempts were
     sent for verification in this run."""
-    size = max(1, plan.cfg.verifier.num_actors * plan.cfg.verifier.max_inflight)
+    size = max(1, plan.cfg.verifier.num_actors * plan.cfg.verifier.max_concurrent_requests)
     if plan.mode == "model" and plan.use_ray:
         return _produce_on_ray(plan, pending, attempt_log, verifiers, progress, size)
     sampler = _Sampler(plan) if plan.mode == "model" else None

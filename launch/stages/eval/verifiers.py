@@ -51,12 +51,12 @@ class VerifierSet:
                     slot=slot,
                 )
             )
-        # Each verifier works on verifier.max_inflight requests at once; keep them all busy.
+        # Each verifier works on verifier.max_concurrent_requests requests at once; keep them all busy.
         self.client = Verifier(
             self.supervisor.registry.pool_resolver("verifier", "verifier"),
             timeout_s=rollout.verify_reply_timeout_s,
             retries=rollout.verify_retries,
-            concurrency=max(1, cfg.num_actors * cfg.max_inflight),
+            concurrency=max(1, cfg.num_actors * cfg.max_concurrent_requests),
         )
 
     @property

@@ -35,13 +35,13 @@ class VerifierPool(Protocol):
 
 
 class LocalVerifierPool:
-    """The kernel verifier in this process; `verify_all` verifies up to `verifier.max_inflight` at once."""
+    """The kernel verifier in this process; `verify_all` verifies up to `verifier.max_concurrent_requests` at once."""
 
     def __init__(self, cfg: VerifierConfig) -> None:
         from actors.verifier.verifier import KernelVerifier
 
         self.verifier = KernelVerifier(cfg)
-        self._pool = ThreadPoolExecutor(max_workers=cfg.max_inflight, thread_name_prefix="kiln-rft-verify")
+        self._pool = ThreadPoolExecutor(max_workers=cfg.max_concurrent_requests, thread_name_prefix="kiln-rft-verify")
 
     def verify_all(self, requests: list[VerifyRequest]) -> list[VerifyResult]:
         return list(self._pool.map(self.verifier.verify, requests))  # verify() answers every request

@@ -235,7 +235,7 @@ def test_killed_evaluation_resumes_without_verifying_finished_attempts(tmp_path,
         "--out",
         str(out),
         f"verifier.cache_dir={tmp_path / 'cache'}",
-        "verifier.max_inflight=1",
+        "verifier.max_concurrent_requests=1",
     ]
     proc = subprocess.Popen(
         [sys.executable, "-m", "launch.cli", *args],
