@@ -78,6 +78,30 @@ EVAL_CONCURRENCY = 4  # validation tasks in flight at once (their samples batch 
 TASK_LIST_TIMEOUT_S = 60.0
 
 
+def _reporter(ctx: RunContext, actor_id: str, *, send_episodes: bool, episode_log: bool) -> Reporter:
+    """Group reports (and a sampled episode per group) to the driver; with `episode_log` (rollout-only
+    mode), every episode to disk as well."""
+    log_path = None
+    if episode_log:
+        (ctx.path / "episodes_log").mkdir(parents=True, exist_ok=True)
+        log_path = str(ctx.path / "episodes_log" / f"{actor_id}.kiln")
+    metrics = ctx.registry.address("driver", "metrics") or None
+    return Reporter(metrics, send_episodes=send_episodes, episode_log=log_path)
+
+
+def _candidate_pool(rollout: RolloutConfig, index: int) -> CandidatePool | None:
+    """Forced-response candidates (benchmarks, the CPU demo), when the config names any."""
+    if not rollout.forced_candidates:
+        return None
+    return CandidatePool(
+        rollout.forced_candidates,
+        seed=rollout.seed + index,
+        fraction=rollout.forced_fraction,
+        mix=rollout.forced_mix,
+        unique=rollout.bench.unique_forced,
+    )
+
+
 class RolloutActor(Actor):
     role = "rollout"
 
@@ -135,15 +159,7 @@ class RolloutActor(Actor):
             "group_errors": 0,
         }
         self._finished = False
-        # Group reports (and a sampled episode per group) to the driver; every episode to disk in
-        # rollout-only mode.
-        log_path = None
-        if episode_log:
-            (ctx.path / "episodes_log").mkdir(parents=True, exist_ok=True)
-            log_path = str(ctx.path / "episodes_log" / f"{self.actor_id}.kiln")
-        self.reporter = Reporter(
-            registry.address("driver", "metrics") or None, send_episodes=send_episodes, episode_log=log_path
-        )
+        self.reporter = _reporter(ctx, self.actor_id, send_episodes=send_episodes, episode_log=episode_log)
         # The episode sender and the reporter block on their sockets: the event loop calls them on this
         # one thread (which also keeps each socket on one thread). The task feed has a thread of its own:
         # replay holds an ask it cannot serve yet (up to replay.retry_after_s), which must not hold up
@@ -154,17 +170,7 @@ class RolloutActor(Actor):
         self._preparing = threading.Lock()
         self._prepared: Engine | None = None  # built by prepare() (a standby), taken by start()
         self._pipeline_now: Pipeline | None = None
-        self.pool = (
-            CandidatePool(
-                rollout.forced_candidates,
-                seed=rollout.seed + self.index,
-                fraction=rollout.forced_fraction,
-                mix=rollout.forced_mix,
-                unique=rollout.bench.unique_forced,
-            )
-            if rollout.forced_candidates
-            else None
-        )
+        self.pool = _candidate_pool(rollout, self.index)
 
     # ------------------------------------------------------------------------------ lifecycle
 

@@ -159,102 +159,117 @@ class EngineServer:
         if self._thread:
             self._thread.join(timeout=10)
 
-    # Each route returns (status, JSON-able body or None for an empty 200).
+    # Each route returns (status, JSON-able body or None for an empty 200); a method's routes answer
+    # None for a path they do not serve.
     def route(self, method: str, path: str, body: dict) -> tuple[int, object]:
+        routes = {"GET": self._get, "POST": self._post}.get(method)
+        answer = routes(path, body) if routes is not None else None
+        return answer if answer is not None else (404, {"error": {"message": f"no route {method} {path}"}})
+
+    def _get(self, path: str, body: dict) -> tuple[int, object] | None:
         e = self.engine
-        if method == "GET":
-            if path in ("/health", "/health_generate"):
-                return (200, None) if e.health().alive else (503, {"error": {"message": "engine down"}})
-            if path in ("/model_info", "/get_model_info"):
-                return 200, {
-                    "model_path": self.model_path,
-                    "tokenizer_path": self.model_path,
-                    "is_generation": True,
-                    "weight_version": str(e.weight_version),
-                }
-            if path in ("/server_info", "/get_server_info"):
-                return 200, {
-                    "version": "kiln-torch",
-                    "weight_version": str(e.weight_version),
-                    "model_path": self.model_path,
-                    "internal_states": [dataclasses.asdict(e.health())],
-                }
-            if path == "/v1/models":
-                return 200, {"object": "list", "data": [{"id": self.model_path or "kiln", "object": "model"}]}
-            if path == "/get_weight_version":
-                return 200, {"weight_version": str(e.weight_version)}
-        if method == "POST":
-            if path == "/generate":
-                reqs, batched = parse_generate(body)
-                gens = e.generate(reqs)
-                out = [generation_json(g, self.decode, e.weight_version) for g in gens]
-                return 200, out if batched else out[0]
-            if path == "/abort_request":
-                e.abort(None if body.get("abort_all") else [str(body.get("rid", ""))])
-                return 200, None
-            if path == "/update_weights_from_disk":
-                if not isinstance(body.get("model_path"), str):
-                    raise BadRequest("model_path (a directory) is required")
-                try:
-                    version = int(body.get("weight_version", e.weight_version + 1))
-                except (TypeError, ValueError):
-                    raise BadRequest("weight_version must be an integer") from None
-                try:
-                    e.update_weights_from_disk(body["model_path"], version)
-                except (EngineError, OSError) as err:
-                    return 400, {"success": False, "message": str(err), "num_paused_requests": 0}
-                return 200, {"success": True, "message": f"loaded version {version}", "num_paused_requests": 0}
-            if path == "/init_weights_update_group":
-                return _weights_result(
-                    lambda: e.init_weights_update_group(
-                        str(body["master_address"]),
-                        int(body["master_port"]),
-                        int(body["rank_offset"]),
-                        int(body["world_size"]),
-                        str(body.get("group_name", "weight_update_group")),
-                        str(body.get("backend", "nccl")),
-                    ),
-                    "joined the weight group",
-                )
-            if path == "/update_weights_from_distributed":
-                version = int(body.get("weight_version", e.weight_version + 1))
-                # SGLang's flush_cache=false says more buckets of this version follow: the torch engine
-                # stages them and applies the version whole with the bucket that flushes.
-                last = body.get("flush_cache", True)
-                if not isinstance(last, bool):
-                    raise BadRequest("flush_cache must be a boolean")
-                load_format = body.get("load_format")
-                if load_format not in (None, "flattened_bucket"):
-                    raise BadRequest(f"load_format {load_format!r}: the torch engine takes null or 'flattened_bucket'")
-                return _weights_result(
-                    lambda: e.update_weights_from_distributed(
-                        list(body["names"]),
-                        list(body["dtypes"]),
-                        [list(x) for x in body["shapes"]],
-                        version,
-                        str(body.get("group_name", "weight_update_group")),
-                        last=last,
-                        flat=load_format == "flattened_bucket",
-                    ),
-                    f"loaded version {version}" if last else f"staged a bucket of version {version}",
-                )
-            if path == "/pause_generation":
-                mode = body.get("mode", "abort")  # SGLang's default mode
-                if mode not in ("abort", "in_place"):
-                    raise BadRequest(f"pause mode {mode!r}: the torch engine supports 'abort' and 'in_place'")
-                if mode == "abort":
-                    e.abort(None)
-                e.pause()
-                return 200, {"message": "Generation paused successfully.", "status": "ok"}
-            simple = {
-                "/continue_generation": e.resume,
-                "/release_memory_occupation": e.release_memory,
-                "/resume_memory_occupation": e.resume_memory,
+        if path in ("/health", "/health_generate"):
+            return (200, None) if e.health().alive else (503, {"error": {"message": "engine down"}})
+        if path in ("/model_info", "/get_model_info"):
+            return 200, {
+                "model_path": self.model_path,
+                "tokenizer_path": self.model_path,
+                "is_generation": True,
+                "weight_version": str(e.weight_version),
             }
-            if path in simple:
-                simple[path]()
-                return 200, None
-        return 404, {"error": {"message": f"no route {method} {path}"}}
+        if path in ("/server_info", "/get_server_info"):
+            return 200, {
+                "version": "kiln-torch",
+                "weight_version": str(e.weight_version),
+                "model_path": self.model_path,
+                "internal_states": [dataclasses.asdict(e.health())],
+            }
+        if path == "/v1/models":
+            return 200, {"object": "list", "data": [{"id": self.model_path or "kiln", "object": "model"}]}
+        if path == "/get_weight_version":
+            return 200, {"weight_version": str(e.weight_version)}
+        return None
+
+    def _post(self, path: str, body: dict) -> tuple[int, object] | None:
+        e = self.engine
+        if path in ("/update_weights_from_disk", "/init_weights_update_group", "/update_weights_from_distributed"):
+            return self._post_weights(path, body)
+        if path == "/generate":
+            reqs, batched = parse_generate(body)
+            gens = e.generate(reqs)
+            out = [generation_json(g, self.decode, e.weight_version) for g in gens]
+            return 200, out if batched else out[0]
+        if path == "/abort_request":
+            e.abort(None if body.get("abort_all") else [str(body.get("rid", ""))])
+            return 200, None
+        if path == "/pause_generation":
+            mode = body.get("mode", "abort")  # SGLang's default mode
+            if mode not in ("abort", "in_place"):
+                raise BadRequest(f"pause mode {mode!r}: the torch engine supports 'abort' and 'in_place'")
+            if mode == "abort":
+                e.abort(None)
+            e.pause()
+            return 200, {"message": "Generation paused successfully.", "status": "ok"}
+        simple = {
+            "/continue_generation": e.resume,
+            "/release_memory_occupation": e.release_memory,
+            "/resume_memory_occupation": e.resume_memory,
+        }
+        if path in simple:
+            simple[path]()
+            return 200, None
+        return None
+
+    def _post_weights(self, path: str, body: dict) -> tuple[int, object] | None:
+        """The weight endpoints: load from disk, join the learner's broadcast group, receive a bucket."""
+        e = self.engine
+        if path == "/update_weights_from_disk":
+            if not isinstance(body.get("model_path"), str):
+                raise BadRequest("model_path (a directory) is required")
+            try:
+                version = int(body.get("weight_version", e.weight_version + 1))
+            except (TypeError, ValueError):
+                raise BadRequest("weight_version must be an integer") from None
+            try:
+                e.update_weights_from_disk(body["model_path"], version)
+            except (EngineError, OSError) as err:
+                return 400, {"success": False, "message": str(err), "num_paused_requests": 0}
+            return 200, {"success": True, "message": f"loaded version {version}", "num_paused_requests": 0}
+        if path == "/init_weights_update_group":
+            return _weights_result(
+                lambda: e.init_weights_update_group(
+                    str(body["master_address"]),
+                    int(body["master_port"]),
+                    int(body["rank_offset"]),
+                    int(body["world_size"]),
+                    str(body.get("group_name", "weight_update_group")),
+                    str(body.get("backend", "nccl")),
+                ),
+                "joined the weight group",
+            )
+        if path == "/update_weights_from_distributed":
+            version = int(body.get("weight_version", e.weight_version + 1))
+            # SGLang's flush_cache=false says more buckets of this version follow: the torch engine
+            # stages them and applies the version whole with the bucket that flushes.
+            last = body.get("flush_cache", True)
+            if not isinstance(last, bool):
+                raise BadRequest("flush_cache must be a boolean")
+            load_format = body.get("load_format")
+            if load_format not in (None, "flattened_bucket"):
+                raise BadRequest(f"load_format {load_format!r}: the torch engine takes null or 'flattened_bucket'")
+            return _weights_result(
+                lambda: e.update_weights_from_distributed(
+                    list(body["names"]),
+                    list(body["dtypes"]),
+                    [list(x) for x in body["shapes"]],
+                    version,
+                    str(body.get("group_name", "weight_update_group")),
+                    last=last,
+                    flat=load_format == "flattened_bucket",
+                ),
+                f"loaded version {version}" if last else f"staged a bucket of version {version}",
+            )
+        return None
 
 
 def _weights_result(fn: Callable[[], None], message: str) -> tuple[int, dict]:
