@@ -62,6 +62,7 @@ from protocols import (
     VersionsSeen,
     VersionsSeenRequest,
 )
+from protocols import metric_keys as mk
 from protocols.channels import ChannelTimeout, NoServer, PushChannel, ReconnectingClient, RemoteError
 from protocols.lease import DeviceLease
 from protocols.timeline import SpanRecorder
@@ -272,7 +273,7 @@ class LearnerActor(Actor):
             with self.timeline.span("training"):
                 result = self.backend.sft_step(batches[i % len(batches)], lr=w.lr)
             losses.append(result.loss)
-            self._emit(-1, {"sft/loss": result.loss, "sft/step_s": result.seconds})
+            self._emit(-1, {mk.SFT_LOSS: result.loss, mk.SFT_STEP_S: result.seconds})
         if self.cfg.checkpoint_every:
             self.checkpoint()
         self.warm_start_report = WarmStartReport(
@@ -378,17 +379,17 @@ class LearnerActor(Actor):
 
     def _step_values(self, result: StepResult, batch: TrainBatch, push_s: float) -> dict[str, float]:
         return {
-            "train/loss": result.loss,
-            "train/grad_norm": result.grad_norm,
-            "train/step_s": result.seconds,
-            "train/tokens": float(result.tokens),
-            "train/trained_tokens": float(result.trained_tokens),
-            "train/tokens_per_s": result.tokens / max(result.seconds, 1e-9),
-            "train/sequences": float(len(batch.advantages)),
-            "train/off_policy_kept": float(_off_policy_kept(result, batch)),
-            "weights/version": float(self.version),
-            "weights/sync_s": push_s,
-            **{f"train/{k}": float(v) for k, v in result.metrics.items()},
+            mk.TRAIN_LOSS: result.loss,
+            mk.TRAIN_GRAD_NORM: result.grad_norm,
+            mk.TRAIN_STEP_S: result.seconds,
+            mk.TRAIN_TOKENS: float(result.tokens),
+            mk.TRAIN_TRAINED_TOKENS: float(result.trained_tokens),
+            mk.TRAIN_TOKENS_PER_S: result.tokens / max(result.seconds, 1e-9),
+            mk.TRAIN_SEQUENCES: float(len(batch.advantages)),
+            mk.TRAIN_OFF_POLICY_KEPT: float(_off_policy_kept(result, batch)),
+            mk.WEIGHTS_VERSION: float(self.version),
+            mk.WEIGHTS_SYNC_S: push_s,
+            **{mk.train(k): float(v) for k, v in result.metrics.items()},
         }
 
     # ------------------------------------------------------------------------- weights, state

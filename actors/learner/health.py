@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from actors.base import ActorHealth
+from protocols import metric_keys as mk
 
 
 @dataclass(frozen=True)
@@ -21,10 +22,10 @@ class WarmStartReport:
     def metrics(self) -> dict[str, float]:
         """The run's `sft/` metrics row."""
         return {
-            "sft/first_loss": self.first_loss,
-            "sft/final_loss": self.final_loss,
-            "sft/steps": float(self.steps),
-            "sft/seconds": self.seconds,
+            mk.SFT_FIRST_LOSS: self.first_loss,
+            mk.SFT_FINAL_LOSS: self.final_loss,
+            mk.SFT_STEPS: float(self.steps),
+            mk.SFT_SECONDS: self.seconds,
         }
 
 

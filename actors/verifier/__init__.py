@@ -14,12 +14,14 @@ process. Where things are:
                  compute fence at the dispatcher, the sandbox's own plumbing copies), built by the
                  build service; shim.py, the stand-in for ctypes that keeps raw memory out of the zygote
   build/         the compile subsystem (BuildService: jailed capture and build processes, symbol check)
-  jail.py, isolation.py, zygote.py   the confinement (namespaces, uid, filesystem, seccomp), what each
-                 kind of process sees, and the one fork server of every jailed process
-  executor.py, sandbox.py, wire.py   the execution sandbox (sealed before the candidate loads, signed
-                 replies, the I/O arena) and its channel
-  reference.py, compare.py, runner.py, baselines.py, timing.py   the trusted side (protocols/lease.py:
-                 the device lease shared with engines and learners)
+  jail.py, seccomp.py, isolation.py, zygote.py   the confinement (namespaces, uid, filesystem; the
+                 seccomp filters), what each kind of process sees, and the one fork server of every
+                 jailed process
+  executor.py, sandbox.py, sealed.py, wire.py   the execution sandbox (sandbox.py until it seals,
+                 sealed.py's request loop after: signed replies, the I/O arena) and its channel
+  reference.py, compare.py, runner.py, outcome.py, baselines.py, timing.py   the trusted side
+                 (runner.py drives a run, outcome.py is what it established; protocols/lease.py: the
+                 device lease shared with engines and learners)
   reward.py      the MooreEval score and the feedback texts; verdicts.py: the authenticated verdict cache
   examples.py    TextMatchReward, an example reward actor for a non-kernel task
 The verifier's own tools live in launch/bench/ (`gpu_verifier`, `compile`, `gpu_compile`).

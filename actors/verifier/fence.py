@@ -27,7 +27,7 @@ every caller (there is no window, no switch and no attribution to a "trusted" fr
 5. Data does not leave the device: a copy from a CUDA tensor to host memory made by candidate code
    refuses (the sandbox's own reads of the outputs are its own copies).
 6. The kernel refuses, from the seal on, signal handlers, timers, new processes and memfd (a seccomp
-   filter stacked on the jail's: `jail.armed_seccomp_program`).
+   filter stacked on the jail's: `seccomp.armed_seccomp_program`).
 Every refusal is numbered into kiln_native's log, which every signed reply carries, and written at
 once to the evidence pipe (for a process that dies before replying); a refusal that the candidate
 catches and hides is still on record, and so is a closed or replaced pipe.
@@ -176,28 +176,52 @@ def install_refusers(kn) -> list[str]:
     """Replace torch's data paths with kiln_native refusers (C functions that hold no Python state:
     nothing of the sandbox's is reachable through them). In the process about to load candidate
     code, before it arms; returns what was replaced."""
-    done: list[str] = []
-    aliases: dict[int, tuple[object, object]] = {}  # id(original) -> (original, refuser), replaced in one pass
+    r = _Refusers(kn)
+    storages = _refuse_tensor_data(r)
+    functions = _refuse_torch_internals(r)
+    graph, writer = _refuse_graphs_and_writers(r)
+    _refuse_signals_and_hooks(r)
+    _replace_aliases(r.aliases)
+    for tp in {torch._C.TensorBase, torch.Tensor, functions, *storages, graph, writer} - {None}:
+        if _is_static(tp):
+            kn.type_modified(tp)
+    return r.done
 
-    def refuser(what: str, kind: str = "python_compute", why: str = "tensor data handed to Python"):
-        return kn.refuser(what, kind, why)
 
-    def in_type(tp: type, name: str, what: str, kind: str, why: str) -> None:
+class _Refusers:
+    """What install_refusers replaced so far (`done`), the module-level objects it replaced (each
+    alias of them is replaced too, in one pass at the end), and how one more is replaced."""
+
+    def __init__(self, kn) -> None:
+        self.kn = kn
+        self.done: list[str] = []
+        self.aliases: dict[int, tuple[object, object]] = {}  # id(original) -> (original, refuser)
+
+    def refuser(self, what: str, kind: str = "python_compute", why: str = "tensor data handed to Python"):
+        return self.kn.refuser(what, kind, why)
+
+    def in_type(self, tp: type, name: str, what: str, kind: str, why: str) -> None:
         table = tp.__dict__
         if name not in table:
             return
-        replacement = refuser(what, kind, why)
+        replacement = self.refuser(what, kind, why)
         if _is_static(tp):
             _type_dict(tp)[name] = replacement
         else:
             setattr(tp, name, replacement)
-        done.append(what)
+        self.done.append(what)
 
+    def in_module(self, module, name: str, what: str, kind: str, why: str) -> None:
+        _replace_module_attribute(module, name, self.refuser(what, kind, why), self.done, self.aliases)
+
+
+def _refuse_tensor_data(r: _Refusers) -> list[type]:
+    """Tensor and storage methods that hand data or memory to Python; returns the storage types."""
     tb = torch._C.TensorBase
     for name in TENSOR_DATA:
-        in_type(tb, name, f"Tensor.{name}", "python_compute", "tensor data handed to Python")
+        r.in_type(tb, name, f"Tensor.{name}", "python_compute", "tensor data handed to Python")
     for name in TENSOR_PY_DATA:
-        in_type(torch.Tensor, name, f"Tensor.{name}", "python_compute", "tensor data handed to Python")
+        r.in_type(torch.Tensor, name, f"Tensor.{name}", "python_compute", "tensor data handed to Python")
     storages = [torch._C.StorageBase, torch.storage._StorageBase, torch.UntypedStorage, torch.TypedStorage]
     for tp in storages:
         for name in list(tp.__dict__):
@@ -207,72 +231,81 @@ def install_refusers(kn) -> list[str]:
             ):
                 continue
             if callable(tp.__dict__[name]) or isinstance(tp.__dict__[name], (classmethod, staticmethod)):
-                in_type(tp, name, f"{tp.__name__}.{name}", "python_compute", "storage data or memory handed to Python")
-    kn.refuse_subscript(torch._C.StorageBase, "UntypedStorage[i]")
+                r.in_type(
+                    tp, name, f"{tp.__name__}.{name}", "python_compute", "storage data or memory handed to Python"
+                )
+    r.kn.refuse_subscript(torch._C.StorageBase, "UntypedStorage[i]")
+    return storages
+
+
+def _refuse_torch_internals(r: _Refusers) -> type:
+    """torch's alias constructors, torch._C's memory, allocator, registration and TorchScript entry
+    points, tensor expressions; returns the type of torch's function table."""
     functions = type(torch._C._VariableFunctions)
     for name in TORCH_ALIASES:
         what = f"torch.{name}"
         why = "a tensor over memory Python can read, or memory given by address"
-        in_type(functions, name, what, "python_compute", why)
-        _replace_module_attribute(torch, name, refuser(what, "python_compute", why), done, aliases)
+        r.in_type(functions, name, what, "python_compute", why)
+        r.in_module(torch, name, what, "python_compute", why)
     refused_c = set(TORCH_C_REFUSED) | {n for n in dir(torch._C) if any(p in n for p in TORCH_C_REFUSED_PATTERNS)}
     for name in sorted(refused_c):
         if hasattr(torch._C, name):
-            _replace_module_attribute(
+            r.in_module(
                 torch._C,
                 name,
-                refuser(
-                    f"torch._C.{name}",
-                    "torch_internals",
-                    "memory by address, allocators, operator registration or TorchScript",
-                ),
-                done,
-                aliases,
+                f"torch._C.{name}",
+                "torch_internals",
+                "memory by address, allocators, operator registration or TorchScript",
             )
     for name in ("_te",):  # tensor expressions compute with kernels of their own
         if hasattr(torch._C, name):
             delattr(torch._C, name)
             sys.modules.pop(f"torch._C.{name}", None)
-            done.append(f"torch._C.{name}")
+            r.done.append(f"torch._C.{name}")
+    return functions
+
+
+def _refuse_graphs_and_writers(r: _Refusers) -> tuple[type | None, type | None]:
+    """CUDA graph capture and replay, and torch.save's record writer; returns their types (or None)."""
     graph = getattr(torch._C, "_CUDAGraph", None)
     if graph is not None:
         for name in CUDA_GRAPH_METHODS:
-            in_type(graph, name, f"CUDAGraph.{name}", "torch_internals", "CUDA graph capture or replay")
+            r.in_type(graph, name, f"CUDAGraph.{name}", "torch_internals", "CUDA graph capture or replay")
     writer = getattr(torch._C, "PyTorchFileWriter", None)
     if writer is not None:
-        in_type(
+        r.in_type(
             writer, "write_record", "PyTorchFileWriter.write_record", "python_compute", "tensor data handed to Python"
         )
+    return graph, writer
+
+
+def _refuse_signals_and_hooks(r: _Refusers) -> None:
+    """Signal handlers and timers, the ctypes stand-in, and eval-frame hooks."""
     import _signal
     import signal
 
     for name in SIGNAL_FUNCTIONS:  # the kernel refuses them anyway once armed; this puts the attempt on record
         for module in (signal, _signal):
             if name in vars(module):
-                _replace_module_attribute(
+                r.in_module(
                     module,
                     name,
-                    refuser(f"signal.{name}", "signals", "a handler or a timer would run work after forward returned"),
-                    done,
-                    aliases,
+                    f"signal.{name}",
+                    "signals",
+                    "a handler or a timer would run work after forward returned",
                 )
     for name in [n for n in sys.modules if n == "ctypes" or n.startswith("ctypes.")]:
         sys.modules.pop(name)  # the stand-in (native/shim.py): `import ctypes` is an import again, and refused
-        done.append(f"sys.modules[{name!r}]")
+        r.done.append(f"sys.modules[{name!r}]")
     frames = getattr(getattr(getattr(torch._C, "_dynamo", None), "eval_frame", None), "set_eval_frame", None)
     if frames is not None:
-        _replace_module_attribute(
+        r.in_module(
             torch._C._dynamo.eval_frame,
             "set_eval_frame",
-            refuser("set_eval_frame", "introspection", "an eval-frame hook sees every frame"),
-            done,
-            aliases,
+            "set_eval_frame",
+            "introspection",
+            "an eval-frame hook sees every frame",
         )
-    _replace_aliases(aliases)
-    for tp in {tb, torch.Tensor, functions, *storages, graph, writer} - {None}:
-        if _is_static(tp):
-            kn.type_modified(tp)
-    return done
 
 
 def _is_static(tp: type) -> bool:

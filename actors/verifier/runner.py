@@ -26,15 +26,16 @@ import hashlib
 import random
 import secrets
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from actors.verifier import timing
 from actors.verifier.baselines import Baselines
 from actors.verifier.compare import compare_outputs
-from actors.verifier.executor import ChildSession, SandboxCrash, SandboxFailure, SandboxForged, SandboxPool
+from actors.verifier.executor import ChildSession, SandboxFailure, SandboxPool
 from actors.verifier.legality import Violation
+from actors.verifier.outcome import RunOutcome, TrialRecord
 from actors.verifier.reference import BrokenTask, Instance, Reference, ReferenceError, ShapeConfig, Trial
 from configs import VerifierConfig
 from protocols.lease import DeviceLease
@@ -48,51 +49,6 @@ SCALED_INPUTS = 16.0  # the extra trial's floating-point inputs are this many ti
 # cuda: a device-wide synchronize right after the caller's stream was synchronised that takes longer
 # than this found work still running: work of the candidate's that outlived forward.
 PENDING_S = 0.5e-3
-
-
-@dataclass
-class TrialRecord:
-    label: str  # "primary#0", "alt1#0", "scaled#0"
-    shapes: str
-    passed: bool
-    message: str = ""
-    max_abs_error: float = 0.0
-
-    def to_json(self) -> dict:
-        return {
-            "label": self.label,
-            "shapes": self.shapes,
-            "passed": self.passed,
-            "message": self.message,
-            "max_abs_error": self.max_abs_error if self.max_abs_error == self.max_abs_error else None,
-        }
-
-
-@dataclass
-class RunOutcome:
-    """What execution established; `verifier.py` turns it into a VerifyResult."""
-
-    stage: str = "run"
-    error_class: str | None = None
-    message: str = ""  # runtime/timeout/infra explanation
-    trials: list[TrialRecord] = field(default_factory=list)
-    violations: list[Violation] = field(default_factory=list)
-    candidate_s: float | None = None
-    eager_s: float | None = None
-    compile_s: float | None = None
-    timing_runs: int = 0
-    timing: dict = field(default_factory=dict)  # the protocol's figures for both sides, the checked calls
-    implausible: str = ""  # why the measured time earns no speed bonus ("" when it does)
-    params: str = ""
-    notes: list[str] = field(default_factory=list)
-    timings: dict[str, float] = field(default_factory=dict)
-    sandbox: dict = field(default_factory=dict)  # the jail report of the sandbox that ran it
-    exit: dict = field(default_factory=dict)  # the sandbox's own exit status
-    broken_task: bool = False  # the reference produced NaN from finite inputs
-
-    @property
-    def q(self) -> float:
-        return sum(t.passed for t in self.trials) / len(self.trials) if self.trials else 0.0
 
 
 @dataclass
@@ -153,9 +109,9 @@ class CandidateRun:
                 self.out.sandbox = dict(child.jail)
                 self.out.timings["sandbox_wait"] = child.waited_s
                 self._execute(child, plan, source, source_hash, artifacts, toolchain)
-                self._inspect(child)
+                self.out.inspect(child)
         except SandboxFailure as err:
-            self._sandbox_failed(err)
+            self.out.sandbox_failed(err, self.current_op, self.cfg.run_timeout_s)
         except BrokenTask as err:
             self.out.stage, self.out.error_class, self.out.message, self.out.broken_task = (
                 "run",
@@ -167,8 +123,8 @@ class CandidateRun:
             self.out.stage, self.out.error_class, self.out.message = "run", "infra", str(err)
         if child is not None:
             self.out.exit = child.exit_status()
-            self._absorb_evidence(child)
-        self._finish()
+            self.out.absorb_evidence(child)
+        self.out.finish()
         self.out.timings["execution"] = time.perf_counter() - started
         return self.out
 
@@ -225,7 +181,7 @@ class CandidateRun:
                 raise SandboxFailure(f"the sandbox could not seal itself: {reply.get('error')}")
             reply = self.budget.ask(child, "load", {})
         self.out.timings["import"] = time.perf_counter() - t0
-        if not self._absorb(reply, "importing the module"):
+        if not self.out.absorb(reply, "importing the module"):
             return
         self.current_op = "building ModelNew"
         arena = child.arena
@@ -241,7 +197,7 @@ class CandidateRun:
         with self.lease.shared():
             reply = self.budget.ask(child, "build", {"instances": instances})
         described = "; ".join(f"ModelNew({_args(inst.init_args)})" for _, inst, _ in plan.configs)
-        if not self._absorb(reply, f"constructing {described}"):
+        if not self.out.absorb(reply, f"constructing {described}"):
             return
         self.out.params = ",".join(str(p)[:10] for p in (reply.get("params") or []))[:60]
         t0 = time.perf_counter()
@@ -252,7 +208,7 @@ class CandidateRun:
         if self.out.error_class is None and not self.out.violations and self.primary_trials:
             self._canary(child)
         self.out.timings["correctness"] = time.perf_counter() - t0
-        self._inspect(child)
+        self.out.inspect(child)
         if self.out.violations:
             self.out.stage, self.out.error_class = "legality", "cheating"
             return
@@ -265,7 +221,7 @@ class CandidateRun:
         t0 = time.perf_counter()
         self._time(child)
         self.out.timings["performance"] = time.perf_counter() - t0
-        self._inspect(child)
+        self.out.inspect(child)
         if self.out.violations:
             self.out.stage, self.out.error_class = "legality", "cheating"
         elif self.out.error_class is None:
@@ -282,7 +238,7 @@ class CandidateRun:
             self.current_op = f"trial {len(self.out.trials) + 1} ({config.describe()})"
             with self.lease.shared():
                 reply = self._call(child, index, trial)
-            if not self._absorb(reply, f"forward on trial {len(self.out.trials) + 1} ({config.describe()})"):
+            if not self.out.absorb(reply, f"forward on trial {len(self.out.trials) + 1} ({config.describe()})"):
                 return False
             self._judge_trial(child, trial, reply, f"{label}#{k}")
             if self.out.violations:
@@ -309,7 +265,7 @@ class CandidateRun:
         with self.lease.shared():
             canary = self.ref.mosaic(self.primary_trials[-1], self.primary)
             reply = self._call(child, self.primary_index, canary)
-        if self._absorb(reply, "forward on the canary trial") and not reply.get("failure"):
+        if self.out.absorb(reply, "forward on the canary trial") and not reply.get("failure"):
             self._judge_trial(child, canary, reply, "canary", counts=False)
 
     def _judge_trial(self, child: ChildSession, trial: Trial, reply: dict, label: str, *, counts: bool = True) -> None:
@@ -485,7 +441,7 @@ class CandidateRun:
 
     def _replies_ok(self, replies: list[dict]) -> bool:
         for reply in replies:
-            if not self._absorb(reply, "a timed run"):
+            if not self.out.absorb(reply, "a timed run"):
                 return False
             if reply.get("failure"):
                 self.out.stage, self.out.error_class = "performance", "runtime"
@@ -512,7 +468,7 @@ class CandidateRun:
             expected = self.ref.run(self.primary.model, inputs)
             out = arena.region(_nbytes(expected) + 64 * len(expected))
             reply = self.budget.ask(child, "fetch", {"call": call, "out": out})
-        if not self._absorb(reply, "fetching a timed run's outputs"):
+        if not self.out.absorb(reply, "fetching a timed run's outputs"):
             return False
         got, why = self._outputs(child, reply.get("outputs"), expected)
         check = compare_outputs(got, expected, self.tol_override) if got is not None else None
@@ -554,96 +510,6 @@ class CandidateRun:
                 f"can ({floor * 1e6:.1f} us at the calibrated bandwidth x{self.bandwidth.SLACK:g}): "
                 "no speed bonus"
             )
-
-    # ------------------------------------------------------------------------------ evidence
-
-    def _inspect(self, child: ChildSession) -> None:
-        """What the verifier sees of the sandbox from outside: shared mappings that appeared after it
-        started (memory a file descriptor and a tensor both see: Python reads it without torch)."""
-        new = child.new_shared_mappings()
-        if new:
-            self.out.violations.append(
-                Violation(
-                    "shared_memory",
-                    f"a shared memory mapping ({len(new)} new)",
-                    "",
-                    "tensor memory that Python reads and writes outside PyTorch: compute in your own kernel",
-                )
-            )
-            child.baseline_maps |= set(new)  # said once
-
-    def _absorb(self, reply: dict, doing: str) -> bool:
-        """Record the error of a reply; False when the job cannot go on."""
-        patched = reply.get("patched")
-        if isinstance(patched, list) and patched:
-            self.out.violations.append(
-                Violation(
-                    "patched", ", ".join(str(p)[:40] for p in patched[:5]), "", "replacing torch's comparison functions"
-                )
-            )
-        if reply.get("ok") and reply.get("raised") and reply.get("failure"):
-            self.out.stage, self.out.error_class = "run", "runtime"
-            where = f" at {reply['where']}" if reply.get("where") else ""
-            self.out.message = f"{str(reply['failure'])[:1000]} while {doing}{where}"
-            return False
-        if reply.get("ok"):
-            if reply.get("failure") and doing == "importing the module":
-                self.out.stage, self.out.error_class = "run", "runtime"
-                where = f" at {reply['where']}" if reply.get("where") else ""
-                self.out.message = f"{str(reply['failure'])[:1000]} while {doing}{where}"
-                return False
-            if reply.get("failure") and doing.startswith("constructing"):
-                self.out.stage, self.out.error_class = "run", "runtime"
-                where = f" at {reply['where']}" if reply.get("where") else ""
-                self.out.message = f"{str(reply['failure'])[:1000]} while {doing}{where}"
-                return False
-            return True
-        self.out.stage, self.out.error_class = "run", "runtime"
-        self.out.message = f"the sandbox could not answer while {doing}: {str(reply.get('error', ''))[:300]}"
-        return False
-
-    def _absorb_evidence(self, child: ChildSession) -> None:
-        """What the fence and the audit hook wrote to the evidence pipe the moment they refused: it holds
-        whatever the candidate did afterwards."""
-        child.drain_evidence()
-        known = {(v.kind, v.what) for v in self.out.violations}
-        for v in child.evidence:
-            if (v.kind, v.what) not in known:
-                self.out.violations.append(v)
-                known.add((v.kind, v.what))
-        child.evidence.clear()
-
-    def _finish(self) -> None:
-        """Any finding makes the verdict cheating, whatever else happened (unless the system failed)."""
-        if self.out.violations and self.out.error_class != "infra":
-            self.out.stage, self.out.error_class = "legality", "cheating"
-
-    def _sandbox_failed(self, err: SandboxFailure) -> None:
-        doing = self.current_op
-        if isinstance(err, SandboxCrash) and err.exited_cleanly:
-            self.out.violations.append(
-                Violation(
-                    "exit",
-                    "the process exited with status 0 during " + doing,
-                    "",
-                    "os._exit / exit to fake a finished run",
-                )
-            )
-        if isinstance(err, SandboxForged):
-            self.out.violations.append(Violation("forged", str(err), "", "writing to the verifier's channel"))
-        if self.out.violations:
-            self.out.stage, self.out.error_class = "legality", "cheating"
-            self.out.message = f"{err} ({doing})"
-            return
-        self.out.error_class = err.error_class
-        if err.error_class == "timeout":
-            self.out.message = (
-                f"execution exceeded the {self.cfg.run_timeout_s:g} s limit during {doing}: "
-                "an endless loop, a deadlock, or far too slow"
-            )
-        else:
-            self.out.message = f"while {doing}, {err}"
-        self.out.stage = "performance" if self.out.stage == "performance" else "run"
 
 
 def _tol_override(cfg: VerifierConfig, ref: Reference) -> tuple[float, float] | None:

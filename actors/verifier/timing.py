@@ -167,7 +167,7 @@ def record(times: TripTimes, run_s: float, null_s: float) -> None:
 
 class LocalTrips:
     """Trips of the reference (eager or compiled) in this process, step for step as the sandbox runs
-    the candidate's (sandbox.py, op_trip): each call on its own set of inputs already on the device,
+    the candidate's (sealed.py, op_trip): each call on its own set of inputs already on the device,
     preceded (on cuda) by an L2 flush, its outputs copied to a snapshot; then wait for the device.
     `sets` are the calls' inputs (on the host); `stage(k)` puts the first k on the device, untimed."""
 

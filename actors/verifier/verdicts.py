@@ -48,12 +48,19 @@ def verdict_settings(cfg: VerifierConfig) -> dict:
     }
 
 
+def verifier_sources() -> list[Path]:
+    """Every source file of the verifier's package (Python, C and C++), its subpackages included: a
+    module added or moved is in the digest without being named anywhere."""
+    root = Path(__file__).resolve().parent
+    return sorted(p for p in root.rglob("*") if p.suffix in (".py", ".c", ".cpp") and p.is_file())
+
+
 @functools.cache
 def code_digest() -> str:
     """sha256 over the verifier's own sources (Python, C and C++): any edit is a new verifier."""
     root = Path(__file__).resolve().parent
     digest = hashlib.sha256()
-    for path in sorted(p for p in root.rglob("*") if p.suffix in (".py", ".c", ".cpp") and p.is_file()):
+    for path in verifier_sources():
         digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()
 

@@ -34,8 +34,9 @@ from actors.verifier.executor import SandboxPool
 from actors.verifier.extract import extract
 from actors.verifier.interface import RewardActor
 from actors.verifier.legality import Violation, static_scan
+from actors.verifier.outcome import RunOutcome
 from actors.verifier.reference import ReferenceCache, ReferenceError
-from actors.verifier.runner import CandidateRun, RunOutcome
+from actors.verifier.runner import CandidateRun
 from actors.verifier.verdicts import VerdictCache, verdict_key
 from actors.verifier.zygote import Zygote
 from configs import VerifierConfig
@@ -266,6 +267,13 @@ class KernelVerifier(RewardActor):
                 diagnostics=diagnostics,
                 timings=timings,
             )
+        return self._passed(request, digest, out, vendors, diagnostics, timings)
+
+    def _passed(
+        self, request, digest: str, out: RunOutcome, vendors: list[str], diagnostics: dict, timings: dict
+    ) -> VerifyResult:
+        """A correct, legal candidate: its speedups (none beyond 1 for a time below the device's
+        physical bound), the score they earn, and the feedback."""
         eager = out.eager_s / out.candidate_s if out.eager_s and out.candidate_s else None
         compiled = out.compile_s / out.candidate_s if out.compile_s and out.candidate_s else None
         diagnostics.update(

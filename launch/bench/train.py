@@ -40,10 +40,11 @@ from dataclasses import dataclass, field
 
 from configs import KilnConfig
 from launch.bench import cpu
-from launch.observe.metrics import read_metrics
 from launch.driver.run_dir import RunDirectory
-from launch.observe.timeline import activity_shares, busy_shares, read_timeline
 from launch.driver.train import train
+from launch.observe.metrics import read_metrics
+from launch.observe.timeline import activity_shares, busy_shares, read_timeline
+from protocols import metric_keys as mk
 
 log = logging.getLogger(__name__)
 
@@ -233,10 +234,10 @@ def summarise(
     t0, t1 = start.time, end.time
     window = max(t1 - t0, 1e-9)
     between = max(end.read_at - start.read_at, 1e-9)
-    rows = [r for r in read_metrics(run.path) if "train/loss" in r]
+    rows = [r for r in read_metrics(run.path) if mk.TRAIN_LOSS in r]
     steady = [r for r in rows if start.step < r["step"] <= end.step]
     summary = json.loads((run.path / "summary.json").read_text())
-    versions = [int(r["weights/version"]) for r in rows if "weights/version" in r]
+    versions = [int(r[mk.WEIGHTS_VERSION]) for r in rows if mk.WEIGHTS_VERSION in r]
     spans = read_timeline(run.path)
     delta = lambda a, b: {k: a.get(k, 0.0) - b.get(k, 0.0) for k in a}  # noqa: E731
     decoded = delta(end.decoded, start.decoded)
@@ -250,14 +251,14 @@ def summarise(
         cpu_share = {k: v / (between * cores) for k, v in delta(end.cpu, start.cpu).items()}
         if end.machine_cpu is not None and start.machine_cpu is not None:
             cpu_share["machine"] = (end.machine_cpu - start.machine_cpu) / (between * cores)
-    syncs = [float(r.get("weights/sync_s", 0.0)) for r in steady] or [0.0]
+    syncs = [float(r.get(mk.WEIGHTS_SYNC_S, 0.0)) for r in steady] or [0.0]
     lags: dict[str, int] = {}
     for r in steady:
         for key, value in r.items():
-            if key.startswith("staleness/lag_"):
-                lag = key.removeprefix("staleness/lag_")
+            if key.startswith(mk.STALENESS_LAG):
+                lag = key.removeprefix(mk.STALENESS_LAG)
                 lags[lag] = lags.get(lag, 0) + int(value)
-    samples = sum(r.get("train/sequences", 0.0) for r in steady)
+    samples = sum(r.get(mk.TRAIN_SEQUENCES, 0.0) for r in steady)
     recovery = None
     if probe.killed_at is not None:
         after = [m.read_at for m in probe.marks if m.read_at > probe.killed_at]
@@ -273,8 +274,8 @@ def summarise(
         wall_s=wall_s,
         samples_per_s=samples / window,
         decoded_tokens_per_s=sum(decoded.values()) / between,
-        trained_tokens_per_s=sum(r.get("train/tokens", 0.0) for r in steady) / window,
-        gradient_tokens_per_s=sum(r.get("train/trained_tokens", 0.0) for r in steady) / window,
+        trained_tokens_per_s=sum(r.get(mk.TRAIN_TOKENS, 0.0) for r in steady) / window,
+        gradient_tokens_per_s=sum(r.get(mk.TRAIN_TRAINED_TOKENS, 0.0) for r in steady) / window,
         trained_samples=int(samples),
         decoded_tokens=sum(decoded.values()),
         decoded_per_engine={k: v / between for k, v in sorted(decoded.items())},
@@ -283,7 +284,7 @@ def summarise(
         verifications=verifications,
         verifications_per_min={k: 60.0 * v / between for k, v in sorted(verified.items())},
         compiled_share=sum(compiled.values()) / verifications if verifications else None,
-        learner_step_s_median=statistics.median(r["train/step_s"] for r in (steady or rows)),
+        learner_step_s_median=statistics.median(r[mk.TRAIN_STEP_S] for r in (steady or rows)),
         sync_s={
             "p50": _percentile(syncs, 0.5),
             "p99": _percentile(syncs, 0.99),

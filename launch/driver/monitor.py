@@ -27,6 +27,7 @@ from typing import Callable, Iterable
 from actors.buffer.formulas import prime_echo, rewards_tie
 from configs import AlgoConfig
 from protocols import Episode, GroupReport, Metrics, Record, Span, Timeline
+from protocols import metric_keys as mk
 from protocols.channels import PullChannel
 
 log = logging.getLogger(__name__)
@@ -214,30 +215,30 @@ class RunMonitor:
         values = dict(m.values)
         values.update(
             {
-                "rollout/samples": float(w.samples),
-                "rollout/groups": float(w.groups),
-                "rollout/repair_passes": float(w.repair_passes),
-                "run/distinct_sources": float(len(self.sources)),
-                "run/untied_groups": float(self.untied_groups),
-                "run/groups": float(self.total_groups),
+                mk.ROLLOUT_SAMPLES: float(w.samples),
+                mk.ROLLOUT_GROUPS: float(w.groups),
+                mk.ROLLOUT_REPAIR_PASSES: float(w.repair_passes),
+                mk.RUN_DISTINCT_SOURCES: float(len(self.sources)),
+                mk.RUN_UNTIED_GROUPS: float(self.untied_groups),
+                mk.RUN_GROUPS: float(self.total_groups),
             }
         )
         if w.groups:  # a window without a finished group has no rate to report (not a rate of 0)
             values.update(
                 {
-                    "rollout/samples_per_s": w.samples / seconds,
-                    "rollout/tokens_per_s": w.tokens / seconds,
-                    "replay/bdr_share": w.retry_groups / w.groups,
+                    mk.ROLLOUT_SAMPLES_PER_S: w.samples / seconds,
+                    mk.ROLLOUT_TOKENS_PER_S: w.tokens / seconds,
+                    mk.REPLAY_BDR_SHARE: w.retry_groups / w.groups,
                 }
             )
         if w.rewards:
-            values["reward/mean"] = sum(w.rewards) / len(w.rewards)
+            values[mk.REWARD_MEAN] = sum(w.rewards) / len(w.rewards)
         if w.samples:
-            values["reward/pass_rate"] = w.passed / w.samples
+            values[mk.REWARD_PASS_RATE] = w.passed / w.samples
         for stage, n in w.stages.items():
-            values[f"verifier/{stage}"] = float(n)
+            values[mk.verifier_stage(stage)] = float(n)
         for cls, n in w.errors.items():
-            values[f"verifier/error/{cls}"] = float(n)
+            values[mk.verifier_error(cls)] = float(n)
         for kind, ids in m.episodes.items():
             self.learner_episodes[kind].extend(ids)
         self.window = Window(start=now)
@@ -268,6 +269,6 @@ def busy_shares(handles: Iterable, previous: dict[str, float], seconds: float) -
         if name in previous and seconds > 0:
             # A counter that went down belongs to a restarted actor: all of it is since the last reading.
             worked = busy - previous[name] if busy >= previous[name] else busy
-            out[f"busy/{name}"] = min(1.0, worked / seconds)
+            out[mk.busy(name)] = min(1.0, worked / seconds)
         previous[name] = busy
     return out

@@ -27,19 +27,20 @@ from actors.policy.tokenizer import load_tokenizer
 from configs import KilnConfig
 from launch.driver import wiring
 from launch.driver.checks import StartupError, errors, on_cluster
-from launch.observe.episode_dump import EpisodeDumper
-from launch.stages.eval.validation import record_validation
 from launch.driver.handles import LearnerHandle, ReplayHandle, RolloutHandle
-from launch.observe.live import LiveView
-from launch.observe.metrics import MetricsLog
 from launch.driver.monitor import RunMonitor, busy_shares
 from launch.driver.plan import PlacementPlan, bundles, plan
-from launch.observe.progress import NoProgressCheck, ProgressRows, ReplayCounts
-from launch.observe.report import write_report
 from launch.driver.run_dir import RunDirectory
 from launch.driver.supervisor import Supervisor
 from launch.driver.tiny_checkpoint import resolve_model_path
+from launch.observe.episode_dump import EpisodeDumper
+from launch.observe.live import LiveView
+from launch.observe.metrics import MetricsLog
+from launch.observe.progress import NoProgressCheck, ProgressRows, ReplayCounts
+from launch.observe.report import write_report
 from launch.observe.timeline import TimelineLog
+from launch.stages.eval.validation import record_validation
+from protocols import metric_keys as mk
 from protocols.registry import Registry
 
 log = logging.getLogger(__name__)
@@ -235,7 +236,7 @@ class Session:
         self._last_supervise = now
         restarted = self.supervisor.check(on_death=self._on_death)
         if restarted:
-            self.metrics.log(self.last_step, {"run/restarts": float(len(self.supervisor.restarts))})
+            self.metrics.log(self.last_step, {mk.RUN_RESTARTS: float(len(self.supervisor.restarts))})
         return restarted
 
     def _on_death(self, name: str) -> None:
@@ -269,7 +270,7 @@ class Session:
         values.update(self._replay_values())
         now = time.monotonic()
         busy = busy_shares(self.supervisor.handles.values(), self._busy, now - self._busy_at)
-        if not values.get("rollout/groups"):  # no group finished in this window: no rollout share to show
+        if not values.get(mk.ROLLOUT_GROUPS):  # no group finished in this window: no rollout share to show
             busy = {k: v for k, v in busy.items() if not k.startswith("busy/rollout-")}
         values.update(busy)
         self._busy_at = now
@@ -291,7 +292,7 @@ class Session:
             )
         episodes, named = self.monitor.take_episodes()
         self.dumper.add(episodes)
-        version = values.get("weights/version")  # the version the step made; it trained for the one before
+        version = values.get(mk.WEIGHTS_VERSION)  # the version the step made; it trained for the one before
         self.dumper.learner_step(step, int(version) - 1 if version is not None else None, named)
         self.dumper.dump(step)
 
@@ -305,25 +306,25 @@ class Session:
         hist = health.trained_lag.histogram
         new = {lag: n - self._lag_seen.get(lag, 0) for lag, n in hist.items() if n > self._lag_seen.get(lag, 0)}
         self._lag_seen = dict(hist)
-        out = {f"staleness/lag_{lag}": float(n) for lag, n in new.items()}
+        out = {mk.staleness_lag(lag): float(n) for lag, n in new.items()}
         if new:
             total = sum(new.values())
-            out["staleness/mean"] = sum(lag * n for lag, n in new.items()) / total
-            out["staleness/max"] = float(max(new))
+            out[mk.STALENESS_MEAN] = sum(lag * n for lag, n in new.items()) / total
+            out[mk.STALENESS_MAX] = float(max(new))
         out.update(
             {
-                "replay/emitted": float(health.emitted),
-                "replay/trained": float(health.trained),
-                "replay/filtered": float(health.filtered_total),
-                "replay/pending": float(health.pending),
-                "replay/invariant_ok": float(health.invariant_ok),
-                "replay/retry_buffer": float(health.retry.size),
-                "replay/retry_admitted": float(health.retry.admitted),
-                "replay/retry_served": float(health.retry.served),
-                "replay/retry_trained": float(health.groups.retry_trained),
+                mk.REPLAY_EMITTED: float(health.emitted),
+                mk.REPLAY_TRAINED: float(health.trained),
+                mk.REPLAY_FILTERED: float(health.filtered_total),
+                mk.REPLAY_PENDING: float(health.pending),
+                mk.REPLAY_INVARIANT_OK: float(health.invariant_ok),
+                mk.REPLAY_RETRY_BUFFER: float(health.retry.size),
+                mk.REPLAY_RETRY_ADMITTED: float(health.retry.admitted),
+                mk.REPLAY_RETRY_SERVED: float(health.retry.served),
+                mk.REPLAY_RETRY_TRAINED: float(health.groups.retry_trained),
             }
         )
-        out.update({f"replay/filtered_groups/{reason}": float(n) for reason, n in health.groups.filtered.items()})
+        out.update({mk.replay_filtered_groups(reason): float(n) for reason, n in health.groups.filtered.items()})
         return out
 
     # ------------------------------------------------------------------------ rollout progress
@@ -341,7 +342,7 @@ class Session:
         except Exception:  # replay restarting: the supervisor deals with it; the row goes without it
             counts = None
         values = self.progress.row(now, counts, self.monitor.take_progress(), self._decoded_tokens())
-        self.metrics.log(self.last_step, values, tb_step=int(values["progress/elapsed_s"]))
+        self.metrics.log(self.last_step, values, tb_step=int(values[mk.PROGRESS_ELAPSED_S]))
         warning = self.no_progress.check(now, self.monitor.recent, counts, self.monitor.last_step_at)
         self._warn(warning, now)
         self.view.progress(values, warning)
@@ -413,7 +414,7 @@ class Session:
         if not attempts:
             return {}
         values = record_validation(self.cfg, self.run.path, step, attempts)
-        values["eval/final"] = float(final)
+        values[mk.EVAL_FINAL] = float(final)
         self.metrics.log(step, values)
         log.info("evaluation at step %d: %s", step, {k: round(v, 3) for k, v in values.items()})
         return values

@@ -25,6 +25,7 @@ from rich.table import Table
 from rich.text import Text
 
 from launch.observe.outcomes import COLOURS, OUTCOMES, step_outcomes
+from protocols import metric_keys as mk
 
 
 class LiveView:
@@ -79,12 +80,12 @@ class LiveView:
         self._last = (now, step)
         for outcome, n in step_outcomes(values).items():
             self._totals[outcome] = self._totals.get(outcome, 0.0) + n
-        self._merge(values, drop_prefix="verifier/")
+        self._merge(values, drop_prefix=mk.VERIFIER)
         self._show(self.plain_line())
 
     def progress(self, values: dict[str, float], warning: str | None) -> None:
         """A rollout-side progress row, and the no-progress warning (None: there is none now)."""
-        self._merge(values, drop_prefix="progress/")  # a row's figures are its interval's: none carried over
+        self._merge(values, drop_prefix=mk.PROGRESS)  # a row's figures are its interval's: none carried over
         fresh = warning is not None and warning != self._warning
         self._warning = warning
         self._show(self.progress_line())
@@ -132,10 +133,10 @@ class LiveView:
         v = self._values
         parts = [f"progress ({self.timing()})"]
         parts += [f"{label} {_fmt(v[key])}" for key, label in _PROGRESS if key in v]
-        filtered = _prefixed(v, "progress/filtered/")
+        filtered = _prefixed(v, mk.PROGRESS_FILTERED)
         if filtered:
             parts.append("filtered " + ", ".join(f"{r} {int(n)}" for r, n in filtered))
-        verdicts = _prefixed(v, "progress/verdict/")
+        verdicts = _prefixed(v, mk.PROGRESS_VERDICT)
         if verdicts:
             parts.append("verdicts " + ", ".join(f"{o} {int(n)}" for o, n in _in_outcome_order(verdicts)))
         return " | ".join(parts)
@@ -171,7 +172,7 @@ class LiveView:
                     )
             parts.append(table)
         progress = [(label, _fmt(v[key])) for key, label in _PROGRESS if key in v]
-        progress += [(f"filtered {r}", _fmt(n)) for r, n in _prefixed(v, "progress/filtered/")]
+        progress += [(f"filtered {r}", _fmt(n)) for r, n in _prefixed(v, mk.PROGRESS_FILTERED)]
         if progress:
             table = Table(title="rollout side", title_justify="left", show_edge=False)
             table.add_column("quantity")
@@ -193,25 +194,25 @@ class LiveView:
 
 
 _HEADLINE = (
-    ("weights/version", "weights v"),
-    ("rollout/samples_per_s", "samples/s"),
-    ("rollout/tokens_per_s", "tokens/s"),
-    ("train/loss", "loss"),
-    ("reward/mean", "reward"),
-    ("reward/pass_rate", "pass rate"),
-    ("staleness/mean", "staleness mean"),
-    ("staleness/max", "staleness max"),
-    ("replay/bdr_share", "BDR share"),
-    ("train/kept_fraction", "MirrorPop kept"),
+    (mk.WEIGHTS_VERSION, "weights v"),
+    (mk.ROLLOUT_SAMPLES_PER_S, "samples/s"),
+    (mk.ROLLOUT_TOKENS_PER_S, "tokens/s"),
+    (mk.TRAIN_LOSS, "loss"),
+    (mk.REWARD_MEAN, "reward"),
+    (mk.REWARD_PASS_RATE, "pass rate"),
+    (mk.STALENESS_MEAN, "staleness mean"),
+    (mk.STALENESS_MAX, "staleness max"),
+    (mk.REPLAY_BDR_SHARE, "BDR share"),
+    (mk.TRAIN_KEPT_FRACTION, "MirrorPop kept"),
 )
 
 _PROGRESS = (
-    ("progress/groups", "groups"),
-    ("progress/episodes", "episodes"),
-    ("progress/trainable", "trainable groups"),
-    ("progress/pass_rate", "pass rate"),
-    ("progress/decoded_tokens_per_s", "decoded tok/s"),
-    ("progress/retry_buffer", "retry buffer"),
+    (mk.PROGRESS_GROUPS, "groups"),
+    (mk.PROGRESS_EPISODES, "episodes"),
+    (mk.PROGRESS_TRAINABLE, "trainable groups"),
+    (mk.PROGRESS_PASS_RATE, "pass rate"),
+    (mk.PROGRESS_DECODED_TOKENS_PER_S, "decoded tok/s"),
+    (mk.PROGRESS_RETRY_BUFFER, "retry buffer"),
 )
 
 
@@ -225,7 +226,7 @@ def _in_outcome_order(items: list[tuple[str, float]]) -> list[tuple[str, float]]
 
 
 def _busy(values: dict[str, float]) -> list[tuple[str, float]]:
-    return sorted((k.removeprefix("busy/"), f) for k, f in values.items() if k.startswith("busy/"))
+    return sorted((k.removeprefix(mk.BUSY), f) for k, f in values.items() if k.startswith(mk.BUSY))
 
 
 def _clock(seconds: float) -> str:

@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from protocols import metric_keys as mk
+
 Rows = list[dict]
 
 
@@ -56,48 +58,50 @@ MECHANISMS = (
     Mechanism(
         "Buffered Dynamic Retry: an all-failed group enters the retry buffer",
         "groups",
-        last("replay/retry_admitted"),
+        last(mk.REPLAY_RETRY_ADMITTED),
         ALL_FAILED,
     ),
     Mechanism(
-        "Buffered Dynamic Retry: a repair task from the buffer is served", "groups", last("replay/retry_served"), RETRY
+        "Buffered Dynamic Retry: a repair task from the buffer is served", "groups", last(mk.REPLAY_RETRY_SERVED), RETRY
     ),
     Mechanism(
-        "Buffered Dynamic Retry: a repair group is trained", "groups", last("replay/retry_trained"), RETRY_TRAINED
+        "Buffered Dynamic Retry: a repair group is trained", "groups", last(mk.REPLAY_RETRY_TRAINED), RETRY_TRAINED
     ),
     Mechanism(
         "MirrorPop drops a sequence (mean |log π_prox - log μ| > δ)",
         "sequences",
-        summed("train/mirrorpop_dropped"),
+        summed(mk.TRAIN_MIRRORPOP_DROPPED),
         MIRRORPOP,
     ),
-    Mechanism("a repair turn passes (after a failed turn)", "episodes", summed("rollout/repair_passes"), REPAIR_PASSED),
+    Mechanism(
+        "a repair turn passes (after a failed turn)", "episodes", summed(mk.ROLLOUT_REPAIR_PASSES), REPAIR_PASSED
+    ),
     Mechanism(
         "off-policy: a sample made by an older version is trained (MirrorPop kept it)",
         "sequences",
-        summed("train/off_policy_kept"),
+        summed(mk.TRAIN_OFF_POLICY_KEPT),
         OFF_POLICY,
     ),
     Mechanism(
-        "verdict: cheating (legality gate)", "attempts", summed("verifier/error/cheating"), verdict_tag("cheating")
+        "verdict: cheating (legality gate)", "attempts", summed(mk.verifier_error("cheating")), verdict_tag("cheating")
     ),
-    Mechanism("verdict: compile error", "attempts", summed("verifier/error/compile"), verdict_tag("compile")),
+    Mechanism("verdict: compile error", "attempts", summed(mk.verifier_error("compile")), verdict_tag("compile")),
     Mechanism(
         "verdict: wrong result (correctness)",
         "attempts",
-        summed("verifier/error/correctness"),
+        summed(mk.verifier_error("correctness")),
         verdict_tag("correctness"),
     ),
-    Mechanism("verdict: timeout", "attempts", summed("verifier/error/timeout"), verdict_tag("timeout")),
-    Mechanism("dynamic sampling: a tied group is filtered", "groups", last("replay/filtered_groups/tied"), TIED),
+    Mechanism("verdict: timeout", "attempts", summed(mk.verifier_error("timeout")), verdict_tag("timeout")),
+    Mechanism("dynamic sampling: a tied group is filtered", "groups", last(mk.replay_filtered_groups("tied")), TIED),
     Mechanism(
         "staleness filter: a group with a sample lagging > η is filtered",
         "groups",
-        last("replay/filtered_groups/stale"),
+        last(mk.replay_filtered_groups("stale")),
         None,
     ),
-    Mechanism("PPO clip: a token's ratio is clipped", "token-updates", summed("train/clipped"), None),
-    Mechanism("importance weight truncated at C", "tokens", summed("train/is_truncated"), None),
+    Mechanism("PPO clip: a token's ratio is clipped", "token-updates", summed(mk.TRAIN_CLIPPED), None),
+    Mechanism("importance weight truncated at C", "tokens", summed(mk.TRAIN_IS_TRUNCATED), None),
 )
 
 # The mechanisms `make demo`'s workload is shaped to show (tests/launch/driver/test_demo.py asserts each acted).

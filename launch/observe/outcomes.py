@@ -10,6 +10,7 @@ the attempt went through every stage) and `verifier/error/<class>`; progress row
 from __future__ import annotations
 
 from protocols import ERROR_CLASSES
+from protocols import metric_keys as mk
 
 # Pipeline order: how far an attempt got before it failed, then the system's own failures.
 OUTCOMES = ("passed", "extract", "compile", "runtime", "timeout", "correctness", "cheating", "infra")
@@ -29,5 +30,5 @@ COLOURS = {  # hex for matplotlib, the same names for rich
 
 def step_outcomes(values: dict[str, float]) -> dict[str, float]:
     """A metrics row's attempts by outcome, in OUTCOMES order (outcomes not counted are left out)."""
-    counts = {"passed": values.get("verifier/done")} | {c: values.get(f"verifier/error/{c}") for c in ERROR_CLASSES}
+    counts = {"passed": values.get(mk.VERIFIER_DONE)} | {c: values.get(mk.verifier_error(c)) for c in ERROR_CLASSES}
     return {o: counts[o] for o in OUTCOMES if counts.get(o)}

@@ -27,6 +27,7 @@ from typing import Sequence
 
 from actors.buffer.health import ReplayHealth
 from launch.driver.monitor import GroupOutcome, Window
+from protocols import metric_keys as mk
 
 # Why every attempt failed, by outcome (the verifier's error class), in the user's terms.
 FAILURE_STORIES = {
@@ -86,25 +87,25 @@ class ProgressRows:
         """The row at `now`: replay's totals (when it answered), the window's attempts, and the decoded
         tokens per second since the last row (`decoded_tokens`: the engines' running total)."""
         seconds = max(now - self._last, 1e-9)
-        values = {"progress/elapsed_s": now - self.started}
+        values = {mk.PROGRESS_ELAPSED_S: now - self.started}
         if counts is not None:
             values.update(
                 {
-                    "progress/groups": float(counts.groups),
-                    "progress/episodes": float(counts.episodes),
-                    "progress/trainable": float(counts.trainable),
-                    "progress/retry_buffer": float(counts.retry_buffer),
+                    mk.PROGRESS_GROUPS: float(counts.groups),
+                    mk.PROGRESS_EPISODES: float(counts.episodes),
+                    mk.PROGRESS_TRAINABLE: float(counts.trainable),
+                    mk.PROGRESS_RETRY_BUFFER: float(counts.retry_buffer),
                 }
             )
-            values.update({f"progress/filtered/{reason}": float(n) for reason, n in counts.filtered.items()})
+            values.update({mk.progress_filtered(reason): float(n) for reason, n in counts.filtered.items()})
         verified = sum(window.outcomes().values())
         if verified:
-            values["progress/pass_rate"] = window.outcomes()["passed"] / verified
-            values.update({f"progress/verdict/{o}": float(n) for o, n in window.outcomes().items() if n})
+            values[mk.PROGRESS_PASS_RATE] = window.outcomes()["passed"] / verified
+            values.update({mk.progress_verdict(o): float(n) for o, n in window.outcomes().items() if n})
         if decoded_tokens is not None:
             # forced answers are scored, not sampled: a run that never decoded shows no rate (not a rate of 0)
             if self._decoded is not None and decoded_tokens > 0:
-                values["progress/decoded_tokens_per_s"] = max(decoded_tokens - self._decoded, 0) / seconds
+                values[mk.PROGRESS_DECODED_TOKENS_PER_S] = max(decoded_tokens - self._decoded, 0) / seconds
             self._decoded = decoded_tokens
         self._last = now
         return values

@@ -21,11 +21,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from launch.observe import mechanisms
-from launch.stages.eval.table import caption, row_values
 from launch.observe.episode_dump import read_index
 from launch.observe.metrics import read_metrics
 from launch.observe.report_doc import Block, Bullets, Heading, Image, Para, Table, to_html, to_markdown
 from launch.observe.report_plots import PLOTS, Series, step_series
+from launch.stages.eval.table import caption, row_values
+from protocols import metric_keys as mk
 
 
 def write_report(run_dir: Path, *, html: bool = True) -> Path:
@@ -75,7 +76,7 @@ def _last(series: Series, key: str) -> float | None:
 
 
 def _summary(rows: list[dict], series: Series, summary: dict) -> list[Block]:
-    trained = sorted({r["step"] for r in rows if "train/loss" in r})
+    trained = sorted({r["step"] for r in rows if mk.TRAIN_LOSS in r})
     wall = summary.get("wall_s")
     if not isinstance(wall, (int, float)):
         times = [r["time"] for r in rows if isinstance(r.get("time"), (int, float))]
@@ -87,16 +88,16 @@ def _summary(rows: list[dict], series: Series, summary: dict) -> list[Block]:
         ("learner steps", f"{len(trained)} (steps {trained[0]}..{trained[-1]})" if trained else "none"),
         ("wall time (this session, as `kiln train` printed it)", wall_text),
         ("stopped early", summary.get("stopped")),
-        ("weight versions", _int(_max(series, "weights/version"))),
-        ("groups completed", _int(_latest(rows, ("progress/groups", "run/groups")))),
-        ("distinct compiled sources", _int(_last(series, "run/distinct_sources"))),
-        ("untied groups (rewards not all equal)", _int(_last(series, "run/untied_groups"))),
-        ("final reward mean", _num(_last(series, "reward/mean"))),
-        ("final pass rate", _num(_last(series, "reward/pass_rate"))),
-        ("final loss", _num(_last(series, "train/loss"))),
-        ("mean MirrorPop kept fraction", _num(_mean(series, "train/kept_fraction"))),
-        ("mean rollout samples/s", _num(_mean(series, "rollout/samples_per_s"))),
-        ("max staleness", _int(_max(series, "staleness/max"))),
+        ("weight versions", _int(_max(series, mk.WEIGHTS_VERSION))),
+        ("groups completed", _int(_latest(rows, (mk.PROGRESS_GROUPS, mk.RUN_GROUPS)))),
+        ("distinct compiled sources", _int(_last(series, mk.RUN_DISTINCT_SOURCES))),
+        ("untied groups (rewards not all equal)", _int(_last(series, mk.RUN_UNTIED_GROUPS))),
+        ("final reward mean", _num(_last(series, mk.REWARD_MEAN))),
+        ("final pass rate", _num(_last(series, mk.REWARD_PASS_RATE))),
+        ("final loss", _num(_last(series, mk.TRAIN_LOSS))),
+        ("mean MirrorPop kept fraction", _num(_mean(series, mk.TRAIN_KEPT_FRACTION))),
+        ("mean rollout samples/s", _num(_mean(series, mk.ROLLOUT_SAMPLES_PER_S))),
+        ("max staleness", _int(_max(series, mk.STALENESS_MAX))),
     ]
     return [
         Para(f"Written {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC from metrics.jsonl."),
@@ -142,16 +143,16 @@ def _mechanisms(rows: list[dict], run_dir: Path) -> list[Block]:
 
 def _eval_table(rows: list[dict]) -> list[Block]:
     """The MusaCoder model-card columns, one line per validation run, the final one in bold."""
-    evals = [r for r in rows if any(k.startswith("eval/") for k in r)]
+    evals = [r for r in rows if any(k.startswith(mk.EVAL) for k in r)]
     if not evals:
         return [Heading("Validation"), Para("No validation run was recorded (no `eval/*` metrics).")]
     ks = sorted({int(m.group(1)) for r in evals for k in r if (m := re.fullmatch(r"eval/pass@(\d+)", k))})
     ns = sorted({int(m.group(1)) for r in evals for k in r if (m := re.fullmatch(r"eval/avg@(\d+)", k))})
-    columns = [(f"pass@{k}", f"eval/pass@{k}") for k in ks] + [(f"avg@{n}", f"eval/avg@{n}") for n in ns]
+    columns = [(f"pass@{k}", f"{mk.EVAL}pass@{k}") for k in ks] + [(f"avg@{n}", f"{mk.EVAL}avg@{n}") for n in ns]
     columns += [
-        ("faster eager", "eval/faster_eager"),
-        ("faster compile", "eval/faster_compile"),
-        ("tasks", "eval/tasks"),
+        ("faster eager", mk.EVAL_FASTER_EAGER),
+        ("faster compile", mk.EVAL_FASTER_COMPILE),
+        ("tasks", mk.EVAL_TASKS),
     ]
     table = []
     for i, row in enumerate(evals):

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launch.observe.outcomes import COLOURS, OUTCOMES, step_outcomes
+from protocols import metric_keys as mk
 
 Series = dict[str, list[tuple[int, float]]]  # key -> (step, value) in step order
 Rows = list[dict]
@@ -27,7 +28,7 @@ Drawn = tuple[Path | None, list[str]]  # the PNG (None: nothing to draw) and the
 def step_series(rows: Rows) -> Series:
     out: Series = defaultdict(list)
     for row in rows:
-        if "progress/elapsed_s" in row:
+        if mk.PROGRESS_ELAPSED_S in row:
             continue
         for key, value in row.items():
             if key not in ("step", "time") and isinstance(value, (int, float)):
@@ -38,7 +39,7 @@ def step_series(rows: Rows) -> Series:
 
 
 def progress_rows(rows: Rows) -> Rows:
-    return [r for r in rows if isinstance(r.get("progress/elapsed_s"), (int, float))]
+    return [r for r in rows if isinstance(r.get(mk.PROGRESS_ELAPSED_S), (int, float))]
 
 
 # ------------------------------------------------------------------------------------ helpers
@@ -63,7 +64,7 @@ def _figure(panels: int, title: str, height: float = 2.6, width: float = 9.0, sh
 def learner_steps(series: Series) -> list[int]:
     """The steps the learner took (a per-step plot spans them all, also the last step of a run, in
     whose window no group finished and so no rollout figure was recorded)."""
-    return [step for step, _ in series.get("weights/version", [])]
+    return [step for step, _ in series.get(mk.WEIGHTS_VERSION, [])]
 
 
 def _integer_steps(ax, steps: list[int]) -> None:
@@ -143,9 +144,11 @@ def plot_reward(series: Series, plots_dir: Path) -> Drawn:
             Panel(
                 "mean PrimeEcho reward of the episodes finished in the step's window",
                 "reward R",
-                (("reward/mean", "reward mean"),),
+                ((mk.REWARD_MEAN, "reward mean"),),
             ),
-            Panel("episodes with a passing turn", "share of episodes", (("reward/pass_rate", "pass rate"),), (0, 1.05)),
+            Panel(
+                "episodes with a passing turn", "share of episodes", ((mk.REWARD_PASS_RATE, "pass rate"),), (0, 1.05)
+            ),
         ],
     )
 
@@ -154,13 +157,13 @@ def plot_verifier(series: Series, plots_dir: Path) -> Drawn:
     """Stacked bars per step: the verified attempts of the step's window by outcome."""
     rows: dict[int, dict[str, float]] = defaultdict(dict)
     for key, points in series.items():
-        if key == "verifier/done" or key.startswith("verifier/error/"):
+        if key == mk.VERIFIER_DONE or key.startswith(mk.VERIFIER_ERROR):
             for step, value in points:
                 rows[step][key] = value
     counts = {step: step_outcomes(values) for step, values in rows.items()}
     counts = {step: c for step, c in counts.items() if c}
     if not counts:
-        return None, ["verifier/done", "verifier/error/<class>"]
+        return None, [mk.VERIFIER_DONE, "verifier/error/<class>"]
     plt, fig, (ax,) = _figure(1, "Verifier outcomes per learner step", height=3.4)
     steps = sorted(counts)
     _outcome_bars(ax, steps, [counts[s] for s in steps], 0.8)
@@ -182,12 +185,12 @@ def plot_throughput(series: Series, plots_dir: Path) -> Drawn:
             Panel(
                 "rollout samples (episodes) finished per second",
                 "samples / s",
-                (("rollout/samples_per_s", "rollout samples/s"),),
+                ((mk.ROLLOUT_SAMPLES_PER_S, "rollout samples/s"),),
             ),
             Panel(
                 "tokens per second",
                 "tokens / s",
-                (("rollout/tokens_per_s", "rollout response tokens/s"), ("train/tokens_per_s", "learner tokens/s")),
+                ((mk.ROLLOUT_TOKENS_PER_S, "rollout response tokens/s"), (mk.TRAIN_TOKENS_PER_S, "learner tokens/s")),
             ),
         ],
     )
@@ -199,11 +202,11 @@ def plot_training(series: Series, plots_dir: Path) -> Drawn:
         plots_dir / "training.png",
         "Learner: loss and gradient norm per step",
         [
-            Panel("policy loss (mean over the step's updates)", "loss", (("train/loss", "loss"),)),
+            Panel("policy loss (mean over the step's updates)", "loss", ((mk.TRAIN_LOSS, "loss"),)),
             Panel(
                 "global gradient norm before clipping",
                 "L2 norm",
-                (("train/grad_norm", "mean over updates"), ("train/grad_norm_max", "max over updates")),
+                ((mk.TRAIN_GRAD_NORM, "mean over updates"), (mk.TRAIN_GRAD_NORM_MAX, "max over updates")),
             ),
         ],
     )
@@ -216,12 +219,12 @@ def plot_policy(series: Series, plots_dir: Path) -> Drawn:
         "Policy: entropy and response length per step",
         [
             Panel(
-                "entropy of π_prox at the trained (sampled) positions", "nats / token", (("train/entropy", "entropy"),)
+                "entropy of π_prox at the trained (sampled) positions", "nats / token", ((mk.TRAIN_ENTROPY, "entropy"),)
             ),
             Panel(
                 "gradient-carrying response tokens per trained sequence",
                 "tokens",
-                (("train/response_length", "response length"),),
+                ((mk.TRAIN_RESPONSE_LENGTH, "response length"),),
             ),
         ],
     )
@@ -237,15 +240,15 @@ def plot_corrections(series: Series, plots_dir: Path) -> Drawn:
                 "PPO clip (share of kept token-updates) and importance-weight truncation (share of kept tokens)",
                 "share",
                 (
-                    ("train/clip_low_fraction", "clipped low (r < 1-ε_low, A < 0)"),
-                    ("train/clip_high_fraction", "clipped high (r > 1+ε_high, A > 0)"),
-                    ("train/is_truncated_fraction", "IS weight truncated at C"),
+                    (mk.TRAIN_CLIP_LOW_FRACTION, "clipped low (r < 1-ε_low, A < 0)"),
+                    (mk.TRAIN_CLIP_HIGH_FRACTION, "clipped high (r > 1+ε_high, A > 0)"),
+                    (mk.TRAIN_IS_TRUNCATED_FRACTION, "IS weight truncated at C"),
                 ),
             ),
             Panel(
                 "MirrorPop kept share of sequences; Buffered-Dynamic-Retry share of groups",
                 "share",
-                (("train/kept_fraction", "MirrorPop kept"), ("replay/bdr_share", "BDR share")),
+                ((mk.TRAIN_KEPT_FRACTION, "MirrorPop kept"), (mk.REPLAY_BDR_SHARE, "BDR share")),
                 (-0.05, 1.05),
             ),
         ],
@@ -274,40 +277,40 @@ def plot_progress(rows: Rows, plots_dir: Path) -> Drawn:
     rows = [r for r in progress_rows(rows) if isinstance(r.get("time"), (int, float))]
     if not rows:
         return None, ["progress/*"]
-    t0 = min(r["time"] - r["progress/elapsed_s"] for r in rows)  # the first session's start
+    t0 = min(r["time"] - r[mk.PROGRESS_ELAPSED_S] for r in rows)  # the first session's start
     minutes = [(r["time"] - t0) / 60 for r in rows]
-    decoded = any(r.get("progress/decoded_tokens_per_s") for r in rows)
+    decoded = any(r.get(mk.PROGRESS_DECODED_TOKENS_PER_S) for r in rows)
     plt, fig, axes = _figure(
         4 if decoded else 3, "Rollout side over wall time (progress rows, with or without learner steps)"
     )
     ax = axes[0]
     for key, label in (
-        ("progress/groups", "groups completed"),
-        ("progress/trainable", "trainable (trained or ready)"),
-        ("progress/retry_buffer", "in the retry buffer now"),
+        (mk.PROGRESS_GROUPS, "groups completed"),
+        (mk.PROGRESS_TRAINABLE, "trainable (trained or ready)"),
+        (mk.PROGRESS_RETRY_BUFFER, "in the retry buffer now"),
     ):
         _time_line(ax, rows, minutes, key, label)
     for reason in sorted(
-        {k.removeprefix("progress/filtered/") for r in rows for k in r if k.startswith("progress/filtered/")}
+        {k.removeprefix(mk.PROGRESS_FILTERED) for r in rows for k in r if k.startswith(mk.PROGRESS_FILTERED)}
     ):
-        _time_line(ax, rows, minutes, f"progress/filtered/{reason}", f"filtered: {reason}", style="--")
+        _time_line(ax, rows, minutes, mk.progress_filtered(reason), f"filtered: {reason}", style="--")
     ax.set_title("run totals", fontsize=10, loc="left")
     ax.set_ylabel("groups")
     ax.legend(loc="upper left", fontsize="small")
     counts = [
-        {k.removeprefix("progress/verdict/"): v for k, v in r.items() if k.startswith("progress/verdict/")}
+        {k.removeprefix(mk.PROGRESS_VERDICT): v for k, v in r.items() if k.startswith(mk.PROGRESS_VERDICT)}
         for r in rows
     ]
     gaps = [b - a for a, b in zip(minutes, minutes[1:]) if b > a] or [0.5]
     _outcome_bars(axes[1], minutes, counts, 0.8 * min(gaps))
     axes[1].set_title("verified attempts since the previous row, by outcome", fontsize=10, loc="left")
     axes[1].set_ylabel("attempts")
-    _time_line(axes[2], rows, minutes, "progress/pass_rate", "pass rate of the attempts since the previous row")
+    _time_line(axes[2], rows, minutes, mk.PROGRESS_PASS_RATE, "pass rate of the attempts since the previous row")
     axes[2].set_ylim(-0.05, 1.05)
     axes[2].set_ylabel("share")
     axes[2].legend(loc="upper left", fontsize="small")
     if decoded:  # forced answers are scored, not sampled: a forced-only run decodes nothing
-        _time_line(axes[3], rows, minutes, "progress/decoded_tokens_per_s", "tokens the engines sampled")
+        _time_line(axes[3], rows, minutes, mk.PROGRESS_DECODED_TOKENS_PER_S, "tokens the engines sampled")
         axes[3].set_ylabel("tokens / s")
         axes[3].set_ylim(bottom=0)
         axes[3].legend(loc="upper left", fontsize="small")
@@ -354,23 +357,23 @@ def timeline_spans(run_dir: Path, rows: Rows) -> list[Span]:
     spans: list[Span] = []
     window_start: float | None = None  # a step row's busy shares cover the time since the previous step row
     for row in sorted(
-        (r for r in rows if "progress/elapsed_s" not in r and isinstance(r.get("time"), (int, float))),
+        (r for r in rows if mk.PROGRESS_ELAPSED_S not in r and isinstance(r.get("time"), (int, float))),
         key=lambda r: r["time"],
     ):
         t = row["time"]
-        if isinstance(row.get("sft/seconds"), (int, float)):
-            spans.append(Span("learner", "warm start", t - row["sft/seconds"], t))
-        if not isinstance(row.get("train/step_s"), (int, float)):
+        if isinstance(row.get(mk.SFT_SECONDS), (int, float)):
+            spans.append(Span("learner", "warm start", t - row[mk.SFT_SECONDS], t))
+        if not isinstance(row.get(mk.TRAIN_STEP_S), (int, float)):
             continue
-        spans.append(Span("learner", "training", t - row["train/step_s"], t))
+        spans.append(Span("learner", "training", t - row[mk.TRAIN_STEP_S], t))
         for key, share in row.items():
             if (
-                key.startswith("busy/")
+                key.startswith(mk.BUSY)
                 and isinstance(share, (int, float))
-                and key != "busy/learner"
+                and key != mk.BUSY_LEARNER
                 and window_start is not None
             ):
-                spans.append(Span(key.removeprefix("busy/"), "busy", window_start, t, max(0.0, min(1.0, share))))
+                spans.append(Span(key.removeprefix(mk.BUSY), "busy", window_start, t, max(0.0, min(1.0, share))))
         window_start = t
     return spans
 
@@ -409,7 +412,7 @@ def plot_timeline(run_dir: Path, rows: Rows, plots_dir: Path) -> Drawn:
     """A Gantt chart: one row per actor, its spans over the run's wall time; the learner steps dotted."""
     spans = timeline_spans(run_dir, rows)
     if not spans:
-        return None, ["busy/<actor>", "train/step_s"]
+        return None, ["busy/<actor>", mk.TRAIN_STEP_S]
     from matplotlib.patches import Patch
 
     t0 = min(s.start for s in spans)
@@ -432,7 +435,7 @@ def plot_timeline(run_dir: Path, rows: Rows, plots_dir: Path) -> Drawn:
             if s.share < 1 and s.end - s.start > 0.04 * width:
                 ax.text((s.start + s.end) / 2 - t0, row, f"{s.share:.0%}", ha="center", va="center", fontsize=7)
     for row in rows:
-        if "train/loss" in row and isinstance(row.get("time"), (int, float)):
+        if mk.TRAIN_LOSS in row and isinstance(row.get("time"), (int, float)):
             ax.axvline(row["time"] - t0, color="black", linewidth=0.6, linestyle=":")
     ax.set_yticks(range(len(actors)), actors)
     ax.set_ylim(len(actors) - 0.5, -0.5)

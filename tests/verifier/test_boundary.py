@@ -6,13 +6,14 @@ pipe is tampered with; and no process the boundary started outlives its verifier
 
 from __future__ import annotations
 
+import inspect
 import os
 import socket
 import struct
 import subprocess
 import sys
-import threading
 import textwrap
+import threading
 import time
 import tracemalloc
 from pathlib import Path
@@ -20,7 +21,7 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from actors.verifier import native, proctree, sandbox, wire
+from actors.verifier import native, proctree, sealed, wire
 from actors.verifier.executor import MAX_REPLY, ChildSession, SandboxForged
 from actors.verifier.jail import SANDBOX_UID_BASE, SANDBOX_UID_SPAN
 
@@ -146,7 +147,7 @@ def test_a_signed_reply_carries_the_refusals_logged_since_the_last():
 
 # --------------------------------------------------------------------- the server's bytecode
 
-# What a nested function of `sandbox.server` may not do: look a name up anywhere but its own frame
+# What a closure of the sealed request loop (`sealed.server` and the factories it calls) may not do: look a name up anywhere but its own frame
 # and closure (a global or builtin the candidate could rebind), or an attribute (a method the
 # candidate could replace on a type it reaches), or import.
 _LOOKUPS = {
@@ -170,19 +171,52 @@ def _nested_code(code):
             yield from _nested_code(const)
 
 
+def _loop_closures():
+    """The code of every function the sealed request loop can run: the nested functions of
+    `sealed.server` and of each factory of sealed.py it calls to build them (found from the names its
+    body loads, so a new factory is covered without being listed here)."""
+    makers = [sealed.server] + [
+        getattr(sealed, name)
+        for name in sealed.server.__code__.co_names
+        if inspect.isfunction(getattr(sealed, name, None)) and getattr(sealed, name).__module__ == sealed.__name__
+    ]
+    return makers, [code for maker in makers for code in _nested_code(maker.__code__)]
+
+
 def test_the_server_calls_nothing_the_candidate_can_replace():
     """Property: once candidate code exists, the sandbox's request loop runs only callables bound
-    before it did (parameters of `server`, closed over). A global, builtin or attribute lookup in
-    any of its functions would be a door: the candidate rebinds the name, the verifier's code calls
-    the candidate's."""
+    before it did (fields of `sealed.Captured`, bound into each factory's closures). A global,
+    builtin or attribute lookup in any of its functions would be a door: the candidate rebinds the
+    name, the verifier's code calls the candidate's."""
     import dis
 
-    nested = list(_nested_code(sandbox.server.__code__))
-    assert len(nested) >= 10, [c.co_name for c in nested]
+    makers, nested = _loop_closures()
+    assert len(makers) >= 10, [m.__name__ for m in makers]
     found = [(c.co_name, i.opname, i.argval) for c in nested for i in dis.get_instructions(c) if i.opname in _LOOKUPS]
     assert found == []
-    # and the outer function's own body only builds the closures (its lookups run before any candidate code)
-    assert {c.co_name for c in nested} >= {"receive", "reply", "op_load", "op_call", "op_trip", "serve"}
+    # the factories' own bodies only bind and build (their lookups run before any candidate code); every
+    # handler the loop dispatches to, and every helper they call, is one of the closures checked
+    assert {c.co_name for c in nested} >= {
+        "serve",
+        "receive",
+        "read",
+        "reply",
+        "tensor_at",
+        "staged",
+        "delayed",
+        "lay_out",
+        "outputs_of",
+        "lookalike",
+        "failure",
+        "patched",
+        "any_fatal",
+        "op_load",
+        "op_build",
+        "op_call",
+        "op_stage",
+        "op_trip",
+        "op_fetch",
+    }
 
 
 def test_the_bytecode_check_sees_a_lookup():

@@ -10,6 +10,7 @@ the module, on the session's cache (each distinct candidate compiles once per se
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
@@ -279,6 +280,17 @@ def test_a_changed_verifier_never_serves_its_predecessors_verdict(relu_task, mon
     assert len(verdicts.code_digest()) == 64 and verdicts.verdict_key("aa" * 32, relu_task, "tc", cfg) == before
     monkeypatch.setattr(verdicts, "code_digest", lambda: "0" * 64)
     assert verdicts.verdict_key("aa" * 32, relu_task, "tc", cfg) != before
+    # every module of the verifier is one of the sources digested: the build service's parts, the
+    # sandbox with its sealed loop, the jail and its filters, the trusted side
+    for name in ("actors.verifier.build.service", "actors.verifier.sandbox", "actors.verifier.verifier"):
+        importlib.import_module(name)
+    digested = {str(p) for p in verdicts.verifier_sources()}
+    loaded = [
+        m.__file__
+        for name, m in list(sys.modules.items())
+        if name.startswith("actors.verifier") and getattr(m, "__file__", None)
+    ]
+    assert len(loaded) > 20 and not [f for f in loaded if str(Path(f).resolve()) not in digested]
 
 
 # ----------------------------------------------------------- class 6: the verdict's channel

@@ -319,7 +319,7 @@ def test_compiler_output_loses_every_line_about_a_host_file():
 
 
 def test_the_seccomp_filter_is_well_formed():
-    from actors.verifier.jail import seccomp_program
+    from actors.verifier.seccomp import seccomp_program
 
     for exec_allowed in (False, True):
         prog = seccomp_program(exec_allowed)

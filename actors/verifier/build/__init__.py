@@ -27,14 +27,15 @@ API (used by the verifier core):
 
 How (see the modules): one zygote (actors/verifier/zygote.py, torch imported once) forks a jailed
 *capture* process per candidate (`capture.py`: its module-level code, load_inline recorded),
-watched by the service (`service.py`: deadline, process count, memory). Each load_inline call is
+watched by the service (`service.py`; `watch.py`: deadline, process count, memory). Each load_inline call is
 built by a jailed *build* process (`worker.py`) that runs the compilers in its own directory
-(`compiler.py`): the binding TU is generated from the bound functions' signatures (`cxx_scan.py`)
+(`compiler.py`, its plan and units in `plan.py`): the binding TU is generated from the bound functions' signatures (`cxx_scan.py`)
 and cached by signature — a ~1 s thunk TU linked with one prebuilt pybind11 module shell per
 toolchain (`thunks.py`), or a generated pybind11 TU for types thunks do not carry; the candidate's
 code compiles against a lean prelude with a precompiled header (`preludes.py`), falling back to
 load_inline's full headers when it needs more; units compile concurrently, and nvcc's host and
-device front ends too (`nvcc.py`). The service then reads what the library imports
+device front ends too (`nvcc.py`); a CUDA unit whose C++ side is only declarations compiles against
+the facade instead, with no torch header at all (`facade.py`, `facade_headers.py`, `facade_lib.py`). The service then reads what the library imports
 (`symbols.py`: ATen compute, dispatcher bypasses, run-time symbol lookup are legality findings),
 publishes it into the content-addressed cache (`cache.py`), which only it writes, and sanitises
 compiler output before it becomes feedback (`diagnostics.py`). Benchmark:

@@ -23,7 +23,7 @@ import time
 import types
 from pathlib import Path
 
-from actors.verifier import fence, isolation, jail, native, wire
+from actors.verifier import fence, isolation, native, seccomp, wire
 
 from .prebuilt import import_extension, refuse_load
 from .spec import UnsupportedCall, spec_from_call
@@ -114,7 +114,7 @@ def run_job(channel: Channel, scratch: Path, evidence_fd: int) -> None:
         return
     kn = native.loaded()
     fence.install_refusers(kn)
-    native.arm(kn, evidence_fd, str(path), source, jail.armed_seccomp_program())
+    native.arm(kn, evidence_fd, str(path), source, seccomp.armed_seccomp_program())
     site_of = kn.traceback_site
     try:
         exec(code, module.__dict__)

@@ -35,6 +35,7 @@ from pathlib import Path
 
 from . import cxx_scan, diagnostics, facade, nvcc, thunks
 from .cache import ArtifactCache
+from .plan import Plan, Unit
 from .preludes import FACADE_LIB, SHELL, PchStore, flag_profile
 from .spec import ExtensionSpec
 from .toolchain import Toolchain
@@ -67,36 +68,6 @@ class Built:
     notes: list[str] = field(default_factory=list)
     pch_wanted: list[tuple[str, tuple[str, ...]]] = field(default_factory=list)
     binding: tuple[str, str] | None = None  # (binding key, object file in the build dir) to publish
-
-
-@dataclass
-class _Unit:
-    label: str  # kernel | cuda | binding | main
-    prelude: str
-    source: str  # file name in the build dir
-    obj: str
-    cmd: list[str]
-    profile: tuple[str, ...] | None  # PCH profile for g++ units with a precompiled prelude
-    seconds: float = 0.0
-    output: str = ""
-    ok: bool = False
-    infra: bool = False
-    how: str = ""  # what to report: the prelude, or "lean->full" after a fallback
-
-    def __post_init__(self) -> None:
-        self.how = self.how or self.prelude
-
-
-@dataclass
-class _Plan:
-    cpp_names: list[str]
-    cu_names: list[str]
-    units: list[_Unit] = field(default_factory=list)
-    bindable: cxx_scan.Bindable | None = None
-    binding_obj: Path | None = None  # a cached binding object, when one matched
-    notes: list[str] = field(default_factory=list)
-    wanted: list[tuple[str, tuple[str, ...]]] = field(default_factory=list)  # toolchain artifacts missed
-    facade: bool = False  # the CUDA unit and the binding are (still) facade-built
 
 
 def _compiler_env() -> dict[str, str]:
@@ -180,9 +151,9 @@ class ExtensionBuilder:
             binding=binding,
         )
 
-    def _plan(self, spec: ExtensionSpec, bdir: Path) -> "_Plan":
+    def _plan(self, spec: ExtensionSpec, bdir: Path) -> Plan:
         """Which translation units to compile (see the module docstring)."""
-        plan = _Plan(
+        plan = Plan(
             cpp_names=self._write_user_files(bdir, "cpp_source", spec.cpp_sources),
             cu_names=self._write_user_files(bdir, "cuda_source", spec.cuda_sources),
         )
@@ -205,7 +176,7 @@ class ExtensionBuilder:
             plan.units.append(self._cuda_unit(spec, bdir, plan.cu_names, cu_prelude))
         return plan
 
-    def _facade_serves(self, plan: "_Plan", cu_text: str) -> bool:
+    def _facade_serves(self, plan: Plan, cu_text: str) -> bool:
         """Whether to try the CUDA facade: the C++ side is the bound declarations alone (nothing
         else sees the candidate's tensors), their types are tensors and scalars, the torch headers
         the .cu includes are ones the facade stands for, and the toolchain's facade library and
@@ -221,7 +192,7 @@ class ExtensionBuilder:
             return False
         return self.pch.shell_object().exists()
 
-    def _plan_binding(self, spec: ExtensionSpec, bdir: Path, plan: "_Plan") -> None:
+    def _plan_binding(self, spec: ExtensionSpec, bdir: Path, plan: Plan) -> None:
         """A cached binding object if one matches, else a thunk TU (when the toolchain's module
         shell exists), else a generated pybind11 TU (and the shell is wanted)."""
         shell = self.pch.shell_object().exists()
@@ -238,7 +209,7 @@ class ExtensionBuilder:
             plan.units.append(self._binding_unit(spec, bdir, plan.bindable))
             plan.wanted.append((SHELL, ()))
 
-    def _compile(self, spec: ExtensionSpec, bdir: Path, plan: "_Plan") -> None:
+    def _compile(self, spec: ExtensionSpec, bdir: Path, plan: Plan) -> None:
         """All units at once; then lean units that lacked a name again with the full headers; then
         a thunk binding that did not compile (a type thunks do not carry) as a pybind11 binding;
         and if that does not compile either, one load_inline-style TU instead."""
@@ -259,14 +230,14 @@ class ExtensionBuilder:
             plan.units = [u for u in plan.units if u.label not in ("binding", "kernel")] + [main]
             plan.binding_obj, plan.bindable = None, None
 
-    def _run_all(self, units: list[_Unit], bdir: Path) -> None:
+    def _run_all(self, units: list[Unit], bdir: Path) -> None:
         pending = [u for u in units if not u.ok]
         if not pending:
             return
         with ThreadPoolExecutor(max_workers=len(pending)) as ex:
             list(ex.map(lambda u: self._run_unit(u, bdir), pending))
 
-    def _run_unit(self, unit: _Unit, bdir: Path) -> None:
+    def _run_unit(self, unit: Unit, bdir: Path) -> None:
         t0 = time.monotonic()
         try:
             if unit.label == "cuda":
@@ -285,7 +256,7 @@ class ExtensionBuilder:
             unit.output, unit.ok, unit.infra = f"{unit.cmd[0]}: {e}", False, True
         unit.seconds = time.monotonic() - t0
 
-    def _retry_facade_failures(self, spec: ExtensionSpec, bdir: Path, plan: "_Plan") -> None:
+    def _retry_facade_failures(self, spec: ExtensionSpec, bdir: Path, plan: Plan) -> None:
         """When the facade CUDA unit or its thunk binding did not compile (a name or type the
         facade lacks), compile the CUDA unit against the lean CUDA prelude and bind it the usual
         way. Errors are then reported from the lean (or full) compile, as without the facade."""
@@ -310,7 +281,7 @@ class ExtensionBuilder:
         self._run_all(plan.units, bdir)
         lean.seconds += cuda.seconds
 
-    def _retry_lean_failures(self, spec: ExtensionSpec, bdir: Path, plan: "_Plan") -> None:
+    def _retry_lean_failures(self, spec: ExtensionSpec, bdir: Path, plan: Plan) -> None:
         """Recompile lean units whose first error is a missing name against the full headers."""
         retry = []
         for u in plan.units:
@@ -336,7 +307,7 @@ class ExtensionBuilder:
             full.seconds += lean.seconds
         plan.units = [swap.get(id(u), u) for u in plan.units]
 
-    def _raise_first_failure(self, plan: "_Plan", bdir: Path, phases: dict) -> None:
+    def _raise_first_failure(self, plan: Plan, bdir: Path, phases: dict) -> None:
         for u in plan.units:
             if u.ok:
                 continue
@@ -344,7 +315,7 @@ class ExtensionBuilder:
             message = diagnostics.first_errors(u.output, self._path_names(bdir), user_files)
             raise CompileFailed(message, infra=u.infra, phases=phases, unit=u.label)
 
-    def _link(self, spec, bdir, objs, so_name, plan: "_Plan", phases) -> float:
+    def _link(self, spec, bdir, objs, so_name, plan: Plan, phases) -> float:
         t0 = time.monotonic()
         cmd = [
             self.tc.cxx,
@@ -410,11 +381,11 @@ class ExtensionBuilder:
             obj,
         ]
 
-    def _kernel_unit(self, spec, bdir, cpp_names, prelude) -> _Unit:
+    def _kernel_unit(self, spec, bdir, cpp_names, prelude) -> Unit:
         src, obj = f"kernel_{prelude}.cpp", f"kernel_{prelude}.o"
         (bdir / src).write_text(self._tu_text(prelude, cpp_names, spec.cpp_sources))
         flags = _split_flags(spec.extra_cflags)
-        return _Unit(
+        return Unit(
             "kernel",
             prelude,
             src,
@@ -423,7 +394,7 @@ class ExtensionBuilder:
             profile=flag_profile(flags) if self.tc.cxx_is_gcc else None,
         )
 
-    def _main_unit(self, spec, bdir, cpp_names) -> _Unit:
+    def _main_unit(self, spec, bdir, cpp_names) -> Unit:
         """load_inline's main.cpp: implicit header, the candidate's C++, the generated module."""
         prelude = None if spec.no_implicit_headers else "full"
         tail = ""
@@ -434,7 +405,7 @@ class ExtensionBuilder:
         (bdir / "main.cpp").write_text(self._tu_text(prelude, cpp_names, spec.cpp_sources, tail))
         flags = _split_flags(spec.extra_cflags)
         profile = flag_profile(flags) if prelude and self.tc.cxx_is_gcc else None
-        return _Unit(
+        return Unit(
             "main",
             prelude or "none",
             "main.cpp",
@@ -443,7 +414,7 @@ class ExtensionBuilder:
             profile=profile,
         )
 
-    def _thunk_unit(self, spec, bdir, bindable: cxx_scan.Bindable, with_facade: bool = False) -> _Unit:
+    def _thunk_unit(self, spec, bdir, bindable: cxx_scan.Bindable, with_facade: bool = False) -> Unit:
         """The thunk binding; `with_facade`: for a facade-built CUDA unit, with the declarations in
         the facade's types and no torch header in the TU (kiln_facade_thunk.h, thunks.py)."""
         decls = [facade.facade_declaration(d.text) if with_facade else d.text for d in bindable.declarations]
@@ -470,7 +441,7 @@ class ExtensionBuilder:
                 "-o",
                 "thunk_facade.o",
             ]
-            return _Unit(
+            return Unit(
                 "binding", "facade", "thunk_facade.cpp", "thunk_facade.o", cmd, profile=None, how="thunk-facade"
             )
         (bdir / "thunk.cpp").write_text(
@@ -478,7 +449,7 @@ class ExtensionBuilder:
             f'#include "{self.pch.header("kiln_thunk")}"\n'
             f'#line 1 "kiln_binding.cpp"\n{body}\n'
         )
-        return _Unit(
+        return Unit(
             "binding",
             "lean",
             "thunk.cpp",
@@ -498,7 +469,7 @@ class ExtensionBuilder:
             if f not in hidden and not (f == "-isystem" and i + 1 < len(flags) and flags[i + 1] in hidden)
         ]
 
-    def _binding_unit(self, spec, bdir, bindable: cxx_scan.Bindable) -> _Unit:
+    def _binding_unit(self, spec, bdir, bindable: cxx_scan.Bindable) -> Unit:
         body = "\n".join(
             [
                 *bindable.preamble,
@@ -510,7 +481,7 @@ class ExtensionBuilder:
             f'#include "{self.pch.header("binding")}"\n#line 1 "kiln_binding.cpp"\n{body}\n'
         )
         flags = [*BINDING_OPT, *_binding_defines(spec)]
-        return _Unit(
+        return Unit(
             "binding",
             "binding",
             "binding.cpp",
@@ -520,7 +491,7 @@ class ExtensionBuilder:
             how="pybind11",
         )
 
-    def _cuda_unit(self, spec, bdir, cu_names, prelude) -> _Unit:
+    def _cuda_unit(self, spec, bdir, cu_names, prelude) -> Unit:
         src, obj = f"cuda_{prelude}.cu", f"cuda_{prelude}.o"
         (bdir / src).write_text(self._tu_text(prelude, cu_names, spec.cuda_sources))
         common = self.tc.common_flags(spec.name, spec.extra_include_paths)
@@ -535,7 +506,7 @@ class ExtensionBuilder:
             "-o",
             obj,
         ]
-        return _Unit("cuda", prelude, src, obj, cmd, profile=None)
+        return Unit("cuda", prelude, src, obj, cmd, profile=None)
 
     def _binding_key(self, spec: ExtensionSpec, bindable: cxx_scan.Bindable, kind: str) -> str:
         """Names a binding object: depends on the signatures only, never on kernel code."""
@@ -553,7 +524,7 @@ class ExtensionBuilder:
         )
         return f"{kind}-{hashlib.sha256(blob.encode()).hexdigest()[:32]}"
 
-    def _pch_notes(self, units: list[_Unit]) -> list[str]:
+    def _pch_notes(self, units: list[Unit]) -> list[str]:
         """One note per unit whose precompiled prelude variant exists but gcc refused it, with
         gcc's reason: a slow compile that parsed the whole prelude says why."""
         notes = []

@@ -1,6 +1,6 @@
 """The CUDA *facade* prelude: a candidate's .cu compiled with no torch header at all. This module
 decides which candidates are built with it and rewrites their text; the C++ sources are in
-facade_lib.py.
+facade_headers.py (what the candidate's code sees) and facade_lib.py (the library behind it).
 
 Every header nvcc parses is parsed three times (cudafe++, cicc, and the host g++ of cudafe++'s
 output) and nvcc has no precompiled headers, so even the lean CUDA prelude (the Tensor class and

@@ -35,7 +35,8 @@ from pathlib import Path
 
 from actors.verifier import native
 
-from .facade_lib import FACADE_BRIDGE, FACADE_CUDA_PRELUDE, FACADE_HEADER, FACADE_LIB_SOURCE
+from .facade_headers import FACADE_CUDA_PRELUDE, FACADE_HEADER
+from .facade_lib import FACADE_BRIDGE, FACADE_LIB_SOURCE
 from .thunks import FACADE_THUNK_HEADER, SHELL_SOURCE, THUNK_ABI_HEADER, THUNK_CALLS_HEADER, THUNK_HEADER
 
 _TORCH_SPELLINGS = """

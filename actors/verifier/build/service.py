@@ -26,7 +26,7 @@ import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-from actors.verifier import isolation, native, proctree, wire
+from actors.verifier import isolation, wire
 from actors.verifier.zygote import Zygote, ZygoteError
 
 from . import diagnostics, symbols
@@ -36,13 +36,12 @@ from .preludes import FACADE_LIB, FENCE, NATIVE, SHELL, PchStore, flag_profile
 from .results import BuildResult, assemble, infra_result
 from .spec import ExtensionSpec, UnsupportedCall, check_flags, spec_from_call
 from .toolchain import Toolchain
+from .watch import TreeWatch, log_tail, read_evidence
 
 log = logging.getLogger(__name__)
 
-POLL_S = 0.1  # how often a capture or build process tree is checked against its limits
 MAX_EVENT_BYTES = 8 << 20  # one message of a capture process (a load_inline call carries its sources)
 MAX_CAPTURE_EVENTS = 10_000  # a capture process that sends more is killed
-MAX_EVIDENCE = 200
 # The known-good extension that tells a failing machine from a failing candidate (`_confirm_infra`).
 CANARY_SOURCE = "torch::Tensor kiln_canary(torch::Tensor x) { return x; }"
 MAX_PCH_VARIANTS = 6  # per prelude and service
@@ -288,39 +287,18 @@ class BuildService:
         self._active[job] = spawned
         fork_s = time.monotonic() - t_fork
         deadline = time.monotonic() + self.timeout_s
-        watch = _Watch(
+        watch = TreeWatch(
             spawned.sandbox or spawned.pid, deadline, self.max_processes, self.memory_limit, lambda: self._kill(spawned)
         )
         events: list[dict] = []
         jail: dict = {}
-        received = 0
         try:
-            while True:
-                try:
-                    msg = wire.recv(ours, deadline + 1.0, max_bytes=MAX_EVENT_BYTES)
-                except (wire.PeerClosed, wire.PeerTimeout, wire.WireError, OSError):
-                    break
-                received += 1
-                if received > MAX_CAPTURE_EVENTS:
-                    break
-                if not isinstance(msg, dict) or not isinstance(msg.get("event"), str):
-                    continue
-                kind = msg["event"]
-                if kind == "start" and not jail:
-                    jail = msg.get("jail") if isinstance(msg.get("jail"), dict) else {}
-                elif kind == "build":
-                    reply = self._serve_build(msg.get("spec"), job_dir, deadline, events)
-                    try:
-                        wire.send(ours, reply)
-                    except OSError:
-                        break
-                elif kind in ("exception", "unsupported", "done", "import_error"):
-                    events.append({k: v for k, v in msg.items() if k != "trusted"})
+            jail = self._converse(ours, job_dir, deadline, events)
         finally:
             watch.stop()
             self._kill(spawned)
             ours.close()
-            evidence = _read_evidence(ev_r)
+            evidence = read_evidence(ev_r)
             try:
                 status = self.zygote.reap(spawned.pid)
             except ZygoteError as err:
@@ -345,6 +323,34 @@ class BuildService:
             "limits": {"memory_bytes": self.memory_limit, "processes": self.max_processes},
             "evidence": evidence,
         }
+
+    def _converse(self, ours: socket.socket, job_dir: Path, deadline: float, events: list[dict]) -> dict:
+        """Read a capture process's messages until it ends: serve its build requests, keep its
+        events (never its claims to be trusted); returns the jail report it sent first."""
+        jail: dict = {}
+        received = 0
+        while True:
+            try:
+                msg = wire.recv(ours, deadline + 1.0, max_bytes=MAX_EVENT_BYTES)
+            except (wire.PeerClosed, wire.PeerTimeout, wire.WireError, OSError):
+                break
+            received += 1
+            if received > MAX_CAPTURE_EVENTS:
+                break
+            if not isinstance(msg, dict) or not isinstance(msg.get("event"), str):
+                continue
+            kind = msg["event"]
+            if kind == "start" and not jail:
+                jail = msg.get("jail") if isinstance(msg.get("jail"), dict) else {}
+            elif kind == "build":
+                reply = self._serve_build(msg.get("spec"), job_dir, deadline, events)
+                try:
+                    wire.send(ours, reply)
+                except OSError:
+                    break
+            elif kind in ("exception", "unsupported", "done", "import_error"):
+                events.append({k: v for k, v in msg.items() if k != "trusted"})
+        return jail
 
     def _kill(self, spawned) -> None:
         spawned.kill()
@@ -510,7 +516,7 @@ class BuildService:
             return {"ok": False, "infra": True, "unit": "builder", "message": f"no build process: {err}"}, {}
         finally:
             theirs.close()
-        watch = _Watch(
+        watch = TreeWatch(
             spawned.sandbox or spawned.pid,
             deadline,
             4 * self.max_processes,
@@ -547,7 +553,7 @@ class BuildService:
                     "message": f"the compiler exceeded the compile stage's {verdict} limit",
                 }
             else:
-                tail = _tail(bdir / "build.log")
+                tail = log_tail(bdir / "build.log")
                 reply = {
                     "ok": False,
                     "infra": True,
@@ -583,69 +589,9 @@ class BuildService:
                 self._pch_cond.notify_all()
 
 
-class _Watch:
-    """Polls one sandbox's process tree from the service: kills it past the deadline, the process
-    count or the memory limit, and remembers why (`verdict`)."""
-
-    def __init__(self, pid: int, deadline: float, max_processes: int, memory_limit: int, kill) -> None:
-        self.pid, self.deadline, self.max_processes, self.memory_limit = pid, deadline, max_processes, memory_limit
-        self._kill = kill
-        self.verdict: str | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="kiln-build-watch", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(POLL_S):
-            pids = proctree.descendants(self.pid, limit=self.max_processes + 1)
-            if not pids or not os.path.exists(f"/proc/{self.pid}"):
-                return
-            if time.monotonic() > self.deadline:
-                self.verdict = "timeout"
-            elif len(pids) > self.max_processes:
-                self.verdict = "processes"
-            elif proctree.tree_rss(pids) > self.memory_limit:
-                self.verdict = "memory"
-            if self.verdict:
-                self._kill()
-                return
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=2)
-
-
 def _with_env(spec, **extra):
     from dataclasses import replace
 
     env = dict(spec.env)
     env.update(extra)
     return replace(spec, env=tuple(sorted(env.items())))
-
-
-def _read_evidence(fd: int) -> list[dict]:
-    """What the capture process's seal refused, as it happened (read once the process is gone; at most
-    MAX_EVIDENCE lines, each cut short)."""
-    data = b""
-    try:
-        while len(data) < (1 << 20):
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                break
-            data += chunk
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-    return [
-        {"kind": kind, "what": what, "where": where, "via": "refused at module level (recorded as it happened)"}
-        for _, kind, what, where in native.evidence_records(data)[:MAX_EVIDENCE]
-    ]
-
-
-def _tail(path: Path, n: int = 800) -> str:
-    try:
-        text = path.read_text(errors="replace")[-n:].strip()
-    except OSError:
-        return ""
-    return f":\n{text}" if text else ""

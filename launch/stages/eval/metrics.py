@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from math import comb
 from typing import Iterable, Protocol
 
+from protocols import metric_keys as mk
+
 BASELINES = ("eager", "compile")
 
 
@@ -83,7 +85,7 @@ class Summary:
     def overall(self) -> Row:
         return self.rows[-1]
 
-    def metrics(self, prefix: str = "eval/") -> dict[str, float]:
+    def metrics(self, prefix: str = mk.EVAL) -> dict[str, float]:
         """Flat numbers for metrics.jsonl: Overall as `eval/pass@k`, `eval/avg@n`, `eval/faster_eager`,
         ..., each level as `eval/level1/...`; counts as `eval/attempts`, `eval/infra`, ..."""
         out: dict[str, float] = {}

@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 from configs import load_config
+from protocols import metric_keys as mk
 
 PROG = "kiln sft"
 SETTINGS_FILE = "sft_settings.json"  # what a resumed run must agree with
@@ -83,10 +84,10 @@ def fail(message: str) -> int:
 def cmd_sft(args: argparse.Namespace) -> int:
     from actors.policy.chat_data import DataError
     from actors.policy.tokenizer import load_tokenizer
+    from launch.driver.tiny_checkpoint import resolve_model_path
     from launch.stages.decontam import eval_tasks
     from launch.stages.sft.data import load_sft_data
     from launch.stages.sft.run import SFTSettings
-    from launch.driver.tiny_checkpoint import resolve_model_path
     from tasks.synth.decontam import ExcludeError
 
     problem = _check_numbers(args)
@@ -242,7 +243,8 @@ class Progress:
         self.every = max(1, total // 20)
         self._bar = None
         if sys.stderr.isatty():
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress as Bar, TextColumn, TimeRemainingColumn
+            from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
+            from rich.progress import Progress as Bar
 
             self._bar = Bar(
                 TextColumn("sft"),
@@ -264,8 +266,8 @@ class Progress:
             self._bar.stop()
 
     def update(self, step: int, total: int, row: dict) -> None:
-        text = f"loss {row['sft/loss']:.4f}" + (
-            f" held-out {row['sft/heldout_loss']:.4f}" if "sft/heldout_loss" in row else ""
+        text = f"loss {row[mk.SFT_LOSS]:.4f}" + (
+            f" held-out {row[mk.SFT_HELDOUT_LOSS]:.4f}" if mk.SFT_HELDOUT_LOSS in row else ""
         )
         if self._bar is not None:
             self._bar.update(self._task, completed=step, description=text)

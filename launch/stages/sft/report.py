@@ -9,12 +9,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from launch.observe.metrics import read_metrics
+from protocols import metric_keys as mk
 
 
 def write_report(out: Path, header: list[str]) -> Path:
     rows = read_metrics(out)
-    train = [(r["step"], r["sft/loss"]) for r in rows if r.get("sft/loss") is not None]
-    held = [(r["step"], r["sft/heldout_loss"]) for r in rows if r.get("sft/heldout_loss") is not None]
+    train = [(r["step"], r[mk.SFT_LOSS]) for r in rows if r.get(mk.SFT_LOSS) is not None]
+    held = [(r["step"], r[mk.SFT_HELDOUT_LOSS]) for r in rows if r.get(mk.SFT_HELDOUT_LOSS) is not None]
     lines = ["# kiln sft", "", *[f"- {h}" for h in header if h], ""]
     lines += ["| | first | last |", "| --- | --- | --- |"]
     if train:

@@ -37,6 +37,7 @@ from configs import KilnConfig
 from launch.observe.metrics import MetricsLog
 from launch.stages.sft.data import SFTData
 from protocols import TrainBatch
+from protocols import metric_keys as mk
 
 FINAL = "final"
 EXPORTS = "exports"
@@ -121,19 +122,19 @@ class SFTRun:
                 first = result.loss if first is None else first
                 last = result.loss
                 row = {
-                    "sft/loss": result.loss,
-                    "sft/grad_norm": result.grad_norm,
-                    "sft/tokens": result.tokens,
-                    "sft/trained_tokens": result.trained_tokens,
-                    "sft/step_s": result.seconds,
-                    "sft/epoch": epoch + (i + 1) / len(batches),
-                    "sft/lr": self.s.lr,
+                    mk.SFT_LOSS: result.loss,
+                    mk.SFT_GRAD_NORM: result.grad_norm,
+                    mk.SFT_TOKENS: result.tokens,
+                    mk.SFT_TRAINED_TOKENS: result.trained_tokens,
+                    mk.SFT_STEP_S: result.seconds,
+                    mk.SFT_EPOCH: epoch + (i + 1) / len(batches),
+                    mk.SFT_LR: self.s.lr,
                 }
                 end_of_epoch = i + 1 == len(batches)
                 if self.held_batches and (end_of_epoch or (self.s.eval_every and step % self.s.eval_every == 0)):
                     loss = held_out_loss(self.trainer, self.held_batches)
                     if loss is not None:
-                        row["sft/heldout_loss"] = loss
+                        row[mk.SFT_HELDOUT_LOSS] = loss
                         held.append((step, loss))
                 metrics.log(step, row)
                 on_step(step, self.total, row)

@@ -1,0 +1,150 @@
+"""What one execution of a candidate established, and how the sandbox's replies add to it.
+
+`RunOutcome` is the record runner.py fills and verifier.py turns into a VerifyResult: the trials,
+the findings (`violations`), the figures and the stage reached. Its methods are the rules by which
+what the sandbox said or did becomes part of it: a reply's error or patched comparison functions
+(`absorb`), the evidence the seal wrote as it refused (`absorb_evidence`), shared mappings seen from
+outside (`inspect`), a sandbox that crashed, hung, forged or exited (`sandbox_failed`), and the rule
+that any finding makes the verdict cheating (`finish`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from actors.verifier.executor import ChildSession, SandboxCrash, SandboxFailure, SandboxForged
+from actors.verifier.legality import Violation
+
+
+@dataclass
+class TrialRecord:
+    label: str  # "primary#0", "alt1#0", "scaled#0"
+    shapes: str
+    passed: bool
+    message: str = ""
+    max_abs_error: float = 0.0
+
+    def to_json(self) -> dict:
+        return {
+            "label": self.label,
+            "shapes": self.shapes,
+            "passed": self.passed,
+            "message": self.message,
+            "max_abs_error": self.max_abs_error if self.max_abs_error == self.max_abs_error else None,
+        }
+
+
+@dataclass
+class RunOutcome:
+    """What execution established; `verifier.py` turns it into a VerifyResult."""
+
+    stage: str = "run"
+    error_class: str | None = None
+    message: str = ""  # runtime/timeout/infra explanation
+    trials: list[TrialRecord] = field(default_factory=list)
+    violations: list[Violation] = field(default_factory=list)
+    candidate_s: float | None = None
+    eager_s: float | None = None
+    compile_s: float | None = None
+    timing_runs: int = 0
+    timing: dict = field(default_factory=dict)  # the protocol's figures for both sides, the checked calls
+    implausible: str = ""  # why the measured time earns no speed bonus ("" when it does)
+    params: str = ""
+    notes: list[str] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+    sandbox: dict = field(default_factory=dict)  # the jail report of the sandbox that ran it
+    exit: dict = field(default_factory=dict)  # the sandbox's own exit status
+    broken_task: bool = False  # the reference produced NaN from finite inputs
+
+    @property
+    def q(self) -> float:
+        return sum(t.passed for t in self.trials) / len(self.trials) if self.trials else 0.0
+
+    def inspect(self, child: ChildSession) -> None:
+        """What the verifier sees of the sandbox from outside: shared mappings that appeared after it
+        started (memory a file descriptor and a tensor both see: Python reads it without torch)."""
+        new = child.new_shared_mappings()
+        if new:
+            self.violations.append(
+                Violation(
+                    "shared_memory",
+                    f"a shared memory mapping ({len(new)} new)",
+                    "",
+                    "tensor memory that Python reads and writes outside PyTorch: compute in your own kernel",
+                )
+            )
+            child.baseline_maps |= set(new)  # said once
+
+    def absorb(self, reply: dict, doing: str) -> bool:
+        """Record the error of a reply; False when the job cannot go on."""
+        patched = reply.get("patched")
+        if isinstance(patched, list) and patched:
+            self.violations.append(
+                Violation(
+                    "patched", ", ".join(str(p)[:40] for p in patched[:5]), "", "replacing torch's comparison functions"
+                )
+            )
+        if reply.get("ok") and reply.get("raised") and reply.get("failure"):
+            self.stage, self.error_class = "run", "runtime"
+            where = f" at {reply['where']}" if reply.get("where") else ""
+            self.message = f"{str(reply['failure'])[:1000]} while {doing}{where}"
+            return False
+        if reply.get("ok"):
+            if reply.get("failure") and doing == "importing the module":
+                self.stage, self.error_class = "run", "runtime"
+                where = f" at {reply['where']}" if reply.get("where") else ""
+                self.message = f"{str(reply['failure'])[:1000]} while {doing}{where}"
+                return False
+            if reply.get("failure") and doing.startswith("constructing"):
+                self.stage, self.error_class = "run", "runtime"
+                where = f" at {reply['where']}" if reply.get("where") else ""
+                self.message = f"{str(reply['failure'])[:1000]} while {doing}{where}"
+                return False
+            return True
+        self.stage, self.error_class = "run", "runtime"
+        self.message = f"the sandbox could not answer while {doing}: {str(reply.get('error', ''))[:300]}"
+        return False
+
+    def absorb_evidence(self, child: ChildSession) -> None:
+        """What the fence and the audit hook wrote to the evidence pipe the moment they refused: it holds
+        whatever the candidate did afterwards."""
+        child.drain_evidence()
+        known = {(v.kind, v.what) for v in self.violations}
+        for v in child.evidence:
+            if (v.kind, v.what) not in known:
+                self.violations.append(v)
+                known.add((v.kind, v.what))
+        child.evidence.clear()
+
+    def finish(self) -> None:
+        """Any finding makes the verdict cheating, whatever else happened (unless the system failed)."""
+        if self.violations and self.error_class != "infra":
+            self.stage, self.error_class = "legality", "cheating"
+
+    def sandbox_failed(self, err: SandboxFailure, doing: str, limit_s: float) -> None:
+        """A sandbox that crashed, hung, forged a reply or exited while `doing`: a finding where it
+        was the candidate's doing, else the failure's own class."""
+        if isinstance(err, SandboxCrash) and err.exited_cleanly:
+            self.violations.append(
+                Violation(
+                    "exit",
+                    "the process exited with status 0 during " + doing,
+                    "",
+                    "os._exit / exit to fake a finished run",
+                )
+            )
+        if isinstance(err, SandboxForged):
+            self.violations.append(Violation("forged", str(err), "", "writing to the verifier's channel"))
+        if self.violations:
+            self.stage, self.error_class = "legality", "cheating"
+            self.message = f"{err} ({doing})"
+            return
+        self.error_class = err.error_class
+        if err.error_class == "timeout":
+            self.message = (
+                f"execution exceeded the {limit_s:g} s limit during {doing}: "
+                "an endless loop, a deadlock, or far too slow"
+            )
+        else:
+            self.message = f"while {doing}, {err}"
+        self.stage = "performance" if self.stage == "performance" else "run"

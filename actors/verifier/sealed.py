@@ -1,0 +1,476 @@
+"""The sandbox's request loop once the process is sealed: everything it runs after candidate code exists.
+
+sandbox.py captures, before sealing, every callable and object this loop uses into a `Captured`
+record: C functions and methods of C types (which no Python code can replace), a msgpack packer,
+the sandbox's own tensors. `server` then builds the loop out of closures, each made by a small
+factory below that binds what its closures need into local variables first. The closures look up
+no global, builtin or attribute when they run: every name in them is a parameter, a local or a
+variable of the enclosing factory, so nothing the candidate patches (a module global, a builtin, a
+method on a type it reaches) changes what they call. tests/verifier reads the bytecode of every
+closure of `server` and of each factory it calls.
+
+The requests it serves (load, build, call, stage, trip, fetch, close) are listed with the whole
+conversation in sandbox.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+Fn = Callable[..., Any]
+
+
+@dataclass(frozen=True)
+class Captured:
+    """What the loop uses, bound before sealing (sandbox._capture)."""
+
+    sock: Any
+    key: bytes
+    arena: Any  # the I/O arena, a uint8 tensor over the memory file the verifier mapped
+    device: str
+    dtypes: dict
+    dtype_names: dict
+    recv_into: Fn
+    sendall: Fn
+    unpack_header: Fn
+    pack_header: Fn
+    unpackb: Fn
+    pack: Fn
+    hmac: Fn
+    bytearray_: type
+    memoryview_: type
+    bytes_: type
+    str_: type
+    exec_: Fn
+    type_name: Fn
+    len_: Fn
+    range_: type
+    type_: type
+    tuple_: type
+    list_: type
+    dict_: type
+    tensor_type: type
+    base_exception: type
+    exception: type
+    append: Fn
+    dict_get: Fn
+    str_contains: Fn
+    plain: Fn
+    meta: Fn
+    empty: Fn
+    bytes_view: Fn
+    copy: Fn
+    poison: Fn
+    arm_compute: Fn
+    evidence_since: Fn
+    perf: Fn
+    sleep: Fn
+    site_of: Fn
+    exc_traceback: Fn
+    cuda_fatal: tuple
+    module_dict: Fn
+    issubclass_: Fn
+    module_class: type
+    state_dict: Fn
+    load_state_dict: Fn
+    to_device: Fn
+    manual_seed: Fn
+    no_grad: Fn
+    align: int
+    settle_s: float
+    sync: Fn
+    stream_sync: Fn
+    set_stream: Fn
+    delay: Fn
+    flush: Any  # cuda: the L2 flush buffer (None on cpu)
+    flush_zero: Any
+    comparison: list
+
+
+def server(c: Captured):
+    """The sandbox's half that runs once candidate code exists: `serve(code, module)`, the request
+    loop. Called after sealing and before the candidate's first byte; only the closures it returns
+    run later, and they call nothing but what was bound here."""
+    state = {"models": [], "model": None, "cls": None, "snaps": [], "null_snaps": [], "sets": [], "last": None}
+    receive, reply = _channel(c)
+    tensor_at, staged, delayed, lay_out = _arena_io(c)
+    outputs_of = _outputs(c)
+    failure, patched = _failures(c)
+    op_load = _op_load(c, state)
+    handlers = {
+        "build": _op_build(c, state, tensor_at),
+        "call": _op_call(c, state, delayed, outputs_of, lay_out),
+        "stage": _op_stage(c, state, staged),
+        "trip": _op_trip(c, state, outputs_of),
+        "fetch": _op_fetch(state, lay_out),
+    }
+    perf, dict_get, base_exception = c.perf, c.dict_get, c.base_exception
+
+    def serve(code, module):
+        while True:
+            req = receive()
+            if req is None or req["op"] == "close":
+                return 0
+            op = req["op"]
+            started = perf()
+            try:
+                body = op_load(code, module) if op == "load" else handlers[op](req)
+            except base_exception as exc:  # candidate code raised (SystemExit too), or a CUDA error surfaced
+                body = failure(exc)
+            body["handled_s"] = perf() - started
+            body["patched"] = patched()
+            reply(req["nonce"], body)
+            if dict_get(body, "fatal"):
+                return 4  # a CUDA error poisons this process: leave, the verifier starts a fresh one
+
+    return serve
+
+
+# ------------------------------------------------------------------------------ the channel
+
+
+def _channel(c: Captured):
+    """(receive, reply): requests read in bounded steps; replies signed, each carrying kiln_native's
+    evidence log since the previous reply."""
+    sock, key, recv_into, sendall = c.sock, c.key, c.recv_into, c.sendall
+    unpack_header, pack_header, unpackb, pack, hmac = c.unpack_header, c.pack_header, c.unpackb, c.pack, c.hmac
+    bytearray_, memoryview_, bytes_, len_, evidence_since = (
+        c.bytearray_,
+        c.memoryview_,
+        c.bytes_,
+        c.len_,
+        c.evidence_since,
+    )
+    log = {"logged": 0}
+
+    def receive():
+        head = read(4)
+        if head is None:
+            return None
+        (n,) = unpack_header(head)
+        if n > 16 << 20:
+            return None
+        body = read(n)
+        return None if body is None else unpackb(body, raw=False)
+
+    def read(n):
+        buf = bytearray_(n)
+        view = memoryview_(buf)
+        got = 0
+        while got < n:
+            k = recv_into(sock, view[got:], n - got)
+            if not k:
+                return None
+            got = got + k
+        return bytes_(buf)
+
+    def reply(nonce, body):
+        body["nonce"] = nonce
+        body["evidence"], log["logged"], _ = evidence_since(log["logged"])  # kiln_native log, since the last reply
+        payload = pack(body)
+        sendall(sock, pack_header(len_(payload)) + payload + hmac(key, payload, "sha256"))
+
+    return receive, reply
+
+
+# ------------------------------------------------------------------------- the I/O arena
+
+
+def _arena_io(c: Captured):
+    """(tensor_at, staged, delayed, lay_out): bytes between the arena and this process's tensors,
+    moved by plumbing copies no Python code can intercept (kiln_fence)."""
+    arena, device, dtypes, dtype_names, align = c.arena, c.device, c.dtypes, c.dtype_names, c.align
+    bytes_view, empty, copy, meta, poison, delay, flush = (
+        c.bytes_view,
+        c.empty,
+        c.copy,
+        c.meta,
+        c.poison,
+        c.delay,
+        c.flush,
+    )
+    type_, dict_, list_, tensor_type, append = c.type_, c.dict_, c.list_, c.tensor_type, c.append
+    range_, len_, dict_get = c.range_, c.len_, c.dict_get
+
+    def tensor_at(desc):
+        """A view of the arena: [offset, nbytes, dtype name, shape]."""
+        return bytes_view(arena, desc[0], desc[1], dtypes[desc[2]], desc[3])
+
+    def staged(items):
+        """Inputs from the arena into fresh tensors of this device; non-tensor inputs as sent."""
+        out = []
+        for item in items:
+            if type_(item) is dict_:
+                append(out, item["v"])
+                continue
+            dst = empty(item[3], dtypes[item[2]], device)
+            copy(dst, tensor_at(item))
+            append(out, dst)
+        return out
+
+    def delayed(items):
+        """A correctness trial's inputs: on cuda first onto the device, then, after a delay on the
+        caller's stream, into tensors that hold NaN until then (the copy is in that stream's order,
+        so only work ordered after it sees the inputs); on cpu as `staged`."""
+        ready = staged(items)
+        if flush is None:
+            return ready
+        out = []
+        for x in ready:
+            if type_(x) is tensor_type:
+                dst = empty(meta(x)[1], meta(x)[0], device)
+                poison(dst)
+                append(out, dst)
+            else:
+                append(out, x)
+        delay()
+        for i in range_(len_(out)):
+            if type_(out[i]) is tensor_type:
+                copy(out[i], ready[i], True)
+        return out
+
+    def lay_out(items, region):
+        """Copy tensors into the arena region [offset, limit]; their metadata, placed or not."""
+        offset, limit = region[0], region[0] + region[1]
+        placed = []
+        for t in items:
+            dtype, shape, strides, where, nbytes = meta(t)
+            name = dict_get(dtype_names, dtype)
+            entry = [-1, nbytes, name, list_(shape), list_(strides), where]
+            if name is not None and where == device and offset + nbytes <= limit:
+                copy(bytes_view(arena, offset, nbytes, dtype, shape), t)
+                entry[0] = offset
+                offset = offset + (nbytes + align - 1) // align * align
+            append(placed, entry)
+        return placed
+
+    return tensor_at, staged, delayed, lay_out
+
+
+def _outputs(c: Captured):
+    """outputs_of: forward's result read as data, with C accessors and no method of the candidate's."""
+    type_, tensor_type, tuple_, list_, type_name = c.type_, c.tensor_type, c.tuple_, c.list_, c.type_name
+    range_, len_, plain, issubclass_ = c.range_, c.len_, c.plain, c.issubclass_
+
+    def lookalike(kind):
+        """A subclass of a tensor, tuple or list: something that poses as an output and runs code of
+        its own when read."""
+        return issubclass_(kind, tensor_type) or issubclass_(kind, tuple_) or issubclass_(kind, list_)
+
+    def outputs_of(result):
+        """forward's result as a tuple of plain tensors, or (None, why, whether it poses as one)."""
+        kind = type_(result)
+        if kind is tensor_type:
+            return (result,), "", False
+        if kind is not tuple_ and kind is not list_:
+            return (
+                None,
+                f"forward returned a {type_name(kind)}, not a tensor or a tuple/list of tensors",
+                lookalike(kind),
+            )
+        items = tuple_(result)
+        for i in range_(len_(items)):
+            if not plain(items[i]):
+                return (
+                    None,
+                    f"output {i} is a {type_name(type_(items[i]))}, not a plain torch.Tensor",
+                    lookalike(type_(items[i])),
+                )
+        return items, "", False
+
+    return outputs_of
+
+
+def _failures(c: Captured):
+    """(failure, patched): what a raised exception becomes in a reply, and which of torch's comparison
+    functions the candidate replaced (the verifier compares in its own process, so this only records
+    the attempt)."""
+    str_, type_name, type_, site_of, exc_traceback = c.str_, c.type_name, c.type_, c.site_of, c.exc_traceback
+    cuda_fatal, str_contains, append = c.cuda_fatal, c.str_contains, c.append
+    watched = [(space, name, get, get(space, name)) for space, name, get in c.comparison]
+
+    def failure(exc):
+        text = str_(exc)[:2000]
+        return {
+            "ok": True,
+            "failure": f"{type_name(type_(exc))}: {text}",
+            "where": site_of(exc_traceback(exc)),
+            "raised": True,
+            "fatal": any_fatal(text),
+        }
+
+    def patched():
+        found = []
+        for space, name, get, original in watched:
+            if get(space, name) is not original:
+                append(found, name)
+        return found
+
+    def any_fatal(text):
+        for marker in cuda_fatal:
+            if str_contains(text, marker):
+                return True
+        return False
+
+    return failure, patched
+
+
+# ------------------------------------------------------------------------------ the requests
+
+
+def _op_load(c: Captured, state: dict):
+    exec_, module_dict, dict_get, type_ = c.exec_, c.module_dict, c.dict_get, c.type_
+    issubclass_, module_class = c.issubclass_, c.module_class
+
+    def op_load(code, module):
+        exec_(code, module_dict(module))
+        cls = dict_get(module_dict(module), "ModelNew")
+        if type_(cls) is not type_ or not issubclass_(cls, module_class):
+            return {"ok": True, "failure": "ModelNew must be a torch.nn.Module subclass defined by the candidate"}
+        state["cls"] = cls
+        return {"ok": True}
+
+    return op_load
+
+
+def _op_build(c: Captured, state: dict, tensor_at):
+    manual_seed, state_dict, load_state_dict, to_device = c.manual_seed, c.state_dict, c.load_state_dict, c.to_device
+    len_, empty, dtypes, copy, exception, append = c.len_, c.empty, c.dtypes, c.copy, c.exception, c.append
+    device, sync, arm_compute = c.device, c.sync, c.arm_compute
+
+    def op_build(req):
+        """Every ModelNew of the run, each seeded as the reference was and given the reference's
+        parameters and buffers where their names and shapes match; then the compute fence is armed,
+        before the first input exists here."""
+        built, how = [], []
+        for spec in req["instances"]:
+            manual_seed(spec["seed"])
+            model = state["cls"](*spec["init"])
+            params = "seeded"
+            wanted = spec["params"]
+            if len_(state_dict(model)) == len_(wanted):
+                loaded = {}
+                for name, desc in wanted:
+                    dst = empty(desc[3], dtypes[desc[2]], "cpu")
+                    copy(dst, tensor_at(desc))
+                    loaded[name] = dst
+                try:
+                    load_state_dict(model, loaded, True)
+                    params = "loaded"
+                except exception:
+                    params = "seeded"
+            append(built, to_device(model, device))
+            append(how, params)
+        sync()
+        state["models"] = built
+        arm_compute()
+        return {"ok": True, "params": how}
+
+    return op_build
+
+
+def _op_call(c: Captured, state: dict, delayed, outputs_of, lay_out):
+    no_grad, set_stream, stream_sync, sync, perf, sleep = (
+        c.no_grad,
+        c.set_stream,
+        c.stream_sync,
+        c.sync,
+        c.perf,
+        c.sleep,
+    )
+    settle_s, device, type_, tensor_type = c.settle_s, c.device, c.type_, c.tensor_type
+
+    def op_call(req):
+        """A correctness trial: the outputs as they are when forward returns (and the caller's
+        stream is synchronised), again after the device (or, on cpu, a pause) settled, and the
+        inputs as forward left them."""
+        no_grad(False)
+        set_stream()
+        inputs = delayed(req["inputs"])
+        result = state["models"][req["instance"]](*inputs)
+        set_stream()
+        stream_sync()
+        items, why, subclass = outputs_of(result)
+        if items is None:
+            return {"ok": True, "failure": why, "subclass": subclass}
+        first = lay_out(items, req["out"])
+        started = perf()
+        sync()  # cuda: the whole device; how long it took says whether work was still running
+        pending = perf() - started
+        sleep(settle_s) if device == "cpu" else None
+        second = lay_out(items, req["after"])
+        stream_sync()
+        kept = lay_out([x for x in inputs if type_(x) is tensor_type], req["kept"])
+        return {"ok": True, "outputs": first, "after": second, "inputs_after": kept, "pending_s": pending}
+
+    return op_call
+
+
+def _op_stage(c: Captured, state: dict, staged):
+    sync = c.sync
+
+    def op_stage(req):
+        """The next trip's inputs onto the device, one set per call (outside any timed request)."""
+        if state["model"] is not state["models"][req["instance"]]:
+            state["model"], state["snaps"], state["null_snaps"], state["last"] = (
+                state["models"][req["instance"]],
+                [],
+                [],
+                None,
+            )
+        state["sets"] = [staged(items) for items in req["calls"]]
+        sync()
+        return {"ok": True}
+
+    return op_stage
+
+
+def _op_trip(c: Captured, state: dict, outputs_of):
+    no_grad, len_, append, empty, dtypes, device = c.no_grad, c.len_, c.append, c.empty, c.dtypes, c.device
+    range_, flush, flush_zero, copy, set_stream, sync = c.range_, c.flush, c.flush_zero, c.copy, c.set_stream, c.sync
+    meta, dict_get, dtype_names, list_ = c.meta, c.dict_get, c.dtype_names, c.list_
+
+    def op_trip(req):
+        """The staged calls, each preceded (on cuda) by an L2 flush and followed by a copy of its
+        outputs to a snapshot the moment it returned; `null` does the same work without forward, on
+        the last outputs. Ends when the device is idle."""
+        no_grad(False)
+        null, expect, sets = req["null"], req["expect"], state["sets"]
+        # The null trip's snapshots have buffers of their own: the run trip's are what `fetch` reads.
+        snaps = state["null_snaps"] if null else state["snaps"]
+        while len_(snaps) < len_(sets):
+            append(snaps, [empty(e[1], dtypes[e[0]], device) for e in expect])
+        model = state["model"]
+        for k in range_(len_(sets)):
+            if flush is not None:
+                copy(flush, flush_zero)
+            set_stream()
+            result = state["last"] if null else model(*sets[k])
+            set_stream()
+            items, why, subclass = outputs_of(result)
+            if items is None:
+                sync()
+                return {"ok": True, "failure": why, "subclass": subclass}
+            if len_(items) != len_(expect):
+                sync()
+                return {"ok": True, "failure": f"forward returned {len_(items)} outputs, expected {len_(expect)}"}
+            for i in range_(len_(items)):
+                dtype, shape, strides, where, nbytes = meta(items[i])
+                if dict_get(dtype_names, dtype) != expect[i][0] or list_(shape) != expect[i][1] or where != device:
+                    sync()
+                    return {"ok": True, "failure": f"output {i} changed its dtype, shape or device in a timed call"}
+                copy(snaps[k][i], items[i])
+            state["last"] = result
+        sync()
+        return {"ok": True}
+
+    return op_trip
+
+
+def _op_fetch(state: dict, lay_out):
+    def op_fetch(req):
+        return {"ok": True, "outputs": lay_out(state["snaps"][req["call"]], req["out"])}
+
+    return op_fetch
