@@ -1,9 +1,12 @@
-"""Shared pieces of the task-set maintainer tools: task discovery, result rows, the legality
-recorder and static checks, and the result table (used by check_solutions.py and check_cuda_compile.py)."""
+"""Shared pieces of the task-set maintainer tools: task discovery, result rows, the result table, and
+the verifier's own rules of correct and legal as the tools apply them (used by check_solutions.py and
+check_cuda_compile.py): its output comparison and tolerance, its allowlist of ATen ops, its static
+scans. The tools keep no tables of their own, so a shipped solution passes them exactly when it
+passes the verifier's rules.
+"""
 
 from __future__ import annotations
 
-import ast
 import importlib.util
 import os
 import re
@@ -19,95 +22,14 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 TASKS_DIR = Path(__file__).resolve().parent
 LEVELS = ("level1", "level2", "level3", "level4")
 
-# Tolerance (atol = rtol) per level, with per-task overrides.
-TOLERANCE = {"level1": 1e-4, "level2": 1e-4, "level3": 1e-3, "level4": 1e-3}
-TOLERANCE_OVERRIDES = {"level2/01_sum_dim": 1e-3}
+# The verifier's own rules judge the shipped solutions (one definition of correct and legal): its
+# comparison (scale-relative tolerance by dtype, or the task's KILN_TOLERANCE), its allowlist of ATen
+# ops and its static scans of Python and C++/CUDA sources. Run as a script from tasks/, the
+# repository root is not on the path yet.
+if str(TASKS_DIR.parent) not in sys.path:
+    sys.path.insert(0, str(TASKS_DIR.parent))
 
-# ATen ops that are tensor plumbing (allocation, views, copies); everything else is compute.
-ALLOWED_OPS = {
-    "empty",
-    "empty_like",
-    "empty_strided",
-    "new_empty",
-    "new_empty_strided",
-    "zeros",
-    "zeros_like",
-    "new_zeros",
-    "zero_",
-    "fill_",
-    "view",
-    "_unsafe_view",
-    "reshape",
-    "_reshape_alias",
-    "permute",
-    "transpose",
-    "t",
-    "contiguous",
-    "clone",
-    "expand",
-    "copy_",
-    "detach",
-    "alias",
-    "as_strided",
-    "resize_",
-    "squeeze",
-    "unsqueeze",
-    "flatten",
-    "lift_fresh",
-    "_to_copy",
-    "to",
-}
-
-# Static C++/CUDA scan: ATen/torch calls that are allowed from native code.
-ALLOWED_NATIVE_NAMES = {
-    "torch::Tensor",
-    "at::Tensor",
-    "torch::empty",
-    "torch::empty_like",
-    "torch::zeros",
-    "torch::zeros_like",
-    "at::empty",
-    "at::empty_like",
-    "at::zeros",
-    "at::zeros_like",
-    "torch::kFloat32",
-    "torch::kFloat",
-    "at::kFloat",
-    "torch::TensorOptions",
-    "at::cuda::getCurrentCUDAStream",
-    "torch::IntArrayRef",
-    "at::IntArrayRef",
-}
-FORBIDDEN_METHOD_RE = re.compile(
-    r"\.(add|sub|mul|div|matmul|mm|bmm|addmm|baddbmm|sum|mean|amax|amin|max|min|exp|log|relu|"
-    r"softmax|log_softmax|pow|sqrt|rsqrt|clamp|tanh|sigmoid|neg|abs|conv\w*|linear|layer_norm|gelu|"
-    r"silu|cat|stack|index_select|gather|scatter|masked_fill|where|cumsum|prod|norm|var|std)_?\s*\("
-)
-# Python names allowed inside ModelNew.forward (static scan).
-ALLOWED_FORWARD_ATTRS = {
-    "view",
-    "reshape",
-    "permute",
-    "transpose",
-    "contiguous",
-    "size",
-    "dim",
-    "numel",
-    "stride",
-    "expand",
-    "flatten",
-    "unsqueeze",
-    "squeeze",
-    "is_contiguous",
-    "shape",
-    "device",
-    "dtype",
-    "new_empty",
-    "empty",
-    "empty_like",
-    "zeros",
-    "zeros_like",
-}
+from actors.verifier import compare, legality  # noqa: E402
 
 
 # --------------------------------------------------------------------------- discovery / loading
@@ -126,10 +48,6 @@ class Task:
 
     def sol_path(self, backend: str) -> Path:
         return TASKS_DIR / "solutions" / backend / self.level / f"{self.stem}.py"
-
-    @property
-    def tol(self) -> float:
-        return TOLERANCE_OVERRIDES.get(self.key, TOLERANCE[self.level])
 
 
 def discover(only: str | None) -> list[Task]:
@@ -188,8 +106,10 @@ def tensors_to(xs, device):
     return [x.to(device) if isinstance(x, torch.Tensor) else x for x in xs]
 
 
-# --------------------------------------------------------------------------- legality recorder
+# --------------------------------------------------------------------------- legality and correctness
 class OpRecorder(TorchDispatchMode):
+    """Counts the ATen ops a forward call dispatches (by overload packet name)."""
+
     def __init__(self):
         super().__init__()
         self.ops: dict[str, int] = {}
@@ -200,46 +120,32 @@ class OpRecorder(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+def compute_ops(ops: dict[str, int]) -> list[str]:
+    """The recorded ops the verifier's compute fence would refuse (outside `legality.ALLOWED_OPS`)."""
+    return sorted(k for k in ops if k not in legality.ALLOWED_OPS)
+
+
+def compare_with_reference(got, expected, ref_module) -> compare.Comparison:
+    """The verifier's comparison of a solution's outputs with the reference's, under the task's
+    declared tolerance (KILN_TOLERANCE) or the verifier's tolerance by dtype."""
+    got_list = list(got) if isinstance(got, (tuple, list)) else [got]
+    expected_list = list(expected) if isinstance(expected, (tuple, list)) else [expected]
+    return compare.compare_outputs(got_list, expected_list, compare.declared_tolerance(ref_module))
+
+
 def static_forward_issues(sol_mod) -> list[str]:
-    """Flags torch/F/nn calls and tensor-math methods inside ModelNew.forward (source scan)."""
-    issues = []
+    """The verifier's static scan of a solution's source (Python, and the C++/CUDA in its strings)."""
     try:
         src = Path(sol_mod.__file__).read_text()
-        tree = ast.parse(src)
-    except Exception as e:  # pragma: no cover
+        found, _ = legality.static_scan(src)
+    except (OSError, SyntaxError) as e:  # pragma: no cover
         return [f"cannot parse solution: {e}"]
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ClassDef) and node.name == "ModelNew":
-            for fn in node.body:
-                if isinstance(fn, ast.FunctionDef) and fn.name == "forward":
-                    for sub in ast.walk(fn):
-                        if isinstance(sub, ast.BinOp) and isinstance(sub.op, (ast.MatMult,)):
-                            issues.append("matmul operator in forward")
-                        if isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute):
-                            base = sub.func.value
-                            if isinstance(base, ast.Name) and base.id in ("torch", "F", "nn"):
-                                if sub.func.attr not in ALLOWED_FORWARD_ATTRS:
-                                    issues.append(f"{base.id}.{sub.func.attr}() in forward")
-    if "import" in src and re.search(r"^\s*(from|import)\s+.*level\d", src, re.M):
-        issues.append("solution imports a reference module")
-    return issues
-
-
-def strip_cpp_comments(src: str) -> str:
-    src = re.sub(r"/\*.*?\*/", " ", src, flags=re.S)
-    return re.sub(r"//[^\n]*", "", src)
+    return [v.describe() for v in found]
 
 
 def static_native_issues(sources: str) -> list[str]:
-    issues = []
-    sources = strip_cpp_comments(sources)
-    for m in re.finditer(r"\b(?:torch|at)::[A-Za-z_:]+", sources):
-        name = m.group(0)
-        if name not in ALLOWED_NATIVE_NAMES and not name.startswith(("at::cuda::getCurrent",)):
-            issues.append(f"native call {name}")
-    for m in FORBIDDEN_METHOD_RE.finditer(sources):
-        issues.append(f"tensor method .{m.group(1)}(")
-    return sorted(set(issues))
+    """The verifier's scan of C++/CUDA sources for ATen compute and dispatcher bypasses."""
+    return sorted({v.describe() for v in legality.native_scan(sources)})
 
 
 # --------------------------------------------------------------------------- result table
@@ -274,13 +180,13 @@ def print_table(rows: list[Row]):
                 "; ".join(r.notes)[:160],
             )
         )
-    w = [max(len(h), *(len(l[i]) for l in lines)) if lines else len(h) for i, h in enumerate(hdr)]
+    w = [max(len(h), *(len(line[i]) for line in lines)) if lines else len(h) for i, h in enumerate(hdr)]
     fmt = "  ".join("{:<%d}" % x for x in w[:-1]) + "  {}"
     print()
     print(fmt.format(*hdr))
     print(fmt.format(*("-" * x for x in w)))
-    for l in lines:
-        print(fmt.format(*l))
+    for line in lines:
+        print(fmt.format(*line))
     npass = sum(r.ok for r in rows)
     print(f"\n{npass}/{len(rows)} checks passed")
 

@@ -10,10 +10,10 @@ import shutil
 import subprocess
 import sysconfig
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-
 from check_common import Row, Task, load_module, static_forward_issues, static_native_issues
 
 
@@ -102,8 +102,21 @@ def _compile_one(args) -> tuple[str, bool, float, str]:
     p = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
     out = p.stdout + p.stderr
     Path(cwd, label.split("|")[1].replace("+", "x") + ".log").write_text(" ".join(cmd) + "\n\n" + out)
-    errs = "\n".join(l for l in out.splitlines() if "error" in l.lower())
+    errs = "\n".join(line for line in out.splitlines() if "error" in line.lower())
     return label, p.returncode == 0, time.time() - t0, (errs or out)[-3000:]
+
+
+@dataclass(frozen=True)
+class _Flags:
+    """What every compile-only command shares: the language standard, the GPU architecture, include
+    directories (the shims first), the C++ ABI of this torch and nvcc's common flags."""
+
+    std: str
+    arch: str
+    incs: tuple[str, ...]
+    pyinc: str
+    abi: int
+    nvcc_common: tuple[str, ...]
 
 
 def compile_only_cuda(tasks: list[Task], jobs: int, std: str, arch: str) -> list[Row]:
@@ -114,84 +127,19 @@ def compile_only_cuda(tasks: list[Task], jobs: int, std: str, arch: str) -> list
     shimmed = make_shim(root)
     if shimmed:
         print(f"[compile-only] shimmed missing headers: {shimmed}")
-    incs = [f"-I{root / 'shim'}"] + [f"-I{p}" for p in include_paths()]
-    pyinc = sysconfig.get_paths()["include"]
-    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    flags = _Flags(
+        std=std,
+        arch=arch,
+        incs=tuple([f"-I{root / 'shim'}"] + [f"-I{p}" for p in include_paths()]),
+        pyinc=sysconfig.get_paths()["include"],
+        abi=int(torch._C._GLIBCXX_USE_CXX11_ABI),
+        nvcc_common=tuple(COMMON_NVCC_FLAGS),
+    )
     rows, jobs_list = {}, []
     for t in tasks:
         row = Row(t.key, "cuda compile-only")
         rows[t.key] = row
-        path = t.sol_path("cuda")
-        if not path.exists():
-            row.fail("no solution file")
-            continue
-        try:
-            calls, sol = extract_sources(path)
-        except Exception as e:
-            row.fail(f"import failed: {type(e).__name__}: {e}")
-            continue
-        for issue in static_forward_issues(sol):
-            row.fail(f"static: {issue}")
-        if not hasattr(sol, "ModelNew"):
-            row.fail("no ModelNew")
-        if not calls:
-            row.fail("no load_inline call")
-        for i, c in enumerate(calls):
-            if not c["cuda"]:
-                row.fail(f"{c['name']}: no cuda_sources")
-                continue
-            src = "\n".join(c["cpp"] + c["cuda"])
-            if "__global__" not in src:
-                row.fail(f"{c['name']}: no __global__ kernel")
-            if "getCurrentCUDAStream" not in src:
-                row.notes.append("WARN not launched on the current stream")
-            for issue in static_native_issues(src):
-                row.fail(f"static: {issue}")
-            d = root / f"{t.level}_{t.stem}_{i}"
-            d.mkdir(parents=True, exist_ok=True)
-            cpp = ["#include <torch/extension.h>"] + c["cpp"]
-            funcs = c["functions"] or []
-            if isinstance(funcs, str):
-                funcs = [funcs]
-            cpp.append("PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {")
-            for f in funcs:
-                cpp.append(f'm.def("{f}", torch::wrap_pybind_function({f}), "{f}");')
-            cpp.append("}")
-            (d / "main.cpp").write_text("\n".join(cpp))
-            cu = ["#include <torch/types.h>", "#include <cuda.h>", "#include <cuda_runtime.h>"] + c["cuda"]
-            (d / "cuda.cu").write_text("\n".join(cu))
-            extra_cuda = list((c["kwargs"].get("extra_cuda_cflags") or []))
-            nvcc_cmd = [
-                "nvcc",
-                f"-std={std}",
-                "-c",
-                f"-arch={arch}",
-                *incs,
-                f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
-                *COMMON_NVCC_FLAGS,
-                "-Xcompiler",
-                "-fPIC",
-                "-diag-suppress",
-                "3306",
-                *extra_cuda,
-                "cuda.cu",
-                "-o",
-                "cuda.o",
-            ]
-            gxx_cmd = [
-                "g++",
-                f"-std={std}",
-                "-fsyntax-only",
-                "-fPIC",
-                *incs,
-                f"-I{pyinc}",
-                f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
-                f"-DTORCH_EXTENSION_NAME={c['name']}",
-                "-Wno-c++20-extensions",
-                "main.cpp",
-            ]
-            jobs_list.append((nvcc_cmd, str(d), f"{t.key}|nvcc|{c['name']}"))
-            jobs_list.append((gxx_cmd, str(d), f"{t.key}|g++|{c['name']}"))
+        jobs_list += _task_jobs(t, row, root, flags)
     t0 = time.time()
     with cf.ThreadPoolExecutor(max(1, jobs)) as ex:
         for label, ok, dt, log in ex.map(_compile_one, jobs_list):
@@ -210,3 +158,88 @@ def compile_only_cuda(tasks: list[Task], jobs: int, std: str, arch: str) -> list
         if shimmed:
             r.notes.append("shim:" + ",".join(Path(h).name for h in shimmed))
     return list(rows.values())
+
+
+def _task_jobs(t: Task, row: Row, root: Path, flags: _Flags) -> list[tuple[list[str], str, str]]:
+    """One task's solution checked statically (the verifier's scans) and its compiles planned:
+    (command, directory, "task|tool|extension") for nvcc and for g++ per load_inline call."""
+    path = t.sol_path("cuda")
+    if not path.exists():
+        row.fail("no solution file")
+        return []
+    try:
+        calls, sol = extract_sources(path)
+    except Exception as e:
+        row.fail(f"import failed: {type(e).__name__}: {e}")
+        return []
+    for issue in static_forward_issues(sol):
+        row.fail(f"static: {issue}")
+    if not hasattr(sol, "ModelNew"):
+        row.fail("no ModelNew")
+    if not calls:
+        row.fail("no load_inline call")
+    out = []
+    for i, c in enumerate(calls):
+        if not c["cuda"]:
+            row.fail(f"{c['name']}: no cuda_sources")
+            continue
+        src = "\n".join(c["cpp"] + c["cuda"])
+        if "__global__" not in src:
+            row.fail(f"{c['name']}: no __global__ kernel")
+        if "getCurrentCUDAStream" not in src:
+            row.notes.append("WARN not launched on the current stream")
+        for issue in static_native_issues(src):
+            row.fail(f"static: {issue}")
+        d = root / f"{t.level}_{t.stem}_{i}"
+        d.mkdir(parents=True, exist_ok=True)
+        nvcc_cmd, gxx_cmd = _unit_commands(c, d, flags)
+        out.append((nvcc_cmd, str(d), f"{t.key}|nvcc|{c['name']}"))
+        out.append((gxx_cmd, str(d), f"{t.key}|g++|{c['name']}"))
+    return out
+
+
+def _unit_commands(c: dict, d: Path, flags: _Flags) -> tuple[list[str], list[str]]:
+    """Write one load_inline call's binding TU (main.cpp) and CUDA TU (cuda.cu) into `d`; return the
+    nvcc command that compiles the CUDA TU and the g++ command that syntax-checks the binding."""
+    cpp = ["#include <torch/extension.h>"] + c["cpp"]
+    funcs = c["functions"] or []
+    if isinstance(funcs, str):
+        funcs = [funcs]
+    cpp.append("PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {")
+    for f in funcs:
+        cpp.append(f'm.def("{f}", torch::wrap_pybind_function({f}), "{f}");')
+    cpp.append("}")
+    (d / "main.cpp").write_text("\n".join(cpp))
+    cu = ["#include <torch/types.h>", "#include <cuda.h>", "#include <cuda_runtime.h>"] + c["cuda"]
+    (d / "cuda.cu").write_text("\n".join(cu))
+    extra_cuda = list(c["kwargs"].get("extra_cuda_cflags") or [])
+    nvcc_cmd = [
+        "nvcc",
+        f"-std={flags.std}",
+        "-c",
+        f"-arch={flags.arch}",
+        *flags.incs,
+        f"-D_GLIBCXX_USE_CXX11_ABI={flags.abi}",
+        *flags.nvcc_common,
+        "-Xcompiler",
+        "-fPIC",
+        "-diag-suppress",
+        "3306",
+        *extra_cuda,
+        "cuda.cu",
+        "-o",
+        "cuda.o",
+    ]
+    gxx_cmd = [
+        "g++",
+        f"-std={flags.std}",
+        "-fsyntax-only",
+        "-fPIC",
+        *flags.incs,
+        f"-I{flags.pyinc}",
+        f"-D_GLIBCXX_USE_CXX11_ABI={flags.abi}",
+        f"-DTORCH_EXTENSION_NAME={c['name']}",
+        "-Wno-c++20-extensions",
+        "main.cpp",
+    ]
+    return nvcc_cmd, gxx_cmd

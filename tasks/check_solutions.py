@@ -25,16 +25,17 @@ import concurrent.futures as cf
 import sys
 import time
 import traceback
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-
 from check_common import (
-    ALLOWED_OPS,
     OpRecorder,
     Row,
     Shapes,
     Task,
+    compare_with_reference,
+    compute_ops,
     discover,
     load_module,
     print_table,
@@ -126,6 +127,16 @@ def _storages(ts):
     return out
 
 
+@dataclass
+class _Seen:
+    """What one solution's runs add up to beyond pass/fail: the ops it dispatched, whether its
+    initialisation differed from the reference's, its slowest base-shape forward."""
+
+    ops: dict[str, int] = field(default_factory=dict)
+    init_mismatch: bool = False
+    fwd_ms: float = 0.0
+
+
 def run_solution(task: Task, backend: str, seeds: int, build_info) -> Row:
     row = Row(task.key, f"{backend} solution")
     path = task.sol_path(backend)
@@ -140,99 +151,102 @@ def run_solution(task: Task, backend: str, seeds: int, build_info) -> Row:
         sol = load_module(path, backend)
         load_s = time.time() - t1
         pre = build_info.get(str(path))
-        if pre:
-            row.notes.append(f"build {pre[0]:.1f}s")
-        else:
-            row.notes.append(f"import+build {load_s:.1f}s")
-        for issue in static_forward_issues(sol):
-            row.fail(f"static: {issue}")
-        calls, _ = extract_sources(path)  # re-import with load_inline recorded, for the static scan
-        for c in calls:
-            native = "\n".join(c["cpp"] + c["cuda"])
-            for issue in static_native_issues(native):
-                row.fail(f"static: {issue}")
-            if backend == "cpu" and c["cuda"]:
-                row.fail(f"{c['name']}: cpu solution has cuda_sources")
-            if backend == "cuda" and "__global__" not in native:
-                row.fail(f"{c['name']}: no __global__ kernel")
+        row.notes.append(f"build {pre[0]:.1f}s" if pre else f"import+build {load_s:.1f}s")
+        _static_checks(row, sol, path, backend)
         sh = Shapes(ref)
-        seen_ops: dict[str, int] = {}
-        init_mismatch = False
-        fwd_ms = 0.0
+        seen = _Seen()
         for label, layers in sh.configs(backend):
             for s in range(seeds):
-                seed = 1000 * s + 17
                 sh.apply(*layers)
-                init = ref.get_init_inputs()
-                torch.manual_seed(seed)
-                model = ref.Model(*init).to(device)
-                torch.manual_seed(seed)
-                new = sol.ModelNew(*init).to(device)
-                sd = model.state_dict()
-                if sd:
-                    nsd = new.state_dict()
-                    if set(nsd) != set(sd) or any(nsd[k].shape != sd[k].shape for k in sd):
-                        row.fail(f"{label}: ModelNew state_dict names/shapes differ from Model")
-                        continue
-                    if any(not torch.equal(nsd[k], sd[k]) for k in sd):
-                        init_mismatch = True
-                    new.load_state_dict(sd, strict=True)
-                params = list(new.parameters()) + list(new.buffers())
-                for rep in range(2):  # two input sets through one instance: catches result caching
-                    torch.manual_seed(seed + 7919 * (rep + 1))
-                    inputs = tensors_to(ref.get_inputs(), device)
-                    saved = [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
-                    with torch.no_grad():
-                        expected = model(*inputs)
-                    rec = OpRecorder()
-                    t1 = time.perf_counter()
-                    with torch.no_grad(), rec:
-                        got = new(*inputs)
-                    if device == "cuda":
-                        torch.cuda.synchronize()
-                    if label == "base" and rep == 1:
-                        fwd_ms = max(fwd_ms, (time.perf_counter() - t1) * 1e3)
-                    for k, v in rec.ops.items():
-                        seen_ops[k] = seen_ops.get(k, 0) + v
-                    row.cases += 1
-                    case = f"{label}/seed{s}/in{rep}"
-                    bad = [k for k in rec.ops if k not in ALLOWED_OPS]
-                    if bad:
-                        row.fail(f"{case}: compute ops in forward: {bad}")
-                        continue
-                    if any(isinstance(a, torch.Tensor) and not torch.equal(a, b) for a, b in zip(inputs, saved)):
-                        row.fail(f"{case}: an input was mutated")
-                        continue
-                    if not isinstance(got, torch.Tensor):
-                        row.fail(f"{case}: output is {type(got).__name__}, not a tensor")
-                        continue
-                    if _storages([got]) & _storages(list(inputs) + params):
-                        row.fail(f"{case}: output aliases an input or parameter")
-                        continue
-                    if got.shape != expected.shape or got.dtype != expected.dtype:
-                        row.fail(
-                            f"{case}: got {tuple(got.shape)}/{got.dtype}, want {tuple(expected.shape)}/{expected.dtype}"
-                        )
-                        continue
-                    if not torch.isfinite(got).all():
-                        row.fail(f"{case}: non-finite values")
-                        continue
-                    err = (got.double() - expected.double()).abs().max().item() if got.numel() else 0.0
-                    row.max_err = max(row.max_err, err)
-                    if not torch.allclose(got, expected, atol=task.tol, rtol=task.tol):
-                        row.fail(f"{case}: mismatch max_abs_err={err:.3e} (tol {task.tol})")
-                        continue
-                    row.passed += 1
+                _run_seed(row, seen, ref, sol, label, s, device)
         sh.apply()
-        if init_mismatch:
+        if seen.init_mismatch:
             row.notes.append("WARN ModelNew init differs from Model under the same seed")
-        row.notes.append(f"base fwd {fwd_ms:.1f}ms")
-        row.notes.append("ops=" + ",".join(f"{k}x{v}" for k, v in sorted(seen_ops.items())))
+        row.notes.append(f"base fwd {seen.fwd_ms:.1f}ms")
+        row.notes.append("ops=" + ",".join(f"{k}x{v}" for k, v in sorted(seen.ops.items())))
     except Exception as e:
         row.fail(f"error: {type(e).__name__}: {str(e)[-600:]}")
         traceback.print_exc()
     row.secs = time.time() - t0
     return row
+
+
+def _static_checks(row: Row, sol, path: Path, backend: str) -> None:
+    """The verifier's static scans of the solution's Python and of its load_inline sources."""
+    for issue in static_forward_issues(sol):
+        row.fail(f"static: {issue}")
+    calls, _ = extract_sources(path)  # re-import with load_inline recorded, for the static scan
+    for c in calls:
+        native = "\n".join(c["cpp"] + c["cuda"])
+        for issue in static_native_issues(native):
+            row.fail(f"static: {issue}")
+        if backend == "cpu" and c["cuda"]:
+            row.fail(f"{c['name']}: cpu solution has cuda_sources")
+        if backend == "cuda" and "__global__" not in native:
+            row.fail(f"{c['name']}: no __global__ kernel")
+
+
+def _run_seed(row: Row, seen: _Seen, ref, sol, label: str, s: int, device: str) -> None:
+    """Model and ModelNew under one seed (ModelNew given Model's weights), then two input sets
+    through the one instance: a result cached across calls shows up on the second."""
+    seed = 1000 * s + 17
+    init = ref.get_init_inputs()
+    torch.manual_seed(seed)
+    model = ref.Model(*init).to(device)
+    torch.manual_seed(seed)
+    new = sol.ModelNew(*init).to(device)
+    sd = model.state_dict()
+    if sd:
+        nsd = new.state_dict()
+        if set(nsd) != set(sd) or any(nsd[k].shape != sd[k].shape for k in sd):
+            row.fail(f"{label}: ModelNew state_dict names/shapes differ from Model")
+            return
+        if any(not torch.equal(nsd[k], sd[k]) for k in sd):
+            seen.init_mismatch = True
+        new.load_state_dict(sd, strict=True)
+    params = list(new.parameters()) + list(new.buffers())
+    for rep in range(2):
+        torch.manual_seed(seed + 7919 * (rep + 1))
+        inputs = tensors_to(ref.get_inputs(), device)
+        case = f"{label}/seed{s}/in{rep}"
+        _run_case(row, seen, ref, (model, new, params), inputs, case, label == "base" and rep == 1, device)
+
+
+def _run_case(row: Row, seen: _Seen, ref, models: tuple, inputs: list, case: str, timed: bool, device: str) -> None:
+    """One call of ModelNew, judged by the verifier's rules: only allowed ATen ops in forward, inputs
+    untouched, a fresh output tensor, and the verifier's comparison with the reference's output."""
+    model, new, params = models
+    saved = [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
+    with torch.no_grad():
+        expected = model(*inputs)
+    rec = OpRecorder()
+    t1 = time.perf_counter()
+    with torch.no_grad(), rec:
+        got = new(*inputs)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    if timed:
+        seen.fwd_ms = max(seen.fwd_ms, (time.perf_counter() - t1) * 1e3)
+    for k, v in rec.ops.items():
+        seen.ops[k] = seen.ops.get(k, 0) + v
+    row.cases += 1
+    bad = compute_ops(rec.ops)
+    if bad:
+        row.fail(f"{case}: compute ops in forward: {bad}")
+    elif any(isinstance(a, torch.Tensor) and not torch.equal(a, b) for a, b in zip(inputs, saved, strict=True)):
+        row.fail(f"{case}: an input was mutated")
+    elif not isinstance(got, torch.Tensor):
+        row.fail(f"{case}: output is {type(got).__name__}, not a tensor")
+    elif _storages([got]) & _storages(list(inputs) + params):
+        row.fail(f"{case}: output aliases an input or parameter")
+    else:
+        check = compare_with_reference(got, expected, ref)
+        if check.max_abs_error == check.max_abs_error:  # NaN where an output holds NaN: the message says so
+            row.max_err = max(row.max_err, check.max_abs_error)
+        if check.ok:
+            row.passed += 1
+        else:
+            row.fail(f"{case}: {check.message}")
 
 
 # --------------------------------------------------------------------------- main

@@ -38,6 +38,17 @@ class Comparison:
     numel: int
 
 
+def declared_tolerance(module) -> tuple[float, float] | None:
+    """(atol, rtol) a task's reference module declares with KILN_TOLERANCE (one number for both, or
+    {"atol": ..., "rtol": ...}), or None: the override `compare_outputs` takes for that task."""
+    tol = getattr(module, "KILN_TOLERANCE", None)
+    if isinstance(tol, (int, float)) and not isinstance(tol, bool):
+        return float(tol), float(tol)
+    if isinstance(tol, dict) and {"atol", "rtol"} <= set(tol):
+        return float(tol["atol"]), float(tol["rtol"])
+    return None
+
+
 def tolerance_for(dtype: torch.dtype, override: tuple[float, float] | None) -> tuple[float, float]:
     if override is not None:
         return override

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from actors.verifier.compare import declared_tolerance
 from protocols import Task
 
 # Global RNG state is process-wide: seeding and drawing happen under this lock.
@@ -148,12 +149,7 @@ class Reference:
 
     def tolerance(self) -> tuple[float, float] | None:
         """(atol, rtol) declared by the task with KILN_TOLERANCE, or None."""
-        tol = getattr(self.module, "KILN_TOLERANCE", None)
-        if isinstance(tol, (int, float)) and not isinstance(tol, bool):
-            return float(tol), float(tol)
-        if isinstance(tol, dict) and {"atol", "rtol"} <= set(tol):
-            return float(tol["atol"]), float(tol["rtol"])
-        return None
+        return declared_tolerance(self.module)
 
     # ---------------------------------------------------------------------------- trusted runs
 
