@@ -403,9 +403,14 @@ class LearnerActor(Actor):
         self.stats["push_s"] = seconds
         return seconds
 
-    def drop_engine(self, engine_id: str) -> bool:
-        """The driver saw this engine's actor die: stop pushing to it (a push blocked on it fails now)."""
-        return self.weights.drop(engine_id, "its actor died") if self.weights is not None else False
+    def drop_engine(self, engine_id: str, stopped: bool = False) -> bool:
+        """The driver saw this engine's actor die, or (`stopped`) stopped it at the run's end: stop pushing
+        to it (a push blocked on it fails now). An orderly stop is not a failure and is logged as such."""
+        if self.weights is None:
+            return False
+        if stopped:
+            return self.weights.drop(engine_id, "the run stopped its actor", expected=True)
+        return self.weights.drop(engine_id, "its actor died")
 
     def wait_confirmed(self, engines: list[str], timeout_s: float) -> bool:
         """True once every named engine confirmed the current version (synchronous mode, tests)."""

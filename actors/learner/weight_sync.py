@@ -262,19 +262,20 @@ class WeightServer:
         with self._confirmed:
             return self._confirmed.wait_for(done, max(deadline - time.monotonic(), 0.0))
 
-    def drop(self, engine_id: str, why: str) -> bool:
-        """Forget a dead engine now (the driver saw it die): its link is closed, so a push blocked on it
-        fails at once instead of at the transport's timeout, and wait_confirmed stops waiting for it.
-        Not under the publish lock, which a push blocked on this engine holds. True if it was live."""
+    def drop(self, engine_id: str, why: str, *, expected: bool = False) -> bool:
+        """Forget a dead engine now (the driver saw it die, or `expected`: stopped it at the run's end):
+        its link is closed, so a push blocked on it fails at once instead of at the transport's timeout,
+        and wait_confirmed stops waiting for it. Not under the publish lock, which a push blocked on
+        this engine holds. True if it was live."""
         state = self.engines.get(engine_id)
         if state is None or not state.live:
             return False
         self.sender.forget(engine_id, wait=False)
-        self._drop(state, why)
+        self._drop(state, why, expected=expected)
         return True
 
-    def _drop(self, state: EngineState, why: str) -> None:
-        log.warning("weights: dropping engine %s: %s", state.engine_id, why)
+    def _drop(self, state: EngineState, why: str, *, expected: bool = False) -> None:
+        (log.info if expected else log.warning)("weights: dropping engine %s: %s", state.engine_id, why)
         state.live, state.last_error = False, why
         self.sender.forget(state.engine_id)
         self.stats["dropped_groups"] += 1

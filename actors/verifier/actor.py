@@ -60,6 +60,7 @@ class VerifierActor(Actor):
         )
         self.timeout_s = cfg.reward_timeout_s or (cfg.compile_timeout_s + cfg.run_timeout_s + 120.0)
         self.impl = None
+        self._warm_thread: threading.Thread | None = None
         self.server: ReplyServer | None = None
         self._work: queue.Queue = queue.Queue()
         self._outbox: queue.Queue = queue.Queue()
@@ -82,7 +83,7 @@ class VerifierActor(Actor):
 
     def start(self) -> dict[str, str]:
         self.impl = self.reward_cls(self.cfg, **self.cfg.reward_actor_args)
-        self.spawn(self.impl.warm, "warm")
+        self._warm_thread = self.spawn(self.impl.warm, "warm")
         if self.ctx is not None:
             b = self.ctx.bind
             self.server = ReplyServer(b.host, b.transport, b.advertise)
@@ -119,6 +120,7 @@ class VerifierActor(Actor):
             queued=self._work.qsize(),
             inflight=len(self._inflight),
             reward_actor=f"{self.reward_cls.__module__}.{self.reward_cls.__qualname__}",
+            warming=self._warm_thread is not None and self._warm_thread.is_alive(),
         )
 
     # --------------------------------------------------------------------------------- serving

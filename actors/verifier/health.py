@@ -20,3 +20,4 @@ class VerifierHealth(ActorHealth):
     reward_actor: str = ""  # the reward-actor class, as module.qualname
     compiled: int = 0  # verifications that ran a real compile (a build not served from a cache)
     modelled_s: float = 0.0  # seconds of modelled GPU-side latency slept (verifier.modelled_latency)
+    warming: bool = False  # the reward actor's one-off warm-up (warm(): precompiled headers, sandbox) still runs

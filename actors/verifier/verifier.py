@@ -44,6 +44,7 @@ from protocols import VerifyRequest, VerifyResult
 from protocols.lease import DeviceLease
 
 log = logging.getLogger(__name__)
+PCH_WARM_S = 1800.0  # the warm-up waits this long at most for the start-up precompiled headers
 
 
 def resolve_cache_dir(cfg: VerifierConfig) -> Path:
@@ -107,8 +108,11 @@ class KernelVerifier(RewardActor):
             self.bandwidth = timing.Bandwidth(self.device)
 
     def warm(self) -> None:
-        """Start the sandbox zygote now (it imports torch) instead of on the first request."""
+        """Start the sandbox zygote now (it imports torch) instead of on the first request, then wait for
+        the precompiled headers queued at start-up: while this runs, the actor's health says it warms
+        up, and the driver's progress line says so (minutes on a cold machine, seconds after)."""
         self.pool.warm()
+        self.builds.wait_pch(PCH_WARM_S)
 
     # ------------------------------------------------------------------------------- verify
 

@@ -114,9 +114,9 @@ class LearnerHandle(ActorHandle):
     def health(self, timeout_s: float = HEALTH_TIMEOUT_S) -> LearnerHealth:
         return super().health(timeout_s)
 
-    def drop_engine(self, name: str, timeout_s: float = COMMAND_TIMEOUT_S) -> bool:
-        """Stop pushing weights to a dead rollout actor's engine."""
-        return self._invoke(self.ref.drop_engine, name, timeout_s=timeout_s)
+    def drop_engine(self, name: str, *, stopped: bool = False, timeout_s: float = COMMAND_TIMEOUT_S) -> bool:
+        """Stop pushing weights to a dead rollout actor's engine (`stopped`: one the run stopped)."""
+        return self._invoke(self.ref.drop_engine, name, stopped, timeout_s=timeout_s)
 
     def checkpoint(self, timeout_s: float = 300.0) -> str:
         return self._invoke(self.ref.checkpoint, timeout_s=timeout_s)

@@ -15,9 +15,11 @@ RUN_DIR/report.md          the report, with plots/
 
 from __future__ import annotations
 
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from configs import KilnConfig, to_yaml
 
@@ -55,3 +57,19 @@ class RunDirectory:
     @property
     def final_model(self) -> Path:
         return self.path / "final"
+
+    def replace_final(self, write: Callable[[Path], None]) -> Path:
+        """RUN_DIR/final/ written by `write(directory)` into a fresh directory first: a resumed run
+        replaces the earlier export only once the new one is complete."""
+        final = self.final_model
+        fresh = final.with_name(f"{final.name}.new-{int(time.time())}")
+        write(fresh)
+        if final.exists():
+            old = final.with_name(f"{final.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            final.rename(old)
+            fresh.rename(final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            fresh.rename(final)
+        return final

@@ -57,6 +57,7 @@ class LiveView:
         self._values: dict[str, float] = {}
         self._totals: dict[str, float] = {}  # verifier outcomes over the run
         self._warning: str | None = None
+        self._waiting: str | None = None  # what the run waits for before its first group
 
     def __enter__(self) -> "LiveView":
         if self._rich:
@@ -83,9 +84,11 @@ class LiveView:
         self._merge(values, drop_prefix=mk.VERIFIER)
         self._show(self.plain_line())
 
-    def progress(self, values: dict[str, float], warning: str | None) -> None:
-        """A rollout-side progress row, and the no-progress warning (None: there is none now)."""
+    def progress(self, values: dict[str, float], warning: str | None, waiting: str | None = None) -> None:
+        """A rollout-side progress row, the no-progress warning (None: there is none now), and what the
+        run waits for before its first group completes (None once one did)."""
         self._merge(values, drop_prefix=mk.PROGRESS)  # a row's figures are its interval's: none carried over
+        self._waiting = waiting
         fresh = warning is not None and warning != self._warning
         self._warning = warning
         self._show(self.progress_line())
@@ -139,6 +142,8 @@ class LiveView:
         verdicts = _prefixed(v, mk.PROGRESS_VERDICT)
         if verdicts:
             parts.append("verdicts " + ", ".join(f"{o} {int(n)}" for o, n in _in_outcome_order(verdicts)))
+        if self._waiting:
+            parts.append(self._waiting)
         return " | ".join(parts)
 
     def _render(self) -> Panel:
@@ -188,6 +193,8 @@ class LiveView:
             for actor, fraction in busy:
                 table.add_row(actor, f"{fraction:.0%}")
             parts.append(table)
+        if self._waiting:
+            parts.append(Text(self._waiting, style="italic"))
         if self._warning:
             parts.append(Text(self._warning, style="bold yellow"))
         return Panel(Group(*parts), title="kiln train")

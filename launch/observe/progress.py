@@ -178,3 +178,72 @@ def outcome_story(groups: Sequence[GroupOutcome]) -> str:
         return f"every attempt fails at {stage}: {FAILURE_STORIES.get(top, f'error class {top}')}"
     mix = ", ".join(f"{o} {c / total:.0%}" for o, c in outcomes.most_common())
     return f"the attempts end: {mix}"
+
+
+class Warnings:
+    """The no-progress warning as the log sees it: logged when it starts (or changes its first clause)
+    and again every `repeat_s` while it lasts; every distinct one kept for the summary and the report."""
+
+    def __init__(self, repeat_s: float) -> None:
+        self.repeat_s = repeat_s
+        self.current: str | None = None
+        self.seen: list[str] = []
+        self._logged_at = 0.0
+
+    def update(self, warning: str | None, now: float) -> bool:
+        """Take the warning at `now` (None: none now); True when it is to be logged now."""
+        due = warning is not None and (
+            warning.split(";")[0] != (self.current or "").split(";")[0] or now - self._logged_at >= self.repeat_s
+        )
+        if due:
+            self._logged_at = now
+            if warning not in self.seen:
+                self.seen.append(warning)
+        self.current = warning
+        return due
+
+
+@dataclass(frozen=True)
+class StartReadings:
+    """What the rollouts and the verifiers are doing before the first group completes."""
+
+    engines: int  # rollout actors that answered
+    engines_serving: int  # of those, the ones whose engine is up
+    in_flight: int  # attempts the rollouts hold: generating, or at the verifier
+    at_verifier: int  # attempts the verifiers received and have not answered
+    verified: int  # attempts the verifiers answered so far
+    verifiers: int = 0  # verifier actors that answered
+    warming: int = 0  # of those, the ones whose warm-up (precompiled headers, sandbox) still runs
+
+
+def waiting_story(counts: ReplayCounts | None, r: StartReadings | None) -> str | None:
+    """Until the first group completes, what the run waits for, in one clause ('waiting for the
+    verifier's warm-up (...); 4 attempts at the verifier; no verdict yet'); None once a group
+    completed, or when nothing answered. A cold machine spends minutes here: the verifier builds its
+    precompiled headers and its first compiles find no cached object."""
+    if r is None or (counts is not None and counts.groups > 0):
+        return None
+    parts = []
+    if r.engines_serving < r.engines:
+        parts.append(f"the engines to load the model ({r.engines_serving} of {r.engines} serving)")
+    if r.warming:
+        which = "" if r.verifiers == 1 else f" ({r.warming} of {r.verifiers} verifiers)"
+        parts.append(
+            f"the verifier's one-off warm-up{which}: precompiled headers and sandbox, minutes on a cold machine"
+        )
+    if r.at_verifier:
+        first = "; no verdict yet (first compiles find nothing cached)" if not r.verified else ""
+        parts.append(f"{plural(r.at_verifier, 'attempt')} at the verifier{first}")
+    generating = max(r.in_flight - r.at_verifier, 0)
+    if generating:
+        parts.append(f"{plural(generating, 'attempt')} generating")
+    if not parts:
+        if not r.verified:
+            return "waiting for the rollouts to start"
+        return f"waiting for the first complete group ({plural(r.verified, 'attempt')} verified so far)"
+    return "waiting for " + "; ".join(parts)
+
+
+def plural(n: int, noun: str, nouns: str | None = None) -> str:
+    """'1 group', '3 groups' ('1 attempt', '0 attempts'); `nouns` for an irregular plural."""
+    return f"{n} {noun if n == 1 else nouns or noun + 's'}"

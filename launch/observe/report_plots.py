@@ -3,7 +3,9 @@
 Every figure has a title, every axis its unit, per-step plots integer step ticks (a run of three
 steps gets ticks 1, 2, 3, never 1.5), and verifier outcomes one fixed colour each
 (launch/observe/outcomes.py), the same in every figure and every run. Each plot draws the series that exist
-and names the keys that were not recorded, so a short or partial run still gets a report.
+and names the keys that were not recorded, so a short or partial run still gets a report. A panel
+with one step only, or only zeros, says so in words (launch/observe/plot_words.py), and count axes
+(groups, attempts) have whole-number ticks.
 
 The actor timeline takes its spans from `timeline_spans`, the one place that knows where spans come
 from (see its docstring).
@@ -18,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launch.observe.outcomes import COLOURS, OUTCOMES, step_outcomes
+from launch.observe.plot_words import say_on, thin_data_note
 from protocols import metric_keys as mk
 
 Series = dict[str, list[tuple[int, float]]]  # key -> (step, value) in step order
@@ -105,11 +108,14 @@ def line_plot(series: Series, path: Path, title: str, panels: list[Panel]) -> Dr
     plt, fig, axes = _figure(len(panels), title)
     steps = learner_steps(series)
     for ax, panel in zip(axes, panels):
+        points = []
         for key, label in panel.lines:
             if series.get(key):
                 xs, ys = zip(*series[key])
                 steps += xs
+                points += series[key]
                 ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, label=label)
+        say_on(ax, thin_data_note(points))
         ax.set_title(panel.title, fontsize=10, loc="left")
         ax.set_ylabel(panel.ylabel)
         if panel.ylim:
@@ -297,6 +303,8 @@ def plot_progress(rows: Rows, plots_dir: Path) -> Drawn:
     ax.set_title("run totals", fontsize=10, loc="left")
     ax.set_ylabel("groups")
     ax.legend(loc="upper left", fontsize="small")
+    totals = [(m, r[mk.PROGRESS_GROUPS]) for m, r in zip(minutes, rows) if mk.PROGRESS_GROUPS in r]
+    say_on(ax, _progress_note(totals))
     counts = [
         {k.removeprefix(mk.PROGRESS_VERDICT): v for k, v in r.items() if k.startswith(mk.PROGRESS_VERDICT)}
         for r in rows
@@ -305,6 +313,10 @@ def plot_progress(rows: Rows, plots_dir: Path) -> Drawn:
     _outcome_bars(axes[1], minutes, counts, 0.8 * min(gaps))
     axes[1].set_title("verified attempts since the previous row, by outcome", fontsize=10, loc="left")
     axes[1].set_ylabel("attempts")
+    if not any(any(c.values()) for c in counts):
+        say_on(axes[1], "no attempt verified yet")
+    for count_axis in axes[:2]:  # groups and attempts are counts: no tick at 0.5
+        _integer_counts(count_axis)
     _time_line(axes[2], rows, minutes, mk.PROGRESS_PASS_RATE, "pass rate of the attempts since the previous row")
     axes[2].set_ylim(-0.05, 1.05)
     axes[2].set_ylabel("share")
@@ -318,6 +330,24 @@ def plot_progress(rows: Rows, plots_dir: Path) -> Drawn:
         ax.grid(alpha=0.3)
     axes[-1].set_xlabel("minutes since the run started")
     return _save(plt, fig, plots_dir / "progress.png"), []
+
+
+def _progress_note(totals: list[tuple[float, float]]) -> str | None:
+    if len(totals) == 1:
+        return "one progress row only: no trend to draw yet"
+    if totals and all(v == 0 for _, v in totals):
+        return "no group completed yet"
+    return None
+
+
+def _integer_counts(ax) -> None:
+    """Whole-number ticks; the axis spans at least 0..1, since over a narrower span (a run of zeros)
+    the integer locator has only fractions to offer."""
+    from matplotlib.ticker import MaxNLocator
+
+    lo, hi = ax.get_ylim()
+    ax.set_ylim(min(lo, 0.0), max(hi, 1.0))
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
 
 
 def _time_line(ax, rows: Rows, minutes: list[float], key: str, label: str, style: str = "-") -> None:

@@ -139,6 +139,18 @@ def profile_name(profile: tuple[str, ...]) -> str:
     return re.sub(r"[^\w.=-]", "_", "".join(profile))[:120]
 
 
+class PchAborted(RuntimeError):
+    """A build stopped because its store was closed (`PchStore.abort`: the service shut down), not
+    because it failed: the part is simply left for the next service to build."""
+
+
+def _exit_story(returncode: int) -> str:
+    """A build's exit in words. The launcher passes on a compiler killed by signal N as its own exit
+    status 256 - N (`sys.exit` of subprocess.call's -N); a killed launcher returns -N itself."""
+    signal = -returncode if returncode < 0 else 256 - returncode if returncode > 192 else 0
+    return f"killed by signal {signal}" if signal else f"exit status {returncode}"
+
+
 class PchStore:
     """Prelude headers and their precompiled variants for one toolchain, under `root`."""
 
@@ -254,7 +266,7 @@ class PchStore:
                 launcher = [sys.executable, "-c", _LAUNCHER, str(os.getpid()), str(nice)]
                 with self._lock:
                     if self._aborted:
-                        raise RuntimeError("PCH store closed")
+                        raise PchAborted(f"{out.name} not started: the build service closed")
                     self._proc = subprocess.Popen(
                         launcher + make_cmd(tmp),
                         cwd=self.root,
@@ -265,8 +277,12 @@ class PchStore:
                         start_new_session=True,
                     )
                 output, _ = self._proc.communicate()
-                if self._proc.returncode != 0:
-                    raise RuntimeError(f"building {out.name} failed:\n{output[-3000:]}")
+                code = self._proc.returncode
+                if code != 0 and self._aborted:  # killed by abort(): nothing failed
+                    raise PchAborted(f"building {out.name} stopped: the build service closed")
+                if code != 0:
+                    said = f":\n{output[-3000:]}" if output.strip() else " without a word of output"
+                    raise RuntimeError(f"building {out.name} failed ({_exit_story(code)}){said}")
                 os.replace(tmp, out)
             finally:
                 self._proc = None

@@ -32,7 +32,7 @@ from actors.verifier.zygote import Zygote, ZygoteError
 from . import diagnostics, symbols
 from .cache import ArtifactCache
 from .capture import CANDIDATE_FILE
-from .preludes import FACADE_LIB, FENCE, NATIVE, SHELL, PchStore, flag_profile
+from .preludes import FACADE_LIB, FENCE, NATIVE, SHELL, PchAborted, PchStore, flag_profile
 from .results import BuildResult, assemble, infra_result
 from .spec import ExtensionSpec, UnsupportedCall, check_flags, spec_from_call
 from .toolchain import Toolchain
@@ -582,8 +582,10 @@ class BuildService:
                 seconds = self.pch.build(prelude, profile, nice=5)
                 if seconds:
                     log.info("precompiled %s prelude %s in %.1f s", prelude, " ".join(profile), seconds)
+            except PchAborted as e:  # this service closed (a start-up check's, say): the next one builds it
+                log.debug("precompiled header %s %s left for later: %s", prelude, " ".join(profile), e)
             except (RuntimeError, ValueError, OSError) as e:
-                log.warning("precompiled header %s %s not built: %s", prelude, profile, e)
+                log.warning("precompiled header %s %s not built: %s", prelude, " ".join(profile), e)
             with self._pch_cond:
                 self._pch_pending -= 1
                 self._pch_cond.notify_all()

@@ -1,9 +1,12 @@
 """Answer sets produced elsewhere: `kiln eval --answers FILE.jsonl`.
 
 Each line is one record, `{"task_id": "level1/01_relu", "sample": 0, "text": "<the raw model
-output>"}`, with task ids as Kiln names them (`level<N>/<file stem>`). Lines that are not such a
-record, duplicates of a (task_id, sample) pair and answers to tasks that were not loaded are listed
-with their reason and left out; they never stop the evaluation.
+output>"}`, with task ids as Kiln names them (`level<N>/<file stem>`). A line that is not such a
+record, or a second answer for one (task_id, sample) pair, makes the file unusable (`AnswersError`:
+`kiln eval` says which line and exits non-zero before verifying anything), since an evaluation of
+what is left would report Pass@k over other answers than the file's author meant. Answers to tasks
+that were not loaded (a subset of the tasks given with --tasks, or a task file that failed to load)
+are listed with their reason and left out.
 
 As a tool, it writes an answer set from a solutions directory (the shipped solutions, for a
 verifier check on a GPU machine), optionally with the mechanical broken variants of each solution
@@ -38,7 +41,7 @@ class AnswerSet:
 
 
 class AnswersError(ValueError):
-    """The answers file cannot be read at all."""
+    """The answers file cannot be read, or holds a line that is not an answer record."""
 
 
 def read_answers(path: str | Path, task_ids: set[str]) -> AnswerSet:
@@ -46,20 +49,24 @@ def read_answers(path: str | Path, task_ids: set[str]) -> AnswerSet:
         raw = Path(path).read_bytes()
     except OSError as err:
         raise AnswersError(f"cannot read answers file {path}: {err.strerror}") from None
-    answers, rejected, seen = [], [], set()
+    answers, rejected, malformed, seen = [], [], [], set()
     for number, line in enumerate(raw.splitlines(), 1):
         if not line.strip():
             continue
         record, problem = _parse(line)
         if problem:
-            rejected.append(f"line {number}: {problem}")
+            malformed.append(f"line {number}: {problem}")
+        elif (record.task_id, record.sample) in seen:
+            malformed.append(f"line {number}: a second answer for {record.task_id} sample {record.sample}")
         elif record.task_id not in task_ids:
             rejected.append(f"line {number}: task {record.task_id!r} was not loaded from --tasks")
-        elif (record.task_id, record.sample) in seen:
-            rejected.append(f"line {number}: a second answer for {record.task_id} sample {record.sample}")
         else:
-            seen.add((record.task_id, record.sample))
             answers.append(record)
+        if not problem:
+            seen.add((record.task_id, record.sample))
+    if malformed:
+        more = f" (and {len(malformed) - 1} more such lines)" if len(malformed) > 1 else ""
+        raise AnswersError(f"answers file {path} {malformed[0]}{more}; fix or remove it")
     return AnswerSet(answers=answers, rejected=rejected)
 
 

@@ -266,11 +266,6 @@ def _compare(a_path: str, b_path: str) -> int:
 
 
 def _start_ray(cfg) -> None:
-    import ray
+    from launch.driver.cluster import start_ray
 
-    if not ray.is_initialized():
-        c = cfg.cluster
-        if c.address:
-            ray.init(address=c.address, log_to_driver=True)
-        else:
-            ray.init(num_cpus=c.num_cpus, num_gpus=c.num_gpus, include_dashboard=False, log_to_driver=True)
+    start_ray(cfg.cluster)

@@ -75,7 +75,7 @@ def run_evaluation(plan: EvalPlan, *, progress_stream=None) -> dict:
     try:
         pending = _pending(plan, attempt_log)
         total = resumed + sum(len(v) for v in pending.values())
-        progress = Progress(len(plan.task_set.tasks), total, resumed, stream=progress_stream)
+        progress = Progress(len(_evaluated(plan)), total, resumed, stream=progress_stream)
         verified = 0
         if pending:
             verifiers = VerifierSet(
@@ -115,6 +115,14 @@ def _check_resumable(plan: EvalPlan) -> None:
         path.write_text(json.dumps(settings, indent=1))
 
 
+def _evaluated(plan: EvalPlan) -> set[str]:
+    """The tasks this evaluation answers: every loaded task for a model, the tasks the file answers for
+    an answer set (a file may answer a few of the tasks loaded: the others are not part of it)."""
+    if plan.mode == "answers":
+        return {a.task_id for a in plan.answers}
+    return {t.task_id for t in plan.task_set.tasks}
+
+
 def _pending(plan: EvalPlan, attempt_log: AttemptLog) -> dict[str, list[tuple[int, str | None]]]:
     """task_id -> [(sample, answer text or None to sample)] not yet in the log."""
     out: dict[str, list[tuple[int, str | None]]] = {}
@@ -149,7 +157,7 @@ def _produce(plan: EvalPlan, pending: dict, attempt_log: AttemptLog, verifiers: 
     if plan.mode == "model" and plan.use_ray:
         return _produce_on_ray(plan, pending, attempt_log, verifiers, progress, size)
     sampler = _Sampler(plan) if plan.mode == "model" else None
-    done_tasks = {t.task_id for t in plan.task_set.tasks if t.task_id not in pending}
+    done_tasks = {task_id for task_id in _evaluated(plan) if task_id not in pending}
     try:
         for batch in _batches(plan.task_set.tasks, pending, size):
             if sampler is None:
@@ -177,7 +185,7 @@ def _produce_on_ray(
 
     cfg = dataclasses.replace(plan.cfg, eval=dataclasses.replace(plan.cfg.eval, samples=plan.samples))
     sampler = RolloutSampler(cfg, verifiers.supervisor, gpu_share=0.5 if _engine_on_ray_gpu(plan) else 0.0)
-    done_tasks = {t.task_id for t in plan.task_set.tasks if t.task_id not in pending}
+    done_tasks = {task_id for task_id in _evaluated(plan) if task_id not in pending}
     sent = 0
     try:
         for batch in _batches(plan.task_set.tasks, pending, size):

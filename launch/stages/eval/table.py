@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from pathlib import Path
 
+from launch.observe.plot_words import say_on
 from launch.stages.eval.metrics import BASELINES, Summary
 
 # What must match for two evaluations to be compared number for number.
@@ -115,9 +116,13 @@ def bar_chart(summary_json: dict, name: str, path: Path) -> None:
     values = row_values(summary_json)
     width = 0.8 / len(metrics)
     fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(labels)), 4.0))
+    heights = []
     for i, m in enumerate(metrics):
         ys = [100 * (values[(m, lb)] or 0.0) for lb in labels]
+        heights += ys
         ax.bar([x + i * width - 0.4 + width / 2 for x in range(len(labels))], ys, width, label=m)
+    if not any(heights):  # bars of height 0 draw nothing: the chart would look empty, not zero
+        say_on(ax, "every value is 0%: no attempt passed")
     ax.set_xticks(range(len(labels)), labels)
     ax.set_ylabel("percent")
     ax.set_ylim(0, 100)

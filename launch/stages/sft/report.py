@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from launch.observe.metrics import read_metrics
+from launch.observe.plot_words import say_on, thin_data_note
 from protocols import metric_keys as mk
 
 
@@ -50,10 +51,11 @@ def _plot(out: Path, train: list[tuple[int, float]], held: list[tuple[int, float
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    if train:
-        ax.plot(*zip(*train), label="training loss")
+    if train:  # a marker, or a one-step run's single point is not drawn at all
+        ax.plot(*zip(*train), marker="o" if len(train) < 30 else None, label="training loss")
     if held:
         ax.plot(*zip(*held), marker="o", label="held-out loss")
+    say_on(ax, thin_data_note(train + held))
     ax.set_xlabel("step")
     ax.set_ylabel("nats / assistant token")
     ax.legend()

@@ -19,7 +19,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from configs.loader import PRESETS, load_config
 from launch.driver.handles import ActorHandle
 from launch.driver.plan import actor_slot, bundles, plan
-from launch.driver.session import reserve_bundles
+from launch.driver.cluster import reserve_bundles
 from launch.driver.supervisor import ActorSpec, Supervisor
 
 

@@ -8,6 +8,7 @@ the same driver is `make demo` (README) and tests/launch/driver/test_demo.py.
 from __future__ import annotations
 
 import json
+import logging
 import statistics
 import time
 import subprocess
@@ -35,12 +36,16 @@ def versions(run: RunDirectory) -> list[int]:
     return [int(r["weights/version"]) for r in read_metrics(run.path) if r.get("weights/version") is not None]
 
 
-def test_a_run_in_process_trains_pushes_weights_and_reports(tmp_path):
+def test_a_run_in_process_trains_pushes_weights_and_reports(tmp_path, caplog):
     cfg, run = text_match(
         tmp_path, "inproc", "cluster.use_ray=false", "algo.total_steps=5", "learner.checkpoint_every=2"
     )
-    report = train(cfg, run)
+    with caplog.at_level(logging.INFO, logger="actors.learner.weight_sync"):
+        report = train(cfg, run)
     assert versions(run) == [1, 2, 3, 4, 5]
+    # the run's end stops the rollout actor in order: the learner forgets its engine without a warning
+    drops = [r for r in caplog.records if "dropping engine rollout-0" in r.getMessage()]
+    assert [(r.levelno, r.getMessage().split(": ")[-1]) for r in drops] == [(logging.INFO, "the run stopped its actor")]
     summary = json.loads((run.path / "summary.json").read_text())
     ep = summary["episodes"]
     assert ep["invariant_ok"] and ep["emitted"] == ep["trained"] + ep["filtered_total"] + ep["pending"]

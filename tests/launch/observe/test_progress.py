@@ -4,6 +4,7 @@ trainable and what helps, and `algo.stop_after_no_progress_s` ends such a run wi
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 from pathlib import Path
@@ -11,7 +12,16 @@ from pathlib import Path
 import pytest
 
 from launch.driver.monitor import GroupOutcome, Window
-from launch.observe.progress import NoProgressCheck, ProgressRows, ReplayCounts, outcome_story
+from launch.observe.progress import (
+    NoProgressCheck,
+    ProgressRows,
+    ReplayCounts,
+    StartReadings,
+    Warnings,
+    outcome_story,
+    plural,
+    waiting_story,
+)
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -97,6 +107,82 @@ def test_the_story_of_how_attempts_end():
     assert outcome_story([GroupOutcome(tied=True, reward=-1.0, outcomes={}, stages={})]) == "no attempt was verified"
 
 
+def test_before_the_first_group_the_progress_line_says_what_the_run_waits_for():
+    cold = StartReadings(engines=1, engines_serving=1, in_flight=6, at_verifier=4, verified=0, verifiers=1, warming=1)
+    story = waiting_story(_counts(), cold)  # no group yet
+    assert story.startswith("waiting for the verifier's one-off warm-up: precompiled headers")
+    assert "4 attempts at the verifier; no verdict yet" in story and "2 attempts generating" in story
+    loading = StartReadings(engines=2, engines_serving=1, in_flight=0, at_verifier=0, verified=0)
+    assert waiting_story(None, loading) == "waiting for the engines to load the model (1 of 2 serving)"
+    warm = StartReadings(engines=1, engines_serving=1, in_flight=1, at_verifier=1, verified=3, verifiers=2, warming=0)
+    assert waiting_story(_counts(), warm) == "waiting for 1 attempt at the verifier"
+    idle = StartReadings(engines=1, engines_serving=1, in_flight=0, at_verifier=0, verified=5)
+    assert waiting_story(_counts(), idle) == "waiting for the first complete group (5 attempts verified so far)"
+    assert waiting_story(_counts(trainable=1), cold) is None  # a group completed: the row's figures speak
+    assert waiting_story(_counts(), None) is None  # nothing answered: nothing to say
+
+
+def test_the_progress_line_carries_the_waiting_story_until_it_is_gone():
+    from launch.observe.live import LiveView
+
+    out = io.StringIO()
+    with LiveView(False, total_steps=2, stream=out, started=0.0, clock=lambda: 30.0) as view:
+        view.progress({"progress/groups": 0.0, "progress/episodes": 0.0}, None, waiting="waiting for the engines")
+        view.progress({"progress/groups": 1.0, "progress/episodes": 4.0}, None, waiting=None)
+    first, second = out.getvalue().splitlines()
+    assert first.endswith("| groups 0 | episodes 0 | waiting for the engines")
+    assert "waiting" not in second
+
+
+def test_a_warning_is_logged_when_it_starts_changes_or_has_lasted_repeat_s():
+    w = Warnings(repeat_s=60.0)
+    assert w.update("no progress: A; detail 1", now=0.0)
+    assert not w.update("no progress: A; detail 2", now=30.0)  # the same warning, new detail: not again yet
+    assert w.update("no progress: A; detail 3", now=60.0)  # lasted repeat_s: again
+    assert w.update("no progress: B", now=61.0)  # another warning: at once
+    assert not w.update(None, now=62.0) and w.current is None
+    assert w.seen == ["no progress: A; detail 1", "no progress: A; detail 3", "no progress: B"]
+
+
+def test_counts_read_in_the_singular_and_the_plural():
+    assert [plural(n, "group") for n in (0, 1, 2)] == ["0 groups", "1 group", "2 groups"]
+    assert plural(1, "attempt") == "1 attempt" and plural(3, "child", "children") == "3 children"
+
+
+class _QuietMonitor:
+    """The RunMonitor readings a progress row takes: nothing verified, no group, no step yet."""
+
+    recent: list = []
+    last_step_at = None
+
+    def take_progress(self):
+        return Window()
+
+    def take_spans(self):
+        return []
+
+
+def test_the_recorder_writes_a_progress_row_and_shows_the_waiting_story(tmp_path, capsys):
+    from configs import load_config
+    from launch.observe.metrics import read_metrics
+    from launch.observe.recorder import ProgressReadings, RunRecorder
+
+    cfg = load_config(ROOT / "configs" / "default.yaml", ["logging.live=false", "logging.rollout_every_s=5"])
+    recorder = RunRecorder(cfg, tmp_path, _QuietMonitor(), started=0.0, now=0.0)
+    try:
+        recorder.rollouts_started(0.0)
+        assert not recorder.progress_due(4.0) and recorder.progress_due(5.0)
+        start = StartReadings(engines=1, engines_serving=1, in_flight=2, at_verifier=2, verified=0)
+        recorder.progress_row(5.0, ProgressReadings(counts=_counts(), decoded={"rollout-0": 100}, start=start))
+        recorder.progress_row(10.0, ProgressReadings(counts=_counts(), decoded={"rollout-0": 40}, start=start))
+    finally:
+        recorder.close()
+    rows = read_metrics(tmp_path)
+    assert [r["progress/groups"] for r in rows] == [0.0, 0.0]
+    assert rows[1]["progress/decoded_tokens_per_s"] == 8.0  # a restarted engine's counter (40 < 100) counts from 0
+    assert "waiting for 2 attempts at the verifier; no verdict yet" in capsys.readouterr().out
+
+
 # ------------------------------------------------------------------------------------ end to end
 
 
@@ -137,7 +223,7 @@ def test_a_run_that_cannot_learn_reports_progress_warns_and_stops_with_a_report(
     )
     run = RunDirectory.create(cfg)
     try:
-        with caplog.at_level(logging.WARNING, logger="launch.driver.session"):
+        with caplog.at_level(logging.WARNING, logger="launch.observe.recorder"):
             report = train(cfg, run)
     finally:
         torch.set_num_threads(threads)

@@ -58,8 +58,7 @@ def variants_eval(tmp_path_factory, verifier_cache_dir):
     tasks = task_tree(base / "tasks", ["level1/01_relu.py", "level2/06_rmsnorm.py"])
     (tasks / "level2" / "07_broken.py").write_text("import torch\nclass Model(torch.nn.Module):\n    pass\n")
     answers = write_answers(base / "answers.jsonl", tasks, variants=True)
-    with open(answers, "a") as f:  # bad lines are listed, never fatal
-        f.write("not json\n")
+    with open(answers, "a") as f:  # an answer to a task not loaded is listed and left out, never fatal
         f.write(json.dumps({"task_id": "level9/nothing", "sample": 0, "text": "x"}) + "\n")
     out = base / "out"
     code = main(
@@ -126,10 +125,49 @@ def test_answers_from_shipped_solutions_and_variants_give_the_expected_table(var
             "reason": "defines no get_inputs(), get_init_inputs() at module level",
         }
     ]
-    assert [line.split(":")[0] for line in summary["rejected_answers"]] == ["line 12", "line 13"]
+    assert [line.split(":")[0] for line in summary["rejected_answers"]] == ["line 12"]
     assert summary["verifier"]["backend"] == "cpu" and summary["toolchain"]["torch"]
     assert summary["device"].startswith("cpu") and summary["counts"]["verified"] == 11
     assert (out / "chart.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize(
+    "bad, says",
+    [
+        ("not json", "line 2: not JSON"),
+        (json.dumps({"task_id": "level1/01_relu", "sample": -1, "text": "x"}), 'line 2: "sample" must be an integer'),
+        (json.dumps({"task_id": "level1/01_relu", "sample": 0, "text": "again"}), "line 2: a second answer for"),
+    ],
+)
+def test_a_malformed_answers_line_is_a_user_mistake_one_line_and_a_non_zero_exit(tmp_path, capsys, bad, says):
+    """The README's rule: every user mistake is one line on stderr and a non-zero exit. A broken answers
+    file is refused before anything is verified (a table over what is left would mislead)."""
+    tasks = task_tree(tmp_path / "tasks", ["level1/01_relu.py"])
+    answers = tmp_path / "answers.jsonl"
+    good = json.dumps({"task_id": "level1/01_relu", "sample": 0, "text": "x"})
+    answers.write_text(f"{good}\n{bad}\n{bad}\n")
+    out = tmp_path / "out"
+    code, _, err = run_eval(
+        capsys, "--answers", str(answers), "--tasks", str(tasks), "--backend", "cpu", "--out", str(out)
+    )
+    assert code == 2
+    assert err.count("\n") == 1 and err.startswith(f"kiln eval: answers file {answers} {says}")
+    assert "(and 1 more such lines)" in err and "Traceback" not in err
+    assert not out.exists()  # refused before the evaluation started
+
+
+def test_the_progress_line_counts_the_tasks_the_answers_cover_not_every_task_loaded(
+    tmp_path, capsys, verifier_cache_dir
+):
+    tasks = task_tree(tmp_path / "tasks", ["level1/01_relu.py", "level2/06_rmsnorm.py"])
+    answers = tmp_path / "answers.jsonl"
+    answers.write_text(
+        "".join(json.dumps({"task_id": "level1/01_relu", "sample": s, "text": "no code"}) + "\n" for s in (0, 1))
+    )
+    args = ["--answers", str(answers), "--tasks", str(tasks), "--backend", "cpu", "--out", str(tmp_path / "out")]
+    code, _, err = run_eval(capsys, *args, f"verifier.cache_dir={verifier_cache_dir}")
+    assert code == 0
+    assert "tasks 1/1  attempts 2/2" in err  # one task answered of the two loaded
 
 
 def test_compare_prints_deltas_and_warns_on_other_settings(variants_eval, tmp_path, capsys):
