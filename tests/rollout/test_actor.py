@@ -215,7 +215,9 @@ def test_multi_turn_episodes_against_the_example_reward_actor(tmp_path, text_ver
 
 
 def test_multi_turn_episodes_against_the_cpu_kernel_verifier(tmp_path):
-    verifier = VerifierActor(VerifierConfig(backend="cpu", cache_dir=str(tmp_path / "vcache"), max_concurrent_requests=2))
+    verifier = VerifierActor(
+        VerifierConfig(backend="cpu", cache_dir=str(tmp_path / "vcache"), max_concurrent_requests=2)
+    )
     address = verifier.start()["verifier"]
     replay = start_replay(tmp_path, tasks=None, G=2, B=1)
     model = dataclasses.replace(TINY, max_seq_len=4096)  # byte-level prompts of whole reference files
