@@ -60,8 +60,8 @@ RENAMES = {
 def final_names(renames: dict[str, str]) -> dict[str, str]:
     """Each old key -> its name now, following chains of renames (a -> b, b -> c gives a -> c)."""
     final = {}
-    for old in renames:
-        seen, new = {old}, renames[old]
+    for old, renamed in renames.items():
+        seen, new = {old}, renamed
         while new in renames:
             if new in seen:
                 raise ValueError(f"the renames of {old} run in a circle through {new}")
