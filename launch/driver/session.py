@@ -217,12 +217,9 @@ class Session:
             log.exception("releasing the groups of %s failed (they re-issue when they expire)", name)
 
     def record_step(self, step: int, values: dict[str, float]) -> None:
-        self.recorder.step(
-            step, values, self._health(self.replay), self.supervisor.handles.values(), time.monotonic(), self._tok
-        )
-
-    def _tok(self):
-        return self.tokenizer
+        replay = self._health(self.replay)  # None while replay restarts: the row goes without its figures
+        handles = self.supervisor.handles.values()
+        self.recorder.step(step, values, replay, handles, time.monotonic(), tokenizer=lambda: self.tokenizer)
 
     # ------------------------------------------------------------------------ rollout progress
 

@@ -35,7 +35,7 @@ def last(key: str) -> Callable[[Rows], int]:
 @dataclass(frozen=True)
 class Mechanism:
     name: str
-    unit: str  # what `count` counts
+    unit: str  # what `count` counts, singular: the report writes '1 group', '4 groups'
     count: Callable[[Rows], int]
     tag: str | None  # the episode-dump tag of an episode that shows it; None: it acts on tokens, not episodes
 
@@ -57,52 +57,80 @@ def verdict_tag(error_class: str) -> str:
 MECHANISMS = (
     Mechanism(
         "Buffered Dynamic Retry: an all-failed group enters the retry buffer",
-        "groups",
+        "group",
         last(mk.REPLAY_RETRY_ADMITTED),
         ALL_FAILED,
     ),
     Mechanism(
-        "Buffered Dynamic Retry: a repair task from the buffer is served", "groups", last(mk.REPLAY_RETRY_SERVED), RETRY
+        "Buffered Dynamic Retry: a repair task from the buffer is served", "group", last(mk.REPLAY_RETRY_SERVED), RETRY
     ),
     Mechanism(
-        "Buffered Dynamic Retry: a repair group is trained", "groups", last(mk.REPLAY_RETRY_TRAINED), RETRY_TRAINED
+        "Buffered Dynamic Retry: a repair group is trained", "group", last(mk.REPLAY_RETRY_TRAINED), RETRY_TRAINED
     ),
     Mechanism(
         "MirrorPop drops a sequence (mean |log π_prox - log μ| > δ)",
-        "sequences",
+        "sequence",
         summed(mk.TRAIN_MIRRORPOP_DROPPED),
         MIRRORPOP,
     ),
-    Mechanism(
-        "a repair turn passes (after a failed turn)", "episodes", summed(mk.ROLLOUT_REPAIR_PASSES), REPAIR_PASSED
-    ),
+    Mechanism("a repair turn passes (after a failed turn)", "episode", summed(mk.ROLLOUT_REPAIR_PASSES), REPAIR_PASSED),
     Mechanism(
         "off-policy: a sample made by an older version is trained (MirrorPop kept it)",
-        "sequences",
+        "sequence",
         summed(mk.TRAIN_OFF_POLICY_KEPT),
         OFF_POLICY,
     ),
     Mechanism(
-        "verdict: cheating (legality gate)", "attempts", summed(mk.verifier_error("cheating")), verdict_tag("cheating")
+        "verdict: cheating (legality gate)", "attempt", summed(mk.verifier_error("cheating")), verdict_tag("cheating")
     ),
-    Mechanism("verdict: compile error", "attempts", summed(mk.verifier_error("compile")), verdict_tag("compile")),
+    Mechanism("verdict: compile error", "attempt", summed(mk.verifier_error("compile")), verdict_tag("compile")),
     Mechanism(
         "verdict: wrong result (correctness)",
-        "attempts",
+        "attempt",
         summed(mk.verifier_error("correctness")),
         verdict_tag("correctness"),
     ),
-    Mechanism("verdict: timeout", "attempts", summed(mk.verifier_error("timeout")), verdict_tag("timeout")),
-    Mechanism("dynamic sampling: a tied group is filtered", "groups", last(mk.replay_filtered_groups("tied")), TIED),
+    Mechanism("verdict: timeout", "attempt", summed(mk.verifier_error("timeout")), verdict_tag("timeout")),
+    Mechanism("dynamic sampling: a tied group is filtered", "group", last(mk.replay_filtered_groups("tied")), TIED),
     Mechanism(
         "staleness filter: a group with a sample lagging > η is filtered",
-        "groups",
+        "group",
         last(mk.replay_filtered_groups("stale")),
         None,
     ),
-    Mechanism("PPO clip: a token's ratio is clipped", "token-updates", summed(mk.TRAIN_CLIPPED), None),
-    Mechanism("importance weight truncated at C", "tokens", summed(mk.TRAIN_IS_TRUNCATED), None),
+    Mechanism("PPO clip: a token's ratio is clipped", "token-update", summed(mk.TRAIN_CLIPPED), None),
+    Mechanism("importance weight truncated at C", "token", summed(mk.TRAIN_IS_TRUNCATED), None),
 )
+
+# One sentence per term of the algorithm that the report names, in the order a reader meets them; the
+# report explains each term once, where it first appears (its summary, the mechanisms table, a plot).
+GLOSSARY = {
+    "PrimeEcho": (
+        "PrimeEcho is the episode's reward, R = α·s_first + (1-α)·max_k s_k + b_early: the first turn's verifier "
+        "score s_first anchors it, the best turn's score lifts it, and a pass at turn 1 (or 2) earns a bonus."
+    ),
+    "MirrorPop": (
+        "MirrorPop drops a sequence whose tokens' log-probabilities under the learner (π_prox) differ from the "
+        "engine's at sampling time (μ) by more than δ on average, so samples too far off-policy carry no gradient."
+    ),
+    "Buffered Dynamic Retry": (
+        "Buffered Dynamic Retry (BDR) keeps each group whose every attempt failed, with its code and the verifier's "
+        "feedback, in a bounded buffer, and serves a repair task from it instead of a fresh task with probability p."
+    ),
+    "η": (
+        "η (the maximum staleness) is how many weight versions a trained sample's tokens may lag the learner: a "
+        "group with an older sample is filtered (its task re-issued), and admission starts no more groups than "
+        "can still be trained within that bound."
+    ),
+    "ε": (
+        "ε_low and ε_high bound the PPO ratio r = π_θ/π_prox: a token-update that would push r below 1-ε_low "
+        "(A < 0) or above 1+ε_high (A > 0) is clipped, so one batch cannot move the policy far."
+    ),
+    "C": (
+        "C caps each token's importance weight w = min(π_prox/μ, C), the correction for tokens sampled by older "
+        "weights, so one unlikely token cannot dominate the loss."
+    ),
+}
 
 # The mechanisms `make demo`'s workload is shaped to show (tests/launch/driver/test_demo.py asserts each acted).
 DEMO_MECHANISMS = tuple(m for m in MECHANISMS if m.tag is not None)

@@ -27,6 +27,7 @@ from typing import Sequence
 
 from actors.buffer.health import ReplayHealth
 from launch.driver.monitor import GroupOutcome, Window
+from launch.observe.words import plural
 from protocols import metric_keys as mk
 
 # Why every attempt failed, by outcome (the verifier's error class), in the user's terms.
@@ -143,7 +144,7 @@ def tie_warning(groups: Sequence[GroupOutcome]) -> str:
         else "(each at its own reward: " + ", ".join(f"{r:+.2f}" for r in rewards[:4]) + ")"
     )
     return (
-        f"no progress: the last {len(groups)} groups all tied {at}, so dynamic sampling filters every group "
+        f"no progress: the last {plural(len(groups), 'group')} all tied {at}, so dynamic sampling filters every group "
         f"and the learner gets no batch; {outcome_story(groups)}. What helps: {REMEDIES}."
     )
 
@@ -242,8 +243,3 @@ def waiting_story(counts: ReplayCounts | None, r: StartReadings | None) -> str |
             return "waiting for the rollouts to start"
         return f"waiting for the first complete group ({plural(r.verified, 'attempt')} verified so far)"
     return "waiting for " + "; ".join(parts)
-
-
-def plural(n: int, noun: str, nouns: str | None = None) -> str:
-    """'1 group', '3 groups' ('1 attempt', '0 attempts'); `nouns` for an irregular plural."""
-    return f"{n} {noun if n == 1 else nouns or noun + 's'}"

@@ -25,6 +25,7 @@ from launch.observe.episode_dump import read_index
 from launch.observe.metrics import read_metrics
 from launch.observe.report_doc import Block, Bullets, Heading, Image, Para, Table, to_html, to_markdown
 from launch.observe.report_plots import PLOTS, Series, step_series
+from launch.observe.words import plural
 from launch.stages.eval.table import caption, row_values
 from protocols import metric_keys as mk
 
@@ -42,14 +43,20 @@ def write_report(run_dir: Path, *, html: bool = True) -> Path:
         blocks.append(Para("No metrics were recorded (metrics.jsonl is missing or empty)."))
     else:
         series = step_series(rows)
-        blocks += _summary(rows, series, summary) + _warnings(summary) + _mechanisms(rows, run_dir)
+        terms = Glossary()
+        blocks += _summary(rows, series, summary) + terms.explain("PrimeEcho", "MirrorPop", "η")
+        blocks += _warnings(summary) + _mechanisms(rows, run_dir) + terms.explain(*mechanisms.GLOSSARY)
         blocks += _eval_table(rows) + _last_eval_levels(run_dir)
         missing: list[str] = []
         for name, draw in PLOTS:
             image, absent = draw(series, rows, run_dir, plots_dir)
             missing += absent
             if image is not None:
-                blocks += [Heading(name), Image(name, image, f"plots/{image.name}")]
+                blocks += [
+                    Heading(name),
+                    *terms.explain(*PLOT_TERMS.get(name, ())),
+                    Image(name, image, f"plots/{image.name}"),
+                ]
         if missing:
             blocks += [Heading("Not recorded in this run"), Para(", ".join(f"`{k}`" for k in missing))]
     blocks += _links(run_dir)
@@ -58,6 +65,27 @@ def write_report(run_dir: Path, *, html: bool = True) -> Path:
     if html:
         (run_dir / "report.html").write_text(to_html(blocks, title), encoding="utf-8")
     return path
+
+
+# The terms each plot shows in its titles and legends (launch/observe/report_plots.py).
+PLOT_TERMS = {
+    "Reward and pass rate": ("PrimeEcho",),
+    "Staleness": ("η",),
+    "Off-policy corrections and filters": ("ε", "C", "MirrorPop", "Buffered Dynamic Retry"),
+}
+
+
+class Glossary:
+    """Explains each term of the algorithm once, in one sentence (mechanisms.GLOSSARY), where the report
+    first shows it: `explain(*terms)` is a paragraph of the terms not explained yet ([] when none)."""
+
+    def __init__(self) -> None:
+        self.explained: set[str] = set()
+
+    def explain(self, *terms: str) -> list[Block]:
+        fresh = [t for t in terms if t not in self.explained]
+        self.explained.update(fresh)
+        return [Para(" ".join(mechanisms.GLOSSARY[t] for t in fresh))] if fresh else []
 
 
 # ------------------------------------------------------------------------------------ tables
@@ -92,12 +120,12 @@ def _summary(rows: list[dict], series: Series, summary: dict) -> list[Block]:
         ("groups completed", _int(_latest(rows, (mk.PROGRESS_GROUPS, mk.RUN_GROUPS)))),
         ("distinct compiled sources", _int(_last(series, mk.RUN_DISTINCT_SOURCES))),
         ("untied groups (rewards not all equal)", _int(_last(series, mk.RUN_UNTIED_GROUPS))),
-        ("final reward mean", _num(_last(series, mk.REWARD_MEAN))),
+        ("final reward mean (PrimeEcho)", _num(_last(series, mk.REWARD_MEAN))),
         ("final pass rate", _num(_last(series, mk.REWARD_PASS_RATE))),
         ("final loss", _num(_last(series, mk.TRAIN_LOSS))),
         ("mean MirrorPop kept fraction", _num(_mean(series, mk.TRAIN_KEPT_FRACTION))),
         ("mean rollout samples/s", _num(_mean(series, mk.ROLLOUT_SAMPLES_PER_S))),
-        ("max staleness", _int(_max(series, mk.STALENESS_MAX))),
+        ("max staleness (versions; at most η)", _int(_max(series, mk.STALENESS_MAX))),
     ]
     return [
         Para(f"Written {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC from metrics.jsonl."),
@@ -130,7 +158,7 @@ def _mechanisms(rows: list[dict], run_dir: Path) -> list[Block]:
                 shown = f"[{first['file']}](episodes/{first['file']}) `{first['episode_id']}`"
             elif n:
                 shown = "no dump (the episode was not held, or dumps are off)"
-        table.append([m.name, f"{n} {m.unit}" if n else "0", shown])
+        table.append([m.name, plural(n, m.unit) if n else "0", shown])
     return [
         Heading("Mechanisms"),
         Para(
@@ -199,7 +227,7 @@ def _links(run_dir: Path) -> list[Block]:
     items = [f"[{name}]({href})" for path, name, href in links if path.exists()]
     if episodes:
         items.append(
-            f"episode dumps: {len(episodes)} steps, the last is [{episodes[-1].name}](episodes/{episodes[-1].name})"
+            f"episode dumps: {plural(len(episodes), 'step')}, the last is [{episodes[-1].name}](episodes/{episodes[-1].name})"
         )
     return [Heading("Files"), Bullets(items)] if items else []
 

@@ -4,7 +4,7 @@ Every figure has a title, every axis its unit, per-step plots integer step ticks
 steps gets ticks 1, 2, 3, never 1.5), and verifier outcomes one fixed colour each
 (launch/observe/outcomes.py), the same in every figure and every run. Each plot draws the series that exist
 and names the keys that were not recorded, so a short or partial run still gets a report. A panel
-with one step only, or only zeros, says so in words (launch/observe/plot_words.py), and count axes
+with one step only, or only zeros, says so in words (launch/observe/words.py), and count axes
 (groups, attempts) have whole-number ticks.
 
 The actor timeline takes its spans from `timeline_spans`, the one place that knows where spans come
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launch.observe.outcomes import COLOURS, OUTCOMES, step_outcomes
-from launch.observe.plot_words import say_on, thin_data_note
+from launch.observe.words import say_on, thin_data_note
 from protocols import metric_keys as mk
 
 Series = dict[str, list[tuple[int, float]]]  # key -> (step, value) in step order

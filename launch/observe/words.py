@@ -1,11 +1,17 @@
-"""Plots that cannot show a shape say so in words. A chart of one point, or of values that are all 0,
-reads as an empty or broken figure (bars of height 0 are invisible; a line through one point is not
-drawn), so such a plot carries a sentence in its middle that says what the data is. Used by the
-training report's plots, `kiln eval`'s chart and `kiln sft`'s loss plot."""
+"""Words where figures alone would mislead: counts with the right plural ('1 group', '2 groups'), and
+plots that cannot show a shape. A chart of one point, or of values that are all 0, reads as an empty
+or broken figure (bars of height 0 are invisible; a line through one point is not drawn), so such a
+plot carries a sentence in its middle that says what the data is. Used by the training report, its
+plots and progress lines, `kiln eval` (chart, messages) and `kiln sft`'s loss plot."""
 
 from __future__ import annotations
 
 from typing import Sequence
+
+
+def plural(n: int, noun: str, nouns: str | None = None) -> str:
+    """'1 group', '3 groups' ('1 attempt', '0 attempts'); `nouns` for an irregular plural."""
+    return f"{n} {noun if n == 1 else nouns or noun + 's'}"
 
 
 def thin_data_note(points: Sequence[tuple[float, float]], *, unit: str = "step") -> str | None:

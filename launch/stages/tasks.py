@@ -17,6 +17,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from launch.observe.words import plural
+
 PROG = "kiln tasks synth"
 
 
@@ -99,7 +101,8 @@ def cmd_synth(args: argparse.Namespace) -> int:
     print("\n".join(report.summary()))
     if not report.complete:
         print(
-            f"{PROG}: wrote only {len(report.tasks)} of {cfg.count} tasks in {report.attempts} attempts: the op "
+            f"{PROG}: wrote only {len(report.tasks)} of {plural(cfg.count, 'task')} in "
+            f"{plural(report.attempts, 'attempt')}: the op "
             "set admits too few distinct graphs that pass the checks (widen --ops or --max-ops)",
             file=sys.stderr,
         )

@@ -24,6 +24,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from launch.observe.words import plural
 from protocols import Task
 
 
@@ -65,7 +66,7 @@ def read_answers(path: str | Path, task_ids: set[str]) -> AnswerSet:
         if not problem:
             seen.add((record.task_id, record.sample))
     if malformed:
-        more = f" (and {len(malformed) - 1} more such lines)" if len(malformed) > 1 else ""
+        more = f" (and {plural(len(malformed) - 1, 'more such line')})" if len(malformed) > 1 else ""
         raise AnswersError(f"answers file {path} {malformed[0]}{more}; fix or remove it")
     return AnswerSet(answers=answers, rejected=rejected)
 
@@ -126,8 +127,8 @@ def main(argv: list[str] | None = None) -> int:
         for r in records:
             f.write(json.dumps({"task_id": r.task_id, "sample": r.sample, "text": r.text}) + "\n")
     print(
-        f"wrote {len(records)} answers for {len({r.task_id for r in records})} of {len(task_set.tasks)} tasks "
-        f"to {args.out}"
+        f"wrote {plural(len(records), 'answer')} for {len({r.task_id for r in records})} of "
+        f"{plural(len(task_set.tasks), 'task')} to {args.out}"
     )
     return 0
 

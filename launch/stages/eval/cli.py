@@ -21,7 +21,7 @@ from pathlib import Path
 
 from launch.config_args import load_for_backend
 from launch.driver.checks import StartupError, check_model, errors
-
+from launch.observe.words import plural
 
 _OVERRIDE = re.compile(r"^[A-Za-z_][\w.]*\.[\w]+=")
 
@@ -98,7 +98,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     print((plan.out / "table.md").read_text(), end="")
     print(
         f"\nwrote {plan.out}/table.md, summary.json, attempts.jsonl, chart.png "
-        f"({doc['counts']['verified']} attempts verified now, {doc['counts']['resumed']} resumed)"
+        f"({plural(doc['counts']['verified'], 'attempt')} verified now, {doc['counts']['resumed']} resumed)"
     )
     return 0
 
@@ -136,7 +136,7 @@ def _plan(args: argparse.Namespace):
         if not answers:
             raise UsageError(
                 f"{args.answers} holds no usable answer for the loaded tasks "
-                f"({len(rejected)} lines left out{': ' + rejected[0] if rejected else ''})"
+                f"({plural(len(rejected), 'line')} left out{': ' + rejected[0] if rejected else ''})"
             )
         per_task: dict[str, int] = {}
         for a in answers:

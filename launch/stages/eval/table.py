@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from pathlib import Path
 
-from launch.observe.plot_words import say_on
+from launch.observe.words import plural, say_on
 from launch.stages.eval.metrics import BASELINES, Summary
 
 # What must match for two evaluations to be compared number for number.
@@ -83,10 +83,10 @@ def caption(s: dict) -> str:
         f"Percent. Pass@k: unbiased estimator per task, averaged over tasks. Avg@{s['n']} (mean correctness "
         f"over the n = {s['n']} samples per task) and Faster-eager / Faster-compile (passed and speedup "
         f"> {s['fast_threshold']:g}x over eager PyTorch / torch.compile) are per attempt. Overall pools every "
-        f"attempt of every level. {o['attempts']} attempts on {o['tasks']} tasks; {o['infra']} infra verdicts "
-        f"excluded"
+        f"attempt of every level. {plural(o['attempts'], 'attempt')} on {plural(o['tasks'], 'task')}; "
+        f"{plural(o['infra'], 'infra verdict')} excluded"
         + (f"; tasks with fewer than k usable attempts, left out of Pass@k: {short}" if short else "")
-        + f"; {len(s.get('failed_loads', []))} task files failed to load."
+        + f"; {plural(len(s.get('failed_loads', [])), 'task file')} failed to load."
     )
 
 

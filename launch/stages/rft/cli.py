@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 from configs import load_config
+from launch.observe.words import plural
 
 PROG = "kiln rft"
 
@@ -130,5 +131,5 @@ def cmd_rft(args: argparse.Namespace) -> int:
     }
     Path(f"{out}.yield.json").write_text(json.dumps(summary, indent=1))
     print(yield_table(rows))
-    print(f"wrote {len(kept)} examples to {out} ({summary['seconds']:.0f} s)")
+    print(f"wrote {plural(len(kept), 'example')} to {out} ({summary['seconds']:.0f} s)")
     return 0 if kept else 1

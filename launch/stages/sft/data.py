@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from actors.policy.chat_data import ChatExample, read_examples
 from actors.policy.chat_tokens import TokenSequence, fit, tokenize_example
+from launch.observe.words import plural
 from launch.stages.decontam import EvalTasks
 
 
@@ -36,12 +37,14 @@ class SFTData:
 
     def summary(self) -> list[str]:
         lines = [
-            f"examples: {self.examples} read; {self.train_examples} train ({len(self.train)} sequences, "
-            f"{self.train_tokens} tokens), {self.held_out_examples} held out ({len(self.held_out)} sequences)",
+            f"examples: {self.examples} read; {self.train_examples} train ({plural(len(self.train), 'sequence')}, "
+            f"{plural(self.train_tokens, 'token')}), {self.held_out_examples} held out "
+            f"({plural(len(self.held_out), 'sequence')})",
             self.decontam,
         ]
         if self.dropped["too long"]:
-            lines.append(f"left out: {self.dropped['too long']} sequences whose prompt alone fills model.max_seq_len")
+            too_long = plural(self.dropped["too long"], "sequence")
+            lines.append(f"left out: {too_long} whose prompt alone fills model.max_seq_len")
         return lines
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from launch.observe.metrics import read_metrics
-from launch.observe.plot_words import say_on, thin_data_note
+from launch.observe.words import say_on, thin_data_note
 from protocols import metric_keys as mk
 
 

@@ -19,7 +19,6 @@ from launch.observe.progress import (
     StartReadings,
     Warnings,
     outcome_story,
-    plural,
     waiting_story,
 )
 
@@ -142,11 +141,6 @@ def test_a_warning_is_logged_when_it_starts_changes_or_has_lasted_repeat_s():
     assert w.update("no progress: B", now=61.0)  # another warning: at once
     assert not w.update(None, now=62.0) and w.current is None
     assert w.seen == ["no progress: A; detail 1", "no progress: A; detail 3", "no progress: B"]
-
-
-def test_counts_read_in_the_singular_and_the_plural():
-    assert [plural(n, "group") for n in (0, 1, 2)] == ["0 groups", "1 group", "2 groups"]
-    assert plural(1, "attempt") == "1 attempt" and plural(3, "child", "children") == "3 children"
 
 
 class _QuietMonitor:

@@ -1,13 +1,15 @@
-"""Plots that cannot show a shape say so in words (launch/observe/plot_words.py): one step only, or
+"""Plots that cannot show a shape say so in words (launch/observe/words.py): one step only, or
 every value 0, in the training report's per-step panels and progress plot, `kiln sft`'s loss plot
 and `kiln eval`'s chart; count axes tick on whole numbers."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from launch.observe import report_plots
-from launch.observe.plot_words import thin_data_note
+from launch.observe.words import thin_data_note
 
 
 def test_the_note_names_one_step_and_all_zeros():
@@ -78,3 +80,35 @@ def test_kiln_eval_chart_of_zeros_says_no_attempt_passed(tmp_path, said, monkeyp
     )
     table.bar_chart(summary, "zeros", tmp_path / "chart.png")
     assert said == ["every value is 0%: no attempt passed"] and (tmp_path / "chart.png").is_file()
+
+
+def test_the_report_explains_each_term_once_where_it_first_appears_and_counts_in_the_singular(tmp_path):
+    from launch.observe.mechanisms import GLOSSARY
+    from launch.observe.report import write_report
+
+    rows = [
+        {"step": s, "time": float(s), "reward/mean": 0.1 * s, "train/loss": 1.0 / s, "weights/version": float(s)}
+        for s in (1, 2, 3)
+    ]
+    rows[-1].update({"replay/retry_admitted": 1.0, "train/clip_low_fraction": 0.1, "train/kept_fraction": 0.9})
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    text = write_report(tmp_path, html=False).read_text()
+    for term, sentence in GLOSSARY.items():
+        assert text.count(sentence) == 1, term  # explained once
+        first_plot = text.index("![")
+        assert text.index(sentence) < first_plot, term  # before any plot shows it
+    # PrimeEcho is named in the summary table, and explained right after it, before the mechanisms
+    assert text.index("final reward mean (PrimeEcho)") < text.index(GLOSSARY["PrimeEcho"]) < text.index("## Mechanisms")
+    assert "| Buffered Dynamic Retry: an all-failed group enters the retry buffer | 1 group |" in text
+
+
+def test_counts_read_in_the_singular_and_the_plural_in_kiln_evals_caption():
+    from launch.observe.words import plural
+    from launch.stages.eval.table import caption
+
+    assert [plural(n, "group") for n in (0, 1, 2)] == ["0 groups", "1 group", "2 groups"]
+    assert plural(3, "child", "children") == "3 children"
+    one = {"n": 1, "fast_threshold": 1.1, "failed_loads": [{"path": "x", "reason": "y"}]}
+    one["rows"] = [{"attempts": 1, "tasks": 1, "infra": 1, "short_of_k": {}}]
+    text = caption(one)
+    assert "1 attempt on 1 task; 1 infra verdict excluded" in text and "1 task file failed to load." in text

@@ -152,7 +152,7 @@ def test_a_malformed_answers_line_is_a_user_mistake_one_line_and_a_non_zero_exit
     )
     assert code == 2
     assert err.count("\n") == 1 and err.startswith(f"kiln eval: answers file {answers} {says}")
-    assert "(and 1 more such lines)" in err and "Traceback" not in err
+    assert "(and 1 more such line)" in err and "Traceback" not in err
     assert not out.exists()  # refused before the evaluation started
 
 
