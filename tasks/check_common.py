@@ -16,8 +16,8 @@ from pathlib import Path
 
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", "/tmp/kiln-task-builds")
 
-import torch  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 TASKS_DIR = Path(__file__).resolve().parent
 LEVELS = ("level1", "level2", "level3", "level4")
@@ -29,7 +29,7 @@ LEVELS = ("level1", "level2", "level3", "level4")
 if str(TASKS_DIR.parent) not in sys.path:
     sys.path.insert(0, str(TASKS_DIR.parent))
 
-from actors.verifier import compare, legality  # noqa: E402
+from actors.verifier import compare, legality
 
 
 # --------------------------------------------------------------------------- discovery / loading
@@ -181,7 +181,7 @@ def print_table(rows: list[Row]):
             )
         )
     w = [max(len(h), *(len(line[i]) for line in lines)) if lines else len(h) for i, h in enumerate(hdr)]
-    fmt = "  ".join("{:<%d}" % x for x in w[:-1]) + "  {}"
+    fmt = "  ".join(f"{{:<{x}}}" for x in w[:-1]) + "  {}"
     print()
     print(fmt.format(*hdr))
     print(fmt.format(*("-" * x for x in w)))

@@ -457,7 +457,7 @@ def _op_trip(c: Captured, state: dict, outputs_of):
                 sync()
                 return {"ok": True, "failure": f"forward returned {len_(items)} outputs, expected {len_(expect)}"}
             for i in range_(len_(items)):
-                dtype, shape, strides, where, nbytes = meta(items[i])
+                dtype, shape, _strides, where, _nbytes = meta(items[i])
                 if dict_get(dtype_names, dtype) != expect[i][0] or list_(shape) != expect[i][1] or where != device:
                     sync()
                     return {"ok": True, "failure": f"output {i} changed its dtype, shape or device in a timed call"}

@@ -265,7 +265,7 @@ def _assemble(body: list[tuple]) -> bytes:
     out = b""
     for i, (code, jt, jf, k) in enumerate(ins):
 
-        def rel(t):
+        def rel(t, i=i):
             if t is None:
                 return 0
             off = tail[t] - i - 1 if isinstance(t, str) else t
