@@ -26,7 +26,7 @@ def test_torch_and_megatron_take_the_same_rl_step():
         pytest.skip("needs a CUDA device")
     pytest.importorskip("megatron.core")
     from actors.learner.backends import make_trainer
-    from launch.bench.gpu_megatron import SMALL, T, make_batch, with_behaviour
+    from launch.bench.megatron_rows import SMALL, T, make_batch, with_behaviour
     from configs import AlgoConfig, LearnerConfig
 
     model = dataclasses.replace(SMALL, dtype="float32")

@@ -22,7 +22,7 @@ def backend():
     pytest.importorskip("megatron.core")
     from actors.learner.algorithm import Trainer
     from actors.learner.megatron.backend import MegatronBackend
-    from launch.bench.gpu_megatron import SMALL, T
+    from launch.bench.megatron_rows import SMALL, T
     from configs import AlgoConfig, LearnerConfig
 
     megatron = MegatronBackend(
@@ -33,13 +33,14 @@ def backend():
 
 @pytest.fixture(scope="module")
 def batch():
-    from launch.bench.gpu_megatron import SMALL, make_batch
+    from launch.bench.megatron_rows import SMALL, make_batch
 
     return make_batch(SMALL, [300, 517, 128, 700, 64], seed=1)
 
 
 def test_weights_round_trip_bit_exact(backend):
-    from launch.bench.gpu_megatron import initial_weights, weights
+    from launch.bench.gpu_megatron import initial_weights
+    from launch.bench.megatron_rows import weights
 
     ref = initial_weights(backend.backend.device)
     got = weights(backend)
@@ -49,7 +50,8 @@ def test_weights_round_trip_bit_exact(backend):
 
 
 def test_logprobs_match_the_hf_model(backend, batch):
-    from launch.bench.gpu_megatron import SMALL, T, hf_logits, token_logprobs
+    from launch.bench.gpu_megatron import hf_logits, token_logprobs
+    from launch.bench.megatron_rows import SMALL, T
 
     ours = backend.logprobs(batch, T)
     theirs = token_logprobs(hf_logits(SMALL, batch, backend.backend.device), batch, T)
@@ -60,7 +62,7 @@ def test_logprobs_match_the_hf_model(backend, batch):
 def test_export_reloads_in_transformers(backend, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from launch.bench.gpu_megatron import weights
+    from launch.bench.megatron_rows import weights
 
     backend.export_hf(tmp_path / "hf")
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.bfloat16).state_dict()
@@ -69,7 +71,7 @@ def test_export_reloads_in_transformers(backend, tmp_path):
 
 
 def test_train_step_moves_weights_and_checkpoint_restores(backend, batch, tmp_path):
-    from launch.bench.gpu_megatron import T, max_diff, weights, with_behaviour
+    from launch.bench.megatron_rows import T, max_diff, weights, with_behaviour
 
     train = with_behaviour(batch, backend.logprobs(batch, T).numpy(), drifted=2, seed=5)
     before = weights(backend)
@@ -113,7 +115,7 @@ def test_compiled_logprob_kernels_equal_the_full_vocabulary_ones():
 def test_kernel_switches_change_speed_not_results(backend, batch):
     """Every `learner.megatron` switch off against every one on: the same logprobs (bf16 rounding)."""
     from actors.learner.megatron.model import Kernels
-    from launch.bench.gpu_megatron import T
+    from launch.bench.megatron_rows import T
 
     megatron = backend.backend
     try:
