@@ -19,9 +19,9 @@ import inspect
 import logging
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from configs import ConfigError
 from protocols.registry import Registry
@@ -212,7 +212,7 @@ def load_plugin(path: str, interface: type, *, key: str) -> type:
         raise PluginError(f"{key}={path!r} is not a dotted path of the form package.module.ClassName")
     try:
         module = importlib.import_module(module_name)
-    except Exception as err:  # ImportError, or the module itself failed while importing
+    except Exception as err:  # noqa: BLE001 - ImportError, or the module itself failed while importing
         raise PluginError(
             f"{key}={path!r}: cannot import module {module_name!r}: {type(err).__name__}: {err}"
         ) from None

@@ -10,8 +10,9 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import typing
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import yaml
 from omegaconf import OmegaConf
@@ -200,10 +201,10 @@ def _check_bounds(obj: Any, prefix: str) -> None:
         if value is None:
             continue
         choices = meta.get("choices")
-        if choices is not None and value not in choices:
-            if not (meta.get("dotted_ok") and isinstance(value, str) and "." in value):
-                extra = " or a dotted import path" if meta.get("dotted_ok") else ""
-                raise ConfigError(f"{key}={value!r} is not one of {choices}{extra} ({meta['help']})")
+        dotted = meta.get("dotted_ok") and isinstance(value, str) and "." in value
+        if choices is not None and value not in choices and not dotted:
+            extra = " or a dotted import path" if meta.get("dotted_ok") else ""
+            raise ConfigError(f"{key}={value!r} is not one of {choices}{extra} ({meta['help']})")
         for op, bound, ok in (
             (">=", meta.get("ge"), lambda v, b: v >= b),
             (">", meta.get("gt"), lambda v, b: v > b),

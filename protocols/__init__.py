@@ -4,7 +4,7 @@ Actors never build raw sockets or raw dicts: they send records through these cha
 """
 
 from protocols.codec import decode, decode_parts, encode, encode_parts
-from protocols.records import *  # noqa: F401,F403 - the records are this package's vocabulary
+from protocols.records import *  # the records are this package's vocabulary
 from protocols.records import ERROR_CLASSES
 from protocols.schema import REGISTRY, ProtocolError, Record
 
@@ -18,5 +18,5 @@ __all__ = [
     "encode",
     "encode_parts",
     "infra_result",
-    *REGISTRY,
 ]
+__all__ += list(REGISTRY)  # every record class, by name

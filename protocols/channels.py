@@ -28,8 +28,8 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import zmq
 
@@ -317,7 +317,7 @@ class ReconnectingClient:
     def _lookup(self) -> str:
         try:
             return self._resolve() or ""
-        except Exception as err:  # a lookup that fails reads as "not registered yet"
+        except Exception as err:  # noqa: BLE001 - a lookup that fails reads as "not registered yet"
             log.warning("looking up a server address failed: %s", err)
             return ""
 

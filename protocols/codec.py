@@ -29,7 +29,23 @@ INLINE_BYTES = 2048  # arrays up to this size ride inside the header; larger one
 MAX_PARTS = 1 << 16
 MAX_NDIM = 32
 EXT_NUMPY, EXT_TORCH = 1, 2
-DTYPES = frozenset("bool int8 int16 int32 int64 uint8 uint16 uint32 uint64 float16 float32 float64 bfloat16".split())
+DTYPES = frozenset(
+    {
+        "bool",
+        "int8",
+        "int16",
+        "int32",
+        "int64",
+        "uint8",
+        "uint16",
+        "uint32",
+        "uint64",
+        "float16",
+        "float32",
+        "float64",
+        "bfloat16",
+    }
+)
 
 
 # ------------------------------------------------------------------------------------------ encode
@@ -92,7 +108,7 @@ def encode(rec: Record) -> bytes:
     lengths = [memoryview(p).nbytes for p in parts]
     head = CONTAINER_MAGIC + struct.pack(f"<I{len(parts)}Q", len(parts), *lengths)
     pieces, offset = [head], len(head)
-    for part, n in zip(parts, lengths):
+    for part, n in zip(parts, lengths, strict=True):
         pad = -offset % ALIGN
         pieces.append(b"\x00" * pad)
         pieces.append(part)
@@ -140,7 +156,7 @@ def decode_parts(parts) -> Record:
         return _decode_parts(parts)
     except ProtocolError:
         raise
-    except Exception as err:  # the contract: nothing but ProtocolError escapes, whatever the bytes
+    except Exception as err:  # noqa: BLE001 - the contract: nothing but ProtocolError escapes, whatever the bytes
         raise ProtocolError(f"undecodable message: {type(err).__name__}: {err}") from None
 
 

@@ -21,9 +21,9 @@ import logging
 import struct
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from protocols.channels import ChannelTimeout, NoServer, ReconnectingClient, RemoteError
 from protocols.codec import decode, encode
@@ -108,7 +108,7 @@ class EpisodeLog:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self._file = open(self.path, "ab")
+        self._file = open(self.path, "ab")  # noqa: SIM115 - held open for appends; close() closes it
         self._lock = threading.Lock()
 
     def append(self, episode: Episode) -> None:

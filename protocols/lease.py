@@ -26,7 +26,7 @@ def device_key(device: str) -> str:
     """A host-unique name for `device` ("cpu", or the GPU's UUID so CUDA_VISIBLE_DEVICES cannot alias)."""
     if not str(device).startswith("cuda"):
         return "cpu"
-    import torch  # noqa: PLC0415 - only CUDA devices need it, and only here
+    import torch  # only CUDA devices need it, and only here
 
     props = torch.cuda.get_device_properties(torch.device(device))
     uuid = getattr(props, "uuid", None)

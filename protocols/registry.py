@@ -28,10 +28,10 @@ import json
 import os
 import socket
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
 
 REGISTRY_FILE = "registry.json"
 LOCK_FILE = "registry.lock"

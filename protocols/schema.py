@@ -45,7 +45,7 @@ AnyArray = Annotated[np.ndarray, ArraySpec("biuf", None)]
 
 MAX_DEPTH = 32  # nesting depth of Json values; deeper input is refused, not recursed into
 
-REGISTRY: dict[str, type["Record"]] = {}
+REGISTRY: dict[str, type[Record]] = {}
 
 
 class Record:
@@ -145,7 +145,7 @@ def convert(value, tp, path: str):
             raise ProtocolError(f"{path}: expected a list, got {_type_name(value)}")
         return [convert(v, item, f"{path}[{i}]") for i, v in enumerate(value)]
     if origin is dict:
-        key_tp, val_tp = typing.get_args(tp)
+        _key_tp, val_tp = typing.get_args(tp)
         if not isinstance(value, dict):
             raise ProtocolError(f"{path}: expected a map, got {_type_name(value)}")
         out = {}

@@ -23,9 +23,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterator
 
 from protocols.channels import PushChannel
 from protocols.records import Activity, Span, Timeline
@@ -137,7 +137,7 @@ class SpanRecorder:
             return
         try:
             self._channel.send(Timeline(actor_id=self.actor_id, spans=spans), timeout_s=PUSH_TIMEOUT_S)
-        except Exception as err:  # observability must never stall or kill the actor
+        except Exception as err:  # noqa: BLE001 - observability must never stall or kill the actor
             self.dropped += len(spans)
             log.debug("%s: timeline push failed: %s", self.actor_id, err)
 

@@ -87,7 +87,7 @@ def check_reference(task: Task, full_size: bool) -> Row:
                 row.passed += 1
             row.notes.append(f"{label}:{tuple(outs[0].shape)} {dt * 1e3:.0f}ms in={nbytes / 2**20:.1f}MiB")
         sh.apply()
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - a check tool: any failure is this row's verdict
         row.fail(f"error: {type(e).__name__}: {e}")
         traceback.print_exc()
     row.secs = time.time() - t0
@@ -164,7 +164,7 @@ def run_solution(task: Task, backend: str, seeds: int, build_info) -> Row:
             row.notes.append("WARN ModelNew init differs from Model under the same seed")
         row.notes.append(f"base fwd {seen.fwd_ms:.1f}ms")
         row.notes.append("ops=" + ",".join(f"{k}x{v}" for k, v in sorted(seen.ops.items())))
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - a check tool: any failure is this row's verdict
         row.fail(f"error: {type(e).__name__}: {str(e)[-600:]}")
         traceback.print_exc()
     row.secs = time.time() - t0
@@ -287,7 +287,7 @@ def main(argv=None) -> int:
             t0 = time.time()
             info = prebuild(paths, args.jobs)
             print(f"[build] {len(paths)} extensions ready in {time.time() - t0:.0f}s wall", flush=True)
-            for p, (dt, err) in info.items():
+            for p, (_dt, err) in info.items():
                 if err:
                     print(f"[build] FAILED {p}:\n{err}\n")
             for t in tasks:

@@ -167,8 +167,12 @@ class ReplayActor(Actor):
                 # may serve a request held since: it is answered now, not when its client asks again.
                 changed, self._changed = self._changed, False
                 again = self._apply_and_commit([r.record for r, _ in held], now) if held and changed else []
-            answers = [(req, until, reply) for (req, until), reply in zip(held, again or [None] * len(held))]
-            answers += [(req, now + self.replay.retry_after_s, reply) for req, reply in zip(requests, replies)]
+            answers = [
+                (req, until, reply) for (req, until), reply in zip(held, again or [None] * len(held), strict=True)
+            ]
+            answers += [
+                (req, now + self.replay.retry_after_s, reply) for req, reply in zip(requests, replies, strict=True)
+            ]
             held, latencies = [], []
             for req, until, reply in answers:
                 if reply is None or _is_wait(reply):  # None: held, and nothing changed that could serve it

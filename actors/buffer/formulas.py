@@ -10,7 +10,7 @@ What the replay decides with them (admission, a group's fate, staleness) is in a
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -93,7 +93,7 @@ def best_failed_attempt(episodes: list[Episode]) -> FailedAttempt | None:
     """The highest-scoring failed turn over all samples (first one on a tie)."""
     best: FailedAttempt | None = None
     for ep in episodes:
-        for turn, score in zip(ep.turns, ep.rewards):
+        for turn, score in zip(ep.turns, ep.rewards, strict=True):
             if turn_passed(turn) or turn.result is None:
                 continue
             if best is None or score > best.score:

@@ -128,7 +128,7 @@ class ReplayHealth(ActorHealth):
     recovered: dict[str, float] = field(default_factory=dict)  # what the last start recovered (seconds, entries)
 
 
-def replay_health(state: "ReplayState", store: "ReplayStore", **actor) -> ReplayHealth:
+def replay_health(state: ReplayState, store: ReplayStore, **actor) -> ReplayHealth:
     """The record for a live replay: `state` and `store` as they are now, plus the actor's own fields
     (role, alive, address, ack_latency_ms, handler_errors, recovered, storage failure)."""
     c, ledger = state.counters, state.ledger.summary()

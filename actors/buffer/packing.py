@@ -9,7 +9,7 @@ repair turns are conditioned on feedback the policy will not see at test time); 
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -15,8 +15,8 @@ re-application of the logged requests, all of which were admitted, never consult
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 from actors import decisions
 

@@ -21,8 +21,8 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from actors import decisions
 from actors.buffer import intake

@@ -95,7 +95,7 @@ def load_task_set(cfg: ReplayConfig, backend: str) -> TaskSet:
         tasks = source.tasks()
     except TaskLoadError as err:
         raise ConfigError(f"replay.tasks={cfg.tasks!r}: {err}") from None
-    except Exception as err:
+    except Exception as err:  # noqa: BLE001 - a plug-in's failure becomes a ConfigError that names it
         raise ConfigError(f"task source {name}: tasks() raised {type(err).__name__}: {err}") from None
     _check_tasks(tasks, name)
     return split_tasks(tasks, cfg.split_seed, cfg.val_fraction)
@@ -107,7 +107,7 @@ def _build_source(cfg: ReplayConfig, backend: str):
     cls = load_plugin(cfg.task_source, TaskSource, key="replay.task_source")
     try:
         return cls(cfg, backend, **cfg.task_source_args)
-    except Exception as err:
+    except Exception as err:  # noqa: BLE001 - a plug-in's failure becomes a ConfigError that names it
         raise ConfigError(
             f"replay.task_source={cfg.task_source!r}: constructing it raised {type(err).__name__}: {err} "
             "(signature: __init__(self, cfg: ReplayConfig, backend: str, **replay.task_source_args))"

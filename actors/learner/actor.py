@@ -306,7 +306,8 @@ class LearnerActor(Actor):
                 time.sleep(0.5)
                 continue
             if not isinstance(reply, answer):
-                raise RuntimeError(f"{self.learner_id}: replay answered {type(reply).__name__} to {type(rec).__name__}")
+                # the peer broke the protocol; not a caller's type error
+                raise RuntimeError(f"{self.learner_id}: replay answered {type(reply).__name__} to {type(rec).__name__}")  # noqa: TRY004
             return reply
 
     # ------------------------------------------------------------------------------- training
@@ -479,7 +480,7 @@ class LearnerActor(Actor):
                 Metrics(source=self.learner_id, step=step, ts=time.time(), values=values, episodes=episodes or {}),
                 timeout_s=1.0,
             )
-        except Exception as err:  # metrics are best effort; training goes on
+        except Exception as err:  # noqa: BLE001 - metrics are best effort; training goes on
             log.debug("%s: metrics push failed: %s", self.learner_id, err)
 
 
@@ -500,7 +501,7 @@ def _off_policy_kept(result: StepResult, batch: TrainBatch) -> int:
     """Sequences trained on (MirrorPop kept them) whose oldest gradient-carrying token was made by an
     older version than the batch's: the off-policy samples the step learned from."""
     dropped, n = set(result.dropped), 0
-    for s, (lo, hi) in enumerate(zip(batch.cu_seqlens[:-1], batch.cu_seqlens[1:])):
+    for s, (lo, hi) in enumerate(zip(batch.cu_seqlens[:-1], batch.cu_seqlens[1:], strict=True)):
         versions = np.asarray(batch.versions[lo:hi])[np.asarray(batch.loss_mask[lo:hi], dtype=bool)]
         n += s not in dropped and versions.size > 0 and int(versions.min()) < batch.version
     return n

@@ -24,9 +24,9 @@ its momentum and weight decay). The RL step never loops over micro-batches: the 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import torch
@@ -278,7 +278,7 @@ def _forward_pass(
     reports = backend.forward_backward(
         packed, mine, collect, temperature=temperature, forward_only=True, reference=reference
     )
-    for mb, (lp, h) in zip(mine, reports):
+    for mb, (lp, h) in zip(mine, reports, strict=True):
         logprobs[mb.positions] = lp.float()
         if entropies is not None:
             entropies[mb.positions] = h.float()

@@ -19,9 +19,10 @@ Only the backend modules import their training library.
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 import torch
 

@@ -16,8 +16,8 @@ update) is a set of consecutive sequences, split again into micro-batches.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 import torch

@@ -18,9 +18,9 @@ import os
 import pickle
 import random
 import shutil
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import torch

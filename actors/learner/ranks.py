@@ -20,10 +20,11 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -210,7 +211,7 @@ class LeaderBackend:
             try:
                 self.channel.send(Stop())
                 sent.set()
-            except Exception as err:  # a follower died first
+            except Exception as err:  # noqa: BLE001 - a follower died first
                 log.warning("learner ranks: stop not delivered: %s", err)
 
         try:
@@ -230,7 +231,8 @@ def follow(backend: Trainer, channel: ControlChannel, on_call: Callable[[RankCal
         if isinstance(call, Stop):
             return
         if not isinstance(call, CALLS):
-            raise RuntimeError(f"learner rank {dist.get_rank()}: unknown call {type(call).__name__} from the leader")
+            # the leader broke the protocol; not a caller's type error
+            raise RuntimeError(f"learner rank {dist.get_rank()}: unknown call {type(call).__name__} from the leader")  # noqa: TRY004
         started = time.perf_counter()
         call.run(backend)
         if on_call is not None:

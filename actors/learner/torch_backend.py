@@ -15,8 +15,9 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -123,7 +124,7 @@ class TorchBackend(LearnerBackend):
         try:
             self.optimizer.step()
         finally:
-            for g, old in zip(groups, saved):
+            for g, old in zip(groups, saved, strict=True):
                 g["lr"] = old
         return grad_norm
 

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from actors.learner.sft_data import pack_sequences
 from actors.policy.chat_data import ChatExample
 from actors.policy.chat_tokens import fit, tokenize_example
 from actors.policy.prompts import opening
 from actors.policy.tokenizer import Message, load_tokenizer
-from actors.learner.sft_data import pack_sequences
 from configs import ModelConfig, WarmStartConfig
 from protocols import Task, TrainBatch
 

@@ -36,9 +36,9 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
 
 from actors.policy.weights import Sender, SenderSettings, sender
 from actors.policy.weights.base import NamedTensors, Published, specs, unique_tensors
@@ -402,7 +402,7 @@ class WeightServer:
                 rec.have_version,
                 time.monotonic() - started,
             )
-        except Exception as err:
+        except Exception as err:  # noqa: BLE001 - any failed join drops this engine; the others keep syncing
             with self._lock:
                 self.stats["join_failures"] += 1
                 self._drop(state, f"join failed: {err}")

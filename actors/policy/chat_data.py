@@ -27,9 +27,10 @@ into token ids and a loss mask is `actors.policy.chat_tokens`.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from actors.policy.tokenizer import Message
 
@@ -74,7 +75,7 @@ class ChatExample:
 def parse_example(obj: Any) -> ChatExample:
     """An example from one decoded JSON line; ValueError naming the first problem."""
     if not isinstance(obj, dict):
-        raise ValueError(f"an example is a JSON object, got {type(obj).__name__}")
+        raise ValueError(f"an example is a JSON object, got {type(obj).__name__}")  # noqa: TRY004 - the contract: ValueError
     unknown = sorted(set(obj) - EXAMPLE_KEYS)
     if unknown:
         raise ValueError(f"unknown key {unknown[0]!r} (an example has messages, task_id, meta)")
@@ -100,13 +101,13 @@ def parse_example(obj: Any) -> ChatExample:
         raise ValueError("'task_id' must be a string")
     meta = obj.get("meta", {})
     if not isinstance(meta, dict):
-        raise ValueError("'meta' must be an object")
+        raise ValueError("'meta' must be an object")  # noqa: TRY004 - the contract: ValueError
     return ChatExample(messages=tuple(messages), untrained=frozenset(untrained), task_id=task_id, meta=meta)
 
 
 def _parse_message(m: Any, i: int) -> tuple[Message, bool]:
     if not isinstance(m, dict):
-        raise ValueError(f"message {i} is a {type(m).__name__}, not an object")
+        raise ValueError(f"message {i} is a {type(m).__name__}, not an object")  # noqa: TRY004 - the contract: ValueError
     unknown = sorted(set(m) - MESSAGE_KEYS)
     if unknown:
         raise ValueError(f"message {i}: unknown key {unknown[0]!r} (a message has role, content, reasoning, train)")
@@ -114,7 +115,7 @@ def _parse_message(m: Any, i: int) -> tuple[Message, bool]:
     if role not in ROLES:
         raise ValueError(f"message {i}: role must be one of {', '.join(ROLES)}, got {role!r}")
     if not isinstance(content, str):
-        raise ValueError(f"message {i}: 'content' must be a string")
+        raise ValueError(f"message {i}: 'content' must be a string")  # noqa: TRY004 - the contract: ValueError
     reasoning = m.get("reasoning", "")
     if not isinstance(reasoning, str) or (reasoning and role != "assistant"):
         raise ValueError(f"message {i}: 'reasoning' is a string, on assistant messages only")
@@ -144,7 +145,8 @@ def read_examples(path: str | Path) -> Iterator[ChatExample]:
     line. Blank lines are skipped."""
     for file in data_files(path):
         try:
-            handle = open(file, encoding="utf-8")
+            # opened apart so only open()'s OSError reads 'cannot be read'; the with below closes it
+            handle = open(file, encoding="utf-8")  # noqa: SIM115
         except OSError as err:
             raise DataError(f"{file}: cannot be read: {err.strerror}") from None
         with handle:
@@ -171,8 +173,7 @@ def write_examples(path: str | Path, examples: list[ChatExample]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "w", encoding="utf-8") as f:
-        for example in examples:
-            f.write(json.dumps(example.to_json(), ensure_ascii=False) + "\n")
+        f.writelines(json.dumps(example.to_json(), ensure_ascii=False) + "\n" for example in examples)
     tmp.replace(path)
     return path
 

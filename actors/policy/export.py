@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from actors.policy.tokenizer import HFTokenizer, load_tokenizer
 from configs import ModelConfig, RolloutConfig
@@ -36,7 +36,7 @@ class GenerationSettings:
     max_new_tokens: int = 512
 
     @classmethod
-    def from_rollout(cls, rollout: RolloutConfig) -> "GenerationSettings":
+    def from_rollout(cls, rollout: RolloutConfig) -> GenerationSettings:
         return cls(
             temperature=rollout.temperature,
             top_p=rollout.top_p,

@@ -39,7 +39,6 @@ def build_model(cfg: ModelConfig, device: str | torch.device = "cpu", attention:
     """The model in eval mode on `device`, in `cfg.dtype`, with `attention` as its transformers
     `attn_implementation` ("sdpa", or a name registered by actors/rollout/attention.py)."""
     from transformers import AutoModelForCausalLM
-
     from transformers.utils import logging as hf_logging
 
     dtype = DTYPES[cfg.dtype]

@@ -27,9 +27,10 @@ No hub downloads unless `model.allow_download` says so: the machines may have no
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Sequence
+from typing import Literal
 
 from configs import ModelConfig
 
@@ -213,7 +214,7 @@ class HFTokenizer:
         probe = [{"role": "user", "content": "x"}, {"role": "assistant", "content": _SENTINEL}]
         try:
             text = self.tok.apply_chat_template(probe, tokenize=False, add_generation_prompt=False)
-        except Exception:  # a template that refuses this shape of conversation: no end-of-turn token known
+        except Exception:  # noqa: BLE001 - a template that refuses this conversation: no end-of-turn token
             return None
         if not isinstance(text, str) or _SENTINEL not in text:
             return None

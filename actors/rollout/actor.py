@@ -41,8 +41,8 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Iterable
 
 import torch
 
@@ -366,7 +366,8 @@ class RolloutActor(Actor):
         finally:
             client.close()
         if not isinstance(reply, TaskList):
-            raise RuntimeError(f"replay answered {type(reply).__name__} to a task-list request")
+            # the peer broke the protocol; not a caller's type error
+            raise RuntimeError(f"replay answered {type(reply).__name__} to a task-list request")  # noqa: TRY004
         return reply.tasks
 
     def _loop(self) -> None:
@@ -382,7 +383,7 @@ class RolloutActor(Actor):
         than the budget) and replay's admission control says yes; run each group's attempts through the
         pipeline; send each group's episodes to replay when its last attempt is done."""
         loop = asyncio.get_running_loop()
-        io = lambda fn, *args: loop.run_in_executor(self._io, fn, *args)  # noqa: E731 - sender/reporter thread
+        io = lambda fn, *args: loop.run_in_executor(self._io, fn, *args)  # sender/reporter thread
         verifier = self._verifier_pool()
         pipeline = self._pipeline(verifier, self.cfg.max_turns)
         self._pipeline_now = pipeline
@@ -452,7 +453,7 @@ class RolloutActor(Actor):
             try:
                 await asyncio.wait_for(event.wait(), timeout=min(left, 0.1))
                 return
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     def _ask_for_task(self) -> TaskReply | None:

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import abc
 import threading
+from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterable, Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import torch
@@ -93,13 +94,13 @@ class Engine(abc.ABC):
     @classmethod
     def from_config(
         cls,
-        rollout: "RolloutConfig",
-        model: "ModelConfig",
+        rollout: RolloutConfig,
+        model: ModelConfig,
         *,
         index: int,
         eos_token_ids: list[int],
         gpu_ids: tuple[str, ...] = (),
-    ) -> "Engine":
+    ) -> Engine:
         """The engine of rollout actor `index`, stopping at `eos_token_ids`, on the placement plan's
         `gpu_ids` (() = the devices this process sees)."""
         return cls(rollout, model, index=index, eos_token_ids=eos_token_ids, gpu_ids=gpu_ids)

@@ -18,8 +18,8 @@ import asyncio
 import logging
 import threading
 import uuid
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Awaitable, Callable
 
 import numpy as np
 

@@ -14,8 +14,8 @@ forced-response input, so an evaluation always measures what the policy itself w
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Callable
 
 from actors.rollout.engine import GenerateRequest, Generation, SamplingParams
 from actors.rollout.turns import Attempt, Done, TurnPolicy
@@ -51,7 +51,7 @@ class EvalAttempt:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, row: dict) -> "EvalAttempt":
+    def from_json(cls, row: dict) -> EvalAttempt:
         return cls(**{name: row[name] for name in cls.__dataclass_fields__ if name in row})
 
 
@@ -124,7 +124,7 @@ def first_turn_answers(
             )
         )
         where.append(i)
-    for i, gen in zip(where, generate(requests) if requests else []):
+    for i, gen in zip(where, generate(requests) if requests else [], strict=True):
         task, sample = pairs[i]
         answers[i] = Answer(
             task=task,
@@ -155,7 +155,7 @@ def verified_attempts(
     limits, not the policy's answer), so it is excluded from the metrics and counted."""
     posable = [a for a in answers if not a.unposable]
     requests = verify_requests(posable)
-    results = dict(zip((id(a) for a in posable), verify_batch(requests) if requests else []))
+    results = dict(zip((id(a) for a in posable), verify_batch(requests) if requests else [], strict=True))
     out = []
     for a in answers:
         if a.unposable:

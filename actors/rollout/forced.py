@@ -35,14 +35,15 @@ from __future__ import annotations
 import random
 import re
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 from configs import ConfigError
-from configs.rollout import FORCED_MIX, FORCED_VARIANTS as VARIANTS
+from configs.rollout import FORCED_MIX
+from configs.rollout import FORCED_VARIANTS as VARIANTS
 from protocols import Task
 
-_CPP_BLOCK = re.compile(r'(cpp_sources|cuda_sources|source)\s*=\s*(r?""")(.*?)(""")', re.S)
+_CPP_BLOCK = re.compile(r'(cpp_sources|cuda_sources|source)\s*=\s*(r?""")(.*?)(""")', re.DOTALL)
 _FUNCTION_BODY = re.compile(r"\)\s*(?:const\s*)?\{")  # the `{` that opens a function's body
 
 # The endless loop of the `hang` variant: a volatile flag makes every test a side effect, so the

@@ -31,8 +31,8 @@ import json
 import logging
 import threading
 import uuid
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Callable
 
 from actors.rollout.engine import Engine, EngineError, GenerateRequest, Generation, RequestError, SamplingParams
 
@@ -96,7 +96,7 @@ def parse_generate(body: dict) -> tuple[list[GenerateRequest], bool]:
     if not (len(params) == len(rids) == len(forced) == n):
         raise BadRequest("sampling_params, rid and kiln_forced_output_ids must match input_ids in length")
     out = []
-    for prompt, p, rid, f in zip(prompts, params, rids, forced):
+    for prompt, p, rid, f in zip(prompts, params, rids, forced, strict=True):
         if not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt + (f or [])):
             raise BadRequest("token ids must be integers")
         out.append(GenerateRequest(request_id=str(rid), prompt_ids=prompt, params=parse_sampling(p), forced_response=f))
@@ -122,7 +122,7 @@ def generation_json(g: Generation, decode: Callable[[list[int]], str], weight_ve
             "completion_tokens": len(ids),
             "cached_tokens": 0,
             "e2e_latency": g.seconds,
-            "output_token_logprobs": [[lp, tok, None] for lp, tok in zip(g.logprobs.tolist(), ids)],
+            "output_token_logprobs": [[lp, tok, None] for lp, tok in zip(g.logprobs.tolist(), ids, strict=True)],
             "weight_version": str(int(g.versions[-1]) if len(ids) else weight_version),
             "kiln_token_versions": g.versions.tolist(),
         },

@@ -55,7 +55,7 @@ class Reporter:
         for rec in records:
             try:
                 self._push.send(rec, timeout_s=0.5)
-            except Exception as err:  # observability must never stall or kill a rollout
+            except Exception as err:  # noqa: BLE001 - observability must never stall or kill a rollout
                 self.dropped += 1
                 log.debug("report push failed: %s", err)
 

@@ -92,7 +92,8 @@ class ServerProcess:
     def __init__(self, spec: LaunchSpec, start_timeout_s: float) -> None:
         self.spec = spec
         self.url = f"http://{spec.host}:{spec.port}"
-        self.log = tempfile.NamedTemporaryFile(prefix=f"kiln-sglang-{spec.port}-", suffix=".log", delete=False)
+        # the server's log, open for its lifetime
+        self.log = tempfile.NamedTemporaryFile(prefix=f"kiln-sglang-{spec.port}-", suffix=".log", delete=False)  # noqa: SIM115
         self.proc = subprocess.Popen(spec.command(), env=spec.env(), stdout=self.log, stderr=subprocess.STDOUT)
         try:
             self._wait_healthy(start_timeout_s)

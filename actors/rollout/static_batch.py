@@ -117,11 +117,11 @@ def insert(model, b: Batch, placed: list[tuple[int, Row]], device: torch.device)
     contexts = [r.req.prompt_ids + r.out for _, r in placed]
     ids, mask, width = _left_padded(contexts, device)
     cache, logits = _prefill(model, ids, mask, (mask.cumsum(-1) - 1).clamp(min=0), width)
-    for j, ((slot, row), ctx) in enumerate(zip(placed, contexts)):
+    for j, ((slot, row), ctx) in enumerate(zip(placed, contexts, strict=True)):
         n = len(ctx)
         # Keys carry their rotary position already: any columns before the current one will do,
         # as long as the slot's mask shows exactly them (and every column decoded from here on).
-        for src, dst in zip(cache.layers, b.cache.layers):
+        for src, dst in zip(cache.layers, b.cache.layers, strict=True):
             dst.keys[slot, :, column - n : column] = src.keys[j, :, width - n :]
             dst.values[slot, :, column - n : column] = src.values[j, :, width - n :]
         step.mask[slot] = False

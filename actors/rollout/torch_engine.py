@@ -33,9 +33,9 @@ import collections
 import logging
 import threading
 import time
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Callable, Iterable
 
 import numpy as np
 import torch
@@ -120,7 +120,7 @@ class TorchEngine(Engine):
     @classmethod
     def from_config(
         cls, rollout, model, *, index: int, eos_token_ids: list[int], gpu_ids: tuple[str, ...] = ()
-    ) -> "TorchEngine":
+    ) -> TorchEngine:
         # In a Ray actor the placement already restricts the visible devices to `gpu_ids`.
         from actors.rollout.engines import resolve_device
 
@@ -393,7 +393,7 @@ class TorchEngine(Engine):
     def _run_update(self, fn: Callable[[], None], version: int | None, done: Future) -> None:
         try:
             fn()
-        except Exception as err:  # a bad update is the caller's error; the old weights keep serving
+        except Exception as err:  # noqa: BLE001 - a bad update is the caller's error; the old weights keep serving
             done.set_exception(EngineError(f"weight update to version {version} failed: {err}"))
             return
         if version is not None:
@@ -515,7 +515,7 @@ class TorchEngine(Engine):
             ready.synchronize()
         token_list, lp_list = host_tokens.tolist(), host_lps.tolist()
         finished_any = False
-        for row, tok, lp in zip(b.rows, token_list, lp_list):
+        for row, tok, lp in zip(b.rows, token_list, lp_list, strict=True):
             if row.finish is not None:
                 continue
             row.out.append(tok)

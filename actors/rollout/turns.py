@@ -39,8 +39,9 @@ does not fit even alone makes the task unservable ("unservable"), with its size 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Literal, Sequence
+from typing import Literal
 
 from actors.policy.prompts import elision_note, opening, optimize_request, repair_request
 from actors.policy.tokenizer import Message, Response
@@ -64,7 +65,7 @@ class TurnRules:
     enable_thinking: bool = False
 
     @classmethod
-    def from_config(cls, rollout: RolloutConfig, model: ModelConfig, *, max_turns: int | None = None) -> "TurnRules":
+    def from_config(cls, rollout: RolloutConfig, model: ModelConfig, *, max_turns: int | None = None) -> TurnRules:
         return cls(
             max_turns=rollout.max_turns if max_turns is None else max_turns,
             max_seq_len=model.max_seq_len,
@@ -96,7 +97,7 @@ class Attempt:
     exchanges: tuple[Exchange, ...] = ()
 
     @classmethod
-    def of(cls, task: Task) -> "Attempt":
+    def of(cls, task: Task) -> Attempt:
         """A fresh attempt; a retry task's failed answer and feedback come first, as an inherited exchange."""
         if task.repair is None:
             return cls(task)
@@ -108,7 +109,7 @@ class Attempt:
         )
         return cls(task, (inherited,))
 
-    def answered(self, kind: TurnKind, response: Response) -> "Attempt":
+    def answered(self, kind: TurnKind, response: Response) -> Attempt:
         return replace(
             self,
             exchanges=self.exchanges + (Exchange(kind=kind, answer=response.answer, reasoning=response.reasoning),),

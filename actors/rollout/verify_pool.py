@@ -28,8 +28,8 @@ import logging
 import struct
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import zmq
 import zmq.asyncio
@@ -52,7 +52,7 @@ class _Pending:
     parts: list
     corr: bytes
     resends: int = 0  # resends after a timeout (moves off a dead verifier are not counted)
-    link: "_Link | None" = None
+    link: _Link | None = None
     deadline: float = 0.0
 
 
@@ -175,7 +175,7 @@ class VerifierPool:
         self._refreshed = now
         try:
             addresses = [a.strip() for a in (self._resolve() or "").split(",") if a.strip()]
-        except Exception as err:  # a failed lookup keeps the pool as it was
+        except Exception as err:  # noqa: BLE001 - a failed lookup keeps the pool as it was
             log.warning("looking up the verifier pool failed: %s", err)
             return
         for address in addresses:

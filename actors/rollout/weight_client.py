@@ -20,7 +20,7 @@ import contextlib
 import logging
 import threading
 import time
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 from actors.policy.weights import Loader, loader
 from actors.rollout.engine import Engine, EngineError
@@ -115,7 +115,7 @@ class WeightClient:
                 continue
             try:
                 ann = sub.recv(timeout_s=self.poll_s)
-            except Exception as err:  # the publisher went away: resubscribe at the next bootstrap
+            except Exception as err:  # noqa: BLE001 - the publisher went away: resubscribe at the next bootstrap
                 if stop.is_set():
                     return
                 log.warning("%s: announcements: %s", self.engine_id, err)
@@ -150,13 +150,13 @@ class WeightClient:
                 self.stats["releases"] += 1
             elif command == "resume" and released:
                 engine.resume_memory()
-        except Exception as err:  # the engine keeps its memory: slower for the learner, never wrong
+        except Exception as err:  # noqa: BLE001 - the engine keeps its memory: slower for the learner, never wrong
             log.warning("%s: %s memory failed: %s", self.engine_id, command, err)
 
     def _follow_learner(self) -> None:
         try:
             endpoints = dict(self._learner())
-        except Exception as err:
+        except Exception as err:  # noqa: BLE001 - the learner may be gone: try again at the next check
             log.warning("%s: reading the learner's endpoints: %s", self.engine_id, err)
             return
         if not endpoints or endpoints == self._joined or self.engine is None:
@@ -164,7 +164,7 @@ class WeightClient:
         log.warning("%s: the learner moved to %s; joining it again", self.engine_id, endpoints.get("weights"))
         try:
             self.bootstrap(self.engine, fresh=False)
-        except Exception as err:  # the new learner may still be starting: try again at the next check
+        except Exception as err:  # noqa: BLE001 - the new learner may still be starting: try again at the next check
             self.stats["failures"] += 1
             self.last_error = f"rejoining the learner: {err}"
             log.warning("%s: %s", self.engine_id, self.last_error)

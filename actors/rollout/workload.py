@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from typing import Sequence
+from collections.abc import Sequence
 
 from actors.rollout.engine import Engine, GenerateRequest, Generation
 from protocols import EngineHealth
@@ -38,7 +38,7 @@ class LengthDraw:
 
     @property
     def mean(self) -> float:
-        return sum(n * w for n, w in zip(self.lengths, self.weights)) / sum(self.weights)
+        return sum(n * w for n, w in zip(self.lengths, self.weights, strict=True)) / sum(self.weights)
 
 
 class SampledLengthEngine(Engine):

@@ -192,7 +192,7 @@ class VerifierActor(Actor):
         except TimeoutError:
             self._count("hung")
             return self._infra(request, f"the reward actor did not answer within {self.timeout_s:g} s")
-        except BaseException as err:  # noqa: BLE001
+        except BaseException as err:
             log.exception("verifier: reward actor raised on %s", request.request_id)
             return self._infra(request, f"the reward actor raised {type(err).__name__}: {err}")
         problem = validate_result(result, request)

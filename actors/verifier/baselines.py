@@ -71,7 +71,7 @@ class Baselines:
                 with self.lease.shared(), torch.no_grad():
                     fn(*ref.to_device(sets[0]))  # compile outside the timed window
                 compiled = self._time(fn, sets, pairs)
-            except Exception as err:  # inductor missing a compiler, an unsupported op, ...
+            except Exception as err:  # noqa: BLE001 - inductor missing a compiler, an unsupported op, ...
                 self.notes[key] = f"torch.compile baseline unavailable: {type(err).__name__}: {str(err)[:200]}"
                 log.warning("verifier: %s", self.notes[key])
         return eager, compiled

@@ -69,7 +69,7 @@ def compare_outputs(
     if len(got) != len(expected):
         return Comparison(False, f"returned {len(got)} output(s), the reference returns {len(expected)}", 0.0, 0, 0)
     worst, bad, total = 0.0, 0, 0
-    for i, (g, e) in enumerate(zip(got, expected)):
+    for i, (g, e) in enumerate(zip(got, expected, strict=True)):
         name = "the output" if len(expected) == 1 else f"output {i}"
         if tuple(g.shape) != tuple(e.shape):
             return Comparison(False, f"{name} has shape {tuple(g.shape)}, expected {tuple(e.shape)}", 0.0, 0, 0)

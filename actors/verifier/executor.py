@@ -165,7 +165,7 @@ class ChildSession:
     """One jailed sandbox serving one candidate."""
 
     def __init__(
-        self, pool: "SandboxPool", memory_limit_bytes: int, arena_bytes: int = 1 << 16, check_cuda: bool = False
+        self, pool: SandboxPool, memory_limit_bytes: int, arena_bytes: int = 1 << 16, check_cuda: bool = False
     ) -> None:
         self.pool = pool
         self.scratch = Path(tempfile.mkdtemp(prefix="kiln-sandbox-", dir=pool.scratch_root))
@@ -269,7 +269,7 @@ class ChildSession:
             reply = self._reply(deadline, signed)
             if signed:
                 self.take_logged(reply)
-        except socket.timeout:
+        except TimeoutError:
             self.kill()
             self._reap()
             raise SandboxTimeout(f"no answer within {budget_s:.0f} s") from None
@@ -313,7 +313,7 @@ class ChildSession:
         while got < n:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise socket.timeout()
+                raise TimeoutError()
             self.sock.settimeout(left)
             k = self.sock.recv_into(view[got:], n - got)
             if k == 0:
@@ -404,7 +404,7 @@ class ChildSession:
         self.kill()
         try:
             self.status = self.pool.zygote.reap(self.pid)
-        except Exception:  # the zygote went away: its children went with it (PDEATHSIG)
+        except Exception:  # noqa: BLE001 - the zygote went away: its children went with it (PDEATHSIG)
             self.status = ExitStatus(None, None)
         self.alive = False
 

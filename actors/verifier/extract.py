@@ -72,9 +72,10 @@ def defines_model_new(tree: ast.Module) -> bool:
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             if any(isinstance(t, ast.Name) and t.id == "ModelNew" for t in targets):
                 return True
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            if any((a.asname or a.name) == "ModelNew" for a in node.names):
-                return True
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and any(
+            (a.asname or a.name) == "ModelNew" for a in node.names
+        ):
+            return True
     return False
 
 

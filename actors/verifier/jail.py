@@ -116,7 +116,7 @@ class JailSpec:
         }
 
     @staticmethod
-    def from_json(d: dict) -> "JailSpec":
+    def from_json(d: dict) -> JailSpec:
         return JailSpec(
             scratch=str(d["scratch"]),
             hidden=tuple(map(str, d.get("hidden", ()))),

@@ -131,7 +131,7 @@ class Violation:
         return asdict(self)
 
     @staticmethod
-    def from_json(d: dict) -> "Violation":
+    def from_json(d: dict) -> Violation:
         return Violation(**{k: str(d.get(k, "")) for k in ("kind", "what", "where", "via")})
 
 
@@ -254,9 +254,7 @@ def static_scan(source: str, *, allow_vendor_libs: bool = True) -> tuple[list[Vi
             chain = _resolve(node, aliases)
             if chain in FORBIDDEN_ATTRS:
                 found.append(Violation("static", chain, where(node), FORBIDDEN_ATTRS[chain]))
-            elif (
-                chain.startswith("torch._C") or chain.startswith("torch._dynamo") or chain.startswith("torch._inductor")
-            ):
+            elif chain.startswith(("torch._C", "torch._dynamo", "torch._inductor")):
                 found.append(Violation("static", chain, where(node), "torch internals"))
             elif node.attr in FORBIDDEN_METHODS and isinstance(getattr(node, "ctx", None), ast.Load):
                 found.append(Violation("static", f".{node.attr}()", where(node), FORBIDDEN_METHODS[node.attr]))

@@ -12,6 +12,8 @@ reached it, or the measured speedup.
 
 from __future__ import annotations
 
+import math
+
 from configs.verifier import RewardConfig
 
 FAILURE_CLASSES = ("extract", "compile", "runtime", "timeout", "cheating")
@@ -29,7 +31,7 @@ def moore_score(cfg: RewardConfig, error_class: str | None, q: float, speedup: f
         return -1.0
     if error_class == "correctness" or q < 1.0:
         return -0.5 + 0.5 * q
-    nu = speedup if speedup is not None and speedup == speedup else 1.0
+    nu = speedup if speedup is not None and not math.isnan(speedup) else 1.0
     return 1.0 + cfg.lam * min(max(nu - 1.0, 0.0), cfg.nu_max)
 
 

@@ -296,7 +296,7 @@ class CandidateRun:
         later, _ = self._outputs(child, reply.get("after"), trial.expected)
         pending = reply.get("pending_s")
         still_running = self.device_type == "cuda" and isinstance(pending, (int, float)) and pending > PENDING_S
-        if later is None or still_running or any(not _same_bytes(a, b) for a, b in zip(got, later)):
+        if later is None or still_running or any(not _same_bytes(a, b) for a, b in zip(got, later, strict=True)):
             kind = "stream_escape" if self.device_type == "cuda" else "thread_escape"
             self.out.violations.append(
                 Violation(
@@ -308,7 +308,8 @@ class CandidateRun:
             )
         tensors = [x for x in trial.inputs if isinstance(x, torch.Tensor)]
         kept, _ = self._outputs(child, reply.get("inputs_after"), tensors)
-        for i, (before, after) in enumerate(zip(tensors, kept or [])):
+        # Not strict: kept is None when the child's inputs could not be read back; nothing to compare then.
+        for i, (before, after) in enumerate(zip(tensors, kept or [], strict=False)):
             if not _same_bytes(before, after):
                 self.out.violations.append(
                     Violation(
@@ -340,7 +341,7 @@ class CandidateRun:
         if len(entries) != len(expected):
             return None, f"returned {len(entries)} output(s), the reference returns {len(expected)}"
         got = []
-        for i, (entry, exp) in enumerate(zip(entries, expected)):
+        for i, (entry, exp) in enumerate(zip(entries, expected, strict=True)):
             name = "the output" if len(expected) == 1 else f"output {i}"
             t = child.arena.take(entry, exp)
             if t is None:

@@ -205,7 +205,8 @@ class LocalTrips:
             items = list(out) if isinstance(out, (tuple, list)) else [out]
             while len(snaps) <= i:
                 snaps.append([torch.empty_like(t) for t in items])
-            for snap, t in zip(snaps[i], items):
+            # Not strict: the snapshots follow the first call's outputs; a candidate may return fewer later.
+            for snap, t in zip(snaps[i], items, strict=False):
                 snap.copy_(t)
             self.last = out
         if self.cuda:

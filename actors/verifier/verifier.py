@@ -20,6 +20,7 @@ broken task; a failure of the system itself comes back as an `infra` result (sco
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
@@ -67,8 +68,8 @@ class KernelVerifier(RewardActor):
             torch.backends.cuda.matmul.allow_tf32 = False  # references run at full fp32 precision
             torch.backends.cudnn.allow_tf32 = False
         self.cache_dir = resolve_cache_dir(cfg)
-        from actors.verifier.build import BuildService  # noqa: PLC0415 - the compile subsystem
-        from actors.verifier.workers import node_compile_workers  # noqa: PLC0415
+        from actors.verifier.build import BuildService  # the compile subsystem
+        from actors.verifier.workers import node_compile_workers
 
         self.zygote = Zygote()
         workers = cfg.compile_workers or node_compile_workers()  # 0 = the node's cores
@@ -419,7 +420,7 @@ def _json_safe(value):
         return {str(k): _json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_json_safe(v) for v in value]
-    if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
+    if isinstance(value, float) and not math.isfinite(value):
         return str(value)
     if value is None or isinstance(value, (bool, int, float, str)):
         return value

@@ -72,7 +72,7 @@ def _read(sock: socket.socket, n: int, deadline: float | None) -> bytes:
             sock.settimeout(None)
         try:
             chunk = sock.recv(min(CHUNK, n - got))
-        except socket.timeout:
+        except TimeoutError:
             raise PeerTimeout("no complete message before the deadline") from None
         except OSError as err:
             raise PeerClosed(f"connection lost: {err}") from None

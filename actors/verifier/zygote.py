@@ -26,6 +26,7 @@ numpy or any other module that hands Python raw memory (native/shim.py).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -86,11 +87,9 @@ def _child(kind: str, fds: list[int], req: dict) -> None:
 
         traceback.print_exc()
     finally:
-        try:
+        with contextlib.suppress(Exception):  # a failed flush must not keep the child from exiting
             sys.stdout.flush()
             sys.stderr.flush()
-        except Exception:  # noqa: BLE001
-            pass
         os._exit(code)
 
 
@@ -225,16 +224,15 @@ def main() -> int:
 
     kn = native.load(native.NATIVE, sys.argv[2])
     shim.install(kn)  # before torch: ctypes and numpy never load in this interpreter
-    import torch  # noqa: F401
+    import torch
 
     # Not torch.utils.cpp_extension: importing it asks for the device count, which without ctypes NVML
     # cannot answer, so torch asks the CUDA driver, and every fork would then be unable to use CUDA.
     # Each child imports it (before any candidate code), which costs a few tenths of a second.
-
-    import actors.verifier.build.capture  # noqa: F401
-    import actors.verifier.build.worker  # noqa: F401
-    import actors.verifier.jail  # noqa: F401
-    import actors.verifier.sandbox  # noqa: F401
+    import actors.verifier.build.capture
+    import actors.verifier.build.worker
+    import actors.verifier.jail
+    import actors.verifier.sandbox  # noqa: F401 - preloaded, so a fork is all a child costs
     from actors.verifier import fence
 
     fence.install(sys.argv[3] if len(sys.argv) > 3 else None)  # inherited by every child

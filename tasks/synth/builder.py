@@ -19,7 +19,7 @@ def broadcast(a: tuple, b: tuple) -> tuple | None:
     if len(a) != len(b):
         return None
     out = []
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=True):
         if x == y or y == ONE:
             out.append(x)
         elif x == ONE:

@@ -31,7 +31,7 @@ def _attrs(attrs: tuple, render) -> str:
 
 
 def canonical_hash(graph: Graph) -> str:
-    anonymous = lambda d: dims.render(d, lambda _: "?")  # noqa: E731
+    anonymous = lambda d: dims.render(d, lambda _: "?")
     producer = {n.out: n for n in graph.nodes}
     key: dict[int, str] = {}
     for vid in graph.inputs:

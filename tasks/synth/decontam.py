@@ -200,7 +200,7 @@ class ExcludeIndex:
         """(how, excluded file) when a generated task matches, else None."""
         try:
             sig = source_signature(source, filename)
-        except Exception:  # a generated file always traces; if not, the source hash still applies
+        except Exception:  # noqa: BLE001 - a generated file always traces; if not, the source hash still applies
             sig = None
         if sig is not None and sig in self.structures:
             return "structure", self.structures[sig]
@@ -237,6 +237,6 @@ def index_files(index: ExcludeIndex, files: list[Path], *, trace: bool = True) -
             index.structures.setdefault(source_signature(text, str(path)), str(path))
         except LoadError as err:
             index.untraced[str(path)] = f"does not load: {err}"
-        except Exception as err:
+        except Exception as err:  # noqa: BLE001 - an untraceable file is recorded, not fatal
             index.untraced[str(path)] = f"not traceable: {type(err).__name__}: {str(err)[:120]}"
     return index

@@ -16,8 +16,8 @@ assignment of the constants (`evaluate`) and rendered as Python over their names
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Callable, Mapping, Union
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ ONE = One()
 class Window:
     """floor((src + 2*padding - dilation*(kernel-1) - 1) / stride) + 1, PyTorch's conv/pool length."""
 
-    src: "Dim"
+    src: Dim
     kernel: int
     stride: int
     padding: int
@@ -48,7 +48,7 @@ class Window:
 class Upsampled:
     """(src - 1)*stride - 2*padding + dilation*(kernel-1) + output_padding + 1 (transposed conv)."""
 
-    src: "Dim"
+    src: Dim
     kernel: int
     stride: int
     padding: int
@@ -66,7 +66,7 @@ class Prod:
     parts: tuple
 
 
-Dim = Union[Var, One, Window, Upsampled, Sum, Prod]
+Dim = Var | One | Window | Upsampled | Sum | Prod
 
 
 def window(src: Dim, kernel: int, stride: int = 1, padding: int = 0, dilation: int = 1) -> Dim:

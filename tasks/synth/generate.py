@@ -102,8 +102,10 @@ class SynthReport:
     def summary(self) -> list[str]:
         cfg = self.config
         lines = [
-            f"wrote {len(self.tasks)} of {cfg.count} tasks to {cfg.out} (seed {cfg.seed}, "
-            f"{self.attempts} graphs sampled)"
+            (
+                f"wrote {len(self.tasks)} of {cfg.count} tasks to {cfg.out} (seed {cfg.seed}, "
+                f"{self.attempts} graphs sampled)"
+            )
         ]
         lines.append("levels: " + ", ".join(f"L{k} {v}" for k, v in sorted(self.levels().items())))
         ops, tasks = self.family_ops(), self.family_tasks()
@@ -174,7 +176,7 @@ def _attempt(
         return None
     op_names = tuple(n.op for n in graph.nodes)
     families = tuple(REGISTRY[n].family for n in op_names)
-    level = level_of(list(zip(op_names, families)))
+    level = level_of(list(zip(op_names, families, strict=True)))
     source = emitter.emit(graph, emitter.TaskHeader(cfg.seed, graph_hash, level))
     rel = f"level{level.level}/synth{cfg.seed}_{len(report.tasks):03d}_{_slug(op_names)}.py"
     if index is not None:

@@ -49,7 +49,7 @@ def time_task(path, limit_ms: float, limit_gb: float) -> GpuRow:
                 if i >= 3:
                     times.append(start.elapsed_time(end))
         finite = bool(torch.isfinite(out).all())
-    except Exception as err:
+    except Exception as err:  # noqa: BLE001 - any failure is this task's row
         return GpuRow(task_id, None, None, f"{type(err).__name__}: {str(err).splitlines()[0][:80] if str(err) else ''}")
     finally:
         torch.cuda.empty_cache()

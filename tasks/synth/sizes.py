@@ -14,9 +14,9 @@ cost fits that environment's budget (GPU-sized work that still stays well under 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from random import Random
-from typing import Callable
 
 from tasks.synth.dims import Dim, Var, evaluate
 
@@ -80,7 +80,7 @@ class SizeTable:
         spec = ROLES[role]
         values = {"primary": rng.choice(spec.primary), "cpu": rng.choice(spec.cpu)}
         alts = rng.sample(spec.alt, 2)
-        values.update(zip(ALT_ENVS, alts))
+        values.update(zip(ALT_ENVS, alts, strict=True))
         self.vars.append(SizeVar(role, values))
         return Var(len(self.vars) - 1)
 

@@ -16,6 +16,7 @@ backward) instead of eager cat / mul / add.
 from __future__ import annotations
 
 import functools
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -63,11 +64,11 @@ class PackedSequences(PackedSeqParams):
     @classmethod
     def build(
         cls, boundaries: list[int], positions: torch.Tensor, rope: RotaryTables, *, fused_rope: bool = False
-    ) -> "PackedSequences":
+    ) -> PackedSequences:
         """`boundaries`: rising token offsets [0, ..., t] of the non-empty sequences; `positions`:
         each token's position in its sequence [t]."""
         cu = torch.tensor(boundaries, dtype=torch.int32, device=positions.device)
-        longest = max((b - a for a, b in zip(boundaries, boundaries[1:])), default=0)
+        longest = max((b - a for a, b in itertools.pairwise(boundaries)), default=0)
         cos, sin = rope.cos_sin(positions)
         return cls(
             qkv_format="thd",
@@ -131,7 +132,7 @@ class SDPAAttention(MegatronModule):
         query, key = rotate(query, cos, sin), rotate(key, cos, sin)
         bounds = packed_seq_params.boundaries
         outputs = []
-        for start, stop in zip(bounds, bounds[1:]):
+        for start, stop in itertools.pairwise(bounds):
             if stop == start:
                 continue
             q, k, v = (t[start:stop].transpose(0, 1).unsqueeze(0) for t in (query, key, value))

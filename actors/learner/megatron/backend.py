@@ -29,8 +29,9 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -255,7 +256,7 @@ class MegatronBackend(LearnerBackend):
         try:
             ok, grad_norm, _ = self.optimizer.step()
         finally:
-            for g, old in zip(groups, saved):
+            for g, old in zip(groups, saved, strict=True):
                 g["lr"] = old
         if not ok:
             raise RuntimeError("megatron optimizer step failed (non-finite gradients)")
@@ -327,10 +328,10 @@ class MegatronBackend(LearnerBackend):
         if [len(m) for m in mains] != [len(m) for m in state["main_params"]]:
             raise ValueError("checkpoint optimizer shards do not match this model")
         with torch.no_grad():
-            for params, saved in zip(mains, state["main_params"]):
-                for p, value in zip(params, saved):
+            for params, saved in zip(mains, state["main_params"], strict=True):
+                for p, value in zip(params, saved, strict=True):
                     p.copy_(value)
-        for o, saved in zip(inner, state["optimizers"]):
+        for o, saved in zip(inner, state["optimizers"], strict=True):
             o.load_state_dict(saved)
         set_rng_state(state["rng"])
         dist.barrier()

@@ -22,8 +22,8 @@ Everything is bit-exact: conversions only reshape, concatenate and slice.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Mapping
 
 import torch
 
@@ -60,7 +60,7 @@ class ModelShape:
         return self.num_heads // self.num_kv_heads
 
     @classmethod
-    def from_hf_config(cls, config, tensor_parallel: int = 1) -> "ModelShape":
+    def from_hf_config(cls, config, tensor_parallel: int = 1) -> ModelShape:
         """Sizes from a transformers config; the vocabulary is padded so every TP rank gets an equal,
         aligned slice."""
         model_type = getattr(config, "model_type", None)
@@ -272,7 +272,7 @@ def to_megatron(mg_name: str, hf: Mapping[str, torch.Tensor], shape: ModelShape)
     sources = [hf[n] for n in hf_sources(mg_name, shape)]
     if mg_name == "embedding.word_embeddings.weight" or mg_name == "output_layer.weight":
         return _pad_vocab(sources[0], shape)
-    if mg_name.endswith("linear_qkv.weight") or mg_name.endswith("linear_qkv.bias"):
+    if mg_name.endswith(("linear_qkv.weight", "linear_qkv.bias")):
         return _fuse_qkv(*sources, shape)
     if mg_name.endswith("linear_fc1.weight"):
         return torch.cat(sources, dim=0)
@@ -284,10 +284,10 @@ def to_hf(mg_name: str, tensor: torch.Tensor, shape: ModelShape) -> list[Named]:
     names = hf_sources(mg_name, shape)
     if mg_name == "embedding.word_embeddings.weight" or mg_name == "output_layer.weight":
         return [(names[0], tensor[: shape.vocab_size])]
-    if mg_name.endswith("linear_qkv.weight") or mg_name.endswith("linear_qkv.bias"):
-        return list(zip(names, _unfuse_qkv(tensor, shape)))
+    if mg_name.endswith(("linear_qkv.weight", "linear_qkv.bias")):
+        return list(zip(names, _unfuse_qkv(tensor, shape), strict=True))
     if mg_name.endswith("linear_fc1.weight"):
-        return list(zip(names, torch.chunk(tensor, 2, dim=0)))
+        return list(zip(names, torch.chunk(tensor, 2, dim=0), strict=True))
     return [(names[0], tensor)]
 
 
@@ -318,11 +318,11 @@ def parallel_kind(mg_name: str) -> str:
     """How megatron splits parameter `mg_name` over TP ranks: column, swiglu, row, vocab or replicated."""
     if mg_name in ("embedding.word_embeddings.weight", "output_layer.weight"):
         return "vocab"
-    if mg_name.endswith("linear_qkv.weight") or mg_name.endswith("linear_qkv.bias"):
+    if mg_name.endswith(("linear_qkv.weight", "linear_qkv.bias")):
         return "column"
     if mg_name.endswith("linear_fc1.weight"):
         return "swiglu"
-    if mg_name.endswith("linear_proj.weight") or mg_name.endswith("linear_fc2.weight"):
+    if mg_name.endswith(("linear_proj.weight", "linear_fc2.weight")):
         return "row"
     return "replicated"
 
@@ -343,7 +343,7 @@ def shard(mg_name: str, full: torch.Tensor, tp: int) -> list[torch.Tensor]:
     if kind == "swiglu":
         gate, up = torch.chunk(full, 2, dim=0)
         gates, ups = _even_chunks(gate, tp, 0, mg_name), _even_chunks(up, tp, 0, mg_name)
-        return [torch.cat([g, u], dim=0) for g, u in zip(gates, ups)]
+        return [torch.cat([g, u], dim=0) for g, u in zip(gates, ups, strict=True)]
     return [full] * tp
 
 

@@ -12,8 +12,8 @@ imported here and in the other modules of this package only.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Iterator, Mapping
 
 import torch
 import torch.nn.functional as F

@@ -65,12 +65,11 @@ def init_model_parallel(tp: int, seed: int, pp: int = 1) -> Layout:
     world = dist.get_world_size()
     if world % (tp * pp):
         raise ValueError(f"tensor_parallel={tp} x pipeline_parallel={pp} does not divide the world size {world}")
-    if parallel_state.model_parallel_is_initialized():
-        if (
-            parallel_state.get_tensor_model_parallel_world_size(),
-            parallel_state.get_pipeline_model_parallel_world_size(),
-        ) != (tp, pp):
-            parallel_state.destroy_model_parallel()
+    if parallel_state.model_parallel_is_initialized() and (
+        parallel_state.get_tensor_model_parallel_world_size(),
+        parallel_state.get_pipeline_model_parallel_world_size(),
+    ) != (tp, pp):
+        parallel_state.destroy_model_parallel()
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
     tensor_parallel.model_parallel_cuda_manual_seed(seed)

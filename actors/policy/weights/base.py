@@ -17,9 +17,10 @@ announcement cannot reach it otherwise) gets `Sender.answer`, which its client h
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, ClassVar, Iterable, Protocol
+from typing import ClassVar, Protocol
 
 import torch
 
@@ -105,14 +106,15 @@ class Sender(abc.ABC):
         deliver it if this transport pushes. True when the engine now holds a link that later versions
         are pushed into; an exception means the engine could not join and the server drops it."""
 
-    def retire(self, oldest_needed: int) -> None:
+    # retire, forget and close are optional hooks: a transport with nothing to free keeps the no-op.
+    def retire(self, oldest_needed: int) -> None:  # noqa: B027
         """Free what no live engine needs any more: each has confirmed `oldest_needed` or newer."""
 
-    def forget(self, engine_id: str, wait: bool = True) -> None:
+    def forget(self, engine_id: str, wait: bool = True) -> None:  # noqa: B027
         """Close the engine's link, if it has one (it died, or it joins again). `wait=False` closes it
         off the caller's thread."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027
         """Release everything (the server stops)."""
 
 

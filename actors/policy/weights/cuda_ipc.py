@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pickle
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -33,7 +33,7 @@ def export_ipc(named: list[tuple[str, torch.Tensor]], bucket_bytes: int) -> tupl
         offsets, total = bucket_layout(bucket)
         device = tensors[bucket[0].name].device
         buf = torch.empty(total, dtype=torch.uint8, device=device)
-        for spec, off in zip(bucket, offsets):
+        for spec, off in zip(bucket, offsets, strict=True):
             src = tensors[spec.name]
             buf[off : off + src.numel() * src.element_size()].view(src.dtype).view(src.shape).copy_(src)
         buffers.append(buf)
@@ -50,11 +50,11 @@ def open_ipc(handles: WeightHandles, device: torch.device) -> list[tuple[str, to
     if len(buckets) != len(handles.handles):
         raise ValueError(f"{len(handles.handles)} IPC handles for a plan of {len(buckets)} buckets")
     named = []
-    for bucket, handle in zip(buckets, handles.handles):
+    for bucket, handle in zip(buckets, handles.handles, strict=True):
         rebuild, args = pickle.loads(handle)  # the learner's own reply, on this host: trusted
         buf = rebuild(*args)
         offsets, _ = bucket_layout(bucket)
-        for spec, off in zip(bucket, offsets):
+        for spec, off in zip(bucket, offsets, strict=True):
             dtype = getattr(torch, spec.dtype)
             n = dtype.itemsize * int(torch.Size(spec.shape).numel())
             named.append((spec.name, buf[off : off + n].view(dtype).view(spec.shape).to(device, copy=True)))

@@ -36,7 +36,7 @@ import math
 import socket
 import threading
 import time
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 import torch.distributed as dist
@@ -54,7 +54,7 @@ FLAT_DEPTH = 2  # flat buckets packed ahead of the one on the wire (bounds the l
 def _dtype(name: str) -> torch.dtype:
     dtype = getattr(torch, name.removeprefix("torch."), None)
     if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"unknown dtype {name!r}")
+        raise ValueError(f"unknown dtype {name!r}")  # noqa: TRY004 - a bad name on the wire, not a caller's type error
     return dtype
 
 
@@ -138,13 +138,15 @@ class WeightReceiver:
         if not len(names) == len(dtypes) == len(shapes):
             raise ValueError("names, dtypes and shapes differ in length")
         if flat:
-            specs = [TensorSpec(name=n, dtype=d, shape=list(s)) for n, d, s in zip(names, dtypes, shapes)]
+            specs = [TensorSpec(name=n, dtype=d, shape=list(s)) for n, d, s in zip(names, dtypes, shapes, strict=True)]
             offsets, total = flat_offsets(specs)
             bucket = torch.empty(total, dtype=_dtype(dtypes[0]) if names else torch.uint8, device=self.device)
             self.group.broadcast(bucket, 0).wait()
-            return [(s.name, bucket[o : o + math.prod(s.shape)].view(s.shape)) for s, o in zip(specs, offsets)]
+            return [
+                (s.name, bucket[o : o + math.prod(s.shape)].view(s.shape)) for s, o in zip(specs, offsets, strict=True)
+            ]
         out = []
-        for name, dtype, shape in zip(names, dtypes, shapes):
+        for name, dtype, shape in zip(names, dtypes, shapes, strict=True):
             tensor = torch.empty(shape, dtype=_dtype(dtype), device=self.device)
             self.group.broadcast(tensor, 0).wait()
             out.append((name, tensor))
@@ -303,7 +305,7 @@ class GroupSender(Sender):
                 send(group, buckets, current.flat, still_wanted=lambda: self.groups.get(engine_id) is group)
                 settle(named)
                 err = None
-            except BaseException as e:  # reported; the server drops the engine
+            except BaseException as e:  # noqa: BLE001 - reported; the server drops the engine
                 err = e
             with finished:
                 outcome[engine_id] = err

@@ -244,7 +244,13 @@ class ExtensionBuilder:
                 returncode, unit.output = nvcc.run(unit.cmd, bdir, _compiler_env(), self.tc.nvcc_parallel)
             else:
                 p = subprocess.run(
-                    unit.cmd, cwd=bdir, capture_output=True, text=True, errors="replace", env=_compiler_env()
+                    unit.cmd,
+                    check=False,
+                    cwd=bdir,
+                    capture_output=True,
+                    text=True,
+                    errors="replace",
+                    env=_compiler_env(),
                 )
                 returncode, unit.output = p.returncode, p.stdout + p.stderr
             unit.ok = returncode == 0
@@ -328,7 +334,9 @@ class ExtensionBuilder:
             so_name,
         ]
         try:
-            p = subprocess.run(cmd, cwd=bdir, capture_output=True, text=True, errors="replace", env=_compiler_env())
+            p = subprocess.run(
+                cmd, check=False, cwd=bdir, capture_output=True, text=True, errors="replace", env=_compiler_env()
+            )
         except OSError as e:
             raise CompileFailed(f"linker: {e}", infra=True, phases=phases, unit="link") from e
         if p.returncode != 0:
@@ -347,13 +355,13 @@ class ExtensionBuilder:
     def _write_user_files(self, bdir: Path, kind: str, sources: tuple[str, ...]) -> list[str]:
         # Written under the names used in #line, so compilers quote the candidate's code lines.
         names = _user_file_names(kind, len(sources))
-        for name, text in zip(names, sources):
+        for name, text in zip(names, sources, strict=True):
             (bdir / name).write_text(text)
         return names
 
     def _tu_text(self, prelude: str | None, names: list[str], sources: tuple[str, ...], tail: str = "") -> str:
         parts = [f'#include "{self.pch.header(prelude)}"'] if prelude else []
-        for name, text in zip(names, sources):
+        for name, text in zip(names, sources, strict=True):
             parts.append(f'#line 1 "{name}"')
             if prelude == "facade_cuda":
                 text = facade.without_covered_includes(text)
@@ -565,7 +573,8 @@ def _binding_defines(spec: ExtensionSpec) -> list[str]:
 
 def _module_def(module: str, functions, docstrings, error_handling: bool) -> str:
     lines = [f"PYBIND11_MODULE({module}, m) {{"]
-    for name, doc in zip(functions, docstrings or functions):
+    # Not strict: a spec read back from the sandbox is not checked for alignment; bind what pairs, as ever.
+    for name, doc in zip(functions, docstrings or functions, strict=False):
         fn = f"torch::wrap_pybind_function({name})" if error_handling else name
         lines.append(f"  m.def({json.dumps(name)}, {fn}, {json.dumps(doc)});")
     lines.append("}")

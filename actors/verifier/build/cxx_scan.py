@@ -304,11 +304,11 @@ def bound_declarations(source: str, functions: tuple[str, ...]) -> Bindable | No
 
 
 # -------------------------------------------------------------------------------- static facts
-_INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.M)
+_INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.MULTILINE)
 _HEAVY_TORCH = re.compile(r"^(torch/|pybind11/)")
 # The umbrella headers load_inline itself would include: the lean attempt stands in for them.
 _UMBRELLA = re.compile(r"^torch/(extension|types|torch|all)\.h$")
-_UMBRELLA_LINE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*[<"]torch/(extension|types|torch|all)\.h[>"].*$', re.M)
+_UMBRELLA_LINE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*[<"]torch/(extension|types|torch|all)\.h[>"].*$', re.MULTILINE)
 _PYBIND_USE = re.compile(r"\bPYBIND11_|\bpybind11::|\bpy::")
 
 

@@ -40,7 +40,7 @@ COVERED_INCLUDES = frozenset(
     }
 )
 _TORCH_INCLUDE = re.compile(r"^(torch|ATen|c10|caffe2|pybind11|THC|cub|thrust)/")
-_INCLUDE_LINE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*[<"]([^>"]+)[>"].*$', re.M)
+_INCLUDE_LINE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*[<"]([^>"]+)[>"].*$', re.MULTILINE)
 # Types a facade-bound function may take or return (after `torch::Tensor` became the facade's).
 _DECL_TYPES = re.compile(r"(?:::)?\b(?:(?:torch|at)::)?Tensor\b")
 _OTHER_TORCH = re.compile(r"\b(torch|at|c10|py|pybind11)::|\b(IntArrayRef|Scalar|optional|TensorList|string)\b")

@@ -42,6 +42,7 @@ def plan(cmd: list[str], cwd: Path, keep_dir: Path) -> Plan | None:
     try:
         p = subprocess.run(
             [*cmd, "--dryrun", "-keep", "-keep-dir", str(keep_dir)],
+            check=False,
             cwd=cwd,
             capture_output=True,
             text=True,
@@ -99,7 +100,9 @@ def _is_cicc(step: str) -> bool:
 
 def _run_chain(p: Plan, chain: list[str], cwd: Path, env: dict) -> tuple[int, str]:
     script = "\n".join([*(f"export {e}" for e in p.exports), "set -e", *chain])
-    r = subprocess.run(["bash", "-c", script], cwd=cwd, capture_output=True, text=True, errors="replace", env=env)
+    r = subprocess.run(
+        ["bash", "-c", script], check=False, cwd=cwd, capture_output=True, text=True, errors="replace", env=env
+    )
     return r.returncode, r.stdout + r.stderr
 
 
@@ -107,7 +110,7 @@ def run(cmd: list[str], cwd: Path, env: dict, parallel: bool = True) -> tuple[in
     """Compile like `subprocess.run(cmd)` would; returns (returncode, output)."""
     p = plan(cmd, cwd, cwd / "nvcc-keep") if parallel else None
     if p is None:
-        r = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, errors="replace", env=env)
+        r = subprocess.run(cmd, check=False, cwd=cwd, capture_output=True, text=True, errors="replace", env=env)
         return r.returncode, r.stdout + r.stderr
     module_id = "_kiln_" + hashlib.sha256(" ".join(cmd).encode()).hexdigest()[:16]
     Path(cwd, p.module_id_file).write_text(module_id)
@@ -165,7 +168,7 @@ def compare(argv: list[str]) -> int:
         cmd[cmd.index("-o") + 1] = f"{out}.{mode}.o"
         t0 = time.monotonic()
         if mode == "plain":
-            r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+            r = subprocess.run(cmd, check=False, capture_output=True, text=True, env=env)
             rc, text = r.returncode, r.stdout + r.stderr
         else:
             if plan(cmd, Path.cwd(), Path.cwd() / "nvcc-keep") is None:
@@ -176,7 +179,7 @@ def compare(argv: list[str]) -> int:
         if rc != 0:
             print(f"{mode} failed:\n{text[-2000:]}")
             return 1
-        nm = subprocess.run(["nm", f"{out}.{mode}.o"], capture_output=True, text=True).stdout
+        nm = subprocess.run(["nm", f"{out}.{mode}.o"], check=False, capture_output=True, text=True).stdout
         symbols[mode] = sorted(
             re.sub(r"_kiln_[0-9a-f]{16}|_[0-9a-f]{8}_\d+_\w+?_cu_\w*?(?=\d|$)", "ID", line.split()[-1])
             for line in nm.splitlines()

@@ -199,7 +199,7 @@ class PchStore:
         cmd = lambda tmp: [
             self.toolchain.cxx,
             *self.toolchain.cxx_flags(),
-            *self.toolchain.common_flags(None),  # noqa: E731
+            *self.toolchain.common_flags(None),
             *profile,
             "-x",
             "c++-header",

@@ -49,7 +49,7 @@ class BuildResult:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict) -> "BuildResult":
+    def from_dict(cls, d: dict) -> BuildResult:
         d = dict(d)
         d["specs"] = [ExtensionSpec.from_dict(s) for s in d["specs"]]
         return cls(**d)

@@ -25,6 +25,7 @@ import time
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import Self
 
 from actors.verifier import isolation, wire
 from actors.verifier.zygote import Zygote, ZygoteError
@@ -165,7 +166,7 @@ class BuildService:
         if self.own_zygote:
             self.zygote.close()
 
-    def __enter__(self) -> "BuildService":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -202,7 +203,7 @@ class BuildService:
     def _guarded_job(self, source: str) -> BuildResult:
         try:
             return self._job(source)
-        except Exception as e:  # noqa: BLE001 - the future must always carry a BuildResult
+        except Exception as e:  # the future must always carry a BuildResult
             log.exception("build job failed")
             return infra_result(f"build service error: {type(e).__name__}: {e}", self.toolchain_id)
 

@@ -18,7 +18,7 @@ from typing import Any
 # Bump when anything that shapes a built artifact changes (preludes, flags, binding text, the
 # metadata an artifact carries: kiln-build-2 records the symbol check of every built library).
 PIPELINE_VERSION = "kiln-build-2"
-from .symbols import RULES_VERSION  # noqa: E402 - a change of the rules re-checks every build
+from .symbols import RULES_VERSION  # a change of the rules re-checks every build
 
 # Flags that load code into the compiler or linker, run another program, or read the flags from a
 # file: a candidate's extra_*flags never carry them (the compilers run jailed anyway).
@@ -64,10 +64,11 @@ class ExtensionSpec:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "ExtensionSpec":
+    def from_dict(cls, d: dict) -> ExtensionSpec:
         """Rebuild from `to_dict()` output; raises ValueError on anything malformed."""
         if not isinstance(d, dict):
-            raise ValueError("spec must be a dict")
+            # from_dict's contract: ValueError on anything malformed
+            raise ValueError("spec must be a dict")  # noqa: TRY004
         fields = {}
         for f in cls.__dataclass_fields__.values():
             if f.name not in d:

@@ -494,7 +494,8 @@ def thunk_source(
     parses no torch header at all."""
     fn_template = "kiln::fc::thunk::Fn" if facade else "kiln::Fn"
     rows = []
-    for name, doc in zip(functions, docstrings or functions):
+    # Not strict: a spec read back from the sandbox is not checked for alignment; bind what pairs, as ever.
+    for name, doc in zip(functions, docstrings or functions, strict=False):
         fn = f"{fn_template}<decltype(&{name})>"
         rows.append(
             f"    {{{json.dumps(name)}, {json.dumps(doc)}, {fn}::signature(), &{fn}::template call<&{name}>, "

@@ -141,13 +141,13 @@ class Toolchain:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Toolchain":
+    def from_dict(cls, d: dict) -> Toolchain:
         fields = {k: (tuple(v) if isinstance(v, list) else v) for k, v in d.items()}
         return cls(**fields)
 
     # ------------------------------------------------------------------------------ detection
     @classmethod
-    def detect(cls, backend: str) -> "Toolchain":
+    def detect(cls, backend: str) -> Toolchain:
         if backend not in ("cpu", "cuda"):
             raise ToolchainError(f"backend {backend!r} has no compile toolchain here (cpu, cuda)")
         import torch
@@ -158,18 +158,18 @@ class Toolchain:
             raise ToolchainError("no C++ compiler: install g++ or set $CXX")
         version = _run([cxx, "-dumpfullversion", "-dumpversion"]).strip()
         is_gcc = "gcc version" in _run([cxx, "-v"], stderr=True)
-        fields = dict(
-            backend=backend,
-            cxx=cxx,
-            cxx_version=version,
-            cxx_is_gcc=is_gcc,
-            std=_torch_cxx_std(cpp_extension),
-            abi=int(torch._C._GLIBCXX_USE_CXX11_ABI),
-            torch_version=f"{torch.__version__}+{(torch.version.git_version or '')[:10]}",
-            torch_includes=tuple(cpp_extension.include_paths()),
-            python_include=sysconfig.get_path("include", scheme="posix_prefix"),
-            torch_libdir=cpp_extension.library_paths()[0],
-        )
+        fields = {
+            "backend": backend,
+            "cxx": cxx,
+            "cxx_version": version,
+            "cxx_is_gcc": is_gcc,
+            "std": _torch_cxx_std(cpp_extension),
+            "abi": int(torch._C._GLIBCXX_USE_CXX11_ABI),
+            "torch_version": f"{torch.__version__}+{(torch.version.git_version or '')[:10]}",
+            "torch_includes": tuple(cpp_extension.include_paths()),
+            "python_include": sysconfig.get_path("include", scheme="posix_prefix"),
+            "torch_libdir": cpp_extension.library_paths()[0],
+        }
         if backend == "cuda":
             fields.update(_detect_cuda(cpp_extension))
         elif is_gcc and shutil.which("ld.gold"):
@@ -180,7 +180,7 @@ class Toolchain:
 
 def _run(cmd: list[str], stderr: bool = False) -> str:
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+        p = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as e:
         raise ToolchainError(f"{' '.join(cmd)}: {e}") from e
     return p.stderr if stderr else p.stdout
@@ -205,24 +205,26 @@ def _detect_cuda(cpp_extension) -> dict:
     if not os.path.exists(os.path.join(home, "include", "cuda_runtime.h")):
         # nvcc behind a wrapper script (/usr/local/bin/nvcc -> exec .../cuda-13.0/bin/nvcc): its
         # dry run names the toolkit it belongs to; g++ units that include the CUDA runtime need it.
-        top = re.search(r"^#\$ TOP=(\S+)", _run([nvcc, "--dryrun", "-c", "-x", "cu", os.devnull], stderr=True), re.M)
+        top = re.search(
+            r"^#\$ TOP=(\S+)", _run([nvcc, "--dryrun", "-c", "-x", "cu", os.devnull], stderr=True), re.MULTILINE
+        )
         if top and os.path.exists(os.path.join(top.group(1), "include", "cuda_runtime.h")):
             home = os.path.realpath(top.group(1))
     m = re.search(r"release [\d.]+, V([\d.]+)", _run([nvcc, "--version"]))
     libdir = os.path.join(home, "lib64")
     if not os.path.isdir(libdir) and os.path.isdir(os.path.join(home, "lib")):
         libdir = os.path.join(home, "lib")
-    return dict(
-        nvcc=nvcc,
-        nvcc_version=m.group(1) if m else "unknown",
-        cuda_home=home,
-        cuda_libdir=libdir,
-        arch_flags=tuple(cuda_arch_flags(nvcc)),
-        nvcc_common=tuple(cpp_extension.COMMON_NVCC_FLAGS),
-        ccbin=os.environ.get("CC", ""),
-        nvcc_parallel=not os.environ.get("KILN_NVCC_PLAIN"),
-        cuda_facade=not os.environ.get("KILN_CUDA_FACADE_OFF"),
-    )
+    return {
+        "nvcc": nvcc,
+        "nvcc_version": m.group(1) if m else "unknown",
+        "cuda_home": home,
+        "cuda_libdir": libdir,
+        "arch_flags": tuple(cuda_arch_flags(nvcc)),
+        "nvcc_common": tuple(cpp_extension.COMMON_NVCC_FLAGS),
+        "ccbin": os.environ.get("CC", ""),
+        "nvcc_parallel": not os.environ.get("KILN_NVCC_PLAIN"),
+        "cuda_facade": not os.environ.get("KILN_CUDA_FACADE_OFF"),
+    }
 
 
 _NAMED_ARCHES = {"Ampere": "8.0;8.6", "Ada": "8.9", "Hopper": "9.0", "Blackwell": "10.0;12.0"}

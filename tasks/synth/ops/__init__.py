@@ -14,8 +14,8 @@ Families (`--ops` accepts family names and op names alike):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from math import prod
-from typing import Sequence
 
 from tasks.synth.dims import evaluate
 from tasks.synth.graph import Graph

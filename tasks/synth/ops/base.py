@@ -12,9 +12,9 @@ expression that computes the node's value from its operands.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from math import prod
 from random import Random
-from typing import Callable
 
 from tasks.synth.builder import Builder
 from tasks.synth.dims import ONE, Dim

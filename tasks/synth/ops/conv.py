@@ -45,11 +45,11 @@ class Conv(Op):
         rng = b.rng
         if self.transposed:
             k, s, p = choose(rng, TRANSPOSED)
-            out_len = lambda n: upsampled(n, k, s, p)  # noqa: E731
+            out_len = lambda n: upsampled(n, k, s, p)
         else:
             k, s = choose(rng, self.kernels), choose(rng, (1, 1, 2))
             p = choose(rng, (0, k // 2))
-            out_len = lambda n: window(n, k, s, p)  # noqa: E731
+            out_len = lambda n: window(n, k, s, p)
         c_in = x.shape[1]
         c_out = c_in if self.depthwise else b.new_var("channels")
         shape = (x.shape[0], c_out) + tuple(out_len(n) for n in x.shape[2:])
@@ -72,8 +72,10 @@ class Conv(Op):
         extra = f", groups={c_in}" if self.depthwise else ""
         extra += "" if node.attr("bias") else ", bias=False"
         return [
-            f"self.{module} = {cls}({c_in}, {c_out}, {node.attr('kernel')}, stride={node.attr('stride')}, "
-            f"padding={node.attr('padding')}{extra})"
+            (
+                f"self.{module} = {cls}({c_in}, {c_out}, {node.attr('kernel')}, stride={node.attr('stride')}, "
+                f"padding={node.attr('padding')}{extra})"
+            )
         ]
 
     def params(self, node: Node) -> list[tuple]:  # kernel taps are plain ints

@@ -14,7 +14,8 @@ from __future__ import annotations
 from math import prod
 
 from tasks.synth.builder import Builder
-from tasks.synth.dims import Sum, prod as flat
+from tasks.synth.dims import Sum
+from tasks.synth.dims import prod as flat
 from tasks.synth.graph import Node, Value
 from tasks.synth.ops.base import Op, choose
 
@@ -70,7 +71,7 @@ class Concat(Op):
                 v.id != x.id
                 and v.layout == x.layout
                 and len(v.shape) == len(x.shape)
-                and all(d == e for i, (d, e) in enumerate(zip(v.shape, x.shape)) if i != axis)
+                and all(d == e for i, (d, e) in enumerate(zip(v.shape, x.shape, strict=True)) if i != axis)
             )
 
         def fresh() -> Value:
