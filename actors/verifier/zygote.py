@@ -26,7 +26,6 @@ numpy or any other module that hands Python raw memory (native/shim.py).
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import json
 import os
@@ -87,9 +86,13 @@ def _child(kind: str, fds: list[int], req: dict) -> None:
 
         traceback.print_exc()
     finally:
-        with contextlib.suppress(Exception):  # a failed flush must not keep the child from exiting
+        # A plain try, not contextlib.suppress: candidate code ran in this process and could have replaced
+        # that; nothing may keep the child from reaching os._exit.
+        try:
             sys.stdout.flush()
             sys.stderr.flush()
+        except Exception:  # noqa: BLE001, S110
+            pass
         os._exit(code)
 
 
@@ -226,9 +229,10 @@ def main() -> int:
     shim.install(kn)  # before torch: ctypes and numpy never load in this interpreter
     import torch
 
-    # Not torch.utils.cpp_extension: importing it asks for the device count, which without ctypes NVML
-    # cannot answer, so torch asks the CUDA driver, and every fork would then be unable to use CUDA.
-    # Each child imports it (before any candidate code), which costs a few tenths of a second.
+    # The children's own modules, preloaded. Not torch.utils.cpp_extension: importing it asks for the
+    # device count, which without ctypes NVML cannot answer, so torch asks the CUDA driver, and every
+    # fork would then be unable to use CUDA. Each child imports it (before any candidate code), which
+    # costs a few tenths of a second.
     import actors.verifier.build.capture
     import actors.verifier.build.worker
     import actors.verifier.jail
