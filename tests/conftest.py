@@ -92,9 +92,9 @@ def demo_run(tmp_path_factory, tiny_chat_model, verifier_cache_dir):
     import torch
 
     from configs import load_config
-    from launch.observe.metrics import read_metrics
     from launch.driver.run_dir import RunDirectory
     from launch.driver.train import train
+    from launch.observe.metrics import read_metrics
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny models decode fastest on one thread (see one_torch_thread)

@@ -67,11 +67,10 @@ def test_reward_actor_by_dotted_path_serves_its_kind():
 
 
 def test_reward_actor_args_reach_the_constructor_of_the_served_reward_actor():
+    import asyncio
     import difflib
 
     from actors.buffer.examples import TextMatchTasks
-    import asyncio
-
     from actors.rollout.verify_pool import VerifierPool
     from configs import ConfigError, ReplayConfig
 
@@ -83,7 +82,7 @@ def test_reward_actor_args_reach_the_constructor_of_the_served_reward_actor():
         actor = VerifierActor(cfg)
         address = actor.start()["verifier"]
 
-        async def ask():  # through the actor's socket, as a rollout asks
+        async def ask(address=address):  # through the actor's socket, as a rollout asks
             pool = VerifierPool(address, timeout_s=10.0, retries=0)
             try:
                 return await pool.verify(VerifyRequest(request_id="x", task=task, candidate=near_miss))

@@ -71,17 +71,17 @@ def bench_engine(
 
 def bench_hf(model, prompts: list[list[int]], new_tokens: int) -> float:
     ids = torch.tensor(prompts, device=DEVICE)
-    kw = dict(
-        do_sample=True,
-        temperature=1.0,
-        top_k=0,
-        top_p=1.0,
-        max_new_tokens=new_tokens,
-        min_new_tokens=new_tokens,
-        output_logits=True,
-        return_dict_in_generate=True,
-        pad_token_id=0,
-    )
+    kw = {
+        "do_sample": True,
+        "temperature": 1.0,
+        "top_k": 0,
+        "top_p": 1.0,
+        "max_new_tokens": new_tokens,
+        "min_new_tokens": new_tokens,
+        "output_logits": True,
+        "return_dict_in_generate": True,
+        "pad_token_id": 0,
+    }
     with torch.no_grad():
         model.generate(ids, attention_mask=torch.ones_like(ids), **{**kw, "max_new_tokens": 4, "min_new_tokens": 4})
         sync()
@@ -101,7 +101,7 @@ def bench_hf(model, prompts: list[list[int]], new_tokens: int) -> float:
 def logprob_mismatch(model, prompts, gens, batch: int = 8) -> np.ndarray:
     diffs = []
     for i in range(0, len(gens), batch):
-        chunk = list(zip(prompts[i : i + batch], gens[i : i + batch]))
+        chunk = list(zip(prompts[i : i + batch], gens[i : i + batch], strict=True))
         ids = torch.tensor([p + g.output_ids.tolist() for p, g in chunk], device=DEVICE)
         with torch.no_grad():
             logits = model(input_ids=ids).logits
@@ -183,7 +183,7 @@ def main() -> None:
     del fp32
     used, static = roofline(cfg, model, args.batch, args.prompt, args.new_tokens, tbps)
 
-    q = lambda a, p: float(np.percentile(a, p))  # noqa: E731
+    q = lambda a, p: float(np.percentile(a, p))
     print(
         f"device: {name}; torch {torch.__version__}; model: qwen3 random init, {n_params / 1e6:.0f}M params, "
         f"{cfg.dtype}"

@@ -30,7 +30,7 @@ def plot_gantt(loops: list[LoopResult], path: Path, title: str) -> Path:
     fig, axes = plt.subplots(
         len(loops), 1, figsize=(13, sum(heights) + 1.2), squeeze=False, gridspec_kw={"height_ratios": heights}
     )
-    for ax, loop, spans, names in zip(axes[:, 0], loops, timelines, actors):
+    for ax, loop, spans, names in zip(axes[:, 0], loops, timelines, actors, strict=True):
         _panel(ax, loop, spans, names)
     handles = [Patch(color=c, label=a) for a, c in COLOURS.items()]
     handles.append(Patch(color=WAITING, label="waiting (no work recorded)"))

@@ -151,6 +151,7 @@ def main(argv=None) -> int:
                 text=True,
                 timeout=args.run_timeout_s,
                 cwd=REPO,
+                check=False,
             )
             line = next((ln for ln in p.stdout.splitlines() if ln.startswith("KILN_GPU_CHECK ")), None)
             if line is None:
@@ -171,8 +172,8 @@ def main(argv=None) -> int:
     for row in rows:
         err = f"{row['max_err']:.2e}" if row["max_err"] is not None else "-"
         print(
-            f"{row['task']:<34} {row['build_s']:7.1f} {str(row['built']):>5} {row['how']:<12} "
-            f"{row['vendor'] or '-':<8} {str(row['ran']):>5} {err:>9}  {row['note']}"
+            f"{row['task']:<34} {row['build_s']:7.1f} {row['built']!s:>5} {row['how']:<12} "
+            f"{row['vendor'] or '-':<8} {row['ran']!s:>5} {err:>9}  {row['note']}"
         )
     secs = sorted(r.seconds for r in builds.values() if r.ok)
     if secs:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gc
+import itertools
 import json
 import math
 import os
@@ -69,7 +70,7 @@ def megatron_logits(backend: MegatronBackend, batch: TrainBatch) -> torch.Tensor
     """Full-vocabulary logits [N, V] (TP slices all-gathered), float32, one packed row."""
     tokens = torch.as_tensor(batch.tokens, device=backend.device)
     cu = batch.cu_seqlens
-    pos = torch.as_tensor(np.concatenate([np.arange(b - a) for a, b in zip(cu, cu[1:])]), device=backend.device)
+    pos = torch.as_tensor(np.concatenate([np.arange(b - a) for a, b in itertools.pairwise(cu)]), device=backend.device)
     backend.model.eval()
     with torch.no_grad():
         local = packed_forward(backend.model, tokens, pos, [int(x) for x in cu], backend.rope)[0].float()
@@ -93,7 +94,7 @@ def hf_logits(cfg: ModelConfig, batch: TrainBatch, device) -> torch.Tensor:
     model = build_model(cfg, device)
     out = []
     with torch.no_grad():
-        for a, b in zip(batch.cu_seqlens, batch.cu_seqlens[1:]):
+        for a, b in zip(batch.cu_seqlens, batch.cu_seqlens[1:], strict=False):
             ids = torch.as_tensor(batch.tokens[a:b], device=device)[None]
             out.append(model(input_ids=ids, use_cache=False).logits[0].float())
     del model
@@ -106,7 +107,7 @@ def token_logprobs(logits: torch.Tensor, batch: TrainBatch, temperature: float) 
     lp = torch.log_softmax(logits / temperature, dim=-1)
     tokens = torch.as_tensor(batch.tokens, device=logits.device)
     out = torch.zeros(len(tokens), device=logits.device)
-    for a, b in zip(batch.cu_seqlens, batch.cu_seqlens[1:]):
+    for a, b in zip(batch.cu_seqlens, batch.cu_seqlens[1:], strict=False):
         if b - a > 1:
             out[a + 1 : b] = lp[a : b - 1].gather(1, tokens[a + 1 : b, None])[:, 0]
     return out.cpu()
@@ -227,7 +228,7 @@ def main() -> None:
         ok = changed > 0 and restored == 0 and math.isfinite(again.loss)
         row("checkpoint save/load", ok, f"moved {changed:.3g} after save, restored diff {restored:.3g}")
 
-    del b1
+    b1 = None  # frees the model; the checks above read b1 through their closures, so it stays bound
     gc.collect()
     torch.cuda.empty_cache()
 
@@ -274,7 +275,7 @@ def main() -> None:
                 weight_diff=wdiff,
             )
 
-        del b2
+        b2 = None  # frees the model (the checks above read b2 through their closures)
         gc.collect()
         torch.cuda.empty_cache()
     else:
@@ -361,7 +362,7 @@ def pipeline_rows(small_backend, batch: TrainBatch, state: dict, world: int) -> 
             weight_diff=wdiff,
         )
 
-    del b
+    b = None  # frees the model (the checks above read b through their closures)
     free()
 
     @check("PP=2 memory vs plan")

@@ -30,11 +30,11 @@ from launch.bench.megatron_rows import (
 )
 
 VARIANTS = {  # learner.megatron switches: every one off, each alone, all on
-    "plain": dict(fused_logprobs=False, fused_swiglu=False, fused_rope=False),
-    "fused_logprobs": dict(fused_logprobs=True, fused_swiglu=False, fused_rope=False),
-    "fused_swiglu": dict(fused_logprobs=False, fused_swiglu=True, fused_rope=False),
-    "fused_rope": dict(fused_logprobs=False, fused_swiglu=False, fused_rope=True),
-    "all fused": dict(fused_logprobs=True, fused_swiglu=True, fused_rope=True),
+    "plain": {"fused_logprobs": False, "fused_swiglu": False, "fused_rope": False},
+    "fused_logprobs": {"fused_logprobs": True, "fused_swiglu": False, "fused_rope": False},
+    "fused_swiglu": {"fused_logprobs": False, "fused_swiglu": True, "fused_rope": False},
+    "fused_rope": {"fused_logprobs": False, "fused_swiglu": False, "fused_rope": True},
+    "all fused": {"fused_logprobs": True, "fused_swiglu": True, "fused_rope": True},
 }
 
 
@@ -82,7 +82,7 @@ def throughput(learner: LearnerConfig, algo: AlgoConfig, device, world: int, *, 
     for name, switches in VARIANTS.items():
 
         @check(f"SFT step: {name}")
-        def _():
+        def _(name=name, switches=switches):  # bound here: this iteration's variant
             backend.kernels = Kernels(**switches, compile=True)
             torch.cuda.reset_peak_memory_stats()
             sft_s = timed(big.sft_step)
@@ -124,7 +124,7 @@ def throughput(learner: LearnerConfig, algo: AlgoConfig, device, world: int, *, 
         for name in ("plain", "all fused"):
 
             @check(f"profile: {name}")
-            def _():
+            def _(name=name):  # bound here: this iteration's variant
                 backend.kernels = Kernels(**VARIANTS[name], compile=True)
                 big.sft_step(rl_batch)  # warm
                 table = kernel_table(lambda: big.sft_step(rl_batch))
@@ -139,7 +139,7 @@ def throughput(learner: LearnerConfig, algo: AlgoConfig, device, world: int, *, 
                     "top 25 kernels printed above" + (" and in $OUT" if os.environ.get("OUT") else ""),
                 )
 
-    del big
+    big = None  # frees the model (the checks above read big through their closures)
     free()
 
 
@@ -163,7 +163,7 @@ def kernel_table(step, top: int = 25) -> str:
         and not getattr(e, "is_user_annotation", False)
         and "#" not in e.key
     ]
-    time_of = lambda e: getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)  # noqa: E731
+    time_of = lambda e: getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)
     kernels.sort(key=time_of, reverse=True)
     busy = sum(time_of(e) for e in kernels)  # µs
     lines = [

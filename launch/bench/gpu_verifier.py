@@ -170,7 +170,7 @@ def run(args) -> int:
     after = _ask(address, _request(_task(args, control.task_id), control.source() + f"\n# after {uuid.uuid4().hex}\n"))
     health = actor.health()
     actor.stop()
-    rows = [(name, expect, r) for (name, expect, _), r in zip(work, results)]
+    rows = [(name, expect, r) for (name, expect, _), r in zip(work, results, strict=True)]
     figures = benchmark(rows, wall, pch_s)  # the mix the actor verified at once: what the clock covers
     rows.append(("control after everything (fresh)", "pass", after))
     rows += configured(args)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import statistics
-import threading
 import time
 
 import numpy as np

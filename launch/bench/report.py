@@ -135,8 +135,10 @@ def render(report: BenchReport) -> str:
         f"* load average at the start: {', '.join(f'{x:.2f}' for x in report.load_average)}"
         if report.load_average
         else "* load average: -",
-        f"* loop runs: {report.warmup} warm-up step(s), then "
-        f"{report.steps if report.steps is not None else 'until algo.total_steps'} measured",
+        (
+            f"* loop runs: {report.warmup} warm-up step(s), then "
+            f"{report.steps if report.steps is not None else 'until algo.total_steps'} measured"
+        ),
     ]
     if report.stages is not None:
         lines += ["", *render_stages(report.stages)]
@@ -176,11 +178,15 @@ def render_stages(s: Stages) -> list[str]:
         + f"overall {_f(v.overall_per_min, 1)}/min ({v.seconds:.1f} s, the drain included); {v.forced_share:.0%} "
         f"forced, {v.compiled_share:.0%} real compiles, modelled latency {v.modelled_s_mean:.2f} s mean; "
         f"stages: {stages} |",
-        f"| learner | {_f(learner.step_s_median, 2)} s/step | median of {len(learner.step_s)}; {learner.sequences} "
-        f"sequences, {learner.tokens:,} tokens, {learner.gradient_tokens:,} with gradient, "
-        f"{learner.torch_threads} torch thread(s) |",
-        f"| weight sync | {_f(sync.publish_s_median, 3)} s publish, {_f(sync.confirmed_s_median, 3)} s to confirmed "
-        f"| {sync.transport}, {sync.bytes / 1e6:.1f} MB, median of {sync.pushes} |",
+        (
+            f"| learner | {_f(learner.step_s_median, 2)} s/step | median of {len(learner.step_s)}; {learner.sequences} "
+            f"sequences, {learner.tokens:,} tokens, {learner.gradient_tokens:,} with gradient, "
+            f"{learner.torch_threads} torch thread(s) |"
+        ),
+        (
+            f"| weight sync | {_f(sync.publish_s_median, 3)} s publish, {_f(sync.confirmed_s_median, 3)} s to confirmed "
+            f"| {sync.transport}, {sync.bytes / 1e6:.1f} MB, median of {sync.pushes} |"
+        ),
     ]
 
 

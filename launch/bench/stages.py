@@ -134,7 +134,7 @@ class Workload:
     sampled: list[tuple[Task, list[int], Generation]] = field(default_factory=list)  # (task, prompt, generation)
 
     @classmethod
-    def of(cls, cfg: KilnConfig) -> "Workload":
+    def of(cls, cfg: KilnConfig) -> Workload:
         from actors.buffer.task_source import load_task_set
 
         tasks = load_task_set(cfg.replay, cfg.verifier.backend).train
@@ -230,7 +230,7 @@ def measure_engine(engine, work: Workload, requests: int, poll_s: float = FULL_B
     were decoding and more waited, and that is the capacity. An engine that reports no queue (SGLang),
     or `requests` <= max_batch, gets the overall rate."""
     r, params = work.cfg.rollout, work.params()
-    task, prompt = work.prompt(0)  # warm-up: one forced scoring builds whatever the first call builds
+    _task, prompt = work.prompt(0)  # warm-up: one forced scoring builds whatever the first call builds
     engine.generate([GenerateRequest("warm", prompt, params, forced_response=prompt[:8])])
     asked = [work.prompt(i) for i in range(requests)]
     before = engine.health().tokens
@@ -257,7 +257,7 @@ def measure_engine(engine, work: Workload, requests: int, poll_s: float = FULL_B
     decoded = engine.health().tokens - before
     if decoded <= 0:  # an engine that does not count (SGLang reports no counter): count what came back
         decoded = sum(len(g.output_ids) for g in gens)
-    work.sampled = [(t, p, g) for (t, p), g in zip(asked, gens)]
+    work.sampled = [(t, p, g) for (t, p), g in zip(asked, gens, strict=True)]
     full = [(t, n) for t, n, is_full in readings if is_full]
     full_rate, full_s = None, 0.0
     if len(full) >= 2 and full[-1][0] > full[0][0]:
@@ -415,8 +415,8 @@ def measure_verifier(work: Workload, n: int, cache: Path) -> VerifierStage:
         client.close()
         for actor in actors:
             actor.stop()
-    compiled = sum(a.compiled - b.compiled for a, b in zip(after, before))
-    modelled = sum(a.modelled_s - b.modelled_s for a, b in zip(after, before))
+    compiled = sum(a.compiled - b.compiled for a, b in zip(after, before, strict=True))
+    modelled = sum(a.modelled_s - b.modelled_s for a, b in zip(after, before, strict=True))
     stages: dict[str, int] = {}
     for res in results:
         stages[res.stage] = stages.get(res.stage, 0) + 1

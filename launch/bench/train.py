@@ -112,7 +112,7 @@ class Probe:
         for name, handle in list(session.supervisor.handles.items()):
             try:
                 health = handle.health(timeout_s=10.0)
-            except Exception:  # dead or wedged: the supervisor deals with it
+            except Exception:  # noqa: BLE001, S112 - dead or wedged: the supervisor deals with it
                 continue
             pids[name] = health.pid
             if name.startswith("rollout-"):
@@ -239,7 +239,7 @@ def summarise(
     summary = json.loads((run.path / "summary.json").read_text())
     versions = [int(r[mk.WEIGHTS_VERSION]) for r in rows if mk.WEIGHTS_VERSION in r]
     spans = read_timeline(run.path)
-    delta = lambda a, b: {k: a.get(k, 0.0) - b.get(k, 0.0) for k in a}  # noqa: E731
+    delta = lambda a, b: {k: a.get(k, 0.0) - b.get(k, 0.0) for k in a}
     decoded = delta(end.decoded, start.decoded)
     decode_steps = {k: v for k, v in delta(end.decode_steps, start.decode_steps).items() if v > 0}
     verified = delta(end.verified, start.verified)

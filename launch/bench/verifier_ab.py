@@ -103,6 +103,7 @@ def run_worker(tree: Path, opts: dict, timeout_s: float) -> dict:
             capture_output=True,
             text=True,
             timeout=timeout_s,
+            check=False,
         )
     line = next((ln for ln in p.stdout.splitlines() if ln.startswith("KILN_AB ")), None)
     if p.returncode != 0 or line is None:

@@ -13,7 +13,7 @@ def _type_name(tp) -> str:
     if typing.get_origin(tp) is typing.Union:
         args = [a for a in typing.get_args(tp) if a is not type(None)]
         return f"{_type_name(args[0])} or null"
-    if typing.get_origin(tp) in (list, typing.List):
+    if typing.get_origin(tp) is list:
         return f"list of {_type_name(typing.get_args(tp)[0])}"
     return getattr(tp, "__name__", str(tp))
 

@@ -36,14 +36,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--markdown", action="store_true", help="print the configuration reference instead")
     p.set_defaults(func=cmd_config)
 
-    from launch.stages.tasks import add_tasks_parser
-    from launch.stages.export import add_export_parser
     from launch.bench.bench import add_bench_parser
+    from launch.driver.train import add_train_parser
+    from launch.stages.eval.cli import add_eval_parser
+    from launch.stages.export import add_export_parser
     from launch.stages.rft.cli import add_rft_parser
     from launch.stages.sft.cli import add_sft_parser
-    from launch.driver.train import add_train_parser
+    from launch.stages.tasks import add_tasks_parser
     from launch.stages.verify import add_verify_parser
-    from launch.stages.eval.cli import add_eval_parser
 
     add_train_parser(sub)
     add_verify_parser(sub)

@@ -28,9 +28,10 @@ import os
 import re
 import tempfile
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Literal
+from typing import Literal
 
 from configs import ConfigError, KilnConfig, LoggingConfig, ModelConfig, ReplayConfig, RolloutConfig, VerifierConfig
 
@@ -165,7 +166,7 @@ def check_reward_actor(verifier: VerifierConfig, *, dry_run: bool = False) -> li
         return [Finding("error", _one_line(err))]
     try:
         impl = cls(verifier, **verifier.reward_actor_args)
-    except Exception as err:
+    except Exception as err:  # noqa: BLE001 - a plug-in's constructor may raise anything; it becomes a finding
         what = (
             f"verifier.backend={verifier.backend} is not available here"
             if verifier.reward_actor is None
@@ -174,7 +175,7 @@ def check_reward_actor(verifier: VerifierConfig, *, dry_run: bool = False) -> li
         return [Finding("error", f"{what}: constructing {cls.__name__} raised {type(err).__name__}: {_one_line(err)}")]
     try:
         impl.close()
-    except Exception as err:
+    except Exception as err:  # noqa: BLE001 - a plug-in's close() may raise anything; a warning
         return [
             Finding("warning", f"verifier.reward_actor={name}: close() raised {type(err).__name__}: {_one_line(err)}")
         ]
@@ -290,7 +291,7 @@ def _config_loads(model: ModelConfig, key: str) -> list[Finding]:
         from transformers import AutoConfig
 
         AutoConfig.from_pretrained(model.path, local_files_only=not model.allow_download)
-    except Exception as err:
+    except Exception as err:  # noqa: BLE001 - any failure to load is a finding, not a crash of the check
         return [Finding("error", f"{key}: its config does not load: {type(err).__name__}: {_one_line(err)}")]
     return []
 
@@ -300,7 +301,7 @@ def _tokenizer_loads(model: ModelConfig, key: str) -> list[Finding]:
 
     try:
         tokenizer = load_tokenizer(model)
-    except Exception as err:
+    except Exception as err:  # noqa: BLE001 - any failure to load is a finding, not a crash of the check
         return [Finding("error", f"{key}: its tokenizer does not load: {type(err).__name__}: {_one_line(err)}")]
     if not tokenizer.has_chat_template:
         return [Finding("warning", f"{key}: the tokenizer has no chat template; prompts use Kiln's plain format")]
@@ -313,7 +314,7 @@ def _prompt_fit(tasks, model: ModelConfig, rollout: RolloutConfig) -> list[Findi
 
     try:
         policy = TurnPolicy(TurnRules.from_config(rollout, model), load_tokenizer(model))
-    except Exception:  # the model check reports why the tokenizer does not load
+    except Exception:  # noqa: BLE001 - the model check reports why the tokenizer does not load
         return []
     unfit = []
     for task in tasks:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Self
 
 from configs import ClusterConfig
 from launch.driver.plan import PlacementPlan, bundles
@@ -24,7 +25,7 @@ class RayCluster:
         self.placement_group = None
         self._started = False  # Ray was started by this session (a joined or running Ray is left up)
 
-    def __enter__(self) -> "RayCluster":
+    def __enter__(self) -> Self:
         self._started = start_ray(self.c)
         self.placement_group = reserve_bundles(self.placement)
         return self
@@ -71,7 +72,7 @@ def reserve_bundles(placement: PlacementPlan, timeout_s: float = PLACEMENT_TIMEO
     group = placement_group([b.resources for b in gpu_bundles], strategy="PACK")
     try:
         ray.get(group.ready(), timeout=timeout_s)
-    except Exception:
+    except Exception:  # noqa: BLE001 - whatever stopped the reservation, the group goes and the run stops
         remove_placement_group(group)
         raise RuntimeError(
             f"Ray could not reserve the plan's {len(gpu_bundles)} GPU bundles within {timeout_s:g} s "

@@ -9,8 +9,9 @@ Records (tasks, episodes, batches, weights, metrics) move over the actors' ZMQ c
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from actors.base import ActorHealth
 from actors.buffer.health import ReplayHealth
@@ -31,7 +32,7 @@ COMMAND_TIMEOUT_S = 30.0
 class ActorHandle:
     """One running actor, whichever way it runs."""
 
-    spec: "ActorSpec"
+    spec: ActorSpec
     ref: Any  # the in-process object, or the Ray actor handle
     ray: bool
     endpoints: dict[str, str] = field(default_factory=dict)  # what start() returned (for logs)
@@ -97,7 +98,7 @@ class ActorHandle:
 
             try:
                 ray.kill(self.ref, no_restart=True)
-            except Exception:  # already gone
+            except Exception:  # noqa: BLE001, S110 - already gone, however Ray words it
                 pass
 
 

@@ -21,8 +21,8 @@ from __future__ import annotations
 import collections
 import logging
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
 
 from actors.buffer.formulas import prime_echo, rewards_tie
 from configs import AlgoConfig
@@ -179,7 +179,7 @@ class RunMonitor:
                 bonus_turn1=self.algo.early_bonus_turn1,
                 bonus_turn2=self.algo.early_bonus_turn2,
             )
-            for s, p in zip(g.turn_scores, g.turn_passed)
+            for s, p in zip(g.turn_scores, g.turn_passed, strict=True)
             if s
         ]
         tied = len(rewards) > 1 and rewards_tie(rewards)
@@ -260,7 +260,7 @@ def busy_shares(handles: Iterable, previous: dict[str, float], seconds: float) -
     for handle in handles:
         try:
             busy = handle.health(timeout_s=10.0).busy_s
-        except Exception as err:  # a dead actor: the supervisor deals with it
+        except Exception as err:  # noqa: BLE001 - a dead actor: the supervisor deals with it
             log.debug("%s: no health for its busy share: %s", handle.name, err)
             continue
         if busy is None:  # an actor that does not count its busy time

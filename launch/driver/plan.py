@@ -432,8 +432,10 @@ def render(p: PlacementPlan) -> str:
     size = "unknown size" if p.gpu_memory_gb is None else f"{p.gpu_memory_gb:.0f} GiB each"
     lines = [
         f"placement plan: layout {p.layout}, {p.gpus_needed} GPUs needed of {avail} ({size})",
-        f"model: {m.params / 1e9:.3f}B parameters (h={m.hidden}, L={m.layers}, heads={m.heads}/{m.kv_heads} kv, "
-        f"head_dim={m.head_dim}, ffn={m.intermediate}, vocab={m.vocab}; from {m.source})",
+        (
+            f"model: {m.params / 1e9:.3f}B parameters (h={m.hidden}, L={m.layers}, heads={m.heads}/{m.kv_heads} kv, "
+            f"head_dim={m.head_dim}, ffn={m.intermediate}, vocab={m.vocab}; from {m.source})"
+        ),
         "",
     ]
     if p.gpus:
@@ -495,7 +497,7 @@ def _parts(parts: dict[str, float]) -> str:
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    widths = [max(len(x) for x in col) for col in zip(header, *rows)]
+    widths = [max(len(x) for x in col) for col in zip(header, *rows, strict=True)]
     fmt = "  ".join(f"{{:<{w}}}" for w in widths)
     return ["  " + fmt.format(*header).rstrip(), "  " + "  ".join("-" * w for w in widths)] + [
         "  " + fmt.format(*row).rstrip() for row in rows

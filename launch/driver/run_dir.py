@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from configs import KilnConfig, to_yaml
 
@@ -29,7 +29,7 @@ class RunDirectory:
     path: Path
 
     @classmethod
-    def create(cls, cfg: KilnConfig) -> "RunDirectory":
+    def create(cls, cfg: KilnConfig) -> RunDirectory:
         name = cfg.logging.run_name or time.strftime("%Y%m%d-%H%M%S")
         path = Path(cfg.logging.root) / name
         if (path / "config.yaml").exists():
@@ -41,7 +41,7 @@ class RunDirectory:
         return cls(path)
 
     @classmethod
-    def open(cls, path: Path) -> "RunDirectory":
+    def open(cls, path: Path) -> RunDirectory:
         if not (path / "config.yaml").is_file():
             raise FileNotFoundError(f"{path} is not a Kiln run directory (no config.yaml)")
         return cls(path)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
+from typing import Self
 
 from actors.base import Bind
 from actors.policy.tokenizer import load_tokenizer
@@ -65,7 +66,7 @@ class Session:
 
     # ------------------------------------------------------------------------------ lifecycle
 
-    def __enter__(self) -> "Session":
+    def __enter__(self) -> Self:
         c = self.cfg.cluster
         registry = Registry(self.run.path)
         registry.clear()  # what an earlier driver's actors registered (a resumed run) is stale
@@ -174,8 +175,8 @@ class Session:
     def learner_finished(self) -> bool:
         try:
             return self.learner.health().finished
-        except Exception:
-            return False  # dead or busy: supervise() decides
+        except Exception:  # noqa: BLE001 - dead or busy: supervise() decides
+            return False
 
     def rollouts_done(self, groups: int) -> bool:
         return self.replay.health().groups.settled >= groups
@@ -255,7 +256,7 @@ class Session:
         """The actor's health record, or None when it does not answer (the supervisor deals with it)."""
         try:
             return handle.health(timeout_s=HEALTH_S)
-        except Exception:
+        except Exception:  # noqa: BLE001 - no answer, for whatever reason: the supervisor deals with it
             return None
 
     def no_progress_stop(self) -> bool:

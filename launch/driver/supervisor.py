@@ -27,9 +27,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from actors.base import Bind, RunContext, Slot, as_ray_actor
 from launch.driver.handles import CALL_TIMEOUT_S, ActorHandle
@@ -81,9 +82,12 @@ class RestartRecord:
     seconds: float
 
 
+LOCAL_BIND = Bind()  # the default: channels on loopback TCP
+
+
 class Supervisor:
     def __init__(
-        self, run_dir: Path, *, use_ray: bool, bind: Bind = Bind(), placement_group=None, log_level: str = "INFO"
+        self, run_dir: Path, *, use_ray: bool, bind: Bind = LOCAL_BIND, placement_group=None, log_level: str = "INFO"
     ) -> None:
         self.run_dir, self.use_ray, self.bind = run_dir, use_ray, bind
         self.log_level = log_level  # Ray actors log at this level into RUN_DIR/logs/NAME.log
@@ -139,7 +143,7 @@ class Supervisor:
     def _install(self, handles: list[ActorHandle], replies: list) -> None:
         """Make started actors the current ones (their start() replies are their endpoints), and prepare
         the spare of each that asks for a standby."""
-        for handle, endpoints in zip(handles, replies):
+        for handle, endpoints in zip(handles, replies, strict=True):
             handle.endpoints = endpoints or {}
             handle.keep_vigil()
             previous = self.handles.get(handle.name)
@@ -210,7 +214,7 @@ class Supervisor:
     def alive(self, handle: ActorHandle) -> bool:
         try:
             return handle.health().healthy
-        except Exception as err:  # RayActorError, a timeout: the actor is gone or wedged
+        except Exception as err:  # noqa: BLE001 - RayActorError, a timeout: the actor is gone or wedged
             log.warning("%s: health check failed: %s", handle.name, err)
             return False
 
@@ -335,7 +339,7 @@ class Supervisor:
             handle = self.handles[name]
             try:
                 handle.stop()
-            except Exception as err:
+            except Exception as err:  # noqa: BLE001 - one failed stop must not leave the other actors running
                 log.warning("%s: stop failed: %s", name, err)
             handle.discard()
             self.registry.unregister(name)

@@ -75,7 +75,7 @@ class TinyChatSpec:
     seed: int = 0
 
 
-def resolve_model_path(cfg: "KilnConfig") -> "KilnConfig":
+def resolve_model_path(cfg: KilnConfig) -> KilnConfig:
     """`cfg` with `model.path: kiln:tiny-chat` replaced by the checkpoint's directory (built on first
     use under <logging.root>/models/, seeded by model.seed); any other config unchanged."""
     if cfg.model.path != BUILTIN_PATH:

@@ -24,8 +24,8 @@ import dataclasses
 import json
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from configs import KilnConfig, load_config
 from launch.driver.plan import PlacementPlan

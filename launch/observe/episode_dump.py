@@ -24,9 +24,9 @@ from __future__ import annotations
 import collections
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from actors.buffer.formulas import early_bonus, group_advantages, rewards_tie
 from actors.buffer.groups import episode_passed, episode_reward, turn_passed
@@ -322,8 +322,10 @@ def format_turn(index: int, turn: Turn, decode: Decode, prompt: str, previous: s
         shown = ["prompt (as the chat template rendered it):", _indent(_cut(prompt, PROMPT_CHARS))]
     lines = [
         "-" * 100,
-        f"turn {index} ({turn.kind}): {len(turn.prompt_ids)} prompt tokens, {len(turn.response_ids)} response "
-        f"tokens ({versions}, finish: {turn.finish_reason})",
+        (
+            f"turn {index} ({turn.kind}): {len(turn.prompt_ids)} prompt tokens, {len(turn.response_ids)} response "
+            f"tokens ({versions}, finish: {turn.finish_reason})"
+        ),
         *shown,
     ]
     if turn.reasoning:
@@ -361,8 +363,10 @@ def format_terms(t: RewardTerms, algo: AlgoConfig) -> list[str]:
     lines = [
         "-" * 100,
         "reward: s per turn " + (", ".join(f"{s:+.3f}" for s in t.scores) or "none"),
-        f"PrimeEcho R = α·s_first + (1-α)·max s + b_early = {t.first:+.3f} + {t.best:+.3f} + {t.bonus:+.3f} "
-        f"= {t.reward:+.3f}  (α = {algo.alpha:g})",
+        (
+            f"PrimeEcho R = α·s_first + (1-α)·max s + b_early = {t.first:+.3f} + {t.best:+.3f} + {t.bonus:+.3f} "
+            f"= {t.reward:+.3f}  (α = {algo.alpha:g})"
+        ),
     ]
     if t.advantage is not None:
         lines.append(
@@ -395,7 +399,7 @@ def _shared_prefix(a: str, b: str) -> int:
     """Length of the common prefix, backed off to the start of the line where the two part (or of
     the line before, when they part at a line start), so the role marker of the new part shows."""
     n = 0
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=False):
         if x != y:
             break
         n += 1
@@ -405,7 +409,7 @@ def _shared_prefix(a: str, b: str) -> int:
 def _decode(decode, ids) -> str:
     try:
         return decode([int(i) for i in ids])
-    except Exception as err:  # a tokenizer that cannot decode must not lose the rest of the dump
+    except Exception as err:  # noqa: BLE001 - a tokenizer that cannot decode must not lose the rest of the dump
         return f"<could not decode {len(ids)} tokens: {err!r}>"
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import TextIO
+from typing import Self, TextIO
 
 from rich.console import Console, Group
 from rich.live import Live
@@ -59,7 +59,7 @@ class LiveView:
         self._warning: str | None = None
         self._waiting: str | None = None  # what the run waits for before its first group
 
-    def __enter__(self) -> "LiveView":
+    def __enter__(self) -> Self:
         if self._rich:
             self._live = Live(
                 self._render(), console=self._console, refresh_per_second=1 / self._refresh_s, transient=False
@@ -237,7 +237,7 @@ def _busy(values: dict[str, float]) -> list[tuple[str, float]]:
 
 
 def _clock(seconds: float) -> str:
-    seconds = int(round(seconds))
+    seconds = round(seconds)
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 

@@ -12,8 +12,8 @@ MirrorPop drops, lags of trained samples) are summed over the rows; run totals t
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from protocols import metric_keys as mk
 

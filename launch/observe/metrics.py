@@ -16,7 +16,7 @@ import logging
 import math
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from configs import LoggingConfig
 
@@ -33,7 +33,7 @@ class MetricsLog:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         path = self.run_dir / METRICS_FILE
         torn = path.is_file() and path.stat().st_size > 0 and not path.read_bytes().endswith(b"\n")
-        self._file = open(path, "a", encoding="utf-8")
+        self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - open for the log's life; close() closes it
         if torn:  # a killed run left half a line: end it, or the next row would be glued onto it
             self._file.write("\n")
         self._tb = _tensorboard_writer(self.run_dir / "tb") if logging_cfg.tensorboard else None
@@ -65,7 +65,7 @@ class MetricsLog:
             self._wandb.finish()
             self._wandb = None
 
-    def __enter__(self) -> "MetricsLog":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc) -> None:

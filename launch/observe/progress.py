@@ -22,8 +22,8 @@ pure: the caller passes the clock and the readings.
 from __future__ import annotations
 
 import collections
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 from actors.buffer.health import ReplayHealth
 from launch.driver.monitor import GroupOutcome, Window
@@ -59,7 +59,7 @@ class ReplayCounts:
     held_back: bool = False  # the admission bound is reached: the rollouts wait for the learner
 
     @classmethod
-    def of(cls, h: ReplayHealth) -> "ReplayCounts":
+    def of(cls, h: ReplayHealth) -> ReplayCounts:
         g = h.groups
         return cls(
             groups=g.settled,

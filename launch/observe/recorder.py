@@ -8,9 +8,9 @@ what it is given.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
 
 from actors.buffer.health import ReplayHealth
 from configs import KilnConfig

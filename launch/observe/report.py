@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import re
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from launch.observe import mechanisms
@@ -128,7 +128,7 @@ def _summary(rows: list[dict], series: Series, summary: dict) -> list[Block]:
         ("max staleness (versions; at most η)", _int(_max(series, mk.STALENESS_MAX))),
     ]
     return [
-        Para(f"Written {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC from metrics.jsonl."),
+        Para(f"Written {datetime.now(UTC):%Y-%m-%d %H:%M} UTC from metrics.jsonl."),
         Table(
             ["quantity", "value"],
             [

@@ -84,7 +84,7 @@ def to_html(blocks: list[Block], title: str) -> str:
             body.append("<ul>" + "".join(f"<li>{_inline(i)}</li>" for i in b.items) + "</ul>")
         elif isinstance(b, Table):
             align = [(b.align[i] if i < len(b.align) else "l") for i in range(len(b.header))]
-            cls = lambda i: ' class="r"' if align[i] == "r" else ""  # noqa: E731
+            cls = lambda i, align=align: ' class="r"' if align[i] == "r" else ""
             head = "".join(f"<th{cls(i)}>{_inline(h)}</th>" for i, h in enumerate(b.header))
             rows = "".join(
                 "<tr>" + "".join(f"<td{cls(i)}>{_inline(c)}</td>" for i, c in enumerate(row)) + "</tr>"

@@ -13,6 +13,7 @@ from (see its docstring).
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from collections import defaultdict
@@ -107,11 +108,11 @@ def line_plot(series: Series, path: Path, title: str, panels: list[Panel]) -> Dr
         return None, absent
     plt, fig, axes = _figure(len(panels), title)
     steps = learner_steps(series)
-    for ax, panel in zip(axes, panels):
+    for ax, panel in zip(axes, panels, strict=True):
         points = []
         for key, label in panel.lines:
             if series.get(key):
-                xs, ys = zip(*series[key])
+                xs, ys = zip(*series[key], strict=True)
                 steps += xs
                 points += series[key]
                 ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, label=label)
@@ -134,7 +135,7 @@ def _outcome_bars(ax, xs: list[float], counts: list[dict[str, float]], width: fl
         heights = [c.get(outcome, 0.0) for c in counts]
         if any(heights):
             ax.bar(xs, heights, width, bottom=bottom, color=COLOURS[outcome], label=outcome)
-            bottom = [b + h for b, h in zip(bottom, heights)]
+            bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
     ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize="small", title="outcome")
 
 
@@ -303,13 +304,13 @@ def plot_progress(rows: Rows, plots_dir: Path) -> Drawn:
     ax.set_title("run totals", fontsize=10, loc="left")
     ax.set_ylabel("groups")
     ax.legend(loc="upper left", fontsize="small")
-    totals = [(m, r[mk.PROGRESS_GROUPS]) for m, r in zip(minutes, rows) if mk.PROGRESS_GROUPS in r]
+    totals = [(m, r[mk.PROGRESS_GROUPS]) for m, r in zip(minutes, rows, strict=True) if mk.PROGRESS_GROUPS in r]
     say_on(ax, _progress_note(totals))
     counts = [
         {k.removeprefix(mk.PROGRESS_VERDICT): v for k, v in r.items() if k.startswith(mk.PROGRESS_VERDICT)}
         for r in rows
     ]
-    gaps = [b - a for a, b in zip(minutes, minutes[1:]) if b > a] or [0.5]
+    gaps = [b - a for a, b in itertools.pairwise(minutes) if b > a] or [0.5]
     _outcome_bars(axes[1], minutes, counts, 0.8 * min(gaps))
     axes[1].set_title("verified attempts since the previous row, by outcome", fontsize=10, loc="left")
     axes[1].set_ylabel("attempts")
@@ -351,9 +352,9 @@ def _integer_counts(ax) -> None:
 
 
 def _time_line(ax, rows: Rows, minutes: list[float], key: str, label: str, style: str = "-") -> None:
-    points = [(m, r[key]) for m, r in zip(minutes, rows) if isinstance(r.get(key), (int, float))]
+    points = [(m, r[key]) for m, r in zip(minutes, rows, strict=True) if isinstance(r.get(key), (int, float))]
     if points:
-        xs, ys = zip(*points)
+        xs, ys = zip(*points, strict=True)
         ax.plot(xs, ys, style, marker="o" if len(xs) < 30 else None, markersize=3, label=label)
 
 

@@ -5,7 +5,7 @@ the interval (`busy/<actor>`). The readings are passed in, so the row is a funct
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from actors.buffer.health import ReplayHealth
 from launch.driver.monitor import busy_shares

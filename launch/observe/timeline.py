@@ -13,9 +13,9 @@ from __future__ import annotations
 import json
 import logging
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterable
 
 from protocols import Span
 
@@ -37,7 +37,7 @@ class TimelineLog:
     """Append-only RUN_DIR/timeline.jsonl."""
 
     def __init__(self, run_dir: Path) -> None:
-        self._file = open(Path(run_dir) / TIMELINE_FILE, "a", encoding="utf-8")
+        self._file = open(Path(run_dir) / TIMELINE_FILE, "a", encoding="utf-8")  # noqa: SIM115 - closed by close()
 
     def write(self, spans: Iterable[tuple[str, Span]]) -> None:
         lines = [json.dumps(asdict(SpanRow(actor, s.activity, s.start, s.end, s.units))) for actor, s in spans]

@@ -6,7 +6,7 @@ plots and progress lines, `kiln eval` (chart, messages) and `kiln sft`'s loss pl
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 
 def plural(n: int, noun: str, nouns: str | None = None) -> str:

@@ -23,8 +23,8 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from launch.driver.checks import verify_problem
 from launch.config_args import load_for_backend
+from launch.driver.checks import verify_problem
 from protocols import Task, VerifyRequest, VerifyResult
 
 BACKENDS = ("cpu", "cuda")
@@ -179,7 +179,7 @@ def _table(rows) -> str:
                 first[:90],
             )
         )
-    widths = [max(len(str(x)) for x in col) for col in zip(head, *lines)]
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *lines, strict=True)]
     fmt = "  ".join(f"{{:<{w}}}" for w in widths[:-1]) + "  {}"
     body = [fmt.format(*head), fmt.format(*("-" * w for w in widths))] + [fmt.format(*line) for line in lines]
     passed = sum(1 for _, r, _ in rows if r is not None and r.passed)

@@ -58,13 +58,14 @@ class ReplayProcess:
         self.starts: list[dict] = []
 
     def start(self) -> dict:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "actors.buffer", "--run-dir", str(self.run_dir), *OVERRIDES],
-            cwd=REPO,
-            stdout=subprocess.PIPE,
-            stderr=open(self.log, "a"),
-            text=True,
-        )
+        with open(self.log, "a") as stderr:  # the child keeps its own copy of the descriptor
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "actors.buffer", "--run-dir", str(self.run_dir), *OVERRIDES],
+                cwd=REPO,
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                text=True,
+            )
         ready, _, _ = select.select([self.proc.stdout], [], [], 60)
         assert ready, "replay process did not start within 60 s"
         info = json.loads(self.proc.stdout.readline())
@@ -84,7 +85,7 @@ class ReplayProcess:
 class Producer(threading.Thread):
     """Plays the rollouts: asks for tasks, makes G episodes per group, keeps them until acked."""
 
-    def __init__(self, run_dir: Path, learner: "Learner", crash) -> None:
+    def __init__(self, run_dir: Path, learner: Learner, crash) -> None:
         super().__init__(daemon=True)
         self.run_dir, self.learner, self.crash = run_dir, learner, crash
         self.sender = EpisodeSender(Registry(run_dir).resolver("replay", "replay"), timeout_s=1.0)
@@ -97,7 +98,7 @@ class Producer(threading.Thread):
     def run(self) -> None:
         try:
             self._run()
-        except BaseException as err:  # surfaced by the test
+        except BaseException as err:  # noqa: BLE001 - any error, a failed assert included, is surfaced by the test
             self.error = err
 
     def _run(self) -> None:
@@ -172,7 +173,7 @@ class Learner(threading.Thread):
                     time.sleep(reply.retry_after_s)
                 else:
                     break
-        except BaseException as err:
+        except BaseException as err:  # noqa: BLE001 - surfaced by the test
             self.error = err
         finally:
             client and client.close()

@@ -9,8 +9,8 @@ import pytest
 
 from actors.base import RunContext
 from actors.buffer import ReplayActor
-from actors.buffer.health import Admission
 from actors.buffer.examples import TextMatchTasks
+from actors.buffer.health import Admission
 from actors.buffer.task_source import is_validation, load_task_set
 from configs import AlgoConfig, ConfigError, ReplayConfig, load_config
 from protocols import (
@@ -130,7 +130,7 @@ def test_split_is_deterministic_by_seed_and_task_id():
     a = load_task_set(ReplayConfig(task_source=TEXT, val_fraction=0.2, split_seed=1), "cpu")
     b = load_task_set(ReplayConfig(task_source=TEXT, val_fraction=0.2, split_seed=1), "cpu")
     c = load_task_set(ReplayConfig(task_source=TEXT, val_fraction=0.2, split_seed=2), "cpu")
-    ids = lambda ts: {t.task_id for t in ts}  # noqa: E731
+    ids = lambda ts: {t.task_id for t in ts}
     assert ids(a.val) == ids(b.val) and ids(a.val) != ids(c.val)
     assert not ids(a.train) & ids(a.val) and len(a.train) + len(a.val) == 300
     assert 30 <= len(a.val) <= 90  # ~20 % of 300

@@ -18,7 +18,7 @@ from configs import AlgoConfig
 from protocols import Task, Turn
 from tests.helpers.synthetic import TurnSpec, make_episode
 
-PE = dict(alpha=0.75, bonus_turn1=0.2, bonus_turn2=0.1)
+PE = {"alpha": 0.75, "bonus_turn1": 0.2, "bonus_turn2": 0.1}
 TASK = Task(task_id="t", kind="text_match", payload={"prompt": "Repeat: abc\n", "answer": "abc"})
 
 

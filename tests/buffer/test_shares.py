@@ -32,7 +32,7 @@ def test_two_rollout_actors_split_the_window_and_a_dead_ones_groups_go_to_the_ot
     replay = make(tmp_path, eta=0, B=4)  # a window of 4 groups
     client = RequestClient(replay.start()["replay"], timeout_s=5.0, retries=0)
     try:
-        ask = lambda actor: client.request(TaskRequest(actor_id=actor))  # noqa: E731
+        ask = lambda actor: client.request(TaskRequest(actor_id=actor))
         assert ask("rollout-0").status == "task"
         assert ask("rollout-1").status == "task"
         assert ask("rollout-0").status == "task"

@@ -109,10 +109,10 @@ def test_configuration_reference_is_current():
 
 def test_cli_prints_resolved_config_and_rejects_bad_keys():
     kiln = [sys.executable, "-m", "launch.cli"]
-    ok = subprocess.run(kiln + ["config", "algo.group_size=5"], capture_output=True, text=True, cwd=ROOT)
+    ok = subprocess.run(kiln + ["config", "algo.group_size=5"], capture_output=True, text=True, cwd=ROOT, check=False)
     assert ok.returncode == 0 and "group_size: 5" in ok.stdout
     assert load_config(None, ["algo.group_size=5"]) == load_config(None, ["algo.group_size=5"])
-    bad = subprocess.run(kiln + ["config", "algo.nope=1"], capture_output=True, text=True, cwd=ROOT)
+    bad = subprocess.run(kiln + ["config", "algo.nope=1"], capture_output=True, text=True, cwd=ROOT, check=False)
     assert bad.returncode == 2
     assert bad.stderr.strip().startswith("kiln: config error: command line: unknown config key 'algo.nope'")
     assert len(bad.stderr.strip().splitlines()) == 1
@@ -150,7 +150,9 @@ def test_an_old_flat_key_yaml_gets_one_line_and_a_non_zero_exit(tmp_path):
     with pytest.raises(ConfigError, match="learner.weight_sync was renamed to learner.weight_sync.transport"):
         load_config(old)
     for cmd in (["config", "--config", str(old)], ["train", "--dry-run", "--config", str(old)]):
-        out = subprocess.run([sys.executable, "-m", "launch.cli", *cmd], capture_output=True, text=True, cwd=ROOT)
+        out = subprocess.run(
+            [sys.executable, "-m", "launch.cli", *cmd], capture_output=True, text=True, cwd=ROOT, check=False
+        )
         assert out.returncode == 2 and out.stdout == ""
         assert out.stderr == (
             f"kiln: config error: {old}: learner.weight_sync was renamed to learner.weight_sync.transport\n"

@@ -23,9 +23,9 @@ import hashlib
 import heapq
 import itertools
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -221,8 +221,10 @@ def simulate(cfg: SimConfig, run_dir: Path | None = None) -> SimResult:
 
 def table(results: list[SimResult]) -> str:
     rows = [
-        "| η | steps | trained samples | max lag | mean lag | lag histogram | filtered (groups) | "
-        "admission waits | samples / time | learner busy |",
+        (
+            "| η | steps | trained samples | max lag | mean lag | lag histogram | filtered (groups) | "
+            "admission waits | samples / time | learner busy |"
+        ),
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in results:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -28,7 +28,15 @@ T = 0.7
 
 def rollout_cfg(**kw) -> RolloutConfig:
     return RolloutConfig(
-        **{**dict(max_new_tokens=8, max_turns=1, max_batch=4, temperature=T, device="cpu", task_wait_s=0.5), **kw}
+        **{
+            "max_new_tokens": 8,
+            "max_turns": 1,
+            "max_batch": 4,
+            "temperature": T,
+            "device": "cpu",
+            "task_wait_s": 0.5,
+            **kw,
+        }
     )
 
 

@@ -10,9 +10,11 @@ answer to "what does a new backend have to write": model code only.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import pytest
@@ -59,7 +61,7 @@ class UnigramBackend(LearnerBackend):
                 logp = torch.log_softmax(self.theta / temperature, dim=-1)
                 targets = packed.targets[mb.positions]
                 entropy = -(logp.exp() * logp).sum().detach()
-                loss, report = loss_fn(mb, PolicyOutput(logp[targets], lambda n=len(targets): entropy.expand(n)))
+                loss, report = loss_fn(mb, PolicyOutput(logp[targets], functools.partial(entropy.expand, len(targets))))
                 if not forward_only:
                     loss.backward()
             reports.append(report)

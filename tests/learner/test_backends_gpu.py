@@ -26,8 +26,8 @@ def test_torch_and_megatron_take_the_same_rl_step():
         pytest.skip("needs a CUDA device")
     pytest.importorskip("megatron.core")
     from actors.learner.backends import make_trainer
-    from launch.bench.megatron_rows import SMALL, T, make_batch, with_behaviour
     from configs import AlgoConfig, LearnerConfig
+    from launch.bench.megatron_rows import SMALL, T, make_batch, with_behaviour
 
     model = dataclasses.replace(SMALL, dtype="float32")
     learner = LearnerConfig(lr=1e-3, micro_batch_tokens=1024, grad_clip=1.0)

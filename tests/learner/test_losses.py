@@ -129,7 +129,7 @@ def test_is_weight_carries_no_gradient_into_the_proximal_logprobs():
 
 def test_micro_batch_losses_and_stats_add_up_to_the_whole():
     logprobs, prox, behaviour, adv, mask = policy_inputs()
-    kw = dict(eps_low=EPS_LOW, eps_high=EPS_HIGH, is_cap=CAP, normalizer=NORMALIZER)
+    kw = {"eps_low": EPS_LOW, "eps_high": EPS_HIGH, "is_cap": CAP, "normalizer": NORMALIZER}
     whole, whole_stats = policy_loss(logprobs, prox, behaviour, adv, mask, **kw)
     parts = [policy_loss(logprobs[s], prox[s], behaviour[s], adv[s], mask[s], **kw) for s in (slice(0, 2), slice(2, 5))]
     assert float((parts[0][0] + parts[1][0]).detach()) == pytest.approx(float(whole.detach()), abs=1e-7)

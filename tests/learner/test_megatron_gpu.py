@@ -22,8 +22,8 @@ def backend():
     pytest.importorskip("megatron.core")
     from actors.learner.algorithm import Trainer
     from actors.learner.megatron.backend import MegatronBackend
-    from launch.bench.megatron_rows import SMALL, T
     from configs import AlgoConfig, LearnerConfig
+    from launch.bench.megatron_rows import SMALL, T
 
     megatron = MegatronBackend(
         SMALL, LearnerConfig(backend="megatron", lr=1e-3, micro_batch_tokens=1024), device="cuda"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 from unittest import mock
 
 import numpy as np
@@ -132,7 +133,7 @@ def test_fused_qkv_layout_gives_each_rank_its_heads(heads, kv_heads, tp):
     name = "decoder.layers.0.self_attention.linear_qkv."
     w_shards = hm.shard(name + "weight", hm.to_megatron(name + "weight", hf, shape), tp)
     b_shards = hm.shard(name + "bias", hm.to_megatron(name + "bias", hf, shape), tp)
-    outputs = [x @ w.double().T + b.double() for w, b in zip(w_shards, b_shards)]
+    outputs = [x @ w.double().T + b.double() for w, b in zip(w_shards, b_shards, strict=True)]
     q_per_rank = heads // tp
     for rank in range(tp):
         q, k, v = megatron_split_qkv(outputs, shape, tp, rank)
@@ -158,7 +159,7 @@ def test_pipeline_stages_hold_every_parameter_once(arch, tied, pp):
     copies = ["output_layer.weight"] if tied and pp > 1 else []
     assert whole == hm.megatron_names(shape) + copies
     assert [hm.is_tied_copy(n, shape) for n in whole].count(True) == len(copies)
-    for s, per_stage in zip(stages, names):
+    for s, per_stage in zip(stages, names, strict=True):
         layers = sorted({int(local.split(".")[2]) for local, _ in per_stage if local.startswith("decoder.layers.")})
         assert layers == list(range(4 // pp)) and s.layers() == range(s.rank * 4 // pp, (s.rank + 1) * 4 // pp)
         assert ("embedding.word_embeddings.weight" in dict(per_stage)) == (s.rank == 0)
@@ -257,7 +258,7 @@ def test_sdpa_attention_keeps_packed_sequences_apart():
         probs = scores.masked_fill(~causal, float("-inf")).softmax(-1)
         return torch.einsum("hqk,khd->qhd", probs, vs).reshape(len(qs), -1)
 
-    for a, b in zip(bounds, bounds[1:]):
+    for a, b in itertools.pairwise(bounds):
         if b > a:
             assert torch.allclose(out[a:b], reference(q[a:b], k[a:b], v[a:b]), atol=1e-5)
     with pytest.raises(ValueError, match="RoPE tables"):
@@ -481,7 +482,7 @@ def _run_workers(world: int, tp: int, pp: int, arch: str, tied: bool) -> list[di
         for r in range(world)
     ]
     outs = [p.communicate(timeout=240) for p in procs]
-    for p, (_, err) in zip(procs, outs):
+    for p, (_, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, err[-3000:]
     return [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
 

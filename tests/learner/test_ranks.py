@@ -36,7 +36,7 @@ def batch(seed: int = 0) -> TrainBatch:
     rng = np.random.default_rng(seed)
     lengths, prompts = [9, 14, 7, 11, 16, 5], [3, 5, 2, 4, 6, 1]
     n = sum(lengths)
-    mask = np.concatenate([np.arange(length) >= p for length, p in zip(lengths, prompts)])
+    mask = np.concatenate([np.arange(length) >= p for length, p in zip(lengths, prompts, strict=True)])
     return TrainBatch(
         version=0,
         episode_ids=[f"ep{i}" for i in range(len(lengths))],

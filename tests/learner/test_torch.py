@@ -15,9 +15,9 @@ import torch
 
 from actors.learner import checkpoint as ckpt
 from actors.learner import torch_backend
-from actors.learner.batch import BatchError, micro_batches, pack
 from actors.learner.algorithm import Trainer
 from actors.learner.backends import make_backend, make_trainer
+from actors.learner.batch import BatchError, micro_batches, pack
 from actors.learner.checkpoint import CheckpointMeta, read_latest, write_checkpoint
 from actors.learner.torch_backend import TorchBackend
 from actors.policy.model import build_model
@@ -31,7 +31,7 @@ T = 0.7
 def train_batch(lengths, prompt_lengths, advantages, seed=0, behaviour=None) -> TrainBatch:
     rng = np.random.default_rng(seed)
     n = sum(lengths)
-    mask = np.concatenate([np.arange(length) >= p for length, p in zip(lengths, prompt_lengths)])
+    mask = np.concatenate([np.arange(length) >= p for length, p in zip(lengths, prompt_lengths, strict=True)])
     return TrainBatch(
         version=0,
         episode_ids=[f"ep{i}" for i in range(len(lengths))],
@@ -96,9 +96,9 @@ def test_micro_batches_split_between_sequences_only():
 @pytest.mark.parametrize(
     "change, message",
     [
-        (dict(tokens=np.array([1, 2, 999])), "token ids"),
-        (dict(cu_seqlens=np.array([0, 2])), "malformed"),
-        (dict(advantages=np.array([np.nan], np.float32)), "finite"),
+        ({"tokens": np.array([1, 2, 999])}, "token ids"),
+        ({"cu_seqlens": np.array([0, 2])}, "malformed"),
+        ({"advantages": np.array([np.nan], np.float32)}, "finite"),
     ],
 )
 def test_bad_batches_are_refused_and_the_backend_keeps_working(change, message):
@@ -140,7 +140,9 @@ def test_micro_batching_does_not_change_the_gradient():
     assert r_small.trained_tokens == r_large.trained_tokens == len(batch.tokens) - 17 - 9
     assert r_small.metrics["kept_fraction"] == pytest.approx(5 / 6)
     assert r_small.loss == pytest.approx(r_large.loss, abs=1e-6)
-    for (name, p_small), p_large in zip(small.backend.model.named_parameters(), large.backend.model.parameters()):
+    for (name, p_small), p_large in zip(
+        small.backend.model.named_parameters(), large.backend.model.parameters(), strict=True
+    ):
         torch.testing.assert_close(p_small.grad, p_large.grad, atol=1e-6, rtol=0, msg=name)
 
 
@@ -173,9 +175,11 @@ def test_each_update_is_a_token_mean_over_its_own_mini_batch():
     # -(5·1 + 3·(-0.5))/8 = -0.4375 and -(4·2 + 6·(-1))/10 = -0.2; over the whole batch it would be -5.5/18
     assert result.loss == pytest.approx((-0.4375 - 0.2) / 2, abs=1e-6)
     alone = [backend(AlgoConfig(ppo_minibatches=1), lr=0.0, grad_clip=0.0) for _ in range(2)]
-    losses = [b.train_step(subset(batch, seqs)).loss for b, seqs in zip(alone, ([0, 1], [2, 3]))]
+    losses = [b.train_step(subset(batch, seqs)).loss for b, seqs in zip(alone, ([0, 1], [2, 3]), strict=True)]
     assert losses == pytest.approx([-0.4375, -0.2], abs=1e-6)
-    for (name, p_two), p_alone in zip(two.backend.model.named_parameters(), alone[1].backend.model.parameters()):
+    for (name, p_two), p_alone in zip(
+        two.backend.model.named_parameters(), alone[1].backend.model.parameters(), strict=True
+    ):
         torch.testing.assert_close(p_two.grad, p_alone.grad, atol=1e-7, rtol=1e-5, msg=name)
 
 

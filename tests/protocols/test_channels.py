@@ -2,7 +2,6 @@
 and a late subscriber that still receives every announcement."""
 
 import multiprocessing as mp
-import threading
 import time
 
 import numpy as np

@@ -68,7 +68,7 @@ class _Served:
 
     def __init__(self, tag: str) -> None:
         self.server, self.stop = ReplyServer(), threading.Event()
-        reply = lambda rec: P.TaskReply(status="stop", group_id=tag)  # noqa: E731
+        reply = lambda rec: P.TaskReply(status="stop", group_id=tag)
         self.thread = threading.Thread(target=self.server.serve, args=(reply, self.stop), daemon=True)
         self.thread.start()
         self.address = self.server.address

@@ -37,16 +37,16 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def rollout_cfg(**kw) -> RolloutConfig:
-    base = dict(
-        max_new_tokens=8,
-        max_turns=3,
-        max_batch=8,
-        temperature=1.0,
-        verify_reply_timeout_s=30.0,
-        ack_timeout_s=1.0,
-        task_wait_s=1.0,
-        device="cpu",
-    )
+    base = {
+        "max_new_tokens": 8,
+        "max_turns": 3,
+        "max_batch": 8,
+        "temperature": 1.0,
+        "verify_reply_timeout_s": 30.0,
+        "ack_timeout_s": 1.0,
+        "task_wait_s": 1.0,
+        "device": "cpu",
+    }
     return RolloutConfig(**{**base, **kw})
 
 

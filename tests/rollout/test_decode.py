@@ -11,8 +11,8 @@ import threading
 import numpy as np
 import pytest
 import torch
-
 import transformers.integrations.sdpa_attention as hf_sdpa
+
 from actors.policy.model import build_model
 from actors.rollout import attention
 from actors.rollout.decode_step import DecodeStep
@@ -87,7 +87,7 @@ def check_decode_attention(monkeypatch, device: str) -> None:
     assert plain_calls and all(q_len > 1 for q_len in plain_calls)
     assert len(plain_calls) == TINY.num_layers  # the prefill only
     tolerance = 1e-5 if device == "cpu" else 1e-4  # GPU: different SDPA kernels, fp32 accumulation order
-    for a, b in zip(ref, got):
+    for a, b in zip(ref, got, strict=True):
         torch.testing.assert_close(b, a, atol=tolerance, rtol=0)
     # sanity: the steps' logits differ from each other (the comparison is not of constants)
     assert not torch.allclose(ref[0], ref[-1])
@@ -159,7 +159,7 @@ def check_pipelined_against_plain(update_at: int | None, device: str) -> None:
     if update_at is not None:
         assert plain_stats["updates"] == piped_stats["updates"] == 1
         assert any(set(g.versions.tolist()) == {0, 1} for g in plain)  # a row spans the update
-    for a, b in zip(plain, piped):
+    for a, b in zip(plain, piped, strict=True):
         assert a.request_id == b.request_id and a.finish_reason == b.finish_reason
         np.testing.assert_array_equal(a.output_ids, b.output_ids)
         np.testing.assert_array_equal(a.logprobs, b.logprobs)

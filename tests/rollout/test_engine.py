@@ -47,7 +47,7 @@ def test_logprobs_match_a_full_forward_under_continuous_batching(engine, tempera
     # 7 requests through 3 slots: finished rows' slots were refilled, prefilling only the new rows
     assert engine.stats["inserted"] >= 2 and engine.stats["rebuilds"] + engine.stats["inserted"] >= 4
     errors = []
-    for req, gen in zip(reqs, gens):
+    for req, gen in zip(reqs, gens, strict=True):
         assert len(gen.output_ids) == len(gen.logprobs) == len(gen.versions) >= 1
         assert gen.finish_reason in ("stop", "length")
         assert gen.truncated == (gen.finish_reason == "length")
@@ -130,7 +130,7 @@ def test_abort_policy_switches_weights_between_decode_steps_with_exact_versions(
     engine.resume()
     t.join(30)
     assert engine.weight_version == 1
-    for req, gen in zip(reqs, out["gens"]):
+    for req, gen in zip(reqs, out["gens"], strict=True):
         assert gen.versions.tolist() == [0] * 4 + [1] * 8
         ids = gen.output_ids.tolist()
         ref_old = reference_logprobs(old, req.prompt_ids, ids, 0.9)[:4]

@@ -69,7 +69,7 @@ def served():
 
 
 def test_probe_endpoints_answer_like_sglang(served):
-    engine, server, client = served
+    _engine, _server, client = served
     assert client.health().alive
     info = client.call("GET", "/model_info")
     assert info["is_generation"] is True and set(info) >= {"model_path", "tokenizer_path"}
@@ -88,7 +88,7 @@ def test_generate_single_and_batched_with_exact_logprobs(served):
     status, raw = post(server.url, "/generate", json.dumps(body).encode())
     out = json.loads(raw)
     assert status == 200 and isinstance(out, list) and len(out) == 2
-    for prompt, item in zip(body["input_ids"], out):
+    for prompt, item in zip(body["input_ids"], out, strict=True):
         meta = item["meta_info"]
         assert meta["finish_reason"] == {"type": "length", "length": 5}
         ids = [t for _, t, _ in meta["output_token_logprobs"]]
@@ -113,7 +113,7 @@ def test_generate_single_and_batched_with_exact_logprobs(served):
     ],
 )
 def test_bad_requests_get_a_clear_error_and_the_server_keeps_serving(served, body, message):
-    engine, server, client = served
+    _engine, server, client = served
     status, raw = post(server.url, "/generate", body)
     assert status == 400 and message in json.loads(raw)["error"]["message"]
     assert client.health().alive
@@ -144,7 +144,7 @@ def test_weight_update_pause_continue_and_memory_endpoints(served, tmp_path):
 
 
 def test_distributed_weight_update_over_http_with_a_gloo_broadcaster(served):
-    engine, server, client = served
+    engine, _server, client = served
     new = build_model(ModelConfig(**{**{f: getattr(TINY, f) for f in TINY.__dataclass_fields__}, "seed": 8}))
     tensors = [(k, v) for k, v in new.state_dict().items() if k != "lm_head.weight"]
     names, dtypes, shapes = manifest(tensors)
@@ -225,13 +225,13 @@ def router():
             proc.kill()
             proc.wait()
         client.close()
-        for s, e in zip(servers, engines):
+        for s, e in zip(servers, engines, strict=True):
             s.stop()
             e.close()
 
 
 def test_client_through_the_real_sglang_router_to_two_embedded_engines(router):
-    client, engines, servers = router
+    client, engines, _servers = router
     reqs = [
         GenerateRequest(f"r{i}", [256, i, i + 1], SamplingParams(max_new_tokens=4, ignore_eos=True)) for i in range(8)
     ]
@@ -241,6 +241,6 @@ def test_client_through_the_real_sglang_router_to_two_embedded_engines(router):
     assert sum(served) == 8 and min(served) >= 2  # the router spread the requests over both engines
     # Both engines hold the same seed-0 weights, so every logprob checks against one reference model.
     model = engines[0].model
-    for req, gen in zip(reqs, gens):
+    for req, gen in zip(reqs, gens, strict=True):
         assert len(gen.output_ids) == 4 and gen.finish_reason == "length"
         assert np.abs(reference_logprobs(model, req.prompt_ids, gen.output_ids.tolist()) - gen.logprobs).mean() < 1e-4

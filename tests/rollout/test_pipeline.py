@@ -9,12 +9,12 @@ import time
 
 import pytest
 
+from actors.base import RunContext
 from actors.rollout.actor import RolloutActor
 from configs import EvalConfig
 from protocols import VerifyResult
 from protocols.channels import ReplyServer
 from protocols.registry import Registry
-from actors.base import RunContext
 from tests.helpers.common import wait_for
 from tests.rollout.test_actor import TINY, rollout_cfg, start_replay
 

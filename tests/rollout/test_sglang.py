@@ -48,7 +48,7 @@ def test_launch_command_comes_from_the_config():
     spec = launch_spec(rollout, dataclasses.replace(TINY, path="/models/qwen"), index=1, gpu_ids=slot.device_ids())
     cmd = spec.command()
     assert cmd[1:3] == ["-m", "sglang.launch_server"]
-    flags = dict(zip(cmd[3::2], cmd[4::2]))
+    flags = dict(zip(cmd[3::2], cmd[4::2], strict=False))
     assert flags["--model-path"] == "/models/qwen" and flags["--port"] == "31001" and flags["--tp-size"] == "2"
     assert flags["--mem-fraction-static"] == "0.6" and "--skip-tokenizer-init" in cmd
     assert cmd[-2:] == ["--dtype", "bfloat16"]

@@ -5,8 +5,8 @@ cannot fit, performance turns, thinking text kept out of what is verified, and t
 from __future__ import annotations
 
 import asyncio
-
 import dataclasses
+from typing import ClassVar
 
 import numpy as np
 import pytest
@@ -15,7 +15,7 @@ from actors.policy.tokenizer import ByteTokenizer, HFTokenizer, Message, Respons
 from actors.rollout.engine import GenerateRequest, Generation, SamplingParams
 from actors.rollout.episodes import Pipeline
 from actors.rollout.turns import Attempt, Done, Prompt, TurnPolicy, TurnRules
-from protocols import RepairContext, Task, TaskReply, VerifyRequest, VerifyResult, decode, encode
+from protocols import RepairContext, TaskReply, VerifyRequest, VerifyResult, decode, encode
 from tasks.loader import load_tasks
 
 TASKS = {t.task_id: t for t in load_tasks("tasks", "cpu")}
@@ -199,7 +199,7 @@ def test_thinking_is_split_from_the_answer_and_only_the_answer_is_verified(chat)
     assert ByteTokenizer().split_response(ByteTokenizer().encode(thought + ANSWER)).answer == ANSWER
 
     class Recorder:  # the verifier's side of the loop: what was it asked to verify?
-        requests: list[VerifyRequest] = []
+        requests: ClassVar[list[VerifyRequest]] = []
 
         async def verify(self, request):
             self.requests.append(request)
@@ -267,7 +267,7 @@ def test_stop_ids_are_the_generation_configs_eos_and_the_templates_end_of_turn(c
         bias[end_of_turn] = 50.0  # this model always ends its turn at once
         import torch
 
-        engine.model.lm_head.register_forward_hook(lambda mod, args, out: out + torch.from_numpy(bias))
+        engine.model.lm_head.register_forward_hook(lambda mod, args, out, bias=bias: out + torch.from_numpy(bias))
         try:
             (gen,) = engine.generate(
                 [GenerateRequest("r", prompt_ids=[1, 2, 3], params=SamplingParams(max_new_tokens=12))]

@@ -128,7 +128,7 @@ def test_shape_rules_hold_on_many_random_graphs():
         module = load_source(source, f"graph{attempt}.py")
         names = size_names(graph)
         for env in ("cpu", "alt0", "alt1"):
-            with constants(module, {n: v.values[env] for n, v in zip(names, graph.sizes.vars)}):
+            with constants(module, {n: v.values[env] for n, v in zip(names, graph.sizes.vars, strict=True)}):
                 torch.manual_seed(attempt)
                 with torch.no_grad():
                     out = module.Model(*module.get_init_inputs())(*module.get_inputs())
@@ -274,6 +274,7 @@ def test_kiln_verify_runs_a_synthesized_reference(seed0, verifier_cache_dir, tmp
         capture_output=True,
         text=True,
         timeout=600,
+        check=False,
     )
     assert p.returncode == 0, p.stderr[-2000:]
     result = json.loads(p.stdout)

@@ -275,9 +275,10 @@ def test_refusals_reach_the_log_however_the_pipe_is_tampered_with(tmp_path, tamp
         text=True,
         timeout=60,
         env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        check=False,
     )
     assert out.returncode == 0, out.stderr
-    piped, log, count, tail, same_end = eval(out.stdout)  # noqa: S307 - the probe's own repr
+    piped, log, count, tail, same_end = eval(out.stdout)
     assert [r[:3] for r in native.evidence_records(piped)] == [(1, "forbidden_import", "import ctypes")]
     assert [r[:3] for r in native.evidence_records(log)] == [
         (1, "forbidden_import", "import ctypes"),

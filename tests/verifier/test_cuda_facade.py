@@ -32,15 +32,18 @@ def shipped_cuda_specs():
 
     out = []
     orig = cpp_ext.load_inline
-    for path in sorted((REPO / "tasks" / "solutions" / "cuda").glob("level*/*.py")):
 
+    def recorder(path: Path):
         def record(*args, **kwargs):
             out.append((path, spec_from_call(*args, **kwargs)))
-            return None
 
-        cpp_ext.load_inline = record
+        return record
+
+    for path in sorted((REPO / "tasks" / "solutions" / "cuda").glob("level*/*.py")):
+        cpp_ext.load_inline = recorder(path)
         try:
-            exec(compile(path.read_text(), str(path), "exec"), {"__name__": "kiln_facade_test"})
+            # the shipped solutions are trusted repository files; running them is how their calls are read
+            exec(compile(path.read_text(), str(path), "exec"), {"__name__": "kiln_facade_test"})  # noqa: S102
         finally:
             cpp_ext.load_inline = orig
     return out
@@ -96,7 +99,9 @@ def test_every_shipped_cuda_solution_compiles_against_the_facade(cuda_builder, t
     assert not any(inc in unit.cmd for inc in cuda_builder.tc.torch_includes)
     cuda_builder._run_all([unit], tmp_path)
     assert unit.ok, unit.output[-4000:]
-    nm = subprocess.run(["nm", "-C", "--undefined-only", str(tmp_path / unit.obj)], capture_output=True, text=True)
+    nm = subprocess.run(
+        ["nm", "-C", "--undefined-only", str(tmp_path / unit.obj)], capture_output=True, text=True, check=False
+    )
     undefined = [line.split(None, 1)[-1] for line in nm.stdout.splitlines() if line.strip()]
     assert any(s.startswith("kiln::fc::empty") for s in undefined)
     assert not [s for s in undefined if re.match(r"(at|c10|torch|caffe2)::", s)]
@@ -246,7 +251,7 @@ def _link_facade_module(builder, bdir: Path, candidate_cpp: str, decls: str, fun
         "-o",
         "cand.o",
     ]
-    cand = subprocess.run(cand_cmd, cwd=bdir, capture_output=True, text=True)
+    cand = subprocess.run(cand_cmd, cwd=bdir, capture_output=True, text=True, check=False)
     assert cand.returncode == 0, cand.stderr[-3000:]
     builder._run_all([thunk], bdir)
     assert thunk.ok, thunk.output[-3000:]
@@ -264,7 +269,7 @@ def _link_facade_module(builder, bdir: Path, candidate_cpp: str, decls: str, fun
         "-o",
         str(so),
     ]
-    p = subprocess.run(link, cwd=bdir, capture_output=True, text=True)
+    p = subprocess.run(link, cwd=bdir, capture_output=True, text=True, check=False)
     assert p.returncode == 0, p.stderr[-3000:]
     return so
 
@@ -283,7 +288,7 @@ def test_facade_tensor_semantics_through_the_binding(cuda_builder, tmp_path):
     spec.loader.exec_module(ext)
 
     x = torch.randn(3, 5)
-    assert ext.shape_of(x) == [3, 5, 2, 15, 5, 5, 1, 0, int(6)]  # kFloat is 6 in c10 and the facade
+    assert ext.shape_of(x) == [3, 5, 2, 15, 5, 5, 1, 0, 6]  # kFloat is 6 in c10 and the facade
     xt = x.t()
     assert ext.shape_of(xt)[:2] == [5, 3] and ext.shape_of(xt)[-3] == 0  # a transposed view
     y = ext.double_it(xt)  # contiguous() copy, empty_like, data_ptr<float>
@@ -317,7 +322,9 @@ def test_facade_tensor_semantics_through_the_binding(cuda_builder, tmp_path):
         w[0].expand(4, 3),
     ]
     got = ext.plumbing(w)
-    assert len(got) == len(want) and all(g.dtype == e.dtype and torch.equal(g, e) for g, e in zip(got, want))
+    assert len(got) == len(want) and all(
+        g.dtype == e.dtype and torch.equal(g, e) for g, e in zip(got, want, strict=True)
+    )
     assert got[0].data_ptr() == w.data_ptr() and got[2].stride() == (1, 3)  # views share storage
     with pytest.raises(RuntimeError, match="need a dimension, got 0"):
         ext.double_it(torch.tensor(1.0))
@@ -393,7 +400,7 @@ def test_facade_built_candidate_runs_on_the_current_stream(tmp_path):
     assert "facade_cuda" in ",".join(r.preludes.values()), r.preludes
     install_prebuilt(r.artifacts, r.toolchain)
     ns: dict = {}
-    exec(compile(src, "candidate.py", "exec"), ns)
+    exec(compile(src, "candidate.py", "exec"), ns)  # noqa: S102 - this test's own candidate, run as it would be
     ext = ns["ext"]
     x = torch.randn(1 << 16, device="cuda")
     assert torch.equal(ext.add_one_fwd(x), x + 1)

@@ -47,7 +47,9 @@ def tasks():
 @pytest.fixture(scope="module")
 def results(verifier, tasks):
     with ThreadPoolExecutor(8) as pool:
-        return dict(zip([c.name for c in CASES], pool.map(lambda c: verifier.verify(request_for(c, tasks)), CASES)))
+        return dict(
+            zip([c.name for c in CASES], pool.map(lambda c: verifier.verify(request_for(c, tasks)), CASES), strict=True)
+        )
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])

@@ -11,10 +11,10 @@ import time
 
 import pytest
 import torch
-from tests.helpers.weights import PROMPT, T, assert_serves, rollout_actor, serving, tiny_model
 
 from actors.rollout.engine import EngineError, GenerateRequest, SamplingParams
 from protocols.registry import Registry
+from tests.helpers.weights import PROMPT, T, assert_serves, rollout_actor, serving, tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -92,9 +92,9 @@ def test_a_join_between_a_step_and_its_publish_gets_the_new_version_not_the_old_
     with serving(tmp_path, model) as (server, endpoints):
         actor = rollout_actor(tmp_path, endpoints, "late")
         try:
-            with server.updating():  # the step: weights of version 2 from here on, published below
-                with torch.no_grad():
-                    model.model.norm.weight.mul_(0.8)
+            # the step: weights of version 2 from here on, published below
+            with server.updating(), torch.no_grad():
+                model.model.norm.weight.mul_(0.8)
             joined = threading.Thread(target=actor.start, daemon=True)
             joined.start()
             time.sleep(1.0)

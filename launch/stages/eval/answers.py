@@ -124,8 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     records = answers_from_solutions(task_set.tasks, Path(args.solutions), variants=args.variants)
     with open(args.out, "w", encoding="utf-8") as f:
-        for r in records:
-            f.write(json.dumps({"task_id": r.task_id, "sample": r.sample, "text": r.text}) + "\n")
+        f.writelines(json.dumps({"task_id": r.task_id, "sample": r.sample, "text": r.text}) + "\n" for r in records)
     print(
         f"wrote {plural(len(records), 'answer')} for {len({r.task_id for r in records})} of "
         f"{plural(len(task_set.tasks), 'task')} to {args.out}"

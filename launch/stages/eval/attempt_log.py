@@ -20,7 +20,7 @@ class AttemptLog:
         self.done: dict[tuple[str, int], EvalAttempt] = {}
         if path.exists():
             self._recover()
-        self._file = open(path, "a", encoding="utf-8")
+        self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - open for the log's life; close() closes it
 
     def _recover(self) -> None:
         data = self.path.read_bytes()

@@ -24,7 +24,7 @@ def device_name(backend: str) -> str:
 
             if torch.cuda.is_available():
                 return torch.cuda.get_device_name(0)
-        except Exception:  # a broken driver is recorded as such, it does not stop the evaluation
+        except Exception:  # noqa: BLE001 - a broken driver is recorded as such, it does not stop the evaluation
             return "cuda (device name unavailable)"
         return "cuda (no device visible)"
     try:
@@ -46,6 +46,6 @@ def toolchain(backend: str) -> dict:
 
         tc = Toolchain.detect(backend)
         out.update({"cxx": f"{tc.cxx} {tc.cxx_version}".strip(), "nvcc": tc.nvcc_version})
-    except Exception as err:  # no compiler: the verdicts say so; the record names why
+    except Exception as err:  # noqa: BLE001 - no compiler: the verdicts say so; the record names why
         out["toolchain_error"] = " ".join(str(err).split())[:200]
     return out

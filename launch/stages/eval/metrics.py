@@ -22,9 +22,10 @@ of every level (and every task, for Pass@k).
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from math import comb
-from typing import Iterable, Protocol
+from typing import Protocol
 
 from protocols import metric_keys as mk
 

@@ -19,7 +19,7 @@ def eta_seconds(done_here: int, remaining: int, elapsed_s: float) -> float | Non
 def _clock(seconds: float | None) -> str:
     if seconds is None:
         return "--:--"
-    s = int(round(seconds))
+    s = round(seconds)
     return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60:02d}:{s % 60:02d}"
 
 

@@ -23,9 +23,9 @@ EVALUATE_TIMEOUT_S = 24 * 3600.0  # a batch of long answers on a slow engine; th
 
 class RolloutSampler:
     def __init__(self, cfg: KilnConfig, supervisor, *, gpu_share: float) -> None:
+        from actors.rollout.actor import RolloutActor
         from launch.driver.handles import RolloutHandle
         from launch.driver.supervisor import ActorSpec
-        from actors.rollout.actor import RolloutActor
 
         self._tasks: list[Task] = []
         self._stop = threading.Event()

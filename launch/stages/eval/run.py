@@ -14,10 +14,10 @@ import dataclasses
 import json
 import logging
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from contextlib import contextmanager, nullcontext
-from typing import Iterator
 
 from actors.rollout.evaluation import Answer, EvalAttempt, first_turn_answers, verified_attempts
 from configs import KilnConfig
@@ -246,7 +246,7 @@ class _Sampler:
             return
         try:
             getattr(self.engine, what)()
-        except Exception as err:  # an external server without the endpoint: it stays idle between batches anyway
+        except Exception as err:  # noqa: BLE001 - an external server without the endpoint: idle between batches anyway
             if not self._warned:
                 log.warning("engine %s failed (%s); the engine is idle while verifying regardless", what, err)
                 self._warned = True

@@ -64,7 +64,7 @@ def markdown_table(entries: list[tuple[str, dict]], *, deltas: bool = False) -> 
     cols = columns(first)
     lines = ["| model | " + " | ".join(h for h, _, _ in cols) + " |", "|---|" + "---:|" * len(cols)]
     values = [row_values(s) for _, s in entries]
-    for (name, _), vals in zip(entries, values):
+    for (name, _), vals in zip(entries, values, strict=True):
         lines.append(f"| {name} | " + " | ".join(_pct(vals.get((m, lb))) for _, m, lb in cols) + " |")
     if deltas and len(entries) == 2:
         a, b = values

@@ -29,9 +29,9 @@ class VerifierSet:
     ) -> None:
         """`gpu_share`: the share of each GPU the verifiers take together under Ray (the rest is the
         engine's when it runs on Ray too)."""
+        from actors.verifier.actor import VerifierActor
         from launch.driver.handles import VerifierHandle
         from launch.driver.supervisor import ActorSpec, Supervisor
-        from actors.verifier.actor import VerifierActor
 
         self.cfg, self.use_ray = cfg, use_ray
         self.supervisor = Supervisor(run_dir, use_ray=use_ray)

@@ -73,10 +73,10 @@ def fail(message: str) -> int:
 
 def cmd_rft(args: argparse.Namespace) -> int:
     from actors.policy.chat_data import write_examples
+    from launch.driver.tiny_checkpoint import resolve_model_path
     from launch.stages.decontam import eval_tasks
     from launch.stages.rft.sample import LocalVerifierPool, sample_groups
     from launch.stages.rft.select import TaskYield, candidates, choose, yield_table
-    from launch.driver.tiny_checkpoint import resolve_model_path
     from tasks.loader import TaskLoadError, load_tasks
     from tasks.synth.decontam import ExcludeError
 

@@ -39,7 +39,7 @@ _TOKEN = re.compile(
   | (?P<id>[A-Za-z_]\w*)
   | (?P<op><<<|>>>|::|->|\+\+|--|&&|\|\||<<=|>>=|[-+*/%&|^!=<>]=|[^\s])
     """,
-    re.S | re.X,
+    re.DOTALL | re.VERBOSE,
 )
 NOT_TYPES = frozenset(
     {
@@ -165,9 +165,7 @@ def cpp_declared(tokens: list[tuple[str, str]]) -> set[str]:
         if j >= 1 and tokens[j - 1][1] in MEMBER:
             continue
         prev_kind, prev = tokens[j - 1]
-        if prev_kind == "id" and prev not in NOT_TYPES:
-            declared.add(name)
-        elif (
+        if (prev_kind == "id" and prev not in NOT_TYPES) or (
             prev in ("*", "&", ">")
             and j >= 2
             and (tokens[j - 2][0] == "id" or tokens[j - 2][1] in ("*", ">"))

@@ -14,9 +14,10 @@ so passing attempts exist where a small model writes no kernel that compiles (CP
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Iterator, Protocol
+from typing import Protocol
 
 from actors.policy.tokenizer import load_tokenizer
 from actors.rollout.engine import SamplingParams

@@ -126,7 +126,7 @@ def yield_table(rows: list[TaskYield]) -> str:
     head = ("task", "samples", "infra", "pass@turn1", "pass after repair", "distinct", "kept")
     body = [(r.task_id, r.samples, r.infra, r.passed_first, r.passed_repair, r.distinct, r.kept) for r in rows]
     total = ("total", *(sum(r[i] for r in body) for i in range(1, len(head))))
-    widths = [max(len(str(x)) for x in col) for col in zip(head, *body, total)]
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *body, total, strict=True)]
     fmt = "  ".join(f"{{:<{w}}}" if i == 0 else f"{{:>{w}}}" for i, w in enumerate(widths))
     lines = [fmt.format(*head), fmt.format(*("-" * w for w in widths))]
     lines += [fmt.format(*r) for r in body] + [fmt.format(*total)]

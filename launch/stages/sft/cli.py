@@ -26,6 +26,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Self
 
 from configs import load_config
 from protocols import metric_keys as mk
@@ -210,8 +211,10 @@ def train(cfg, data, settings, args) -> int:
             f"model: {cfg.model.path}",
             f"data: {args.data}",
             *data.summary(),
-            f"{result.steps} steps, {settings.epochs} epochs, lr {settings.lr}, "
-            f"{settings.batch_tokens} tokens per batch, backend {cfg.learner.backend}",
+            (
+                f"{result.steps} steps, {settings.epochs} epochs, lr {settings.lr}, "
+                f"{settings.batch_tokens} tokens per batch, backend {cfg.learner.backend}"
+            ),
         ],
     )
     print(f"{loss}{held} ({result.seconds:.0f} s)")
@@ -256,7 +259,7 @@ class Progress:
             )
             self._task = self._bar.add_task("", total=total)
 
-    def __enter__(self) -> "Progress":
+    def __enter__(self) -> Self:
         if self._bar is not None:
             self._bar.start()
         return self

@@ -37,9 +37,11 @@ class SFTData:
 
     def summary(self) -> list[str]:
         lines = [
-            f"examples: {self.examples} read; {self.train_examples} train ({plural(len(self.train), 'sequence')}, "
-            f"{plural(self.train_tokens, 'token')}), {self.held_out_examples} held out "
-            f"({plural(len(self.held_out), 'sequence')})",
+            (
+                f"examples: {self.examples} read; {self.train_examples} train ({plural(len(self.train), 'sequence')}, "
+                f"{plural(self.train_tokens, 'token')}), {self.held_out_examples} held out "
+                f"({plural(len(self.held_out), 'sequence')})"
+            ),
             self.decontam,
         ]
         if self.dropped["too long"]:

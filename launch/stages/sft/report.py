@@ -33,8 +33,10 @@ def write_report(out: Path, header: list[str]) -> Path:
     lines.append(f"![loss]({plot.relative_to(out)})" if plot else "(no loss plot: matplotlib is not installed)")
     lines += [
         "",
-        "Files: `metrics.jsonl` (one row per step), `tb/` (TensorBoard, when installed), "
-        "`final/` (servable HF export), `exports/`, `checkpoints/` (resume).",
+        (
+            "Files: `metrics.jsonl` (one row per step), `tb/` (TensorBoard, when installed), "
+            "`final/` (servable HF export), `exports/`, `checkpoints/` (resume)."
+        ),
         "",
     ]
     path = out / "report.md"
@@ -52,9 +54,9 @@ def _plot(out: Path, train: list[tuple[int, float]], held: list[tuple[int, float
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
     if train:  # a marker, or a one-step run's single point is not drawn at all
-        ax.plot(*zip(*train), marker="o" if len(train) < 30 else None, label="training loss")
+        ax.plot(*zip(*train, strict=True), marker="o" if len(train) < 30 else None, label="training loss")
     if held:
-        ax.plot(*zip(*held), marker="o", label="held-out loss")
+        ax.plot(*zip(*held, strict=True), marker="o", label="held-out loss")
     say_on(ax, thin_data_note(train + held))
     ax.set_xlabel("step")
     ax.set_ylabel("nats / assistant token")

@@ -17,9 +17,9 @@ from ray.util.placement_group import placement_group_table, remove_placement_gro
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from configs.loader import PRESETS, load_config
+from launch.driver.cluster import reserve_bundles
 from launch.driver.handles import ActorHandle
 from launch.driver.plan import actor_slot, bundles, plan
-from launch.driver.cluster import reserve_bundles
 from launch.driver.supervisor import ActorSpec, Supervisor
 
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from configs import load_config
-from launch.driver.checks import Finding, on_cluster
 from launch.cli.main import main
+from launch.driver.checks import Finding, on_cluster
 from launch.driver.plan import plan
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -39,8 +39,10 @@ def train_args(tmp_path, *overrides: str, dry_run: bool = False, config: str = T
 def test_an_absent_model_path_plans_with_a_warning_and_refuses_to_train(tmp_path, capsys):
     code, out, err = run(capsys, *train_args(tmp_path, "model.path=/no/such/checkpoint", dry_run=True))
     assert code == 0 and err == [
-        "kiln: warning: model.path=/no/such/checkpoint does not exist on this machine; "
-        "the plan uses the model section's sizes"
+        (
+            "kiln: warning: model.path=/no/such/checkpoint does not exist on this machine; "
+            "the plan uses the model section's sizes"
+        )
     ]
     assert "placement plan" in out and "from model section" in out and "kiln: tasks: 300 from" in out
     code, out, err = run(capsys, *train_args(tmp_path, "model.path=/no/such/checkpoint"))
@@ -112,9 +114,11 @@ def test_an_unwritable_run_root_and_a_reward_actor_that_cannot_be_built(tmp_path
     ]
     code, _, err = run(capsys, *train_args(tmp_path, "verifier.reward_actor_args={partial_credit: 5}", dry_run=True))
     assert code == 2 and err == [
-        "kiln: error: verifier.reward_actor=actors.verifier.examples.TextMatchReward with reward_actor_args="
-        "{'partial_credit': 5}: constructing TextMatchReward raised ValueError: partial_credit must lie in [0, 2), "
-        "got 5"
+        (
+            "kiln: error: verifier.reward_actor=actors.verifier.examples.TextMatchReward with reward_actor_args="
+            "{'partial_credit': 5}: constructing TextMatchReward raised ValueError: partial_credit must lie in [0, 2), "
+            "got 5"
+        )
     ]
 
 
@@ -146,8 +150,10 @@ def test_verify_with_the_cuda_backend_on_a_machine_without_cuda(capsys):
     relu = str(ROOT / "tasks" / "level1" / "01_relu.py")
     code, _, err = run(capsys, "verify", "--reference", relu, "--candidate", relu, "--backend", "cuda")
     assert code == 2 and err == [
-        "kiln verify: backend cuda needs a CUDA device and none is visible on this machine "
-        "(torch.cuda.is_available() is False); use --backend cpu"
+        (
+            "kiln verify: backend cuda needs a CUDA device and none is visible on this machine "
+            "(torch.cuda.is_available() is False); use --backend cpu"
+        )
     ]
 
 
@@ -212,11 +218,15 @@ def test_a_gpu_preset_plans_anywhere_but_runs_only_where_its_verifier_can(tmp_pa
     code, out, err = run(capsys, *train_args(tmp_path, dry_run=True, config=preset))
     assert code == 0 and "engines" in out
     assert err == [
-        "kiln: warning: verifier.backend=cuda: no CUDA device is visible on this machine; the verifiers "
-        "must run where there is one"
+        (
+            "kiln: warning: verifier.backend=cuda: no CUDA device is visible on this machine; the verifiers "
+            "must run where there is one"
+        )
     ]
     code, _, err = run(capsys, *train_args(tmp_path, config=preset))
     assert code == 2 and err == [
-        "kiln: error: verifier.backend=cuda is not available here: constructing KernelVerifier "
-        "raised RuntimeError: verifier.backend=cuda but no CUDA device is visible to this process"
+        (
+            "kiln: error: verifier.backend=cuda is not available here: constructing KernelVerifier "
+            "raised RuntimeError: verifier.backend=cuda but no CUDA device is visible to this process"
+        )
     ]

@@ -74,7 +74,7 @@ def test_prompts_are_chat_dialogues_and_a_repair_turn_shows_the_earlier_attempt(
     # through the chat template (the dump indents every line by four spaces)
     assert "    <|im_start|>system\n    You write fast native kernels" in dumps
     assert "<|im_end|>\n    <|im_start|>user\n    Task " in dumps
-    repairs = re.findall(r"turn 1 \(repair\).*?\n(prompt \(its first .*?)\nresponse:", dumps, re.S)
+    repairs = re.findall(r"turn 1 \(repair\).*?\n(prompt \(its first .*?)\nresponse:", dumps, re.DOTALL)
     assert repairs, "a failed first attempt got a repair turn"
     for prompt in repairs:
         lines = [line[4:] for line in prompt.splitlines()[1:]]  # un-indent the dump

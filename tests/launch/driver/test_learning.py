@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from configs import load_config
-from launch.observe.metrics import read_metrics
 from launch.driver.run_dir import RunDirectory
 from launch.driver.train import train
+from launch.observe.metrics import read_metrics
 
 CONFIG = Path(__file__).resolve().parents[3] / "configs" / "examples" / "text_match.yaml"
 STEPS = 40

@@ -4,6 +4,7 @@ checkpoint, its template renders a repair dialogue with thinking, and its build 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from launch.driver.tiny_checkpoint import END_OF_TURN, TinyChatSpec, cache_key, corpus_files
 
@@ -16,7 +17,7 @@ def test_loads_with_auto_classes_and_tokenises_kernel_code_compactly(tiny_chat_m
     tok = AutoTokenizer.from_pretrained(tiny_chat_model, local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(tiny_chat_model, local_files_only=True)
     assert model.config.model_type == "qwen3" and model.config.vocab_size == len(tok)
-    code = open(SOLUTION).read()
+    code = Path(SOLUTION).read_text()
     ids = tok.encode(code)
     assert tok.decode(ids) == code and len(ids) < len(code.encode()) / 2  # BPE, not bytes
     # generation_config names end-of-text only; the end of a turn is known from the template alone.

@@ -10,16 +10,15 @@ from __future__ import annotations
 import json
 import logging
 import statistics
-import time
 import subprocess
 import sys
+import time
 from pathlib import Path
 
-
 from configs import load_config
-from launch.observe.metrics import read_metrics
 from launch.driver.run_dir import RunDirectory
 from launch.driver.train import rollout_only, train, train_only
+from launch.observe.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[3]
 TEXT_MATCH = ROOT / "configs" / "examples" / "text_match.yaml"
@@ -166,11 +165,17 @@ def test_rollout_only_then_train_only(tmp_path):
 
 def test_dry_run_prints_the_plan_and_refuses_infeasible_ones():
     cmd = [sys.executable, "-m", "launch.cli", "train", "--dry-run"]
-    ok = subprocess.run(cmd + ["--config", "configs/eight_gpu.yaml"], cwd=ROOT, capture_output=True, text=True)
+    ok = subprocess.run(
+        cmd + ["--config", "configs/eight_gpu.yaml"], cwd=ROOT, capture_output=True, text=True, check=False
+    )
     assert ok.returncode == 0, ok.stderr
     assert "learner" in ok.stdout and "engines" in ok.stdout
     bad = subprocess.run(
-        cmd + ["--config", "configs/eight_gpu.yaml", "cluster.num_gpus=4"], cwd=ROOT, capture_output=True, text=True
+        cmd + ["--config", "configs/eight_gpu.yaml", "cluster.num_gpus=4"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert bad.returncode == 2 and "infeasible placement" in bad.stderr
 
@@ -253,7 +258,7 @@ def kill_and_time(kills: dict[int, str], health_of: list[str]):
                 if handle.name in health_of:
                     try:
                         infra.append(handle.health().verify_infra)
-                    except Exception:  # the one killed a moment ago, not restarted yet
+                    except Exception:  # noqa: BLE001, S110 - the one killed a moment ago, not restarted yet
                         pass
 
     return inject, times, killed, infra

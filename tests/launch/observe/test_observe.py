@@ -551,7 +551,7 @@ def test_report_from_a_full_run(tmp_path):
     assert "Not recorded" not in text
     # report.html: the same sections and tables, the plots embedded
     page = (tmp_path / "report.html").read_text()
-    for heading in re.findall(r"^## (.+)$", text, re.M):
+    for heading in re.findall(r"^## (.+)$", text, re.MULTILINE):
         assert f"<h2>{html.escape(heading)}</h2>" in page, heading
     assert page.count("<img ") == text.count("![") == 9 and "data:image/png;base64," in page
     assert '<a href="episodes/step-000004.txt">step-000004.txt</a> <code>e1</code>' in page

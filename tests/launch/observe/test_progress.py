@@ -8,8 +8,7 @@ import io
 import json
 import logging
 from pathlib import Path
-
-import pytest
+from typing import ClassVar
 
 from launch.driver.monitor import GroupOutcome, Window
 from launch.observe.progress import (
@@ -146,7 +145,7 @@ def test_a_warning_is_logged_when_it_starts_changes_or_has_lasted_repeat_s():
 class _QuietMonitor:
     """The RunMonitor readings a progress row takes: nothing verified, no group, no step yet."""
 
-    recent: list = []
+    recent: ClassVar[list] = []
     last_step_at = None
 
     def take_progress(self):
@@ -189,9 +188,9 @@ def test_a_run_that_cannot_learn_reports_progress_warns_and_stops_with_a_report(
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     from configs import load_config
-    from launch.observe.metrics import read_metrics
     from launch.driver.run_dir import RunDirectory
     from launch.driver.train import train
+    from launch.observe.metrics import read_metrics
 
     monkeypatch.chdir(ROOT)
     threads = torch.get_num_threads()

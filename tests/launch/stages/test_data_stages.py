@@ -87,10 +87,10 @@ def test_multi_turn_mask_covers_the_trained_answers_and_their_end_of_turn(tiny_c
     sequences = tokenize_example(example, tok)
     assert len(sequences) == 2  # one per trained answer; the failed one is context only
     end = tok.end_of_turn_id
-    for seq, i in zip(sequences, (4, 6)):
+    for seq, i in zip(sequences, (4, 6), strict=True):
         # the prompt is exactly what the rollout renders for that turn; the loss is on the answer only
         assert list(seq.prompt) == tok.render([Message(**{k: m[k] for k in ("role", "content")}) for m in messages[:i]])
-        trained = [t for t, on in zip(seq.ids, seq.loss_mask) if on]
+        trained = [t for t, on in zip(seq.ids, seq.loss_mask, strict=True) if on]
         assert trained[-1] == end and tok.decode(trained[:-1]) == messages[i]["content"]
     assert "broken(" in tok.decode(sequences[0].prompt) and "fixed = 1" in tok.decode(sequences[1].prompt)
 
@@ -242,7 +242,7 @@ def test_sft_on_the_rft_output_lowers_the_assistant_loss_and_exports(sft_run):
     losses = [r["sft/loss"] for r in rows]
     assert len(losses) >= 4 and losses[-1] < losses[0] - 0.3, losses
     assert (out / "report.md").read_text().count("training loss") == 1 and (out / "plots" / "loss.png").is_file()
-    assert sorted(p.name for p in (out / "exports").iterdir())[0] == "step-000002"
+    assert min(p.name for p in (out / "exports").iterdir()) == "step-000002"
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -319,7 +319,7 @@ def test_the_warm_start_builds_its_batches_with_the_sft_code(tiny_chat_model):
     found = [
         b
         for b in batches
-        for s, e in zip(b.cu_seqlens[:-1], b.cu_seqlens[1:])
+        for s, e in zip(b.cu_seqlens[:-1], b.cu_seqlens[1:], strict=False)
         if list(b.tokens[s:e]) == seq.ids and list(b.loss_mask[s:e]) == seq.loss_mask
     ]
     assert len(found) == 1

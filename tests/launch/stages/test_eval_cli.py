@@ -236,7 +236,7 @@ def test_kernelbench_repository_layout_loads_and_evaluates(tmp_path, capsys, ver
         + "\n"
     )
     out = tmp_path / "out"
-    code, text, err = run_eval(
+    code, _text, err = run_eval(
         capsys,
         "--answers",
         str(answers),
@@ -363,7 +363,7 @@ def test_on_ray_the_engine_and_verifiers_are_actors(ray_session, tiny_chat_model
     RolloutActor.evaluate, the in-run validation's method."""
     tasks = task_tree(tmp_path / "tasks", ["level1/01_relu.py", "level2/06_rmsnorm.py"])
     out = tmp_path / "out"
-    code, text, err = run_eval(
+    code, _text, err = run_eval(
         capsys,
         "--model",
         str(tiny_chat_model),
