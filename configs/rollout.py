@@ -4,7 +4,6 @@ benchmark-only workload knobs. Part of `configs.schema.KilnConfig`; declared lik
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional
 
 from configs.fields import F
 
@@ -15,7 +14,7 @@ FORCED_MIX = {"solution": 1.0, "compile_error": 1.0, "wrong_result": 1.0, "fallb
 
 @dataclass
 class SGLangConfig:
-    urls: List[str] = F([], "URLs of running SGLang servers (or one router) to use instead of launching engines")
+    urls: list[str] = F([], "URLs of running SGLang servers (or one router) to use instead of launching engines")
     launch_module: str = F(
         "sglang.launch_server", "Module run as `python -m` to start one SGLang server per engine when urls is empty"
     )
@@ -31,16 +30,16 @@ class SGLangConfig:
         30000, "Port of the first launched SGLang server; actor i listens on base + i", ge=1024, le=65535
     )
     start_timeout_s: float = F(600.0, "Seconds a launched SGLang server may take to answer /health", gt=0.0)
-    extra_args: List[str] = F([], "Further command-line arguments for every launched SGLang server")
+    extra_args: list[str] = F([], "Further command-line arguments for every launched SGLang server")
 
 
 @dataclass
 class RolloutBenchConfig:
-    lengths: List[int] = F(
+    lengths: list[int] = F(
         [],
         "Benchmarks only (kiln bench): response lengths in tokens to draw from; every sampled (not forced) request gets its max_new_tokens drawn from them and ignores eos, so its response is exactly that long (shorter only where the context ends). A random-init policy's eos would otherwise end responses at random. [] = off: max_new_tokens and eos as usual",
     )
-    length_weights: List[float] = F(
+    length_weights: list[float] = F(
         [], "Benchmarks only: the probability of each entry of lengths (normalised; [] = equally likely)"
     )
     unique_forced: bool = F(
@@ -114,7 +113,7 @@ class RolloutConfig:
     seed: int = F(0, "Seed of the engine's sampler (each actor adds its index)", ge=0)
     task_wait_s: float = F(5.0, "Seconds to wait for the task feed to answer before asking again", gt=0.0)
     ack_timeout_s: float = F(5.0, "Seconds to wait for replay to acknowledge an episode before resending", gt=0.0)
-    forced_candidates: Optional[str] = F(
+    forced_candidates: str | None = F(
         None,
         "Benchmarks and the CPU demo only: a solutions directory; attempts are drawn from candidates built from it (the solution, compile-broken, wrong-result, fallback and cut-off variants) and scored by the engine instead of sampled; null = sample (the default)",
     )
@@ -124,7 +123,7 @@ class RolloutConfig:
         ge=0.0,
         le=1.0,
     )
-    forced_mix: Dict[str, float] = F(
+    forced_mix: dict[str, float] = F(
         dict(FORCED_MIX),
         "With forced_candidates: the weight of each variant in a draw (solution, compile_error, wrong_result, fallback, cut_off, hang: an endless loop, a timeout verdict that costs verifier.run_timeout_s); a draw picks a variant the task has with probability proportional to its weight. Variants left out of a YAML mapping keep these defaults",
     )

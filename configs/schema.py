@@ -12,7 +12,7 @@ configs/rollout.py and `verifier` in configs/verifier.py; `F` is in configs/fiel
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, Optional
+from typing import Any
 
 from configs.fields import F
 from configs.rollout import RolloutConfig
@@ -21,18 +21,18 @@ from configs.verifier import VerifierConfig
 
 @dataclass
 class ClusterConfig:
-    address: Optional[str] = F(
+    address: str | None = F(
         None, "Ray cluster to join ('auto' or 'ray://host:10001'); null starts a local Ray sized to this machine"
     )
-    num_cpus: Optional[int] = F(None, "CPUs a local Ray instance may use; null = all of this machine's", ge=1)
-    num_gpus: Optional[int] = F(None, "GPUs a local Ray instance may use; null = all visible ones", ge=0)
+    num_cpus: int | None = F(None, "CPUs a local Ray instance may use; null = all of this machine's", ge=1)
+    num_gpus: int | None = F(None, "GPUs a local Ray instance may use; null = all visible ones", ge=0)
     layout: str = F(
         "disaggregated",
         "'colocated': engines and learner share GPUs (engine memory released around learner steps); 'disaggregated': separate GPU pools",
         choices=["colocated", "disaggregated"],
     )
     bind_host: str = F("127.0.0.1", "Host every ZMQ endpoint binds on; loopback keeps a single-node run private")
-    advertise_host: Optional[str] = F(
+    advertise_host: str | None = F(
         None, "Host peers use to reach endpoints bound on 0.0.0.0 (multi-node); null = bind_host"
     )
     transport: str = F(
@@ -57,7 +57,7 @@ class ClusterConfig:
         "GPUs dedicated to cuda verifier actors (actors spread round-robin over them); 0 with the cuda backend = verifiers share the engines' GPUs (else the learner's)",
         ge=0,
     )
-    gpu_memory_gb: Optional[float] = F(
+    gpu_memory_gb: float | None = F(
         None,
         "Memory of one GPU in GiB for the placement plan's memory check; null = ask the visible GPU, no check when there is none",
         gt=0.0,
@@ -66,7 +66,7 @@ class ClusterConfig:
 
 @dataclass
 class ModelConfig:
-    path: Optional[str] = F(
+    path: str | None = F(
         None,
         "Local HF checkpoint directory (config, safetensors, tokenizer with its chat template); 'kiln:tiny-chat' = Kiln's tiny chat checkpoint, built on first use under <logging.root>/models/; null = random init from the fields below",
     )
@@ -107,11 +107,11 @@ class RetryConfig:
 @dataclass
 class ReplayConfig:
     tasks: str = F("tasks", "Task directory (Kiln's tasks/, a KernelBench level directory, or one reference file)")
-    task_source: Optional[str] = F(
+    task_source: str | None = F(
         None,
         "Dotted path of a task-source class with __init__(self, cfg: ReplayConfig, backend: str, **task_source_args) and tasks(self) -> list[protocols.Task]; null = load `tasks`",
     )
-    task_source_args: Dict[str, Any] = F(
+    task_source_args: dict[str, Any] = F(
         {}, "Keyword arguments of the task source's constructor: cls(cfg, backend, **task_source_args)"
     )
     val_fraction: float = F(0.125, "Fraction of tasks held out for validation", ge=0.0, lt=1.0)
@@ -280,7 +280,7 @@ class AlgoConfig:
         True,
         "Dynamic sampling: a group whose rewards all tie has zero advantages and is filtered ('tied'), its admission slot going to a new group. Off: tied groups are trained like any other; they add no policy gradient (every advantage is 0) but fill batches, so the learner steps (and its version advances) even when every group ties",
     )
-    stop_after_no_progress_s: Optional[float] = F(
+    stop_after_no_progress_s: float | None = F(
         None,
         "End the run cleanly (final export, summary and report; no final evaluation) when no learner step happened for this many seconds since the rollouts started or the last step; set it above the longest learner step. null = never",
         gt=0.0,
@@ -294,7 +294,7 @@ class WarmStartConfig:
         "Cross-entropy warm-start steps on reference solutions before RL (a fresh learner only; a restored one continues from its checkpoint); 0 = no warm start",
         ge=0,
     )
-    solutions: Optional[str] = F(
+    solutions: str | None = F(
         None,
         "Solution directory of the warm start (levelN/<task file name>); null = <replay.tasks>/solutions/<verifier.backend>",
     )
@@ -322,9 +322,7 @@ class EvalConfig:
         gt=0.0,
         le=1.0,
     )
-    max_new_tokens: Optional[int] = F(
-        None, "Length limit of one evaluation answer; null = rollout.max_new_tokens", ge=1
-    )
+    max_new_tokens: int | None = F(None, "Length limit of one evaluation answer; null = rollout.max_new_tokens", ge=1)
     fast_threshold: float = F(
         1.1,
         "An attempt counts as faster than eager / torch.compile when it passed and its speedup is above this (the paper's 1.1: a 1.05x kernel is not faster)",
@@ -335,7 +333,7 @@ class EvalConfig:
 @dataclass
 class LoggingConfig:
     root: str = F("runs", "Directory under which each run gets its own run directory")
-    run_name: Optional[str] = F(None, "Run directory name; null = a timestamp")
+    run_name: str | None = F(None, "Run directory name; null = a timestamp")
     level: str = F(
         "INFO",
         "Python log level of the driver, and of each Ray actor, which logs into RUN_DIR/logs/NAME.log (a replacement appends to the file of the actor it replaces)",
@@ -344,8 +342,8 @@ class LoggingConfig:
     tensorboard: bool = F(True, "Write TensorBoard events to the run directory")
     wandb: bool = F(False, "Also log to Weights & Biases when it is installed")
     wandb_project: str = F("kiln", "Weights & Biases project of the run")
-    wandb_entity: Optional[str] = F(None, "Weights & Biases entity (team or user); null = the logged-in user's default")
-    wandb_run_name: Optional[str] = F(None, "Weights & Biases run name; null = the run directory's name")
+    wandb_entity: str | None = F(None, "Weights & Biases entity (team or user); null = the logged-in user's default")
+    wandb_run_name: str | None = F(None, "Weights & Biases run name; null = the run directory's name")
     live: bool = F(True, "Show the live rich view on a terminal")
     episodes_per_step: int = F(
         4,

@@ -5,7 +5,7 @@ declared like every section there."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, Optional
+from typing import Any
 
 from configs.fields import F
 
@@ -48,10 +48,10 @@ class VerifierConfig:
         "Kernel backend: 'cuda' (production) or 'cpu' (C++ kernels; CI and the embedded default)",
         choices=["cuda", "cpu"],
     )
-    reward_actor: Optional[str] = F(
+    reward_actor: str | None = F(
         None, "Dotted path of a reward-actor class that replaces the kernel verifier; null = the verifier"
     )
-    reward_actor_args: Dict[str, Any] = F(
+    reward_actor_args: dict[str, Any] = F(
         {}, "Keyword arguments of the reward actor's constructor: cls(cfg: VerifierConfig, **reward_actor_args)"
     )
     num_actors: int = F(1, "Verifier actors (one per GPU for cuda)", ge=1)
@@ -71,7 +71,7 @@ class VerifierConfig:
     memory_limit_mb: int = F(
         8192, "Host memory limit of an execution worker (cgroup/RSS watchdog; not RLIMIT_AS, which breaks CUDA)", ge=256
     )
-    cache_dir: Optional[str] = F(
+    cache_dir: str | None = F(
         None, "Compile and verdict cache directory; null = $KILN_CACHE_DIR/verifier, else ~/.cache/kiln/verifier"
     )
     warmup: int = F(
@@ -90,13 +90,13 @@ class VerifierConfig:
         "Also time torch.compile(reference) for speedup_compile: 'auto' = on cuda only (inductor's C++ build costs ~10-30 s per task on cpu), 'always', 'never'; always measured when reward.baseline is 'compile'",
         choices=["auto", "always", "never"],
     )
-    atol: Optional[float] = F(
+    atol: float | None = F(
         None,
         "Absolute tolerance of the correctness check, in units of the reference output's scale (its root mean square); "
         "null = the task's KILN_TOLERANCE, else by dtype (fp32 1e-3, fp16 1e-2, bf16 2e-2)",
         ge=0.0,
     )
-    rtol: Optional[float] = F(
+    rtol: float | None = F(
         None, "Relative tolerance of the correctness check; null = the task's KILN_TOLERANCE, else by dtype", ge=0.0
     )
     max_concurrent_requests: int = F(
@@ -104,7 +104,7 @@ class VerifierConfig:
         "Verification requests one verifier actor works on at once (compiles overlap executions); further requests queue",
         ge=1,
     )
-    reward_timeout_s: Optional[float] = F(
+    reward_timeout_s: float | None = F(
         None,
         "Seconds a verifier actor waits for its reward actor's verify() on one request before answering 'infra'; null = compile_timeout_s + run_timeout_s + 120",
         gt=0.0,

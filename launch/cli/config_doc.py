@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import types
 import typing
 
 from configs.loader import RENAMED
@@ -10,7 +11,7 @@ from configs.schema import KilnConfig
 
 
 def _type_name(tp) -> str:
-    if typing.get_origin(tp) is typing.Union:
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):  # Optional[X] and X | None alike
         args = [a for a in typing.get_args(tp) if a is not type(None)]
         return f"{_type_name(args[0])} or null"
     if typing.get_origin(tp) is list:
