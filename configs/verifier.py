@@ -60,16 +60,30 @@ class VerifierConfig:
         "Parallel compile processes per verifier actor; 0 = the node's cores (those the verifier's process may use) divided by the verifier actors of the run, at least 1 (verifiers spread over several nodes: set it per node's cores ÷ verifiers there)",
         ge=0,
     )
-    run_workers: int = F(1, "Sandboxed execution workers per verifier actor", ge=1)
+    run_workers: int = F(
+        0,
+        "Sandboxed execution workers per verifier actor, dealt round-robin over its GPUs and each pinned to its GPU (that GPU's device lease, references and baselines); 0 = one per GPU the placement gives the actor on cuda, and 1 on cpu (a cpu sandbox's timing shares the host's cores with the compiles)",
+        ge=0,
+    )
     trials: int = F(
         4,
         "Randomized correctness trials per candidate (fresh seeds; at least one other shape where the task allows)",
         ge=1,
     )
-    run_timeout_s: float = F(60.0, "Wall-clock limit of one candidate execution (correctness + timing)", gt=0.0)
+    run_timeout_s: float = F(
+        60.0,
+        "Sandbox seconds of one candidate execution (correctness + timing; trusted work in between does not count), "
+        "plus the time to move the task's data at 1 GiB/s for tasks of large inputs (limits.py)",
+        gt=0.0,
+    )
     compile_timeout_s: float = F(300.0, "Wall-clock limit of one compile", gt=0.0)
     memory_limit_mb: int = F(
-        8192, "Host memory limit of an execution worker (cgroup/RSS watchdog; not RLIMIT_AS, which breaks CUDA)", ge=256
+        8192,
+        "Floor of a sandbox's host memory limit (RSS watchdog over its process tree; not RLIMIT_AS, which breaks CUDA): "
+        "each task gets max(this, its process base + copies of one trial's inputs and outputs) plus its I/O arena, "
+        "never more than 90% of the machine's memory (actors/verifier/limits.py); the limit used is in every verdict's "
+        "diagnostics.sandbox.limits. Also the compile jails' memory limit",
+        ge=256,
     )
     cache_dir: str | None = F(
         None, "Compile and verdict cache directory; null = $KILN_CACHE_DIR/verifier, else ~/.cache/kiln/verifier"
@@ -80,9 +94,11 @@ class VerifierConfig:
         ge=0,
     )
     repeats: int = F(
-        20,
-        "Timed trip pairs: a trip is K calls (K chosen so a trip lasts a few ms), timed by the verifier against the "
-        "same trip without the forward; the mean per-call time pays, the median is recorded",
+        5,
+        "Timed trip pairs (at least 3): a trip is K calls (K chosen so a trip lasts a few ms), each timed as "
+        "KernelBench times one (L2 flush, CUDA events or the monotonic clock, an idle device), bounded by the "
+        "verifier's own clock around the trip and the same trip without the forward; the mean per-call time pays, "
+        "the median is recorded",
         ge=1,
     )
     compile_baseline: str = F(

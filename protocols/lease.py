@@ -18,6 +18,7 @@ from __future__ import annotations
 import fcntl
 import os
 import tempfile
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -40,6 +41,7 @@ class DeviceLease:
         key = device_key(device)
         self.path = root / f"kiln-device-{key}.lock"
         self.turnstile = root / f"kiln-device-{key}.turnstile"
+        self.exclusive_s = 0.0  # seconds this process held the device exclusively (what benchmarks report)
 
     @staticmethod
     def _open(path: Path) -> int:
@@ -72,7 +74,11 @@ class DeviceLease:
             fcntl.flock(gate, fcntl.LOCK_EX)
             fd = self._open(self.path)
             fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
+            started = time.perf_counter()
+            try:
+                yield
+            finally:
+                self.exclusive_s += time.perf_counter() - started
         finally:
             if fd >= 0:
                 os.close(fd)

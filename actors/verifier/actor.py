@@ -37,7 +37,7 @@ from actors.base import Actor, RunContext, load_plugin
 from actors.verifier.health import VerifierHealth
 from actors.verifier.interface import DEFAULT_REWARD_ACTOR, RewardActor
 from actors.verifier.latency import ModelledLatency
-from actors.verifier.workers import node_compile_workers
+from actors.verifier.workers import compile_workers
 from configs import VerifierConfig
 from protocols import ErrorReply, ProtocolError, VerifyRequest, VerifyResult, encode, infra_result
 from protocols.channels import ReplyServer, Request
@@ -53,7 +53,7 @@ class VerifierActor(Actor):
         """Without a run context (tools, tests) it serves on loopback and registers nowhere."""
         super().__init__(ctx)
         if cfg.compile_workers == 0:  # follow the node's cores, shared by the run's verifiers
-            cfg = dataclasses.replace(cfg, compile_workers=node_compile_workers(ctx.world_size if ctx else 1))
+            cfg = dataclasses.replace(cfg, compile_workers=compile_workers(0, ctx.world_size if ctx else 1).count)
         self.cfg, self.ctx = cfg, ctx
         self.reward_cls = load_plugin(
             cfg.reward_actor or DEFAULT_REWARD_ACTOR, RewardActor, key="verifier.reward_actor"
@@ -82,7 +82,10 @@ class VerifierActor(Actor):
     # ------------------------------------------------------------------------------ lifecycle
 
     def start(self) -> dict[str, str]:
-        self.impl = self.reward_cls(self.cfg, **self.cfg.reward_actor_args)
+        # An opt-in class attribute (interface.py), not a signature sniff; a plug-in that does not
+        # subclass RewardActor lacks it and is constructed as before.
+        placed = {"slot": self.ctx.slot if self.ctx else None} if getattr(self.reward_cls, "takes_slot", False) else {}
+        self.impl = self.reward_cls(self.cfg, **self.cfg.reward_actor_args, **placed)
         self._warm_thread = self.spawn(self.impl.warm, "warm")
         if self.ctx is not None:
             b = self.ctx.bind

@@ -1,8 +1,9 @@
 """Reference timings (eager PyTorch and torch.compile) that speedups are measured against.
 
 Measured in the verifier's own process, which never loads candidate code, by the same protocol as
-the candidate (timing.py): paired trips of K calls on fresh draws of `get_inputs()` staged into fixed
-buffers, each call's outputs snapshotted, the null trip subtracted; under the exclusive device lease;
+the candidate (timing.py): paired trips of K calls on fresh draws of `get_inputs()`, each call timed
+by the same CallClock (flush, events, idle device) and its outputs snapshotted, the trusted trip
+minus null trip alongside; under the exclusive device lease;
 once per (task, shapes, device), then reused by every candidate of the task. torch.compile's own
 compilation (seconds to a minute) happens outside the exclusive window.
 """
@@ -20,7 +21,7 @@ from actors.verifier.reference import Instance, Reference, ShapeConfig
 from configs import VerifierConfig
 from protocols.lease import DeviceLease
 
-# Seconds a baseline's pairs may take beyond the configured ones, while its figure is not resolved.
+# Seconds a baseline's pairs may take once MIN_RUNS are done (a slow reference times fewer pairs).
 BASELINE_BUDGET_S = 10.0
 
 log = logging.getLogger(__name__)
@@ -94,7 +95,7 @@ class Baselines:
                 trips.stage(k0)
             with self.lease.exclusive(), timing.responsive_gil():
                 k = timing.choose_k(trips, self.device_type, len(sets), self.cfg.warmup)
-            times = timing.TripTimes(k)
+            times = timing.TripTimes(k, self.device_type)
             started, i = time.perf_counter(), -1
             while timing.want_more(times, pairs, time.perf_counter() - started, BASELINE_BUDGET_S):
                 i += 1

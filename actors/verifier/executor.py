@@ -1,6 +1,6 @@
 """Parent side of sandboxed execution: a bounded pool of jailed children with watchdogs.
 
-`SandboxPool.session(arena_bytes)` forks a fresh sandbox from the zygote (one per candidate), jailed
+`SandboxPool.session(arena_bytes, memory_limit_bytes)` forks a fresh sandbox from the zygote (one per candidate), jailed
 as isolation.run_jail says, with three descriptors: its socket, the write end of its evidence pipe,
 and its I/O arena (a memory file this process created and maps too: inputs go in, outputs come out,
 nothing tensor-sized crosses the socket). It watches the resident memory of the sandbox's process
@@ -44,7 +44,7 @@ from pathlib import Path
 import msgpack
 import torch
 
-from actors.verifier import isolation, native
+from actors.verifier import isolation, limits, native
 from actors.verifier.isolation import RssWatchdog
 from actors.verifier.legality import Violation
 from actors.verifier.zygote import ExitStatus, Zygote, ZygoteError
@@ -52,6 +52,9 @@ from actors.verifier.zygote import ExitStatus, Zygote, ZygoteError
 MAX_REPLY = 1 << 20  # a reply is metadata: output descriptors, an error text, timings
 MAX_EVIDENCE = 200
 MAC_BYTES = 32
+# A sandbox that ends (not by the verifier's own kill) with its resident memory past this share of its
+# limit at the watchdog's last look died of memory: the kernel acts between two looks.
+NEAR_LIMIT = 0.9
 _HEADER = struct.Struct("<I")
 _SIGNAL_HINTS = {
     signal.SIGSEGV: "a segmentation fault (out-of-bounds pointer or index?)",
@@ -77,11 +80,15 @@ class SandboxTimeout(SandboxFailure):
 class SandboxCrash(SandboxFailure):
     error_class = "runtime"
 
-    def __init__(self, message: str, status: ExitStatus, exited_cleanly: bool, memory: bool = False) -> None:
+    def __init__(
+        self, message: str, status: ExitStatus, exited_cleanly: bool, memory: bool = False, capped: bool = False
+    ) -> None:
         super().__init__(message)
         self.status = status
-        self.exited_cleanly = exited_cleanly  # exit status 0 mid-request: os._exit / a forged finish
-        self.memory = memory  # killed by the memory watchdog
+        self.exited_cleanly = exited_cleanly  # exit status 0 mid-request, not of memory: os._exit / a forged finish
+        self.memory = memory  # died of memory: the watchdog's kill, or the kernel's out-of-memory killer
+        if memory and capped:  # the task needs more than the machine gives a sandbox: not the candidate's doing
+            self.error_class = "infra"
 
 
 class SandboxForged(SandboxFailure):
@@ -101,14 +108,20 @@ class Arena:
     there). Regions are handed out in order; `reset()` starts over for the next request."""
 
     ALIGN = 64
+    SMALLEST = 1 << 16
 
     def __init__(self, size: int) -> None:
-        self.size = max(int(size), 1 << 16)
+        self.size = self.size_for(size)
         self.fd = os.memfd_create("kiln-arena", os.MFD_CLOEXEC)
         os.ftruncate(self.fd, self.size)
         self.map = mmap.mmap(self.fd, self.size)
         self.bytes = torch.frombuffer(self.map, dtype=torch.uint8)
         self.used = 0
+
+    @classmethod
+    def size_for(cls, size: int) -> int:
+        """The size of the arena asked for `size` bytes."""
+        return max(int(size), cls.SMALLEST)
 
     def reset(self) -> None:
         self.used = 0
@@ -129,7 +142,7 @@ class Arena:
 
         if not isinstance(value, torch.Tensor):
             return {"v": value}
-        t = value.detach().to("cpu").contiguous()
+        t = value.detach().contiguous()  # a device tensor is copied straight into the arena
         name = DTYPE_NAMES.get(t.dtype)
         if name is None:
             raise ValueError(f"inputs of dtype {t.dtype} are not supported")
@@ -165,9 +178,17 @@ class ChildSession:
     """One jailed sandbox serving one candidate."""
 
     def __init__(
-        self, pool: SandboxPool, memory_limit_bytes: int, arena_bytes: int = 1 << 16, check_cuda: bool = False
+        self,
+        pool: SandboxPool,
+        memory_limit_bytes: int,
+        arena_bytes: int = 1 << 16,
+        check_cuda: bool = False,
+        memory_capped: bool = False,
     ) -> None:
         self.pool = pool
+        self.memory_capped = memory_capped  # the limit is the machine's, below what the task needs
+        self.oom_kills = limits.oom_kills()  # the kernel's count before this sandbox existed
+        self.killed = False  # the verifier sent the SIGKILL (watchdog, deadline), not the kernel
         self.scratch = Path(tempfile.mkdtemp(prefix="kiln-sandbox-", dir=pool.scratch_root))
         self.work = self.scratch / "work"
         self.work.mkdir()
@@ -179,6 +200,7 @@ class ChildSession:
         self.evidence: list[Violation] = []
         self.jail: dict = {}
         self.cuda_error: str | None = None
+        self.gpus_seen: list | None = None  # the probe's answer on cuda: the UUIDs of the GPUs it sees
         self.key = secrets.token_bytes(32)
         self.arena = Arena(arena_bytes)
         self.baseline_maps: set[str] = set()
@@ -194,6 +216,7 @@ class ChildSession:
             uid=pool.zygote.next_uid(),
             hidden=pool.hidden,
             visible=pool.visible,
+            gpu=pool.gpu,
         )
         try:
             spawned = pool.zygote.spawn(
@@ -221,6 +244,7 @@ class ChildSession:
             hello = self.request("hello", {"check_cuda": check_cuda}, 120, signed=False)
             self.jail = hello.get("jail") if isinstance(hello.get("jail"), dict) else {}
             self.cuda_error = hello.get("cuda") if isinstance(hello.get("cuda"), str) else None
+            self.gpus_seen = hello.get("gpus") if isinstance(hello.get("gpus"), list) else None
         except SandboxFailure as err:
             tail = self.output_tail()
             self.close()
@@ -363,11 +387,16 @@ class ChildSession:
         return sorted(self.shared_mappings() - self.baseline_maps)
 
     def _crashed(self) -> SandboxCrash:
+        killed_here = self.killed
         self._reap()
         st = self.status or ExitStatus(None, None)
-        if self.watchdog.tripped:
-            limit = self.pool.memory_limit_bytes >> 20  # the watchdog also allows the I/O arena's pages
-            msg = f"the process exceeded the memory limit of {limit} MB and was killed (out of memory)"
+        memory = self.died_of_memory(st, killed_here)
+        if memory:
+            limit = self.watchdog.limit >> 20  # the I/O arena's pages included
+            who = "the memory watchdog" if self.watchdog.tripped else "the kernel's out-of-memory killer"
+            msg = f"the process exceeded the memory limit of {limit} MB and was killed by {who} (out of memory)"
+            if self.memory_capped:
+                msg += "; the limit is this machine's, below what the task's data needs (the machine's fault)"
         elif st.signal:
             hint = _SIGNAL_HINTS.get(st.signal, f"signal {st.signal}")
             msg = f"the process crashed with {hint}"
@@ -381,9 +410,23 @@ class ChildSession:
         return SandboxCrash(
             msg,
             st,
-            exited_cleanly=(st.code == 0 and not st.signal and not self.watchdog.tripped),
-            memory=self.watchdog.tripped,
+            exited_cleanly=(st.code == 0 and not st.signal and not memory),
+            memory=memory,
+            capped=self.memory_capped,
         )
+
+    def died_of_memory(self, st: ExitStatus, killed_here: bool) -> bool:
+        """Whether the sandbox's end was memory: the watchdog killed it, or it ended (a SIGKILL the
+        verifier did not send, or any exit) while the kernel's out-of-memory killer acted or its
+        resident memory was near the limit. A process that dies of memory is never called cheating,
+        however its status reads (its warden, or the runtime, may report a plain exit)."""
+        if self.watchdog.tripped:
+            return True
+        if killed_here:
+            return False
+        oom = limits.oom_kills() > self.oom_kills
+        near = self.watchdog.peak >= NEAR_LIMIT * self.watchdog.limit
+        return (oom or near) and (st.signal in (None, 0, signal.SIGKILL))
 
     def output_tail(self, limit: int = 1500) -> str:
         log = self.scratch / "output.log"
@@ -396,6 +439,7 @@ class ChildSession:
 
     def kill(self) -> None:
         if self.alive:
+            self.killed = True
             self.spawned.kill()
 
     def _reap(self) -> None:
@@ -471,10 +515,13 @@ def mapped_shared(pid: int, device_type: str) -> set[str]:
 
 
 class SandboxPool:
-    """At most `slots` sandboxes at a time (the `run_workers` setting), all forked from one zygote.
+    """At most `slots` sandboxes at a time (the run workers of one GPU), all forked from one zygote.
 
     `hidden` and `visible` extend the jail's view: the verifier's cache directory is hidden, the
-    directory of built extensions is visible (read-only) so the candidate can import its own."""
+    directory of built extensions is visible (read-only) so the candidate can import its own. `gpu`
+    (a CUDA_VISIBLE_DEVICES entry of this process's environment; "" = unpinned) is the one GPU its
+    sandboxes see, as their device 0; `gpu_uuid` is that GPU's UUID, which the start-up probe's
+    sandbox must report as the only one it sees."""
 
     def __init__(
         self,
@@ -486,8 +533,11 @@ class SandboxPool:
         zygote: Zygote | None = None,
         hidden: tuple[str, ...] = (),
         visible: tuple[str, ...] = (),
+        gpu: str = "",
+        gpu_uuid: str = "",
     ) -> None:
         self.device_type = device_type
+        self.gpu, self.gpu_uuid = gpu, gpu_uuid
         self.memory_limit_bytes = memory_limit_mb << 20
         self.scratch_root = scratch_root
         if scratch_root:
@@ -515,16 +565,24 @@ class SandboxPool:
                         f"its jail shows /dev/nvidia*, /sys, /usr and the library path: is the "
                         f"driver library elsewhere?"
                     )
+                if self.gpu_uuid and child.gpus_seen != [self.gpu_uuid]:
+                    raise SandboxInfra(
+                        f"a sandbox pinned to GPU {self.gpu} (UUID {self.gpu_uuid}) sees {child.gpus_seen}; "
+                        f"CUDA_VISIBLE_DEVICES does not pin it (was CUDA initialised in the zygote?)"
+                    )
                 return dict(child.jail)
             finally:
                 child.close()
 
     @contextmanager
-    def session(self, arena_bytes: int = 1 << 16):
+    def session(self, arena_bytes: int = 1 << 16, memory_limit_bytes: int | None = None, memory_capped: bool = False):
+        """A fresh sandbox for one candidate; `memory_limit_bytes` (beyond its arena; default the
+        pool's floor) is the task's limit (limits.py), `memory_capped` whether the machine capped it."""
         asked = time.perf_counter()
         with self._slots:
             waited = time.perf_counter() - asked
-            child = ChildSession(self, self.memory_limit_bytes, arena_bytes)
+            limit = self.memory_limit_bytes if memory_limit_bytes is None else memory_limit_bytes
+            child = ChildSession(self, limit, arena_bytes, memory_capped=memory_capped)
             child.waited_s = waited  # time spent queueing for a free slot (run_workers)
             self.children += 1
             try:

@@ -13,6 +13,8 @@ import hashlib
 import re
 from dataclasses import dataclass
 
+from actors.verifier.pyparse import parse_python
+
 MAX_SOURCE_BYTES = 512 * 1024
 _FENCE = re.compile(r"^[ \t]*(`{3,}|~{3,})[ \t]*([\w+#.-]*)[^\n]*$", re.MULTILINE)
 _PYTHON_TAGS = {"", "python", "py", "python3", "py3"}
@@ -87,7 +89,7 @@ def extract(text: str) -> Extracted:
         return Extracted("", f"the answer is larger than {MAX_SOURCE_BYTES // 1024} KiB", source_hash(text))
     code = choose_code(text).strip("\n") + "\n"
     try:
-        tree = ast.parse(code)
+        tree = parse_python(code)
     except SyntaxError as err:
         line = (err.text or "").strip()
         where = f"line {err.lineno}" + (f": `{line}`" if line else "")

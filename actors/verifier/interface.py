@@ -9,6 +9,9 @@ A reward actor is a plain class named by dotted path in `verifier.reward_actor`:
         def close(self) -> None: ...          # optional: release processes, files, devices
 
 Optional hooks get a default by subclassing `RewardActor`; `actors.base.load_plugin` checks the class.
+A reward actor that runs work on GPUs sets the class attribute `takes_slot = True` and is then also
+constructed with `slot=`: its actor's placement (`actors.base.Slot`, whose GPUs it should use; None
+outside a run, where it may use every device its process sees). The kernel verifier does.
 
 `verify` gets the whole request (its `task.kind` and `task.payload` or `task.kernel`, the raw model
 output in `candidate`) and returns a VerifyResult for the same `request_id` and `task_id`, with
@@ -33,6 +36,8 @@ DEFAULT_REWARD_ACTOR = "actors.verifier.verifier.KernelVerifier"
 class RewardActor(Protocol):
     """The reward-actor interface. `verify` is required; `warm` and `close` are optional hooks with
     default bodies, which a plug-in inherits by subclassing this class (the shipped ones do)."""
+
+    takes_slot: bool = False  # True: constructed with slot= too (its actor's placement, above)
 
     def __init__(self, cfg: VerifierConfig, **args) -> None: ...
 

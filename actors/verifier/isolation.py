@@ -31,6 +31,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 KILN_PACKAGES = ("actors", "protocols", "configs", "launch", "tasks", "tests")
 _RUN_ENV = (
     "CUDA_VISIBLE_DEVICES",
+    "CUDA_DEVICE_ORDER",  # how CUDA_VISIBLE_DEVICES' indices are read: as the verifier reads them
     "OMP_NUM_THREADS",
     "MKL_NUM_THREADS",
     "PYTORCH_NVML_BASED_CUDA_CHECK",
@@ -62,17 +63,29 @@ def kiln_hidden(extra: tuple[str, ...] = ()) -> tuple[str, ...]:
     return tuple(p for p in [*paths, *extra] if p)
 
 
-def _env(names: tuple[str, ...], base: dict[str, str]) -> tuple[tuple[str, str], ...]:
+def _env(
+    names: tuple[str, ...], base: dict[str, str], pin: dict[str, str] | None = None
+) -> tuple[tuple[str, str], ...]:
     env = dict(base)
     env.update({k: os.environ[k] for k in names if k in os.environ})
+    env.update(pin or {})
     return tuple(sorted(env.items()))
 
 
 def run_jail(
-    scratch: str, *, cuda: bool, uid: int, hidden: tuple[str, ...] = (), visible: tuple[str, ...] = (), nproc: int = 256
+    scratch: str,
+    *,
+    cuda: bool,
+    uid: int,
+    hidden: tuple[str, ...] = (),
+    visible: tuple[str, ...] = (),
+    nproc: int = 256,
+    gpu: str = "",
 ) -> JailSpec:
     """The view of a process that runs candidate code (execution or compile-time capture). On cuda it
-    also sees the driver: /dev/nvidia* and the directories of the loader's library path."""
+    also sees the driver: /dev/nvidia* and the directories of the loader's library path. `gpu` (a
+    CUDA_VISIBLE_DEVICES entry of the verifier's environment) pins it to that one GPU: the variable is
+    set as the jail is entered, before CUDA initialises there (the zygote never initialises it)."""
     packages_hidden, packages_shown = candidate_python()
     hide = kiln_hidden(hidden) + packages_hidden
     if cuda:
@@ -86,7 +99,11 @@ def run_jail(
         writable=False,
         uid=uid,
         nproc=nproc,
-        env=_env(_RUN_ENV, {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}),
+        env=_env(
+            _RUN_ENV,
+            {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"},
+            pin={"CUDA_VISIBLE_DEVICES": gpu} if gpu else {},
+        ),
     )
 
 

@@ -240,8 +240,9 @@ def _warden(pid: int, report_pid) -> None:
                 continue
         if os.WIFSIGNALED(status):
             sig = os.WTERMSIG(status)
-            signal.signal(sig, signal.SIG_DFL)
-            os.kill(os.getpid(), sig)  # the zygote sees the sandbox's own signal
+            if sig not in (signal.SIGKILL, signal.SIGSTOP):  # no handler can be set for these (OSError)
+                signal.signal(sig, signal.SIG_DFL)
+            os.kill(os.getpid(), sig)  # the zygote sees the sandbox's own signal (the OOM killer's SIGKILL too)
         code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else 70
     finally:
         os._exit(code)

@@ -54,6 +54,7 @@ class RunOutcome:
     timings: dict[str, float] = field(default_factory=dict)
     sandbox: dict = field(default_factory=dict)  # the jail report of the sandbox that ran it
     exit: dict = field(default_factory=dict)  # the sandbox's own exit status
+    limits: dict = field(default_factory=dict)  # the memory and time limits it ran under (limits.py)
     broken_task: bool = False  # the reference produced NaN from finite inputs
 
     @property

@@ -170,11 +170,8 @@ class Reference:
         """Fresh inputs for one trial and the reference's outputs on them. `scale` multiplies the
         floating-point inputs (a power of two keeps them exact); a scaled trial the reference cannot
         take (its outputs stop being finite) is None."""
-        seed = secrets.randbits(62)
-        with self.shapes(instance.config.overrides), _RNG_LOCK, torch.random.fork_rng(devices=self._rng_devices()):
-            torch.manual_seed(seed)
-            inputs = list(self.module.get_inputs())
-            inputs = [x.detach().to("cpu") if isinstance(x, torch.Tensor) else x for x in inputs]
+        with self.shapes(instance.config.overrides):
+            inputs = self._draw()
             if scale != 1.0:
                 inputs = [x * scale if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs]
             expected = self.run(instance.model, inputs)
@@ -195,12 +192,27 @@ class Reference:
             )
 
     def fresh_inputs(self, instance: Instance) -> list:
-        """A fresh draw of `get_inputs()` at the instance's shapes (CPU tensors), never used before."""
+        """A fresh draw of `get_inputs()` at the instance's shapes, never used before."""
+        with self.shapes(instance.config.overrides):
+            return self._draw()
+
+    def _draw(self) -> list:
+        """`get_inputs()` under a fresh seed, drawn where the reference runs: on cuda the task's
+        factory calls (torch.randn and the like) make their tensors on the device, so inputs of
+        gigabytes cost milliseconds rather than the host's seconds. A task whose get_inputs cannot
+        run there (it mixes devices) is drawn on the host and moved."""
         seed = secrets.randbits(62)
-        with self.shapes(instance.config.overrides), _RNG_LOCK, torch.random.fork_rng(devices=self._rng_devices()):
+        with _RNG_LOCK, torch.random.fork_rng(devices=self._rng_devices()):
             torch.manual_seed(seed)
+            if self.device.startswith("cuda"):
+                try:
+                    with torch.device(self.device):
+                        inputs = list(self.module.get_inputs())
+                    return [x.detach().to(self.device) if isinstance(x, torch.Tensor) else x for x in inputs]
+                except (RuntimeError, TypeError, ValueError):
+                    torch.manual_seed(seed)
             inputs = list(self.module.get_inputs())
-        return [x.detach().to("cpu") if isinstance(x, torch.Tensor) else x for x in inputs]
+        return [x.detach().to(self.device) if isinstance(x, torch.Tensor) else x for x in inputs]
 
     def mosaic(self, trial: Trial, instance: Instance, changed: int = 3) -> Trial:
         """A canary: `trial`'s inputs with `changed` random elements of each tensor taken from a fresh

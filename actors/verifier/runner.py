@@ -14,15 +14,17 @@ the caller's stream was synchronised), the outputs again once the device is idle
 pause), and the inputs after the call. The first must match the reference; a difference between
 the first two is work that outlived forward; inputs that changed were written to.
 
-Timing (timing.py): paired trips of K fresh calls, timed here around the request, the null trip
-subtracted. After each pair one call of the trip, chosen here after the trip, has its snapshot
-fetched and compared with the reference on exactly its inputs. A time below the device's physical
-bound (`timing.Bandwidth`) earns no speed bonus.
+Timing (timing.py): paired trips of K fresh calls; each call timed in the sandbox as KernelBench
+times one (flush, events, forward, idle device), that figure bounded by the verifier's own clock
+around the requests (trip minus null trip over K). After each pair one call of the trip, chosen here
+after the trip, has its snapshot fetched and compared with the reference on exactly its inputs. A
+time below the device's physical bound (`timing.Bandwidth`) earns no speed bonus.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 import random
 import secrets
 import time
@@ -30,10 +32,10 @@ from dataclasses import dataclass
 
 import torch
 
-from actors.verifier import timing
+from actors.verifier import limits, timing
 from actors.verifier.baselines import Baselines
 from actors.verifier.compare import compare_outputs
-from actors.verifier.executor import ChildSession, SandboxFailure, SandboxPool
+from actors.verifier.executor import Arena, ChildSession, SandboxFailure, SandboxPool
 from actors.verifier.legality import Violation
 from actors.verifier.outcome import RunOutcome, TrialRecord
 from actors.verifier.reference import BrokenTask, Instance, Reference, ReferenceError, ShapeConfig, Trial
@@ -90,7 +92,8 @@ class CandidateRun:
         self.bandwidth = bandwidth
         self.device_type = baselines.device_type
         self.out = RunOutcome()
-        self.budget = _Budget(cfg.run_timeout_s)
+        self.budget = _Budget(cfg.run_timeout_s)  # until the plan says the task's size (_limits)
+        self.limits: limits.SandboxLimits | None = None
         self.tol_override = _tol_override(cfg, ref)
         self.primary: Instance | None = None
         self.primary_index = 0  # the sandbox's ModelNew of the primary shapes
@@ -105,13 +108,15 @@ class CandidateRun:
             plan = self._plan()
             self.out.notes += plan.notes
             self.out.timings["reference"] = time.perf_counter() - started
-            with self.pool.session(plan.arena_bytes) as child:
+            task_limits = self._limits(plan)
+            with self.pool.session(plan.arena_bytes, task_limits.private_bytes, task_limits.capped) as child:
                 self.out.sandbox = dict(child.jail)
                 self.out.timings["sandbox_wait"] = child.waited_s
                 self._execute(child, plan, source, source_hash, artifacts, toolchain)
                 self.out.inspect(child)
         except SandboxFailure as err:
-            self.out.sandbox_failed(err, self.current_op, self.cfg.run_timeout_s)
+            limit_s = self.limits.run_timeout_s if self.limits else self.cfg.run_timeout_s
+            self.out.sandbox_failed(err, self.current_op, limit_s)
         except BrokenTask as err:
             self.out.stage, self.out.error_class, self.out.message, self.out.broken_task = (
                 "run",
@@ -129,6 +134,24 @@ class CandidateRun:
         return self.out
 
     # ------------------------------------------------------------------------- trusted work
+
+    def _limits(self, plan: Plan) -> limits.SandboxLimits:
+        """The sandbox's memory and time limits for this task (limits.py), recorded for the verdict;
+        the time budget starts from them."""
+        trials = [t for _, _, ts in plan.configs for t in ts]
+        task_limits = limits.derive(
+            self.device_type,
+            self.cfg.memory_limit_mb,
+            self.cfg.run_timeout_s,
+            limits.trial_bytes(trials),
+            len(trials) + 1,  # the canary
+            Arena.size_for(plan.arena_bytes),
+        )
+        self.limits, self.budget = task_limits, _Budget(task_limits.run_timeout_s)
+        self.out.limits = task_limits.to_json()
+        if task_limits.private_bytes > task_limits.floor_bytes or task_limits.capped:
+            self.out.notes.append(f"sandbox limits for this task's size: {task_limits.describe()}")
+        return task_limits
 
     def _plan(self) -> Plan:
         """Every shape config's reference instance and trials (alternative shapes first, the primary
@@ -357,8 +380,8 @@ class CandidateRun:
         pairs = self.cfg.repeats
         t0 = time.perf_counter()
         eager, compiled = self.baselines.measure(self.ref, primary, pairs)
-        self.out.eager_s = eager.mean_s
-        self.out.compile_s = compiled.mean_s if compiled is not None else None
+        self.out.eager_s = eager.paid_s
+        self.out.compile_s = compiled.paid_s if compiled is not None else None
         self.out.timings["baseline"] = time.perf_counter() - t0
         note = self.baselines.note(self.ref, primary.config)
         if note:
@@ -388,7 +411,7 @@ class CandidateRun:
         if not self._replies_ok(replies):
             return
         pairs = min(pairs, max(timing.MIN_RUNS, calls // k))
-        times = timing.TripTimes(k)
+        times = timing.TripTimes(k, self.device_type)
         checked = []
         started = time.perf_counter()
         i = -1
@@ -396,10 +419,10 @@ class CandidateRun:
             i += 1
             with self.lease.shared():
                 calls = [self.ref.fresh_inputs(primary) for _ in range(k)]
-            run_s, null_s = self._pair(child, calls, expect, i)
+            run_s, null_s, spans = self._pair(child, calls, expect, i)
             if run_s is None:
                 return
-            timing.record(times, run_s, null_s)
+            timing.record(times, run_s, null_s, spans)
             j = random.Random(secrets.randbits(64)).randrange(k)  # chosen after the trip
             checked.append([i, j])
             if not self._check_timed(child, i, j, calls[j]):
@@ -407,7 +430,9 @@ class CandidateRun:
         self.out.candidate_s = times.paid_s
         self.out.timing_runs = len(times.per_call) * k
         self.out.timing = {
-            "clock": "verifier",
+            "clock": "per-call events bounded by the verifier's clock"
+            if self.device_type == "cuda"
+            else "per-call monotonic clock bounded by the verifier's clock",
             "candidate": times.to_json(),
             "eager": eager.to_json(),
             "compile": compiled.to_json() if compiled is not None else None,
@@ -435,8 +460,16 @@ class CandidateRun:
         flush = self.device_type == "cuda"
         replies: list[dict] = []
 
-        def trip(k: int, null: bool) -> None:
-            replies.append(self.budget.ask(child, "trip", {"null": null, "expect": expect, "flush": flush}))
+        def trip(k: int, null: bool) -> list[float]:
+            reply = self.budget.ask(child, "trip", {"null": null, "expect": expect, "flush": flush})
+            replies.append(reply)
+            spans = reply.get("calls_s")
+            if null or reply.get("failure") or not reply.get("ok", True):
+                return []
+            if not _per_call_figures(spans, k):
+                reply["failure"] = "the sandbox's per-call clock did not give one figure per call"
+                return []
+            return spans
 
         return trip, replies
 
@@ -451,15 +484,16 @@ class CandidateRun:
         return True
 
     def _pair(self, child: ChildSession, calls: list[list], expect: list, index: int):
-        """(trip seconds, null trip seconds) of one pair, timed here around the requests, or (None, None)."""
+        """(trip seconds, null trip seconds, the trip's per-call figures) of one pair, the first two
+        timed here around the requests; or (None, None, None)."""
         if not self._stage(child, calls):
-            return None, None
+            return None, None, None
         trip, replies = self._trips(child, expect)
         with self.lease.exclusive(), timing.responsive_gil():
-            run_s, null_s = timing.time_pair(trip, len(calls), index)
+            run_s, null_s, spans = timing.time_pair(trip, len(calls), index)
         if not self._replies_ok(replies):
-            return None, None
-        return run_s, null_s
+            return None, None, None
+        return run_s, null_s, spans
 
     def _check_timed(self, child: ChildSession, pair: int, call: int, inputs: list) -> bool:
         """Compare one timed call's snapshot with the reference on exactly its inputs."""
@@ -533,6 +567,15 @@ def _describe_mismatch(name: str, entry, exp: torch.Tensor, device_type: str) ->
     return f"{name} ({nbytes} bytes) does not fit where the reference's output does"
 
 
+def _per_call_figures(spans, k: int) -> bool:
+    """Exactly k finite, non-negative seconds (the sandbox's reply is read as data)."""
+    return (
+        type(spans) is list
+        and len(spans) == k
+        and all(type(x) in (float, int) and math.isfinite(x) and x >= 0 for x in spans)
+    )
+
+
 def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
 
@@ -551,6 +594,7 @@ def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
     memory, have not changed because NaN != NaN)."""
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
+    b = b.to(a.device)
     return torch.equal(a.contiguous().view(-1).view(torch.uint8), b.contiguous().view(-1).view(torch.uint8))
 
 

@@ -152,7 +152,7 @@ def _send(sock: socket.socket, body: dict) -> None:
 
 def _hello(report, device: str, check_cuda: bool) -> dict:
     """The jail's report, before any candidate code exists. With `check_cuda` (the verifier's start-up
-    probe on cuda), also whether a CUDA context can be created inside the jail."""
+    probe on cuda), also whether a CUDA context can be created inside the jail, and which GPUs it sees."""
     reply = {"ok": True, "jail": report.to_json(), "pid": os.getpid()}
     if check_cuda:
         try:
@@ -160,6 +160,8 @@ def _hello(report, device: str, check_cuda: bool) -> dict:
             torch.empty(1, device="cuda")
             torch.cuda.synchronize()
             reply["cuda"] = ""
+            # The GPUs this process sees (by UUID): the verifier checks the one it was pinned to.
+            reply["gpus"] = [str(torch.cuda.get_device_properties(i).uuid) for i in range(torch.cuda.device_count())]
         except Exception as err:  # noqa: BLE001 - reported to the verifier, which refuses to start
             reply["cuda"] = f"{type(err).__name__}: {err}"[:600]
     return reply
@@ -210,6 +212,7 @@ def _capture(sock: socket.socket, key: bytes, arena: torch.Tensor, device: str) 
     from torch import nn
 
     kn = native.loaded()
+    parts = _device_parts(device)
     return sealed.Captured(
         sock=sock,
         key=key,
@@ -266,7 +269,8 @@ def _capture(sock: socket.socket, key: bytes, arena: torch.Tensor, device: str) 
         align=ALIGN,
         settle_s=SETTLE_S,
         comparison=_comparison(device),
-        **_device_parts(device),
+        **parts,
+        clock=timing.call_clock(device, parts["flush"]),
     )
 
 
@@ -279,19 +283,17 @@ def _device_parts(device: str) -> dict:
             "set_stream": _noop,
             "delay": _noop,
             "flush": None,
-            "flush_zero": None,
         }
     stream = torch.cuda.current_stream()
     ident = (stream.stream_id, stream.device_index, stream.device_type)
     props = torch.cuda.get_device_properties(0)
-    l2 = max(2 * int(getattr(props, "L2_cache_size", 0) or (50 << 20)), 64 << 20)
+    l2 = timing.flush_bytes(getattr(props, "L2_cache_size", 0))
     return {
         "sync": torch._C._cuda_synchronize,
         "stream_sync": lambda _s=stream, _f=torch._C._CudaStreamBase.synchronize: _f(_s),
         "set_stream": lambda _i=ident, _f=torch._C._cuda_setStream: _f(*_i),
         "delay": lambda _f=torch._C._cuda_sleep: _f(INPUT_DELAY_CYCLES),
         "flush": torch.empty(l2, dtype=torch.uint8, device="cuda"),
-        "flush_zero": torch.zeros(l2, dtype=torch.uint8, device="cuda"),
     }
 
 

@@ -1,19 +1,30 @@
 """The timing protocol (one harness for the candidate and the baselines) and the plausibility bound.
 
-A figure that enters the reward comes from the verifier's own clock, never from a process that
-loaded candidate code. The unit of measurement is a *trip*: K calls, each on a fresh draw of the
-task's inputs staged into fixed buffers, each preceded (on cuda) by an L2 flush and followed by a
-copy of its outputs (the snapshot the output check reads), the trip ending once the device is idle.
-A *null trip* does the same work without the forward, re-using the last outputs. The verifier times
-a trip and its null trip back to back, alternating which goes first; one call costs
+One call is timed the way KernelBench times it: on cuda, an L2 flush (a memset of FLUSH_BYTES on the
+caller's stream), an event, the forward, an event, then wait until the whole device is idle; on cpu
+the monotonic clock around the forward. The flush, the events and the wait are `kiln_native.CallClock`
+(native/kiln_clock.h): calls into the CUDA driver, no ATen operator, nothing the candidate's code can
+patch or re-register. That per-call figure is what KernelBench's method measures, and it is what the
+figure paid is made of: the mean over every timed call, the median recorded beside it.
 
-    (trip - null trip) / K
+A figure from a process that loaded candidate code is not trusted alone. The unit of work is a
+*trip*: K calls, each on its own fresh inputs already on the device, each call's outputs copied to a
+snapshot. A *null trip* does the same work without the forward. The verifier times a trip and its
+null trip back to back around the requests, with its own clock (alternating which goes first), so
 
-so the round trip to the sandbox, the staging, the flush and the snapshot cancel out and K amortises
-what noise is left (K is chosen so that a trip lasts TRIP_TARGET_S). The candidate's trips run in its
-sandbox (a request each, timed here around the request); the baselines' trips run in the verifier
-(`LocalTrips`, the same steps in the same order), which never loads candidate code. The mean of the
-per-call figures pays; the median is recorded beside it.
+    trusted = (trip - null trip) / K
+
+is what one call costs by a clock the candidate cannot touch: the round trip, the staging, the
+flushes, the events and the snapshots cancel, and K amortises the noise left. The figure paid is
+
+    paid = per-call mean  if it is at least trusted - margin,  else trusted
+    margin = max(BOUND_REL x trusted, BOUND_ABS_S, 2 standard errors of trusted)
+
+so a forged per-call clock buys at most the margin, and work the per-call clock cannot see (a stream
+the events do not wait for) is paid by the trusted clock. Pairs are added until the trusted figure
+is that sharp (within a budget). The candidate's trips run in its
+sandbox; the baselines' trips run in the verifier (`LocalTrips`, the same CallClock, the same steps
+in the same order), which never loads candidate code.
 
 `Bandwidth` is the physical plausibility bound: calibrated once per device at start-up (the fastest
 copy this device achieves, at cache and at memory sizes), it gives the shortest time a call that
@@ -32,6 +43,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from actors.verifier import native
+
 MIN_RUNS = 3
 # On the cpu backend both sides are timed on one intra-op thread: CPU timing shares the host with
 # compiles and other sandboxes, and a spinning OpenMP team on an oversubscribed host turns a
@@ -39,14 +52,40 @@ MIN_RUNS = 3
 CPU_TIMING_THREADS = 1
 # How long one trip should last: long enough that the round trip's noise (tens of microseconds on a
 # loaded host) is a small part of it, short enough that a round of trips stays cheap.
-TRIP_TARGET_S = {"cpu": 4e-3, "cuda": 2e-3}
+TRIP_TARGET_S = {"cpu": 4e-3, "cuda": 4e-3}
 MAX_CALLS_PER_TRIP = 64
-# A mean per-call figure is resolved when it exceeds this many standard errors; until it is, up to
-# EXTRA_PAIRS x the configured pairs are timed (within the time budget), since more pairs shrink the
-# standard error where longer trips cannot (K is already at its target).
+# KernelBench flushes L2 with a 256 MB fill before every call; the same size here (at least four times
+# the L2 of larger caches), so a call starts as cold, and the flush hides as much of the launch.
+FLUSH_MIN_BYTES = 256 << 20
+# The per-call mean may sit this far below the trusted figure before the trusted figure pays
+# instead: relative, absolute (the two clocks' own disagreement on an honest call: a microsecond or
+# two of event and wake-up latency on cuda, a few of the interpreter's on cpu), or RESOLVED_SEMS
+# standard errors of the trusted figure, whichever is largest. Pairs are added (up to EXTRA_PAIRS x
+# the configured number, within a time budget) until the trusted figure resolves the mean that finely.
+BOUND_REL = 0.10
+BOUND_ABS_S = {"cpu": 10e-6, "cuda": 2e-6}
 RESOLVED_SEMS = 2.0
 EXTRA_PAIRS = 4
 device_sync = getattr(torch._C, "_cuda_synchronize", None) or torch.cuda.synchronize
+
+
+def flush_bytes(l2_bytes: int) -> int:
+    """The L2 flush's size on a device with `l2_bytes` of L2."""
+    return max(FLUSH_MIN_BYTES, 4 * int(l2_bytes or 0))
+
+
+def call_clock(device: str, flush: torch.Tensor | None = None):
+    """A CallClock for trips of up to MAX_CALLS_PER_TRIP calls on `device`'s current stream (its
+    context is the one the clock keeps; kiln_native must be loaded: the zygote loads it, the verifier
+    loads the one the zygote uses)."""
+    kn = native.loaded()
+    if not device.startswith("cuda"):
+        return kn.CallClock("cpu", 0, 0, 0, 2 * MAX_CALLS_PER_TRIP)
+    ptr, nbytes = (flush.data_ptr(), flush.numel()) if flush is not None else (0, 0)
+    with torch.cuda.device(torch.device(device)):
+        torch.cuda.current_stream().synchronize()  # makes the device's context current on this thread
+        stream = torch.cuda.current_stream().cuda_stream
+        return kn.CallClock("cuda", stream, ptr, nbytes, 2 * MAX_CALLS_PER_TRIP)
 
 
 @contextlib.contextmanager
@@ -67,90 +106,126 @@ def median(times: list[float]) -> float:
     return statistics.median(times) if times else float("nan")
 
 
-def calls_per_trip(estimate_s: float, device_type: str, most: int) -> int:
-    """K for a call that takes about `estimate_s`: a trip of TRIP_TARGET_S, within [1, most]."""
+def calls_per_trip(per_call_wall_s: float, device_type: str, most: int) -> int:
+    """K for calls whose trip costs about `per_call_wall_s` each (flush and wait included): a trip of
+    TRIP_TARGET_S, within [1, most]."""
     target = TRIP_TARGET_S.get(device_type, TRIP_TARGET_S["cpu"])
-    k = math.ceil(target / max(estimate_s, 1e-7))
+    k = math.ceil(target / max(per_call_wall_s, 1e-7))
     return max(1, min(k, most, MAX_CALLS_PER_TRIP))
 
 
 @dataclass
 class TripTimes:
-    """Per-call seconds from paired trips: what the reward reads (mean) and what is recorded beside it."""
+    """One side's timed calls: the per-call clock's figures and the verifier's trusted figure per pair."""
 
     calls_per_trip: int
-    per_call: list[float] = field(default_factory=list)  # (trip - null trip) / K, one per pair
+    device_type: str = "cpu"
+    calls: list[float] = field(default_factory=list)  # the per-call clock, every timed call
+    per_call: list[float] = field(default_factory=list)  # trusted: (trip - null trip) / K, one per pair
     trips: list[float] = field(default_factory=list)
     nulls: list[float] = field(default_factory=list)
 
     @property
     def mean_s(self) -> float:
-        return max(statistics.fmean(self.per_call), 1e-9) if self.per_call else float("nan")
+        """The per-call clock's mean (KernelBench's figure)."""
+        return max(statistics.fmean(self.calls), 1e-9) if self.calls else float("nan")
+
+    @property
+    def median_s(self) -> float:
+        return max(median(self.calls), 1e-9) if self.calls else float("nan")
+
+    @property
+    def trusted_s(self) -> float:
+        """The verifier's own figure: the mean over pairs of (trip - null trip) / K."""
+        return statistics.fmean(self.per_call) if self.per_call else float("nan")
 
     @property
     def sem_s(self) -> float:
-        """The standard error of the mean per-call figure."""
+        """The standard error of the trusted figure (the round trip's noise, over K and the pairs)."""
         n = len(self.per_call)
         return statistics.stdev(self.per_call) / math.sqrt(n) if n >= 2 else float("inf")
 
     @property
+    def margin_s(self) -> float:
+        """How far below the trusted figure the per-call mean may sit and still pay: BOUND_REL of it,
+        BOUND_ABS_S, or RESOLVED_SEMS standard errors (the trusted clock's own resolution), whichever
+        is largest."""
+        sem = self.sem_s if math.isfinite(self.sem_s) else abs(self.trusted_s)
+        return max(
+            BOUND_REL * abs(self.trusted_s), BOUND_ABS_S.get(self.device_type, BOUND_ABS_S["cpu"]), RESOLVED_SEMS * sem
+        )
+
+    @property
     def resolved(self) -> bool:
-        """The mean stands clear of the noise: at least MIN_RUNS pairs and mean > RESOLVED_SEMS x its
-        standard error. On a loaded host a fast call's trip and null trip differ by less than their
-        noise, and their difference is then any small number, zero or below included."""
-        return len(self.per_call) >= MIN_RUNS and statistics.fmean(self.per_call) > RESOLVED_SEMS * self.sem_s
+        """The trusted figure is sharp enough to bound the per-call mean within BOUND_REL (or BOUND_ABS_S)."""
+        if len(self.per_call) < MIN_RUNS:
+            return False
+        scale = max(abs(self.trusted_s), self.mean_s if self.calls else 0.0)
+        return RESOLVED_SEMS * self.sem_s <= max(BOUND_REL * scale, BOUND_ABS_S.get(self.device_type, 0.0))
+
+    @property
+    def bounded(self) -> bool:
+        """The per-call mean is within the trusted clock's bound (else the trusted figure pays)."""
+        return not self.per_call or self.mean_s >= self.trusted_s - self.margin_s
 
     @property
     def paid_s(self) -> float:
-        """The candidate's figure: the mean when resolved; otherwise the upper end of its noise (mean +
-        RESOLVED_SEMS x standard error), so noise can never make a call look faster than it is."""
-        if not self.per_call:
+        """The figure that pays: the per-call mean while the trusted clock bounds it, else the trusted
+        figure (a per-call clock that claims more than the margin below the verifier's is not believed)."""
+        if not self.calls:
             return float("nan")
-        if self.resolved:
+        if self.bounded:
             return self.mean_s
-        return max(statistics.fmean(self.per_call) + RESOLVED_SEMS * self.sem_s, 1e-9)
-
-    @property
-    def median_s(self) -> float:
-        return max(median(self.per_call), 1e-9) if self.per_call else float("nan")
+        return max(self.trusted_s, 1e-9)
 
     def to_json(self) -> dict:
         return {
             "calls_per_trip": self.calls_per_trip,
             "pairs": len(self.per_call),
+            "calls": len(self.calls),
             "mean_s": self.mean_s,
             "median_s": self.median_s,
+            "paid_s": self.paid_s,
+            "trusted_s": self.trusted_s,
+            "trusted_sem_s": self.sem_s if math.isfinite(self.sem_s) else None,
+            "margin_s": self.margin_s if self.per_call else None,
+            "resolved": self.resolved,
+            "bounded": self.bounded,
             "trip_min_s": min(self.trips, default=None),
             "null_min_s": min(self.nulls, default=None),
         }
 
 
-def time_pair(trip, k: int, index: int) -> tuple[float, float]:
-    """(trip seconds, null trip seconds) by this process's clock; `trip(k, null)` runs one. The order
-    alternates with `index` so that drift between the two cancels over pairs."""
+def time_pair(trip, k: int, index: int) -> tuple[float, float, list[float]]:
+    """(trip seconds, null trip seconds, the trip's per-call figures) by this process's clock;
+    `trip(k, null)` runs one and returns its per-call figures (the run trip's). The order alternates
+    with `index` so that drift between the two cancels over pairs."""
     order = (False, True) if index % 2 == 0 else (True, False)
-    took = {}
+    took, spans = {}, []
     for null in order:
         t0 = time.perf_counter()
-        trip(k, null)
+        got = trip(k, null)
         took[null] = time.perf_counter() - t0
-    return took[False], took[True]
+        if not null:
+            spans = list(got or [])
+    return took[False], took[True], spans
 
 
 def choose_k(trip, device_type: str, most: int, warmups: int) -> int:
-    """K for the timed pairs, from `warmups` untimed pairs of a few calls each (one call's cost is too
-    close to the round trip's noise to measure alone)."""
+    """K for the timed pairs, from `warmups` untimed trips of a few calls each: what one call costs a
+    trip, flush and wait included."""
     k0 = max(1, min(4, most))
-    estimates = []
+    walls = []
     for i in range(max(warmups, 1)):
-        run_s, null_s = time_pair(trip, k0, i)
-        estimates.append(max((run_s - null_s) / k0, 1e-7))
-    return calls_per_trip(median(estimates), device_type, most)
+        run_s, _null_s, _ = time_pair(trip, k0, i)
+        walls.append(run_s / k0)
+    return calls_per_trip(median(walls), device_type, most)
 
 
 def want_more(times: TripTimes, pairs: int, elapsed_s: float, budget_s: float) -> bool:
-    """Whether to time another pair: until `pairs` are done, then while the figure is not resolved,
-    up to EXTRA_PAIRS x `pairs` and `budget_s` seconds (at least MIN_RUNS pairs in any case)."""
+    """Whether to time another pair: until `pairs` are done (at least MIN_RUNS), then while the
+    trusted figure is not resolved, up to EXTRA_PAIRS x `pairs`; never past `budget_s` seconds once
+    MIN_RUNS are done."""
     done = len(times.per_call)
     if done < MIN_RUNS:
         return True
@@ -159,17 +234,18 @@ def want_more(times: TripTimes, pairs: int, elapsed_s: float, budget_s: float) -
     return done < pairs or (not times.resolved and done < EXTRA_PAIRS * pairs)
 
 
-def record(times: TripTimes, run_s: float, null_s: float) -> None:
+def record(times: TripTimes, run_s: float, null_s: float, spans: list[float]) -> None:
     times.trips.append(run_s)
     times.nulls.append(null_s)
     times.per_call.append((run_s - null_s) / times.calls_per_trip)
+    times.calls.extend(spans)
 
 
 class LocalTrips:
     """Trips of the reference (eager or compiled) in this process, step for step as the sandbox runs
-    the candidate's (sealed.py, op_trip): each call on its own set of inputs already on the device,
-    preceded (on cuda) by an L2 flush, its outputs copied to a snapshot; then wait for the device.
-    `sets` are the calls' inputs (on the host); `stage(k)` puts the first k on the device, untimed."""
+    the candidate's (sealed.py, op_trip): for each call on its own set of inputs already on the
+    device, the flush, a mark, the forward, a mark, wait until the device is idle, its outputs copied
+    to a snapshot. `sets` are the calls' inputs; `stage(k)` puts the first k on the device, untimed."""
 
     def __init__(self, fn, sets: list[list], device: str) -> None:
         self.fn = fn
@@ -179,12 +255,11 @@ class LocalTrips:
         self.staged: list[list] = []
         self.last = None
         self.snaps: dict[bool, list[list[torch.Tensor]]] = {False: [], True: []}
-        self.flush = self.zero = None
+        self.flush = None
         if self.cuda:
             props = torch.cuda.get_device_properties(torch.cuda.current_device())
-            size = max(2 * int(getattr(props, "L2_cache_size", 0) or (50 << 20)), 64 << 20)
-            self.flush = torch.empty(size, dtype=torch.uint8, device=device)
-            self.zero = torch.zeros(size, dtype=torch.uint8, device=device)
+            self.flush = torch.empty(flush_bytes(getattr(props, "L2_cache_size", 0)), dtype=torch.uint8, device=device)
+        self.clock = None
 
     def stage(self, k: int) -> None:
         self.staged = [
@@ -194,14 +269,29 @@ class LocalTrips:
         if self.cuda:
             device_sync()
 
-    def __call__(self, k: int, null: bool) -> None:
+    def _scratch(self, i: int) -> list:
+        bufs = getattr(self, "_bufs", None)
+        want = [(x.shape, x.dtype) if isinstance(x, torch.Tensor) else None for x in self.staged[i]]
+        if bufs is None or [(b.shape, b.dtype) if b is not None else None for b in bufs] != want:
+            bufs = self._bufs = [torch.empty_like(x) if isinstance(x, torch.Tensor) else None for x in self.staged[i]]
+        return bufs
+
+    def __call__(self, k: int, null: bool) -> list[float]:
         if len(self.staged) != k:
             raise ValueError(f"{len(self.staged)} calls are staged, not {k}")
-        snaps = self.snaps[null]
+        if self.clock is None:  # made on the thread that times (its stream and context)
+            self.clock = call_clock(self.device, self.flush)
+        clock, snaps = self.clock, self.snaps[null]
         for i in range(k):
-            if self.flush is not None:
-                self.flush.copy_(self.zero)
+            clock.flush()
+            if not self.cuda:  # on cpu the call finds its inputs in cache (sealed.py, _warmer)
+                for x, buf in zip(self.staged[i], self._scratch(i), strict=True):
+                    if buf is not None:
+                        buf.copy_(x)
+            clock.mark(2 * i)
             out = self.last if null and self.last is not None else self.fn(*self.staged[i])
+            clock.mark(2 * i + 1)
+            clock.idle()
             items = list(out) if isinstance(out, (tuple, list)) else [out]
             while len(snaps) <= i:
                 snaps.append([torch.empty_like(t) for t in items])
@@ -211,6 +301,7 @@ class LocalTrips:
             self.last = out
         if self.cuda:
             device_sync()
+        return [] if null else clock.spans(k)
 
 
 # The verifier measures a trip's round trip from one of its threads. When the reply arrives, that

@@ -28,21 +28,21 @@ from pathlib import Path
 
 import torch
 
+from actors.base import Slot
+from actors.verifier import native
 from actors.verifier import reward as fb
-from actors.verifier import timing
-from actors.verifier.baselines import Baselines
-from actors.verifier.executor import SandboxPool
 from actors.verifier.extract import extract
 from actors.verifier.interface import RewardActor
+from actors.verifier.lanes import Lanes, build_lanes
 from actors.verifier.legality import Violation, static_scan
 from actors.verifier.outcome import RunOutcome
-from actors.verifier.reference import ReferenceCache, ReferenceError
+from actors.verifier.reference import ReferenceError
 from actors.verifier.runner import CandidateRun
 from actors.verifier.verdicts import VerdictCache, verdict_key
+from actors.verifier.workers import compile_workers, run_workers, verifier_gpus
 from actors.verifier.zygote import Zygote
 from configs import VerifierConfig
 from protocols import VerifyRequest, VerifyResult
-from protocols.lease import DeviceLease
 
 log = logging.getLogger(__name__)
 PCH_WARM_S = 1800.0  # the warm-up waits this long at most for the start-up precompiled headers
@@ -57,9 +57,12 @@ def resolve_cache_dir(cfg: VerifierConfig) -> Path:
 
 
 class KernelVerifier(RewardActor):
-    """Implements the reward-actor interface (actors/verifier/interface.py) for kind="kernel" tasks."""
+    """Implements the reward-actor interface (actors/verifier/interface.py) for kind="kernel" tasks.
+    `slot`: its actor's placement, whose GPUs it runs candidates on (None: every GPU this process sees)."""
 
-    def __init__(self, cfg: VerifierConfig) -> None:
+    takes_slot = True
+
+    def __init__(self, cfg: VerifierConfig, *, slot: Slot | None = None) -> None:
         self.cfg = cfg
         self.device = "cuda" if cfg.backend == "cuda" else "cpu"
         if self.device == "cuda":
@@ -69,34 +72,38 @@ class KernelVerifier(RewardActor):
             torch.backends.cudnn.allow_tf32 = False
         self.cache_dir = resolve_cache_dir(cfg)
         from actors.verifier.build import BuildService  # the compile subsystem
-        from actors.verifier.workers import node_compile_workers
 
         self.zygote = Zygote()
-        workers = cfg.compile_workers or node_compile_workers()  # 0 = the node's cores
+        self.compile_workers = compile_workers(cfg.compile_workers)  # 0 = the node's cores
+        gpus = verifier_gpus(slot, torch.cuda.device_count()) if self.device == "cuda" else ()
+        self.run_workers = run_workers(cfg.backend, cfg.run_workers, len(gpus))  # 0 = one per GPU
         self.builds = BuildService(
             self.cache_dir / "build",
             cfg.backend,
-            workers,
+            self.compile_workers.count,
             cfg.compile_timeout_s,
             memory_limit_mb=cfg.memory_limit_mb,
             zygote=self.zygote,
         )
         self.toolchain = str(self.builds.toolchain_id)
-        self.pool = SandboxPool(
-            cfg.backend,
-            cfg.run_workers,
-            cfg.memory_limit_mb,
-            zygote=self.zygote,
-            hidden=(str(self.cache_dir),),
-            visible=(str(self.builds.cache.root / "ext"),),
+        self.lanes = Lanes(
+            build_lanes(
+                cfg,
+                gpus,
+                self.run_workers,
+                self.zygote,
+                hidden=(str(self.cache_dir),),
+                visible=(str(self.builds.cache.root / "ext"),),
+            )
         )
-        self.lease = DeviceLease(self.device)
-        self.references = ReferenceCache(self.device)
-        self.baselines = Baselines(cfg, self.device, self.lease)
         self.verdicts = VerdictCache(self.cache_dir / "verdicts")
         self.counts = {"verified": 0, "cached": 0, "broken_tasks": 0}
         self._lock = threading.Lock()
-        self.sandbox = self.pool.probe()  # which confinement layers hold here: said now and in every verdict
+        # Which confinement layers hold here, said now and in every verdict; on cuda, every lane's
+        # probe also proves that its sandboxes see exactly its GPU.
+        reports = [lane.pool.probe() for lane in self.lanes.all]
+        self.sandbox = reports[0]
+        native.ensure_loaded(self.zygote.native_library)  # the timing protocol's CallClock, here too
         missing = self.sandbox.get("missing") or {}
         if missing:
             log.warning(
@@ -105,14 +112,20 @@ class KernelVerifier(RewardActor):
             )
         else:
             log.info("verifier: sandbox layers active: %s", ", ".join(self.sandbox.get("active") or []))
-        with self.lease.exclusive():
-            self.bandwidth = timing.Bandwidth(self.device)
+        log.info(
+            "verifier: %d compile workers (%s); %d sandbox workers (%s) on %s",
+            self.compile_workers.count,
+            self.compile_workers.why,
+            self.run_workers.count,
+            self.run_workers.why,
+            ", ".join(f"{lane.device} ×{lane.workers}" for lane in self.lanes.all),
+        )
 
     def warm(self) -> None:
         """Start the sandbox zygote now (it imports torch) instead of on the first request, then wait for
         the precompiled headers queued at start-up: while this runs, the actor's health says it warms
         up, and the driver's progress line says so (minutes on a cold machine, seconds after)."""
-        self.pool.warm()
+        self.zygote.start()
         self.builds.wait_pch(PCH_WARM_S)
 
     # ------------------------------------------------------------------------------- verify
@@ -212,12 +225,14 @@ class KernelVerifier(RewardActor):
                 )
             ]
             return self._cheating(request, digest, found, vendors, diagnostics, timings, stage="legality")
-        try:
-            ref = self.references.get(request.task)
-        except ReferenceError as err:
-            return self._infra(request, str(err), timings, digest)
-        run = CandidateRun(self.cfg, ref, self.pool, self.lease, self.baselines, self.bandwidth)
-        outcome = run.run(source, digest, dict(build.artifacts), build.toolchain or self.toolchain)
+        with self.lanes.take() as lane:  # a GPU's sandboxes, and the reference and clock on that GPU
+            try:
+                ref = lane.references.get(request.task)
+            except ReferenceError as err:
+                return self._infra(request, str(err), timings, digest)
+            run = CandidateRun(self.cfg, ref, lane.pool, lane.lease, lane.baselines, lane.bandwidth)
+            outcome = run.run(source, digest, dict(build.artifacts), build.toolchain or self.toolchain)
+        diagnostics["device"] = lane.device
         timings.update({k: round(v, 6) for k, v in outcome.timings.items()})
         return self._from_outcome(request, digest, outcome, vendors, diagnostics, timings)
 
@@ -231,6 +246,7 @@ class KernelVerifier(RewardActor):
         diagnostics.update({"trials": trials, "violations": violations, "notes": out.notes, "params": out.params})
         diagnostics["sandbox"]["missing"].update((out.sandbox or {}).get("missing") or {})
         diagnostics["sandbox"]["exit"] = dict(out.exit or {})
+        diagnostics["sandbox"]["limits"] = dict(out.limits or {})
         errors = [t["max_abs_error"] for t in trials if t["max_abs_error"] is not None]
         if errors:
             diagnostics["max_abs_error"] = max(errors)
@@ -409,7 +425,7 @@ class KernelVerifier(RewardActor):
         )
 
     def close(self) -> None:
-        self.pool.close()
+        self.lanes.close()
         self.builds.close()
         self.zygote.close()
 

@@ -45,7 +45,10 @@ def parse_args(argv):
     p.add_argument("--cache-dir", help="verifier cache (default: a fresh temporary directory = cold)")
     p.add_argument("--compile-workers", type=int, default=max(2, min(14, (os.cpu_count() or 4) - 2)))
     p.add_argument(
-        "--run-workers", type=int, default=2, help="sandbox children per GPU (timing windows stay exclusive)"
+        "--run-workers",
+        type=int,
+        default=2,
+        help="sandbox workers, dealt round-robin over the visible GPUs (0 = one per GPU; timing windows stay exclusive per GPU)",
     )
     p.add_argument("--inflight", type=int, default=32, help="requests the actor works on at once")
     p.add_argument(

@@ -43,14 +43,16 @@ from tasks.loader import discover, solution_for, to_task
 from actors.verifier.verifier import KernelVerifier
 
 cache = tempfile.mkdtemp(prefix="kiln-ab-")
-overrides = {"verifier.cache_dir": cache, "verifier.backend": "cpu", "verifier.compile_baseline": "never",
+backend = opts["backend"]
+overrides = {"verifier.cache_dir": cache, "verifier.backend": backend, "verifier.compile_baseline": "never",
              "verifier.compile_workers": opts["compile_workers"], "verifier.run_workers": opts["run_workers"]}
+overrides.update(opts["settings"])
 cfg = load_config(None, [f"{k}={v}" for k, v in overrides.items()]).verifier
 work = []
 for tf in discover("tasks"):
-    sol = solution_for(tf, "tasks/solutions/cpu")
+    sol = solution_for(tf, f"tasks/solutions/{backend}")
     if sol is not None:
-        work.append((to_task(tf, "cpu"), sol.read_text()))
+        work.append((to_task(tf, backend), sol.read_text()))
 CPP = re.compile(r'(=\s*r?""")')
 
 
@@ -78,16 +80,20 @@ try:
     if wait is not None:
         wait(1800)
     ready_s = time.perf_counter() - t0
-    step = max(1, len(work) // opts["sequential"])
+    step = max(1, len(work) // max(opts["sequential"], 1))
     sequential = [ask(job) for job in work[::step][:opts["sequential"]]]
     t1 = time.perf_counter()
+    leases = [lane.lease for lane in verifier.lanes.all] if hasattr(verifier, "lanes") else [verifier.lease]
+    held0 = sum(getattr(lease, "exclusive_s", float("nan")) for lease in leases)
     with ThreadPoolExecutor(opts["inflight"]) as pool:
-        mix = list(pool.map(ask, work))
+        mix = list(pool.map(ask, work * opts["copies"]))
     mix_s = time.perf_counter() - t1
+    exclusive_s = sum(getattr(lease, "exclusive_s", float("nan")) for lease in leases) - held0
 finally:
     verifier.close()
     shutil.rmtree(cache, ignore_errors=True)
-print("KILN_AB " + json.dumps({"ready_s": ready_s, "sequential": sequential, "mix": mix, "mix_s": mix_s}))
+print("KILN_AB " + json.dumps({"ready_s": ready_s, "sequential": sequential, "mix": mix, "mix_s": mix_s,
+                              "exclusive_s": exclusive_s}))
 '''
 
 
@@ -95,7 +101,11 @@ def run_worker(tree: Path, opts: dict, timeout_s: float) -> dict:
     with tempfile.TemporaryDirectory(prefix="kiln-ab-worker-") as tmp:
         script = Path(tmp) / "worker.py"  # alone in its directory: nothing of either tree shadows a module
         script.write_text(WORKER)
-        env = {**os.environ, "PYTHONPATH": str(tree)}
+        # The tree first (its Kiln wins); the rest of the path keeps what this machine installed beside it.
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(p for p in (str(tree), os.environ.get("PYTHONPATH", "")) if p),
+        }
         p = subprocess.run(
             [sys.executable, str(script), json.dumps(opts)],
             cwd=tree,
@@ -121,14 +131,15 @@ def pct(xs: list[float], q: float) -> float:
 
 def summarize(runs: list[dict]) -> dict:
     compiles = [c["compile_s"] for r in runs for c in r["sequential"] if not c["cached"]]
-    walls = [c["wall_s"] for r in runs for c in r["sequential"]]
+    walls = [c["wall_s"] for r in runs for c in r["sequential"]] or [c["wall_s"] for r in runs for c in r["mix"]]
     n_mix = sum(len(r["mix"]) for r in runs)
     mix_s = sum(r["mix_s"] for r in runs)
     return {
         "compile_n": len(compiles),
-        "compile_p50_s": statistics.median(compiles),
-        "compile_p90_s": pct(compiles, 0.9),
+        "compile_p50_s": statistics.median(compiles) if compiles else float("nan"),
+        "compile_p90_s": pct(compiles, 0.9) if compiles else float("nan"),
         "verify_p50_s": statistics.median(walls),
+        "exclusive_s_per_verification": sum(r.get("exclusive_s", float("nan")) for r in runs) / max(n_mix, 1),
         "mix_n": n_mix,
         "mix_s": mix_s,
         "per_min": 60.0 * n_mix / mix_s,
@@ -145,6 +156,14 @@ def main(argv=None) -> int:
     ap.add_argument("--inflight", type=int, default=8, help="verifications at once in the throughput mix")
     ap.add_argument("--compile-workers", type=int, default=2)
     ap.add_argument("--run-workers", type=int, default=1)
+    ap.add_argument("--backend", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--copies", type=int, default=1, help="each shipped solution this many times (distinct) in the mix")
+    ap.add_argument(
+        "--before-set", action="append", default=[], metavar="KEY=VALUE", help="a config override for the before tree"
+    )
+    ap.add_argument(
+        "--after-set", action="append", default=[], metavar="KEY=VALUE", help="a config override for the after tree"
+    )
     ap.add_argument("--timeout-s", type=float, default=1800.0, help="per worker")
     ap.add_argument("--json", help="also write every row to this file")
     args = ap.parse_args(argv)
@@ -158,13 +177,24 @@ def main(argv=None) -> int:
         "inflight": args.inflight,
         "compile_workers": args.compile_workers,
         "run_workers": args.run_workers,
+        "backend": args.backend,
+        "copies": max(1, args.copies),
     }
+    settings = {}
+    for name, given in (("before", args.before_set), ("after", args.after_set)):
+        settings[name] = {}
+        for item in given:
+            key, eq, value = item.partition("=")
+            if not eq or not key.strip():
+                print(f"verifier_ab: --{name}-set {item!r} is not KEY=VALUE", file=sys.stderr)
+                return 2
+            settings[name][key.strip()] = value.strip()
     order = [("before", "after") if i % 2 == 0 else ("after", "before") for i in range(args.rounds)]
     runs: dict[str, list[dict]] = {"before": [], "after": []}
     for i, pair in enumerate(order):
         for name in pair:
             t0 = time.perf_counter()
-            r = run_worker(trees[name], opts, args.timeout_s)
+            r = run_worker(trees[name], {**opts, "settings": settings[name]}, args.timeout_s)
             runs[name].append(r)
             print(
                 f"round {i + 1} {name:6s}: ready {r['ready_s']:.1f} s, mix {len(r['mix'])} in {r['mix_s']:.1f} s "
@@ -179,6 +209,7 @@ def main(argv=None) -> int:
         ("compile_p90_s", "compile p90 (s)"),
         ("verify_p50_s", "verification p50 (s)"),
         ("per_min", "verifications / min"),
+        ("exclusive_s_per_verification", "exclusive GPU s / verif."),
     ):
         print(f"{label:28s}{b[key]:10.2f}{a[key]:10.2f}{a[key] / b[key]:14.2f}")
     print(

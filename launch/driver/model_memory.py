@@ -177,7 +177,8 @@ def memory_estimate(cfg: KilnConfig, s: ModelShape, tp: int, pp: int, dp: int, e
     kv = 2 * s.layers * math.ceil(s.kv_heads / etp) * s.head_dim * b * cfg.rollout.max_batch * cfg.model.max_seq_len
     engine = {"weights": s.params * b / etp, "kv_cache": kv}
     launched_sglang = cfg.rollout.engine == "sglang" and not cfg.rollout.sglang.urls
-    verifier = VERIFIER_GIB_PER_WORKER * cfg.verifier.run_workers if cfg.verifier.backend != "cpu" else 0.0
+    # The plan gives a cuda verifier actor one GPU, so all its sandbox workers are there (0 = one per GPU).
+    verifier = VERIFIER_GIB_PER_WORKER * (cfg.verifier.run_workers or 1) if cfg.verifier.backend != "cpu" else 0.0
     return MemoryEstimate(
         learner_parts={k: v / GIB for k, v in learner.items()},
         engine_parts={k: v / GIB for k, v in engine.items()},

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from actors.base import Slot
+from actors.verifier.workers import CompileWorkers, RunWorkers, compile_workers, run_workers
 from configs import KilnConfig
 from launch.driver.model_memory import GIB, MemoryEstimate, ModelShape, PlanError, memory_estimate, model_shape
 
@@ -47,9 +48,11 @@ class EngineSlot:
 @dataclass(frozen=True)
 class VerifierSlot:
     index: int
-    gpu: int | None  # None = cpu backend
+    gpus: tuple[int, ...]  # its GPUs, one sandbox worker pinned to each by default; () = cpu backend
     gpu_fraction: float
     shared: bool  # on a GPU that also hosts engines or learner ranks
+    compile_workers: CompileWorkers  # resolved on the machine that plans (0 = its cores ÷ verifier actors)
+    run_workers: RunWorkers  # its sandbox workers, each by its GPU's position in `gpus`
 
 
 @dataclass(frozen=True)
@@ -175,7 +178,7 @@ def actor_slot(p: PlacementPlan, role: str, index: int) -> Slot:
         gpus, share = (() if e.external_url else e.gpus), e.gpu_fraction
     elif role == "verifier":
         v = p.verifiers[index]
-        gpus, share = (() if v.gpu is None else (v.gpu,)), v.gpu_fraction
+        gpus, share = v.gpus, v.gpu_fraction
     else:
         return Slot()
     if not gpus:
@@ -370,8 +373,16 @@ def _slots(cfg, parallel, residents, learner_ids, engine_ids, verifier_gpu, veri
         )
         for i in range(cfg.rollout.num_actors)
     )
+    v = cfg.verifier
     verifiers = tuple(
-        VerifierSlot(index=i, gpu=g, gpu_fraction=share(g), shared=g is not None and g not in verifier_ids)
+        VerifierSlot(
+            index=i,
+            gpus=() if g is None else (g,),
+            gpu_fraction=share(g),
+            shared=g is not None and g not in verifier_ids,
+            compile_workers=compile_workers(v.compile_workers, v.num_actors),
+            run_workers=run_workers(v.backend, v.run_workers, 0 if g is None else 1),
+        )
         for i, g in enumerate(verifier_gpu)
     )
     return learner, engines, verifiers
@@ -463,13 +474,21 @@ def render(p: PlacementPlan) -> str:
     verifiers = [
         [
             str(v.index),
-            _where(v.gpu),
+            "gpu " + ",".join(map(str, v.gpus)) if v.gpus else "cpu",
             _frac(v.gpu_fraction),
-            "shared" if v.shared else "dedicated" if v.gpu is not None else "-",
+            "shared" if v.shared else "dedicated" if v.gpus else "-",
+            str(v.compile_workers.count),
+            str(v.run_workers.count),
+            ", ".join(f"{w}: {_where(None if g is None else v.gpus[g])}" for w, g in enumerate(v.run_workers.gpus)),
         ]
         for v in p.verifiers
     ]
-    lines += ["", "verifiers:"] + _table(["verifier", "device", "GPU share", "GPU use"], verifiers)
+    header = ["verifier", "device", "GPU share", "GPU use", "compile workers", "run workers", "run worker: device"]
+    lines += ["", "verifiers:"] + _table(header, verifiers)
+    for why in sorted(
+        {f"compile workers {v.compile_workers.why}; run workers {v.run_workers.why}" for v in p.verifiers}
+    ):
+        lines.append(f"  ({why})")
     mem = p.memory
     lines += [
         "",

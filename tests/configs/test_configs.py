@@ -102,6 +102,15 @@ def test_every_field_has_a_comment():
     }
 
 
+@pytest.mark.parametrize("preset", sorted(p.name for p in PRESETS.glob("*.yaml")))
+def test_presets_use_all_cores_for_compiles_or_say_why_not(preset):
+    """verifier.compile_workers is 0 (the node's cores ÷ its verifier actors), or its line says why not."""
+    lines = [ln for ln in (PRESETS / preset).read_text().splitlines() if ln.strip().startswith("compile_workers:")]
+    for line in lines:
+        value, _, why = line.split(":", 1)[1].partition("#")
+        assert int(value) == 0 or len(why.strip()) > 10, f"{preset}: {line.strip()} needs a reason beside it"
+
+
 def test_configuration_reference_is_current():
     doc = ROOT / "docs" / "configuration.md"
     assert doc.read_text() == render_markdown(), "regenerate: kiln config --markdown > docs/configuration.md"

@@ -141,16 +141,26 @@ def test_verdicts_report_the_sandbox_and_its_exit_status(verifier, relu_task):
 # ----------------------------------------------------------------------- class 3: the clock
 
 
-def test_the_per_call_figure_is_a_trip_minus_its_null_trip_over_k():
-    """The candidate's time per call is (trip - null trip) / K, pair by pair: what a trip and its null
-    trip both cost (the round trip, the staging, the flush, the snapshots) cancels; the mean pays and
-    the median is recorded; pairs alternate which of the two goes first."""
-    times = timing.TripTimes(4)
-    timing.record(times, 0.010, 0.006)
-    timing.record(times, 0.011, 0.007)
-    timing.record(times, 0.030, 0.006)  # one noisy trip
-    assert times.per_call == pytest.approx([1e-3, 1e-3, 6e-3])
-    assert times.mean_s == pytest.approx(8e-3 / 3) and times.median_s == pytest.approx(1e-3)
+def test_the_figure_paid_is_the_per_call_mean_bounded_by_the_trusted_clock():
+    """Each call is timed by the per-call clock (KernelBench's method); the verifier's own figure is
+    the mean over pairs of (trip - null trip) / K. The per-call mean pays while it is within the
+    trusted figure's margin; below it (a forged per-call clock, or work the events did not wait for)
+    the trusted figure pays. Pairs alternate which trip goes first."""
+    times = timing.TripTimes(4, "cpu")
+    for run_s, null_s in ((0.010, 0.006), (0.0102, 0.0062), (0.0099, 0.0059)):
+        timing.record(times, run_s, null_s, [1.0e-3, 1.0e-3, 1.1e-3, 0.9e-3])
+    assert times.trusted_s == pytest.approx(1e-3) and times.resolved
+    assert times.mean_s == pytest.approx(1e-3) and times.median_s == pytest.approx(1e-3)
+    assert times.bounded and times.paid_s == pytest.approx(1e-3)
+    forged = timing.TripTimes(4, "cpu")
+    for run_s, null_s in ((0.010, 0.006), (0.0102, 0.0062), (0.0099, 0.0059)):
+        timing.record(forged, run_s, null_s, [1e-5] * 4)  # claims 100x faster than the trusted clock saw
+    assert not forged.bounded and forged.paid_s == pytest.approx(1e-3)
+    # Within the margin (10%) the per-call mean still pays: a forger gains at most that.
+    close = timing.TripTimes(4, "cpu")
+    for _ in range(3):
+        timing.record(close, 0.010, 0.006, [0.95e-3] * 4)
+    assert close.bounded and close.paid_s == pytest.approx(0.95e-3)
     order = []
     timing.time_pair(lambda k, null: order.append(null), 4, 0)
     timing.time_pair(lambda k, null: order.append(null), 4, 1)
@@ -158,27 +168,25 @@ def test_the_per_call_figure_is_a_trip_minus_its_null_trip_over_k():
     assert timing.calls_per_trip(1e-3, "cpu", 64) == 4 and timing.calls_per_trip(1e-6, "cpu", 16) == 16
 
 
-def test_noise_never_makes_a_call_look_faster_than_it_is():
-    """A fast call on a loaded host: trip and null trip differ by less than their noise, so the
-    per-call differences straddle zero. Such a figure is not resolved; more pairs are timed (up to
-    EXTRA_PAIRS x, within the budget), and if it stays unresolved the candidate is paid the upper end
-    of its noise, never zero or a time below the physical bound."""
-    noisy = timing.TripTimes(8)
-    for run_s, null_s in ((0.004, 0.0045), (0.0046, 0.004), (0.004, 0.0043)):
-        timing.record(noisy, run_s, null_s)
-    mean = sum(noisy.per_call) / 3
-    assert mean < 0 and not noisy.resolved and noisy.paid_s > 0
-    assert noisy.paid_s == pytest.approx(mean + 2 * noisy.sem_s)
+def test_a_noisy_trusted_clock_widens_its_margin_and_times_more_pairs():
+    """On a busy host trip and null trip differ by their noise as well as by the call: the trusted
+    figure's margin grows with its standard error, so an honest per-call mean stays bounded and pays;
+    and more pairs are timed (up to EXTRA_PAIRS x, within the budget) until it resolves."""
+    noisy = timing.TripTimes(2, "cpu")
+    for run_s, null_s in ((0.0050, 0.0040), (0.0040, 0.0039), (0.0046, 0.0040)):
+        timing.record(noisy, run_s, null_s, [0.1e-3] * 2)
+    assert not noisy.resolved and noisy.margin_s >= 2 * noisy.sem_s > 0.1 * noisy.trusted_s
+    assert noisy.bounded and noisy.paid_s == pytest.approx(0.1e-3)
     assert timing.want_more(noisy, 3, 0.0, 10.0) and not timing.want_more(noisy, 3, 11.0, 10.0)
-    clear = timing.TripTimes(8)
-    for run_s, null_s in ((0.010, 0.002), (0.0101, 0.002), (0.0099, 0.002)):
-        timing.record(clear, run_s, null_s)
-    assert clear.resolved and clear.paid_s == clear.mean_s and not timing.want_more(clear, 3, 0.0, 10.0)
+    while len(noisy.per_call) < timing.EXTRA_PAIRS * 3:
+        timing.record(noisy, 0.0050, 0.0040, [0.1e-3] * 2)
+    assert not timing.want_more(noisy, 3, 0.0, 10.0)  # EXTRA_PAIRS x the configured pairs, at most
 
 
 def test_the_round_trip_is_not_in_the_candidates_time(verifier, relu_task, monkeypatch):
     """5 ms more on every trip request (the trip and its null trip alike, as a slow host adds) leaves
-    the per-call figure where it was: the verifier's clock counts only what the forward adds."""
+    the figure where it was: the per-call clock never sees the round trip, and the trusted figure
+    that bounds it counts only what the forward adds."""
     honest = verify(verifier, relu_task, fresh("control_correct"))
     real_request = ChildSession.request
 
@@ -195,7 +203,68 @@ def test_the_round_trip_is_not_in_the_candidates_time(verifier, relu_task, monke
     assert honest.passed and delayed.passed, delayed.feedback
     a, b = honest.diagnostics["times_s"]["candidate"], delayed.diagnostics["times_s"]["candidate"]
     k = delayed.diagnostics["timing"]["candidate"]["calls_per_trip"]
-    assert abs(b - a) < 0.5 * a + 1e-3 / k, (a, b, k)  # the 5 ms would add 5 ms / K per call
+    # The 5 ms would add 5 ms / K to every call; what is left is the host's run-to-run noise.
+    assert 0.5 * a < b < a + 0.25 * 5e-3 / k, (a, b, k)
+    assert delayed.diagnostics["timing"]["candidate"]["trusted_s"] < a + 0.25 * 5e-3 / k
+    assert delayed.diagnostics["timing"]["candidate"]["bounded"]
+
+
+def test_a_forged_per_call_clock_is_refused(verifier, relu_task, monkeypatch):
+    """The per-call figures come from the sandbox, where the candidate's native code runs and could
+    write them. Scaled down 100x on their way (as such a write would), they fall outside the trusted
+    clock's bound, and the trusted figure pays: the candidate is no faster for it."""
+    honest = verify(verifier, relu_task, fresh("control_correct"))
+    real_request = ChildSession.request
+
+    def forged(self, op, body, budget_s, **kw):
+        reply = real_request(self, op, body, budget_s, **kw)
+        if op == "trip" and reply.get("calls_s"):
+            reply["calls_s"] = [x / 100 for x in reply["calls_s"]]
+        return reply
+
+    monkeypatch.setattr(ChildSession, "request", forged)
+    r = verify(verifier, relu_task, fresh("control_correct"))
+    assert r.passed, r.feedback
+    cand = r.diagnostics["timing"]["candidate"]
+    assert not cand["bounded"] and cand["paid_s"] == cand["trusted_s"] > 20 * cand["mean_s"], cand
+    a, b = honest.diagnostics["times_s"]["candidate"], r.diagnostics["times_s"]["candidate"]
+    assert b > 0.5 * a, (a, b)
+
+
+BUSY_LOOP = '''
+import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+source = """
+#include <chrono>
+// Spins for `us` microseconds, then y = relu(x): a call of known length.
+torch::Tensor spin_relu(torch::Tensor x, int64_t us) {
+    auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(us);
+    while (std::chrono::steady_clock::now() < until) {}
+    auto y = torch::empty_like(x);
+    const float* s = x.data_ptr<float>();
+    float* d = y.data_ptr<float>();
+    for (int64_t i = 0; i < x.numel(); ++i) d[i] = s[i] > 0.0f ? s[i] : 0.0f;
+    return y;
+}
+"""
+spin = load_inline(name="kiln_spin_relu", cpp_sources=source, functions=["spin_relu"])
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        return spin.spin_relu(x.contiguous(), 2500)
+'''
+
+
+def test_a_busy_loop_of_known_length_is_measured_at_its_length(verifier, relu_task):
+    """A call that spins 2.5 ms is measured at 2.5 ms (within 30%): the clock measures the call."""
+    r = verify(verifier, relu_task, BUSY_LOOP + f"\n# {uuid.uuid4().hex}\n")
+    assert r.passed, r.feedback
+    paid = r.diagnostics["times_s"]["candidate"]
+    assert 0.7 * 2.5e-3 <= paid <= 1.3 * 2.5e-3, r.diagnostics["timing"]
+    assert r.diagnostics["timing"]["candidate"]["bounded"]
 
 
 def test_a_time_below_the_physical_bound_earns_no_bonus(verifier, relu_task, monkeypatch):

@@ -51,27 +51,27 @@ def fresh_control(verifier, task):
     [
         ("crash_segfault", "runtime", "segmentation fault"),
         ("infinite_loop", "timeout", "exceeded the 6 s limit"),
-        ("out_of_memory", "runtime", "memory limit of 1536 MB"),
+        ("out_of_memory", "runtime", "killed by the memory watchdog (out of memory)"),  # 1536 MB + the arena
     ],
 )
 def test_a_lost_child_is_replaced_and_the_next_request_served(verifier, relu_task, case, error_class, needle):
-    children = verifier.pool.children
+    children = verifier.lanes.all[0].pool.children
     source = SUITE[case].source() + f"\n# {uuid.uuid4().hex}\n"  # no verdict-cache hit from another module
     bad = verifier.verify(VerifyRequest(request_id=case, task=relu_task, candidate=source))
     assert bad.error_class == error_class and needle in bad.feedback and bad.score == -1.0 and not bad.cached
     good = fresh_control(verifier, relu_task)
     assert good.passed and not good.cached, good.feedback
-    assert verifier.pool.children == children + 2  # one child per candidate: the lost one was not reused
+    assert verifier.lanes.all[0].pool.children == children + 2  # one child per candidate: the lost one was not reused
 
 
 def test_the_zygote_is_restarted_when_it_dies(verifier, relu_task):
     fresh_control(verifier, relu_task)
-    starts, pid = verifier.pool.zygote.starts, verifier.pool.zygote.pid
+    starts, pid = verifier.lanes.all[0].pool.zygote.starts, verifier.lanes.all[0].pool.zygote.pid
     os.kill(pid, signal.SIGKILL)
     os.waitpid(pid, 0)
     good = fresh_control(verifier, relu_task)
     assert good.passed, good.feedback
-    assert verifier.pool.zygote.starts == starts + 1 and verifier.pool.zygote.pid != pid
+    assert verifier.lanes.all[0].pool.zygote.starts == starts + 1 and verifier.lanes.all[0].pool.zygote.pid != pid
 
 
 def test_sandbox_children_have_no_network(verifier, relu_task):

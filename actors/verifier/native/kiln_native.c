@@ -47,6 +47,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "kiln_clock.h" /* the timing protocol's per-call clock */
+
 #define MAX_PATH 4096
 #define MAX_LINES 20000
 
@@ -806,6 +808,16 @@ static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "kiln_native", NU
 PyMODINIT_FUNC PyInit_kiln_native(void) {
     PyObject *m = PyModule_Create(&module_def);
     if (m == NULL) return NULL;
+    if (PyType_Ready(&CallClockType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(&CallClockType);
+    if (PyModule_AddObject(m, "CallClock", (PyObject *)&CallClockType) != 0) {
+        Py_DECREF(&CallClockType);
+        Py_DECREF(m);
+        return NULL;
+    }
     PyObject *capsule = PyCapsule_New(&g_api, "kiln_native._C_API", NULL);
     if (capsule == NULL || PyModule_AddObject(m, "_C_API", capsule) != 0) {
         Py_XDECREF(capsule);

@@ -45,8 +45,8 @@ def _shares_fit(p) -> bool:
         for g in e.gpus:
             used[g] = used.get(g, 0) + e.gpu_fraction
     for v in p.verifiers:
-        if v.gpu is not None:
-            used[v.gpu] = used.get(v.gpu, 0) + v.gpu_fraction
+        for g in v.gpus:
+            used[g] = used.get(g, 0) + v.gpu_fraction
     return all(total <= 1.0 + 1e-9 for total in used.values())
 
 
@@ -75,7 +75,7 @@ def test_cpu_default_needs_no_gpu():
     p = _plan("default.yaml", gpus=0)
     assert p.layout == "cpu" and p.gpus == ()
     assert [r.gpu for r in p.learner] == [None]
-    assert [e.gpus for e in p.engines] == [()] and [v.gpu for v in p.verifiers] == [None]
+    assert [e.gpus for e in p.engines] == [()] and [v.gpus for v in p.verifiers] == [()]
 
 
 def test_layouts_put_each_role_where_the_preset_says():
@@ -87,16 +87,16 @@ def test_layouts_put_each_role_where_the_preset_says():
 
     two = _plan("two_gpu.yaml")
     assert two.engines[0].gpus == (0,) and two.learner[0].gpu == 1
-    assert two.verifiers[0].gpu == 0 and two.verifiers[0].shared
+    assert two.verifiers[0].gpus == (0,) and two.verifiers[0].shared
 
     four = _plan("four_gpu.yaml")
     assert [(r.rank, r.tp, r.dp, r.gpu) for r in four.learner] == [(0, 0, 0, 1), (1, 1, 0, 2)]
-    assert [(v.gpu, v.shared, v.gpu_fraction) for v in four.verifiers] == [(3, False, 0.5), (3, False, 0.5)]
+    assert [(v.gpus, v.shared, v.gpu_fraction) for v in four.verifiers] == [((3,), False, 0.5), ((3,), False, 0.5)]
 
     eight = _plan("eight_gpu.yaml")
     assert [e.gpus for e in eight.engines] == [(0,), (1,), (2,)]
     assert [(r.tp, r.dp, r.gpu) for r in eight.learner] == [(0, 0, 3), (1, 0, 4), (0, 1, 5), (1, 1, 6)]
-    assert {v.gpu for v in eight.verifiers} == {7}
+    assert {v.gpus for v in eight.verifiers} == {(7,)}
     assert eight.model.params >= 1e9
 
     big = _plan("musacoder_27b.yaml")
@@ -299,6 +299,21 @@ def test_render_shows_the_table_and_the_numbers():
     assert "http://router:30000" in external and "of 24" in external
 
 
+def test_the_plan_sizes_each_verifiers_workers():
+    two = _plan("two_gpu.yaml", "verifier.compile_workers=3")
+    v = two.verifiers[0]
+    assert v.compile_workers.count == 3 and v.run_workers.gpus == (0,)
+    text = render(two)
+    assert "compile workers  run workers  run worker: device" in text
+    assert "dedicated" not in text and "0: gpu 0" in text
+    assert "run workers 0 = one per GPU (1)" in text
+    pinned = render(_plan("four_gpu.yaml", "verifier.run_workers=2"))
+    assert "0: gpu 3, 1: gpu 3" in pinned
+    cpu = _plan("default.yaml", "verifier.compile_workers=0", gpus=0)
+    assert cpu.verifiers[0].run_workers.gpus == (None,)
+    assert "cores here ÷ 1 verifier actor(s)" in render(cpu) and "0: cpu" in render(cpu)
+
+
 # ------------------------------------------------------------------------------ Ray placement groups
 
 
@@ -355,7 +370,7 @@ def test_the_placement_group_on_a_four_gpu_ray_is_the_plan():
         planned = (
             {f"learner-{r.rank}": r.gpu for r in p.learner}
             | {f"rollout-{e.index}": e.gpus[0] for e in p.engines}
-            | {f"verifier-{v.index}": v.gpu for v in p.verifiers}
+            | {f"verifier-{v.index}": v.gpus[0] for v in p.verifiers}
         )
         assert set(got["actors"]) == set(planned)
         for name, actor in got["actors"].items():

@@ -1,0 +1,41 @@
+"""The timing-fidelity bench's cpu mode (what CI runs, on two kernels): Kiln's speedup beside
+KernelBench's method's, per kernel. The ±20% target is a benchmark figure (docs/BENCHMARKS.md),
+not asserted here: this checks that both methods produce a figure for each kernel, and that the
+reference method is independent of the verifier."""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+from pathlib import Path
+
+from launch.bench import timing_fidelity
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def test_the_reference_method_imports_nothing_of_the_verifier():
+    tree = ast.parse((REPO / "launch/bench/kb_method.py").read_text())
+    names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+    names += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+    assert not [n for n in names if n.startswith(("actors", "launch", "configs", "protocols"))], names
+
+
+def test_cpu_mode_on_two_kernels(tmp_path, capsys):
+    out = tmp_path / "fidelity.json"
+    rc = timing_fidelity.main(["--backend", "cpu", "--kernels", timing_fidelity.CI_KERNELS, "--json", str(out)])
+    printed = capsys.readouterr().out
+    assert rc == 0, printed
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["kernel"] for r in rows] == timing_fidelity.CI_KERNELS.split(",")
+    for r in rows:
+        assert r["kiln"]["passed"], r
+        assert math.isfinite(r["ratio"]) and r["ratio"] > 0, r
+        assert len(r["reference"]["speedups"]) == 3
+    assert "kernels within ±20%" in printed
+
+
+def test_an_unknown_kernel_is_one_line(capsys):
+    assert timing_fidelity.main(["--backend", "cpu", "--kernels", "level9/nope"]) == 2
+    assert "no shipped solution for level9/nope" in capsys.readouterr().err

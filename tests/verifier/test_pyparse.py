@@ -1,0 +1,81 @@
+"""The verifier's one parse lock (actors/verifier/pyparse.py), against CPython 3.11.7's gh-106905.
+
+Several threads parse while another makes cyclic garbage whose finalizers run Python code, with the
+collector and thread switches made frequent: bare `ast.parse` raises "AST constructor recursion
+depth mismatch" within about 50 ms here on 3.11.7; `parse_python` must not in 1.5 s.
+"""
+
+from __future__ import annotations
+
+import ast
+import gc
+import sys
+import threading
+import time
+from pathlib import Path
+
+from actors.verifier.extract import extract
+from actors.verifier.legality import static_scan
+from actors.verifier.pyparse import parse_python
+
+SOURCE = "def f(x):\n    return [(a, b) for a in x for b in (a + 1, a * 2) if a and b]\n" * 8
+RACE_S = 1.5
+
+
+class _Finalized:
+    def __init__(self) -> None:
+        self.me = self  # a cycle: only the collector frees it, and runs __del__ when it does
+
+    def __del__(self) -> None:
+        sum(range(20))  # Python code in a finalizer: the interpreter may switch threads here
+
+
+def _race(parse, seconds: float) -> list[BaseException]:
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def churn() -> None:
+        while not stop.is_set():
+            for _ in range(50):
+                _Finalized()
+
+    def parser() -> None:
+        while not stop.is_set():
+            try:
+                assert isinstance(parse(SOURCE), ast.Module)
+            except BaseException as err:  # noqa: BLE001 - any failure is the finding
+                errors.append(err)
+                stop.set()
+
+    interval, thresholds = sys.getswitchinterval(), gc.get_threshold()
+    sys.setswitchinterval(1e-5)
+    gc.set_threshold(50, 5, 5)
+    threads = [threading.Thread(target=churn)] + [threading.Thread(target=parser) for _ in range(4)]
+    try:
+        for t in threads:
+            t.start()
+        stop.wait(seconds)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+        sys.setswitchinterval(interval)
+        gc.set_threshold(*thresholds)
+    return errors
+
+
+def test_parses_racing_the_collectors_finalizers_never_fail():
+    interval, thresholds = sys.getswitchinterval(), gc.get_threshold()
+    started = time.monotonic()
+    assert _race(parse_python, RACE_S) == []
+    assert time.monotonic() - started < 30  # bounded: the race stops at RACE_S
+    assert (sys.getswitchinterval(), gc.get_threshold()) == (interval, thresholds)
+
+
+def test_the_verifiers_parses_go_through_the_lock():
+    src = "import torch\nclass ModelNew(torch.nn.Module):\n    def forward(self, x):\n        return x\n"
+    assert extract(src).ok
+    assert static_scan(src) == ([], [])
+    package = Path(__file__).resolve().parents[2] / "actors" / "verifier"
+    bare = [p.name for p in package.rglob("*.py") if p.name != "pyparse.py" and "ast.parse(" in p.read_text()]
+    assert bare == []
