@@ -23,7 +23,8 @@ process. Where things are:
   pyparse.py     every verifier-side ast.parse, behind one lock (CPython gh-106905)
   reference.py, compare.py, runner.py, outcome.py, baselines.py, timing.py   the trusted side
                  (runner.py drives a run, outcome.py is what it established; protocols/lease.py: the
-                 device lease shared with engines and learners)
+                 device lease shared with engines and learners); baseline_worker.py, the lane's
+                 process that times the references and runs nothing else
   reward.py      the MooreEval score and the feedback texts; verdicts.py: the authenticated verdict cache
   examples.py    TextMatchReward, an example reward actor for a non-kernel task
 The verifier's own tools live in launch/bench/ (`gpu_verifier`, `compile`, `gpu_compile`).

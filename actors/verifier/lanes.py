@@ -101,3 +101,4 @@ class Lanes:
     def close(self) -> None:
         for lane in self.all:
             lane.pool.close()
+            lane.baselines.close()

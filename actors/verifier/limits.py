@@ -20,6 +20,7 @@ through the sandbox at COPY_BYTES_PER_S, so a task of gigabytes is not a `timeou
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 
@@ -104,7 +105,9 @@ def derive(
         task_bytes=trial_bytes,
         machine_bytes=machine,
         capped=capped,
-        run_timeout_s=run_timeout_s + moved / COPY_BYTES_PER_S,
+        # Whole seconds, and only where moving the bytes takes one or more: a small task keeps the
+        # configured limit exactly (the limit is quoted in verdicts).
+        run_timeout_s=run_timeout_s + (math.ceil(moved / COPY_BYTES_PER_S) if moved >= COPY_BYTES_PER_S else 0),
     )
 
 

@@ -29,6 +29,8 @@ from protocols import Task
 
 # Global RNG state is process-wide: seeding and drawing happen under this lock.
 _RNG_LOCK = threading.RLock()
+# A trial whose inputs are larger than this keeps them on the host once its expected outputs exist.
+KEEP_ON_DEVICE_BYTES = 256 << 20
 
 
 class ReferenceError(RuntimeError):
@@ -58,8 +60,8 @@ class Trial:
 
     config: ShapeConfig
     index: int  # across all trials of the job
-    inputs: list  # CPU tensors / scalars, as sent to the candidate
-    expected: list[torch.Tensor]  # reference outputs (on the reference device)
+    inputs: list  # tensors (on the reference's device, or the host when large) / scalars, as sent
+    expected: list[torch.Tensor]  # reference outputs (on the reference device, or the host when large)
 
 
 @dataclass
@@ -178,6 +180,12 @@ class Reference:
         if scale != 1.0 and not all(bool(torch.isfinite(e).all()) for e in expected if e.is_floating_point()):
             return None
         self.check_outputs(inputs, expected)
+        held = [x for x in inputs if isinstance(x, torch.Tensor)] + list(expected)
+        if sum(x.numel() * x.element_size() for x in held) > KEEP_ON_DEVICE_BYTES:
+            # A run holds every trial at once: gigabyte inputs and outputs wait on the host, not in
+            # device memory that the sandbox, the baseline process and other runs need.
+            inputs = [x.to("cpu") if isinstance(x, torch.Tensor) else x for x in inputs]
+            expected = [e.to("cpu") for e in expected]
         return Trial(instance.config, index, inputs, expected)
 
     def check_outputs(self, inputs: list, expected: list[torch.Tensor]) -> None:
@@ -244,8 +252,14 @@ class Reference:
     def run(self, model: torch.nn.Module, inputs: list) -> list[torch.Tensor]:
         """The reference's outputs as a list of tensors on the reference device."""
         on_device = self.to_device(inputs)
-        with torch.no_grad():
-            out = model(*on_device)
+        try:
+            with torch.no_grad():
+                out = model(*on_device)
+        except torch.OutOfMemoryError as err:
+            raise ReferenceError(
+                f"the reference of {self.task_id} ran out of device memory at these sizes "
+                f"({str(err).splitlines()[0][:160]}): the verifier's device is too small or too busy for this task"
+            ) from None
         if self.device.startswith("cuda"):
             torch.cuda.synchronize()
         return as_output_list(out, "the reference")
