@@ -21,8 +21,9 @@ process. Where things are:
                  sealed.py's request loop after: signed replies, the I/O arena) and its channel
   workers.py, lanes.py   how many compile and sandbox workers, and the per-GPU lanes they run in
   pyparse.py     every verifier-side ast.parse, behind one lock (CPython gh-106905)
-  reference.py, compare.py, runner.py, outcome.py, baselines.py, timing.py   the trusted side
-                 (runner.py drives a run, outcome.py is what it established; protocols/lease.py: the
+  reference.py, compare.py, runner.py, performance.py, outcome.py, baselines.py, timing.py,
+                 tensors.py   the trusted side (runner.py drives a run and performance.py its timed
+                 calls, outcome.py is what it established; protocols/lease.py: the
                  device lease shared with engines and learners); baseline_worker.py, the lane's
                  process that times the references and runs nothing else
   reward.py      the MooreEval score and the feedback texts; verdicts.py: the authenticated verdict cache

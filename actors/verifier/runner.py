@@ -14,19 +14,12 @@ the caller's stream was synchronised), the outputs again once the device is idle
 pause), and the inputs after the call. The first must match the reference; a difference between
 the first two is work that outlived forward; inputs that changed were written to.
 
-Timing (timing.py): paired trips of K fresh calls; each call timed in the sandbox as KernelBench
-times one (flush, events, forward, idle device), that figure bounded by the verifier's own clock
-around the requests (trip minus null trip over K). After each pair one call of the trip, chosen here
-after the trip, has its snapshot fetched and compared with the reference on exactly its inputs. A
-time below the device's physical bound (`timing.Bandwidth`) earns no speed bonus.
+The timed calls (stage 5) are performance.py's `TimedStage`, which this run hands its sandbox once
+the primary shapes' trials have passed; the byte-level facts both use are tensors.py's.
 """
 
 from __future__ import annotations
 
-import hashlib
-import math
-import random
-import secrets
 import time
 from dataclasses import dataclass
 
@@ -38,15 +31,12 @@ from actors.verifier.compare import compare_outputs
 from actors.verifier.executor import Arena, ChildSession, SandboxFailure, SandboxPool
 from actors.verifier.legality import Violation
 from actors.verifier.outcome import RunOutcome, TrialRecord
+from actors.verifier.performance import TIMING_INPUT_BUDGET, TimedStage
 from actors.verifier.reference import BrokenTask, Instance, Reference, ReferenceError, ShapeConfig, Trial
+from actors.verifier.tensors import digest, dtype_name, nbytes, same_bytes
 from configs import VerifierConfig
 from protocols.lease import DeviceLease
 
-# Fresh inputs of all timed calls together stay under this many bytes (fewer calls per trip, or fewer
-# pairs, for tasks with large inputs).
-TIMING_INPUT_BUDGET = 1 << 30
-# One trip's inputs and output snapshots live on the device at once: K stays under this many bytes.
-TRIP_DEVICE_BUDGET = 2 << 30
 SCALED_INPUTS = 16.0  # the extra trial's floating-point inputs are this many times larger
 # cuda: a device-wide synchronize right after the caller's stream was synchronised that takes longer
 # than this found work still running: work of the candidate's that outlived forward.
@@ -99,7 +89,7 @@ class CandidateRun:
         self.primary_index = 0  # the sandbox's ModelNew of the primary shapes
         self.primary_trials: list[Trial] = []
         self.current_op = "starting the sandbox"
-        self._seen_outputs: dict[str, int] = {}
+        self.seen_outputs: dict[str, int] = {}
 
     def run(self, source: str, source_hash: str, artifacts: dict | None, toolchain: str) -> RunOutcome:
         started = time.perf_counter()
@@ -181,11 +171,11 @@ class CandidateRun:
             configs.append((config, inst, [t for t in trials if t is not None]))
             for t in trials:
                 if t is not None:
-                    largest_trial = max(largest_trial, 2 * _nbytes(t.inputs) + 2 * _nbytes(t.expected))
-                    largest_inputs = max(largest_inputs, _nbytes(t.inputs))
-        params = sum(_nbytes(list(i.state_dict.values())) + 64 * len(i.state_dict) for _, i, _ in configs)
+                    largest_trial = max(largest_trial, 2 * nbytes(t.inputs) + 2 * nbytes(t.expected))
+                    largest_inputs = max(largest_inputs, nbytes(t.inputs))
+        params = sum(nbytes(list(i.state_dict.values())) + 64 * len(i.state_dict) for _, i, _ in configs)
         timed = min(timing.MAX_CALLS_PER_TRIP, max(1, TIMING_INPUT_BUDGET // largest_inputs)) * largest_inputs
-        primary_out = _nbytes(configs[-1][2][0].expected) if configs and configs[-1][2] else 0
+        primary_out = nbytes(configs[-1][2][0].expected) if configs and configs[-1][2] else 0
         arena = max(largest_trial, params, timed + primary_out) + 64 * 1024
         return Plan(configs, arena, notes)
 
@@ -242,7 +232,7 @@ class CandidateRun:
             return
         self.out.stage = "performance"
         t0 = time.perf_counter()
-        self._time(child)
+        TimedStage(self, child).measure()
         self.out.timings["performance"] = time.perf_counter() - t0
         self.out.inspect(child)
         if self.out.violations:
@@ -274,9 +264,9 @@ class CandidateRun:
         arena = child.arena
         arena.reset()
         inputs = [arena.put(x) for x in trial.inputs]
-        out = arena.region(_nbytes(trial.expected) + 64 * len(trial.expected))
-        after = arena.region(_nbytes(trial.expected) + 64 * len(trial.expected))
-        kept = arena.region(_nbytes(trial.inputs) + 64 * len(trial.inputs))
+        out = arena.region(nbytes(trial.expected) + 64 * len(trial.expected))
+        after = arena.region(nbytes(trial.expected) + 64 * len(trial.expected))
+        kept = arena.region(nbytes(trial.inputs) + 64 * len(trial.inputs))
         return self.budget.ask(
             child, "call", {"instance": instance, "inputs": inputs, "out": out, "after": after, "kept": kept}
         )
@@ -307,7 +297,7 @@ class CandidateRun:
                 where = f" at {reply['where']}" if reply.get("where") else ""
                 self.out.trials.append(TrialRecord(label, shapes, False, f"{str(reply['failure'])[:400]}{where}"))
             return
-        got, why = self._outputs(child, reply.get("outputs"), trial.expected)
+        got, why = self.outputs(child, reply.get("outputs"), trial.expected)
         result = compare_outputs(got, trial.expected, self.tol_override) if got is not None else None
         if counts:
             if result is None:
@@ -316,10 +306,10 @@ class CandidateRun:
                 self.out.trials.append(TrialRecord(label, shapes, result.ok, result.message, result.max_abs_error))
         if got is None:
             return
-        later, _ = self._outputs(child, reply.get("after"), trial.expected)
+        later, _ = self.outputs(child, reply.get("after"), trial.expected)
         pending = reply.get("pending_s")
         still_running = self.device_type == "cuda" and isinstance(pending, (int, float)) and pending > PENDING_S
-        if later is None or still_running or any(not _same_bytes(a, b) for a, b in zip(got, later, strict=True)):
+        if later is None or still_running or any(not same_bytes(a, b) for a, b in zip(got, later, strict=True)):
             kind = "stream_escape" if self.device_type == "cuda" else "thread_escape"
             self.out.violations.append(
                 Violation(
@@ -330,10 +320,10 @@ class CandidateRun:
                 )
             )
         tensors = [x for x in trial.inputs if isinstance(x, torch.Tensor)]
-        kept, _ = self._outputs(child, reply.get("inputs_after"), tensors)
+        kept, _ = self.outputs(child, reply.get("inputs_after"), tensors)
         # Not strict: kept is None when the child's inputs could not be read back; nothing to compare then.
         for i, (before, after) in enumerate(zip(tensors, kept or [], strict=False)):
-            if not _same_bytes(before, after):
+            if not same_bytes(before, after):
                 self.out.violations.append(
                     Violation(
                         "input_mutated", f"input {i} was modified in place", "", "forward must not write to its inputs"
@@ -341,8 +331,8 @@ class CandidateRun:
                 )
         # A wrong output that is bit for bit an earlier trial's *correct* output is a replayed result
         # (a constant or garbage output that merely repeats is only wrong, not replayed).
-        digest = _digest(got)
-        earlier = self._seen_outputs.get(digest)
+        fingerprint = digest(got)
+        earlier = self.seen_outputs.get(fingerprint)
         if result is not None and not result.ok and earlier is not None:
             which = "the canary trial" if not counts else f"trial {trial.index + 1}"
             self.out.violations.append(
@@ -354,9 +344,9 @@ class CandidateRun:
                 )
             )
         if result is not None and result.ok and counts:
-            self._seen_outputs.setdefault(digest, trial.index)
+            self.seen_outputs.setdefault(fingerprint, trial.index)
 
-    def _outputs(self, child: ChildSession, entries, expected: list[torch.Tensor]):
+    def outputs(self, child: ChildSession, entries, expected: list[torch.Tensor]):
         """The outputs the sandbox placed, read as the expected dtypes and shapes (nothing else is
         read), or (None, why they cannot be)."""
         if not isinstance(entries, list):
@@ -372,180 +362,6 @@ class CandidateRun:
             got.append(t)
         return got, ""
 
-    # -------------------------------------------------------------------------------- timing
-
-    def _time(self, child: ChildSession) -> None:
-        primary = self.primary
-        input_bytes = max(_nbytes(self.primary_trials[0].inputs), 1)
-        pairs = self.cfg.repeats
-        t0 = time.perf_counter()
-        eager, compiled = self.baselines.measure(self.ref, primary, pairs)
-        self.out.eager_s = eager.paid_s
-        self.out.compile_s = compiled.paid_s if compiled is not None else None
-        self.out.timings["baseline"] = time.perf_counter() - t0
-        note = self.baselines.note(self.ref, primary.config)
-        if note:
-            self.out.notes.append(note)
-        expect = [[_dtype_name(t.dtype), list(t.shape)] for t in self.primary_trials[0].expected]
-        output_bytes = max(_nbytes(self.primary_trials[0].expected), 1)
-        # Every timed call gets a fresh draw, and all of them together stay within the input budget:
-        # K from the warm-up (within the device budget), then as many pairs as the budget allows.
-        calls = max(timing.MIN_RUNS, TIMING_INPUT_BUDGET // input_bytes)
-        most = max(
-            1,
-            min(
-                timing.MAX_CALLS_PER_TRIP,
-                TRIP_DEVICE_BUDGET // (input_bytes + 2 * output_bytes),
-                calls // timing.MIN_RUNS,
-            ),
-        )
-        self.current_op = "the timed runs"
-        budget_s = min(max(self.budget.left * 0.5, 1.0), 20.0)
-        with self.lease.shared():  # the warm-up pairs' inputs: fresh, as timed calls' are
-            warm = [self.ref.fresh_inputs(primary) for _ in range(max(1, min(4, most)))]
-        if not self._stage(child, warm):
-            return
-        trip, replies = self._trips(child, expect)
-        with self.lease.exclusive():
-            k = timing.choose_k(trip, self.device_type, most, self.cfg.warmup)
-        if not self._replies_ok(replies):
-            return
-        pairs = min(pairs, max(timing.MIN_RUNS, calls // k))
-        times = timing.TripTimes(k, self.device_type)
-        checked = []
-        started = time.perf_counter()
-        i = -1
-        while timing.want_more(times, pairs, time.perf_counter() - started, budget_s):
-            i += 1
-            with self.lease.shared():
-                calls = [self.ref.fresh_inputs(primary) for _ in range(k)]
-            run_s, null_s, spans = self._pair(child, calls, expect, i)
-            if run_s is None:
-                return
-            timing.record(times, run_s, null_s, spans)
-            j = random.Random(secrets.randbits(64)).randrange(k)  # chosen after the trip
-            checked.append([i, j])
-            if not self._check_timed(child, i, j, calls[j]):
-                return
-        self.out.candidate_s = times.paid_s
-        self.out.timing_runs = len(times.per_call) * k
-        self.out.timing = {
-            "clock": "per-call events bounded by the verifier's clock"
-            if self.device_type == "cuda"
-            else "per-call monotonic clock bounded by the verifier's clock",
-            "candidate": times.to_json(),
-            "eager": eager.to_json(),
-            "compile": compiled.to_json() if compiled is not None else None,
-            "checked": checked,
-            "median_s": {
-                "candidate": times.median_s,
-                "eager": eager.median_s,
-                "compile": compiled.median_s if compiled else None,
-            },
-        }
-        self._plausibility(times.paid_s)
-
-    def _stage(self, child: ChildSession, calls: list[list]) -> bool:
-        """The next trip's inputs into the arena and from there onto the sandbox's device (untimed)."""
-        arena = child.arena
-        arena.reset()
-        descs = [[arena.put(x) for x in inputs] for inputs in calls]
-        with self.lease.shared():
-            reply = self.budget.ask(child, "stage", {"instance": self.primary_index, "calls": descs})
-        return self._replies_ok([reply])
-
-    def _trips(self, child: ChildSession, expect: list):
-        """(trip, replies): `trip(k, null)` runs one trip of the k staged calls in the sandbox; each
-        reply is kept for `_replies_ok`."""
-        flush = self.device_type == "cuda"
-        replies: list[dict] = []
-
-        def trip(k: int, null: bool) -> list[float]:
-            reply = self.budget.ask(child, "trip", {"null": null, "expect": expect, "flush": flush})
-            replies.append(reply)
-            spans = reply.get("calls_s")
-            if null or reply.get("failure") or not reply.get("ok", True):
-                return []
-            if not _per_call_figures(spans, k):
-                reply["failure"] = "the sandbox's per-call clock did not give one figure per call"
-                return []
-            return spans
-
-        return trip, replies
-
-    def _replies_ok(self, replies: list[dict]) -> bool:
-        for reply in replies:
-            if not self.out.absorb(reply, "a timed run"):
-                return False
-            if reply.get("failure"):
-                self.out.stage, self.out.error_class = "performance", "runtime"
-                self.out.message = f"a timed run failed: {str(reply['failure'])[:300]}"
-                return False
-        return True
-
-    def _pair(self, child: ChildSession, calls: list[list], expect: list, index: int):
-        """(trip seconds, null trip seconds, the trip's per-call figures) of one pair, the first two
-        timed here around the requests; or (None, None, None)."""
-        if not self._stage(child, calls):
-            return None, None, None
-        trip, replies = self._trips(child, expect)
-        with self.lease.exclusive(), timing.responsive_gil():
-            run_s, null_s, spans = timing.time_pair(trip, len(calls), index)
-        if not self._replies_ok(replies):
-            return None, None, None
-        return run_s, null_s, spans
-
-    def _check_timed(self, child: ChildSession, pair: int, call: int, inputs: list) -> bool:
-        """Compare one timed call's snapshot with the reference on exactly its inputs."""
-        arena = child.arena
-        arena.reset()
-        with self.lease.shared():
-            expected = self.ref.run(self.primary.model, inputs)
-            out = arena.region(_nbytes(expected) + 64 * len(expected))
-            reply = self.budget.ask(child, "fetch", {"call": call, "out": out})
-        if not self.out.absorb(reply, "fetching a timed run's outputs"):
-            return False
-        got, why = self._outputs(child, reply.get("outputs"), expected)
-        check = compare_outputs(got, expected, self.tol_override) if got is not None else None
-        if check is not None and check.ok:
-            return True
-        earlier = self._seen_outputs.get(_digest(got)) if got is not None else None
-        if earlier is not None:
-            self.out.violations.append(
-                Violation(
-                    "replayed_output",
-                    f"timed run {pair + 1} returned exactly the output of trial {earlier + 1}",
-                    "",
-                    "results cached across calls",
-                )
-            )
-        else:
-            message = check.message if check is not None else why
-            self.out.violations.append(
-                Violation(
-                    "timed_output",
-                    f"while timed (run {pair + 1}), {message}",
-                    "",
-                    "output differs when timed (call-count dependent?)",
-                )
-            )
-        return False
-
-    def _plausibility(self, seconds: float) -> None:
-        """No speed bonus for a time no kernel could reach: reading the inputs and writing the outputs
-        once takes at least `bytes / (calibrated bandwidth x slack)`."""
-        if self.bandwidth is None:
-            return
-        moved = _nbytes(self.primary_trials[0].inputs) + _nbytes(self.primary_trials[0].expected)
-        floor = self.bandwidth.min_seconds(moved)
-        self.out.timing["min_plausible_s"] = floor
-        if seconds < floor:
-            self.out.implausible = (
-                f"{seconds * 1e6:.1f} us per call moves {moved} bytes faster than this device "
-                f"can ({floor * 1e6:.1f} us at the calibrated bandwidth x{self.bandwidth.SLACK:g}): "
-                "no speed bonus"
-            )
-
 
 def _tol_override(cfg: VerifierConfig, ref: Reference) -> tuple[float, float] | None:
     if cfg.atol is not None or cfg.rtol is not None:
@@ -560,51 +376,16 @@ def _describe_mismatch(name: str, entry, exp: torch.Tensor, device_type: str) ->
     _, nbytes, dtype, shape, _, where = entry[:6]
     if where != device_type:
         return f"{name} is on {where}, expected {device_type}"
-    if dtype != _dtype_name(exp.dtype):
-        return f"{name} has dtype {dtype}, expected {_dtype_name(exp.dtype)}"
+    if dtype != dtype_name(exp.dtype):
+        return f"{name} has dtype {dtype}, expected {dtype_name(exp.dtype)}"
     if shape != list(exp.shape):
         return f"{name} has shape {tuple(shape) if isinstance(shape, list) else shape}, expected {tuple(exp.shape)}"
     return f"{name} ({nbytes} bytes) does not fit where the reference's output does"
 
 
-def _per_call_figures(spans, k: int) -> bool:
-    """Exactly k finite, non-negative seconds (the sandbox's reply is read as data)."""
-    return (
-        type(spans) is list
-        and len(spans) == k
-        and all(type(x) in (float, int) and math.isfinite(x) and x >= 0 for x in spans)
-    )
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).replace("torch.", "")
-
-
 def _wire_values(values: list) -> list:
     """Init arguments as msgpack values (tuples become lists; anything else must already be plain)."""
     return [list(v) if isinstance(v, tuple) else v for v in values]
-
-
-def _nbytes(items) -> int:
-    return sum(t.numel() * t.element_size() for t in items if isinstance(t, torch.Tensor))
-
-
-def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Bit for bit (a NaN equals the same NaN: outputs that hold NaN, from a bug or uninitialised
-    memory, have not changed because NaN != NaN)."""
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False
-    b = b.to(a.device)
-    return torch.equal(a.contiguous().view(-1).view(torch.uint8), b.contiguous().view(-1).view(torch.uint8))
-
-
-def _digest(tensors: list[torch.Tensor]) -> str:
-    h = hashlib.sha256()
-    for t in tensors:
-        h.update(str((tuple(t.shape), t.dtype)).encode())
-        if t.numel():
-            h.update(memoryview(t.detach().to("cpu").contiguous().view(-1).view(torch.uint8).numpy()))
-    return h.hexdigest()
 
 
 def _args(args: list) -> str:

@@ -15,8 +15,8 @@ import pytest
 
 from actors.verifier.suite import load_suite, request_for, suite_tasks, verdict
 from actors.verifier.verifier import KernelVerifier
-from configs import load_config
 from tasks.loader import load_tasks
+from tests.verifier.integrity import config
 
 CASES = load_suite("cpu")
 CASES_BY_NAME = {c.name: c for c in CASES}
@@ -120,19 +120,8 @@ FEEDBACK = {
 
 
 def suite_config(cache_dir, **overrides):
-    base = {
-        "verifier.cache_dir": str(cache_dir),
-        "verifier.trials": 4,
-        "verifier.warmup": 1,
-        "verifier.repeats": 5,
-        "verifier.run_timeout_s": 10,
-        "verifier.memory_limit_mb": 1536,
-        "verifier.compile_baseline": "never",
-        "verifier.run_workers": 2,
-        "verifier.compile_workers": 2,
-    }
-    base.update(overrides)
-    return load_config(None, [f"{k}={v}" for k, v in base.items()]).verifier
+    """The integrity tests' verifier settings, with shorter runs (5 timed pairs, a 10 s run limit)."""
+    return config(cache_dir, **{"verifier.repeats": 5, "verifier.run_timeout_s": 10, **overrides})
 
 
 @pytest.fixture(scope="module")

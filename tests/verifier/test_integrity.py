@@ -2,8 +2,8 @@
 
 The adversarial suite (tests/verifier/test_adversarial.py) checks every case's verdict; this module checks
 what a verdict alone cannot show: that every sandbox layer holds on this machine (a missing layer
-fails here, it does not skip), that a forged clock earns no speed bonus, that no poisoned verdict is
-ever served, that the CLI's JSON is the verdict the verifier recorded, that nothing is left behind
+fails here, it does not skip), that no poisoned verdict is
+ever served (the clock's own guarantees: test_timing.py), that the CLI's JSON is the verdict the verifier recorded, that nothing is left behind
 outside the sandbox, and that no host file or environment reaches the feedback. One verifier serves
 the module, on the session's cache (each distinct candidate compiles once per session).
 """
@@ -20,17 +20,15 @@ from pathlib import Path
 
 import pytest
 
-from actors.verifier import jail, timing
-from actors.verifier.executor import ChildSession
-from actors.verifier.suite import load_suite, verdict
+from actors.verifier import jail
+from actors.verifier.suite import verdict
 from actors.verifier.verdicts import VerdictCache, verdict_key
 from actors.verifier.verifier import KernelVerifier
 from configs import load_config
 from protocols import VerifyRequest
-from tasks.loader import load_tasks
+from tests.verifier.integrity import SUITE, config, fresh, verify
 
 REPO = Path(__file__).resolve().parents[2]
-SUITE = {c.name: c for c in load_suite("cpu")}
 SECRET = f"kiln-secret-{uuid.uuid4().hex}"  # in the verifier's environment: must never reach feedback
 
 # Which suite cases stand for which class of the issue (each gets its verdict in the suite's test).
@@ -71,22 +69,6 @@ CLASSES = {
 }
 
 
-def config(cache_dir, **overrides):
-    base = {
-        "verifier.cache_dir": str(cache_dir),
-        "verifier.trials": 4,
-        "verifier.warmup": 1,
-        "verifier.repeats": 8,
-        "verifier.run_timeout_s": 20,
-        "verifier.memory_limit_mb": 1536,
-        "verifier.compile_baseline": "never",
-        "verifier.run_workers": 2,
-        "verifier.compile_workers": 2,
-    }
-    base.update(overrides)
-    return load_config(None, [f"{k}={v}" for k, v in base.items()]).verifier
-
-
 @pytest.fixture(scope="module")
 def verifier(verifier_cache_dir):
     os.environ["KILN_INTEGRITY_SECRET"] = SECRET
@@ -94,20 +76,6 @@ def verifier(verifier_cache_dir):
     yield v
     v.close()
     os.environ.pop("KILN_INTEGRITY_SECRET", None)
-
-
-@pytest.fixture(scope="module")
-def relu_task():
-    return next(t for t in load_tasks("tasks/level1", "cpu") if t.task_id == "level1/01_relu")
-
-
-def fresh(case: str) -> str:
-    """A suite case's source, made distinct (no verdict-cache hit from another module), same build."""
-    return SUITE[case].source() + f"\n# {uuid.uuid4().hex}\n"
-
-
-def verify(verifier, task, source: str, request_id: str = ""):
-    return verifier.verify(VerifyRequest(request_id=request_id or uuid.uuid4().hex, task=task, candidate=source))
 
 
 # ------------------------------------------------------------------------------- the sandbox
@@ -136,147 +104,6 @@ def test_verdicts_report_the_sandbox_and_its_exit_status(verifier, relu_task):
         crash.diagnostics["sandbox"]["exit"]["signal"] == 11
         and "SIGSEGV" in crash.diagnostics["sandbox"]["exit"]["text"]
     )
-
-
-# ----------------------------------------------------------------------- class 3: the clock
-
-
-def test_the_figure_paid_is_the_per_call_mean_bounded_by_the_trusted_clock():
-    """Each call is timed by the per-call clock (KernelBench's method); the verifier's own figure is
-    the mean over pairs of (trip - null trip) / K. The per-call mean pays while it is within the
-    trusted figure's margin; below it (a forged per-call clock, or work the events did not wait for)
-    the trusted figure pays. Pairs alternate which trip goes first."""
-    times = timing.TripTimes(4, "cpu")
-    for run_s, null_s in ((0.010, 0.006), (0.0102, 0.0062), (0.0099, 0.0059)):
-        timing.record(times, run_s, null_s, [1.0e-3, 1.0e-3, 1.1e-3, 0.9e-3])
-    assert times.trusted_s == pytest.approx(1e-3) and times.resolved
-    assert times.mean_s == pytest.approx(1e-3) and times.median_s == pytest.approx(1e-3)
-    assert times.bounded and times.paid_s == pytest.approx(1e-3)
-    forged = timing.TripTimes(4, "cpu")
-    for run_s, null_s in ((0.010, 0.006), (0.0102, 0.0062), (0.0099, 0.0059)):
-        timing.record(forged, run_s, null_s, [1e-5] * 4)  # claims 100x faster than the trusted clock saw
-    assert not forged.bounded and forged.paid_s == pytest.approx(1e-3)
-    # Within the margin (10%) the per-call mean still pays: a forger gains at most that.
-    close = timing.TripTimes(4, "cpu")
-    for _ in range(3):
-        timing.record(close, 0.010, 0.006, [0.95e-3] * 4)
-    assert close.bounded and close.paid_s == pytest.approx(0.95e-3)
-    order = []
-    timing.time_pair(lambda k, null: order.append(null), 4, 0)
-    timing.time_pair(lambda k, null: order.append(null), 4, 1)
-    assert order == [False, True, True, False]
-    assert timing.calls_per_trip(1e-3, "cpu", 64) == 4 and timing.calls_per_trip(1e-6, "cpu", 16) == 16
-
-
-def test_a_noisy_trusted_clock_widens_its_margin_and_times_more_pairs():
-    """On a busy host trip and null trip differ by their noise as well as by the call: the trusted
-    figure's margin grows with its standard error, so an honest per-call mean stays bounded and pays;
-    and more pairs are timed (up to EXTRA_PAIRS x, within the budget) until it resolves."""
-    noisy = timing.TripTimes(2, "cpu")
-    for run_s, null_s in ((0.0050, 0.0040), (0.0040, 0.0039), (0.0046, 0.0040)):
-        timing.record(noisy, run_s, null_s, [0.1e-3] * 2)
-    assert not noisy.resolved and noisy.margin_s >= 2 * noisy.sem_s > 0.1 * noisy.trusted_s
-    assert noisy.bounded and noisy.paid_s == pytest.approx(0.1e-3)
-    assert timing.want_more(noisy, 3, 0.0, 10.0) and not timing.want_more(noisy, 3, 11.0, 10.0)
-    while len(noisy.per_call) < timing.EXTRA_PAIRS * 3:
-        timing.record(noisy, 0.0050, 0.0040, [0.1e-3] * 2)
-    assert not timing.want_more(noisy, 3, 0.0, 10.0)  # EXTRA_PAIRS x the configured pairs, at most
-
-
-def test_the_round_trip_is_not_in_the_candidates_time(verifier, relu_task, monkeypatch):
-    """5 ms more on every trip request (the trip and its null trip alike, as a slow host adds) leaves
-    the figure where it was: the per-call clock never sees the round trip, and the trusted figure
-    that bounds it counts only what the forward adds."""
-    honest = verify(verifier, relu_task, fresh("control_correct"))
-    real_request = ChildSession.request
-
-    def slow(self, op, body, budget_s, **kw):
-        reply = real_request(self, op, body, budget_s, **kw)
-        if op == "trip":
-            import time
-
-            time.sleep(0.005)
-        return reply
-
-    monkeypatch.setattr(ChildSession, "request", slow)
-    delayed = verify(verifier, relu_task, fresh("control_correct"))
-    assert honest.passed and delayed.passed, delayed.feedback
-    a, b = honest.diagnostics["times_s"]["candidate"], delayed.diagnostics["times_s"]["candidate"]
-    k = delayed.diagnostics["timing"]["candidate"]["calls_per_trip"]
-    # The 5 ms would add 5 ms / K to every call; what is left is the host's run-to-run noise.
-    assert 0.5 * a < b < a + 0.25 * 5e-3 / k, (a, b, k)
-    assert delayed.diagnostics["timing"]["candidate"]["trusted_s"] < a + 0.25 * 5e-3 / k
-    assert delayed.diagnostics["timing"]["candidate"]["bounded"]
-
-
-def test_a_forged_per_call_clock_is_refused(verifier, relu_task, monkeypatch):
-    """The per-call figures come from the sandbox, where the candidate's native code runs and could
-    write them. Scaled down 100x on their way (as such a write would), they fall outside the trusted
-    clock's bound, and the trusted figure pays: the candidate is no faster for it."""
-    honest = verify(verifier, relu_task, fresh("control_correct"))
-    real_request = ChildSession.request
-
-    def forged(self, op, body, budget_s, **kw):
-        reply = real_request(self, op, body, budget_s, **kw)
-        if op == "trip" and reply.get("calls_s"):
-            reply["calls_s"] = [x / 100 for x in reply["calls_s"]]
-        return reply
-
-    monkeypatch.setattr(ChildSession, "request", forged)
-    r = verify(verifier, relu_task, fresh("control_correct"))
-    assert r.passed, r.feedback
-    cand = r.diagnostics["timing"]["candidate"]
-    assert not cand["bounded"] and cand["paid_s"] == cand["trusted_s"] > 20 * cand["mean_s"], cand
-    a, b = honest.diagnostics["times_s"]["candidate"], r.diagnostics["times_s"]["candidate"]
-    assert b > 0.5 * a, (a, b)
-
-
-BUSY_LOOP = '''
-import torch
-import torch.nn as nn
-from torch.utils.cpp_extension import load_inline
-
-source = """
-#include <chrono>
-// Spins for `us` microseconds, then y = relu(x): a call of known length.
-torch::Tensor spin_relu(torch::Tensor x, int64_t us) {
-    auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(us);
-    while (std::chrono::steady_clock::now() < until) {}
-    auto y = torch::empty_like(x);
-    const float* s = x.data_ptr<float>();
-    float* d = y.data_ptr<float>();
-    for (int64_t i = 0; i < x.numel(); ++i) d[i] = s[i] > 0.0f ? s[i] : 0.0f;
-    return y;
-}
-"""
-spin = load_inline(name="kiln_spin_relu", cpp_sources=source, functions=["spin_relu"])
-
-
-class ModelNew(nn.Module):
-    def forward(self, x):
-        return spin.spin_relu(x.contiguous(), SPIN_US)
-'''
-
-
-def test_a_busy_loop_of_known_length_is_measured_at_its_length(verifier, relu_task):
-    """A call that spins 2.5 ms longer is measured 2.5 ms longer (within 30%): the clock measures the
-    call. (The same kernel without the spin is the control: its own work, an unoptimised loop, is
-    not part of the known length.) The C++ source is the same, so the second build is a cache hit."""
-    figures = {}
-    for us in (0, 2500):
-        r = verify(verifier, relu_task, BUSY_LOOP.replace("SPIN_US", str(us)) + f"\n# {uuid.uuid4().hex}\n")
-        assert r.passed, r.feedback
-        assert r.diagnostics["timing"]["candidate"]["bounded"], r.diagnostics["timing"]
-        figures[us] = r.diagnostics["times_s"]["candidate"]
-    added = figures[2500] - figures[0]
-    assert 0.7 * 2.5e-3 <= added <= 1.3 * 2.5e-3, figures
-
-
-def test_a_time_below_the_physical_bound_earns_no_bonus(verifier, relu_task, monkeypatch):
-    monkeypatch.setattr(timing.TripTimes, "paid_s", property(lambda self: 1e-12))
-    r = verify(verifier, relu_task, fresh("control_correct"))
-    assert r.passed and "speed_clamped" in r.diagnostics and r.speedup_eager == 1.0 and r.score == 1.0
-    assert "not physically plausible" in r.feedback
 
 
 # --------------------------------------------------------------------- class 5: the cache
@@ -612,82 +439,3 @@ def test_the_engine_pauses_between_steps_while_a_kernel_is_timed(tmp_path, monke
         assert steps and steps[0] >= closed_at
     finally:
         engine.close()
-
-
-def test_a_busy_verifier_thread_does_not_delay_the_round_trip_clock():
-    """The verifier times a run from one thread while its other threads work. Waking from the reply,
-    that thread needs the GIL back, which CPython hands over every switch interval (5 ms): a 0.2 ms
-    kernel then read as 5-7 ms on an H100 and the verifier's floor overruled the sandbox's clock.
-    Inside `responsive_gil` (the timed runs) it comes back within a fraction of a millisecond, and
-    the interval is restored when the last overlapping window closes."""
-    import socket
-    import statistics
-    import sys
-    import threading
-    import time
-
-    from actors.verifier import timing
-
-    default = sys.getswitchinterval()
-    stop = threading.Event()
-
-    def busy():  # pure Python: holds the GIL until asked to drop it
-        x = 0
-        while not stop.is_set():
-            x += 1
-
-    def wake_latencies(n: int) -> list[float]:
-        out = []
-        for _ in range(n):
-            a, b = socket.socketpair()
-            sent = []
-            replier = threading.Thread(
-                target=lambda sent=sent, b=b: (time.sleep(0.002), sent.append(time.perf_counter()), b.sendall(b"x"))
-            )
-            replier.start()
-            a.recv(1)
-            out.append(time.perf_counter() - sent[0])
-            replier.join()
-            a.close(), b.close()
-        return out
-
-    spinner = threading.Thread(target=busy, daemon=True)
-    spinner.start()
-    try:
-        with timing.responsive_gil():
-            with timing.responsive_gil():  # a second window overlapping the first
-                assert sys.getswitchinterval() == pytest.approx(timing.TIMING_SWITCH_INTERVAL_S)
-            assert sys.getswitchinterval() == pytest.approx(timing.TIMING_SWITCH_INTERVAL_S)
-            latency = statistics.median(wake_latencies(20))
-        assert sys.getswitchinterval() == default
-    finally:
-        stop.set()
-        spinner.join()
-    assert latency < 2.5e-3, f"woke {latency * 1e3:.2f} ms after the reply (the default switch interval is 5 ms)"
-
-
-def test_baselines_are_timed_in_a_process_of_their_own(verifier, relu_task):
-    """The eager baseline comes from the lane's baseline process (not the verifier's, whose other
-    threads would slice a many-op forward), and a measurement disturbed by a stall is taken again."""
-    r = verify(verifier, relu_task, fresh("control_correct"))
-    assert r.passed, r.feedback
-    lane = verifier.lanes.all[0]
-    procs = [p.proc for p in lane.baselines.processes if p.proc is not None]
-    assert procs and all(p.poll() is None and p.pid != os.getpid() for p in procs)
-    assert not any("verifier's process" in n for n in lane.baselines.notes.values()), lane.baselines.notes
-    assert r.diagnostics["timing"]["eager"]["calls"] >= 3 * r.diagnostics["timing"]["eager"]["calls_per_trip"]
-
-
-def test_a_disturbed_baseline_measurement_is_taken_again():
-    from actors.verifier import baselines
-
-    def times(calls):
-        t = timing.TripTimes(4, "cpu")
-        t.calls.extend(calls)
-        return t
-
-    disturbed, clean = times([1e-4, 1e-4, 1e-4, 5e-2]), times([1e-4] * 4)
-    taken = iter([disturbed, clean])
-    assert baselines._steady(lambda: next(taken)) is clean
-    once = iter([clean, disturbed])
-    assert baselines._steady(lambda: next(once)) is clean  # a clean first measurement is kept as it is

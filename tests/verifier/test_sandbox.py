@@ -15,7 +15,6 @@ from actors.verifier.suite import load_suite
 from actors.verifier.verifier import KernelVerifier
 from configs import load_config
 from protocols import VerifyRequest
-from tasks.loader import load_tasks
 
 SUITE = {c.name: c for c in load_suite("cpu")}
 
@@ -33,11 +32,6 @@ def verifier(verifier_cache_dir):
     v = KernelVerifier(load_config(None, [f"{k}={val}" for k, val in items.items()]).verifier)
     yield v
     v.close()
-
-
-@pytest.fixture(scope="module")
-def relu_task():
-    return next(t for t in load_tasks("tasks/level1", "cpu") if t.task_id == "level1/01_relu")
 
 
 def fresh_control(verifier, task):
