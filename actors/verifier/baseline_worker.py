@@ -59,6 +59,11 @@ def main(argv: list[str]) -> int:
             reply = {"eager": times_record(eager), "compile": times_record(compiled), "note": note}
         except (ReferenceError, RuntimeError, ValueError, KeyError, TypeError) as err:
             reply = {"error": f"{type(err).__name__}: {str(err)[:300]}"}
+        instance = None
+        if device.startswith("cuda"):
+            # The inputs and outputs it timed go back to the device, not to this process's caching
+            # allocator: the lane's memory count (devmem.py) does not see this process between runs.
+            torch.cuda.empty_cache()
         out.write(json.dumps(reply) + "\n")
     return 0
 

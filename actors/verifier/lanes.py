@@ -1,8 +1,9 @@
 """A kernel verifier's lanes: one per GPU it runs sandboxes on (one for the host on cpu).
 
 A lane holds what is tied to its device: the sandbox workers pinned to that GPU (a `SandboxPool`
-whose sandboxes see only it), its device lease (exclusive timing windows are per GPU), the
-references and the baselines computed on it, and its bandwidth bound. A candidate runs on the lane
+whose sandboxes see only it), its device lease (exclusive timing windows are per GPU), its memory
+as the runs reserve it (devmem.py), the references and the baselines computed on it, and its
+bandwidth bound. A candidate runs on the lane
 with the fewest runs under way, with the lane's GPU as its thread's current CUDA device, so the
 trusted side's work for it (reference outputs, baselines, the clock) happens on the GPU that the
 candidate's sandbox uses. The cpu backend has one lane and goes through the same code.
@@ -19,6 +20,7 @@ import torch
 
 from actors.verifier import timing
 from actors.verifier.baselines import Baselines
+from actors.verifier.devmem import DeviceMemory
 from actors.verifier.executor import SandboxPool
 from actors.verifier.reference import ReferenceCache
 from actors.verifier.workers import RunWorkers, VerifierGpu
@@ -37,6 +39,7 @@ class Lane:
     references: ReferenceCache
     baselines: Baselines
     bandwidth: timing.Bandwidth
+    memory: DeviceMemory  # the bytes its runs may hold at once
     running: int = field(default=0)  # candidate runs under way on this lane
 
     def current(self):
@@ -72,8 +75,9 @@ def build_lanes(
         lease = DeviceLease(device)
         with nullcontext() if gpu is None else torch.cuda.device(gpu.device), lease.exclusive():
             bandwidth = timing.Bandwidth("cuda" if gpu is not None else "cpu")
+        references, baselines = ReferenceCache(device), Baselines(cfg, device, lease)
         lanes.append(
-            Lane(device, gpu, workers, pool, lease, ReferenceCache(device), Baselines(cfg, device, lease), bandwidth)
+            Lane(device, gpu, workers, pool, lease, references, baselines, bandwidth, DeviceMemory.for_device(device))
         )
     return lanes
 

@@ -4,14 +4,16 @@ A fixed memory limit is wrong at both ends: KernelBench's level1_5 holds 4 GiB o
 of output per trial, so an 8 GiB sandbox dies of memory whatever the kernel does, while a task of a
 few kilobytes needs nothing near that. So the limit of a sandbox is
 
-    memory = max(verifier.memory_limit_mb, BASE + COPIES x one trial's bytes) + the I/O arena,
+    memory = max(verifier.memory_limit_mb, BASE + COPIES x one trial's bytes
+                 + PARAM_COPIES x the parameters of every ModelNew it builds) + the I/O arena,
     never more than MACHINE_SHARE of the machine's memory,
 
 where one trial's bytes are its inputs and the reference's outputs (the largest trial of the plan),
 COPIES counts what the sandbox holds of a trial at once beyond the arena (its own copy of the inputs,
 the candidate's outputs and their snapshot), BASE is the process itself (interpreter, torch, on cuda
-the CUDA context and its libraries), and the arena (shared pages the sandbox touches) is sized by
-the runner's plan. A machine too small for the task caps the limit (`capped`): a sandbox that dies of
+the CUDA context and its libraries), the parameters count because ModelNew is constructed on the
+host (KernelBench level2_55 builds a 4 GiB Linear, initialised before the reference's weights are
+copied in), and the arena (shared pages the sandbox touches) is sized by the runner's plan. A machine too small for the task caps the limit (`capped`): a sandbox that dies of
 memory under a capped limit is the machine's failure (infra), never the candidate's.
 
 The run time limit grows likewise: `verifier.run_timeout_s` plus the time to move every trial's bytes
@@ -33,6 +35,9 @@ BASE_BYTES = {"cpu": 1 << 30, "cuda": 3 << 30}
 # copy of the inputs, the candidate's outputs, their snapshot, and as much again for the candidate's
 # working memory; on cuda those live on the device, and host memory holds transient staging only.
 COPIES = {"cpu": 4, "cuda": 1}
+# Copies of the parameters a sandbox holds while it builds ModelNew: the candidate's own initialised
+# ones and the reference's being copied in from the arena.
+PARAM_COPIES = 2
 # The share of the machine's memory one sandbox may have at most: the verifier's own process holds
 # the trials and the arena too.
 MACHINE_SHARE = 0.9
@@ -86,14 +91,16 @@ def derive(
     trial_calls: int,
     arena_bytes: int,
     machine_bytes: int | None = None,
+    param_bytes: int = 0,
 ) -> SandboxLimits:
     """The limits for a task whose largest trial moves `trial_bytes` (inputs + reference outputs),
-    over `trial_calls` correctness calls, in an arena of `arena_bytes`, on a machine of
-    `machine_bytes` (default: this one's)."""
+    over `trial_calls` correctness calls, in an arena of `arena_bytes`, whose ModelNew instances
+    hold `param_bytes` of parameters and buffers together, on a machine of `machine_bytes`
+    (default: this one's)."""
     kind = "cuda" if device.startswith("cuda") else "cpu"
     machine = machine_memory_bytes() if machine_bytes is None else machine_bytes
     floor = floor_mb << 20
-    private = max(floor, BASE_BYTES[kind] + COPIES[kind] * trial_bytes)
+    private = max(floor, BASE_BYTES[kind] + COPIES[kind] * trial_bytes + PARAM_COPIES * param_bytes)
     cap = int(machine * MACHINE_SHARE)
     capped = private + arena_bytes > cap
     memory = min(private + arena_bytes, cap) if capped else private + arena_bytes

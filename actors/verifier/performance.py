@@ -175,7 +175,7 @@ class TimedStage:
         if not self.run.out.absorb(reply, "fetching a timed run's outputs"):
             return False
         got, why = self.run.outputs(child, reply.get("outputs"), expected)
-        check = compare_outputs(got, expected, self.run.tol_override) if got is not None else None
+        check = compare_outputs(got, expected, self.run.tol_override, self.run.ref.device) if got is not None else None
         if check is not None and check.ok:
             return True
         earlier = self.run.seen_outputs.get(digest(got)) if got is not None else None

@@ -91,6 +91,7 @@ class Reference:
             if not hasattr(self.module, name):
                 raise ReferenceError(f"reference of {task.task_id} defines no {name}")
         self.defaults = {k: getattr(self.module, k) for k in self._constant_names()}
+        self._footprints: dict[tuple, int | None] = {}  # by shape overrides: see footprint()
 
     def _load(self, source: str, filename: str) -> types.ModuleType:
         module = types.ModuleType(f"kiln_reference_{self.hash[:16]}")
@@ -156,6 +157,26 @@ class Reference:
 
     # ---------------------------------------------------------------------------- trusted runs
 
+    def footprint(self, config: ShapeConfig) -> int | None:
+        """Bytes of one trial's inputs and reference outputs at `config`'s shapes, known before any
+        is drawn: the first real draw's, or else `get_inputs()` and forward run on meta tensors
+        (shapes and dtypes only, nothing allocated). None when neither can say (a forward that meta
+        tensors cannot run); the caller then assumes the worst."""
+        key = tuple(sorted(config.overrides.items()))
+        if key not in self._footprints:
+            self._footprints[key] = self._meta_footprint(config)
+        return self._footprints[key]
+
+    def _meta_footprint(self, config: ShapeConfig) -> int | None:
+        try:
+            with self.shapes(config.overrides), _RNG_LOCK, torch.device("meta"), torch.no_grad():
+                model = self.module.Model(*self.module.get_init_inputs())
+                inputs = list(self.module.get_inputs())
+                outputs = as_output_list(model(*inputs), "the reference")
+        except Exception:  # noqa: BLE001 - a reference meta tensors cannot run: size unknown until drawn
+            return None
+        return _held_bytes(inputs, outputs)
+
     def instance(self, config: ShapeConfig) -> Instance:
         """Build the reference Model for a shape config under a fresh seed."""
         seed = secrets.randbits(62)
@@ -177,23 +198,31 @@ class Reference:
             if scale != 1.0:
                 inputs = [x * scale if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs]
             expected = self.run(instance.model, inputs)
-        if scale != 1.0 and not all(bool(torch.isfinite(e).all()) for e in expected if e.is_floating_point()):
+        if scale != 1.0 and not all(_all(torch.isfinite, e) for e in expected if e.is_floating_point()):
             return None
         self.check_outputs(inputs, expected)
-        held = [x for x in inputs if isinstance(x, torch.Tensor)] + list(expected)
-        if sum(x.numel() * x.element_size() for x in held) > KEEP_ON_DEVICE_BYTES:
-            # A run holds every trial at once: gigabyte inputs and outputs wait on the host, not in
-            # device memory that the sandbox, the baseline process and other runs need.
-            inputs = [x.to("cpu") if isinstance(x, torch.Tensor) else x for x in inputs]
-            expected = [e.to("cpu") for e in expected]
-        return Trial(instance.config, index, inputs, expected)
+        self._footprints[tuple(sorted(instance.config.overrides.items()))] = _held_bytes(inputs, expected)
+        return Trial(instance.config, index, *self._parked(inputs, expected))
+
+    def _parked(self, inputs: list, expected: list[torch.Tensor]) -> tuple[list, list[torch.Tensor]]:
+        """A trial's tensors where it waits: a run holds several trials at once, so gigabyte inputs
+        and outputs wait on the host, not in device memory that the sandbox, the baseline process and
+        other runs need; and the blocks they leave go back to the device, not to this process's
+        caching allocator, where the sandbox (another process) could not have them."""
+        if _held_bytes(inputs, expected) <= KEEP_ON_DEVICE_BYTES:
+            return inputs, expected
+        inputs = [x.to("cpu") if isinstance(x, torch.Tensor) else x for x in inputs]
+        expected = [e.to("cpu") for e in expected]
+        if self.device.startswith("cuda"):
+            torch.cuda.empty_cache()
+        return inputs, expected
 
     def check_outputs(self, inputs: list, expected: list[torch.Tensor]) -> None:
         """NaN from finite inputs: the task is broken (BrokenTask), not any kernel judged on it."""
         finite_inputs = all(
-            bool(torch.isfinite(x).all()) for x in inputs if isinstance(x, torch.Tensor) and x.is_floating_point()
+            _all(torch.isfinite, x) for x in inputs if isinstance(x, torch.Tensor) and x.is_floating_point()
         )
-        if finite_inputs and any(bool(torch.isnan(e).any()) for e in expected if e.is_floating_point()):
+        if finite_inputs and any(not _all(lambda t: ~torch.isnan(t), e) for e in expected if e.is_floating_point()):
             raise BrokenTask(
                 f"the reference of {self.task_id} produces NaN from finite inputs: the task is broken "
                 "(no kernel is judged on it)"
@@ -217,6 +246,11 @@ class Reference:
                     with torch.device(self.device):
                         inputs = list(self.module.get_inputs())
                     return [x.detach().to(self.device) if isinstance(x, torch.Tensor) else x for x in inputs]
+                except torch.OutOfMemoryError as err:  # not a task that mixes devices: no host detour
+                    raise ReferenceError(
+                        f"the inputs of {self.task_id} do not fit in device memory "
+                        f"({str(err).splitlines()[0][:160]}): the verifier's device is too small or too busy"
+                    ) from None
                 except (RuntimeError, TypeError, ValueError):
                     torch.manual_seed(seed)
             inputs = list(self.module.get_inputs())
@@ -247,7 +281,7 @@ class Reference:
         with self.shapes(instance.config.overrides):
             expected = self.run(instance.model, inputs)
         self.check_outputs(inputs, expected)
-        return Trial(instance.config, -1, inputs, expected)
+        return Trial(instance.config, -1, *self._parked(inputs, expected))
 
     def run(self, model: torch.nn.Module, inputs: list) -> list[torch.Tensor]:
         """The reference's outputs as a list of tensors on the reference device."""
@@ -269,6 +303,17 @@ class Reference:
 
     def _rng_devices(self) -> list[int]:
         return [torch.cuda.current_device()] if self.device.startswith("cuda") else []
+
+
+def _all(test, x: torch.Tensor, chunk: int = 1 << 28) -> bool:
+    """`test(x).all()`, slice by slice: a mask of a 4 GiB tensor is itself a GiB of device memory."""
+    flat = x.detach().reshape(-1)
+    return all(bool(test(flat[a : a + chunk]).all()) for a in range(0, flat.numel(), chunk))
+
+
+def _held_bytes(inputs: list, outputs: list[torch.Tensor]) -> int:
+    tensors = [x for x in inputs if isinstance(x, torch.Tensor)] + list(outputs)
+    return sum(x.numel() * x.element_size() for x in tensors)
 
 
 def as_output_list(out, who: str) -> list[torch.Tensor]:

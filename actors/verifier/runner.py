@@ -28,6 +28,7 @@ import torch
 from actors.verifier import limits, timing
 from actors.verifier.baselines import Baselines
 from actors.verifier.compare import compare_outputs
+from actors.verifier.devmem import DeviceMemory
 from actors.verifier.executor import Arena, ChildSession, SandboxFailure, SandboxPool
 from actors.verifier.legality import Violation
 from actors.verifier.outcome import RunOutcome, TrialRecord
@@ -38,17 +39,42 @@ from configs import VerifierConfig
 from protocols.lease import DeviceLease
 
 SCALED_INPUTS = 16.0  # the extra trial's floating-point inputs are this many times larger
+SCALED_TRIAL = 10_000  # the scaled trial's index (labels it in the verdict)
 # cuda: a device-wide synchronize right after the caller's stream was synchronised that takes longer
 # than this found work still running: work of the candidate's that outlived forward.
 PENDING_S = 0.5e-3
+# Device memory a run reserves, in trials' bytes (inputs + reference outputs; devmem.py): a draw on
+# the trusted side holds a trial and its forward's temporaries; a run holds the sandbox's trial, the
+# candidate's own workspace, a later draw and the baseline process's inputs.
+DRAW_COPIES = 2
+RUN_COPIES = 4
+
+
+@dataclass
+class ShapeTrials:
+    """One shape config's reference instance and its trials. The first is drawn while planning (its
+    size sizes the sandbox); the rest when the sandbox is ready for them, so a candidate stopped on
+    its first trial costs the trusted side one draw per shape rather than every trial's."""
+
+    config: ShapeConfig
+    inst: Instance
+    first: Trial
+    later: list[tuple[int, float]]  # (trial index, input scale) of the trials after the first, in order
+
+    @property
+    def count(self) -> int:
+        return 1 + len(self.later)
 
 
 @dataclass
 class Plan:
-    """The trusted work done before the sandbox starts: every instance and trial, and the arena size."""
+    """The trusted work done before the sandbox starts: every instance, each shape's first trial,
+    and the arena size (which every later trial of the shape must fit: the same shapes)."""
 
-    configs: list[tuple[ShapeConfig, Instance, list[Trial]]]
+    configs: list[ShapeTrials]
     arena_bytes: int
+    largest_trial: int  # bytes of arena one trial takes (inputs and outputs twice each)
+    footprint: int  # bytes of the largest trial's inputs and outputs (what device memory is counted in)
     notes: list[str]
 
 
@@ -77,9 +103,11 @@ class CandidateRun:
         lease: DeviceLease,
         baselines: Baselines,
         bandwidth: timing.Bandwidth | None = None,
+        memory: DeviceMemory | None = None,
     ) -> None:
         self.cfg, self.ref, self.pool, self.lease, self.baselines = cfg, ref, pool, lease, baselines
         self.bandwidth = bandwidth
+        self.memory = memory or DeviceMemory(1 << 62)  # none given: uncounted (unit tests of one run)
         self.device_type = baselines.device_type
         self.out = RunOutcome()
         self.budget = _Budget(cfg.run_timeout_s)  # until the plan says the task's size (_limits)
@@ -100,10 +128,11 @@ class CandidateRun:
             self.out.timings["reference"] = time.perf_counter() - started
             task_limits = self._limits(plan)
             with self.pool.session(plan.arena_bytes, task_limits.private_bytes, task_limits.capped) as child:
-                self.out.sandbox = dict(child.jail)
-                self.out.timings["sandbox_wait"] = child.waited_s
-                self._execute(child, plan, source, source_hash, artifacts, toolchain)
-                self.out.inspect(child)
+                waited = time.perf_counter()
+                with self.memory.reserve(RUN_COPIES * plan.footprint) as held:
+                    self.out.limits["device_reserved_mb"] = held >> 20
+                    self.out.timings["memory_wait"] = time.perf_counter() - waited
+                    self._run_in(child, plan, source, source_hash, artifacts, toolchain)
         except SandboxFailure as err:
             limit_s = self.limits.run_timeout_s if self.limits else self.cfg.run_timeout_s
             self.out.sandbox_failed(err, self.current_op, limit_s)
@@ -123,19 +152,25 @@ class CandidateRun:
         self.out.timings["execution"] = time.perf_counter() - started
         return self.out
 
+    def _run_in(self, child: ChildSession, plan: Plan, source: str, source_hash: str, artifacts, toolchain) -> None:
+        self.out.sandbox = dict(child.jail)
+        self.out.timings["sandbox_wait"] = child.waited_s
+        self._execute(child, plan, source, source_hash, artifacts, toolchain)
+        self.out.inspect(child)
+
     # ------------------------------------------------------------------------- trusted work
 
     def _limits(self, plan: Plan) -> limits.SandboxLimits:
         """The sandbox's memory and time limits for this task (limits.py), recorded for the verdict;
         the time budget starts from them."""
-        trials = [t for _, _, ts in plan.configs for t in ts]
         task_limits = limits.derive(
             self.device_type,
             self.cfg.memory_limit_mb,
             self.cfg.run_timeout_s,
-            limits.trial_bytes(trials),
-            len(trials) + 1,  # the canary
+            limits.trial_bytes([shape.first for shape in plan.configs]),
+            sum(shape.count for shape in plan.configs) + 1,  # the canary
             Arena.size_for(plan.arena_bytes),
+            param_bytes=sum(nbytes(list(s.inst.state_dict.values())) for s in plan.configs),
         )
         self.limits, self.budget = task_limits, _Budget(task_limits.run_timeout_s)
         self.out.limits = task_limits.to_json()
@@ -144,14 +179,18 @@ class CandidateRun:
         return task_limits
 
     def _plan(self) -> Plan:
-        """Every shape config's reference instance and trials (alternative shapes first, the primary
-        last, so the sandbox's last ModelNew is the one timed), the scaled trial, and an arena that
-        holds the largest trial's inputs, its outputs twice and its inputs again, or the timed calls."""
+        """Every shape config's reference instance and first trial (alternative shapes first, the
+        primary last, so the sandbox's last ModelNew is the one timed), the order of the later trials
+        (the primary's scaled trial before its last plain one, on which the canary is built), and an
+        arena that holds the largest trial's inputs, its outputs twice and its inputs again, or the
+        timed calls."""
         configs, notes = [], []
         largest_trial, largest_inputs = 0, 1
         shape_configs = self.ref.shape_configs(self.cfg.backend, self.cfg.trials)
         for config in shape_configs[1:] + shape_configs[:1]:
-            with self.lease.shared():
+            known = self.ref.footprint(config)  # None: unknown until drawn, so the draw runs alone
+            need = DRAW_COPIES * known if known is not None else self.memory.budget
+            with self.memory.reserve(need), self.lease.shared():
                 try:
                     inst = self.ref.instance(config)
                 except Exception as err:
@@ -159,25 +198,51 @@ class CandidateRun:
                         notes.append(f"skipped shapes {config.describe()}: the reference fails there ({err})")
                         continue
                     raise ReferenceError(f"the reference fails at its own shapes: {type(err).__name__}: {err}") from err
-                trials = [self.ref.trial(inst, len(configs) * 100 + k) for k in range(config.trials)]
-                if config.label == "primary":
-                    scaled = self.ref.trial(inst, 10_000, scale=SCALED_INPUTS)
-                    if scaled is not None:
-                        trials.insert(len(trials) - 1, scaled)  # the canary stays built on the last plain trial
-                    else:
-                        notes.append(
-                            f"no trial on inputs x{SCALED_INPUTS:g}: the reference's outputs are not finite there"
-                        )
-            configs.append((config, inst, [t for t in trials if t is not None]))
-            for t in trials:
-                if t is not None:
-                    largest_trial = max(largest_trial, 2 * nbytes(t.inputs) + 2 * nbytes(t.expected))
-                    largest_inputs = max(largest_inputs, nbytes(t.inputs))
-        params = sum(nbytes(list(i.state_dict.values())) + 64 * len(i.state_dict) for _, i, _ in configs)
+                base = len(configs) * 100
+                try:
+                    first = self.ref.trial(inst, base)
+                except ReferenceError:
+                    raise
+                except Exception as err:
+                    if config.label != "primary":  # a derived alternative its forward rejects (broadcasts)
+                        notes.append(f"skipped shapes {config.describe()}: the reference fails there ({err})")
+                        continue
+                    raise
+            later = [(base + k, 1.0) for k in range(1, config.trials)]
+            if config.label == "primary":
+                later.insert(max(len(later) - 1, 0), (SCALED_TRIAL, SCALED_INPUTS))
+            configs.append(ShapeTrials(config, inst, first, later))
+            largest_trial = max(largest_trial, _arena_bytes(first))
+            largest_inputs = max(largest_inputs, nbytes(first.inputs))
+        params = sum(nbytes(list(s.inst.state_dict.values())) + 64 * len(s.inst.state_dict) for s in configs)
         timed = min(timing.MAX_CALLS_PER_TRIP, max(1, TIMING_INPUT_BUDGET // largest_inputs)) * largest_inputs
-        primary_out = nbytes(configs[-1][2][0].expected) if configs and configs[-1][2] else 0
+        primary_out = nbytes(configs[-1].first.expected) if configs else 0
         arena = max(largest_trial, params, timed + primary_out) + 64 * 1024
-        return Plan(configs, arena, notes)
+        footprint = max((nbytes(s.first.inputs) + nbytes(s.first.expected) for s in configs), default=0)
+        return Plan(configs, arena, largest_trial, footprint, notes)
+
+    def _trials(self, plan: Plan, shape: ShapeTrials):
+        """The shape's trials in order, each later one drawn (trusted work, outside the sandbox's time
+        budget) when the one before it has been judged. A scaled trial the reference cannot take is
+        skipped with a note; a draw larger than the plan is a broken task (its sizes change)."""
+        yield shape.first
+        for index, scale in shape.later:
+            started = time.perf_counter()
+            with self.lease.shared():
+                trial = self.ref.trial(shape.inst, index, scale=scale)
+            self.out.timings["reference"] = self.out.timings.get("reference", 0.0) + time.perf_counter() - started
+            if trial is None:
+                self.out.notes.append(
+                    f"no trial on inputs x{SCALED_INPUTS:g}: the reference's outputs are not finite there"
+                )
+                continue
+            if _arena_bytes(trial) > plan.largest_trial:
+                raise ReferenceError(
+                    f"the reference's get_inputs() drew larger inputs or outputs at {shape.config.describe()} "
+                    f"than its first draw ({_arena_bytes(trial)} > {plan.largest_trial} bytes of arena): "
+                    "a task's sizes must not change between draws"
+                )
+            yield trial
 
     # ------------------------------------------------------------------------------ the stages
 
@@ -201,22 +266,22 @@ class CandidateRun:
         arena.reset()
         instances = [
             {
-                "init": _wire_values(inst.init_args),
-                "seed": inst.init_seed,
-                "params": [[name, arena.put(t)] for name, t in inst.state_dict.items()],
+                "init": _wire_values(shape.inst.init_args),
+                "seed": shape.inst.init_seed,
+                "params": [[name, arena.put(t)] for name, t in shape.inst.state_dict.items()],
             }
-            for _, inst, _ in plan.configs
+            for shape in plan.configs
         ]
         with self.lease.shared():
             reply = self.budget.ask(child, "build", {"instances": instances})
-        described = "; ".join(f"ModelNew({_args(inst.init_args)})" for _, inst, _ in plan.configs)
+        described = "; ".join(f"ModelNew({_args(shape.inst.init_args)})" for shape in plan.configs)
         if not self.out.absorb(reply, f"constructing {described}"):
             return
         self.out.params = ",".join(str(p)[:10] for p in (reply.get("params") or []))[:60]
         t0 = time.perf_counter()
         self.out.stage = "correctness"
-        for index, (config, inst, trials) in enumerate(plan.configs):
-            if not self._run_config(child, index, config, inst, trials):
+        for index, shape in enumerate(plan.configs):
+            if not self._run_config(child, index, shape, self._trials(plan, shape)):
                 break
         if self.out.error_class is None and not self.out.violations and self.primary_trials:
             self._canary(child)
@@ -240,14 +305,13 @@ class CandidateRun:
         elif self.out.error_class is None:
             self.out.stage = "done"
 
-    def _run_config(
-        self, child: ChildSession, index: int, config: ShapeConfig, inst: Instance, trials: list[Trial]
-    ) -> bool:
+    def _run_config(self, child: ChildSession, index: int, shape: ShapeTrials, trials) -> bool:
         """The trials of one shape config on the sandbox's ModelNew `index`. False stops the job."""
+        config = shape.config
         if config.label == "primary":
-            self.primary, self.primary_index = inst, index
+            self.primary, self.primary_index = shape.inst, index
         for k, trial in enumerate(trials):
-            label = "scaled" if trial.index == 10_000 else config.label
+            label = "scaled" if trial.index == SCALED_TRIAL else config.label
             self.current_op = f"trial {len(self.out.trials) + 1} ({config.describe()})"
             with self.lease.shared():
                 reply = self._call(child, index, trial)
@@ -298,7 +362,7 @@ class CandidateRun:
                 self.out.trials.append(TrialRecord(label, shapes, False, f"{str(reply['failure'])[:400]}{where}"))
             return
         got, why = self.outputs(child, reply.get("outputs"), trial.expected)
-        result = compare_outputs(got, trial.expected, self.tol_override) if got is not None else None
+        result = compare_outputs(got, trial.expected, self.tol_override, self.ref.device) if got is not None else None
         if counts:
             if result is None:
                 self.out.trials.append(TrialRecord(label, shapes, False, why))
@@ -361,6 +425,11 @@ class CandidateRun:
                 return None, _describe_mismatch(name, entry, exp, self.device_type)
             got.append(t)
         return got, ""
+
+
+def _arena_bytes(trial: Trial) -> int:
+    """Arena one trial takes: its inputs and its outputs twice each (written, then read back)."""
+    return 2 * nbytes(trial.inputs) + 2 * nbytes(trial.expected)
 
 
 def _tol_override(cfg: VerifierConfig, ref: Reference) -> tuple[float, float] | None:

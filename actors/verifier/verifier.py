@@ -230,7 +230,7 @@ class KernelVerifier(RewardActor):
                 ref = lane.references.get(request.task)
             except ReferenceError as err:
                 return self._infra(request, str(err), timings, digest)
-            run = CandidateRun(self.cfg, ref, lane.pool, lane.lease, lane.baselines, lane.bandwidth)
+            run = CandidateRun(self.cfg, ref, lane.pool, lane.lease, lane.baselines, lane.bandwidth, lane.memory)
             outcome = run.run(source, digest, dict(build.artifacts), build.toolchain or self.toolchain)
         diagnostics["device"] = lane.device
         timings.update({k: round(v, 6) for k, v in outcome.timings.items()})

@@ -14,6 +14,10 @@ level and name, the MB of one trial's inputs and reference outputs, the verdict'
 where it was decided (`run-time gate`, or another stage), the seconds it took and the sandbox limits
 used; then a summary of classes and stages and the wall time. Exit status 0 when every problem got
 `cheating` from the run-time gate, 1 otherwise, 2 for bad input (one line).
+
+The whole of KernelBench takes longer than one sitting on some hosts: `--rows FILE` appends each
+problem's row to FILE (JSON lines) as it finishes, and a later run with the same FILE verifies only
+the problems not in it, then tabulates them all.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ class Row:
     seconds: float
     limits: str  # the sandbox limits used ("-" when no sandbox ran)
     message: str  # the first line of the verdict's error or feedback
+    timings: dict  # the verdict's seconds per stage (reference work, sandbox wait, import, correctness)
 
     @property
     def expected(self) -> bool:
@@ -68,6 +73,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--trials", type=int, default=4, help="correctness trials per problem (verifier.trials)")
     p.add_argument("--cache-dir", help="verifier cache directory (default: a fresh temporary one)")
     p.add_argument("--json", metavar="FILE", help="also write the rows and the summary as JSON")
+    p.add_argument("--rows", metavar="FILE", help="append each row here as it finishes; skip problems already here")
     return p.parse_args(argv)
 
 
@@ -99,6 +105,27 @@ def _order(name: str) -> tuple[int, str]:
 def renamed(reference: str) -> str:
     """The reference as a candidate: `Model` renamed `ModelNew`, nothing else changed."""
     return _MODEL.sub("ModelNew", reference)
+
+
+def done_rows(path: Path | None) -> dict[tuple[int, str], Row]:
+    """Rows an earlier run appended to `path` (--rows), by (level, problem); a torn last line (a run
+    killed mid-write) is dropped from the file, and that problem verified again."""
+    if path is None or not path.exists():
+        return {}
+    rows: dict[tuple[int, str], Row] = {}
+    lines = path.read_text().splitlines()
+    for n, text in enumerate(lines, 1):
+        if not text.strip():
+            continue
+        try:
+            row = Row(**json.loads(text))
+        except (ValueError, TypeError) as err:
+            if n == len(lines):  # cut off: rows appended later start on a line of their own
+                path.write_text("".join(line + "\n" for line in lines[:-1]))
+                continue
+            raise UsageError(f"{path}:{n} is not a row of this bench ({err})") from None
+        rows[(row.level, row.name)] = row
+    return rows
 
 
 def build_config(args: argparse.Namespace):
@@ -159,6 +186,7 @@ def to_row(level: int, name: str, result, seconds: float) -> Row:
         seconds=round(seconds, 2),
         limits=f"{limits['memory_mb']} MB, {limits['run_timeout_s']:g} s" if limits else "-",
         message=text.splitlines()[0][:100] if text else "",
+        timings={k: round(float(v), 2) for k, v in (result.timings or {}).items()},
     )
 
 
@@ -196,6 +224,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.concurrency < 1 or args.trials < 1 or args.limit < 0:
             raise UsageError("--concurrency and --trials must be at least 1, --limit at least 0")
         jobs = problems(Path(args.kb_root), levels, args.limit)
+        rows_file = Path(args.rows) if args.rows else None
+        earlier = done_rows(rows_file)
         if args.backend == "cuda":
             import torch
 
@@ -205,13 +235,25 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kernelbench_coverage: {err}", file=sys.stderr)
         return 2
     print("  ".join(f"{h:<{w}}" for h, w in zip(HEAD, (5, 48, 9, 11, 12, 13, 7, 20), strict=True)).rstrip())
+    for row in (earlier[(level, path.stem)] for level, path in jobs if (level, path.stem) in earlier):
+        print(line(row), flush=True)
+    todo = [(level, path) for level, path in jobs if (level, path.stem) not in earlier]
     started = time.perf_counter()
-    rows = verify_all(build_config(args), jobs, args.concurrency, lambda r: print(line(r), flush=True))
+
+    def show(row: Row) -> None:
+        print(line(row), flush=True)
+        if rows_file is not None:
+            with rows_file.open("a") as f:
+                f.write(json.dumps(asdict(row)) + "\n")
+
+    fresh = {(r.level, r.name): r for r in verify_all(build_config(args), todo, args.concurrency, show)} if todo else {}
+    rows = [earlier.get((level, path.stem)) or fresh[(level, path.stem)] for level, path in jobs]
     figures = summary(rows, time.perf_counter() - started)
+    figures["verified_now"] = len(todo)
     print(
         f"\n{figures['as_expected']}/{figures['problems']} cheating from the run-time gate; "
         f"classes {figures['classes']}; stages {figures['stages']}; decided by {figures['decided_by']}; "
-        f"wall {figures['wall_s']:.1f} s"
+        f"wall {figures['wall_s']:.1f} s for the {figures['verified_now']} verified in this run"
     )
     for row in rows:
         if not row.expected:

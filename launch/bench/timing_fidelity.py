@@ -55,6 +55,11 @@ def parse_args(argv):
     p.add_argument("--kernels", help=f"comma-separated task ids (default: all; CI runs {CI_KERNELS})")
     p.add_argument("--tasks", type=Path, default=REPO / "tasks")
     p.add_argument("--repeats", type=int, default=3, help="reference-method repetitions per kernel")
+    p.add_argument(
+        "--part",
+        default="1/1",
+        help="K/N: only the K-th of N equal slices of the kernels (runs too long for one sitting)",
+    )
     p.add_argument("--json", type=Path, help="also write the rows here")
     return p.parse_args(argv)
 
@@ -83,7 +88,11 @@ def kernels(args, scratch: Path) -> list[Kernel]:
         missing = set(wanted) - {k.name for k in out}
         if missing:
             raise SystemExit(f"timing_fidelity: no shipped solution for {', '.join(sorted(missing))}")
-    return out
+    k, _, n = args.part.partition("/")
+    if not (k.isdigit() and n.isdigit() and 1 <= int(k) <= int(n)):
+        raise SystemExit(f"timing_fidelity: --part takes K/N with 1 <= K <= N, not {args.part!r}")
+    size = -(-len(out) // int(n))
+    return out[(int(k) - 1) * size : int(k) * size]
 
 
 def resize(source: str, sizes: dict) -> str:

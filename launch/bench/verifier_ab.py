@@ -14,6 +14,10 @@ CPU solutions, each made distinct per worker by a unique comment inside its C++ 
   throughput all shipped solutions submitted at once to `--inflight` threads: verifications per
              minute over the mix's wall time.
 Every candidate must pass; a worker whose candidate does not pass fails the run.
+
+A side too slow to finish the mix in reasonable time is measured over a window: with `--window-s W`,
+a mix still running W seconds after it started is stopped there (its worker's process group
+killed), and its rate is the verifications finished within the window over W, marked partial.
 """
 
 from __future__ import annotations
@@ -21,10 +25,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import queue
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -32,7 +39,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 # Runs inside a worker process (cwd = the tree). Uses only the verifier API both trees share.
 WORKER = r'''
-import json, re, shutil, sys, tempfile, time, uuid
+import json, re, shutil, sys, tempfile, threading, time, uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -62,14 +69,25 @@ def distinct(source):
     return out
 
 
-def ask(job):
+PRINTING = threading.Lock()
+
+
+def say(tag, record):
+    with PRINTING:
+        print(tag + " " + json.dumps(record), flush=True)
+
+
+def ask(job, in_mix=False):
     task, source = job
     t0 = time.perf_counter()
     r = verifier.verify(VerifyRequest(request_id=uuid.uuid4().hex, task=task, candidate=distinct(source)))
     if not r.passed:
         raise SystemExit(f"{task.task_id}: {r.stage} {r.error_class}: {r.feedback[:400]}")
-    return {"task": task.task_id, "compile_s": r.timings.get("compile"), "wall_s": time.perf_counter() - t0,
-            "cached": bool((r.diagnostics.get("build") or {}).get("cached"))}
+    row = {"task": task.task_id, "compile_s": r.timings.get("compile"), "wall_s": time.perf_counter() - t0,
+           "cached": bool((r.diagnostics.get("build") or {}).get("cached"))}
+    if in_mix:
+        say("KILN_AB_DONE", row)  # the parent counts these when it stops the mix at its window
+    return row
 
 
 t0 = time.perf_counter()
@@ -85,8 +103,9 @@ try:
     t1 = time.perf_counter()
     leases = [lane.lease for lane in verifier.lanes.all] if hasattr(verifier, "lanes") else [verifier.lease]
     held0 = sum(getattr(lease, "exclusive_s", float("nan")) for lease in leases)
+    say("KILN_AB_READY", {"ready_s": ready_s, "sequential": sequential, "mix_n": len(work) * opts["copies"]})
     with ThreadPoolExecutor(opts["inflight"]) as pool:
-        mix = list(pool.map(ask, work * opts["copies"]))
+        mix = list(pool.map(lambda job: ask(job, True), work * opts["copies"]))
     mix_s = time.perf_counter() - t1
     exclusive_s = sum(getattr(lease, "exclusive_s", float("nan")) for lease in leases) - held0
 finally:
@@ -97,7 +116,9 @@ print("KILN_AB " + json.dumps({"ready_s": ready_s, "sequential": sequential, "mi
 '''
 
 
-def run_worker(tree: Path, opts: dict, timeout_s: float) -> dict:
+def run_worker(tree: Path, opts: dict, timeout_s: float, window_s: float | None = None) -> dict:
+    """One worker on `tree`: its KILN_AB record, or, when its mix outlasts `window_s`, the mix cut
+    there (marked partial: the verifications finished within the window)."""
     with tempfile.TemporaryDirectory(prefix="kiln-ab-worker-") as tmp:
         script = Path(tmp) / "worker.py"  # alone in its directory: nothing of either tree shadows a module
         script.write_text(WORKER)
@@ -106,20 +127,70 @@ def run_worker(tree: Path, opts: dict, timeout_s: float) -> dict:
             **os.environ,
             "PYTHONPATH": os.pathsep.join(p for p in (str(tree), os.environ.get("PYTHONPATH", "")) if p),
         }
-        p = subprocess.run(
-            [sys.executable, str(script), json.dumps(opts)],
-            cwd=tree,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-            check=False,
-        )
-    line = next((ln for ln in p.stdout.splitlines() if ln.startswith("KILN_AB ")), None)
-    if p.returncode != 0 or line is None:
-        tail = (p.stderr or p.stdout).strip().splitlines()[-5:]
-        raise SystemExit(f"verifier_ab: the worker in {tree} failed (exit {p.returncode}): " + " | ".join(tail))
-    return json.loads(line[len("KILN_AB ") :])
+        with (Path(tmp) / "stderr").open("w+") as err:
+            p = subprocess.Popen(
+                [sys.executable, str(script), json.dumps(opts)],
+                cwd=tree,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                text=True,
+                start_new_session=True,  # a cut mix is stopped with every process the worker started
+            )
+            lines: queue.Queue = queue.Queue()
+            threading.Thread(target=_pump, args=(p.stdout, lines), daemon=True).start()
+            deadline, cut_at, ready, done = time.monotonic() + timeout_s, None, None, []
+            while True:
+                limit = min(deadline, cut_at) if cut_at else deadline
+                text = _next_line(lines, limit)
+                if text == "":  # the limit passed
+                    _stop(p)
+                    if ready is not None and cut_at is not None and time.monotonic() >= cut_at:
+                        return {**ready, "mix": done, "mix_s": window_s, "exclusive_s": float("nan"), "partial": True}
+                    raise SystemExit(f"verifier_ab: the worker in {tree} did not finish within {timeout_s:.0f} s")
+                if text is None:
+                    break
+                tag, _, body = text.strip().partition(" ")
+                if tag == "KILN_AB_READY":
+                    ready = json.loads(body)
+                    cut_at = time.monotonic() + window_s if window_s else None
+                elif tag == "KILN_AB_DONE":
+                    done.append(json.loads(body))
+                elif tag == "KILN_AB":
+                    p.wait()
+                    return {**json.loads(body), "partial": False}
+            p.wait()
+            err.seek(0)
+            tail = err.read().strip().splitlines()[-5:]
+    raise SystemExit(f"verifier_ab: the worker in {tree} failed (exit {p.returncode}): " + " | ".join(tail))
+
+
+def _pump(stream, lines: queue.Queue) -> None:
+    for text in stream:
+        lines.put(text)
+    lines.put(None)  # the worker closed its output
+
+
+def _next_line(lines: queue.Queue, limit: float) -> str | None:
+    """The worker's next line; None at its end; "" once the monotonic clock passes `limit`."""
+    try:
+        return lines.get(timeout=max(limit - time.monotonic(), 0.0))
+    except queue.Empty:
+        return ""
+
+
+def _stop(p: subprocess.Popen) -> None:
+    """The worker and every process of its session: asked to stop, then killed."""
+    for sig, wait_s in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(p.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            p.wait(wait_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -165,6 +236,8 @@ def main(argv=None) -> int:
         "--after-set", action="append", default=[], metavar="KEY=VALUE", help="a config override for the after tree"
     )
     ap.add_argument("--timeout-s", type=float, default=1800.0, help="per worker")
+    ap.add_argument("--window-s", type=float, help="stop a mix this long after it started; count what finished")
+    ap.add_argument("--first", choices=["before", "after"], default="before", help="which tree opens the ABBA order")
     ap.add_argument("--json", help="also write every row to this file")
     args = ap.parse_args(argv)
     trees = {"before": Path(args.before).resolve(), "after": Path(args.after).resolve()}
@@ -189,16 +262,18 @@ def main(argv=None) -> int:
                 print(f"verifier_ab: --{name}-set {item!r} is not KEY=VALUE", file=sys.stderr)
                 return 2
             settings[name][key.strip()] = value.strip()
-    order = [("before", "after") if i % 2 == 0 else ("after", "before") for i in range(args.rounds)]
+    opening = ("before", "after") if args.first == "before" else ("after", "before")
+    order = [opening if i % 2 == 0 else opening[::-1] for i in range(args.rounds)]
     runs: dict[str, list[dict]] = {"before": [], "after": []}
     for i, pair in enumerate(order):
         for name in pair:
             t0 = time.perf_counter()
-            r = run_worker(trees[name], {**opts, "settings": settings[name]}, args.timeout_s)
+            r = run_worker(trees[name], {**opts, "settings": settings[name]}, args.timeout_s, args.window_s)
             runs[name].append(r)
+            cut = f" (cut at the window: {len(r['mix'])} of {r['mix_n']} finished)" if r["partial"] else ""
             print(
                 f"round {i + 1} {name:6s}: ready {r['ready_s']:.1f} s, mix {len(r['mix'])} in {r['mix_s']:.1f} s "
-                f"({60 * len(r['mix']) / r['mix_s']:.1f}/min), worker {time.perf_counter() - t0:.0f} s",
+                f"({60 * len(r['mix']) / r['mix_s']:.1f}/min){cut}, worker {time.perf_counter() - t0:.0f} s",
                 flush=True,
             )
     summary = {name: summarize(rs) for name, rs in runs.items()}

@@ -4,6 +4,7 @@ varies, integers match exactly, and honest float error passes."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from actors.verifier.compare import compare_outputs, scale_of
@@ -88,3 +89,29 @@ def test_shape_dtype_and_count_are_named():
     assert "has shape" in compare_outputs([e[:10]], [e]).message
     assert "has dtype" in compare_outputs([e.double()], [e]).message
     assert "returned 2 output(s)" in compare_outputs([e, e], [e]).message
+
+
+def test_slice_by_slice_gives_the_whole_comparisons_verdicts(monkeypatch):
+    """Outputs of gigabytes are compared in slices (compare.CHUNK); the verdict, the count, the place
+    and the values quoted are those of the whole tensor, wherever the slice boundaries fall."""
+    from actors.verifier import compare
+
+    torch.manual_seed(0)
+    e = torch.randn(6, 11)
+    off = e.clone()
+    off[4, 7] += 1.0
+    off[1, 2] += 0.5
+    nan = e.clone()
+    nan[3, 9], nan[5, 0] = float("nan"), float("nan")
+    ints = torch.arange(66).reshape(6, 11)
+    wrong_ints = ints.clone()
+    wrong_ints[2, 5] = -1
+    flat = 1.0 + 1e-4 * e  # within tolerance of a constant, yet not one
+    cases = [([e.clone()], [e]), ([off], [e]), ([nan], [e]), ([torch.ones_like(e)], [flat]), ([wrong_ints], [ints])]
+    whole = [compare_outputs(g, x) for g, x in cases]
+    monkeypatch.setattr(compare, "CHUNK", 7)
+    sliced = [compare_outputs(g, x) for g, x in cases]
+    assert [(c.ok, c.message, c.mismatched) for c in sliced] == [(c.ok, c.message, c.mismatched) for c in whole]
+    assert [c.ok for c in whole] == [True, False, False, False, False]
+    assert "at (4, 7)" in whole[1].message and "first at (3, 9)" in whole[2].message and "constant" in whole[3].message
+    assert compare.scale_of(e) == pytest.approx(float(e.double().square().mean().sqrt()))

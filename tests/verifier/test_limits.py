@@ -38,6 +38,15 @@ def test_a_task_with_big_inputs_gets_a_bigger_limit_and_more_time():
     assert got.to_json()["memory_mb"] == got.memory_bytes >> 20 and "memory" in got.describe()
 
 
+def test_the_parameters_of_the_modelnew_instances_count():
+    """KernelBench level2_55 builds a 4 GiB Linear: the sandbox constructs it, then copies the
+    reference's weights in, so a 16 MB trial still needs room for the parameters twice."""
+    small = limits.derive("cuda", 8192, 60.0, 16 * MiB, 6, 4 * GiB, machine_bytes=1 << 40)
+    wide = limits.derive("cuda", 8192, 60.0, 16 * MiB, 6, 4 * GiB, machine_bytes=1 << 40, param_bytes=8 * GiB)
+    assert wide.private_bytes == limits.BASE_BYTES["cuda"] + 16 * MiB + limits.PARAM_COPIES * 8 * GiB
+    assert wide.private_bytes > small.private_bytes == 8192 * MiB
+
+
 def test_the_limit_is_never_above_the_machine():
     got = limits.derive(
         "cpu", 8192, 60.0, trial_bytes=8 * GiB, trial_calls=6, arena_bytes=16 * GiB, machine_bytes=32 * GiB

@@ -1,11 +1,12 @@
 """Verify the honest candidates against their KernelBench references through Kiln's verifier.
 
     python -m launch.bench.kernelbench_honest.run KB_ROOT [--backend cuda|cpu] [--json F]
-        [--only SUBSTR ...] [--cache-dir DIR] [verifier.key=value ...]
+        [--only SUBSTR ...] [--cache-dir DIR] [--concurrency N] [verifier.key=value ...]
 
 KB_ROOT is a KernelBench checkout (the directory holding KernelBench/level1, or level1 itself). Each
 candidate file here names its problem in its docstring ("KernelBench level1/4_..."); the reference is
-that file under KB_ROOT. The candidates are verified one at a time (their inputs are gigabytes) by an
+that file under KB_ROOT. The candidates are verified two at a time by default (one builds while the
+other runs; their trials are gigabytes of host memory each, so not many more) by an
 in-process KernelVerifier with the schema's protocol (as `kiln verify --backend cuda`; overrides as
 `verifier.key=value`), and a table is printed: problem, input+output MB at KernelBench's sizes,
 verdict class, stage, speedup vs eager, seconds. Usage errors and a machine that cannot run the
@@ -23,6 +24,7 @@ import sys
 import tempfile
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -74,12 +76,15 @@ def parse_args(argv):
     p.add_argument("--json", metavar="F", help="also write the results as JSON to F")
     p.add_argument("--only", nargs="+", metavar="SUBSTR", help="only candidates whose file name contains one of these")
     p.add_argument("--cache-dir", help="verifier cache (default: a fresh temporary directory)")
+    p.add_argument("--concurrency", type=int, default=2, help="candidates verified at once (builds overlap runs)")
     p.add_argument("overrides", nargs="*", metavar="verifier.key=value", help="verifier settings")
     return p.parse_args(argv)
 
 
 def plan(args) -> list[tuple[Path, Path]]:
     """Validate the command line; [(candidate, reference)]."""
+    if args.concurrency < 1:
+        raise UsageError("--concurrency must be at least 1")
     if args.backend not in ("cuda", "cpu"):
         raise UsageError(f"unknown backend {args.backend!r} (choose cuda or cpu)")
     for o in args.overrides:
@@ -138,16 +143,20 @@ def run(args) -> int:
     cfg = verifier_config(args)
     print(f"verifying {len(jobs)} candidates on {args.backend}, cache {cfg.cache_dir}", flush=True)
     verifier = KernelVerifier(cfg)
-    rows = []
+
+    def one(job: tuple[Path, Path]):
+        cand, ref = job
+        task = to_task(discover(ref)[0], cfg.backend)
+        req = VerifyRequest(request_id=uuid.uuid4().hex, task=task, candidate=cand.read_text(encoding="utf-8"))
+        t0 = time.perf_counter()
+        result = verifier.verify(req)
+        row = (task.task_id, problem_mb(ref), result, time.perf_counter() - t0)
+        print(f"  {_row(row)}", flush=True)
+        return row
+
     try:
-        for cand, ref in jobs:
-            task = to_task(discover(ref)[0], cfg.backend)
-            req = VerifyRequest(request_id=uuid.uuid4().hex, task=task, candidate=cand.read_text(encoding="utf-8"))
-            t0 = time.perf_counter()
-            result = verifier.verify(req)
-            secs = time.perf_counter() - t0
-            rows.append((task.task_id, problem_mb(ref), result, secs))
-            print(f"  {_row(rows[-1])}", flush=True)
+        with ThreadPoolExecutor(max(1, args.concurrency)) as pool:
+            rows = list(pool.map(one, jobs))
     finally:
         verifier.close()
     print()

@@ -86,3 +86,22 @@ def test_bad_input_is_one_line_and_status_2(tmp_path, capsys):
     assert coverage.main([str(tmp_path / "kb"), "--backend", "cpu", "--levels", "2"]) == 2  # an empty level
     lines = [line for line in capsys.readouterr().err.splitlines() if line]
     assert len(lines) == 4 and all(line.startswith("kernelbench_coverage: ") for line in lines)
+
+
+def test_a_later_run_with_the_rows_file_verifies_only_what_is_missing(tmp_path, capsys):
+    root = _tree(tmp_path / "kb")
+    rows = tmp_path / "rows.jsonl"
+    common = [str(root), "--backend", "cpu", "--levels", "1", "--trials", "1", "--rows", str(rows)]
+    assert coverage.main([*common, "--limit", "1"]) == 0
+    assert [json.loads(x)["name"] for x in rows.read_text().splitlines()] == ["1_Relu"]
+    with rows.open("a") as f:
+        f.write('{"level": 1, "name": "2_Sc')  # a run killed mid-write: that problem is verified again
+    out = tmp_path / "all.json"
+    assert coverage.main([*common, "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert [r["name"] for r in data["rows"]] == ["1_Relu", "2_Scale"] and data["summary"]["verified_now"] == 1
+    assert data["summary"]["as_expected"] == 2 and data["rows"][1]["timings"]["reference"] >= 0
+    assert [json.loads(x)["name"] for x in rows.read_text().splitlines()] == ["1_Relu", "2_Scale"]
+    assert coverage.main([*common, "--json", str(out)]) == 0  # nothing left to verify
+    assert json.loads(out.read_text())["summary"]["verified_now"] == 0
+    capsys.readouterr()

@@ -1,0 +1,136 @@
+"""The trusted side draws a shape's later trials only when the sandbox is ready for them (runner.py's
+plan): a candidate stopped on its first trial costs one reference draw per shape, not every trial's,
+and a task whose sizes change between draws is a broken task, not a sandbox overrun."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pytest
+
+from actors.verifier.reference import Reference
+from actors.verifier.runner import RUN_COPIES
+from actors.verifier.verifier import KernelVerifier
+from protocols import KernelSpec, Task
+from tests.verifier.integrity import config, verify
+
+RELU_SOLUTION = Path("tasks/solutions/cpu/level1/01_relu.py")
+
+
+@pytest.fixture
+def draws(monkeypatch):
+    """Every reference trial drawn, as (shape label, trial index)."""
+    seen: list[tuple[str, int]] = []
+    original = Reference.trial
+
+    def counted(self, instance, index, scale=1.0):
+        seen.append((instance.config.label, index))
+        return original(self, instance, index, scale)
+
+    monkeypatch.setattr(Reference, "trial", counted)
+    return seen
+
+
+def _distinct(source: str) -> str:
+    return source + f"\n# {uuid.uuid4().hex}\n"  # no verdict-cache hit; the same build
+
+
+def test_a_candidate_stopped_on_its_first_trial_costs_one_draw_per_shape(relu_task, verifier_cache_dir, draws):
+    verifier = KernelVerifier(config(verifier_cache_dir))
+    try:
+        cheat = verify(verifier, relu_task, _distinct(relu_task.kernel.reference.replace("Model", "ModelNew")))
+        stopped = list(draws)
+        draws.clear()
+        honest = verify(verifier, relu_task, _distinct(RELU_SOLUTION.read_text()))
+    finally:
+        verifier.close()
+    assert cheat.error_class == "cheating", cheat.feedback
+    # relu has two declared alternative shapes: alt0, alt1 and the primary, one draw each
+    assert sorted(label for label, _ in stopped) == ["alt0", "alt1", "primary"]
+    assert honest.passed, honest.feedback
+    # the honest one sees every trial: one per alternative, the primary's two and its scaled trial
+    assert sorted(label for label, _ in draws) == ["alt0", "alt1", "primary", "primary", "primary"]
+    assert len(honest.diagnostics["trials"]) == 5
+    # the run reserved device memory for its largest trial (the primary: 16 x 4096 floats in, as many out)
+    assert honest.diagnostics["sandbox"]["limits"]["device_reserved_mb"] == (RUN_COPIES * 2 * 16 * 4096 * 4) >> 20
+
+
+GROWING = """
+import torch
+import torch.nn as nn
+
+batch_size = 16
+dim = 4096
+KILN_ALT_SHAPES = []
+DRAWN = [0]
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        return torch.relu(x)
+
+
+def get_inputs():
+    DRAWN[0] += 1
+    return [torch.randn(batch_size * DRAWN[0], dim)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_a_task_whose_sizes_change_between_draws_is_a_broken_task(verifier_cache_dir):
+    task = Task(
+        task_id="broken/growing",
+        kind="kernel",
+        kernel=KernelSpec(name="growing", reference=GROWING, backend="cpu", level=1),
+    )
+    verifier = KernelVerifier(config(verifier_cache_dir, **{"verifier.trials": 2}))
+    try:
+        result = verify(verifier, task, _distinct(RELU_SOLUTION.read_text()))
+    finally:
+        verifier.close()
+    assert result.error_class == "infra" and not result.diagnostics["violations"], result.feedback
+    assert "sizes must not change between draws" in result.feedback
+    # the first trial (the plan's draw) was judged before the larger second draw was refused
+    assert [t["passed"] for t in result.diagnostics["trials"]] == [True]
+
+
+HINGE = """
+import torch
+import torch.nn as nn
+
+batch_size = 64
+input_shape = (64,)
+
+
+class Model(nn.Module):
+    def forward(self, predictions, targets):
+        return torch.mean(torch.clamp(1 - predictions * targets, min=0))
+
+
+def get_inputs():
+    return [torch.rand(batch_size, *input_shape), torch.randint(0, 2, (batch_size,)).float() * 2 - 1]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_a_derived_alternative_shape_the_forward_rejects_is_skipped(verifier_cache_dir, draws):
+    """KernelBench level1_100: its forward broadcasts (batch, dim) against (batch,), so it runs only
+    where batch == dim; the derived alternative batch is skipped with a note, not an infra verdict."""
+    task = Task(
+        task_id="kb/hinge", kind="kernel", kernel=KernelSpec(name="hinge", reference=HINGE, backend="cpu", level=1)
+    )
+    verifier = KernelVerifier(config(verifier_cache_dir))
+    try:
+        result = verify(verifier, task, _distinct(HINGE.replace("Model", "ModelNew")))
+    finally:
+        verifier.close()
+    assert result.error_class == "cheating" and "refused in the sandbox" in result.feedback
+    assert any("skipped shapes batch_size=33" in n for n in result.diagnostics["notes"]), result.diagnostics["notes"]
+    assert [label for label, _ in draws] == ["alt0", "primary"]
