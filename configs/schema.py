@@ -260,7 +260,16 @@ class AlgoConfig:
         "first", "Tokens that carry gradient: 'first' turn only (the paper) or 'all' turns", choices=["first", "all"]
     )
     adv_std_norm: bool = F(True, "Divide group-centred rewards by the group std")
-    mirrorpop_delta: float = F(0.3, "MirrorPop δ: keep a sequence iff mean |log π_prox - log μ| <= δ", gt=0.0)
+    mirrorpop_delta: float | None = F(
+        0.3,
+        "MirrorPop δ (the paper's sequence filter): keep a sequence iff mean |log π_prox - log μ| over its gradient-carrying tokens <= δ; null = no sequence filter",
+        gt=0.0,
+    )
+    mirrorpop_token_delta: float | None = F(
+        2.0,
+        "MirrorPop δ_tok (Kiln's token bound): a token of a kept sequence whose own |log π_prox - log μ| > δ_tok carries no gradient, the rest of its sequence trains (2.0 nats: a 7.4x disagreement, a mismatch rather than staleness; docs/training.md); null = no token bound",
+        gt=0.0,
+    )
     eps_low: float = F(0.2, "PPO clip ε_low (ratio floor 1 - ε_low)", ge=0.0, lt=1.0)
     eps_high: float = F(0.28, "PPO clip ε_high (ratio ceiling 1 + ε_high)", ge=0.0)
     is_cap: float = F(5.0, "C: truncation of the importance weight w = min(π_prox/μ, C)", gt=0.0)

@@ -2,8 +2,10 @@
 
 An entry holds the task, the group's best failed attempt (the highest-scoring failed turn) and the
 verifier's feedback on it. The task feed takes an entry with probability p and serves it as a
-feedback-conditioned repair task (`Task.repair`); while that retry group runs, the entry is in
-flight, so the same entry is never served twice at once. When the retry group completes:
+feedback-conditioned repair task (`Task.repair`); the entry is in flight until that retry group's
+fate is final (trained, or filtered without re-issue; a group filtered as infra, stale, made by
+discarded weights or expired is re-issued with the same repair context and keeps the entry in flight),
+so the same entry is never served twice at once. When the retry group is resolved:
 * any sample passed -> the entry leaves (a retry success);
 * all failed and the entry has been served `max_retries` times -> the entry leaves (exhausted);
 * otherwise it goes back to the end of the FIFO with the newest failed attempt and feedback.
@@ -42,7 +44,7 @@ class RetryEntry:
 class RetryStats:
     admitted: int = 0
     served: int = 0  # repair tasks handed out
-    resolved: int = 0  # retry groups that completed (success or not)
+    resolved: int = 0  # retry groups whose fate is final (success or not): trained, or filtered for good
     successes: int = 0
     exhausted: int = 0  # entries that left after max_retries unsuccessful retries
     evicted: int = 0  # entries pushed out by a full buffer
@@ -86,7 +88,8 @@ class RetryBuffer:
         return repair_task(entry)
 
     def resolve(self, task_id: str, success: bool, attempt: FailedAttempt | None) -> None:
-        """A retry group of `task_id` completed. `attempt` is its best failed turn when all failed."""
+        """A retry group of `task_id` reached its final fate (trained, or filtered without re-issue).
+        `attempt` is its best failed turn when all failed."""
         entry = self.in_flight.pop(task_id, None)
         if entry is None:  # defensive: its entry was already resolved; nothing to account
             return

@@ -240,13 +240,16 @@ class ReplayState:
             self.infra_streak[task_id] = fate.infra_streak
         else:
             self.infra_streak.pop(task_id, None)
-        if fate.retry == "resolve":
+        if fate.retry == "resolve" and not fate.trained:
             self.retry.resolve(task_id, verdict.any_passed, verdict.best_failed)
         elif fate.retry == "admit" and verdict.best_failed is not None:
             self.retry.admit(group.task, verdict.best_failed, group.group_id)
         elif fate.retry == "forget":
             self.retry.forget(task_id)
         if fate.trained:
+            # A kept repair group resolves its entry when it is trained (`_resolve_trained_repairs`): until
+            # then it may be filtered at batch time and re-issued with its repair context, and its entry
+            # stays in flight so BDR never serves a second repair group of the task beside it.
             group.advantages = verdict.advantages
             self.ready[group.group_id] = group
             return
@@ -264,7 +267,9 @@ class ReplayState:
         for ep in group.episodes.values():
             self.ledger.mark_filtered(ep.episode_id, fate.filtered)
         self.counters.groups_filtered[fate.filtered] += 1
-        if fate.reissue:  # a fresh group of the same task (repair context included) goes first
+        # a fresh group of the same task (repair context included) goes first; a re-issued repair
+        # group's entry is still in flight for it: it resolves only once trained or filtered for good
+        if fate.reissue:
             self.feed.reissue(group.task)
 
     # ---------------------------------------------------------------------------------- expiry
@@ -325,11 +330,23 @@ class ReplayState:
                 self.ledger.mark_trained(ep.episode_id)
                 lag = episode_lag(ep, v, self.algo.train_turns)
                 self.counters.trained_lag[0 if lag is None else lag] += 1
+        self._resolve_trained_repairs(groups)
         self.counters.groups_trained += len(groups)
         self.counters.retry_groups_trained += sum(g.is_retry for g in groups)
         self.counters.batches += 1
         self.served = ServedBatch(version=v, groups=groups)
         return BatchReply(status="batch", batch=self._pack(groups, v)), True
+
+    def _resolve_trained_repairs(self, groups: list[Group]) -> None:
+        """Resolve the retry entry of each repair group now trained. Resolving waits for this moment
+        because a waiting group can still be filtered (stale, discarded weights) and its task re-issued
+        with the same repair context; had its entry been resolved at completion, it would be back in
+        the FIFO and a second repair group of the task could run beside the re-issue (docs/replay.md,
+        "Buffered Dynamic Retry"). The outcome is judged again from the group's own episodes."""
+        for group in groups:
+            if group.is_retry:
+                verdict = judge(group, self.algo)
+                self.retry.resolve(group.task.task_id, verdict.any_passed, verdict.best_failed)
 
     def _filter_at_batch(self, version: int) -> bool:
         """Decide the fate of every waiting group at the batch's `version` (stale, or made by discarded

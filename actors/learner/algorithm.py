@@ -6,7 +6,8 @@ One RL step takes one batch, and makes one weight version of it:
       of every gradient-carrying token, and the policy's entropy there; each DP rank computes its
       share and the shares are summed, so every rank holds the whole batch's. With a KL term, a pass
       of the frozen reference model gives log π_ref the same way;
-  (b) MirrorPop drops the sequences whose mean |log π_prox - log μ| exceeds δ;
+  (b) MirrorPop drops the sequences whose mean |log π_prox - log μ| exceeds δ, and takes out of the
+      gradient the tokens of the others whose own |log π_prox - log μ| exceeds δ_tok;
   (c) the kept sequences split into `algo.ppo_minibatches` mini-batches (consecutive sequences with
       about equal kept-token counts), and each of `algo.ppo_epochs` passes takes one optimizer update
       per mini-batch: the decoupled policy loss (+ kl_coef · the k3 KL to the reference) over the
@@ -117,7 +118,7 @@ class _Proximal:
     packed: PackedBatch
     prox: torch.Tensor  # float32 [N], position-aligned
     ref: torch.Tensor | None  # float32 [N] when a KL term is on
-    kept: torch.Tensor  # bool [N]: gradient-carrying positions of the sequences MirrorPop kept
+    kept: torch.Tensor  # bool [N]: gradient-carrying positions MirrorPop kept (sequence filter and token bound)
     kept_per_seq: np.ndarray  # int64 [S]: kept positions per sequence
 
 
@@ -138,11 +139,16 @@ def _proximal(
     pass. Returns what the updates need, MirrorPop's statistics and the entropies."""
     grad_mask, behaviour = packed.grad_mask, packed.behaviour_logprobs
     prox, entropy = _forward_pass(backend, packed, _with_tokens(packed, grad_mask), temperature, entropy=True)
-    keep, deviation = mirrorpop_mask(
-        prox, behaviour, grad_mask, packed.seq_index, packed.num_seqs, algo.mirrorpop_delta
+    keep, kept, deviation = mirrorpop_mask(
+        prox,
+        behaviour,
+        grad_mask,
+        packed.seq_index,
+        packed.num_seqs,
+        delta=algo.mirrorpop_delta,
+        token_delta=algo.mirrorpop_token_delta,
     )
-    kept = grad_mask & keep[packed.seq_index]
-    filtered = filter_stats(prox, behaviour, grad_mask, keep, deviation, packed.seq_index, is_cap=algo.is_cap)
+    filtered = filter_stats(prox, behaviour, grad_mask, keep, kept, deviation, packed.seq_index, is_cap=algo.is_cap)
     kept_per_seq = _per_sequence(packed, kept)
     ref = None
     if algo.kl_coef > 0 and filtered.kept_tokens:

@@ -10,7 +10,9 @@ micro-batch and data-parallel rank), so summing the losses of micro-batches give
 as one pass over the mini-batch.
 
 Decoupled PPO with MirrorPop:
-  keep a sequence iff D = mean_t |log π_prox(y_t) - log μ(y_t)| <= δ;
+  keep a sequence iff D = mean_t |log π_prox(y_t) - log μ(y_t)| <= δ (the paper's filter);
+  keep a token of a kept sequence iff its own |log π_prox(y_t) - log μ(y_t)| <= δ_tok (Kiln's bound:
+  a mean over thousands of tokens hides a few far-off ones);
   on kept tokens: -w_t · min(r_t·A, clip(r_t, 1-ε_low, 1+ε_high)·A),
   r_t = π_θ/π_prox, w_t = min(π_prox/μ, C) (a constant: no gradient flows through it).
 """
@@ -50,23 +52,36 @@ def mirrorpop_mask(
     loss_mask: torch.Tensor,
     seq_index: torch.Tensor,
     num_seqs: int,
-    delta: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """MirrorPop's per-sequence filter. Returns (keep bool [S], deviation float32 [S]).
+    *,
+    delta: float | None,
+    token_delta: float | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """MirrorPop's filter. Returns (keep bool [S], kept bool [N], deviation float32 [S]).
 
     deviation D_s = mean over the sequence's gradient-carrying tokens of |log π_prox - log μ|; the
     absolute value is the point: a sequence whose drift is +x on one token and -x on the next has
-    drifted, even though its signed mean is 0. keep_s iff D_s <= δ. A sequence without a single
-    gradient-carrying token reports deviation 0 and is not kept (there is nothing to train on).
+    drifted, even though its signed mean is 0. The sequence filter (the paper's) drops a sequence
+    with D_s > δ. The token bound (Kiln's) takes out of the gradient each token whose own
+    |log π_prox - log μ| > δ_tok: a mean over 4,000 tokens stays small while 20 of them are 10 nats
+    off, and those tokens would train at w = C (or w ≈ 0) while the rest of the sequence is fine to
+    train on. None switches either off; D_s counts every gradient-carrying token either way.
+
+    keep_s: the sequence passes the sequence filter and has at least one token left (a sequence
+    without one reports deviation 0 and is not kept: there is nothing to train on). kept_t: a
+    gradient-carrying token of a kept sequence within the token bound, the mask the loss takes.
     `seq_index` (int64 [N]) names each token's sequence in [0, num_seqs).
     """
-    mask = loss_mask.to(torch.float32)
+    mask = loss_mask.bool()
     drift = (prox_logprobs.detach().float() - behaviour_logprobs.float()).abs() * mask
     sums = torch.zeros(num_seqs, dtype=torch.float32, device=drift.device).index_add_(0, seq_index, drift)
-    counts = torch.zeros(num_seqs, dtype=torch.float32, device=drift.device).index_add_(0, seq_index, mask)
+    counts = torch.zeros(num_seqs, dtype=torch.float32, device=drift.device).index_add_(0, seq_index, mask.float())
     deviation = torch.where(counts > 0, sums / counts.clamp_min(1.0), torch.zeros_like(sums))
-    keep = (counts > 0) & (deviation <= delta)
-    return keep, deviation
+    in_bound = mask if token_delta is None else mask & (drift <= token_delta)
+    left = torch.zeros(num_seqs, dtype=torch.float32, device=drift.device).index_add_(0, seq_index, in_bound.float())
+    keep = left > 0
+    if delta is not None:
+        keep &= deviation <= delta
+    return keep, in_bound & keep[seq_index], deviation
 
 
 @dataclass(frozen=True)
@@ -80,6 +95,7 @@ class FilterStats:
     kept_sequences: int
     tokens: int  # gradient-carrying tokens before MirrorPop
     kept_tokens: int  # gradient-carrying tokens MirrorPop kept
+    token_masked: int  # tokens of kept sequences that the token bound took out of the gradient
     abs_log_rho_sum: float  # Σ |log ρ| over the gradient-carrying tokens
     kept_abs_log_rho_sum: float
     deviation_sum: float  # Σ D_s over the sequences with gradient-carrying tokens
@@ -96,6 +112,7 @@ class FilterStats:
         return {
             "kept_fraction": self.kept_sequences / self.sequences if self.sequences else 0.0,
             "mirrorpop_dropped": float(len(self.dropped)),
+            "mirrorpop_token_masked": float(self.token_masked),
             "kept_token_fraction": self.kept_tokens / self.tokens if self.tokens else 0.0,
             "deviation_mean": self.deviation_sum / self.sequences if self.sequences else 0.0,
             "deviation_max": self.deviation_max,
@@ -114,15 +131,17 @@ def filter_stats(
     behaviour_logprobs: torch.Tensor,
     loss_mask: torch.Tensor,
     keep: torch.Tensor,
+    kept: torch.Tensor,
     deviation: torch.Tensor,
     seq_index: torch.Tensor,
     *,
     is_cap: float,
 ) -> FilterStats:
-    """MirrorPop's statistics for a whole batch: sequences and tokens before and after filtering,
-    |log ρ| before and after, and the importance weights w = min(ρ, C) of the kept tokens."""
+    """MirrorPop's statistics for a whole batch, from `mirrorpop_mask`'s verdict (`keep` [S], `kept`
+    [N]): sequences and tokens before and after filtering, the tokens the token bound masked, |log ρ|
+    before and after, and the importance weights w = min(ρ, C) of the kept tokens."""
     mask = loss_mask.bool()
-    kept = mask & keep[seq_index]
+    kept = kept.bool()
     log_rho = prox_logprobs.detach().float() - behaviour_logprobs.float()
     has_tokens = torch.zeros_like(keep).index_fill_(0, seq_index[mask], True)
     w = torch.exp(log_rho[kept]).clamp(max=is_cap)
@@ -131,6 +150,7 @@ def filter_stats(
         kept_sequences=int(keep.sum()),
         tokens=int(mask.sum()),
         kept_tokens=int(kept.sum()),
+        token_masked=int((mask & keep[seq_index] & ~kept).sum()),
         abs_log_rho_sum=float(log_rho[mask].abs().sum()),
         kept_abs_log_rho_sum=float(log_rho[kept].abs().sum()),
         deviation_sum=float(deviation[has_tokens].sum()),

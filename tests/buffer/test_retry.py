@@ -3,6 +3,7 @@ the real replay actor (actors/buffer/retry_buffer.py, task_feed.py, state.py).""
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 
 import pytest
@@ -10,11 +11,12 @@ import pytest
 from actors.base import RunContext
 from actors.buffer import ReplayActor
 from actors.buffer.retry_buffer import FailedAttempt, RetryBuffer
+from actors.buffer.state import ReplayState
 from actors.buffer.task_feed import TaskFeed
 from actors.buffer.task_source import TaskSet
 from configs import AlgoConfig, ReplayConfig
 from configs.schema import RetryConfig
-from protocols import BatchRequest, Task, TaskRequest
+from protocols import BatchRequest, Task, TaskReply, TaskRequest
 from tests.helpers.synthetic import TurnSpec, make_episode
 
 TEXT = "actors.buffer.examples.TextMatchTasks"
@@ -158,15 +160,19 @@ def test_all_failed_group_is_retried_with_its_best_attempt_until_success(actor):
     again = run_group(actor, [[TurnSpec(passed=True, score=1.0)], [TurnSpec(score=-1.0)]])
     assert again.task.repair.attempt == 2
     h = actor.health()
-    assert h.retry.size == 0 and h.retry.successes == 1 and h.retry.resolved == 2
-    assert h.retry.retry_success_rate == 0.5
+    # kept, it waits for a batch: its entry stays in flight until it is trained (it could still be
+    # filtered as stale and re-issued with this repair context)
+    assert (h.retry.size, h.retry.in_flight, h.retry.successes, h.retry.resolved) == (0, 1, 0, 1)
     assert h.retry.retry_share == pytest.approx(2 / 3)
     assert h.groups.ready == 2  # the first (fresh, untied) group and the successful retry
     batch = actor.handle(BatchRequest(learner_id="l", version=0)).batch
     assert len(batch.episode_ids) == 2
     assert actor.health().groups.trained == 1 and actor.health().groups.retry_trained == 0  # the fresh group
     assert actor.handle(BatchRequest(learner_id="l", version=1)).status == "batch"
-    assert actor.health().groups.retry_trained == 1  # the successful retry group was trained
+    h = actor.health()
+    assert h.groups.retry_trained == 1  # the successful retry group was trained, which resolves its entry
+    assert (h.retry.size, h.retry.in_flight, h.retry.successes, h.retry.resolved) == (0, 0, 1, 2)
+    assert h.retry.retry_success_rate == 0.5
 
 
 def test_retry_mismatched_episode_is_rejected(actor):
@@ -178,3 +184,59 @@ def test_retry_mismatched_episode_is_rejected(actor):
     assert ack.status == "rejected" and "repair" in ack.reason
     assert actor.health().rejected_by_reason == {"retry_mismatch": 1}
     assert fresh.group_id != retry.group_id
+
+
+# ---------------------------------------------------- one repair group per entry, through ReplayState
+
+
+def bdr_state(*, max_staleness: int = 1) -> ReplayState:
+    """A replay state that serves a repair task whenever the buffer holds one (p = 1), B = 1."""
+    replay = ReplayConfig(val_fraction=0.0, retry=RetryConfig(capacity=8, probability=1.0, max_retries=3))
+    algo = AlgoConfig(group_size=2, batch_groups=1, total_steps=50, max_staleness=max_staleness)
+    return ReplayState(replay, algo, TaskSet(train=[task(i) for i in range(4)], val=[]))
+
+
+def open_group(state: ReplayState) -> TaskReply:
+    reply, opened = state.on_task_request(TaskRequest(actor_id="r"), now=0.0)
+    assert opened and reply.status == "task"
+    return reply
+
+
+def deliver(state: ReplayState, reply: TaskReply, scores: list[float], *, version: int = 0) -> None:
+    for i, score in enumerate(scores):
+        spec = TurnSpec(passed=score >= 1.0, score=score, version=version, text=f"code {score:g}")
+        ack, _ = state.on_episode(make_episode(reply.task, reply.group_id, i, [spec]), now=0.0)
+        assert ack.status == "stored"
+
+
+def repair_groups_out(state: ReplayState) -> collections.Counter[str]:
+    """Repair groups of each task that are outstanding: running, waiting for a batch, or queued to be
+    re-issued (a queued re-issue is a repair group already decided on)."""
+    groups = [g.task for g in (*state.running.values(), *state.ready.values())]
+    return collections.Counter(t.task_id for t in [*groups, *state.feed.reissued] if t.repair is not None)
+
+
+def test_a_stale_repair_group_is_never_served_beside_its_entry():
+    """A repair group that completed (failed, untied: it waits for a batch) and is then filtered as stale
+    is re-issued with its repair context. Its entry must not be served again meanwhile: one task, one
+    repair group at a time (docs/replay.md, "never served twice at once")."""
+    state = bdr_state(max_staleness=1)
+    fresh = open_group(state)
+    deliver(state, fresh, [-1.0, -0.7])  # all failed, untied: trained, and its task enters the buffer
+    repair = open_group(state)  # p = 1: the repair task
+    assert repair.task.task_id == fresh.task.task_id and repair.task.repair is not None
+    deliver(state, repair, [-1.0, -0.8])  # the repair fails again, untied: it waits for a batch
+    assert state.on_batch_request(BatchRequest(learner_id="l", version=0))[0].status == "batch"  # the fresh group
+    reply, _ = state.on_batch_request(BatchRequest(learner_id="l", version=3))  # the repair group lags 3 > η = 1
+    assert reply.status == "wait" and state.counters.groups_filtered == {"stale": 1}
+    assert repair_groups_out(state) == {repair.task.task_id: 1}
+    again = open_group(state)
+    assert again.task == repair.task  # the re-issue: the same repair context, its entry still in flight
+    for _ in range(2):
+        assert open_group(state).task.repair is None  # the entry is not served beside it
+        assert repair_groups_out(state) == {repair.task.task_id: 1}
+    deliver(state, again, [1.0, -1.0], version=3)  # the re-issued repair passes and is trained
+    assert state.on_batch_request(BatchRequest(learner_id="l", version=3))[0].status == "batch"
+    stats = state.retry.stats  # one entry, served once, resolved once: by the group that was trained
+    assert (stats.served, stats.resolved, stats.successes) == (1, 1, 1) and not state.retry.holds(repair.task.task_id)
+    assert state.feed.served == {"fresh": 3, "retry": 1, "reissue": 1}

@@ -30,6 +30,12 @@ def test_overrides_apply_after_the_preset():
     assert load_config().algo.group_size != 8
 
 
+def test_mirrorpop_filters_switch_off_with_null():
+    cfg = load_config(None, ["algo.mirrorpop_delta=null", "algo.mirrorpop_token_delta=null"])
+    assert (cfg.algo.mirrorpop_delta, cfg.algo.mirrorpop_token_delta) == (None, None)
+    assert load_config().algo.mirrorpop_token_delta == 2.0  # the token bound is on by default
+
+
 @pytest.mark.parametrize(
     "override, message",
     [
@@ -51,6 +57,7 @@ def test_overrides_apply_after_the_preset():
         ),
         ("model.path=null model.vocab_size=100", "the byte tokenizer needs at least 259"),
         ("eval.k=8", "eval.k=8 exceeds eval.samples=4"),
+        ("algo.mirrorpop_token_delta=0", r"algo.mirrorpop_token_delta=0.0 is out of range: must be > 0.0"),
     ],
 )
 def test_mistakes_name_the_key(override, message):

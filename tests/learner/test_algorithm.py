@@ -206,6 +206,30 @@ def test_a_batch_mirrorpop_empties_takes_no_update():
     assert backend.calls == [(1, True)] and torch.equal(backend.theta.detach(), torch.zeros(VOCAB))
 
 
+def test_the_token_bound_masks_a_token_and_the_step_trains_the_rest():
+    # HAND_BATCH's seq 0 drifts ln 2 = 0.693 on its second token: δ_tok = 0.5 masks it (the truncated
+    # one). One update over the four tokens left, r = 1, w = 1: -(1 + 1 + 1 - 1)/4 = -0.5.
+    backend = UnigramBackend(lr=1.0, micro_batch_tokens=64)
+    bounded = AlgoConfig(ppo_minibatches=1, is_cap=1.5, mirrorpop_delta=0.5, mirrorpop_token_delta=0.5)
+    result = rl_step(backend, HAND_BATCH, bounded, temperature=1.0)
+    assert result.trained_tokens == 4 and result.dropped == ()
+    assert result.loss == pytest.approx(-0.5, abs=1e-6)
+    m = result.metrics
+    assert (m["mirrorpop_token_masked"], m["mirrorpop_dropped"], m["kept_fraction"]) == (1.0, 0.0, 1.0)
+    assert (m["is_weight_mean"], m["is_truncated"]) == pytest.approx((1.0, 0.0))
+
+
+def test_with_mirrorpop_switched_off_a_far_off_batch_trains():
+    backend = UnigramBackend(lr=1.0, micro_batch_tokens=64)
+    far = unigram_batch([([2, 0, 0], [-5.0, -5.0], 1.0)])  # D = 5 - ln 3 = 3.90, each token 3.90 off
+    off = AlgoConfig(ppo_minibatches=1, is_cap=1.5, mirrorpop_delta=None, mirrorpop_token_delta=None)
+    result = rl_step(backend, far, off, temperature=1.0)
+    assert result.trained_tokens == 2 and result.metrics["updates"] == 1
+    assert (result.metrics["mirrorpop_dropped"], result.metrics["mirrorpop_token_masked"]) == (0.0, 0.0)
+    # w = min(e^3.90, 1.5) = 1.5 on both tokens, r = 1, A = 1: -(1.5 + 1.5)/2
+    assert result.loss == pytest.approx(-1.5, abs=1e-6)
+
+
 def test_trainer_validates_the_temperature():
     with pytest.raises(ValueError, match="temperature"):
         Trainer(UnigramBackend(lr=1.0, micro_batch_tokens=64), HAND_ALGO, temperature=0.0)

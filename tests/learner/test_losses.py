@@ -38,25 +38,30 @@ SEQ = [0, 0, 1, 1, 1, 2, 3]
 
 
 def test_mirrorpop_uses_absolute_deviation_and_keeps_on_equality():
-    keep, deviation = mirrorpop_mask(
-        t(PROX), t(BEHAVIOUR), t(MASK, torch.bool), t(SEQ, torch.int64), num_seqs=4, delta=0.25
+    keep, kept, deviation = mirrorpop_mask(
+        t(PROX), t(BEHAVIOUR), t(MASK, torch.bool), t(SEQ, torch.int64), num_seqs=4, delta=0.25, token_delta=None
     )
     assert keep.tolist() == [False, True, False, True]
+    assert kept.tolist() == [False, False, True, True, False, False, True]
     assert deviation.tolist() == [0.5, 0.1875, 0.0, 0.25]
 
 
 def test_mirrorpop_keeps_everything_on_policy_and_drops_all_past_a_small_delta():
     seq = t(SEQ, torch.int64)
-    keep, deviation = mirrorpop_mask(t(PROX), t(PROX), t(MASK, torch.bool), seq, num_seqs=4, delta=1e-6)
+    keep, _, deviation = mirrorpop_mask(
+        t(PROX), t(PROX), t(MASK, torch.bool), seq, num_seqs=4, delta=1e-6, token_delta=1e-6
+    )
     assert keep.tolist() == [True, True, False, True] and deviation.abs().max() == 0
-    keep, _ = mirrorpop_mask(t(PROX), t(BEHAVIOUR), t(MASK, torch.bool), seq, num_seqs=4, delta=0.1)
+    keep, _, _ = mirrorpop_mask(
+        t(PROX), t(BEHAVIOUR), t(MASK, torch.bool), seq, num_seqs=4, delta=0.1, token_delta=None
+    )
     assert not keep.any()
 
 
 def test_filter_stats_count_before_and_after_filtering():
     mask, seq = t(MASK, torch.bool), t(SEQ, torch.int64)
-    keep, deviation = mirrorpop_mask(t(PROX), t(BEHAVIOUR), mask, seq, num_seqs=4, delta=0.25)
-    stats = filter_stats(t(PROX), t(BEHAVIOUR), mask, keep, deviation, seq, is_cap=1.25)
+    keep, kept, deviation = mirrorpop_mask(t(PROX), t(BEHAVIOUR), mask, seq, num_seqs=4, delta=0.25, token_delta=None)
+    stats = filter_stats(t(PROX), t(BEHAVIOUR), mask, keep, kept, deviation, seq, is_cap=1.25)
     # sequences with gradient tokens: 0, 1, 3; kept: 1, 3; |log ρ| over the 5 gradient tokens
     assert (stats.sequences, stats.kept_sequences, stats.tokens, stats.kept_tokens) == (3, 2, 5, 3)
     assert stats.abs_log_rho_sum == pytest.approx(0.5 + 0.5 + 0.125 + 0.25 + 0.25)
@@ -71,7 +76,90 @@ def test_filter_stats_count_before_and_after_filtering():
     assert m["is_truncated_fraction"] == pytest.approx(1 / 3) and m["is_truncated"] == 1
     # MirrorPop dropped sequence 0 (its deviation 0.5 > δ); sequence 2 has no gradient token to drop
     assert stats.dropped == (0,) and m["mirrorpop_dropped"] == 1
+    assert stats.token_masked == 0 and m["mirrorpop_token_masked"] == 0  # no token bound
     assert m["deviation_max"] == pytest.approx(0.5)
+
+
+# ------------------------------------------------------------------ MirrorPop without dilution
+
+# The issue's sequence: 4,000 gradient-carrying tokens, 20 of them 10 nats off (ten at +10, ten at
+# -10), the rest on policy. D = 20·10/4000 = 0.05 <= δ = 0.3, so the sequence filter keeps it
+# whole; the token bound δ_tok = 2 takes exactly the 20 far-off tokens out of the gradient.
+LONG = 4000
+FAR = list(range(100, LONG, 200))  # 20 positions
+LONG_DRIFT = [0.0] * LONG
+for i, position in enumerate(FAR):
+    LONG_DRIFT[position] = 10.0 if i % 2 == 0 else -10.0
+
+
+def long_sequence():
+    """(prox, behaviour, mask, seq_index) of the issue's sequence: log π_prox = -1, log μ = -1 - drift."""
+    prox = torch.full((LONG,), -1.0)
+    return prox, prox - t(LONG_DRIFT), torch.ones(LONG, dtype=torch.bool), torch.zeros(LONG, dtype=torch.int64)
+
+
+def test_the_sequence_mean_keeps_a_long_sequence_with_far_off_tokens_and_the_token_bound_masks_them():
+    prox, behaviour, mask, seq = long_sequence()
+    keep, kept, deviation = mirrorpop_mask(prox, behaviour, mask, seq, num_seqs=1, delta=0.3, token_delta=None)
+    assert deviation.tolist() == pytest.approx([0.05]) and keep.tolist() == [True] and bool(kept.all())
+
+    keep, kept, deviation = mirrorpop_mask(prox, behaviour, mask, seq, num_seqs=1, delta=0.3, token_delta=2.0)
+    assert deviation.tolist() == pytest.approx([0.05])  # D counts every gradient-carrying token either way
+    assert keep.tolist() == [True] and torch.nonzero(~kept).flatten().tolist() == FAR
+    stats = filter_stats(prox, behaviour, mask, keep, kept, deviation, seq, is_cap=5.0)
+    assert (stats.tokens, stats.kept_tokens, stats.token_masked, stats.dropped) == (4000, 3980, 20, ())
+    m = stats.metrics()
+    assert m["mirrorpop_token_masked"] == 20 and m["mirrorpop_dropped"] == 0
+    assert m["kept_token_fraction"] == pytest.approx(3980 / 4000) and m["kept_fraction"] == 1.0
+    # the kept tokens are on policy: w = 1, |log ρ| = 0
+    assert (m["is_weight_mean"], m["kept_abs_log_rho_mean"], m["is_truncated"]) == (1.0, 0.0, 0.0)
+
+
+def test_the_token_bound_keeps_its_equality_and_drops_a_sequence_it_empties():
+    # seq 0: drifts 0.5 and 1.0; δ_tok = 0.5 keeps the first (the rule is <=) and masks the second
+    # seq 1: drifts 1.0 on its only gradient token: nothing left to train on, so it is dropped
+    prox, behaviour = t([-1.0, -1.0, -1.0]), t([-1.5, -2.0, -2.0])
+    mask, seq = t([1, 1, 1], torch.bool), t([0, 0, 1], torch.int64)
+    keep, kept, deviation = mirrorpop_mask(prox, behaviour, mask, seq, num_seqs=2, delta=None, token_delta=0.5)
+    assert keep.tolist() == [True, False] and kept.tolist() == [True, False, False]
+    assert deviation.tolist() == [0.75, 1.0]
+    stats = filter_stats(prox, behaviour, mask, keep, kept, deviation, seq, is_cap=5.0)
+    assert (stats.kept_tokens, stats.token_masked, stats.dropped) == (1, 1, (1,))
+
+
+def test_with_both_switches_off_mirrorpop_drops_nothing():
+    # PROX/BEHAVIOUR above, where δ = 0.25 drops seq 0: every sequence with a gradient token now trains
+    mask, seq = t(MASK, torch.bool), t(SEQ, torch.int64)
+    keep, kept, deviation = mirrorpop_mask(t(PROX), t(BEHAVIOUR), mask, seq, num_seqs=4, delta=None, token_delta=None)
+    assert keep.tolist() == [True, True, False, True] and torch.equal(kept, mask)
+    assert deviation.tolist() == [0.5, 0.1875, 0.0, 0.25]  # still measured
+    stats = filter_stats(t(PROX), t(BEHAVIOUR), mask, keep, kept, deviation, seq, is_cap=1.25)
+    assert (stats.kept_tokens, stats.token_masked, stats.dropped) == (5, 0, ())
+    m = stats.metrics()
+    assert (m["mirrorpop_dropped"], m["mirrorpop_token_masked"], m["kept_token_fraction"]) == (0.0, 0.0, 1.0)
+
+
+def test_tokens_the_bound_masks_carry_no_gradient():
+    prox, behaviour, mask, seq = long_sequence()
+    logprobs = prox.clone().requires_grad_(True)  # r = 1: the first update
+    adv = torch.ones(LONG)
+    kw = {"eps_low": 0.2, "eps_high": 0.28, "is_cap": 5.0}
+    # unbounded: every token trains; d/dlogπ of -w·r·A/4000 is -w/4000, with w = min(e^10, 5) = 5 on
+    # the +10 tokens and e^-10 on the -10 tokens
+    _, kept, _ = mirrorpop_mask(prox, behaviour, mask, seq, num_seqs=1, delta=0.3, token_delta=None)
+    loss, _ = policy_loss(logprobs, prox, behaviour, adv, kept, normalizer=4000.0, **kw)
+    loss.backward()
+    assert logprobs.grad[FAR[0]] == pytest.approx(-5 / 4000) and logprobs.grad[FAR[1]] == pytest.approx(
+        -math.exp(-10) / 4000
+    )
+    # bounded at δ_tok = 2: the 20 far-off tokens carry none, each other token -1/3980
+    logprobs.grad = None
+    _, kept, _ = mirrorpop_mask(prox, behaviour, mask, seq, num_seqs=1, delta=0.3, token_delta=2.0)
+    loss, stats = policy_loss(logprobs, prox, behaviour, adv, kept, normalizer=3980.0, **kw)
+    loss.backward()
+    assert float(loss.detach()) == pytest.approx(-1.0) and stats.tokens == 3980
+    assert logprobs.grad[FAR].abs().max() == 0
+    assert logprobs.grad[kept].tolist() == pytest.approx([-1 / 3980] * 3980)
 
 
 # ---------------------------------------------------------------------------------- policy loss
@@ -151,8 +239,10 @@ def test_empty_stats_report_zeros():
     )
     assert stats == ClipStats()
     mask, seq = t([0, 0], torch.bool), t([0, 0], torch.int64)
-    keep, deviation = mirrorpop_mask(t([0.0, 0.0]), t([0.0, 0.0]), mask, seq, num_seqs=1, delta=0.1)
-    empty = filter_stats(t([0.0, 0.0]), t([0.0, 0.0]), mask, keep, deviation, seq, is_cap=2.0)
+    keep, kept, deviation = mirrorpop_mask(
+        t([0.0, 0.0]), t([0.0, 0.0]), mask, seq, num_seqs=1, delta=0.1, token_delta=0.1
+    )
+    empty = filter_stats(t([0.0, 0.0]), t([0.0, 0.0]), mask, keep, kept, deviation, seq, is_cap=2.0)
     assert set(empty.metrics().values()) == {0.0}
 
 
