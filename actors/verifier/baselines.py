@@ -34,7 +34,7 @@ from dataclasses import asdict
 import torch
 
 from actors.verifier import timing
-from actors.verifier.reference import Instance, Reference, ShapeConfig
+from actors.verifier.reference import Instance, Reference, ReferenceError, ShapeConfig
 from configs import VerifierConfig
 from protocols.lease import DeviceLease
 
@@ -87,7 +87,9 @@ def _inputs(ref: Reference, instance: Instance, lease: DeviceLease) -> list[list
     """Fresh draws for the trips (as many as a trip of the largest K uses, within the budget)."""
     first = ref.fresh_inputs(instance)
     nbytes = max(sum(x.numel() * x.element_size() for x in first if isinstance(x, torch.Tensor)), 1)
-    count = max(2, min(timing.MAX_CALLS_PER_TRIP, (1 << 30) // nbytes))
+    # Two or more sets where they fit in 1 GiB; a task of gigabytes is timed on one set (its calls
+    # flush L2 anyway), so the baseline holds one trial's inputs, not two.
+    count = max(1, min(timing.MAX_CALLS_PER_TRIP, (1 << 30) // nbytes))
     with lease.shared():
         return [first] + [ref.fresh_inputs(instance) for _ in range(count - 1)]
 
@@ -232,6 +234,11 @@ class Baselines:
             compiled = timing.TripTimes(**reply["compile"]) if reply.get("compile") else None
             note = reply.get("note") or ""
         except (RuntimeError, OSError, ValueError, TypeError, KeyError, queue.Empty) as err:
+            if "OutOfMemoryError" in str(err):  # the device is full: timing it here would fail the same way
+                raise ReferenceError(
+                    f"the baselines of {ref.task_id} ran out of device memory ({str(err)[:160]}): the "
+                    "verifier's device is too small or too busy for this task"
+                ) from None
             log.warning("verifier: the baseline process failed (%s); timing %s here", err, ref.task_id)
             eager, compiled, note = measure_reference(
                 ref, instance, pairs, self.cfg.warmup, with_compile, self.device, self.lease

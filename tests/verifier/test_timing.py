@@ -239,3 +239,35 @@ def test_a_disturbed_baseline_measurement_is_taken_again():
     assert baselines._steady(lambda: next(taken)) is clean
     once = iter([clean, disturbed])
     assert baselines._steady(lambda: next(once)) is clean  # a clean first measurement is kept as it is
+
+
+def test_a_baseline_out_of_device_memory_is_infra_not_retimed_in_the_verifier(relu_task, tmp_path, monkeypatch):
+    """An out-of-memory in the baseline process means the device is full: timing the baseline in the
+    verifier's own process would fail the same way (and crowd the device further), so it is a one-line
+    infra error; any other failure of the process still falls back to the verifier's own timing."""
+    import pytest
+
+    from actors.verifier import baselines
+    from actors.verifier.reference import Reference, ReferenceError
+    from protocols.lease import DeviceLease
+    from tests.verifier.integrity import config
+
+    cfg = config(tmp_path)
+    ref = Reference(relu_task, "cpu")
+    instance = ref.instance(ref.shape_configs("cpu", 1)[0])
+    monkeypatch.setattr(baselines, "_native_library", lambda: "unused")
+    failure = ["OutOfMemoryError: CUDA out of memory. Tried to allocate 7.00 GiB"]
+    monkeypatch.setattr(
+        baselines.BaselineProcess, "measure", lambda *a, **k: (_ for _ in ()).throw(RuntimeError(failure[0]))
+    )
+    here = []
+    monkeypatch.setattr(
+        baselines, "measure_reference", lambda *a, **k: here.append(1) or (timing.TripTimes(4, "cpu"), None, "")
+    )
+    lanes = baselines.Baselines(cfg, "cpu", DeviceLease("cpu", str(tmp_path)))
+    with pytest.raises(ReferenceError, match="ran out of device memory"):
+        lanes.measure(ref, instance, 2)
+    assert here == []
+    failure[0] = "the baseline process ended without an answer"
+    lanes.measure(ref, instance, 2)
+    assert here == [1] and "verifier's process" in lanes.note(ref, instance.config)
