@@ -20,7 +20,8 @@ Read top to bottom, this is a group's life:
    decides: the task leaves the feed (unservable, or infra-failed `replay.infra_retries` times in a
    row), or the group is filtered as infra and its task re-issued, or it is kept; an all-failed group
    is sent to Buffered Dynamic Retry (BDR) and a repair group resolves its retry entry; a kept group
-   whose rewards tie is filtered (no signal) when `algo.drop_tied_groups`, else it waits for a batch.
+   whose credited values tie (every advantage zero: no signal) is filtered when `algo.drop_tied_groups`,
+   else it waits for a batch.
 3. When a batch is made, `fate_at_batch` filters a waiting group that has a sample lagging the
    learner by more than η (`is_stale`) or made by weights a learner restore discarded; its task is
    re-issued (a fresh group of it goes to the front of the feed).
@@ -99,7 +100,7 @@ class GroupOutcome:
     is_retry: bool  # a BDR repair group (its task carries the failed attempt and its feedback)
     unservable: str = ""  # why the rollouts could not pose the task at all; "" when they could
     infra: bool = False  # a turn failed through the system's fault: the rewards are not the policy's
-    tied: bool = False  # every reward equal: all advantages zero, no learning signal
+    tied: bool = False  # every credited value equal (rewards, or per-turn values): all advantages zero, no signal
     any_passed: bool = False
     has_failed_attempt: bool = False  # a failed turn with a verdict exists (what BDR would retry)
 

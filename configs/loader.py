@@ -55,6 +55,8 @@ RENAMES = {
     "algo.eval_samples": "eval.samples",
     "logging.eval_every": "eval.every",
     "logging.eval_k": "eval.k",
+    # now the speedup vs eager a pass must reach (1 / the old time factor); null = eval.fast_threshold
+    "rollout.optimize_below": "rollout.optimize_until",
 }
 
 

@@ -88,13 +88,13 @@ class RolloutConfig:
         "Earlier answers in a repair prompt keep their thinking text; false leaves it out (it stays in the episode)",
     )
     optimize_turns: int = F(
-        0,
-        "Performance turns: a kernel that passes but runs slower than optimize_below × the eager time gets up to this many turns (within max_turns) with its timing feedback, asking for a faster kernel; 0 = a pass ends the attempt",
+        1,
+        "Performance turns: a kernel that passes with a speedup vs eager below optimize_until gets up to this many turns (within max_turns) with the timing of it and of each baseline, asking for a faster kernel; 0 = a pass ends the attempt",
         ge=0,
     )
-    optimize_below: float = F(
-        1.0,
-        "A passing kernel is slow when its time exceeds optimize_below × the eager PyTorch time (speedup vs eager < 1 / optimize_below)",
+    optimize_until: float | None = F(
+        None,
+        "A passing kernel whose speedup vs eager PyTorch is below this is slow: it gets a performance turn while optimize_turns and max_turns allow; null = eval.fast_threshold, the speedup the evaluation counts as faster",
         gt=0.0,
     )
     on_weight_update: str = F(

@@ -257,9 +257,22 @@ class AlgoConfig:
     early_bonus_turn1: float = F(0.2, "b_early for a pass at turn 1", ge=0.0)
     early_bonus_turn2: float = F(0.1, "b_early for a first pass at turn 2 (should not exceed turn 1's)", ge=0.0)
     train_turns: str = F(
-        "first", "Tokens that carry gradient: 'first' turn only (the paper) or 'all' turns", choices=["first", "all"]
+        "all",
+        "Turns whose response tokens carry gradient: 'all' (repair and performance turns are learned too: repairing a kernel from feedback is what the attempt is for) or 'first' (Kiln's option, not the paper's rule: only turn 1, whose prompt is what the policy sees at test time)",
+        choices=["first", "all"],
     )
-    adv_std_norm: bool = F(True, "Divide group-centred rewards by the group std")
+    turn_credit: str = F(
+        "per_turn",
+        "Credit of a multi-turn attempt (docs/replay.md): 'per_turn' = turn 1 is valued at the episode's PrimeEcho R, a later turn at the γ-weighted mean of the scores from it to the attempt's end (on the scores' scale, so an attempt failing every turn is -1 throughout), a passing turn at no less than the best failed turn of its group, advantages normalised over all the group's gradient-carrying turns (a successful repair is never pushed down); 'episode' = one group-normalised advantage per episode on all its turns (the ablation arm)",
+        choices=["per_turn", "episode"],
+    )
+    turn_discount: float = F(
+        0.5,
+        "γ of per-turn credit: the weight of the turns after a repair turn in its value v_k = Σ_{j>=k} γ^(j-k)·s_j / Σ_{j>=k} γ^(j-k) (0 = its own score only, 1 = the plain mean of the rest of the attempt); Kiln's choice, the paper gives none",
+        ge=0.0,
+        le=1.0,
+    )
+    adv_std_norm: bool = F(True, "Divide the group-centred values (rewards R, or per-turn values) by their std")
     mirrorpop_delta: float | None = F(
         0.3,
         "MirrorPop δ (the paper's sequence filter): keep a sequence iff mean |log π_prox - log μ| over its gradient-carrying tokens <= δ; null = no sequence filter",

@@ -34,6 +34,7 @@ TRAIN_SEQUENCES = train("sequences")  # sequences in the batch
 TRAIN_OFF_POLICY_KEPT = train("off_policy_kept")  # kept sequences made by an older version than the batch's
 TRAIN_KEPT_FRACTION = train("kept_fraction")  # MirrorPop: share of sequences kept
 TRAIN_MIRRORPOP_DROPPED = train("mirrorpop_dropped")  # MirrorPop: sequences dropped
+TRAIN_MIRRORPOP_TOKEN_MASKED = train("mirrorpop_token_masked")  # MirrorPop: tokens of kept sequences masked (δ_tok)
 TRAIN_ENTROPY = train("entropy")  # of π_prox at the trained positions
 TRAIN_RESPONSE_LENGTH = train("response_length")
 TRAIN_CLIPPED = train("clipped")  # token-updates whose ratio the PPO clip cut
@@ -66,6 +67,15 @@ SFT_SECONDS = "sft/seconds"
 ROLLOUT_SAMPLES = "rollout/samples"
 ROLLOUT_GROUPS = "rollout/groups"
 ROLLOUT_REPAIR_PASSES = "rollout/repair_passes"  # episodes whose repair turn passed after a failed turn
+# Turns of the window's episodes (a turn after a failed turn is a repair turn, one after a passed turn a
+# performance turn: a pass ends an attempt unless it was slow)
+ROLLOUT_FIRST_TURN_PASSES = "rollout/first_turn_passes"  # episodes whose first turn passed
+ROLLOUT_REPAIR_TURNS = "rollout/repair_turns"
+ROLLOUT_REPAIR_TURN_PASSES = "rollout/repair_turn_passes"  # repair turns that passed
+ROLLOUT_OPTIMIZE_TURNS = "rollout/optimize_turns"  # performance turns taken
+# PrimeEcho's anchor at work: episodes whose first turn scored below their best (α > 0), so the first
+# turn pulled the reward below the best turn's score (plus bonus); none when α = 0
+ROLLOUT_ANCHORED_EPISODES = "rollout/anchored_episodes"
 ROLLOUT_SAMPLES_PER_S = "rollout/samples_per_s"
 ROLLOUT_TOKENS_PER_S = "rollout/tokens_per_s"
 REWARD_MEAN = "reward/mean"
@@ -120,6 +130,9 @@ REPLAY_RETRY_BUFFER = "replay/retry_buffer"
 REPLAY_RETRY_ADMITTED = "replay/retry_admitted"
 REPLAY_RETRY_SERVED = "replay/retry_served"
 REPLAY_RETRY_TRAINED = "replay/retry_trained"
+# trained turns after the first that carried their own per-turn advantage (0 with algo.turn_credit=episode
+# or algo.train_turns=first): the ablation of per-turn credit checks it
+REPLAY_TURN_CREDITED_TURNS = "replay/turn_credited_turns"
 REPLAY_FILTERED_GROUPS = "replay/filtered_groups/"
 
 

@@ -267,7 +267,7 @@ class TrainBatch(Record):
     """Sequences packed end to end; `cu_seqlens` holds the S+1 sequence boundaries."""
 
     version: int  # learner version this batch was assembled for
-    episode_ids: list[str]
+    episode_ids: list[str]  # [S], the episode each sequence comes from (one sequence per gradient-carrying turn)
     tokens: IntArray  # [N]
     cu_seqlens: IntArray  # [S + 1]
     loss_mask: MaskArray  # [N], 1 on gradient-carrying tokens

@@ -2,19 +2,26 @@
 
 A group is opened when the task feed hands out a task and complete when all G sample slots hold an
 episode. `judge` turns a complete group into what the replay needs to decide its fate: whether the
-system failed it (infra), each episode's PrimeEcho reward and advantage, whether the rewards tie,
-whether any sample passed, and the best failed attempt for Buffered Dynamic Retry. The fate itself
-is decided in actors/decisions.py.
+system failed it (infra), each episode's PrimeEcho reward, each gradient-carrying turn's advantage
+(`credit`: per turn or per episode, `algo.turn_credit`), whether they all tie, whether any sample
+passed, and the best failed attempt for Buffered Dynamic Retry. The fate itself is decided in
+actors/decisions.py.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import numpy as np
-
 import protocols
-from actors.buffer.formulas import group_advantages, prime_echo, rewards_tie
+from actors.buffer.formulas import (
+    floor_passing_turns,
+    group_advantages,
+    pooled_advantages,
+    prime_echo,
+    rewards_tie,
+    turn_values,
+)
+from actors.buffer.packing import gradient_turns
 from actors.buffer.retry_buffer import FailedAttempt
 from actors.decisions import GroupOutcome
 from configs import AlgoConfig
@@ -28,7 +35,8 @@ class Group:
     size: int
     last_activity: float  # monotonic time of issue or of its latest episode, for expiry
     episodes: dict[int, Episode] = field(default_factory=dict)  # by sample_index
-    advantages: list[float] = field(default_factory=list)  # set once the group is judged trainable
+    # set once the group is judged trainable: per episode in sample order, one per gradient-carrying turn
+    advantages: list[list[float]] = field(default_factory=list)
     actor_id: str = ""  # the rollout actor working on it (its groups are released if it dies)
 
     @property
@@ -61,7 +69,7 @@ class Group:
             size=data["size"],
             last_activity=now,
             episodes={e.sample_index: e for e in episodes},
-            advantages=list(data["advantages"]),
+            advantages=[list(a) for a in data["advantages"]],
             actor_id=data.get("actor_id", ""),
         )
 
@@ -101,11 +109,46 @@ def best_failed_attempt(episodes: list[Episode]) -> FailedAttempt | None:
     return best
 
 
+@dataclass(frozen=True)
+class Credit:
+    """What a group's turns are credited with."""
+
+    advantages: list[list[float]]  # per episode in sample order, one per gradient-carrying turn
+    tied: bool  # the credited values all tie: every advantage is zero, the group carries no signal
+
+
+def credit(episodes: list[Episode], rewards: list[float], algo: AlgoConfig) -> Credit:
+    """Each gradient-carrying turn's advantage (docs/replay.md, "Per-turn credit"). `per_turn`: turn 1
+    is valued at its episode's PrimeEcho R, a later turn at the weighted mean of its own and the later
+    turns' scores (`turn_values`), a passing turn at no less than the group's best failed turn
+    (`floor_passing_turns`), and advantages are normalised over all the group's gradient-carrying
+    turns (`pooled_advantages`). `episode`: each episode's group-normalised R on every turn it trains."""
+    counts = [len(gradient_turns(ep, algo.train_turns)) for ep in episodes]
+    if algo.turn_credit == "episode":
+        advantages = group_advantages(rewards, std_norm=algo.adv_std_norm)
+        return Credit([[float(a)] * n for a, n in zip(advantages, counts, strict=True)], rewards_tie(rewards))
+    values = [
+        turn_values(ep.rewards, r, gamma=algo.turn_discount)[:n]
+        for ep, r, n in zip(episodes, rewards, counts, strict=True)
+    ]
+    passed = [[turn_passed(t) for t in ep.turns[:n]] for ep, n in zip(episodes, counts, strict=True)]
+    floored = floor_passing_turns(values, passed)
+    return Credit(
+        pooled_advantages(floored, std_norm=algo.adv_std_norm), rewards_tie([v for vs in floored for v in vs])
+    )
+
+
+def turns_with_own_credit(ep: Episode, algo: AlgoConfig) -> int:
+    """Turns after the first that carry gradient with their own per-turn advantage (the replay's
+    `turn_credited_turns`): none with `algo.turn_credit=episode` or `algo.train_turns=first`."""
+    return len(gradient_turns(ep, algo.train_turns)) - 1 if algo.turn_credit == "per_turn" else 0
+
+
 @dataclass
 class Verdict:
     infra: bool  # some turn failed through the system's fault: the rewards are not the policy's
-    rewards: list[float]
-    advantages: list[float]
+    rewards: list[float]  # each episode's PrimeEcho R
+    advantages: list[list[float]]  # per episode, one per gradient-carrying turn (`credit`)
     tied: bool
     any_passed: bool
     best_failed: FailedAttempt | None
@@ -132,12 +175,12 @@ def judge(group: Group, algo: AlgoConfig) -> Verdict:
         )
     rewards = [episode_reward(ep, algo) for ep in episodes]
     any_passed = any(episode_passed(ep) for ep in episodes)
-    advantages = group_advantages(rewards, std_norm=algo.adv_std_norm)
+    credited = credit(episodes, rewards, algo)
     return Verdict(
         infra=False,
         rewards=rewards,
-        advantages=[float(a) for a in np.asarray(advantages)],
-        tied=rewards_tie(rewards),
+        advantages=credited.advantages,
+        tied=credited.tied,
         any_passed=any_passed,
         best_failed=None if any_passed else best_failed_attempt(episodes),
     )

@@ -1,8 +1,9 @@
 """The replay actor's health record: the episode ledger, group and admission counters, staleness of
 what was trained, the retry buffer, the task feed and the durable store, as typed fields.
 
-The driver reads it for the metrics rows (`trained_lag`), the run's end (`groups`), the summary and
-the episode-id invariant (emitted = trained + filtered + pending); tests and benchmarks read the rest.
+The driver reads it for the metrics rows (`trained_lag`, `turn_credited_turns`), the run's end
+(`groups`), the summary and the episode-id invariant (emitted = trained + filtered + pending); tests
+and benchmarks read the rest.
 """
 
 from __future__ import annotations
@@ -117,6 +118,9 @@ class ReplayHealth(ActorHealth):
     batches: int = 0
     batch_waits: int = 0
     trained_lag: TrainedLag = field(default_factory=TrainedLag)
+    # trained turns after the first that carried their own per-turn advantage (algo.turn_credit=per_turn
+    # with train_turns=all); 0 when every turn trains with its episode's advantage or only turn 1 trains
+    turn_credited_turns: int = 0
     duplicates: int = 0
     rejected: int = 0
     rejected_by_reason: dict[str, int] = field(default_factory=dict)
@@ -151,6 +155,7 @@ def replay_health(state: ReplayState, store: ReplayStore, **actor) -> ReplayHeal
         batches=c.batches,
         batch_waits=c.batch_waits,
         trained_lag=TrainedLag(max=max(lags) if lags else None, histogram=dict(sorted(lags.items()))),
+        turn_credited_turns=c.turn_credited_turns,
         duplicates=c.duplicates,
         rejected=sum(c.rejected.values()),
         rejected_by_reason=dict(c.rejected),

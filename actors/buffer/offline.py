@@ -3,7 +3,7 @@
 The episode log is what rollout actors write with `episode_log=` set: one file per actor, each a
 sequence of length-prefixed `protocols.encode(Episode)` frames (`protocols.episodes.EpisodeLog`). `OfflineReplayActor`
 reads them, groups the episodes by group id, judges every complete group with the same rules as the
-live replay (PrimeEcho rewards, group advantages, tied and infra groups filtered), and serves the
+live replay (PrimeEcho rewards, per-turn or per-episode advantages, tied and infra groups filtered), and serves the
 learner's `BatchRequest`s with `batch_groups` groups per batch, in order, over the same
 request/reply channel as `ReplayActor`, registered under the same name. Staleness does not apply:
 every sample is from the saved weights, which is the point of the mode (exercise the learner alone on
@@ -17,7 +17,7 @@ import logging
 from pathlib import Path
 
 from actors.base import Actor, RunContext
-from actors.buffer.groups import Group, judge
+from actors.buffer.groups import Group, judge, turns_with_own_credit
 from actors.buffer.health import GroupCounts, ReplayHealth
 from actors.buffer.packing import pack_batch
 from configs import AlgoConfig
@@ -70,6 +70,7 @@ class OfflineReplayActor(Actor):
             )
         self.episodes = len(eps)
         self.served = 0
+        self.turn_credited_turns = 0  # as the live replay counts it, over the batches served
         self._server: ReplyServer | None = None
         log.info(
             "offline replay: %d episodes, %d batches, dropped groups %s", len(eps), len(self.batches), self.dropped
@@ -100,6 +101,7 @@ class OfflineReplayActor(Actor):
         self.served += 1
         groups = self.batches[index]
         episodes = [ep for g in groups for ep in g.ordered()]
+        self.turn_credited_turns += sum(turns_with_own_credit(ep, self.algo) for ep in episodes)
         return BatchReply(
             status="batch",
             batch=pack_batch(episodes, [a for g in groups for a in g.advantages], rec.version, self.algo.train_turns),
@@ -116,4 +118,5 @@ class OfflineReplayActor(Actor):
             pending=n,
             groups=GroupCounts(ready=len(self.batches)),
             batches=self.served,
+            turn_credited_turns=self.turn_credited_turns,
         )

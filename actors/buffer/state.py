@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from actors import decisions
 from actors.buffer import intake
-from actors.buffer.groups import Group, judge
+from actors.buffer.groups import Group, judge, turns_with_own_credit
 from actors.buffer.ledger import EpisodeLedger
 from actors.buffer.packing import episode_lag, gradient_versions, pack_batch
 from actors.buffer.retry_buffer import RetryBuffer
@@ -49,7 +49,7 @@ from protocols import (
 
 log = logging.getLogger(__name__)
 
-SNAPSHOT_FORMAT = 2
+SNAPSHOT_FORMAT = 3  # 3: a group's advantages are per gradient-carrying turn (2: one per episode)
 
 
 @dataclass
@@ -57,6 +57,7 @@ class Counters:
     groups_issued: int = 0
     groups_trained: int = 0
     retry_groups_trained: int = 0  # Buffered-Dynamic-Retry groups among groups_trained
+    turn_credited_turns: int = 0  # trained turns after the first that carry their own per-turn advantage
     batches: int = 0
     groups_filtered: collections.Counter = field(default_factory=collections.Counter)
     trained_lag: collections.Counter = field(default_factory=collections.Counter)  # lag -> samples
@@ -330,6 +331,7 @@ class ReplayState:
                 self.ledger.mark_trained(ep.episode_id)
                 lag = episode_lag(ep, v, self.algo.train_turns)
                 self.counters.trained_lag[0 if lag is None else lag] += 1
+                self.counters.turn_credited_turns += turns_with_own_credit(ep, self.algo)
         self._resolve_trained_repairs(groups)
         self.counters.groups_trained += len(groups)
         self.counters.retry_groups_trained += sum(g.is_retry for g in groups)
@@ -399,7 +401,11 @@ class ReplayState:
 
     def load(self, data: dict, now: float) -> None:
         if data.get("format") != SNAPSHOT_FORMAT:
-            raise ValueError(f"replay snapshot format {data.get('format')!r} is not {SNAPSHOT_FORMAT}")
+            raise ValueError(
+                f"replay snapshot format {data.get('format')!r} is not {SNAPSHOT_FORMAT}, the one this Kiln reads "
+                "(format 3 keeps an advantage per gradient-carrying turn); resume the run with the Kiln that wrote "
+                "it, or start a new run directory"
+            )
         self.group_seq = data["group_seq"]
         self.learner_version = data["learner_version"]
         self.highest_version_seen = data["highest_version_seen"]

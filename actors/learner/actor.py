@@ -485,15 +485,16 @@ class LearnerActor(Actor):
 
 
 def _step_episodes(result: StepResult, batch: TrainBatch) -> dict[str, list[str]]:
-    """The step's episodes by what happened to them, for the driver's episode dumps: those trained on
-    (MirrorPop kept them) and those MirrorPop dropped. Named when sequences map one to one onto
-    episodes (`algo.train_turns = first`); otherwise the metrics only count them."""
+    """The step's episodes by what happened to them, for the driver's episode dumps: those with a
+    sequence trained on (MirrorPop kept it) and those with a sequence MirrorPop dropped, each named
+    once. `episode_ids` names each sequence's episode (one per gradient-carrying turn); a batch that
+    does not is not named, and the metrics only count it."""
     if len(batch.episode_ids) != len(batch.advantages):
         return {}
     dropped = set(result.dropped)
     return {
-        "trained": [e for i, e in enumerate(batch.episode_ids) if i not in dropped],
-        "mirrorpop_dropped": [batch.episode_ids[i] for i in sorted(dropped)],
+        "trained": list(dict.fromkeys(e for i, e in enumerate(batch.episode_ids) if i not in dropped)),
+        "mirrorpop_dropped": list(dict.fromkeys(batch.episode_ids[i] for i in sorted(dropped))),
     }
 
 

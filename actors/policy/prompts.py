@@ -89,11 +89,17 @@ def repair_request(task: Task, feedback: str) -> str:
     )
 
 
-def optimize_request(verdict: VerifyResult) -> str:
-    """The user's message after a kernel that passed but was slower than wanted (a performance turn)."""
+def optimize_request(task: Task, verdict: VerifyResult, until: float | None = None) -> str:
+    """The user's message after an answer that passed but was slower than wanted (a performance turn):
+    its speedup, the verifier's timing feedback (the candidate's time and each baseline's), and the
+    speedup over eager it has to beat (`until`, when known); for a non-kernel task, the reward actor's
+    feedback alone (as a repair request)."""
+    if task.kind != "kernel":
+        return verdict.feedback.strip()
     speed = f"{verdict.speedup_eager:.2f}x" if verdict.speedup_eager is not None else "not measured"
+    target = f" Aim for a speedup of at least {until:.2f}x." if until else ""
     return (
-        f"The kernel is correct and legal, but slow: its speedup over eager PyTorch is {speed}.\n"
+        f"The kernel is correct and legal, but slow: its speedup over eager PyTorch is {speed}.{target}\n"
         f"{verdict.feedback.strip()}\n"
         "Make it faster (fuse work, improve memory access, use vectorised loads) and answer with the "
         "complete file."

@@ -305,7 +305,9 @@ class RolloutActor(Actor):
     # ------------------------------------------------------------------------------ episodes
 
     def _pipeline(self, verifier: VerifierPool, max_turns: int) -> Pipeline:
-        policy = TurnPolicy(TurnRules.from_config(self.cfg, self.model_cfg, max_turns=max_turns), self.tokenizer)
+        policy = TurnPolicy(
+            TurnRules.from_config(self.cfg, self.model_cfg, self.eval_cfg, max_turns=max_turns), self.tokenizer
+        )
         return Pipeline(
             actor_id=self.actor_id,
             generate=self.generate_one,
@@ -333,7 +335,7 @@ class RolloutActor(Actor):
         tasks = self._validation_tasks()
         if not tasks:
             return []
-        rules = TurnRules.from_config(self.cfg, self.model_cfg, max_turns=1)
+        rules = TurnRules.first_turn(self.cfg, self.model_cfg)
         policy = TurnPolicy(
             dataclasses.replace(rules, max_new_tokens=eval_max_new_tokens(self.eval_cfg, self.cfg)), self.tokenizer
         )

@@ -4,7 +4,7 @@ loop that calls it (the per-attempt pipeline, actors/rollout/episodes.py) holds 
 
 Interface:
 
-    policy = TurnPolicy(TurnRules.from_config(rollout, model), tokenizer)
+    policy = TurnPolicy(TurnRules.from_config(rollout, model, evaluation), tokenizer)
     decision = policy.next_prompt(Attempt.of(task), None)         # the first prompt (or Done)
     while isinstance(decision, Prompt):
         response = <generate from decision.ids, split with tokenizer.split_response>
@@ -20,9 +20,10 @@ tokenizer only renders.
 
 The rules, in order:
 1. An infra verdict ends the attempt ("infra": the system failed, more turns are waste).
-2. A pass ends it ("passed"), unless it is slow (speedup vs eager < 1 / `rollout.optimize_below`),
-   `rollout.optimize_turns` is not used up and turns remain: then a performance turn ("optimize")
-   with the timing feedback.
+2. A pass ends it ("passed"), unless it is slow (speedup vs eager below `rollout.optimize_until`,
+   null = `eval.fast_threshold`, the speedup the evaluation counts as faster), `rollout.optimize_turns`
+   is not used up and turns remain: then a performance turn ("optimize") with the timing feedback
+   (the candidate's time and each baseline's) and the speedup to beat.
 3. A failure gets a repair turn ("repair") with the verifier's feedback while turns remain
    (`rollout.max_turns`, performance turns included), else ends ("failed").
 The conversation is the dialogue so far: the opening (system rules, user task), then each answer
@@ -45,7 +46,7 @@ from typing import Literal
 
 from actors.policy.prompts import elision_note, opening, optimize_request, repair_request
 from actors.policy.tokenizer import Message, Response
-from configs import ModelConfig, RolloutConfig
+from configs import EvalConfig, ModelConfig, RolloutConfig
 from protocols import Task, TurnKind, VerifyResult
 
 DoneReason = Literal["passed", "failed", "infra", "context", "unservable"]
@@ -61,11 +62,16 @@ class TurnRules:
     history: Literal["full", "last"] = "full"
     history_thinking: bool = False
     optimize_turns: int = 0
-    optimize_below: float = 1.0
+    optimize_until: float = 1.0  # a pass with a speedup vs eager below this is slow
     enable_thinking: bool = False
 
     @classmethod
-    def from_config(cls, rollout: RolloutConfig, model: ModelConfig, *, max_turns: int | None = None) -> TurnRules:
+    def from_config(
+        cls, rollout: RolloutConfig, model: ModelConfig, evaluation: EvalConfig, *, max_turns: int | None = None
+    ) -> TurnRules:
+        """The rules of a run; `evaluation` gives the speedup that counts as faster, which a slow pass
+        has to beat when `rollout.optimize_until` is null."""
+        until = rollout.optimize_until
         return cls(
             max_turns=rollout.max_turns if max_turns is None else max_turns,
             max_seq_len=model.max_seq_len,
@@ -73,7 +79,20 @@ class TurnRules:
             history=rollout.history,
             history_thinking=rollout.history_thinking,
             optimize_turns=rollout.optimize_turns,
-            optimize_below=rollout.optimize_below,
+            optimize_until=evaluation.fast_threshold if until is None else until,
+            enable_thinking=model.enable_thinking,
+        )
+
+    @classmethod
+    def first_turn(cls, rollout: RolloutConfig, model: ModelConfig) -> TurnRules:
+        """The rules of first prompts alone (evaluation, start-up checks, benchmarks): one turn, so
+        no repair or performance turn follows."""
+        return cls(
+            max_turns=1,
+            max_seq_len=model.max_seq_len,
+            max_new_tokens=rollout.max_new_tokens,
+            history=rollout.history,
+            history_thinking=rollout.history_thinking,
             enable_thinking=model.enable_thinking,
         )
 
@@ -158,16 +177,16 @@ class TurnPolicy:
         turns_left = attempt.turns < r.max_turns
         if verdict.passed:
             if turns_left and attempt.optimize_turns < r.optimize_turns and self.slow(verdict):
-                return self._follow(attempt, "optimize", optimize_request(verdict))
+                return self._follow(attempt, "optimize", optimize_request(attempt.task, verdict, r.optimize_until))
             return Done("passed")
         if not turns_left:
             return Done("failed")
         return self._follow(attempt, "repair", repair_request(attempt.task, verdict.feedback))
 
     def slow(self, verdict: VerifyResult) -> bool:
-        """Slower than `optimize_below` × the eager time; unknown speed is never called slow."""
+        """A speedup vs eager below `optimize_until`; unknown speed is never called slow."""
         s = verdict.speedup_eager
-        return s is not None and s * self.rules.optimize_below < 1.0
+        return s is not None and s < self.rules.optimize_until
 
     # ------------------------------------------------------------------------------ building
 

@@ -42,6 +42,7 @@ class RunOutcome:
     error_class: str | None = None
     message: str = ""  # runtime/timeout/infra explanation
     trials: list[TrialRecord] = field(default_factory=list)
+    planned: int = 0  # trials the run set out to judge (runner.py's plan, less a scaled trial it could not draw)
     violations: list[Violation] = field(default_factory=list)
     candidate_s: float | None = None
     eager_s: float | None = None
@@ -59,7 +60,10 @@ class RunOutcome:
 
     @property
     def q(self) -> float:
-        return sum(t.passed for t in self.trials) / len(self.trials) if self.trials else 0.0
+        """The share of the planned trials verified correct: trials a runtime error or a timeout kept
+        the run from reaching count as not passed, so stopping early scores as failing them."""
+        total = max(self.planned, len(self.trials))
+        return sum(t.passed for t in self.trials) / total if total else 0.0
 
     def inspect(self, child: ChildSession) -> None:
         """What the verifier sees of the sandbox from outside: shared mappings that appeared after it

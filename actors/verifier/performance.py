@@ -45,7 +45,7 @@ class TimedStage:
         into the run's outcome."""
         child = self.child
         primary = self.run.primary
-        input_bytes = max(nbytes(self.run.primary_trials[0].inputs), 1)
+        input_bytes = max(nbytes(self.run.primary_trial.inputs), 1)
         pairs = self.run.cfg.repeats
         t0 = time.perf_counter()
         eager, compiled = self.run.baselines.measure(self.run.ref, primary, pairs)
@@ -55,8 +55,8 @@ class TimedStage:
         note = self.run.baselines.note(self.run.ref, primary.config)
         if note:
             self.run.out.notes.append(note)
-        expect = [[dtype_name(t.dtype), list(t.shape)] for t in self.run.primary_trials[0].expected]
-        output_bytes = max(nbytes(self.run.primary_trials[0].expected), 1)
+        expect = [[dtype_name(t.dtype), list(t.shape)] for t in self.run.primary_trial.expected]
+        output_bytes = max(nbytes(self.run.primary_trial.expected), 1)
         # Every timed call gets a fresh draw, and all of them together stay within the input budget:
         # K from the warm-up (within the device budget), then as many pairs as the budget allows.
         calls = max(timing.MIN_RUNS, TIMING_INPUT_BUDGET // input_bytes)
@@ -205,7 +205,7 @@ class TimedStage:
         once takes at least `bytes / (calibrated bandwidth x slack)`."""
         if self.run.bandwidth is None:
             return
-        moved = nbytes(self.run.primary_trials[0].inputs) + nbytes(self.run.primary_trials[0].expected)
+        moved = nbytes(self.run.primary_trial.inputs) + nbytes(self.run.primary_trial.expected)
         floor = self.run.bandwidth.min_seconds(moved)
         self.run.out.timing["min_plausible_s"] = floor
         if seconds < floor:

@@ -1,13 +1,26 @@
-"""The MooreEval reward hierarchy and the feedback text a model reads next turn.
+"""The MooreEval reward ladder and the feedback text a model reads next turn.
 
-    s = -1                            extract/compile/run failure, timeout, illegality, or q = 0
-    s = -0.5 + 0.5 q                  0 < q < 1
-    s = 1 + λ·min(max(ν-1, 0), ν_max) q = 1 and legal; ν = speedup vs `reward.baseline`
-    s = 0                             infra: the system's fault; replay excludes these from training
+The ladder pays only for work the verifier verified itself: below a pass the score grows with q,
+the share of the planned correctness trials whose outputs the verifier checked and found correct
+(trials on inputs the candidate cannot choose; a run stopped early counts the trials it never
+reached as failed, outcome.py), and above a pass with the measured speedup. Rungs, lowest first:
+
+    s = -1                             extract failure or cheating, whatever q (FLOOR)
+    s = -1                             compile/runtime/timeout/correctness failure with q = 0 (FLOOR)
+    s = -0.5 + 0.5·q                   compile/runtime/timeout/correctness failure with 0 < q
+                                       (PARTIAL_BASE + PARTIAL_SLOPE·q: 0 at most, for a runtime
+                                       error or timeout in the timed stage after every trial passed)
+    s = 1 + λ·min(max(ν-1, 0), ν_max)  a pass: q = 1 and legal; ν = speedup vs `reward.baseline` (PASS + bonus)
+    s = 0                              infra: the system's fault; replay excludes these from training
+
+So an attempt gains nothing by failing differently: a runtime error or a timeout after some trials
+scores exactly as a wrong answer with the same verified share, and nothing it says about itself
+(an exception, a hang, an unparseable answer) lifts it above that. The rung values are fixed, not
+settings: λ and ν_max (verifier.reward) shape only the bonus above a pass.
 
 Feedback is short and concrete: the compiler's first errors, the exception and the candidate line,
 the shapes and elements that mismatched with the largest error, the forbidden op and the line that
-reached it, or the measured speedup.
+reached it, or the measured times of the candidate and of each baseline with the speedups.
 """
 
 from __future__ import annotations
@@ -16,7 +29,13 @@ import math
 
 from configs.verifier import RewardConfig
 
-FAILURE_CLASSES = ("extract", "compile", "runtime", "timeout", "cheating")
+FLOOR = -1.0  # nothing verified: a failure with q = 0, an unextractable answer, cheating
+PARTIAL_BASE, PARTIAL_SLOPE = -0.5, 0.5  # 0 < q: -0.5 + 0.5·q, so any verified trial lifts off the floor
+PASS = 1.0  # every trial verified correct and legal, before the speed bonus
+INFRA = 0.0  # the system failed, not the candidate (excluded from training)
+
+NO_CREDIT = ("extract", "cheating")  # the floor whatever q says: nothing or nothing trustworthy was run
+PARTIAL_CREDIT = ("compile", "runtime", "timeout", "correctness")  # scored by the verified share q
 
 PLUMBING_HINT = (
     "Only tensor plumbing (empty/zeros/view/reshape/permute/contiguous/copy_) may run in "
@@ -25,14 +44,23 @@ PLUMBING_HINT = (
 
 
 def moore_score(cfg: RewardConfig, error_class: str | None, q: float, speedup: float | None) -> float:
+    """The ladder's score of one verdict (the module docstring states it)."""
     if error_class == "infra":
-        return 0.0
-    if error_class in FAILURE_CLASSES or q <= 0.0:
-        return -1.0
-    if error_class == "correctness" or q < 1.0:
-        return -0.5 + 0.5 * q
+        return INFRA
+    if error_class in NO_CREDIT:
+        return FLOOR
+    if error_class is not None and error_class not in PARTIAL_CREDIT:
+        raise ValueError(f"no rung for error class {error_class!r}")
+    if error_class is not None or q < 1.0:
+        return verified_credit(q)
     nu = speedup if speedup is not None and not math.isnan(speedup) else 1.0
-    return 1.0 + cfg.lam * min(max(nu - 1.0, 0.0), cfg.nu_max)
+    return PASS + cfg.lam * min(max(nu - 1.0, 0.0), cfg.nu_max)
+
+
+def verified_credit(q: float) -> float:
+    """Below a pass: the floor when nothing was verified correct, else -0.5 + 0.5·q."""
+    q = 0.0 if math.isnan(q) else min(q, 1.0)
+    return FLOOR if q <= 0.0 else PARTIAL_BASE + PARTIAL_SLOPE * q
 
 
 def chosen_speedup(cfg: RewardConfig, eager: float | None, compiled: float | None) -> float | None:
@@ -101,16 +129,18 @@ def pass_feedback(
     review: bool,
     implausible: str = "",
 ) -> str:
+    """A pass: the candidate's time per call and each measured baseline's (eager PyTorch, and
+    torch.compile when it was timed) with the candidate's speedup over it, so a performance turn
+    reads what it has to beat."""
     text = "Correct on every trial and legal."
     if implausible:
         return text + f" The measured time is not physically plausible ({implausible}); scored as no speedup."
-    if candidate_s is not None and eager_s is not None:
-        text += (
-            f" Speedup {eager_s / candidate_s:.2f}x vs eager PyTorch ({_ms(candidate_s)} vs {_ms(eager_s)} per call)"
-        )
-        if compile_s is not None:
-            text += f", {compile_s / candidate_s:.2f}x vs torch.compile"
-        text += "."
+    if candidate_s:
+        baselines = [(name, s) for name, s in (("eager PyTorch", eager_s), ("torch.compile", compile_s)) if s]
+        times = [f"your kernel {_ms(candidate_s)}"] + [f"{name} {_ms(s)}" for name, s in baselines]
+        text += " Time per call: " + ", ".join(times) + "."
+        if baselines:
+            text += " Speedup " + ", ".join(f"{s / candidate_s:.2f}x vs {name}" for name, s in baselines) + "."
         if speedup is not None and speedup < 1.0:
             text += f" Slower than the {baseline} baseline: look for memory-bound inefficiencies or launch overhead."
     if vendors:

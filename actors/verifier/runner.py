@@ -43,10 +43,9 @@ SCALED_TRIAL = 10_000  # the scaled trial's index (labels it in the verdict)
 # cuda: a device-wide synchronize right after the caller's stream was synchronised that takes longer
 # than this found work still running: work of the candidate's that outlived forward.
 PENDING_S = 0.5e-3
-# Device memory a run reserves, in trials' bytes (inputs + reference outputs; devmem.py): a draw on
-# the trusted side holds a trial and its forward's temporaries; a run holds the sandbox's trial, the
-# candidate's own workspace, a later draw and the baseline process's inputs.
-DRAW_COPIES = 2
+# Device memory a run reserves, in trials' bytes (inputs + reference outputs; devmem.py), held from
+# its first draw to its verdict: a draw on the trusted side (a trial and its forward's temporaries),
+# the sandbox's trial and the candidate's own workspace, and the baseline process's inputs.
 RUN_COPIES = 4
 
 
@@ -115,7 +114,9 @@ class CandidateRun:
         self.tol_override = _tol_override(cfg, ref)
         self.primary: Instance | None = None
         self.primary_index = 0  # the sandbox's ModelNew of the primary shapes
-        self.primary_trials: list[Trial] = []
+        # The last plain primary trial run (the canary is built on it; the timed stage reads its
+        # sizes). Only the last is kept: at KernelBench's sizes each is up to 16 GB of host memory.
+        self.primary_trial: Trial | None = None
         self.current_op = "starting the sandbox"
         self.seen_outputs: dict[str, int] = {}
 
@@ -123,16 +124,24 @@ class CandidateRun:
         started = time.perf_counter()
         child = None
         try:
-            plan = self._plan()
-            self.out.notes += plan.notes
-            self.out.timings["reference"] = time.perf_counter() - started
-            task_limits = self._limits(plan)
-            with self.pool.session(plan.arena_bytes, task_limits.private_bytes, task_limits.capped) as child:
-                waited = time.perf_counter()
-                with self.memory.reserve(RUN_COPIES * plan.footprint) as held:
-                    self.out.limits["device_reserved_mb"] = held >> 20
-                    self.out.timings["memory_wait"] = time.perf_counter() - waited
-                    self._run_in(child, plan, source, source_hash, artifacts, toolchain)
+            # A task whose size is known before drawing (meta tensors, or an earlier draw) reserves
+            # its device memory once, for the run's whole life: a run waiting for memory then holds
+            # nothing (no trial parked on the host, no arena written) while a large one runs. One of
+            # unknown size draws alone first (_plan) and reserves when its size is known.
+            known = self._known_footprint()
+            waited = time.perf_counter()
+            with self.memory.reserve(RUN_COPIES * known if known is not None else 0) as held:
+                self.out.timings["memory_wait"] = time.perf_counter() - waited
+                plan = self._plan(drawn_alone=known is None)
+                self.out.notes += plan.notes
+                self.out.timings["reference"] = time.perf_counter() - started - self.out.timings["memory_wait"]
+                task_limits = self._limits(plan)
+                with self.pool.session(plan.arena_bytes, task_limits.private_bytes, task_limits.capped) as child:
+                    waited = time.perf_counter()
+                    with self.memory.reserve(RUN_COPIES * plan.footprint if known is None else 0) as late:
+                        self.out.limits["device_reserved_mb"] = (held or late) >> 20
+                        self.out.timings["memory_wait"] += time.perf_counter() - waited
+                        self._run_in(child, plan, source, source_hash, artifacts, toolchain)
         except SandboxFailure as err:
             limit_s = self.limits.run_timeout_s if self.limits else self.cfg.run_timeout_s
             self.out.sandbox_failed(err, self.current_op, limit_s)
@@ -178,19 +187,24 @@ class CandidateRun:
             self.out.notes.append(f"sandbox limits for this task's size: {task_limits.describe()}")
         return task_limits
 
-    def _plan(self) -> Plan:
+    def _known_footprint(self) -> int | None:
+        """Bytes of the largest trial's inputs and outputs over the task's shape configs, known before
+        drawing; None when one of them cannot be known until drawn."""
+        sizes = [self.ref.footprint(c) for c in self.ref.shape_configs(self.cfg.backend, self.cfg.trials)]
+        return None if any(s is None for s in sizes) else max(sizes, default=0)
+
+    def _plan(self, *, drawn_alone: bool) -> Plan:
         """Every shape config's reference instance and first trial (alternative shapes first, the
         primary last, so the sandbox's last ModelNew is the one timed), the order of the later trials
         (the primary's scaled trial before its last plain one, on which the canary is built), and an
         arena that holds the largest trial's inputs, its outputs twice and its inputs again, or the
-        timed calls."""
+        timed calls. `drawn_alone`: the task's size is unknown (no reservation is held), so each
+        first draw reserves the lane's whole budget."""
         configs, notes = [], []
         largest_trial, largest_inputs = 0, 1
         shape_configs = self.ref.shape_configs(self.cfg.backend, self.cfg.trials)
         for config in shape_configs[1:] + shape_configs[:1]:
-            known = self.ref.footprint(config)  # None: unknown until drawn, so the draw runs alone
-            need = DRAW_COPIES * known if known is not None else self.memory.budget
-            with self.memory.reserve(need), self.lease.shared():
+            with self.memory.reserve(self.memory.budget if drawn_alone else 0), self.lease.shared():
                 try:
                     inst = self.ref.instance(config)
                 except Exception as err:
@@ -232,6 +246,7 @@ class CandidateRun:
                 trial = self.ref.trial(shape.inst, index, scale=scale)
             self.out.timings["reference"] = self.out.timings.get("reference", 0.0) + time.perf_counter() - started
             if trial is None:
+                self.out.planned -= 1  # never posed: neither passed nor failed
                 self.out.notes.append(
                     f"no trial on inputs x{SCALED_INPUTS:g}: the reference's outputs are not finite there"
                 )
@@ -249,6 +264,7 @@ class CandidateRun:
     def _execute(
         self, child: ChildSession, plan: Plan, source: str, source_hash: str, artifacts, toolchain: str
     ) -> None:
+        self.out.planned = sum(shape.count for shape in plan.configs)  # q's denominator, however far it gets
         self.current_op = "importing the candidate"
         t0 = time.perf_counter()
         with self.lease.shared():
@@ -283,7 +299,7 @@ class CandidateRun:
         for index, shape in enumerate(plan.configs):
             if not self._run_config(child, index, shape, self._trials(plan, shape)):
                 break
-        if self.out.error_class is None and not self.out.violations and self.primary_trials:
+        if self.out.error_class is None and not self.out.violations and self.primary_trial is not None:
             self._canary(child)
         self.out.timings["correctness"] = time.perf_counter() - t0
         self.out.inspect(child)
@@ -321,7 +337,7 @@ class CandidateRun:
             if self.out.violations:
                 return False
             if config.label == "primary" and label != "scaled":
-                self.primary_trials.append(trial)
+                self.primary_trial = trial
         return True
 
     def _call(self, child: ChildSession, instance: int, trial: Trial) -> dict:
@@ -340,7 +356,7 @@ class CandidateRun:
         replay check (a fingerprint cache hands back the earlier output, bit for bit)."""
         self.current_op = "the canary trial"
         with self.lease.shared():
-            canary = self.ref.mosaic(self.primary_trials[-1], self.primary)
+            canary = self.ref.mosaic(self.primary_trial, self.primary)
             reply = self._call(child, self.primary_index, canary)
         if self.out.absorb(reply, "forward on the canary trial") and not reply.get("failure"):
             self._judge_trial(child, canary, reply, "canary", counts=False)

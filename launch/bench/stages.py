@@ -153,7 +153,7 @@ class Workload:
 
     def prompt(self, i: int) -> tuple[Task, list[int]]:
         """The first prompt of the i-th task (in turn), as the turn policy poses it in the loop."""
-        policy = TurnPolicy(TurnRules.from_config(self.cfg.rollout, self.cfg.model), self.tokenizer)
+        policy = TurnPolicy(TurnRules.first_turn(self.cfg.rollout, self.cfg.model), self.tokenizer)
         for k in range(len(self.tasks)):
             task = self.tasks[(i + k) % len(self.tasks)]
             first = policy.next_prompt(Attempt.of(task), None)
@@ -316,7 +316,7 @@ def learner_batch(engine, work: Workload):
                 )
             )
     advantages = work.rng.choices([-1.0, 1.0], k=len(episodes))  # any non-zero advantages: every token trains
-    return pack_batch(episodes, advantages, version=0, train_turns=cfg.algo.train_turns)
+    return pack_batch(episodes, [[a] for a in advantages], version=0, train_turns=cfg.algo.train_turns)
 
 
 def measure_learner(cfg: KilnConfig, batch, steps: int) -> LearnerStage:

@@ -313,7 +313,7 @@ def _prompt_fit(tasks, model: ModelConfig, rollout: RolloutConfig) -> list[Findi
     from actors.rollout.turns import Attempt, Done, TurnPolicy, TurnRules
 
     try:
-        policy = TurnPolicy(TurnRules.from_config(rollout, model), load_tokenizer(model))
+        policy = TurnPolicy(TurnRules.first_turn(rollout, model), load_tokenizer(model))
     except Exception:  # noqa: BLE001 - the model check reports why the tokenizer does not load
         return []
     unfit = []

@@ -19,6 +19,7 @@ history of the last K groups' outcomes, which tells whether every recent group t
 from __future__ import annotations
 
 import collections
+import itertools
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -38,6 +39,38 @@ LOOK_EVERY_S = 0.05  # how often poll() asks its `until` (a cheap local look) wh
 
 
 @dataclass
+class TurnCounts:
+    """The turns of a window's episodes by kind and outcome: a turn after a failed turn is a repair
+    turn, one after a passed turn a performance turn (a pass ends an attempt unless it was slow)."""
+
+    first_passed: int = 0
+    repair: int = 0
+    repair_passed: int = 0
+    optimize: int = 0
+    anchored: int = 0  # episodes whose first turn scored below their best while α > 0
+
+    def add(self, g: GroupReport, alpha: float) -> None:
+        for scores, passed in zip(g.turn_scores, g.turn_passed, strict=True):
+            if not passed:
+                continue
+            self.first_passed += passed[0]
+            after = list(itertools.pairwise(passed))  # (previous turn passed, this one passed)
+            self.repair += sum(not prev for prev, _ in after)
+            self.repair_passed += sum(not prev and now for prev, now in after)
+            self.optimize += sum(prev for prev, _ in after)
+            self.anchored += alpha > 0 and len(scores) > 1 and scores[0] < max(scores)
+
+    def values(self) -> dict[str, float]:
+        return {
+            mk.ROLLOUT_FIRST_TURN_PASSES: float(self.first_passed),
+            mk.ROLLOUT_REPAIR_TURNS: float(self.repair),
+            mk.ROLLOUT_REPAIR_TURN_PASSES: float(self.repair_passed),
+            mk.ROLLOUT_OPTIMIZE_TURNS: float(self.optimize),
+            mk.ROLLOUT_ANCHORED_EPISODES: float(self.anchored),
+        }
+
+
+@dataclass
 class Window:
     """What the rollout side did since the window opened (the last learner step, or the last progress row)."""
 
@@ -47,6 +80,7 @@ class Window:
     rewards: list[float] = field(default_factory=list)
     passed: int = 0
     repair_passes: int = 0  # episodes whose repair turn passed after a failed turn
+    turns: TurnCounts = field(default_factory=TurnCounts)
     retry_groups: int = 0
     groups: int = 0
     tied_groups: int = 0
@@ -192,6 +226,7 @@ class RunMonitor:
             w.rewards += rewards
             w.passed += sum(any(p) for p in g.turn_passed)
             w.repair_passes += sum(_repair_passed(p) for p in g.turn_passed)
+            w.turns.add(g, self.algo.alpha)
             w.stages.update(g.stages)
             w.errors.update(g.error_classes)
         self.sources.update(h for h in g.source_hashes if h)
@@ -218,6 +253,7 @@ class RunMonitor:
                 mk.ROLLOUT_SAMPLES: float(w.samples),
                 mk.ROLLOUT_GROUPS: float(w.groups),
                 mk.ROLLOUT_REPAIR_PASSES: float(w.repair_passes),
+                **w.turns.values(),
                 mk.RUN_DISTINCT_SOURCES: float(len(self.sources)),
                 mk.RUN_UNTIED_GROUPS: float(self.untied_groups),
                 mk.RUN_GROUPS: float(self.total_groups),

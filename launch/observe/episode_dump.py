@@ -6,7 +6,8 @@ An episode reads as its turns, each with its prompt as the chat template rendere
 all; a later turn shows only what it adds to the earlier prompt: the earlier answer as an assistant
 turn and the feedback as a user turn), the answer (and its thinking), and the verdict with its stage,
 error class, score and feedback. Then its reward terms: the score s of each turn, PrimeEcho's parts
-(α·s_first, (1-α)·max s, b_early) and their sum R, the group's rewards and this episode's advantage;
+(α·s_first, (1-α)·max s, b_early) and their sum R, the group's rewards and the advantage of each of
+its gradient-carrying turns (one per turn with `algo.turn_credit=per_turn`, the episode's with `episode`);
 then what happened to it: trained at a step with its lag, dropped by MirrorPop, or filtered with its
 group as tied. The first prompt is long and repetitive (the rules, the reference code) and is cut in
 the middle; answers are kept whole up to a generous limit, since a hack is in them.
@@ -28,8 +29,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from actors.buffer.formulas import early_bonus, group_advantages, rewards_tie
-from actors.buffer.groups import episode_passed, episode_reward, turn_passed
+from actors.buffer.formulas import early_bonus
+from actors.buffer.groups import credit, episode_passed, episode_reward, turn_passed
 from actors.buffer.packing import episode_lag
 from configs import AlgoConfig
 from launch.observe import mechanisms as mech
@@ -77,7 +78,7 @@ class RewardTerms:
     bonus: float  # b_early
     reward: float  # R, their sum
     group_rewards: list[float] | None = None  # R of every sample of the group, when the whole group is held
-    advantage: float | None = None
+    advantages: list[float] | None = None  # one per gradient-carrying turn, as replay credits them
 
 
 @dataclass
@@ -221,7 +222,7 @@ class EpisodeDumper:
         if (
             group is not None
             and self.algo.drop_tied_groups
-            and rewards_tie([episode_reward(e, self.algo) for e in group])
+            and credit(group, [episode_reward(e, self.algo) for e in group], self.algo).tied
         ):
             tags.add(mech.TIED)
         if held.dropped_at is not None:
@@ -260,9 +261,9 @@ class EpisodeDumper:
         if group is None:
             return RewardTerms(scores, first, best, bonus, first + best + bonus)
         rewards = [episode_reward(e, a) for e in group]
-        advantages = group_advantages(rewards, std_norm=a.adv_std_norm)
         index = [e.episode_id for e in group].index(ep.episode_id)
-        return RewardTerms(scores, first, best, bonus, first + best + bonus, rewards, float(advantages[index]))
+        advantages = credit(group, rewards, a).advantages[index]
+        return RewardTerms(scores, first, best, bonus, first + best + bonus, rewards, advantages)
 
     def format(self, held: _Held, why: list[str], tags: set[str], group: list[Episode] | None) -> str:
         ep = held.episode
@@ -368,9 +369,12 @@ def format_terms(t: RewardTerms, algo: AlgoConfig) -> list[str]:
             f"= {t.reward:+.3f}  (α = {algo.alpha:g})"
         ),
     ]
-    if t.advantage is not None:
+    if t.advantages is not None:
+        shown = t.advantages if algo.turn_credit == "per_turn" else t.advantages[:1]  # episode credit: one for all
         lines.append(
-            f"advantage {t.advantage:+.3f} in its group of {len(t.group_rewards)} (R: "
+            ("advantage per turn " if len(shown) > 1 else "advantage ")
+            + ", ".join(f"{x:+.3f}" for x in shown)
+            + f" in its group of {len(t.group_rewards)} (R: "
             + ", ".join(f"{r:+.3f}" for r in t.group_rewards)
             + ")"
         )

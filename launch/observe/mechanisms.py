@@ -73,6 +73,12 @@ MECHANISMS = (
         summed(mk.TRAIN_MIRRORPOP_DROPPED),
         MIRRORPOP,
     ),
+    Mechanism(
+        "MirrorPop masks a token of a kept sequence (|log π_prox - log μ| > δ_tok)",
+        "token",
+        summed(mk.TRAIN_MIRRORPOP_TOKEN_MASKED),
+        None,
+    ),
     Mechanism("a repair turn passes (after a failed turn)", "episode", summed(mk.ROLLOUT_REPAIR_PASSES), REPAIR_PASSED),
     Mechanism(
         "off-policy: a sample made by an older version is trained (MirrorPop kept it)",
@@ -111,7 +117,8 @@ GLOSSARY = {
     ),
     "MirrorPop": (
         "MirrorPop drops a sequence whose tokens' log-probabilities under the learner (π_prox) differ from the "
-        "engine's at sampling time (μ) by more than δ on average, so samples too far off-policy carry no gradient."
+        "engine's at sampling time (μ) by more than δ on average, so samples too far off-policy carry no gradient; "
+        "in a kept sequence, a token whose own difference exceeds δ_tok carries none either."
     ),
     "Buffered Dynamic Retry": (
         "Buffered Dynamic Retry (BDR) keeps each group whose every attempt failed, with its code and the verifier's "

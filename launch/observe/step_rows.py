@@ -52,6 +52,7 @@ class StepRows:
                 mk.REPLAY_RETRY_ADMITTED: float(health.retry.admitted),
                 mk.REPLAY_RETRY_SERVED: float(health.retry.served),
                 mk.REPLAY_RETRY_TRAINED: float(health.groups.retry_trained),
+                mk.REPLAY_TURN_CREDITED_TURNS: float(health.turn_credited_turns),
             }
         )
         out.update({mk.replay_filtered_groups(reason): float(n) for reason, n in health.groups.filtered.items()})

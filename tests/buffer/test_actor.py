@@ -18,18 +18,24 @@ from configs import AlgoConfig, ReplayConfig
 from configs.schema import RetryConfig
 from protocols import BatchRequest, Control, ErrorReply, TaskRequest, decode_parts, encode_parts
 from protocols.channels import RemoteError, RequestClient
+from tests.buffer.test_formulas import REVIEW, REVIEW_ADVANTAGES
 from tests.helpers.synthetic import TurnSpec, make_episode
 
 TEXT = "actors.buffer.examples.TextMatchTasks"
 
 
-def make(run_dir, *, eta=1, G=2, B=1, steps=20, train_turns="first", retry=None, **replay):
+def make(run_dir, *, eta=1, G=2, B=1, steps=20, train_turns="first", turn_credit="per_turn", retry=None, **replay):
     cfg = ReplayConfig(task_source=TEXT, val_fraction=0.0, retry=RetryConfig(**(retry or {})), **replay)
-    return ReplayActor(
-        cfg,
-        AlgoConfig(group_size=G, batch_groups=B, total_steps=steps, train_turns=train_turns, seed=3, max_staleness=eta),
-        RunContext(run_dir=str(run_dir)),
+    algo = AlgoConfig(
+        group_size=G,
+        batch_groups=B,
+        total_steps=steps,
+        train_turns=train_turns,
+        turn_credit=turn_credit,
+        seed=3,
+        max_staleness=eta,
     )
+    return ReplayActor(cfg, algo, RunContext(run_dir=str(run_dir)))
 
 
 def episodes(reply, scores=(1.0, -1.0), version=0, **spec):
@@ -139,6 +145,49 @@ def test_staleness_looks_only_at_gradient_carrying_turns(tmp_path, train_turns, 
     reply = a.handle(BatchRequest(learner_id="l", version=5))
     assert reply.status == ("wait" if stale else "batch")
     assert a.health().filtered == ({"stale": 2} if stale else {})
+    a.stop()
+
+
+# the review's group (tests/buffer/test_formulas.py): one advantage per episode, as group_advantages(R) gives it
+EPISODE_ADVANTAGES = [1.58208, -0.59418, 0.07875, -1.06665]
+
+
+@pytest.mark.parametrize(
+    "turn_credit, train_turns, advantages, credited",
+    [
+        # per-turn credit, every turn trains: each turn its own advantage; B1 + C2 + D2 = 5 repair turns
+        ("per_turn", "all", REVIEW_ADVANTAGES, 5),
+        # the ablation arm: each turn its episode's advantage, no turn credited on its own
+        ("episode", "all", [[a] * len(s) for a, (s, _) in zip(EPISODE_ADVANTAGES, REVIEW, strict=True)], 0),
+        # turn 1 only: valued at R, so the per-episode advantages again
+        ("per_turn", "first", [[a] for a in EPISODE_ADVANTAGES], 0),
+    ],
+)
+def test_a_batch_carries_each_turns_advantage_and_counts_turns_credited_on_their_own(
+    tmp_path, turn_credit, train_turns, advantages, credited
+):
+    a = make(tmp_path, G=4, B=1, train_turns=train_turns, turn_credit=turn_credit)
+    r = a.handle(TaskRequest(actor_id="r"))
+    eps = [
+        make_episode(r.task, r.group_id, i, [TurnSpec(passed=p, score=s) for s, p in zip(scores, passed, strict=True)])
+        for i, (scores, passed) in enumerate(REVIEW)
+    ]
+    for ep in eps:
+        a.handle(ep)
+    batch = a.handle(BatchRequest(learner_id="l", version=0)).batch
+    np.testing.assert_allclose(batch.advantages, [x for adv in advantages for x in adv], atol=1e-3)
+    assert batch.episode_ids == [ep.episode_id for ep, adv in zip(eps, advantages, strict=True) for _ in adv]
+    assert a.health().turn_credited_turns == credited
+    again = a.handle(BatchRequest(learner_id="l", version=0)).batch  # a repeated request counts nothing new
+    assert np.array_equal(again.advantages, batch.advantages) and a.health().turn_credited_turns == credited
+    a.stop()
+
+
+def test_a_snapshot_of_another_format_is_refused_with_a_clear_error(tmp_path):
+    a = make(tmp_path)
+    old = a._state.dump() | {"format": 2}  # format 2 kept one advantage per episode
+    with pytest.raises(ValueError, match="replay snapshot format 2 is not 3"):
+        a._state.load(old, now=0.0)
     a.stop()
 
 

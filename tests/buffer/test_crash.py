@@ -166,7 +166,7 @@ class Learner(threading.Thread):
                     client = None
                     continue
                 if reply.status == "batch":
-                    self.trained += reply.batch.episode_ids
+                    self.trained += list(dict.fromkeys(reply.batch.episode_ids))  # an id per sequence: once each
                     self.version += 1
                     time.sleep(0.1)  # a slow learner step
                 elif reply.status == "wait":

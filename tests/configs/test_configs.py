@@ -198,6 +198,20 @@ def test_in_flight_budgets_and_eta_carry_their_unit_and_section_in_their_names(t
     assert (cfg.algo.max_staleness, cfg.rollout.max_attempts_in_flight) == (0, 6)
 
 
+def test_performance_turns_are_on_by_default_until_a_speedup(tmp_path):
+    cfg = load_config(None)
+    assert cfg.rollout.optimize_turns == 1 and cfg.rollout.optimize_until is None  # null = eval.fast_threshold
+    assert load_config(None, ["rollout.optimize_until=1.5"]).rollout.optimize_until == 1.5
+    with pytest.raises(ConfigError, match="rollout.optimize_until"):
+        load_config(None, ["rollout.optimize_until=0"])
+    old = tmp_path / "old.yaml"
+    old.write_text("rollout:\n  optimize_turns: 1\n  optimize_below: 0.5\n")
+    with pytest.raises(
+        ConfigError, match=f"^{re.escape(str(old))}: rollout.optimize_below was renamed to rollout.optimize_until$"
+    ):
+        load_config(old)
+
+
 def test_every_renamed_key_points_at_a_key_that_exists():
     keys = set(all_keys())
     assert all(new in keys for new in RENAMED.values())

@@ -94,6 +94,7 @@ class Simulation:
             total_steps=cfg.steps,
             seed=cfg.seed,
             max_staleness=cfg.eta,
+            train_turns="first",  # one trained sequence per episode, as docs/replay.md's table counts them
         )
         self.actor = ReplayActor(replay, algo, RunContext(run_dir=str(run_dir), name="replay"))
         self.now = 0.0

@@ -15,6 +15,7 @@ from actors.policy.tokenizer import ByteTokenizer, HFTokenizer, Message, Respons
 from actors.rollout.engine import GenerateRequest, Generation, SamplingParams
 from actors.rollout.episodes import Pipeline
 from actors.rollout.turns import Attempt, Done, Prompt, TurnPolicy, TurnRules
+from configs.loader import load_config
 from protocols import RepairContext, TaskReply, VerifyRequest, VerifyResult, decode, encode
 from tasks.loader import load_tasks
 
@@ -141,26 +142,53 @@ def test_a_task_that_cannot_fit_alone_is_unservable_with_its_size():
 
 
 def test_a_passing_but_slow_kernel_gets_a_performance_turn(chat):
-    rules = TurnRules(max_turns=3, max_seq_len=4096, max_new_tokens=256, optimize_turns=1, optimize_below=1.0)
+    rules = TurnRules(max_turns=3, max_seq_len=4096, max_new_tokens=256, optimize_turns=1, optimize_until=1.1)
     policy = TurnPolicy(rules, chat)
     first = policy.next_prompt(Attempt.of(RELU), None)
-    slow = verdict(passed=True, speedup=0.62, feedback="passed: 0.62x the eager time")
+    slow = verdict(passed=True, speedup=0.62, feedback="Time per call: your kernel 1.6 ms, eager PyTorch 1.0 ms.")
     optimize = answer_turn(policy, first, ANSWER, slow)
     assert isinstance(optimize, Prompt) and optimize.kind == "optimize"
     text = optimize.messages[-1].content
     assert "0.62x" in text and "faster" in text and optimize.messages[-2].content == ANSWER
+    assert "your kernel 1.6 ms, eager PyTorch 1.0 ms" in text  # the verifier's times, as it gave them
+    assert "speedup of at least 1.10x" in text  # and the threshold it has to beat
     # the budget of performance turns is spent: the next pass ends the attempt, slow or not
     assert answer_turn(policy, optimize, ANSWER, slow) == Done("passed")
     assert answer_turn(policy, first, ANSWER, verdict(passed=True, speedup=1.3)) == Done("passed")
     assert answer_turn(policy, first, ANSWER, verdict(passed=True, speedup=None)) == Done("passed")
-    # optimize_below = 0.5: slower than half the eager time, i.e. a speedup under 2
-    half = TurnPolicy(dataclasses.replace(rules, optimize_below=0.5), chat)
-    assert answer_turn(half, first, ANSWER, verdict(passed=True, speedup=1.3)).kind == "optimize"
+    # a speedup at the threshold is not below it; optimize_until = 2: a speedup of 1.3 is slow
+    assert answer_turn(policy, first, ANSWER, verdict(passed=True, speedup=1.1)) == Done("passed")
+    double = TurnPolicy(dataclasses.replace(rules, optimize_until=2.0), chat)
+    assert answer_turn(double, first, ANSWER, verdict(passed=True, speedup=1.3)).kind == "optimize"
     off = TurnPolicy(dataclasses.replace(rules, optimize_turns=0), chat)
     assert answer_turn(off, first, ANSWER, slow) == Done("passed")
     # infra ends an attempt at once; a failed performance turn gets a repair turn like any other
     assert answer_turn(policy, first, ANSWER, verdict(error="infra")).reason == "infra"
     assert answer_turn(policy, optimize, ANSWER, verdict()).kind == "repair"
+
+
+def test_the_default_config_takes_a_performance_turn_until_the_evaluations_fast_threshold(chat):
+    cfg = load_config(None)
+    rules = TurnRules.from_config(cfg.rollout, cfg.model, cfg.eval)
+    assert rules.optimize_turns == 1 and rules.optimize_until == cfg.eval.fast_threshold == 1.1
+    policy = TurnPolicy(rules, chat)
+    first = policy.next_prompt(Attempt.of(RELU), None)
+    assert answer_turn(policy, first, ANSWER, verdict(passed=True, speedup=1.05)).kind == "optimize"
+    assert answer_turn(policy, first, ANSWER, verdict(passed=True, speedup=1.2)) == Done("passed")
+    # rollout.optimize_until overrides the evaluation's threshold
+    cfg = load_config(None, ["rollout.optimize_until=1.5"])
+    policy = TurnPolicy(TurnRules.from_config(cfg.rollout, cfg.model, cfg.eval), chat)
+    assert answer_turn(policy, first, ANSWER, verdict(passed=True, speedup=1.2)).kind == "optimize"
+    # optimize_turns = 0: a pass ends the attempt, however slow
+    cfg = load_config(None, ["rollout.optimize_turns=0"])
+    policy = TurnPolicy(TurnRules.from_config(cfg.rollout, cfg.model, cfg.eval), chat)
+    for speedup in (0.3, 1.05, 1.2):
+        assert answer_turn(policy, first, ANSWER, verdict(passed=True, speedup=speedup)) == Done("passed")
+    # first-turn rules (evaluation, checks, benchmarks) never follow up
+    one = TurnPolicy(TurnRules.first_turn(cfg.rollout, cfg.model), chat)
+    assert answer_turn(one, one.next_prompt(Attempt.of(RELU), None), ANSWER, verdict(passed=True, speedup=0.3)) == Done(
+        "passed"
+    )
 
 
 def test_a_retry_task_opens_with_its_failed_answer_as_an_assistant_turn(chat):

@@ -107,11 +107,23 @@ def test_slice_by_slice_gives_the_whole_comparisons_verdicts(monkeypatch):
     wrong_ints = ints.clone()
     wrong_ints[2, 5] = -1
     flat = 1.0 + 1e-4 * e  # within tolerance of a constant, yet not one
-    cases = [([e.clone()], [e]), ([off], [e]), ([nan], [e]), ([torch.ones_like(e)], [flat]), ([wrong_ints], [ints])]
+    inf = e.clone()
+    inf[2, 3] = float("inf")  # some slices all finite (the fast path), one with an infinity
+    stray_inf = e.clone()
+    stray_inf[5, 10] = float("-inf")
+    cases = [
+        ([e.clone()], [e]),
+        ([off], [e]),
+        ([nan], [e]),
+        ([torch.ones_like(e)], [flat]),
+        ([wrong_ints], [ints]),
+        ([inf.clone()], [inf]),
+        ([stray_inf], [e]),
+    ]
     whole = [compare_outputs(g, x) for g, x in cases]
-    monkeypatch.setattr(compare, "CHUNK", 7)
+    monkeypatch.setattr(compare, "CHUNK", {"cuda": 7, "cpu": 7})
     sliced = [compare_outputs(g, x) for g, x in cases]
     assert [(c.ok, c.message, c.mismatched) for c in sliced] == [(c.ok, c.message, c.mismatched) for c in whole]
-    assert [c.ok for c in whole] == [True, False, False, False, False]
+    assert [c.ok for c in whole] == [True, False, False, False, False, True, False]
     assert "at (4, 7)" in whole[1].message and "first at (3, 9)" in whole[2].message and "constant" in whole[3].message
     assert compare.scale_of(e) == pytest.approx(float(e.double().square().mean().sqrt()))

@@ -134,3 +134,46 @@ def test_a_derived_alternative_shape_the_forward_rejects_is_skipped(verifier_cac
     assert result.error_class == "cheating" and "refused in the sandbox" in result.feedback
     assert any("skipped shapes batch_size=33" in n for n in result.diagnostics["notes"]), result.diagnostics["notes"]
     assert [label for label, _ in draws] == ["alt0", "primary"]
+
+
+def test_a_run_waiting_for_device_memory_holds_nothing_meanwhile(relu_task, verifier_cache_dir, monkeypatch):
+    """A task's size is known before drawing, so a run reserves its device memory before its first
+    draw and holds it to its verdict: on a lane that fits one run, a second run draws nothing (parks
+    no trial on the host, writes no arena) until the first is done. At KernelBench's sizes two such
+    runs, one running and one planned, held more host memory than a 128 GB machine has."""
+    import threading
+
+    from actors.verifier import lanes
+    from actors.verifier.devmem import DeviceMemory
+
+    one_run = RUN_COPIES * 2 * 16 * 4096 * 4  # the primary trial: 16 x 4096 floats in, as many out
+    monkeypatch.setattr(lanes.DeviceMemory, "for_device", classmethod(lambda cls, device: DeviceMemory(one_run)))
+    order: list[int] = []
+    original = Reference.trial
+
+    def counted(self, instance, index, scale=1.0):
+        order.append(threading.get_ident())
+        return original(self, instance, index, scale)
+
+    monkeypatch.setattr(Reference, "trial", counted)
+    verifier = KernelVerifier(config(verifier_cache_dir))
+    results = {}
+    try:
+        runs = [
+            threading.Thread(
+                target=lambda k=k: results.update(
+                    {k: verify(verifier, relu_task, _distinct(RELU_SOLUTION.read_text()))}
+                )
+            )
+            for k in range(2)
+        ]
+        for run in runs:
+            run.start()
+        for run in runs:
+            run.join()
+    finally:
+        verifier.close()
+    assert all(r.passed for r in results.values()), [r.feedback for r in results.values()]
+    assert len(order) == 10 and len(set(order)) == 2
+    # each run's five draws are contiguous: the second began when the first had finished
+    assert order[:5] == [order[0]] * 5 and order[5:] == [order[5]] * 5, order

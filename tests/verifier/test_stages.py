@@ -1,5 +1,5 @@
-"""The verifier's pure stages: extraction, the static legality scan, output comparison, the reward
-hierarchy, and the sandbox wire format. No processes, no compiles: fast."""
+"""The verifier's pure stages: extraction, the static legality scan, output comparison and the sandbox
+wire format (the reward ladder: test_reward.py). No processes, no compiles: fast."""
 
 from __future__ import annotations
 
@@ -14,8 +14,6 @@ from actors.verifier import wire
 from actors.verifier.compare import compare_outputs
 from actors.verifier.extract import extract
 from actors.verifier.legality import static_scan
-from actors.verifier.reward import chosen_speedup, moore_score
-from configs.verifier import RewardConfig
 
 REPO = Path(__file__).resolve().parents[2]
 MODULE = (
@@ -115,23 +113,6 @@ def test_compare_tolerances_nan_and_messages():
     inf = torch.tensor([float("inf"), 1.0])
     assert compare_outputs([inf.clone()], [inf]).ok and not compare_outputs([-inf], [inf]).ok
     assert compare_outputs([exp + 0.05], [exp], override=(0.1, 0.0)).ok
-
-
-# -------------------------------------------------------------------------------------- reward
-
-
-def test_moore_eval_hierarchy():
-    cfg = RewardConfig(lam=0.5, nu_max=2.0, baseline="eager")
-    for cls in ("extract", "compile", "runtime", "timeout", "cheating"):
-        assert moore_score(cfg, cls, 1.0, 3.0) == -1.0
-    assert moore_score(cfg, "correctness", 0.0, None) == -1.0
-    assert moore_score(cfg, "correctness", 0.5, None) == pytest.approx(-0.25)
-    assert moore_score(cfg, None, 1.0, 0.5) == 1.0  # slower than eager: no bonus, no penalty
-    assert moore_score(cfg, None, 1.0, 2.0) == pytest.approx(1.5)
-    assert moore_score(cfg, None, 1.0, 50.0) == pytest.approx(2.0)  # bonus capped at λ·ν_max
-    assert moore_score(cfg, "infra", 0.0, None) == 0.0
-    assert chosen_speedup(RewardConfig(baseline="compile"), 2.0, 1.2) == 1.2
-    assert chosen_speedup(RewardConfig(baseline="compile"), 2.0, None) == 2.0
 
 
 # ---------------------------------------------------------------------------------------- wire

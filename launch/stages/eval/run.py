@@ -223,7 +223,7 @@ class _Sampler:
         cfg = plan.cfg
         self.tokenizer = load_tokenizer(cfg.model)
         self.engine = make_engine(cfg.rollout, cfg.model, index=0, eos_token_ids=self.tokenizer.stop_ids)
-        self.policy = TurnPolicy(TurnRules.from_config(cfg.rollout, cfg.model, max_turns=1), self.tokenizer)
+        self.policy = TurnPolicy(TurnRules.first_turn(cfg.rollout, cfg.model), self.tokenizer)
         self.params = eval_params(cfg.eval, cfg.rollout, self.tokenizer.stop_ids)
         self.pause = cfg.verifier.backend == "cuda"  # a cpu verifier shares no GPU with the engine
         self._warned = False

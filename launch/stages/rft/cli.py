@@ -105,6 +105,7 @@ def cmd_rft(args: argparse.Namespace) -> int:
             train,
             rollout=cfg.rollout,
             model=cfg.model,
+            evaluation=cfg.eval,
             samples=args.samples,
             verifier=verifier,
             forced=Path(args.forced) if args.forced else None,

@@ -25,7 +25,7 @@ from actors.rollout.engines import make_engine
 from actors.rollout.episodes import GroupRunner
 from actors.rollout.forced import CandidatePool
 from actors.rollout.turns import TurnPolicy, TurnRules
-from configs import ModelConfig, RolloutConfig, VerifierConfig
+from configs import EvalConfig, ModelConfig, RolloutConfig, VerifierConfig
 from protocols import Episode, Task, TaskReply, VerifyRequest, VerifyResult
 
 
@@ -57,6 +57,7 @@ def sample_groups(
     *,
     rollout: RolloutConfig,
     model: ModelConfig,
+    evaluation: EvalConfig,
     samples: int,
     verifier: VerifierPool,
     forced: Path | None = None,
@@ -80,7 +81,7 @@ def sample_groups(
             verifier=verifier,
             tokenizer=tokenizer,
             params=params,
-            policy=TurnPolicy(TurnRules.from_config(rollout, model), tokenizer),
+            policy=TurnPolicy(TurnRules.from_config(rollout, model, evaluation), tokenizer),
             force=pool.draw if pool is not None else None,
         )
         for i, task in enumerate(tasks):

@@ -99,7 +99,7 @@ def _dialogue(task: Task, episode: Episode, meta: dict) -> ChatExample:
             messages.append(
                 Message(
                     "user",
-                    optimize_request(turn.result)
+                    optimize_request(task, turn.result)
                     if follow == "optimize"
                     else repair_request(task, turn.result.feedback),
                 )

@@ -71,8 +71,8 @@ def test_an_episode_reads_as_a_conversation_with_its_verdicts_reward_terms_and_f
         "reward: s per turn -1.000, +1.500",
         # R = 0.75·(-1) + 0.25·1.5 + b_early (a first pass at turn 2: 0.1)
         "PrimeEcho R = α·s_first + (1-α)·max s + b_early = -0.750 + +0.375 + +0.100 = -0.275",
-        # a group of two, R = -1 and -0.275: std-normalised advantages ±1
-        "advantage +1.000 in its group of 2 (R: -1.000, -0.275)",
+        # a group of two, R = -1 and -0.275; per-turn values (-1), (-0.275, 1.5): pooled mean 0.075, std 1.0502
+        "advantage per turn -0.333, +1.357 in its group of 2 (R: -1.000, -0.275)",
         # trained for version 5; its oldest gradient token (turn 1) came from version 3
         "trained at step 12 (lag 2)",
         "shows: repair turn passed, retry, retry group trained",
