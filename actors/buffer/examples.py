@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 import string
+from collections.abc import Callable
 
 from configs import ReplayConfig
 from protocols import Task
@@ -41,6 +42,22 @@ def three_letter_words(n: int, seed: int) -> list[str]:
     return words
 
 
+def word_tasks(
+    kind: str, prefix: str, families: dict[str, tuple[str, Callable[[str], str]]], words: list[str]
+) -> list[Task]:
+    """One task of `kind` per (family, word): prompt "<instruction>: <word>", answer the family's
+    transformation of the word, id "<prefix>/<family>/<word>" (the example task sources share this)."""
+    return [
+        Task(
+            task_id=f"{prefix}/{family}/{word}",
+            kind=kind,
+            payload={"prompt": f"{instruction}: {word}\n", "answer": transform(word)},
+        )
+        for family, (instruction, transform) in families.items()
+        for word in words
+    ]
+
+
 class TextMatchTasks:
     """300 tasks: "Repeat: abc" -> "abc", "Reverse: abc" -> "cba", "Uppercase: abc" -> "ABC"."""
 
@@ -48,14 +65,4 @@ class TextMatchTasks:
         self.words = three_letter_words(WORDS_PER_FAMILY, _GENERATOR_SEED)
 
     def tasks(self) -> list[Task]:
-        out = []
-        for family, (instruction, transform) in FAMILIES.items():
-            for word in self.words:
-                out.append(
-                    Task(
-                        task_id=f"text/{family}/{word}",
-                        kind=KIND,
-                        payload={"prompt": f"{instruction}: {word}\n", "answer": transform(word)},
-                    )
-                )
-        return out
+        return word_tasks(KIND, "text", FAMILIES, self.words)

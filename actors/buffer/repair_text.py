@@ -18,7 +18,7 @@ id always means the same prompt; the run's `split_seed` only decides which ids a
 
 from __future__ import annotations
 
-from actors.buffer.examples import three_letter_words
+from actors.buffer.examples import three_letter_words, word_tasks
 from configs import ReplayConfig
 from protocols import Task
 
@@ -47,15 +47,4 @@ class RepairTextTasks:
         self.words = three_letter_words(WORDS_PER_FAMILY, _GENERATOR_SEED)
 
     def tasks(self) -> list[Task]:
-        out = []
-        for family in self.families:
-            instruction, transform = FAMILIES[family]
-            for word in self.words:
-                out.append(
-                    Task(
-                        task_id=f"repair_text/{family}/{word}",
-                        kind=KIND,
-                        payload={"prompt": f"{instruction}: {word}\n", "answer": transform(word)},
-                    )
-                )
-        return out
+        return word_tasks(KIND, KIND, {f: FAMILIES[f] for f in self.families}, self.words)

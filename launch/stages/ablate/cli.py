@@ -55,37 +55,40 @@ def _parse(args: argparse.Namespace) -> argparse.Namespace:
 
 
 def cmd_ablate(args: argparse.Namespace) -> int:
-    from launch.stages.ablate.plot import plot_mechanism
-    from launch.stages.ablate.run import Plan, configs, run_all
-    from launch.stages.ablate.summary import table
+    try:
+        plan, arms = _plan(args)
+    except (_UsageError, ArmError) as err:
+        print(f"kiln: ablate: {err}", file=sys.stderr)
+        return 2
+    return _ablate(plan, arms)
+
+
+def _plan(args: argparse.Namespace):
+    """The ablation the command line asks for: (Plan, arms); _UsageError or ArmError says what is wrong."""
+    from launch.stages.ablate.run import Plan
 
     if not args.rest:
-        print(
-            "kiln: ablate: give the config file: kiln ablate CONFIG [options] [section.key=value ...]", file=sys.stderr
-        )
-        return 2
-    try:
-        args = _parse(args)
-    except _UsageError as err:
-        print(f"kiln: ablate: {err}", file=sys.stderr)
-        return 2
+        raise _UsageError("give the config file: kiln ablate CONFIG [options] [section.key=value ...]")
+    args = _parse(args)
     config = Path(args.config)
     if not config.is_file():
-        print(f"kiln: ablate: no config file {config}", file=sys.stderr)
-        return 2
+        raise _UsageError(f"no config file {config}")
     if args.seeds < 1 or args.steps < 1:
-        print("kiln: ablate: --seeds and --steps must be at least 1", file=sys.stderr)
-        return 2
-    try:
-        arms = select(args.arms)
-    except ArmError as err:
-        print(f"kiln: ablate: {err}", file=sys.stderr)
-        return 2
+        raise _UsageError("--seeds and --steps must be at least 1")
+    arms = select(args.arms)
     out = Path(args.out or f"runs/ablate-{config.stem}")
     if (out / "runs").exists():
-        print(f"kiln: ablate: {out} holds an ablation already; give another --out", file=sys.stderr)
-        return 2
+        raise _UsageError(f"{out} holds an ablation already; give another --out")
     plan = Plan(config=config, overrides=tuple(args.overrides), seeds=args.seeds, steps=args.steps, out=out.resolve())
+    return plan, arms
+
+
+def _ablate(plan, arms) -> int:
+    from launch.stages.ablate.plot import plot_mechanism
+    from launch.stages.ablate.run import configs, run_all
+    from launch.stages.ablate.summary import table
+
+    out = plan.out
     cfgs = configs(plan, arms)  # a bad override fails here (ConfigError: one line, exit 2), before any run
     logging.basicConfig(level=cfgs[("full", 0)].logging.level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     rows = run_all(plan, cfgs)
