@@ -89,7 +89,7 @@ def may_start_group(capacity: int) -> bool:
 
 # ------------------------------------------------------------------------------------ a group's fate
 
-FilterReason = Literal["", "tied", "stale", "discarded", "expired", "infra", "unservable"]
+FilterReason = Literal["", "tied", "stale", "rolled_back", "expired", "infra", "unservable"]
 RetryStep = Literal["none", "admit", "resolve", "forget"]
 
 
@@ -172,8 +172,17 @@ def fate_at_batch(lags: Sequence[int | None], max_staleness: int, *, made_by_dis
     if any(is_stale(lag, max_staleness) for lag in lags):
         return Fate(filtered="stale", reissue=True)
     if made_by_discarded_weights:
-        return Fate(filtered="discarded", reissue=True)
+        return Fate(filtered="rolled_back", reissue=True)
     return TRAIN
+
+
+def served_batch_finished(served_version: int, version: int, *, rollback: bool) -> bool:
+    """Whether the step on the batch last served (at `served_version`) finished, now that the learner
+    asks at a newer `version`. Without a rollback it did: the learner moves on only after its step. A
+    restore that rolled versions back continues at one above the newest version announced; had the
+    served batch's step finished, its result would be that newest version, so the step never finished
+    exactly when the batch was served at `version` - 1 (its groups are judged again)."""
+    return not (rollback and served_version == version - 1)
 
 
 def is_stale(lag: int | None, max_staleness: int) -> bool:

@@ -233,6 +233,13 @@ def _check_consistency(cfg: KilnConfig) -> None:
             "verifier.reward_actor_args are the constructor arguments of a plug-in reward actor; "
             "set verifier.reward_actor, or leave them empty for the kernel verifier"
         )
+    for role, label in cfg.cluster.prefer_nodes.items():
+        key, _, value = str(label).partition("=")
+        if role not in ("replay", "verifier", "learner", "rollout") or not key or not value:
+            raise ConfigError(
+                f"cluster.prefer_nodes.{role}={label!r}: a role (replay, verifier, learner, rollout) maps to "
+                "a node label 'key=value', as given to `ray start --labels`"
+            )
     if cfg.replay.task_source_args and not cfg.replay.task_source:
         raise ConfigError(
             "replay.task_source_args are the constructor arguments of a plug-in task source; "

@@ -38,6 +38,10 @@ class ClusterConfig:
     transport: str = F(
         "tcp", "ZMQ transport between actors: tcp, or ipc (unix sockets, same host only)", choices=["tcp", "ipc"]
     )
+    prefer_nodes: dict[str, str] = F(
+        {},
+        "Several Ray nodes: the node each role's actors prefer, by role (replay, verifier, learner, rollout): a node label 'key=value' given to `ray start --labels`. A preference, not a requirement: with no such node alive (it was lost) they run on any node. Actors with GPUs go to their placement-group bundle instead",
+    )
     use_ray: bool = F(
         True,
         "Run each actor as a Ray actor (placement, supervision); false = all actors in the driver's process (debugging, tests)",
@@ -386,6 +390,16 @@ class LoggingConfig:
     no_progress_s: float = F(
         600.0,
         "The driver also warns when no group became trainable for this many seconds while the rollouts were free to work (not held back by the admission bound)",
+        gt=0.0,
+    )
+    stall_factor: float = F(
+        5.0,
+        "The stall watchdog: no learner step for this many times the median of the recent step intervals, and the driver names in one line which side waits for what and writes every actor's state to RUN_DIR/logs/stall-NNN.json",
+        gt=1.0,
+    )
+    stall_first_step_s: float = F(
+        900.0,
+        "The stall watchdog before two steps give an interval: seconds from the rollouts' start without a learner step",
         gt=0.0,
     )
     html_report: bool = F(True, "Also write report.html beside report.md (the same content, the plots embedded)")

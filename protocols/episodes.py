@@ -29,6 +29,7 @@ from protocols.channels import ChannelTimeout, NoServer, ReconnectingClient, Rem
 from protocols.codec import decode, encode
 from protocols.records import Episode, EpisodeAck
 from protocols.schema import ProtocolError
+from protocols.witness import WitnessLog
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +44,11 @@ class SenderStats:
 
 
 class EpisodeSender:
-    def __init__(self, address: str | Callable[[], str], *, timeout_s: float = 5.0) -> None:
+    def __init__(
+        self, address: str | Callable[[], str], *, timeout_s: float = 5.0, witness: WitnessLog | None = None
+    ) -> None:
         self.timeout_s = timeout_s
+        self.witness = witness  # the actor's own account of each id replay acknowledged (protocols/witness.py)
         self._unacked: collections.OrderedDict[str, Episode] = collections.OrderedDict()
         self.client = ReconnectingClient(address, timeout_s=timeout_s, retries=0)
         self.stats = SenderStats()
@@ -86,6 +90,8 @@ class EpisodeSender:
                 continue
             setattr(self.stats, ack.status, getattr(self.stats, ack.status) + 1)
             self.acked.append(episode_id)
+            if self.witness is not None:
+                self.witness.write([episode_id])
         return done
 
     def flush(self, timeout_s: float) -> bool:
@@ -98,6 +104,8 @@ class EpisodeSender:
 
     def close(self) -> None:
         self.client.close()
+        if self.witness is not None:
+            self.witness.close()
 
 
 _LEN = struct.Struct("<Q")

@@ -254,12 +254,23 @@ class BatchRequest(Record):
     learner_id: str
     version: int
     # A learner restored from a checkpoint at version c continues at `version` > c: the versions in
-    # (discarded_above, version) were never kept, so replay drops samples they produced. -1 = none.
+    # (discarded_above, version) were rolled back, so replay filters the samples they produced
+    # (`rolled_back`). -1 = none.
     discarded_above: int = -1
+    # RL steps in the history of these weights: the run ends at algo.total_steps of them. A rollback
+    # loses steps but never version numbers (a version never names two weights), so after one the
+    # step is below the version. -1 = the version (no rollback).
+    step: int = -1
+
+    @property
+    def steps_taken(self) -> int:
+        return self.version if self.step < 0 else self.step
 
     def check(self) -> None:
         if self.discarded_above >= self.version:
             raise ValueError(f"discarded_above {self.discarded_above} must be below version {self.version}")
+        if self.step > self.version:
+            raise ValueError(f"step {self.step} must not exceed version {self.version}")
 
 
 @record

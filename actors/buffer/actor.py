@@ -34,7 +34,7 @@ import numpy as np
 
 import protocols
 from actors.base import Actor, RunContext
-from actors.buffer.health import Latency, ReplayHealth, replay_health
+from actors.buffer.health import Latency, LedgerIds, ReplayHealth, replay_health
 from actors.buffer.shares import AdmissionShares
 from actors.buffer.state import ReplayState
 from actors.buffer.storage import EntryKind, ReplayStore
@@ -279,6 +279,20 @@ class ReplayActor(Actor):
             self._state.expire(held)
             self._changed = True
             return len(held)
+
+    def ledger_ids(self) -> LedgerIds:
+        """Replay's side of the no-loss check: every stored id by status (launch/observe/id_check.py)."""
+        with self._lock:
+            return self._state.ledger_ids()
+
+    def release_earlier_session(self) -> int:
+        """A session starts its rollout actors: every group running now was handed to an actor of an
+        earlier session (a driver that crashed took its actors along) and would hold its place in the
+        admission window until it expired (`replay.group_timeout_s`). Release them all now; returns
+        how many groups were re-issued."""
+        with self._lock:
+            holders = sorted({g.actor_id for g in self._state.running.values()})
+        return sum(self.release_actor(actor_id) for actor_id in holders)
 
     def _expire_overdue(self, now: float) -> None:
         if self._failure or now < self._next_expiry_check:

@@ -177,3 +177,17 @@ def replay_health(state: ReplayState, store: ReplayStore, **actor) -> ReplayHeal
             failure=failure,
         ),
     )
+
+
+@dataclass(frozen=True)
+class LedgerIds:
+    """Replay's account: ids by status, and the rolled-back version ranges (lo, hi), exclusive."""
+
+    trained: frozenset[str]
+    filtered: dict[str, frozenset[str]]  # reason -> ids
+    pending: frozenset[str]
+    rolled_back: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def stored(self) -> frozenset[str]:
+        return self.trained | self.pending | frozenset().union(*self.filtered.values())

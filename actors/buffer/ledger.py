@@ -11,7 +11,7 @@ import collections
 
 PENDING = "pending"
 TRAINED = "trained"
-_FILTERED = "filtered:"
+FILTERED = "filtered:"
 
 
 class EpisodeLedger:
@@ -29,7 +29,7 @@ class EpisodeLedger:
         self._set(episode_id, TRAINED)
 
     def mark_filtered(self, episode_id: str, reason: str) -> None:
-        self._set(episode_id, _FILTERED + reason)
+        self._set(episode_id, FILTERED + reason)
 
     def _set(self, episode_id: str, status: str) -> None:
         old = self._status.get(episode_id)
@@ -39,7 +39,7 @@ class EpisodeLedger:
         self._counts[status] += 1
 
     def summary(self) -> dict:
-        filtered = {s.removeprefix(_FILTERED): n for s, n in self._counts.items() if s.startswith(_FILTERED) and n}
+        filtered = {s.removeprefix(FILTERED): n for s, n in self._counts.items() if s.startswith(FILTERED) and n}
         trained, pending = self._counts[TRAINED], self._counts[PENDING]
         emitted = len(self._status)
         return {

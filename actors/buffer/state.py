@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 from actors import decisions
 from actors.buffer import intake
 from actors.buffer.groups import Group, judge, turns_with_own_credit
-from actors.buffer.ledger import EpisodeLedger
+from actors.buffer.health import LedgerIds
+from actors.buffer.ledger import FILTERED, PENDING, TRAINED, EpisodeLedger
 from actors.buffer.packing import episode_lag, gradient_versions, pack_batch
 from actors.buffer.retry_buffer import RetryBuffer
 from actors.buffer.task_feed import TaskFeed
@@ -106,6 +107,7 @@ class ReplayState:
         self.expired: set[str] = set()
         self.group_seq = 0
         self.learner_version = 0  # newest version a learner asked a batch for
+        self.learner_step = 0  # RL steps in that version's history (below it after a rollback)
         self.highest_version_seen = 0  # over learner requests and episode tokens; a restored learner starts above it
         # Version ranges (lo, hi), exclusive, whose weights a learner restore threw away: never trained on.
         self.discarded: list[tuple[int, int]] = []
@@ -114,9 +116,16 @@ class ReplayState:
     # ------------------------------------------------------------------------------- task feed
 
     @property
+    def consumed_groups(self) -> int:
+        """Groups in the learner's weights (B per step of their history) and in the batch it was
+        served and has not finished: what counts against the admission bound. Batches trained in
+        steps a rollback lost count no longer, so the run still makes all its total_steps."""
+        return (self.learner_step + (self.served is not None)) * self.algo.batch_groups
+
+    @property
     def admitted(self) -> int:
         """accepted + running, in groups: handed out and not filtered."""
-        return len(self.running) + len(self.ready) + self.counters.groups_trained
+        return len(self.running) + len(self.ready) + self.consumed_groups
 
     @property
     def admission_bound(self) -> int:
@@ -124,7 +133,7 @@ class ReplayState:
         with `replay.admission=whole_run` (rollout-only runs: no learner advances v)."""
         return decisions.staleness_bound(
             self.algo.max_staleness,
-            self.learner_version,
+            self.learner_step,
             self.algo.batch_groups,
             self.algo.total_steps,
             whole_run=self.replay.admission == "whole_run",
@@ -133,7 +142,7 @@ class ReplayState:
     @property
     def running_window(self) -> int:
         """Groups that may be running at once now: the admission bound less the complete ones."""
-        return self.admission_bound - len(self.ready) - self.counters.groups_trained
+        return self.admission_bound - len(self.ready) - self.consumed_groups
 
     def running_by_actor(self) -> collections.Counter[str]:
         return collections.Counter(g.actor_id for g in self.running.values())
@@ -146,7 +155,7 @@ class ReplayState:
         which opened its group, passes none."""
         if req.split == "val":
             return self._val_task(), False
-        if self.learner_version >= self.algo.total_steps:
+        if self.learner_step >= self.algo.total_steps:
             return TaskReply(status="stop"), False
         capacity = decisions.admission_capacity(
             decisions.staleness_room(self.admitted, self.admission_bound, self.algo.group_size)
@@ -180,6 +189,21 @@ class ReplayState:
     def on_task_list(self, req: TaskListRequest) -> TaskList:
         """A whole split of the task set (for a warm start or an evaluation); changes nothing."""
         return TaskList(split=req.split, tasks=list(self.feed.train if req.split == "train" else self.feed.val))
+
+    def ledger_ids(self) -> LedgerIds:
+        """Every stored episode id by what became of it, and the rolled-back version ranges: replay's
+        side of the no-loss check (launch/observe/id_check.py)."""
+        ids = self.ledger.ids()
+        return LedgerIds(
+            trained=frozenset(ids.get(TRAINED, ())),
+            filtered={
+                status.removeprefix(FILTERED): frozenset(found)
+                for status, found in ids.items()
+                if status.startswith(FILTERED)
+            },
+            pending=frozenset(ids.get(PENDING, ())),
+            rolled_back=tuple(self.discarded),
+        )
 
     def versions_seen(self) -> VersionsSeen:
         return VersionsSeen(highest=self.highest_version_seen)
@@ -310,14 +334,17 @@ class ReplayState:
                 )
             ), False
         changed = v > self.learner_version
-        if req.discarded_above >= 0 and (req.discarded_above, v) not in self.discarded:
+        rollback = req.discarded_above >= 0 and (req.discarded_above, v) not in self.discarded
+        if rollback:
             self.discarded.append((req.discarded_above, v))
             changed = True
         if changed:
+            if self.served is not None:
+                self._settle_served(v, rollback)
             self.learner_version = v
+            self.learner_step = req.steps_taken
             self.highest_version_seen = max(self.highest_version_seen, v)
-            self.served = None  # the learner moved on: the last batch was consumed
-        if v >= self.algo.total_steps:
+        if req.steps_taken >= self.algo.total_steps:
             return BatchReply(status="stop"), changed
         if self.served is not None:  # a repeated request for the version already served
             return BatchReply(status="batch", batch=self._pack(self.served.groups, v)), changed
@@ -326,25 +353,45 @@ class ReplayState:
             self.counters.batch_waits += 1
             return BatchReply(status="wait", retry_after_s=self.replay.retry_after_s), changed
         groups = [self.ready.pop(gid) for gid in list(self.ready)[: self.algo.batch_groups]]
-        for group in groups:
-            for ep in group.episodes.values():
-                self.ledger.mark_trained(ep.episode_id)
-                lag = episode_lag(ep, v, self.algo.train_turns)
-                self.counters.trained_lag[0 if lag is None else lag] += 1
-                self.counters.turn_credited_turns += turns_with_own_credit(ep, self.algo)
-        self._resolve_trained_repairs(groups)
-        self.counters.groups_trained += len(groups)
-        self.counters.retry_groups_trained += sum(g.is_retry for g in groups)
-        self.counters.batches += 1
+        self._count_served(groups, v, +1)
         self.served = ServedBatch(version=v, groups=groups)
         return BatchReply(status="batch", batch=self._pack(groups, v)), True
 
+    def _count_served(self, groups: list[Group], version: int, sign: int) -> None:
+        """A batch's groups go to the learner (`sign` +1: their episodes count as trained) or come back
+        from a step a rollback lost before it finished (-1: pending again, every count undone)."""
+        for group in groups:
+            for ep in group.episodes.values():
+                if sign > 0:
+                    self.ledger.mark_trained(ep.episode_id)
+                else:
+                    self.ledger.add_pending(ep.episode_id)
+                lag = episode_lag(ep, version, self.algo.train_turns)
+                self.counters.trained_lag[0 if lag is None else lag] += sign
+                self.counters.turn_credited_turns += sign * turns_with_own_credit(ep, self.algo)
+        self.counters.groups_trained += sign * len(groups)
+        self.counters.retry_groups_trained += sign * sum(g.is_retry for g in groups)
+        self.counters.batches += sign
+
+    def _settle_served(self, version: int, rollback: bool) -> None:
+        """The learner asks at a newer `version`: the batch it was served last is settled. One whose step
+        a rollback lost unfinished (`decisions.served_batch_finished`) comes back as waiting groups
+        (judged again at this batch: most were made by rolled-back weights or now lag too far); a
+        finished one resolves its repair groups."""
+        served, self.served = self.served, None
+        if not decisions.served_batch_finished(served.version, version, rollback=rollback):
+            self._count_served(served.groups, served.version, -1)
+            self.ready = {**{g.group_id: g for g in served.groups}, **self.ready}
+            return
+        self._resolve_trained_repairs(served.groups)
+
     def _resolve_trained_repairs(self, groups: list[Group]) -> None:
-        """Resolve the retry entry of each repair group now trained. Resolving waits for this moment
-        because a waiting group can still be filtered (stale, discarded weights) and its task re-issued
-        with the same repair context; had its entry been resolved at completion, it would be back in
-        the FIFO and a second repair group of the task could run beside the re-issue (docs/replay.md,
-        "Buffered Dynamic Retry"). The outcome is judged again from the group's own episodes."""
+        """Resolve the retry entry of each repair group once its step finished. Resolving waits for this
+        moment because a waiting group can still be filtered (stale, rolled-back weights) and its task
+        re-issued with the same repair context, and a served batch can come back from a step a rollback
+        lost; had its entry been resolved earlier, it would be back in the FIFO and a second repair
+        group of the task could run beside the re-issue (docs/replay.md, "Buffered Dynamic Retry").
+        The outcome is judged again from the group's own episodes."""
         for group in groups:
             if group.is_retry:
                 verdict = judge(group, self.algo)
@@ -384,6 +431,7 @@ class ReplayState:
             "format": SNAPSHOT_FORMAT,
             "group_seq": self.group_seq,
             "learner_version": self.learner_version,
+            "learner_step": self.learner_step,
             "highest_version_seen": self.highest_version_seen,
             "discarded": [list(r) for r in self.discarded],
             "infra_streak": dict(self.infra_streak),
@@ -408,6 +456,7 @@ class ReplayState:
             )
         self.group_seq = data["group_seq"]
         self.learner_version = data["learner_version"]
+        self.learner_step = data.get("learner_step", self.learner_version)  # written before rollbacks kept steps
         self.highest_version_seen = data["highest_version_seen"]
         self.discarded = [tuple(r) for r in data.get("discarded", [])]
         self.infra_streak = dict(data["infra_streak"])

@@ -66,6 +66,7 @@ from protocols import metric_keys as mk
 from protocols.channels import ChannelTimeout, NoServer, PushChannel, ReconnectingClient, RemoteError
 from protocols.lease import DeviceLease
 from protocols.timeline import SpanRecorder
+from protocols.witness import TRAINED, WitnessLog
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +118,8 @@ class LearnerActor(Actor):
         self._metrics: PushChannel | None = None
         self.timeline = SpanRecorder(ctx.name or self.learner_id, None)  # until start() finds the driver
         self._finished = False
+        self._told_to_stop = False  # replay answered "stop": the run has its total_steps
+        self._witness = WitnessLog(ctx.path, TRAINED, self.learner_id)  # protocols/witness.py
         self.warm_start_report: WarmStartReport | None = None
         self.stats = {
             "steps": 0,
@@ -125,6 +128,7 @@ class LearnerActor(Actor):
             "checkpoints": 0,
             "push_s": 0.0,
             "restored_from": -1,
+            "rolled_back": 0,  # versions a restore found lost (announced after the checkpoint it restored)
         }
         # Seconds of each phase of start() (build, restore or warm_start, serve): what a restart costs;
         # "prepare" is the model build a standby did ahead ("build" is then only what was left).
@@ -226,6 +230,7 @@ class LearnerActor(Actor):
             self.backend.stop_followers()
         super().stop()
         self.timeline.close()
+        self._witness.close()
         self._replay.close()
         if self.weights is not None:
             self.weights.stop()
@@ -274,8 +279,9 @@ class LearnerActor(Actor):
                 result = self.backend.sft_step(batches[i % len(batches)], lr=w.lr)
             losses.append(result.loss)
             self._emit(-1, {mk.SFT_LOSS: result.loss, mk.SFT_STEP_S: result.seconds})
-        if self.cfg.checkpoint_every:
-            self.checkpoint()
+        # Saved whatever learner.checkpoint_every says: a restart must not redo (or silently lose) the
+        # warm start, and a restore without a checkpoint can then take the initial weights as version 0.
+        self.checkpoint()
         self.warm_start_report = WarmStartReport(
             steps=len(losses),
             solutions=pairs,
@@ -313,7 +319,7 @@ class LearnerActor(Actor):
     # ------------------------------------------------------------------------------- training
 
     def _loop(self) -> None:
-        while not self.stopping and self.version < self.algo.total_steps:
+        while not self.stopping and self.step < self.algo.total_steps and not self._told_to_stop:
             batch = self._next_batch()
             if batch is None:
                 continue
@@ -328,6 +334,9 @@ class LearnerActor(Actor):
             self.version += 1
             self.step += 1
             self.stats["steps"] += 1
+            # The learner's own account of what it trained, before the version is announced: had the
+            # step's result been lost unannounced, replay gives its batch back (it was never consumed).
+            self._witness.write([f"{self.version} {e}" for e in dict.fromkeys(batch.episode_ids)])
             with self.timeline.span("syncing"):
                 push_s = self._push()
                 if decisions.waits_for_engines(self.algo.max_staleness):
@@ -347,13 +356,15 @@ class LearnerActor(Actor):
     def _next_batch(self) -> TrainBatch | None:
         """One request to replay: the batch, or None after waiting as told (or on a timeout)."""
         reply = self._request(
-            BatchRequest(learner_id=self.learner_id, version=self.version, discarded_above=self.discarded_above)
+            BatchRequest(
+                learner_id=self.learner_id, version=self.version, discarded_above=self.discarded_above, step=self.step
+            )
         )
         if reply is None:
             self._stop.wait(0.5)
             return None
         if reply.status == "stop":
-            self.version = max(self.version, self.algo.total_steps)
+            self._told_to_stop = True
             return None
         if reply.status == "wait":
             self.stats["batch_waits"] += 1
@@ -442,23 +453,34 @@ class LearnerActor(Actor):
         if latest is not None:
             path, meta = latest
             self.backend.load_checkpoint(path)
-            self.step = meta.step
-            self.discarded_above = meta.version
+            kept, self.step = meta.version, meta.step
             self.stats["restored_from"] = meta.version
             log.info("%s: restored %s (version %d, step %d)", self.learner_id, path, meta.version, meta.step)
-        else:
-            log.warning("%s: no checkpoint in %s; starting from the initial weights", self.learner_id, self.dir)
+        else:  # the initial weights are version 0's: a warm start always saves its result
+            kept, self.step = 0, 0
         # A checkpoint as new as every version announced and every version replay has seen is the state
         # those versions were made from: continue at its version (the engines hold those weights and
-        # the samples made with them stay on-policy). Otherwise some announced version is lost: go
-        # above all of them, and samples they made are discarded.
+        # the samples made with them stay on-policy). Otherwise the newer versions are rolled back: go
+        # above all of them (a version number never names two weights), and replay filters the samples
+        # they made as `rolled_back`; the run makes the lost steps again (replay counts steps, not versions).
         seen = self._ask_replay(VersionsSeenRequest(learner_id=self.learner_id), VersionsSeen)
         newest = max(announced, seen.highest)
-        if latest is not None and latest[1].version >= newest:
-            self.version = latest[1].version
-            self.discarded_above = -1  # nothing was lost
-        else:
-            self.version = max(newest + 1, 0)
+        if kept >= newest:
+            self.version, self.discarded_above = kept, -1
+            return
+        self.version, self.discarded_above = newest + 1, kept
+        self.stats["rolled_back"] = newest - kept
+        log.warning(
+            "%s: versions %d..%d were rolled back (%s; learner.checkpoint_every=%d): continuing at version %d "
+            "with step %d's weights; samples they made are filtered as rolled_back",
+            self.learner_id,
+            kept + 1,
+            newest,
+            "no checkpoint" if latest is None else f"the latest checkpoint is version {kept}",
+            self.cfg.checkpoint_every,
+            self.version,
+            self.step,
+        )
 
     def _announced_path(self) -> Path:
         return self.dir / "learner" / ANNOUNCED_FILE

@@ -42,6 +42,7 @@ class LearnerHealth(ActorHealth):
     checkpoints: int = 0
     push_s: float = 0.0  # the last weight publish
     restored_from: int = -1  # the checkpoint version it restored; -1 = none
+    rolled_back: int = 0  # versions its restore found lost (announced after that checkpoint): filtered, redone
     warm_start: WarmStartReport | None = None
     start_phases: dict[str, float] = field(
         default_factory=dict

@@ -70,6 +70,7 @@ from protocols import Episode, Task, TaskList, TaskListRequest, TaskReply, TaskR
 from protocols.channels import ChannelTimeout, NoServer, ReconnectingClient, RemoteError
 from protocols.episodes import EpisodeSender
 from protocols.timeline import SpanRecorder
+from protocols.witness import ACKED, WitnessLog
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +148,9 @@ class RolloutActor(Actor):
         self.attempt_budget = decisions.attempt_budget(rollout.max_attempts_in_flight, rollout.max_batch)
         self.verify_stats: dict[str, int] = {}  # the verifier pool front's counters (sent, moved, infra, ...)
         replay = registry.resolver("replay", "replay")
-        self.sender = EpisodeSender(replay, timeout_s=rollout.ack_timeout_s)
+        self.sender = EpisodeSender(
+            replay, timeout_s=rollout.ack_timeout_s, witness=WitnessLog(ctx.path, ACKED, self.actor_id)
+        )
         self._feed = ReconnectingClient(replay, timeout_s=rollout.task_wait_s, retries=0)
         self.engine: Engine | None = None
         self.stats = {
@@ -181,6 +184,9 @@ class RolloutActor(Actor):
         if self.weights is not None:
             self.spawn(lambda: self.weights.run(self._stop), "weights")
         self.spawn(self._loop, "episodes")
+        # No endpoint to announce (it only asks others), but the registry is where the run's tools
+        # find each actor's process (a chaos run's kills: launch/bench/chaos.py).
+        self.ctx.registry.register(self.actor_id, self.role, {})
         return {}
 
     def prepare(self) -> None:
@@ -397,6 +403,10 @@ class RolloutActor(Actor):
                     pipeline.room.clear()
                     await self._until(pipeline.room, 0.2)
                     continue
+                if self.sender.unacked:
+                    # Offered before the ask, which replay may hold until the window has room: the window
+                    # can be waiting for exactly these episodes (their groups stay running without them).
+                    await io(self.sender.pump)
                 reply = await loop.run_in_executor(self._asks, self._ask_for_task)
                 if reply is None or reply.status == "wait":
                     self.stats["waits"] += 1

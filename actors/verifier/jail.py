@@ -29,9 +29,12 @@ candidate code ever loads):
 
 The process is forked in two steps: the first child creates the namespaces and forks the sandbox
 (PID 1 of the new PID namespace), then stays as its *warden*: it waits, dies with the zygote
-(PDEATHSIG), takes the sandbox with it (the sandbox has PDEATHSIG on the warden, set again after it
-changes uid, which clears it; a warden that died in between is seen through a pipe only it holds)
-and exits with the sandbox's status. A layer that cannot be applied on this machine is reported by name in
+(PDEATHSIG, armed by the zygote's child before anything else: `die_with_parent`), takes the sandbox
+with it (the sandbox has PDEATHSIG on the warden, set again after it changes uid, which clears it; a
+warden that died in between is seen through a pipe only it holds) and exits with the sandbox's
+status. Where no PID namespace can be made there is no warden: the process itself is the sandbox,
+and it sets PDEATHSIG on the zygote again after its uid change (a zygote that died in between
+shows in getppid()). A layer that cannot be applied on this machine is reported by name in
 `JailReport.missing`, which the verifier prints at start-up and puts in every verdict's
 diagnostics: confinement never weakens silently.
 """
@@ -194,6 +197,7 @@ def enter(spec: JailSpec, report_pid) -> JailReport:
     only; the warden calls `report_pid(sandbox pid in the caller's namespace)` and never returns."""
     report = JailReport()
     root = os.geteuid() == 0
+    parent = os.getppid()  # the zygote (die_with_parent checked it): the fallback below watches it
     flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS
     if not root:
         try:
@@ -210,7 +214,7 @@ def enter(spec: JailSpec, report_pid) -> JailReport:
         for layer in ("pid", "fs", "proc", "net", "ipc"):
             report.fail(layer, str(err))
         report_pid(os.getpid())
-        _confine_process(spec, report, root, mounts=False, warden_alive=None)
+        _confine_process(spec, report, root, mounts=False, warden_alive=None, parent=parent)
         return report
     _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # the warden dies with the zygote
     alive_r, alive_w = os.pipe()  # only the warden holds the write end: EOF here means it is gone
@@ -222,8 +226,17 @@ def enter(spec: JailSpec, report_pid) -> JailReport:
     _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # the sandbox dies with its warden
     for layer in ("pid", "net", "ipc"):
         report.ok(layer)
-    _confine_process(spec, report, root, mounts=True, warden_alive=alive_r)
+    _confine_process(spec, report, root, mounts=True, warden_alive=alive_r, parent=None)
     return report
+
+
+def die_with_parent(parent: int) -> None:
+    """SIGKILL this process when `parent` (the thread that forked it) dies; exit now if it died
+    already. Armed first thing after a fork: the parent may have died before the prctl, and then
+    no signal ever comes (this process has been reparented: getppid() tells)."""
+    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:
+        os._exit(70)
 
 
 def _warden(pid: int, report_pid) -> None:
@@ -270,7 +283,9 @@ def _enter_user_namespace() -> None:
 # ----------------------------------------------------------------------------- the sandbox
 
 
-def _confine_process(spec: JailSpec, report: JailReport, root: bool, *, mounts: bool, warden_alive: int | None) -> None:
+def _confine_process(
+    spec: JailSpec, report: JailReport, root: bool, *, mounts: bool, warden_alive: int | None, parent: int | None
+) -> None:
     scratch = Path(spec.scratch)
     scratch.mkdir(parents=True, exist_ok=True)
     if root and spec.uid is not None:
@@ -286,7 +301,7 @@ def _confine_process(spec: JailSpec, report: JailReport, root: bool, *, mounts: 
     os.chdir(scratch)
     _set_limits(spec, report, root)
     _drop_identity(spec, report, root)
-    _rearm_parent_death(warden_alive)
+    _rearm_parent_death(warden_alive, parent)
     _set_environment(spec)
     try:
         _prctl(PR_SET_DUMPABLE, 0)
@@ -297,12 +312,18 @@ def _confine_process(spec: JailSpec, report: JailReport, root: bool, *, mounts: 
         report.fail("seccomp", str(err))
 
 
-def _rearm_parent_death(warden_alive: int | None) -> None:
-    """Changing uid cleared the parent-death signal: set it again, then make sure the warden did not
-    die in between (its pipe reads EOF then), so the sandbox can never outlive it."""
-    if warden_alive is None:
+def _rearm_parent_death(warden_alive: int | None, parent: int | None) -> None:
+    """Changing uid cleared the parent-death signal: set it again, then make sure the parent did not
+    die in between, so the sandbox can never outlive it. Under a warden the sandbox is PID 1 of its
+    namespace (getppid() is 0 there): the warden's pipe reads EOF once it is gone. Without a PID
+    namespace (the fallback) the parent is the zygote, and getppid() changes when it dies."""
+    if warden_alive is None and parent is None:
         return
     _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if warden_alive is None:
+        if os.getppid() != parent:
+            os._exit(70)
+        return
     ready, _, _ = select.select([warden_alive], [], [], 0)
     os.close(warden_alive)
     if ready:

@@ -15,9 +15,11 @@ for `run`, the write end of its evidence pipe):
     {"op": "fork", "kind": k, "jail": JailSpec, "log": path} + fds -> {"pid": warden, "sandbox": pid}
     {"op": "reap", "pid": warden, "timeout_s": t}                  -> {"pid", "code", "signal"}
     {"op": "ping"}                                                 -> {"pong": true}
-The zygote is a child subreaper. It exits when its control socket closes (the verifier is gone) and
-kills its wardens; each sandbox dies with its warden (PR_SET_PDEATHSIG, set again after the sandbox
-changes uid, which clears it), and with the sandbox, its whole PID namespace.
+The zygote is a child subreaper. It exits when its control socket closes (the verifier is gone), even
+in the middle of a fork or a reap, and kills its wardens; each warden dies with the zygote
+(PR_SET_PDEATHSIG, armed first thing after the fork, then the parent checked, so a zygote that died
+in between is seen); each sandbox dies with its warden (PR_SET_PDEATHSIG, set again after the sandbox
+changes uid, which clears it), and with the sandbox, its whole PID namespace (docs/verifier.md, P10).
 
 What the zygote's interpreter loads, every sandbox has: it loads the sandbox's native parts
 (actors/verifier/native: kiln_native first, then torch, then the compute fence) and never ctypes,
@@ -49,10 +51,20 @@ _JOBS = itertools.count(1)
 # ----------------------------------------------------------------------------------- the server
 
 
-def _child(kind: str, fds: list[int], req: dict) -> None:
-    """In the forked child: own process group, stdio to the job's log, the jail, then the job."""
+class _VerifierGone(Exception):
+    """The control socket closed while the zygote waited on a child: the verifier is gone."""
+
+
+def _child(kind: str, fds: list[int], req: dict, zygote: int) -> None:
+    """In the forked child: tied to the zygote's life, own process group, stdio to the job's log, the
+    jail, then the job."""
     code = 6
     try:
+        from actors.verifier import jail
+
+        # Before anything else: a child that outlived a SIGKILLed zygote would be reparented to init and
+        # run (and, jailed, spin under a uid nobody watches) with no one left to reap or kill it.
+        jail.die_with_parent(zygote)
         os.setsid()
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGPIPE):
             signal.signal(sig, signal.SIG_DFL)
@@ -63,8 +75,6 @@ def _child(kind: str, fds: list[int], req: dict) -> None:
         os.dup2(log, 2)
         os.close(null)
         os.close(log)
-        from actors.verifier import jail
-
         report_fd = fds[-1]
         keep = set(fds[:-1])
 
@@ -117,31 +127,40 @@ def _build_entry(fds, spec, report, args) -> int:
 _ENTRIES = {"run": _run_entry, "capture": _capture_entry, "build": _build_entry}
 
 
-def _fork(req: dict, fds: list[int]) -> dict:
+def _fork(req: dict, fds: list[int], ctrl: socket.socket) -> dict:
     kind = req.get("kind")
     if kind not in KINDS or not fds:
         for fd in fds:
             os.close(fd)
         return {"error": f"cannot fork a {kind!r} job"}
     r, w = os.pipe()
+    zygote = os.getpid()
     pid = os.fork()
     if pid == 0:
         os.close(r)
-        _child(kind, fds + [w], req)
+        _child(kind, fds + [w], req, zygote)
     os.close(w)
     for fd in fds:
         os.close(fd)
-    sandbox = _read_pid(r, timeout_s=30.0)
-    os.close(r)
+    try:
+        sandbox = _read_pid(r, timeout_s=30.0, ctrl=ctrl)
+    except _VerifierGone:
+        os.kill(pid, signal.SIGKILL)  # not yet among the wardens that end() kills
+        raise
+    finally:
+        os.close(r)
     return {"pid": pid, "sandbox": sandbox}
 
 
-def _read_pid(fd: int, timeout_s: float) -> int | None:
+def _read_pid(fd: int, timeout_s: float, ctrl: socket.socket) -> int | None:
     data = b""
     deadline = time.monotonic() + timeout_s
     while b"\n" not in data:
         left = deadline - time.monotonic()
-        if left <= 0 or not select.select([fd], [], [], left)[0]:
+        ready = select.select([fd, ctrl], [], [], max(left, 0))[0] if left > 0 else []
+        if ctrl in ready:
+            raise _VerifierGone
+        if fd not in ready:
             return None
         chunk = os.read(fd, 64)
         if not chunk:
@@ -173,43 +192,52 @@ def serve(ctrl: socket.socket) -> None:
                 continue
             if block_for is None or block_for in statuses or block_for not in wardens or time.monotonic() > deadline:
                 return
-            time.sleep(0.002)
+            # The client waits for this reply and sends nothing meanwhile: a readable socket is its EOF.
+            if select.select([ctrl], [], [], 0.002)[0]:
+                raise _VerifierGone
+
+    def end() -> None:  # the verifier is gone: so are its sandboxes
+        for pid in wardens - set(statuses):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
 
     while True:
         try:
             msg, fds, _, _ = socket.recv_fds(ctrl, _MAX_MSG, 4)
         except OSError:
             msg, fds = b"", []
-        if not msg:  # the verifier is gone: so are its sandboxes
-            for pid in wardens - set(statuses):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
+        if not msg:
+            end()
             return
         try:
             req = json.loads(msg)
             op = req.get("op")
         except ValueError:
             req, op = {}, None
-        if op == "fork":
-            reply = _fork(req, list(fds))
-            if "pid" in reply:
-                wardens.add(reply["pid"])
-        elif op == "reap":
-            pid = int(req.get("pid", -1))
-            collect(block_for=pid, timeout_s=float(req.get("timeout_s", 10.0)))
-            code, sig = statuses.pop(pid, (None, None))
-            if code is not None or sig is not None:
-                wardens.discard(pid)
-            reply = {"pid": pid, "code": code, "signal": sig}
-        elif op == "ping":
-            collect()
-            reply = {"pong": True}
-        else:
-            for fd in fds:
-                os.close(fd)
-            reply = {"error": f"unknown request {op!r}"}
+        try:
+            if op == "fork":
+                reply = _fork(req, list(fds), ctrl)
+                if "pid" in reply:
+                    wardens.add(reply["pid"])
+            elif op == "reap":
+                pid = int(req.get("pid", -1))
+                collect(block_for=pid, timeout_s=float(req.get("timeout_s", 10.0)))
+                code, sig = statuses.pop(pid, (None, None))
+                if code is not None or sig is not None:
+                    wardens.discard(pid)
+                reply = {"pid": pid, "code": code, "signal": sig}
+            elif op == "ping":
+                collect()
+                reply = {"pong": True}
+            else:
+                for fd in fds:
+                    os.close(fd)
+                reply = {"error": f"unknown request {op!r}"}
+        except _VerifierGone:  # seen mid-fork or mid-reap: a wait of up to 30 s is not waited out
+            end()
+            return
         ctrl.send(json.dumps(reply).encode())
 
 

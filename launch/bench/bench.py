@@ -74,6 +74,14 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--steps", type=int, default=4, metavar="S", help="learner steps measured (default 4)")
     p.add_argument("--kill", metavar="ACTOR@STEP", help="kill this actor once the learner recorded STEP")
     p.add_argument(
+        "--chaos",
+        type=int,
+        metavar="N",
+        help="instead of the benchmark: one run killed N times, every role in turn, the driver included "
+        "(SIGKILL and SIGTERM; the driver followed by --resume); reports each recovery and the no-loss check",
+    )
+    p.add_argument("--seed", type=int, default=0, help="--chaos: the seed of the order of the roles killed")
+    p.add_argument(
         "--stop-after",
         metavar="SECONDS",
         type=float,
@@ -155,6 +163,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         )
         return 2
     logging.basicConfig(level=base.logging.level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.chaos is not None:
+        return _chaos(plan, args)
     from launch.driver.tiny_checkpoint import resolve_model_path
 
     model_path = resolve_model_path(base).model.path
@@ -177,6 +187,21 @@ def cmd_bench(args: argparse.Namespace) -> int:
         Path(args.json).write_text(text)
     print(f"\nkiln bench: report, JSON and Gantt timeline in {out}")
     return 0
+
+
+def _chaos(plan: Plan, args: argparse.Namespace) -> int:
+    from launch.bench.chaos import chaos
+
+    if args.chaos < 1:
+        print("kiln bench: --chaos N needs N >= 1 kills", file=sys.stderr)
+        return 2
+    out = Path(args.out or f"runs/chaos-{time.strftime('%Y%m%d-%H%M%S')}")
+    if (out / "chaos.json").exists():
+        print(f"kiln bench: {out} holds a chaos report already; choose another --out", file=sys.stderr)
+        return 2
+    result = chaos(str(plan.config), args.chaos, out.resolve(), plan.overrides, args.seed)
+    print(f"\nkiln bench: chaos report in {out / 'chaos.json'}")
+    return 0 if result.finished and result.id_check.get("ok") and not result.left_at_end else 1
 
 
 def bench(base: KilnConfig, plan: Plan, out: Path, args: argparse.Namespace):

@@ -243,6 +243,7 @@ def render_loops(report: BenchReport) -> list[str]:
         ("restarts", [", ".join(loop.restarts) or "-" for loop in loops]),
         ("versions only grow", [str(loop.versions_monotonic) for loop in loops]),
         ("episodes emitted = trained + filtered + pending", [_ledger(loop.episodes) for loop in loops]),
+        ("no-loss id check (independent witnesses)", [_id_check(loop.id_check) for loop in loops]),
     ]
     out = ["### The loop", "", *head, *(f"| {name} | " + " | ".join(values) + " |" for name, values in rows)]
     if report.async_sync_speedup is not None:
@@ -260,6 +261,13 @@ def _busy(loop: LoopResult, actor: str) -> str:
     parts = loop.activities.get(actor, {})
     detail = ", ".join(f"{a} {v:.2f}" for a, v in sorted(parts.items())) if len(parts) > 1 else ""
     return f"{loop.busy[actor]:.2f}" + (f" ({detail})" if detail else "")
+
+
+def _id_check(check: dict) -> str:
+    if not check:
+        return "not run"
+    head = f"{check['acked']} acknowledged, {check['trained']} trained, {check['filtered']} filtered, {check['pending']} pending"
+    return f"holds: {head}" if check["ok"] else f"FAILS ({', '.join(check['problems'])}): {head}"
 
 
 def _ledger(ep: dict) -> str:

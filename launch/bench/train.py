@@ -183,6 +183,7 @@ class LoopResult:
     restarts: list[str]
     versions_monotonic: bool
     episodes: dict
+    id_check: dict  # the no-loss check over independent witnesses (launch/observe/id_check.py)
     killed: str | None
     recovery_s: float | None  # kill -> the next learner step recorded
     finished: bool  # False when stop_after ended the run before its last step
@@ -299,6 +300,7 @@ def summarise(
         restarts=[r["actor"] for r in summary["restarts"]],
         versions_monotonic=versions == sorted(set(versions)),
         episodes=summary["episodes"],
+        id_check=summary.get("id_check", {}),
         killed=f"{kill[0]} at step {kill[1]}" if kill else None,
         recovery_s=recovery,
         finished=finished,

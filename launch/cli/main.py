@@ -1,7 +1,13 @@
 """The `kiln` command. Each subcommand lives in its own module and registers here once it works.
 
 Every subcommand that reads a config takes `--config FILE` and trailing `section.key=value`
-overrides, resolved by `configs.load_config`. Errors print one line and exit non-zero.
+overrides, resolved by `configs.load_config`. Errors print one line and exit non-zero; so do Ctrl-C
+and SIGTERM (one line, exit status 130), after `kiln train` has checkpointed and stopped.
+
+Run as the process's own command (`kiln ...`, `python -m launch.cli ...`: main() without argv), the
+process is the driver of everything it starts: SIGTERM becomes a KeyboardInterrupt
+(launch/driver/stop_signal.py), and a lifeline keeper ends every process it started once it is gone,
+however it went (launch/driver/lifeline.py). main(argv) called in-process (tests) does neither.
 """
 
 from __future__ import annotations
@@ -12,7 +18,9 @@ import sys
 
 from configs import ConfigError, load_config, to_yaml
 from launch.config_args import add_config_arguments
+from launch.driver import lifeline
 from launch.driver.checks import StartupError
+from launch.driver.stop_signal import stop_on_sigterm
 
 
 def cmd_config(args: argparse.Namespace) -> int:
@@ -61,6 +69,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if argv is not None:  # called in-process: the caller owns the process, its signals and its children
+        return _run(args)
+    stop_on_sigterm()
+    with lifeline.held():
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         code = args.func(args)
         sys.stdout.flush()  # a closed pipe shows here, inside the handler, not at interpreter exit

@@ -227,12 +227,13 @@ def local_checks(cfg: KilnConfig, *, dry_run: bool, with_components: bool = True
 
 
 def on_cluster(cfg: KilnConfig, placement, ray_options: Callable, timeout_s: float = 600.0) -> list[Finding]:
-    """The component checks as Ray tasks, each scheduled like its component (`ray_options(slot)`: the
-    placement group bundle of its GPUs, as `Supervisor.ray_options` gives the actor); findings are
-    prefixed with the component's name. The model check of a component that failed already is
-    reported once."""
+    """The component checks as Ray tasks, each scheduled like its component (`ray_options(slot, prefer)`:
+    the placement group bundle of its GPUs, or its preferred node, as `Supervisor.ray_options` gives the
+    actor); findings are prefixed with the component's name. The model check of a component that
+    failed already is reported once."""
     import ray
 
+    from actors.base import Slot
     from launch.driver.plan import actor_slot
 
     pending = []
@@ -240,7 +241,7 @@ def on_cluster(cfg: KilnConfig, placement, ray_options: Callable, timeout_s: flo
         slot = actor_slot(placement, role, 0) if role != "replay" else None
         gpus = slot.num_gpus if slot is not None else 0
         task = ray.remote(num_cpus=0, num_gpus=gpus)(check)
-        options = ray_options(slot) if slot is not None else {}
+        options = ray_options(slot or Slot(), cfg.cluster.prefer_nodes.get(role, ""))
         pending.append((name, task.options(**options).remote(*args)))
     findings, seen = [], set()
     for name, ref in pending:

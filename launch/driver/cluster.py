@@ -11,6 +11,7 @@ import sys
 from typing import Self
 
 from configs import ClusterConfig
+from launch.driver import stop_signal
 from launch.driver.plan import PlacementPlan, bundles
 
 PLACEMENT_TIMEOUT_S = 300.0
@@ -53,10 +54,15 @@ def start_ray(c: ClusterConfig) -> bool:
         return False
     if not sys.stderr.isatty():
         os.environ.setdefault("RAY_COLOR_PREFIX", "0")
-    if c.address:
-        ray.init(address=c.address, log_to_driver=True)
-    else:
-        ray.init(num_cpus=c.num_cpus, num_gpus=c.num_gpus, include_dashboard=False, log_to_driver=True)
+    try:
+        with stop_signal.ray_start():  # ray.init replaces the CLI's SIGTERM handler (a stack dump instead)
+            if c.address:
+                ray.init(address=c.address, log_to_driver=True)
+            else:
+                ray.init(num_cpus=c.num_cpus, num_gpus=c.num_gpus, include_dashboard=False, log_to_driver=True)
+    except KeyboardInterrupt:
+        ray.shutdown()  # a driver left half-connected crashes the interpreter's exit (SIGSEGV)
+        raise
     return True
 
 

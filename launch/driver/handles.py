@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from actors.base import ActorHealth
-from actors.buffer.health import ReplayHealth
+from actors.buffer.health import LedgerIds, ReplayHealth
 from actors.learner.health import LearnerHealth
 from actors.rollout.evaluation import EvalAttempt
 from actors.rollout.health import RolloutHealth
@@ -109,6 +109,14 @@ class ReplayHandle(ActorHandle):
     def release_actor(self, name: str, timeout_s: float = COMMAND_TIMEOUT_S) -> int:
         """Re-issue the groups a dead rollout actor held; returns how many."""
         return self._invoke(self.ref.release_actor, name, timeout_s=timeout_s)
+
+    def ledger_ids(self, timeout_s: float = COMMAND_TIMEOUT_S) -> LedgerIds:
+        """Every stored episode id by status, and the rolled-back version ranges."""
+        return self._invoke(self.ref.ledger_ids, timeout_s=timeout_s)
+
+    def release_earlier_session(self, timeout_s: float = COMMAND_TIMEOUT_S) -> int:
+        """Re-issue every group an earlier session's rollout actors held (a resumed run); returns how many."""
+        return self._invoke(self.ref.release_earlier_session, timeout_s=timeout_s)
 
 
 class LearnerHandle(ActorHandle):

@@ -10,11 +10,14 @@ RUN_DIR/replay/            replay's write-ahead log and snapshots
 RUN_DIR/learner/           the learner's highest announced version
 RUN_DIR/checkpoints/       learner checkpoints; weights/ the disk weight transport
 RUN_DIR/final/             the final model as an HF checkpoint
+RUN_DIR/sessions.jsonl     each `kiln train` session of the run: when it started and, if it ended
+                           cleanly, what it ended with (a session with no end line crashed)
 RUN_DIR/report.md          the report, with plots/
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 from collections.abc import Callable
@@ -45,6 +48,40 @@ class RunDirectory:
         if not (path / "config.yaml").is_file():
             raise FileNotFoundError(f"{path} is not a Kiln run directory (no config.yaml)")
         return cls(path)
+
+    @property
+    def sessions_path(self) -> Path:
+        return self.path / "sessions.jsonl"
+
+    def begin_session(self) -> int:
+        """Record a session's start; returns its number (1 for a new run, 2 for its first resume...)."""
+        number = 1 + max((s["session"] for s in self.sessions()), default=0)
+        self._append_session({"session": number, "started": round(time.time(), 3)})
+        return number
+
+    def end_session(self, number: int, facts: dict) -> None:
+        """Record how session `number` ended (it wrote its summary): `facts` are the learner's figures."""
+        self._append_session({"session": number, "ended": round(time.time(), 3), **facts})
+
+    def sessions(self) -> list[dict]:
+        """Every session of the run in order, its start and end lines merged; a session whose line was
+        torn by a crash mid-write is skipped."""
+        merged: dict[int, dict] = {}
+        try:
+            lines = self.sessions_path.read_text().splitlines()
+        except OSError:
+            return []
+        for line in lines:
+            try:
+                entry = json.loads(line)
+                merged.setdefault(int(entry["session"]), {}).update(entry)
+            except (ValueError, KeyError, TypeError):
+                continue
+        return [merged[n] for n in sorted(merged)]
+
+    def _append_session(self, entry: dict) -> None:
+        with self.sessions_path.open("a") as f:
+            f.write(json.dumps(entry) + "\n")
 
     @property
     def config_path(self) -> Path:

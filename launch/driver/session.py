@@ -15,6 +15,8 @@ synchronous confirmation, minimum versions and the evaluation's tasks are the ac
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import time
 from pathlib import Path
@@ -32,9 +34,11 @@ from launch.driver.plan import PlacementPlan, plan
 from launch.driver.run_dir import RunDirectory
 from launch.driver.supervisor import Supervisor
 from launch.driver.tiny_checkpoint import resolve_model_path
+from launch.observe.id_check import IdCheck, check_ids, read_witnesses
 from launch.observe.progress import ReplayCounts, StartReadings
 from launch.observe.recorder import ProgressReadings, RunRecorder
 from launch.observe.report import write_report
+from launch.observe.stall import Readings, StallWatch, diagnose
 from launch.observe.summary import RunSummary
 from launch.stages.eval.validation import record_validation
 from protocols import metric_keys as mk
@@ -61,6 +65,9 @@ class Session:
         self.recorder: RunRecorder | None = None
         self.rollouts_started: float | None = None
         self.stopped_for_no_progress = False
+        self.stall: StallWatch | None = None  # the stall watchdog, once the rollouts started
+        self.stalls = 0
+        self._batch_waits_at_step = 0  # the learner's batch requests answered "wait", at its last step
         self._last_supervise = 0.0
         self._tokenizer = None
 
@@ -68,6 +75,7 @@ class Session:
 
     def __enter__(self) -> Self:
         c = self.cfg.cluster
+        self.number = self.run.begin_session()
         registry = Registry(self.run.path)
         registry.clear()  # what an earlier driver's actors registered (a resumed run) is stale
         if c.use_ray:
@@ -141,12 +149,17 @@ class Session:
             self.recorder.metrics.log(0, report.metrics())
 
     def start_rollouts(self, *, follow_learner: bool = True, episode_log: bool = False) -> None:
+        released = self.replay.release_earlier_session()  # a resumed run: its rollout actors died with the driver
+        if released:
+            log.info("replay: %d group(s) of the earlier session's rollout actors re-issued", released)
         for spec in wiring.rollout_specs(
             self.cfg, self.placement, follow_learner=follow_learner, episode_log=episode_log
         ):
             self.supervisor.launch(spec)
         self.rollouts_started = time.monotonic()
         self.recorder.rollouts_started(self.rollouts_started)
+        lg = self.cfg.logging
+        self.stall = StallWatch(lg.stall_factor, lg.stall_first_step_s, since=self.rollouts_started)
 
     @property
     def replay(self) -> ReplayHandle:
@@ -221,6 +234,35 @@ class Session:
         replay = self._health(self.replay)  # None while replay restarts: the row goes without its figures
         handles = self.supervisor.handles.values()
         self.recorder.step(step, values, replay, handles, time.monotonic(), tokenizer=lambda: self.tokenizer)
+        if self.stall is not None:
+            self.stall.step(time.monotonic())
+            learner = self._health(self.learner)
+            self._batch_waits_at_step = learner.batch_waits if learner is not None else self._batch_waits_at_step
+
+    def watch_stall(self) -> str | None:
+        """The stall watchdog (launch/observe/stall.py): once per stall, the line that names who waits
+        for what, logged and kept for the report, and every actor's state in RUN_DIR/logs/stall-NNN.json."""
+        now = time.monotonic()
+        if self.stall is None or not self.stall.due(now):
+            return None
+        learner = self._health(self.learner) if "learner" in self.supervisor.handles else None
+        readings = Readings(
+            learner=learner,
+            replay=self._health(self.replay),
+            rollouts={h.name: self._health(h) for h in self.rollouts},
+            verifiers={h.name: self._health(h) for h in self.supervisor.role("verifier-")},
+            batch_groups=self.cfg.algo.batch_groups,
+            learner_asking=learner is not None and learner.batch_waits > self._batch_waits_at_step,
+        )
+        since = self.stall.steps[-1] if self.stall.steps else self.stall.since
+        line = diagnose(readings, now - since)
+        self.stalls += 1
+        dump = self.run.path / "logs" / f"stall-{self.stalls:03d}.json"
+        dump.parent.mkdir(parents=True, exist_ok=True)
+        dump.write_text(json.dumps({"diagnosis": line, **dataclasses.asdict(readings)}, indent=1, default=str))
+        log.error("stall: %s (every actor's state: %s)", line, dump)
+        self.recorder.warnings.seen.append(f"stall: {line}")
+        return line
 
     # ------------------------------------------------------------------------ rollout progress
 
@@ -305,15 +347,38 @@ class Session:
         return self.run.replace_final(lambda fresh: self.learner.export_hf(str(fresh)))
 
     def write_summary(self) -> dict:
-        """RUN_DIR/summary.json: replay's ledger (the episode-id invariant), versions, restarts."""
+        """RUN_DIR/summary.json: replay's ledger (the episode-id invariant), versions, restarts, and every
+        session of the run (RUN_DIR/sessions.jsonl: this one's end is recorded here)."""
+        learner = self.learner.health()
+        self.run.end_session(
+            self.number,
+            {
+                "wall_s": round(time.monotonic() - self.started, 1),
+                "step": learner.step,
+                "version": learner.version,
+                "restored_from": learner.restored_from,
+                "rolled_back": learner.rolled_back,
+            },
+        )
+        ids = self.check_ids()
         return RunSummary(
             replay=self.replay.health(),
-            learner=self.learner.health(),
+            learner=learner,
+            id_check=ids,
+            sessions=tuple(self.run.sessions()),
             restarts=tuple(self.supervisor.restarts),
             wall_s=time.monotonic() - self.started,
             stopped_for_no_progress=self.stopped_for_no_progress,
             warnings=tuple(self.recorder.warnings.seen),
         ).write(self.run.path)
+
+    def check_ids(self) -> IdCheck:
+        """The no-loss check over the whole run (every session): what the rollout actors say replay
+        acknowledged, what replay stored and did, and what the learner says it trained."""
+        acked, trained = read_witnesses(self.run.path)
+        result = check_ids(acked, trained, self.replay.ledger_ids())
+        (log.info if result.ok else log.error)("%s", result.line())
+        return result
 
     def write_report(self) -> Path:
         """report.md (and report.html) of the run; its wall time is this session's, the one `kiln train`

@@ -57,6 +57,7 @@ class ActorSpec:
     restartable: bool = True
     group: str | None = None  # actors that start, die and restart together (a learner's ranks)
     standby: bool = False  # keep a prepared spare that takes over when this actor dies (not for groups)
+    prefer_node: str = ""  # a node label "key=value" it runs on while such a node is alive (cluster.prefer_nodes)
 
 
 @dataclass
@@ -191,12 +192,17 @@ class Supervisor:
         if not self.use_ray:
             return spec.cls(*spec.args, ctx, **spec.kwargs)
         cls = as_ray_actor(spec.cls, num_cpus=0, num_gpus=spec.slot.num_gpus, max_concurrency=8)
-        return cls.options(**self.ray_options(spec.slot)).remote(*spec.args, ctx, **spec.kwargs)
+        return cls.options(**self.ray_options(spec.slot, spec.prefer_node)).remote(*spec.args, ctx, **spec.kwargs)
 
-    def ray_options(self, slot: Slot) -> dict[str, Any]:
-        """Schedule an actor into its bundle of the run's placement group (nothing for one without a GPU)."""
+    def ray_options(self, slot: Slot, prefer_node: str = "") -> dict[str, Any]:
+        """Schedule an actor into its bundle of the run's placement group; one without a GPU onto a node
+        labelled `prefer_node` ("key=value") while one is alive, else anywhere (nothing to say: Ray picks)."""
         if slot.bundle is None or self.placement_group is None:
-            return {}
+            if not prefer_node:
+                return {}
+            key, _, value = prefer_node.partition("=")
+            # The fallback is any node: when the labelled node is lost, its actors restart on the others.
+            return {"label_selector": {key: value}, "fallback_strategy": [{"label_selector": {}}]}
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         return {

@@ -59,6 +59,7 @@ def train(
                     if on_step is not None:
                         on_step(s, step)
                 s.watch_progress()  # rollout-side progress rows, and the no-progress warning
+                s.watch_stall()  # no step for far longer than steps take: who waits for what
                 s.supervise()
         except KeyboardInterrupt:
             log.warning("interrupted: checkpointing the learner; `kiln train --resume %s` continues", run.path)

@@ -28,11 +28,18 @@ def replay_spec(cfg: KilnConfig) -> ActorSpec:
         handle=ReplayHandle,
         args=(cfg.replay, cfg.algo),
         kwargs={"backend": cfg.verifier.backend},
+        prefer_node=cfg.cluster.prefer_nodes.get("replay", ""),
     )
 
 
 def offline_replay_spec(cfg: KilnConfig, episodes: Path) -> ActorSpec:
-    return ActorSpec(name="replay", cls=OfflineReplayActor, handle=ReplayHandle, args=(str(episodes), cfg.algo))
+    return ActorSpec(
+        name="replay",
+        cls=OfflineReplayActor,
+        handle=ReplayHandle,
+        args=(str(episodes), cfg.algo),
+        prefer_node=cfg.cluster.prefer_nodes.get("replay", ""),
+    )
 
 
 def verifier_specs(cfg: KilnConfig, placement: PlacementPlan) -> list[ActorSpec]:
@@ -45,6 +52,7 @@ def verifier_specs(cfg: KilnConfig, placement: PlacementPlan) -> list[ActorSpec]
             rank=i,
             world_size=cfg.verifier.num_actors,
             slot=actor_slot(placement, "verifier", i),
+            prefer_node=cfg.cluster.prefer_nodes.get("verifier", ""),
         )
         for i in range(cfg.verifier.num_actors)
     ]
@@ -75,6 +83,7 @@ def learner_specs(cfg: KilnConfig, placement: PlacementPlan) -> list[ActorSpec]:
             slot=slots[rank],
             group="learner" if world > 1 else None,
             standby=standby,
+            prefer_node=cfg.cluster.prefer_nodes.get("learner", ""),
         )
         for rank in range(world)
     ]
@@ -101,6 +110,7 @@ def rollout_specs(
             slot=slot,
             # as the learner's: only where a restart pays for a new process and the spare holds no GPU
             standby=cfg.rollout.standby and cfg.cluster.use_ray and not slot.gpus and not slot.num_gpus,
+            prefer_node=cfg.cluster.prefer_nodes.get("rollout", ""),
         )
         for i, slot in enumerate(slots)
     ]

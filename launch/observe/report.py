@@ -116,6 +116,8 @@ def _summary(rows: list[dict], series: Series, summary: dict) -> list[Block]:
         ("learner steps", f"{len(trained)} (steps {trained[0]}..{trained[-1]})" if trained else "none"),
         ("wall time (this session, as `kiln train` printed it)", wall_text),
         ("stopped early", summary.get("stopped")),
+        ("sessions", _sessions(summary)),
+        ("episode ids (the no-loss check)", _id_check(summary)),
         ("weight versions", _int(_max(series, mk.WEIGHTS_VERSION))),
         ("groups completed", _int(_latest(rows, (mk.PROGRESS_GROUPS, mk.RUN_GROUPS)))),
         ("distinct compiled sources", _int(_last(series, mk.RUN_DISTINCT_SOURCES))),
@@ -134,10 +136,45 @@ def _summary(rows: list[dict], series: Series, summary: dict) -> list[Block]:
             [
                 [name, value if value is not None else "not recorded"]
                 for name, value in facts
-                if name != "stopped early" or value
+                if name not in ("stopped early", "sessions") or value
             ],
         ),
     ]
+
+
+def _id_check(summary: dict) -> str | None:
+    check = summary.get("id_check")
+    if not isinstance(check, dict):
+        return None
+    head = (
+        f"{check.get('acked')} acknowledged, {check.get('trained')} trained, {check.get('filtered')} filtered, "
+        f"{check.get('pending')} pending"
+    )
+    if check.get("ok"):
+        return f"hold: {head}"
+    problems = check.get("problems") or {}
+    return f"FAIL: {head}; " + "; ".join(f"{k}: {', '.join(map(str, v))}" for k, v in problems.items())
+
+
+def _sessions(summary: dict) -> str | None:
+    """A resumed run's sessions in one line: which crashed, and what each resume restored and lost."""
+    sessions = [s for s in summary.get("sessions") or [] if isinstance(s, dict)]
+    if len(sessions) < 2:
+        return None
+    parts = []
+    for s in sessions:
+        if "ended" not in s:
+            parts.append(f"{s.get('session')}: crashed (no summary)")
+            continue
+        restored = s.get("restored_from", -1)
+        how = f"restored version {restored}" if isinstance(restored, int) and restored >= 0 else "fresh"
+        lost = s.get("rolled_back") or 0
+        parts.append(
+            f"{s.get('session')}: {how}"
+            + (f", {lost} version(s) rolled back" if lost else "")
+            + f", ended at step {s.get('step')}"
+        )
+    return f"{len(sessions)} ({'; '.join(parts)})"
 
 
 def _warnings(summary: dict) -> list[Block]:

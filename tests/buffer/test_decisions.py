@@ -21,6 +21,7 @@ from actors.decisions import (
     is_stale,
     made_by_discarded,
     may_start_group,
+    served_batch_finished,
     share_room,
     staleness_bound,
     staleness_room,
@@ -123,7 +124,7 @@ def test_one_stale_sample_filters_the_group_and_reissues_its_task():
     assert not is_stale(None, 0)  # no gradient-carrying tokens: nothing to be stale
     assert fate_at_batch([0, 1], 1, made_by_discarded_weights=False) == TRAIN
     assert fate_at_batch([0, 2], 1, made_by_discarded_weights=False) == Fate(filtered="stale", reissue=True)
-    assert fate_at_batch([None, 0], 0, made_by_discarded_weights=True) == Fate(filtered="discarded", reissue=True)
+    assert fate_at_batch([None, 0], 0, made_by_discarded_weights=True) == Fate(filtered="rolled_back", reissue=True)
     assert fate_at_batch([3], 1, made_by_discarded_weights=True).filtered == "stale"  # stale is judged first
 
 
@@ -145,3 +146,11 @@ def test_a_silent_group_expires_and_its_task_goes_again():
 @pytest.mark.parametrize("eta, waits", [(0, True), (1, False), (2, False)])
 def test_only_a_synchronous_learner_waits_for_the_engines(eta, waits):
     assert waits_for_engines(eta) is waits
+
+
+def test_a_served_batch_is_unfinished_only_when_a_rollback_lands_one_above_it():
+    # the learner moved on (4 after 3): finished; a restore at 7 that rolled back (4, 7): the batch
+    # served at 6 was the newest version's, so its step never finished; one served at 5 did finish
+    assert served_batch_finished(3, 4, rollback=False)
+    assert not served_batch_finished(6, 7, rollback=True)
+    assert served_batch_finished(5, 7, rollback=True)

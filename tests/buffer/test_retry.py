@@ -170,7 +170,10 @@ def test_all_failed_group_is_retried_with_its_best_attempt_until_success(actor):
     assert actor.health().groups.trained == 1 and actor.health().groups.retry_trained == 0  # the fresh group
     assert actor.handle(BatchRequest(learner_id="l", version=1)).status == "batch"
     h = actor.health()
-    assert h.groups.retry_trained == 1  # the successful retry group was trained, which resolves its entry
+    assert h.groups.retry_trained == 1  # served; its entry resolves once the step on it finished
+    assert (h.retry.in_flight, h.retry.resolved) == (1, 1)
+    actor.handle(BatchRequest(learner_id="l", version=2))  # the learner moved on: that step finished
+    h = actor.health()
     assert (h.retry.size, h.retry.in_flight, h.retry.successes, h.retry.resolved) == (0, 0, 1, 2)
     assert h.retry.retry_success_rate == 0.5
 
@@ -227,16 +230,18 @@ def test_a_stale_repair_group_is_never_served_beside_its_entry():
     assert repair.task.task_id == fresh.task.task_id and repair.task.repair is not None
     deliver(state, repair, [-1.0, -0.8])  # the repair fails again, untied: it waits for a batch
     assert state.on_batch_request(BatchRequest(learner_id="l", version=0))[0].status == "batch"  # the fresh group
-    reply, _ = state.on_batch_request(BatchRequest(learner_id="l", version=3))  # the repair group lags 3 > η = 1
+    # version 3 after one step (a rollback skipped versions 1 and 2): the repair group lags 3 > η = 1
+    reply, _ = state.on_batch_request(BatchRequest(learner_id="l", version=3, step=1))
     assert reply.status == "wait" and state.counters.groups_filtered == {"stale": 1}
     assert repair_groups_out(state) == {repair.task.task_id: 1}
     again = open_group(state)
     assert again.task == repair.task  # the re-issue: the same repair context, its entry still in flight
-    for _ in range(2):
-        assert open_group(state).task.repair is None  # the entry is not served beside it
-        assert repair_groups_out(state) == {repair.task.task_id: 1}
+    # the window's other group (η = 1: two may run): the entry is not served beside the re-issue
+    assert open_group(state).task.repair is None
+    assert repair_groups_out(state) == {repair.task.task_id: 1}
     deliver(state, again, [1.0, -1.0], version=3)  # the re-issued repair passes and is trained
-    assert state.on_batch_request(BatchRequest(learner_id="l", version=3))[0].status == "batch"
+    assert state.on_batch_request(BatchRequest(learner_id="l", version=3, step=1))[0].status == "batch"
+    state.on_batch_request(BatchRequest(learner_id="l", version=4, step=2))  # that step finished
     stats = state.retry.stats  # one entry, served once, resolved once: by the group that was trained
     assert (stats.served, stats.resolved, stats.successes) == (1, 1, 1) and not state.retry.holds(repair.task.task_id)
-    assert state.feed.served == {"fresh": 3, "retry": 1, "reissue": 1}
+    assert state.feed.served == {"fresh": 2, "retry": 1, "reissue": 1}

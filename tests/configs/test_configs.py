@@ -50,6 +50,8 @@ def test_mirrorpop_filters_switch_off_with_null():
         ("algo=3", "'algo' must be a mapping"),
         ("group_size", "not of the form section.key=value"),
         ("model.num_kv_heads=3", "must divide model.num_heads"),
+        ("cluster.prefer_nodes.rollouts=a=b", "cluster.prefer_nodes.rollouts='a=b': a role"),
+        ("cluster.prefer_nodes.rollout=cpu", "maps to a node label 'key=value'"),
         ("learner.pipeline_parallel=0", r"learner.pipeline_parallel=0 is out of range: must be >= 1"),
         (
             "learner.megatron.logprob_chunk_rows=0",

@@ -1,25 +1,37 @@
 """One PNG per mechanism: the full arm against the arm that switches it off, the metric curves over
-learner steps (mean over seeds, the band min–max over seeds): reward, pass rate, and the mechanism's
-counter per step (its running total for a run-total counter)."""
+learner steps (mean over seeds, the band min–max over seeds): reward, pass rate, the first-turn pass
+rate and the repair success rate (each as the table defines it, over the run up to the step), and
+the mechanism's counter (its running total)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from launch.stages.ablate.arms import Arm, Counter
+from launch.stages.ablate.summary import run_figures
 from protocols import metric_keys as mk
 
 Rows = list[dict]
 
 
+# Rates over the run up to each step, by run_figures' definitions (summary.py), so a curve ends at the
+# table's figure.
+RATES = {"first-turn pass rate", "repair success rate"}
+
+
 def curve(rows: Rows, key: str | None, counter: Counter | None = None) -> dict[int, float]:
-    """step -> value: `key`'s value at each step that has it, or the counter's running count."""
+    """step -> value: `key`'s value at each step that has it, a rate of RATES up to the step, or the
+    counter's running count."""
     out: dict[int, float] = {}
     steps = sorted({int(r["step"]) for r in rows if "step" in r})
     for step in steps:
         upto = [r for r in rows if int(r.get("step", 0)) <= step]
         if counter is not None:
             out[step] = counter.count(upto)
+        elif key in RATES:
+            rate = run_figures(upto, None)[key]
+            if rate is not None:
+                out[step] = rate
         else:
             values = [r[key] for r in rows if int(r.get("step", -1)) == step and r.get(key) is not None]
             if values:
@@ -50,6 +62,8 @@ def plot_mechanism(full: list[Rows], ablated: list[Rows], arm: Arm, path: Path) 
     panels = [
         ("reward (mean PrimeEcho)", mk.REWARD_MEAN, None),
         ("pass rate", mk.REWARD_PASS_RATE, None),
+        ("first-turn pass rate (run so far)", "first-turn pass rate", None),
+        ("repair success rate (run so far)", "repair success rate", None),
         (f"{arm.counter.name} (running count)", None, arm.counter),
     ]
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4))

@@ -276,6 +276,7 @@ def test_the_ideal_overlap_bound_is_the_slowest_stage_in_samples_per_second():
         restarts=[],
         versions_monotonic=True,
         episodes={},
+        id_check={},
         killed=None,
         recovery_s=None,
         finished=True,

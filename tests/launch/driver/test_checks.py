@@ -201,7 +201,7 @@ def test_verify_lists_a_syntax_broken_task_instead_of_dropping_it(tmp_path, caps
 
 def test_on_a_ray_cluster_each_component_is_checked_where_it_runs(ray_session):
     cfg = load_config(TEXT_MATCH, ["model.path=/only/on/the/gpu/nodes", "cluster.address=auto"])
-    findings = on_cluster(cfg, plan(cfg, check_fit=False), ray_options=lambda slot: {})
+    findings = on_cluster(cfg, plan(cfg, check_fit=False), ray_options=lambda slot, prefer_node: {})
     # the learner's and the rollout's node both lack the checkpoint: reported once, named by component
     assert findings == [
         Finding(

@@ -32,6 +32,7 @@ def test_demo_warm_starts_then_trains_on_verified_kernels(demo_run):
     assert any("eval/pass@1" in r for r in rows)  # the final evaluation on the validation split
     ep = demo_run.summary["episodes"]
     assert ep["invariant_ok"] and ep["trained"] > 0
+    assert demo_run.summary["id_check"]["ok"], demo_run.summary["id_check"]  # the witnesses agree (id_check.py)
     assert (demo_run.path / "final" / "config.json").exists()
 
 

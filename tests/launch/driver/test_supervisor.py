@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from actors.base import Actor, ActorHealth, RunContext
+from actors.base import Actor, ActorHealth, RunContext, Slot
 from launch.driver.handles import ActorHandle
 from launch.driver.supervisor import MAX_START_ATTEMPTS, ActorSpec, Supervisor
 
@@ -115,3 +115,12 @@ def test_an_actor_in_its_own_process_logs_into_the_run_directory_and_its_replace
         check=False,
     )
     assert done.returncode == 0 and "cannot write the log file" in done.stderr  # the actor runs on
+
+
+def test_an_actor_without_a_gpu_prefers_its_labelled_node_and_falls_back_to_any(tmp_path):
+    supervisor = Supervisor(tmp_path, use_ray=True)
+    assert supervisor.ray_options(Slot()) == {}  # Ray picks
+    assert supervisor.ray_options(Slot(), "kiln-node=cpu") == {
+        "label_selector": {"kiln-node": "cpu"},
+        "fallback_strategy": [{"label_selector": {}}],  # any node, once none with the label is alive
+    }

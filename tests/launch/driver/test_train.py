@@ -48,6 +48,7 @@ def test_a_run_in_process_trains_pushes_weights_and_reports(tmp_path, caplog):
     summary = json.loads((run.path / "summary.json").read_text())
     ep = summary["episodes"]
     assert ep["invariant_ok"] and ep["emitted"] == ep["trained"] + ep["filtered_total"] + ep["pending"]
+    assert summary["id_check"]["ok"], summary["id_check"]  # independent witnesses agree (id_check.py)
     assert ep["trained"] >= 5 * cfg.algo.batch_groups * cfg.algo.group_size
     text = report.read_text()
     assert "Validation" in text and (run.path / "plots" / "reward.png").stat().st_size > 1000
@@ -95,6 +96,7 @@ def test_killing_a_rollout_of_two_and_the_learner_mid_run_loses_nothing_and_keep
     assert summary["learner"]["restored_from"] >= 0  # the new learner came from a checkpoint
     ep = summary["episodes"]
     assert ep["invariant_ok"] and ep["emitted"] == ep["trained"] + ep["filtered_total"] + ep["pending"]
+    assert summary["id_check"]["ok"], summary["id_check"]  # independent witnesses agree (id_check.py)
     assert infra and max(infra) == 0  # no attempt was marked infra by a verify timeout
     # Each Ray actor logs into RUN_DIR/logs/NAME.log; a standby appends to the file of the one it replaced.
     assert (run.path / "logs" / "learner.log").read_text().count("serving version") == 2
@@ -132,6 +134,7 @@ def test_a_two_rank_learner_trains_and_restarts_as_a_group_when_a_rank_dies(tmp_
     assert summary["learner"]["restored_from"] >= 2
     ep = summary["episodes"]
     assert ep["invariant_ok"] and ep["emitted"] == ep["trained"] + ep["filtered_total"] + ep["pending"]
+    assert summary["id_check"]["ok"], summary["id_check"]  # independent witnesses agree (id_check.py)
     assert (run.final_model / "config.json").exists()
     # rank 1 did its share of the steps (the driver reads its busy time like any actor's)
     rows = read_metrics(run.path)
@@ -218,6 +221,7 @@ def test_bench_measures_a_run_and_its_recovery_from_a_kill(tmp_path):
     assert set(result["busy"]) == {"learner", "rollout-0", "verifier-0"}
     ep = result["episodes"]
     assert ep["invariant_ok"] and ep["emitted"] == ep["trained"] + ep["filtered_total"] + ep["pending"]
+    assert result["id_check"]["ok"], result["id_check"]
 
 
 def test_bench_stop_after_ends_the_run_at_a_step_and_summarises_it(tmp_path, capsys):
@@ -306,6 +310,7 @@ def test_killing_replay_and_a_verifier_of_two_mid_run_loses_nothing_and_keeps_th
     assert set(killed) == {"verifier-0", "replay"}
     ep = summary["episodes"]
     assert ep["invariant_ok"] and ep["emitted"] == ep["trained"] + ep["filtered_total"] + ep["pending"]
+    assert summary["id_check"]["ok"], summary["id_check"]  # independent witnesses agree (id_check.py)
     assert infra and max(infra) == 0  # no attempt was marked infra by a verify timeout
     # Replay dies: it restarts from its log, and every request that waited on the dead one (or was made
     # while it was down) goes to the new one as soon as it registers. One of two verifiers dies: its

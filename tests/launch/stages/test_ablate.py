@@ -136,9 +136,17 @@ def test_spread_and_table():
 def test_plot_writes_a_png(tmp_path):
     from launch.stages.ablate.plot import band, plot_mechanism
 
-    full = [[_row(1, -0.5, 0.5, 8, optimize=2), _row(2, -0.4, 0.5, 8, optimize=1)]]
-    off = [[_row(1, -0.9, 0.0, 8), _row(2, -0.8, 0.1, 8)]]
+    full = [
+        [
+            _row(1, -0.5, 0.5, 8, optimize=2, repair=4, repair_passed=1),
+            _row(2, -0.4, 0.5, 8, optimize=1, repair=4, repair_passed=3),
+        ]
+    ]
+    off = [[_row(1, -0.9, 0.0, 8), _row(2, -0.8, 0.1, 8, repair=2)]]
     arm = ARMS["no_perf_turns"]
     assert band(full, None, arm.counter) == ([1, 2], [2.0, 3.0], [2.0, 3.0], [2.0, 3.0])
+    # the repair success rate over the run so far: 1/4 at step 1, (1 + 3)/(4 + 4) at step 2; none to divide yet: no point
+    assert band(full, "repair success rate") == ([1, 2], [0.25, 0.5], [0.25, 0.5], [0.25, 0.5])
+    assert band(off, "repair success rate") == ([2], [0.0], [0.0], [0.0])
     path = plot_mechanism(full, off, arm, tmp_path / "p.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
