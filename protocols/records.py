@@ -255,7 +255,7 @@ class BatchRequest(Record):
     version: int
     # A learner restored from a checkpoint at version c continues at `version` > c: the versions in
     # (discarded_above, version) were rolled back, so replay filters the samples they produced
-    # (`rolled_back`). -1 = none.
+    # (`rolled_back`). Sent until replay first answers (it logs the request first); -1 = none.
     discarded_above: int = -1
     # RL steps in the history of these weights: the run ends at algo.total_steps of them. A rollback
     # loses steps but never version numbers (a version never names two weights), so after one the

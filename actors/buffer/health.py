@@ -187,6 +187,9 @@ class LedgerIds:
     filtered: dict[str, frozenset[str]]  # reason -> ids
     pending: frozenset[str]
     rolled_back: tuple[tuple[int, int], ...] = ()
+    # counted trained, in the batch last served, whose step may not have finished (a run stopped, or
+    # ended by its driver, while the learner held it)
+    in_step: frozenset[str] = frozenset()
 
     @property
     def stored(self) -> frozenset[str]:

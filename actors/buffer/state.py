@@ -203,6 +203,9 @@ class ReplayState:
             },
             pending=frozenset(ids.get(PENDING, ())),
             rolled_back=tuple(self.discarded),
+            in_step=frozenset(
+                ep.episode_id for g in (self.served.groups if self.served else []) for ep in g.episodes.values()
+            ),
         )
 
     def versions_seen(self) -> VersionsSeen:

@@ -363,6 +363,9 @@ class LearnerActor(Actor):
         if reply is None:
             self._stop.wait(0.5)
             return None
+        # Replay logs a request before it answers: it has the rolled-back range now. Sent again with a
+        # later version, the same lower end would roll back this restore's own new versions too.
+        self.discarded_above = -1
         if reply.status == "stop":
             self._told_to_stop = True
             return None

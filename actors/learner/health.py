@@ -35,7 +35,7 @@ class LearnerHealth(ActorHealth):
     rank: int = 0
     version: int = 0  # the weight version it serves
     step: int = 0  # optimizer steps taken (RL), across restores
-    discarded_above: int = -1  # a restore discarded the versions in (discarded_above, version)
+    discarded_above: int = -1  # a restore rolled back (discarded_above, version), until replay has the range
     steps: int = 0  # steps taken by this process (a follower counts its leader's)
     batch_waits: int = 0
     replay_timeouts: int = 0

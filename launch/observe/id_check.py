@@ -8,9 +8,12 @@
   (RUN_DIR/witness/trained/).
 
 A step whose version a restore rolled back (strictly inside a rolled-back range) is lost learning: its
-ids were trained once, then the weights went. The check holds when:
+ids were trained once, then the weights went. So is a step whose learner died after writing its ids and
+before announcing the version it made: the batch is stepped on again and makes that version anew, so
+an id trained twice for the same version was trained once. The check holds when:
 - every acknowledged id was stored (`lost`);
-- every id replay counts as trained was trained by a learner step (`trained_unseen`);
+- every id replay counts as trained was trained by a learner step (`trained_unseen`), but for the
+  batch last served, whose step a stopped run may not have finished;
 - every id a kept learner step trained is counted as trained by replay (`trained_uncounted`);
 - no id was trained by two kept steps (`trained_twice`).
 An id stored but never acknowledged is not an error (the ack was lost as its sender died; replay
@@ -60,11 +63,13 @@ class IdCheck:
 def check_ids(acked: list[str], trained_steps: list[tuple[int, str]], ledger: LedgerIds) -> IdCheck:
     """`acked`: the rollout witnesses' ids; `trained_steps`: (version made, id) per learner step and id."""
     kept = [(v, e) for v, e in trained_steps if not any(lo < v < hi for lo, hi in ledger.rolled_back)]
-    kept_ids = collections.Counter(e for _, e in kept)
+    # One step's result is announced once: a step that wrote its ids and died before announcing its
+    # version was never kept, and its batch is stepped on again to make that same version.
+    kept_ids = collections.Counter(e for _, e in set(kept))
     stored, acked_set = ledger.stored, set(acked)
     problems = {
         "lost": sorted(acked_set - stored),
-        "trained_unseen": sorted(ledger.trained - {e for _, e in trained_steps}),
+        "trained_unseen": sorted(ledger.trained - ledger.in_step - {e for _, e in trained_steps}),
         "trained_uncounted": sorted(set(kept_ids) - ledger.trained),
         "trained_twice": sorted(e for e, n in kept_ids.items() if n > 1),
     }

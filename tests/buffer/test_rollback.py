@@ -53,3 +53,18 @@ def test_the_run_ends_at_total_steps_of_learning_not_at_a_version_number():
     s = state(total_steps=3)
     assert batch(s, 5, step=2).status == "wait"  # version 5 after a rollback, two steps in its history
     assert batch(s, 6, step=3).status == "stop"
+
+
+def test_after_the_rollback_the_restored_learner_s_own_steps_are_kept():
+    s = state()
+    g = open_group(s)
+    deliver(s, g, [-1.0, 0.0], version=0)
+    assert batch(s, 0).status == "batch"
+    batch(s, 2, step=0, discarded_above=0)  # a restore rolled version 1 back (no group of it here)
+    fresh = open_group(s)
+    deliver(s, fresh, [-1.0, 0.0], version=2)  # made by the restored learner's version 2
+    assert batch(s, 2, step=0).status == "batch"  # the learner sends the range once: replay logged it
+    assert batch(s, 3, step=1).status == "wait"  # step 1 on it finished: it stays trained
+    assert (
+        s.discarded == [(0, 2)] and s.counters.groups_trained == 2 and "rolled_back" not in s.counters.groups_filtered
+    )

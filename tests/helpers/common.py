@@ -1,5 +1,5 @@
-"""Small tools many test modules share: waiting for a condition, a free TCP port, and the reference
-logprobs of a response from one full-sequence forward."""
+"""Small tools many test modules share: waiting for a condition, a free TCP port, whether a process runs
+under a sandbox's uid, and the reference logprobs of a response from one full-sequence forward."""
 
 from __future__ import annotations
 
@@ -15,6 +15,18 @@ def wait_for(predicate, timeout_s: float = 60.0, what: str = "condition", actor=
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         assert actor is None or actor.health().looping, "the episode loop died"
         time.sleep(poll_s)
+
+
+def runs_as_sandbox(pid: int) -> bool:
+    """Whether process `pid` runs under one of the verifier sandboxes' uids (False once it is gone)."""
+    from actors.verifier.jail import SANDBOX_UID_BASE, SANDBOX_UID_SPAN
+
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            uid = next(int(line.split()[1]) for line in f if line.startswith("Uid:"))
+    except (OSError, StopIteration):
+        return False
+    return SANDBOX_UID_BASE <= uid < SANDBOX_UID_BASE + SANDBOX_UID_SPAN
 
 
 def free_port() -> int:

@@ -23,7 +23,7 @@ import pytest
 
 from actors.verifier import native, proctree, sealed, wire
 from actors.verifier.executor import MAX_REPLY, ChildSession, SandboxForged
-from actors.verifier.jail import SANDBOX_UID_BASE, SANDBOX_UID_SPAN
+from tests.helpers.common import runs_as_sandbox
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -291,15 +291,6 @@ def test_refusals_reach_the_log_however_the_pipe_is_tampered_with(tmp_path, tamp
 # ------------------------------------------------------------------------------- no orphans
 
 
-def _sandbox_uid(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            uid = next(int(line.split()[1]) for line in f if line.startswith("Uid:"))
-    except (OSError, StopIteration):
-        return False
-    return SANDBOX_UID_BASE <= uid < SANDBOX_UID_BASE + SANDBOX_UID_SPAN
-
-
 @pytest.mark.skipif(os.geteuid() != 0, reason="sandbox uids are given by a root verifier")
 def test_no_process_of_the_boundary_outlives_its_verifier(verifier_cache_dir):
     """SIGKILL to a verifier whose sandbox spins in forward: the zygote, the warden and the sandbox
@@ -319,10 +310,10 @@ def test_no_process_of_the_boundary_outlives_its_verifier(verifier_cache_dir):
         tree: list[int] = []
         while time.monotonic() < deadline:
             tree = proctree.descendants(zygote)
-            if any(_sandbox_uid(p) for p in tree[1:]) and _spinning(tree):
+            if any(runs_as_sandbox(p) for p in tree[1:]) and _spinning(tree):
                 break
             time.sleep(0.2)
-        assert any(_sandbox_uid(p) for p in tree[1:]), f"no sandbox started under the zygote: {tree}"
+        assert any(runs_as_sandbox(p) for p in tree[1:]), f"no sandbox started under the zygote: {tree}"
         proc.kill()
         proc.wait(10)
         killed_at = time.monotonic()
@@ -340,7 +331,7 @@ def _spinning(pids: list[int]) -> bool:
     for p in pids:
         try:
             with open(f"/proc/{p}/stat") as f:
-                if f.read().rsplit(")", 1)[1].split()[0] == "R" and _sandbox_uid(p):
+                if f.read().rsplit(")", 1)[1].split()[0] == "R" and runs_as_sandbox(p):
                     return True
         except (OSError, IndexError):
             continue

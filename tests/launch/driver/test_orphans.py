@@ -19,22 +19,13 @@ from pathlib import Path
 import pytest
 
 from actors.verifier import proctree
-from actors.verifier.jail import SANDBOX_UID_BASE, SANDBOX_UID_SPAN
 from launch.driver.lifeline import start_time
+from tests.helpers.common import runs_as_sandbox
 
 ROOT = Path(__file__).resolve().parents[3]
 PROBE = ROOT / "tests" / "verifier" / "orphan_probe.py"
 GRACE_S = 10.0
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="sandbox uids are given by a root verifier")
-
-
-def _sandboxed(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            uid = next(int(line.split()[1]) for line in f if line.startswith("Uid:"))
-    except (OSError, StopIteration):
-        return False
-    return SANDBOX_UID_BASE <= uid < SANDBOX_UID_BASE + SANDBOX_UID_SPAN
 
 
 class Tree:
@@ -122,7 +113,7 @@ def test_a_killed_zygote_takes_its_wardens_and_their_sandboxes(verifier_cache_di
         line = verifier.stdout.readline()
         assert line.startswith("zygote "), line
         zygote = int(line.split()[1])
-        tree.wait_for("spinning sandbox", lambda pids: any(_sandboxed(p) for p in pids), 120, verifier)
+        tree.wait_for("spinning sandbox", lambda pids: any(runs_as_sandbox(p) for p in pids), 120, verifier)
         below = Tree(zygote)
         below.look()
         os.kill(zygote, signal.SIGKILL)
@@ -139,7 +130,7 @@ def test_a_killed_driver_leaves_no_process_behind(tmp_path):
     proc, out = _train(tmp_path, "cluster.use_ray=false")
     tree = Tree(proc.pid)
     try:
-        tree.wait_for("sandbox", lambda pids: any(_sandboxed(p) for p in pids), 180, proc, out)
+        tree.wait_for("sandbox", lambda pids: any(runs_as_sandbox(p) for p in pids), 180, proc, out)
         tree.look()
         assert any("actors.verifier.zygote" in _cmdline(p) for p in tree.running())
         proc.kill()  # SIGKILL to the driver's pid only, not its process group

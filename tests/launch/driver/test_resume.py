@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -66,6 +67,13 @@ def test_the_id_check_names_each_kind_of_loss():
     assert check_ids(acked, twice, ledger(["a", "b", "c"], tied=["d"])).problems == {"trained_twice": ["c"]}
     redone = check_ids(acked, twice, ledger(["a", "b", "c"], rolled_back=[(1, 3)], tied=["d"]))
     assert redone.ok and redone.lost_steps == 1
+    # a learner killed after writing step 2's ids and before announcing version 2: the batch is stepped
+    # on again and makes version 2 anew, once
+    again = check_ids(acked, [(1, "a"), (1, "b"), (2, "c"), (2, "c")], ledger(["a", "b", "c"], tied=["d"]))
+    assert again.ok
+    # a run stopped while the learner held its last batch: served (counted trained), never stepped on
+    held = dataclasses.replace(ledger(["a", "b", "c"], tied=["d"]), in_step=frozenset({"c"}))
+    assert check_ids(acked, [(1, "a"), (1, "b")], held).ok
 
 
 def test_the_id_check_holds_on_a_run_and_fails_when_replay_loses_an_acknowledged_episode(tmp_path, monkeypatch):
