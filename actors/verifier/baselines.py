@@ -15,11 +15,13 @@ itself and says so in the verdict's notes.
 
 Up to PROCESSES_PER_LANE such processes per lane, so torch.compile's untimed compilations of several
 tasks overlap. A measurement whose per-call figures were disturbed (their mean more than DISTURBED x their median:
-a stall of milliseconds inside one call) is taken again, once; the figure cached is the better one.
+a stall of milliseconds inside one call) is taken again, once; the figure cached is the better one. torch.compile's compilation is background
+work (background.py), as a candidate's compilers are.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -33,7 +35,7 @@ from dataclasses import asdict
 
 import torch
 
-from actors.verifier import timing
+from actors.verifier import background, timing
 from actors.verifier.reference import Instance, Reference, ReferenceError, ShapeConfig
 from configs import VerifierConfig
 from protocols.lease import DeviceLease
@@ -66,12 +68,24 @@ def measure_reference(
     if with_compile:
         try:
             fn = torch.compile(instance.model)
-            with lease.shared(), torch.no_grad():
-                fn(*ref.to_device(sets[0]))  # compile outside the timed window
+            background.in_background(_compile, fn, ref.to_device(sets[0]), device, lease)
             compiled = _steady(lambda: _time(fn, sets, pairs, warmup, device, lease))
         except Exception as err:  # noqa: BLE001 - inductor missing a compiler, an unsupported op, ...
             note = f"torch.compile baseline unavailable: {type(err).__name__}: {str(err)[:200]}"
     return eager, compiled, note
+
+
+def _compile(fn, inputs: list, device: str, lease: DeviceLease) -> None:
+    """torch.compile's compilation, by a first call outside the timed window. Called on a background
+    thread (background.py): the compiler and its worker processes yield the CPU to any timed window
+    on the host, this lane's next one included."""
+    with contextlib.ExitStack() as stack:
+        if device.startswith("cuda"):  # the current device is per thread
+            stack.enter_context(torch.cuda.device(torch.device(device)))
+        stack.enter_context(lease.shared())
+        stack.enter_context(torch.no_grad())  # grad mode is per thread too
+        fn(*inputs)
+    background.lower_children()  # a worker pool an earlier compile started at normal priority
 
 
 def _steady(measure) -> timing.TripTimes:

@@ -152,9 +152,9 @@ class Arena:
             self.bytes[offset : offset + nbytes].copy_(t.reshape(-1).view(torch.uint8))
         return [offset, nbytes, name, list(t.shape)]
 
-    def take(self, entry: list, expected: torch.Tensor) -> torch.Tensor | None:
-        """A copy of the tensor the sandbox placed at `entry` ([offset, nbytes, dtype, shape, ...]),
-        read only if it has exactly the expected dtype and shape; else None."""
+    def take(self, entry: list, expected: torch.Tensor, *, copy: bool = True) -> torch.Tensor | None:
+        """A copy (or, `copy=False`, a view) of the tensor the sandbox placed at `entry` ([offset,
+        nbytes, dtype, shape, ...]), read only if it has exactly the expected dtype and shape; else None."""
         from actors.verifier.sandbox import DTYPES
 
         if not isinstance(entry, list) or len(entry) < 4 or not isinstance(entry[0], int) or entry[0] < 0:
@@ -166,7 +166,8 @@ class Arena:
             return None
         if nbytes == 0:
             return torch.empty(expected.shape, dtype=expected.dtype)
-        return self.bytes[offset : offset + nbytes].clone().view(expected.dtype).reshape(expected.shape)
+        region = self.bytes[offset : offset + nbytes]
+        return (region.clone() if copy else region).view(expected.dtype).reshape(expected.shape)
 
     def close(self) -> None:
         del self.bytes

@@ -21,7 +21,7 @@ from actors.verifier import timing
 from actors.verifier.compare import compare_outputs
 from actors.verifier.executor import ChildSession
 from actors.verifier.legality import Violation
-from actors.verifier.tensors import digest, dtype_name, nbytes
+from actors.verifier.tensors import dtype_name, fingerprint, nbytes
 
 if TYPE_CHECKING:
     from actors.verifier.runner import CandidateRun
@@ -178,7 +178,7 @@ class TimedStage:
         check = compare_outputs(got, expected, self.run.tol_override, self.run.ref.device) if got is not None else None
         if check is not None and check.ok:
             return True
-        earlier = self.run.seen_outputs.get(digest(got)) if got is not None else None
+        earlier = self.run.seen_outputs.get(fingerprint(got, self.run.fingerprint_key)) if got is not None else None
         if earlier is not None:
             self.run.out.violations.append(
                 Violation(

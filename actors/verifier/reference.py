@@ -29,7 +29,8 @@ from protocols import Task
 
 # Global RNG state is process-wide: seeding and drawing happen under this lock.
 _RNG_LOCK = threading.RLock()
-# A trial whose inputs are larger than this keeps them on the host once its expected outputs exist.
+# A trial that waits (it is drawn while planning, before the sandbox is ready) and is larger than this
+# waits on the host once its expected outputs exist. A trial drawn just before it is used never waits.
 KEEP_ON_DEVICE_BYTES = 256 << 20
 
 
@@ -60,8 +61,17 @@ class Trial:
 
     config: ShapeConfig
     index: int  # across all trials of the job
-    inputs: list  # tensors (on the reference's device, or the host when large) / scalars, as sent
-    expected: list[torch.Tensor]  # reference outputs (on the reference device, or the host when large)
+    inputs: list  # tensors (on the reference's device, or the host when large and waiting) / scalars, as sent
+    expected: list[torch.Tensor]  # reference outputs (on the reference device, or the host when large and waiting)
+
+    def shapes_only(self) -> Trial:
+        """The same trial with its tensors' data dropped (meta tensors: shapes and dtypes only), for
+        whoever needs its sizes after its data is no longer needed."""
+
+        def meta(x):
+            return torch.empty(x.shape, dtype=x.dtype, device="meta") if isinstance(x, torch.Tensor) else x
+
+        return Trial(self.config, self.index, [meta(x) for x in self.inputs], [meta(e) for e in self.expected])
 
 
 @dataclass
@@ -189,10 +199,12 @@ class Reference:
         state = {k: v.detach().to("cpu").clone() for k, v in model.state_dict().items()}
         return Instance(config, init_args, seed, state, model)
 
-    def trial(self, instance: Instance, index: int, scale: float = 1.0) -> Trial | None:
+    def trial(self, instance: Instance, index: int, scale: float = 1.0, *, waits: bool = True) -> Trial | None:
         """Fresh inputs for one trial and the reference's outputs on them. `scale` multiplies the
         floating-point inputs (a power of two keeps them exact); a scaled trial the reference cannot
-        take (its outputs stop being finite) is None."""
+        take (its outputs stop being finite) is None. `waits`: the trial is held while others are
+        drawn (a large one is parked on the host); one drawn just before it is used stays where it
+        was made (no copy to the host and back: at KernelBench's sizes that is gigabytes a trial)."""
         with self.shapes(instance.config.overrides):
             inputs = self._draw()
             if scale != 1.0:
@@ -202,7 +214,7 @@ class Reference:
             return None
         self.check_outputs(inputs, expected)
         self._footprints[tuple(sorted(instance.config.overrides.items()))] = _held_bytes(inputs, expected)
-        return Trial(instance.config, index, *self._parked(inputs, expected))
+        return Trial(instance.config, index, *(self._parked(inputs, expected) if waits else (inputs, expected)))
 
     def _parked(self, inputs: list, expected: list[torch.Tensor]) -> tuple[list, list[torch.Tensor]]:
         """A trial's tensors where it waits: a run holds several trials at once, so gigabyte inputs
@@ -278,10 +290,11 @@ class Reference:
                 inputs.append(c)
             else:
                 inputs.append(a)
+        fresh = b = None  # only a few of its elements were needed: not held while the reference runs
         with self.shapes(instance.config.overrides):
             expected = self.run(instance.model, inputs)
         self.check_outputs(inputs, expected)
-        return Trial(instance.config, -1, *self._parked(inputs, expected))
+        return Trial(instance.config, -1, inputs, expected)  # used at once: it never waits
 
     def run(self, model: torch.nn.Module, inputs: list) -> list[torch.Tensor]:
         """The reference's outputs as a list of tensors on the reference device."""

@@ -20,6 +20,7 @@ the primary shapes' trials have passed; the byte-level facts both use are tensor
 
 from __future__ import annotations
 
+import secrets
 import time
 from dataclasses import dataclass
 
@@ -34,7 +35,7 @@ from actors.verifier.legality import Violation
 from actors.verifier.outcome import RunOutcome, TrialRecord
 from actors.verifier.performance import TIMING_INPUT_BUDGET, TimedStage
 from actors.verifier.reference import BrokenTask, Instance, Reference, ReferenceError, ShapeConfig, Trial
-from actors.verifier.tensors import digest, dtype_name, nbytes, same_bytes
+from actors.verifier.tensors import dtype_name, fingerprint, nbytes, same_bytes
 from configs import VerifierConfig
 from protocols.lease import DeviceLease
 
@@ -114,11 +115,14 @@ class CandidateRun:
         self.tol_override = _tol_override(cfg, ref)
         self.primary: Instance | None = None
         self.primary_index = 0  # the sandbox's ModelNew of the primary shapes
-        # The last plain primary trial run (the canary is built on it; the timed stage reads its
-        # sizes). Only the last is kept: at KernelBench's sizes each is up to 16 GB of host memory.
+        # The last plain primary trial (the canary is built on it; then only its sizes are kept, which
+        # the timed stage reads). No other trial outlives its judging: at KernelBench's sizes each is
+        # up to 16 GB, of device memory when it was drawn just before its use.
         self.primary_trial: Trial | None = None
         self.current_op = "starting the sandbox"
+        # Correct outputs' fingerprints (tensors.py; sampled at places secret to this run) -> trial.
         self.seen_outputs: dict[str, int] = {}
+        self.fingerprint_key = secrets.randbits(62)
 
     def run(self, source: str, source_hash: str, artifacts: dict | None, toolchain: str) -> RunOutcome:
         started = time.perf_counter()
@@ -157,6 +161,7 @@ class CandidateRun:
         if child is not None:
             self.out.exit = child.exit_status()
             self.out.absorb_evidence(child)
+        self._give_back_device_memory()
         self.out.finish()
         self.out.timings["execution"] = time.perf_counter() - started
         return self.out
@@ -168,6 +173,14 @@ class CandidateRun:
         self.out.inspect(child)
 
     # ------------------------------------------------------------------------- trusted work
+
+    def _give_back_device_memory(self) -> None:
+        """Trials drawn on the device and dropped leave their blocks in this process's caching
+        allocator, where another process (the baseline process, a sandbox, another run's) cannot have
+        them: at KernelBench's sizes, tens of GB. Handed back to the device before the timed stage
+        and at the run's end."""
+        if self.device_type == "cuda":
+            torch.cuda.empty_cache()
 
     def _limits(self, plan: Plan) -> limits.SandboxLimits:
         """The sandbox's memory and time limits for this task (limits.py), recorded for the verdict;
@@ -243,7 +256,7 @@ class CandidateRun:
         for index, scale in shape.later:
             started = time.perf_counter()
             with self.lease.shared():
-                trial = self.ref.trial(shape.inst, index, scale=scale)
+                trial = self.ref.trial(shape.inst, index, scale=scale, waits=False)  # used at once
             self.out.timings["reference"] = self.out.timings.get("reference", 0.0) + time.perf_counter() - started
             if trial is None:
                 self.out.planned -= 1  # never posed: neither passed nor failed
@@ -258,6 +271,7 @@ class CandidateRun:
                     "a task's sizes must not change between draws"
                 )
             yield trial
+            trial = None  # not held while the next one is drawn
 
     # ------------------------------------------------------------------------------ the stages
 
@@ -313,6 +327,7 @@ class CandidateRun:
             return
         self.out.stage = "performance"
         t0 = time.perf_counter()
+        self._give_back_device_memory()  # the baseline process and the sandbox's timed inputs need it
         TimedStage(self, child).measure()
         self.out.timings["performance"] = time.perf_counter() - t0
         self.out.inspect(child)
@@ -326,7 +341,11 @@ class CandidateRun:
         config = shape.config
         if config.label == "primary":
             self.primary, self.primary_index = shape.inst, index
-        for k, trial in enumerate(trials):
+        last_plain = ([shape.first.index] + [i for i, _ in shape.later if i != SCALED_TRIAL])[-1]
+        # Counted by hand: enumerate's reused result tuple would hold the last trial while the next is drawn.
+        k = -1
+        for trial in trials:
+            k += 1
             label = "scaled" if trial.index == SCALED_TRIAL else config.label
             self.current_op = f"trial {len(self.out.trials) + 1} ({config.describe()})"
             with self.lease.shared():
@@ -336,8 +355,9 @@ class CandidateRun:
             self._judge_trial(child, trial, reply, f"{label}#{k}")
             if self.out.violations:
                 return False
-            if config.label == "primary" and label != "scaled":
+            if config.label == "primary" and trial.index == last_plain:
                 self.primary_trial = trial
+            trial = None  # not held while the next one is drawn
         return True
 
     def _call(self, child: ChildSession, instance: int, trial: Trial) -> dict:
@@ -357,6 +377,7 @@ class CandidateRun:
         self.current_op = "the canary trial"
         with self.lease.shared():
             canary = self.ref.mosaic(self.primary_trial, self.primary)
+            self.primary_trial = self.primary_trial.shapes_only()
             reply = self._call(child, self.primary_index, canary)
         if self.out.absorb(reply, "forward on the canary trial") and not reply.get("failure"):
             self._judge_trial(child, canary, reply, "canary", counts=False)
@@ -386,7 +407,7 @@ class CandidateRun:
                 self.out.trials.append(TrialRecord(label, shapes, result.ok, result.message, result.max_abs_error))
         if got is None:
             return
-        later, _ = self.outputs(child, reply.get("after"), trial.expected)
+        later, _ = self.outputs(child, reply.get("after"), trial.expected, snapshot=False)
         pending = reply.get("pending_s")
         still_running = self.device_type == "cuda" and isinstance(pending, (int, float)) and pending > PENDING_S
         if later is None or still_running or any(not same_bytes(a, b) for a, b in zip(got, later, strict=True)):
@@ -400,7 +421,7 @@ class CandidateRun:
                 )
             )
         tensors = [x for x in trial.inputs if isinstance(x, torch.Tensor)]
-        kept, _ = self.outputs(child, reply.get("inputs_after"), tensors)
+        kept, _ = self.outputs(child, reply.get("inputs_after"), tensors, snapshot=False)
         # Not strict: kept is None when the child's inputs could not be read back; nothing to compare then.
         for i, (before, after) in enumerate(zip(tensors, kept or [], strict=False)):
             if not same_bytes(before, after):
@@ -411,8 +432,8 @@ class CandidateRun:
                 )
         # A wrong output that is bit for bit an earlier trial's *correct* output is a replayed result
         # (a constant or garbage output that merely repeats is only wrong, not replayed).
-        fingerprint = digest(got)
-        earlier = self.seen_outputs.get(fingerprint)
+        seen = fingerprint(got, self.fingerprint_key)
+        earlier = self.seen_outputs.get(seen)
         if result is not None and not result.ok and earlier is not None:
             which = "the canary trial" if not counts else f"trial {trial.index + 1}"
             self.out.violations.append(
@@ -424,11 +445,13 @@ class CandidateRun:
                 )
             )
         if result is not None and result.ok and counts:
-            self.seen_outputs.setdefault(fingerprint, trial.index)
+            self.seen_outputs.setdefault(seen, trial.index)
 
-    def outputs(self, child: ChildSession, entries, expected: list[torch.Tensor]):
+    def outputs(self, child: ChildSession, entries, expected: list[torch.Tensor], *, snapshot: bool = True):
         """The outputs the sandbox placed, read as the expected dtypes and shapes (nothing else is
-        read), or (None, why they cannot be)."""
+        read), or (None, why they cannot be). `snapshot`: copies, for outputs that are judged (the
+        sandbox could rewrite the arena meanwhile); else views of the arena, for a bit-for-bit look
+        at what is there now (a rewrite then shows as the difference it is)."""
         if not isinstance(entries, list):
             return None, "no outputs were placed"
         if len(entries) != len(expected):
@@ -436,7 +459,7 @@ class CandidateRun:
         got = []
         for i, (entry, exp) in enumerate(zip(entries, expected, strict=True)):
             name = "the output" if len(expected) == 1 else f"output {i}"
-            t = child.arena.take(entry, exp)
+            t = child.arena.take(entry, exp, copy=snapshot)
             if t is None:
                 return None, _describe_mismatch(name, entry, exp, self.device_type)
             got.append(t)

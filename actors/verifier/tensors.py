@@ -1,5 +1,5 @@
 """Byte-level facts about tensors that the trusted side of a run uses (runner.py, performance.py):
-their size, their dtype's wire name, bit-for-bit equality and a digest."""
+their size, their dtype's wire name, bit-for-bit equality and a fingerprint."""
 
 from __future__ import annotations
 
@@ -16,19 +16,49 @@ def nbytes(items) -> int:
     return sum(t.numel() * t.element_size() for t in items if isinstance(t, torch.Tensor))
 
 
+# Bit-for-bit comparisons and fingerprints go slice by slice: no whole-tensor temporary (at
+# KernelBench's sizes an output is gigabytes).
+SLICE_BYTES = 1 << 25
+# A tensor up to this size is fingerprinted whole; a larger one by FINGERPRINT_SAMPLES elements at
+# positions secret to the run (a replayed output repeats every byte, so it repeats those; an honest
+# wrong output does not match a correct one at 65536 secret places).
+FINGERPRINT_WHOLE_BYTES = 1 << 20
+FINGERPRINT_SAMPLES = 1 << 16
+
+
 def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Bit for bit (a NaN equals the same NaN: outputs that hold NaN, from a bug or uninitialised
-    memory, have not changed because NaN != NaN)."""
+    memory, have not changed because NaN != NaN); compared on the device where either one is, slice
+    by slice."""
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
-    b = b.to(a.device)
-    return torch.equal(a.contiguous().view(-1).view(torch.uint8), b.contiguous().view(-1).view(torch.uint8))
+    device = a.device if a.device.type != "cpu" else b.device
+    x, y = _bytes(a), _bytes(b)
+    for start in range(0, x.numel(), SLICE_BYTES):
+        end = start + SLICE_BYTES
+        if not torch.equal(x[start:end].to(device), y[start:end].to(device)):
+            return False
+    return True
 
 
-def digest(tensors: list[torch.Tensor]) -> str:
+def fingerprint(tensors: list[torch.Tensor], key: int) -> str:
+    """A digest of `tensors` for telling whether an output repeats an earlier one: every byte of a
+    small tensor, FINGERPRINT_SAMPLES elements of a large one at positions drawn from `key` (one
+    secret per run, so every trial of a shape is sampled at the same places)."""
     h = hashlib.sha256()
     for t in tensors:
         h.update(str((tuple(t.shape), t.dtype)).encode())
-        if t.numel():
-            h.update(memoryview(t.detach().to("cpu").contiguous().view(-1).view(torch.uint8).numpy()))
+        if not t.numel():
+            continue
+        flat = t.detach().reshape(-1)
+        if t.numel() * t.element_size() > FINGERPRINT_WHOLE_BYTES:
+            places = torch.randint(
+                t.numel(), (FINGERPRINT_SAMPLES,), generator=torch.Generator().manual_seed(key ^ t.numel())
+            )
+            flat = flat[places.to(flat.device)]
+        h.update(memoryview(_bytes(flat.to("cpu")).numpy()))
     return h.hexdigest()
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().contiguous().reshape(-1).view(torch.uint8)

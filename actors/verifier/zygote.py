@@ -44,6 +44,9 @@ from pathlib import Path
 PR_SET_CHILD_SUBREAPER = 36
 _MAX_MSG = 256 * 1024
 KINDS = ("run", "capture", "build")
+# Kinds whose processes never run a timed window: background work (background.py), so compilers and
+# a candidate's module-level code do not take the CPU a sandbox or a baseline is timed on.
+BACKGROUND_KINDS = ("capture", "build")
 # One sequence per verifier process (every Zygote in it): two sandboxes alive at once never share a uid.
 _JOBS = itertools.count(1)
 
@@ -66,6 +69,10 @@ def _child(kind: str, fds: list[int], req: dict, zygote: int) -> None:
         # run (and, jailed, spin under a uid nobody watches) with no one left to reap or kill it.
         jail.die_with_parent(zygote)
         os.setsid()
+        if kind in BACKGROUND_KINDS:
+            from actors.verifier.background import lower_priority
+
+            lower_priority()  # before the jail: its seccomp filter need not allow setpriority
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGPIPE):
             signal.signal(sig, signal.SIG_DFL)
         null = os.open(os.devnull, os.O_RDONLY)

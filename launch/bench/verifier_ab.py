@@ -18,6 +18,8 @@ Every candidate must pass; a worker whose candidate does not pass fails the run.
 A side too slow to finish the mix in reasonable time is measured over a window: with `--window-s W`,
 a mix still running W seconds after it started is stopped there (its worker's process group
 killed), and its rate is the verifications finished within the window over W, marked partial.
+Where one command cannot hold both trees (a device command's time limit), `--sides before|after`
+measures one tree and prints its row as JSON: run both on the same held machine, one after the other.
 """
 
 from __future__ import annotations
@@ -238,6 +240,12 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout-s", type=float, default=1800.0, help="per worker")
     ap.add_argument("--window-s", type=float, help="stop a mix this long after it started; count what finished")
     ap.add_argument("--first", choices=["before", "after"], default="before", help="which tree opens the ABBA order")
+    ap.add_argument(
+        "--sides",
+        choices=["both", "before", "after"],
+        default="both",
+        help="measure one tree only (its row alone): for a pair too long for one command, on one host",
+    )
     ap.add_argument("--json", help="also write every row to this file")
     args = ap.parse_args(argv)
     trees = {"before": Path(args.before).resolve(), "after": Path(args.after).resolve()}
@@ -266,7 +274,7 @@ def main(argv=None) -> int:
     order = [opening if i % 2 == 0 else opening[::-1] for i in range(args.rounds)]
     runs: dict[str, list[dict]] = {"before": [], "after": []}
     for i, pair in enumerate(order):
-        for name in pair:
+        for name in (n for n in pair if args.sides in ("both", n)):
             t0 = time.perf_counter()
             r = run_worker(trees[name], {**opts, "settings": settings[name]}, args.timeout_s, args.window_s)
             runs[name].append(r)
@@ -276,7 +284,12 @@ def main(argv=None) -> int:
                 f"({60 * len(r['mix']) / r['mix_s']:.1f}/min){cut}, worker {time.perf_counter() - t0:.0f} s",
                 flush=True,
             )
-    summary = {name: summarize(rs) for name, rs in runs.items()}
+    summary = {name: summarize(rs) for name, rs in runs.items() if rs}
+    if args.sides != "both":
+        if args.json:
+            Path(args.json).write_text(json.dumps({"summary": summary, "runs": runs}, indent=1))
+        print(json.dumps(summary[args.sides]))
+        return 0
     b, a = summary["before"], summary["after"]
     print(f"{'':28s}{'before':>10s}{'after':>10s}{'after/before':>14s}")
     for key, label in (

@@ -15,12 +15,14 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import uuid
 from pathlib import Path
 
 import pytest
 
 from actors.verifier import jail
+from actors.verifier.background import BACKGROUND_NICE
 from actors.verifier.suite import verdict
 from actors.verifier.verdicts import VerdictCache, verdict_key
 from actors.verifier.verifier import KernelVerifier
@@ -104,6 +106,66 @@ def test_verdicts_report_the_sandbox_and_its_exit_status(verifier, relu_task):
         crash.diagnostics["sandbox"]["exit"]["signal"] == 11
         and "SIGSEGV" in crash.diagnostics["sandbox"]["exit"]["text"]
     )
+
+
+# ------------------------------------------------------------ the CPU a timed window needs
+
+NICE_CANDIDATE = """
+import os
+import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+source = r\"\"\"
+torch::Tensor relu_TAG(torch::Tensor x) {
+    x = x.contiguous();
+    auto y = torch::empty_like(x);
+    const float* s = x.data_ptr<float>();
+    float* d = y.data_ptr<float>();
+    for (int64_t i = 0; i < x.numel(); ++i) d[i] = s[i] > 0.0f ? s[i] : 0.0f;
+    return y;
+}
+\"\"\"
+ext = load_inline(name="kiln_nice_TAG", cpp_sources=source, functions=["relu_TAG"], verbose=False)
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        # The sandbox times this call: it must run at normal priority (else: a wrong answer).
+        return ext.relu_TAG(x) if os.getpriority(os.PRIO_PROCESS, 0) == 0 else x
+"""
+
+
+def _compiler_niceness(stop: threading.Event, seen: dict[int, int]) -> None:
+    """Every compiler process alive while `stop` is unset: pid -> its niceness (/proc/PID/stat)."""
+    while not stop.is_set():
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    stat = (entry / "stat").read_text()
+                except OSError:
+                    continue
+                comm, rest = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :].split()
+                if comm in ("cc1plus", "g++", "c++", "collect2", "ld", "as"):
+                    seen[int(entry.name)] = int(rest[16])  # field 19 of stat: nice
+        stop.wait(0.02)
+
+
+def test_compilers_are_background_work_and_the_timed_sandbox_is_not(verifier, relu_task):
+    """A timed window's CPU is not shared with compilers on equal terms (background.py): a fresh
+    build's compiler processes run at BACKGROUND_NICE, the candidate's forward at normal priority."""
+    source = NICE_CANDIDATE.replace("TAG", uuid.uuid4().hex[:12])
+    stop, seen = threading.Event(), {}
+    watcher = threading.Thread(target=_compiler_niceness, args=(stop, seen), daemon=True)
+    watcher.start()
+    try:
+        r = verify(verifier, relu_task, source)
+    finally:
+        stop.set()
+        watcher.join()
+    assert r.passed, r.feedback
+    assert seen, "no compiler process was seen during a fresh build"
+    assert set(seen.values()) == {BACKGROUND_NICE}, seen
 
 
 # --------------------------------------------------------------------- class 5: the cache

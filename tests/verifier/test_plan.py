@@ -5,12 +5,13 @@ and a task whose sizes change between draws is a broken task, not a sandbox over
 from __future__ import annotations
 
 import uuid
+import weakref
 from pathlib import Path
 
 import pytest
 
 from actors.verifier.reference import Reference
-from actors.verifier.runner import RUN_COPIES
+from actors.verifier.runner import RUN_COPIES, SCALED_TRIAL
 from actors.verifier.verifier import KernelVerifier
 from protocols import KernelSpec, Task
 from tests.verifier.integrity import config, verify
@@ -24,9 +25,9 @@ def draws(monkeypatch):
     seen: list[tuple[str, int]] = []
     original = Reference.trial
 
-    def counted(self, instance, index, scale=1.0):
+    def counted(self, instance, index, scale=1.0, **kw):
         seen.append((instance.config.label, index))
-        return original(self, instance, index, scale)
+        return original(self, instance, index, scale, **kw)
 
     monkeypatch.setattr(Reference, "trial", counted)
     return seen
@@ -54,6 +55,36 @@ def test_a_candidate_stopped_on_its_first_trial_costs_one_draw_per_shape(relu_ta
     assert len(honest.diagnostics["trials"]) == 5
     # the run reserved device memory for its largest trial (the primary: 16 x 4096 floats in, as many out)
     assert honest.diagnostics["sandbox"]["limits"]["device_reserved_mb"] == (RUN_COPIES * 2 * 16 * 4096 * 4) >> 20
+
+
+def test_a_trial_drawn_just_before_its_use_never_waits_and_is_gone_before_the_next(
+    relu_task, verifier_cache_dir, monkeypatch
+):
+    """At KernelBench's sizes a trial is gigabytes: a later trial stays where it was drawn (no copy to
+    the host and back) and no judged trial is still held when the next one is drawn."""
+    drawn: list[tuple[str, int, bool, weakref.ref]] = []
+    held_at_draw: list[list[int]] = []
+    original = Reference.trial
+
+    def watched(self, instance, index, scale=1.0, *, waits=True):
+        held_at_draw.append([i for _, i, w, ref in drawn if not w and ref() is not None])
+        trial = original(self, instance, index, scale, waits=waits)
+        if trial is not None:
+            drawn.append((instance.config.label, index, waits, weakref.ref(trial.expected[0])))
+        return trial
+
+    monkeypatch.setattr(Reference, "trial", watched)
+    verifier = KernelVerifier(config(verifier_cache_dir, **{"verifier.trials": 4}))
+    try:
+        r = verify(verifier, relu_task, _distinct(RELU_SOLUTION.read_text()))
+    finally:
+        verifier.close()
+    assert r.passed, r.feedback
+    first = [(label, waits) for label, index, waits, _ in drawn if index % 100 == 0 and index != SCALED_TRIAL]
+    later = [(label, waits) for label, index, waits, _ in drawn if index % 100 != 0 or index == SCALED_TRIAL]
+    assert first and all(waits for _, waits in first)  # drawn while planning: they wait
+    assert len(later) >= 2 and not any(waits for _, waits in later)
+    assert held_at_draw and not any(held_at_draw), held_at_draw
 
 
 GROWING = """
@@ -151,9 +182,9 @@ def test_a_run_waiting_for_device_memory_holds_nothing_meanwhile(relu_task, veri
     order: list[int] = []
     original = Reference.trial
 
-    def counted(self, instance, index, scale=1.0):
+    def counted(self, instance, index, scale=1.0, **kw):
         order.append(threading.get_ident())
-        return original(self, instance, index, scale)
+        return original(self, instance, index, scale, **kw)
 
     monkeypatch.setattr(Reference, "trial", counted)
     verifier = KernelVerifier(config(verifier_cache_dir))

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Self
 
 from actors.verifier import isolation, wire
+from actors.verifier.background import BACKGROUND_NICE
 from actors.verifier.zygote import Zygote, ZygoteError
 
 from . import diagnostics, symbols
@@ -580,7 +581,7 @@ class BuildService:
                 return
             prelude, profile = item
             try:
-                seconds = self.pch.build(prelude, profile, nice=5)
+                seconds = self.pch.build(prelude, profile, nice=BACKGROUND_NICE)
                 if seconds:
                     log.info("precompiled %s prelude %s in %.1f s", prelude, " ".join(profile), seconds)
             except PchAborted as e:  # this service closed (a start-up check's, say): the next one builds it
