@@ -236,6 +236,12 @@ class Baselines:
                 self._cache[key] = self._measure(key, ref, instance, pairs)
             return self._cache[key]
 
+    def forget(self) -> None:
+        """Drop every cached measurement: each is taken again when next asked for."""
+        with self._guard:
+            self._cache.clear()
+            self.notes.clear()
+
     def note(self, ref: Reference, config: ShapeConfig) -> str:
         return self.notes.get(self._key(ref, config), "")
 

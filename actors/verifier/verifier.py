@@ -424,6 +424,12 @@ class KernelVerifier(RewardActor):
             cached=False,
         )
 
+    def forget_baselines(self) -> None:
+        """Measure every task's baselines again on its next request (a benchmark that compares the
+        baselines it measured under load with quiet ones; timing_fidelity.py)."""
+        for lane in self.lanes.all:
+            lane.baselines.forget()
+
     def close(self) -> None:
         self.lanes.close()
         self.builds.close()
