@@ -17,11 +17,14 @@ null trip back to back around the requests, with its own clock (alternating whic
 is what one call costs by a clock the candidate cannot touch: the round trip, the staging, the
 flushes, the events and the snapshots cancel, and K amortises the noise left. The figure paid is
 
-    paid = per-call mean  if it is at least trusted - margin,  else trusted
+    paid = max(per-call mean, trusted - margin)
     margin = max(BOUND_REL x trusted, BOUND_ABS_S, 2 standard errors of trusted)
 
-so a forged per-call clock buys at most the margin, and work the per-call clock cannot see (a stream
-the events do not wait for) is paid by the trusted clock. Pairs are added until the trusted figure
+so a forged per-call clock buys at most the margin, and so does work the per-call clock cannot see
+(a stream the events do not wait for): the trusted clock pays it, less the margin. There is no cliff
+at the bound: an honest call just past it (at a few microseconds, where the host's part of a call
+that the flush hides from the events is about the margin) pays the bound, not the whole trusted
+figure. Pairs are added until the trusted figure
 is that sharp (within a budget). The candidate's trips run in its
 sandbox; the baselines' trips run in the verifier (`LocalTrips`, the same CallClock, the same steps
 in the same order), which never loads candidate code.
@@ -170,13 +173,14 @@ class TripTimes:
 
     @property
     def paid_s(self) -> float:
-        """The figure that pays: the per-call mean while the trusted clock bounds it, else the trusted
-        figure (a per-call clock that claims more than the margin below the verifier's is not believed)."""
+        """The figure that pays: the per-call mean while the trusted clock bounds it, else the bound
+        (a per-call clock that claims more than the margin below the verifier's is believed only to
+        the margin)."""
         if not self.calls:
             return float("nan")
         if self.bounded:
             return self.mean_s
-        return max(self.trusted_s, 1e-9)
+        return max(self.trusted_s - self.margin_s, 1e-9)
 
     def to_json(self) -> dict:
         return {

@@ -28,7 +28,8 @@ def test_the_figure_paid_is_the_per_call_mean_bounded_by_the_trusted_clock():
     """Each call is timed by the per-call clock (KernelBench's method); the verifier's own figure is
     the mean over pairs of (trip - null trip) / K. The per-call mean pays while it is within the
     trusted figure's margin; below it (a forged per-call clock, or work the events did not wait for)
-    the trusted figure pays. Pairs alternate which trip goes first."""
+    the trusted figure less its margin pays (a forger gains at most the margin, and no more for claiming
+    more). Pairs alternate which trip goes first."""
     times = timing.TripTimes(4, "cpu")
     for run_s, null_s in ((0.010, 0.006), (0.0102, 0.0062), (0.0099, 0.0059)):
         timing.record(times, run_s, null_s, [1.0e-3, 1.0e-3, 1.1e-3, 0.9e-3])
@@ -38,7 +39,7 @@ def test_the_figure_paid_is_the_per_call_mean_bounded_by_the_trusted_clock():
     forged = timing.TripTimes(4, "cpu")
     for run_s, null_s in ((0.010, 0.006), (0.0102, 0.0062), (0.0099, 0.0059)):
         timing.record(forged, run_s, null_s, [1e-5] * 4)  # claims 100x faster than the trusted clock saw
-    assert not forged.bounded and forged.paid_s == pytest.approx(1e-3)
+    assert not forged.bounded and forged.paid_s == pytest.approx(1e-3 - forged.margin_s) == pytest.approx(0.9e-3)
     # Within the margin (10%) the per-call mean still pays: a forger gains at most that.
     close = timing.TripTimes(4, "cpu")
     for _ in range(3):
@@ -109,7 +110,8 @@ def test_a_forged_per_call_clock_is_refused(verifier, relu_task, monkeypatch):
     r = verify(verifier, relu_task, fresh("control_correct"))
     assert r.passed, r.feedback
     cand = r.diagnostics["timing"]["candidate"]
-    assert not cand["bounded"] and cand["paid_s"] == cand["trusted_s"] > 20 * cand["mean_s"], cand
+    assert not cand["bounded"] and cand["paid_s"] == pytest.approx(cand["trusted_s"] - cand["margin_s"]), cand
+    assert cand["paid_s"] > 20 * cand["mean_s"], cand
     a, b = honest.diagnostics["times_s"]["candidate"], r.diagnostics["times_s"]["candidate"]
     assert b > 0.5 * a, (a, b)
 
