@@ -64,6 +64,7 @@ class DemoRun:
     rows: list  # metrics rows of the first session
     summary: dict  # summary.json after the first session
     report: str  # report.md after the first session
+    index: list  # the episode dumps' index after the first session (what its report saw)
     resumed_summary: dict  # summary.json after the resumed session
 
 
@@ -94,6 +95,7 @@ def demo_run(tmp_path_factory, tiny_chat_model, verifier_cache_dir):
     from configs import load_config
     from launch.driver.run_dir import RunDirectory
     from launch.driver.train import train
+    from launch.observe.episode_dump import read_index
     from launch.observe.metrics import read_metrics
 
     threads = torch.get_num_threads()
@@ -121,6 +123,7 @@ def demo_run(tmp_path_factory, tiny_chat_model, verifier_cache_dir):
             rows = read_metrics(run.path)
             summary = json.loads((run.path / "summary.json").read_text())
             report = (run.path / "report.md").read_text()
+            index = read_index(run.path)
             # `kiln train --resume RUN_DIR algo.total_steps=N+2`: the final checkpoint is the newest
             # state, so the restored learner continues at version N and takes two more steps
             more = load_config(run.config_path, [f"algo.total_steps={cfg.algo.total_steps + 2}"])
@@ -128,4 +131,6 @@ def demo_run(tmp_path_factory, tiny_chat_model, verifier_cache_dir):
             resumed = json.loads((run.path / "summary.json").read_text())
     finally:
         torch.set_num_threads(threads)
-    return DemoRun(path=run.path, cfg=cfg, rows=rows, summary=summary, report=report, resumed_summary=resumed)
+    return DemoRun(
+        path=run.path, cfg=cfg, rows=rows, summary=summary, report=report, index=index, resumed_summary=resumed
+    )
