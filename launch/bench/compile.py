@@ -229,8 +229,8 @@ def run_cuda_units(n: int, phase_n: int, deadline: float) -> int:
     from actors.verifier.build import nvcc
     from actors.verifier.build.cache import ArtifactCache
     from actors.verifier.build.compiler import ExtensionBuilder, _compiler_env
+    from actors.verifier.build.pch_builds import default_pch_dir
     from actors.verifier.build.preludes import FACADE_LIB, SHELL, PchStore, flag_profile
-    from actors.verifier.build.service import default_pch_dir
     from actors.verifier.build.toolchain import Toolchain
 
     os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "9.0")
@@ -348,8 +348,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     sys.path.insert(0, str(REPO))
     from actors.verifier.build import BuildService
+    from actors.verifier.build.pch_builds import default_pch_dir
     from actors.verifier.build.preludes import flag_profile
-    from actors.verifier.build.service import default_pch_dir
 
     t_start = time.monotonic()
     deadline = t_start + args.budget_s

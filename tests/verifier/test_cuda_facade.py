@@ -57,8 +57,8 @@ def cuda_builder(tmp_path_factory):
         pytest.skip("needs nvcc (the CUDA toolkit) on this machine")
     from actors.verifier.build.cache import ArtifactCache
     from actors.verifier.build.compiler import ExtensionBuilder
+    from actors.verifier.build.pch_builds import default_pch_dir
     from actors.verifier.build.preludes import FACADE_LIB, SHELL, PchStore, flag_profile
-    from actors.verifier.build.service import default_pch_dir
     from actors.verifier.build.toolchain import Toolchain
 
     old = os.environ.get("TORCH_CUDA_ARCH_LIST")

@@ -27,7 +27,8 @@ API (used by the verifier core):
 
 How (see the modules): one zygote (actors/verifier/zygote.py, torch imported once) forks a jailed
 *capture* process per candidate (`capture.py`: its module-level code, load_inline recorded),
-watched by the service (`service.py`; `watch.py`: deadline, process count, memory). Each load_inline call is
+watched by the service (`service.py`; `watch.py`: deadline, process count, memory; `pch_builds.py`: the
+precompiled headers, built in the background). Each load_inline call is
 built by a jailed *build* process (`worker.py`) that runs the compilers in its own directory
 (`compiler.py`, its plan and units in `plan.py`): the binding TU is generated from the bound functions' signatures (`cxx_scan.py`)
 and cached by signature — a ~1 s thunk TU linked with one prebuilt pybind11 module shell per

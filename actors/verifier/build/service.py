@@ -8,8 +8,8 @@ built; the service answers from the artifact cache, or forks a jailed *build* pr
 compilers in its own directory, reads what the built library imports (symbols.py: ATen compute,
 dispatcher bypasses, run-time symbol lookup are findings), publishes it into the cache, and answers
 with its path. Nothing but this service writes the cache. At most `workers` jobs run at once.
-Precompiled headers are built here, in the background, by the trusted process: the common variants
-at start-up, others when a build reports it missed one.
+Precompiled headers are built in the background by the trusted process (pch_builds.py): the common
+variants at start-up, others when a build reports it missed one.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import queue
 import shutil
 import socket
 import threading
@@ -28,13 +27,13 @@ from pathlib import Path
 from typing import Self
 
 from actors.verifier import isolation, wire
-from actors.verifier.background import BACKGROUND_NICE
 from actors.verifier.zygote import Zygote, ZygoteError
 
 from . import diagnostics, symbols
 from .cache import ArtifactCache
 from .capture import CANDIDATE_FILE
-from .preludes import FACADE_LIB, FENCE, NATIVE, SHELL, PchAborted, PchStore, flag_profile
+from .pch_builds import PchBuilds, default_pch_dir, default_variants
+from .preludes import FENCE, NATIVE, PchStore
 from .results import BuildResult, assemble, infra_result
 from .spec import ExtensionSpec, UnsupportedCall, check_flags, spec_from_call
 from .toolchain import Toolchain
@@ -46,16 +45,6 @@ MAX_EVENT_BYTES = 8 << 20  # one message of a capture process (a load_inline cal
 MAX_CAPTURE_EVENTS = 10_000  # a capture process that sends more is killed
 # The known-good extension that tells a failing machine from a failing candidate (`_confirm_infra`).
 CANARY_SOURCE = "torch::Tensor kiln_canary(torch::Tensor x) { return x; }"
-MAX_PCH_VARIANTS = 6  # per prelude and service
-
-
-def default_pch_dir() -> Path:
-    """Precompiled headers depend only on the toolchain, so one machine-wide directory serves every
-    run and test session: $KILN_PCH_DIR, else $XDG_CACHE_HOME/kiln/pch, else ~/.cache/kiln/pch."""
-    if os.environ.get("KILN_PCH_DIR"):
-        return Path(os.environ["KILN_PCH_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "kiln" / "pch"
 
 
 class BuildService:
@@ -90,7 +79,6 @@ class BuildService:
         self.cache_dir = Path(cache_dir)
         self.cache = ArtifactCache(self.cache_dir, self.toolchain.digest)
         self.pch = PchStore(Path(pch_dir) if pch_dir else default_pch_dir(), self.toolchain)
-        self.pch_mode = pch
         self.jobs_dir = self.cache.root / "jobs"
         self.cache.remove_stale(older_than_s=86400)
         self.timeout_s = float(timeout_s)
@@ -114,12 +102,7 @@ class BuildService:
             self.zygote.start()
         except ZygoteError as err:
             raise RuntimeError(f"the compile stage's zygote did not start: {err}") from None
-        self._pch_queue: queue.Queue = queue.Queue()
-        self._pch_seen: set = set()
-        self._pch_pending = 0
-        self._pch_cond = threading.Condition()
-        self._pch_thread = threading.Thread(target=self._pch_loop, name="kiln-build-pch", daemon=True)
-        self._pch_thread.start()
+        self.pch_builds = PchBuilds(self.pch, self.toolchain, pch)
         if pch == "auto":
             for prelude, profile in self.default_pch_variants():
                 self.request_pch(prelude, profile)
@@ -161,9 +144,7 @@ class BuildService:
         for spawned in list(self._active.values()):  # running jobs end now, as "service closed"
             spawned.kill()
         self._pool.shutdown(wait=True, cancel_futures=True)
-        self.pch.abort()
-        self._pch_queue.put(None)
-        self._pch_thread.join(timeout=10)
+        self.pch_builds.close()
         if self.own_zygote:
             self.zygote.close()
 
@@ -174,31 +155,17 @@ class BuildService:
         self.close()
 
     def default_pch_variants(self) -> list[tuple[str, tuple[str, ...]]]:
-        """Built at start-up: what nearly every candidate uses. The rest (no -O, -march=native,
-        the full fallback prelude, ...) is built the first time a candidate misses it."""
-        # lean serves kernel TUs and thunk bindings (CUDA kernels go to nvcc, which has no PCH);
-        # the shell is the one pybind11 object all thunk-bound extensions link.
-        # CUDA units are tried first against the facade, whose library every such build links.
-        facade = [(FACADE_LIB, ())] if self.backend == "cuda" else []
-        return [("lean", flag_profile(["-O3"])), (SHELL, ()), *facade]
+        """The precompiled-header variants built at start-up (pch_builds.py)."""
+        return default_variants(self.backend)
 
     def request_pch(self, prelude: str, profile: tuple[str, ...], force: bool = False) -> None:
         """Queue a precompiled-header variant for background building (once per service).
         With pch='use' only `force=True` (benchmarks, tests) builds."""
-        item = (prelude, tuple(profile))
-        if item in self._pch_seen or not self.toolchain.cxx_is_gcc or (self.pch_mode != "auto" and not force):
-            return
-        if not force and sum(p == prelude for p, _ in self._pch_seen) >= MAX_PCH_VARIANTS:
-            return  # each variant is hundreds of MB: a stream of exotic flag sets gets none
-        self._pch_seen.add(item)
-        with self._pch_cond:
-            self._pch_pending += 1
-        self._pch_queue.put(item)
+        self.pch_builds.request(prelude, profile, force)
 
     def wait_pch(self, timeout_s: float | None = None) -> bool:
         """Block until every queued PCH variant is built (benchmarks use this); True when idle."""
-        with self._pch_cond:
-            return self._pch_cond.wait_for(lambda: self._pch_pending == 0, timeout_s)
+        return self.pch_builds.wait(timeout_s)
 
     # ------------------------------------------------------------------------------ jobs
     def _guarded_job(self, source: str) -> BuildResult:
@@ -572,25 +539,6 @@ class BuildService:
                 status = {}
             spawned.close()
         return reply, status
-
-    # ------------------------------------------------------------------------------ pch
-    def _pch_loop(self) -> None:
-        while True:
-            item = self._pch_queue.get()
-            if item is None:
-                return
-            prelude, profile = item
-            try:
-                seconds = self.pch.build(prelude, profile, nice=BACKGROUND_NICE)
-                if seconds:
-                    log.info("precompiled %s prelude %s in %.1f s", prelude, " ".join(profile), seconds)
-            except PchAborted as e:  # this service closed (a start-up check's, say): the next one builds it
-                log.debug("precompiled header %s %s left for later: %s", prelude, " ".join(profile), e)
-            except (RuntimeError, ValueError, OSError) as e:
-                log.warning("precompiled header %s %s not built: %s", prelude, " ".join(profile), e)
-            with self._pch_cond:
-                self._pch_pending -= 1
-                self._pch_cond.notify_all()
 
 
 def _with_env(spec, **extra):
