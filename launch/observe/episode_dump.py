@@ -16,7 +16,8 @@ the middle; answers are kept whole up to a generous limit, since a hack is in th
 shown; a bounded number, the newest) and picks each step's dumps by kind: the best and the worst of
 the new episodes, a retry, a filtered one (MirrorPop's, else a tied group's), up to
 `logging.episodes_per_step`. The first episode to show each mechanism of the report's table
-(launch/observe/mechanisms.py) is dumped too, whenever it comes; `episodes/index.jsonl` lists every dumped
+(launch/observe/mechanisms.py) is dumped too, whenever it comes, and at the session's end from episodes
+that arrived after its last step (`step-000012-end.txt`); `episodes/index.jsonl` lists every dumped
 episode with its file and tags, which is how the report points at it.
 """
 
@@ -43,6 +44,7 @@ RESPONSE_CHARS = 12000
 FEEDBACK_CHARS = 2000
 HELD_EPISODES = 512  # the newest episodes kept for the dumps (every episode of a group is sent)
 INDEX = "index.jsonl"
+FIRST_TO_SHOW = "first to show: "  # why an episode is dumped when it is the first to show a mechanism
 # Verifier diagnostics worth a reader's eye: legality violations, vendor libraries, errors.
 DIAGNOSTIC_KEYS = ("violations", "vendor_libs", "error", "max_abs_error")
 
@@ -143,10 +145,25 @@ class EpisodeDumper:
         chosen = self._choose(step, groups)
         for held in self._held.values():
             held.fresh = False
+        return self._write(self.dir / f"step-{step:06d}.txt", step, chosen, groups)
+
+    def dump_unshown(self, step: int) -> Path | None:
+        """At the session's end: the first episode of each mechanism no dump shows yet, from episodes
+        that arrived after the last step's dump (a mechanism that first acted in the last step
+        would otherwise go unshown by this session). Written beside the last step's file, under
+        its step; None when there is none."""
+        if self.per_step <= 0:
+            return None
+        groups = self._groups()
+        chosen = [c for c in self._choose(step, groups) if any(w.startswith(FIRST_TO_SHOW) for w in c[1])]
+        for _, why, _ in chosen:
+            why[:] = [w for w in why if w.startswith(FIRST_TO_SHOW)]
+        return self._write(self.dir / f"step-{step:06d}-end.txt", step, chosen, groups)
+
+    def _write(self, path: Path, step: int, chosen: list, groups: dict[str, list[Episode]]) -> Path | None:
         if not chosen:
             return None
         self.dir.mkdir(parents=True, exist_ok=True)
-        path = self.dir / f"step-{step:06d}.txt"
         blocks = [
             f"# step {step}: {len(chosen)} episodes, chosen as: "
             + "; ".join(f"{h.episode.episode_id} ({', '.join(why)})" for h, why, _ in chosen)
@@ -154,20 +171,12 @@ class EpisodeDumper:
         ]
         blocks += [self.format(h, why, tags, groups.get(h.episode.group_id)) for h, why, tags in chosen]
         path.write_text("\n".join(blocks), encoding="utf-8")
+        rows = (
+            {"step": step, "file": path.name, "episode_id": held.episode.episode_id, "why": why, "tags": sorted(tags)}
+            for held, why, tags in chosen
+        )
         with open(self.dir / INDEX, "a", encoding="utf-8") as index:
-            for held, why, tags in chosen:
-                index.write(
-                    json.dumps(
-                        {
-                            "step": step,
-                            "file": path.name,
-                            "episode_id": held.episode.episode_id,
-                            "why": why,
-                            "tags": sorted(tags),
-                        }
-                    )
-                    + "\n"
-                )
+            index.writelines(json.dumps(row) + "\n" for row in rows)
         for _, _, tags in chosen:
             self._shown.update(tags)
         return path
@@ -189,7 +198,7 @@ class EpisodeDumper:
                 continue
             first = next(((h, t) for h, t in tagged if tag in t), None)
             if first is not None:
-                pick(*first, "first to show: " + ", ".join(u for u in unshown if u in first[1]))
+                pick(*first, FIRST_TO_SHOW + ", ".join(u for u in unshown if u in first[1]))
         fresh = [(h, t) for h, t in tagged if h.fresh]
         by_reward = sorted(fresh, key=lambda ht: episode_reward(ht[0].episode, self.algo))
         dropped = [(h, t) for h, t in tagged if h.dropped_at == step]

@@ -136,6 +136,14 @@ class RunRecorder:
         self.view.progress(values, warning, waiting=waiting_story(r.counts, r.start))
 
     def close(self) -> None:
+        """Close the records; first, dump the first episode of any mechanism that arrived after the
+        last step's dump (the session polled the actors' last messages before this)."""
+        if self._dumper is not None:
+            try:
+                self._dumper.add(self.monitor.take_episodes()[0])
+                self._dumper.dump_unshown(self.last_step)
+            except Exception:
+                log.exception("dumping the session's last episodes")
         for close in (lambda: self.view.__exit__(None, None, None), self.metrics.close, self.timeline.close):
             try:
                 close()

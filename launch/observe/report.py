@@ -255,6 +255,7 @@ def _last_eval_levels(run_dir: Path) -> list[Block]:
 def _links(run_dir: Path) -> list[Block]:
     """Where to read further, for the parts of the run directory that exist."""
     episodes = sorted((run_dir / "episodes").glob("step-*.txt")) if (run_dir / "episodes").is_dir() else []
+    episodes = [p for p in episodes if not p.stem.endswith("-end")]  # a session's end adds to its last step
     links = [
         (run_dir / "config.yaml", "the resolved config", "config.yaml"),
         (run_dir / "summary.json", "the episode ledger and run summary", "summary.json"),

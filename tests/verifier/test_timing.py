@@ -52,6 +52,44 @@ def test_the_figure_paid_is_the_per_call_mean_bounded_by_the_trusted_clock():
     assert timing.calls_per_trip(1e-3, "cpu", 64) == 4 and timing.calls_per_trip(1e-6, "cpu", 16) == 16
 
 
+def test_a_trips_first_call_is_its_warm_up_and_the_round_trip_does_not_choose_k():
+    """A trip's first call starts on a host gone cold during the round trip: its per-call figure is
+    kept apart and the mean is the calls after it (as KernelBench drops its first trial). Work moved
+    into that call gains nothing: the trusted figure counts the whole trip and pays, less the margin.
+    K comes from what the forward adds to a trip, not from the round trip around it."""
+    times = timing.TripTimes(4, "cpu")
+    for _ in range(3):
+        timing.record(times, 0.0103, 0.006, [1.3e-3, 1e-3, 1e-3, 1e-3])  # a cold first call, in the trip too
+    assert times.mean_s == pytest.approx(1e-3) and times.first_calls == [1.3e-3] * 3
+    assert times.to_json()["first_call_mean_s"] == pytest.approx(1.3e-3)
+    assert times.bounded and times.paid_s == pytest.approx(1e-3)
+    moved = timing.TripTimes(4, "cpu")
+    for _ in range(3):
+        timing.record(moved, 0.010, 0.006, [4e-3, 1e-6, 1e-6, 1e-6])  # all four calls' work in the first
+    assert not moved.bounded and moved.paid_s == pytest.approx(1e-3 - moved.margin_s) == pytest.approx(0.9e-3)
+    lone = timing.TripTimes(1, "cpu")
+    timing.record(lone, 0.003, 0.001, [2e-3])  # a trip of one call: that call counts
+    assert lone.calls == [2e-3] and not lone.first_calls
+
+    def trip(k, null):  # a 5 ms round trip around k calls of 0.1 ms flush and snapshot (+ 1 ms forward)
+        return [] if null else [1e-3] * k
+
+    first_contact = [20e-3]  # the first run trip loads what the candidate loads lazily
+
+    def slow_trip(k, null):
+        import time
+
+        until = time.perf_counter() + 5e-3 + k * (0.1e-3 + (0 if null else 1e-3))
+        if not null:
+            until += first_contact.pop() if first_contact else 0.0
+        while time.perf_counter() < until:
+            pass
+        return trip(k, null)
+
+    assert timing.choose_k(slow_trip, "cpu", 64, 1) in (3, 4, 5)  # 4 ms of 1 ms forwards
+    assert timing.choose_k(slow_trip, "cpu", 64, 3) in (3, 4, 5)
+
+
 def test_a_noisy_trusted_clock_widens_its_margin_and_times_more_pairs():
     """On a busy host trip and null trip differ by their noise as well as by the call: the trusted
     figure's margin grows with its standard error, so an honest per-call mean stays bounded and pays;
@@ -65,6 +103,24 @@ def test_a_noisy_trusted_clock_widens_its_margin_and_times_more_pairs():
     while len(noisy.per_call) < timing.EXTRA_PAIRS * 3:
         timing.record(noisy, 0.0050, 0.0040, [0.1e-3] * 2)
     assert not timing.want_more(noisy, 3, 0.0, 10.0)  # EXTRA_PAIRS x the configured pairs, at most
+
+
+def test_a_pause_in_one_pair_does_not_move_the_trusted_figure():
+    """The round trip's noise has a long tail: a millisecond's pause in one trip of one pair. The
+    trusted figure is the median over pairs and its margin comes from their median absolute
+    deviation, so one such pair moves neither; the mean and standard deviation it replaced moved the
+    figure by the pause over K, and let a forged clock through below an honest call's time."""
+    times = timing.TripTimes(2, "cpu")
+    for i in range(12):
+        jitter = 2e-6 * (i % 3)
+        timing.record(times, 0.001 + jitter, 0.0008, [0.1e-3] * 2)  # 0.1 ms calls, a 0.6 ms round trip
+    timing.record(times, 0.001, 0.0058, [0.1e-3] * 2)  # the null trip paused 5 ms
+    assert times.trusted_s == pytest.approx(0.1e-3, rel=0.03)
+    assert times.resolved and times.margin_s == pytest.approx(0.1 * times.trusted_s)
+    forged = timing.TripTimes(2, "cpu")
+    for args in [(0.001 + 2e-6 * (i % 3), 0.0008) for i in range(12)] + [(0.001, 0.0058)]:
+        timing.record(forged, *args, [0.05e-3] * 2)  # claims half the call's time
+    assert not forged.bounded and forged.paid_s == pytest.approx(0.9 * forged.trusted_s)
 
 
 def test_the_round_trip_is_not_in_the_candidates_time(verifier, relu_task, monkeypatch):

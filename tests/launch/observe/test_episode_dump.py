@@ -117,6 +117,16 @@ def test_dumps_are_chosen_by_kind_and_each_mechanism_is_shown_once(tmp_path):
     assert "first to show" not in " ".join(second[1]["why"])
     assert _dumper(tmp_path)._shown >= {"verdict compile", "retry"}  # a resumed run remembers what is shown
     assert _dumper(tmp_path, per_step=0).dump(3) is None
+    # The session ends: an episode that arrived after step 2's dump and first shows a mechanism is
+    # dumped under step 2, alone (no best or worst again); nothing new to show, no file.
+    late = _episode("d0", [-1.0], [_turn("p", "slow", _failed("runtime", "timeout"))], group="g4")
+    dumper.add([late, _episode("d1", [1.0], [_turn("p", "good", ok)], group="g4")])
+    end = dumper.dump_unshown(2)
+    assert end is not None and end.name == "step-000002-end.txt"
+    rows = [r for r in read_index(tmp_path) if r["file"] == end.name]
+    assert [(r["step"], r["episode_id"]) for r in rows] == [(2, "d0")]
+    assert rows[0]["why"] == ["first to show: verdict timeout"]
+    assert dumper.dump_unshown(2) is None
 
 
 def test_episode_dump_truncation_and_bad_tokens(tmp_path):
