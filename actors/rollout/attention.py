@@ -8,6 +8,12 @@ SDPA call over the un-repeated cache computes exactly the same softmax(q·k·sca
 and a mask shared by all heads ([B, 1, 1, L]) broadcasts unchanged. Everything else (prefill, masks
 per head, extra features) goes to HF's own sdpa function untouched.
 
+A decode step reads only the cache positions in use. The decode step (decode_step.py) passes a 4-D mask
+over the first L columns of the static cache, L a bucket just past its current column; keys and values
+are cut to those L columns here. The columns after L hold nothing any row attends to (not yet written,
+or masked off), so softmax over them added exactly zero; reading them was the whole static cache per
+layer per step, 8,192 positions where a few hundred were in use.
+
 The name also registers HF's sdpa mask builder, so the model builds the same masks as under "sdpa".
 """
 
@@ -37,6 +43,10 @@ def decode_attention(
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     batch, heads, q_len, dim = query.shape
+    if q_len == 1 and attention_mask is not None and attention_mask.dim() == 4:
+        used = attention_mask.shape[-1]  # the decode step's mask covers the columns in use
+        if used < key.shape[-2]:
+            key, value = key[:, :, :used], value[:, :, :used]
     kv_heads = key.shape[1]
     plain = (
         q_len != 1

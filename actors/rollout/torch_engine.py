@@ -552,7 +552,7 @@ class TorchEngine(Engine):
     def _decode(self, tokens: torch.Tensor) -> None:
         step = self._batch.step
         self._batch.logits = step(tokens)
-        self.stats["graph_steps"] += step.graph is not None
+        self.stats["graph_steps"] += step.on_graph
 
     def _resolve(self, row: Row) -> None:
         if row.future.done():

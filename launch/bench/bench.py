@@ -4,8 +4,10 @@
     kiln bench CONFIG --no-stages --eta 1 --no-sync --kill rollout-0@2     one run with a fault
 
 (a) Each stage alone on the run's own model and workload (launch/bench/stages.py): the engine's
-decoded tok/s at `rollout.max_batch`, the verifiers' verifications per minute on the run's candidate
-mix, the learner's step time on a batch of the run's shape, the weight-sync time.
+decoded tok/s at `rollout.max_batch` (the torch engine's beside plain HF `generate` on the same model
+and prompts, and beside the bound its decode step's memory traffic sets), the verifiers'
+verifications per minute on the run's candidate mix, the learner's step time on a batch of the run's
+shape, the weight-sync time.
 (b) The loop (`kiln train`, the same code and workload) at η = 0 and at each `--eta` (η ≥ 1; default
 1 and 2), only `algo.max_staleness` changed: `--warmup` steps, then `--steps` measured ones
 (launch/bench/train.py). Every loop run starts with an empty verifier cache (so it compiles what a

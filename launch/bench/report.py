@@ -151,6 +151,25 @@ def render(report: BenchReport) -> str:
     return "\n".join(lines)
 
 
+def _yardsticks(e) -> list[str]:
+    """The engine's yardsticks as table rows (none where they were not measured)."""
+    y = e.yardsticks
+    if y is None:
+        return []
+    hf = (
+        f"| HF generate (same run) | {_f(y.hf_generate_tokens_per_s, 1)} decoded tok/s: the engine "
+        f"{e.decoded_tokens_per_s / y.hf_generate_tokens_per_s:.2f}× | dynamic cache, eager, HF sdpa, the same "
+        f"model; {y.hf_batch} prompts × {y.hf_new_tokens} new tokens in {y.hf_seconds:.1f} s |"
+    )
+    bound = (
+        f"| decode bound | {_f(y.bound_tokens_per_s, 1)} tok/s: the engine at "
+        f"{e.decoded_tokens_per_s / y.bound_tokens_per_s:.1%} | weights {y.weight_bytes / 1e6:,.1f} MB + "
+        f"{e.max_batch} rows × {y.mean_context:.0f} tokens × {y.kv_bytes_per_token:,} B of KV per step, at the "
+        f"measured copy bandwidth {y.copy_gb_per_s:.1f} GB/s |"
+    )
+    return [hf, bound]
+
+
 def render_stages(s: Stages) -> list[str]:
     e, v, learner, sync = s.engine, s.verifier, s.learner, s.sync
     stages = ", ".join(f"{k} {n}" for k, n in sorted(v.stages.items()))
@@ -168,6 +187,7 @@ def render_stages(s: Stages) -> list[str]:
         )
         + f"overall {_f(e.overall_tokens_per_s, 1)} tok/s ({e.decoded_tokens:,} tokens in {e.seconds:.1f} s, "
         f"mean {e.mean_response_tokens:.0f} per response) |",
+        *_yardsticks(e),
         f"| verifier | {_f(v.verifications_per_min, 1)} verifications/min ({_f(v.per_actor_per_min, 1)} per actor) | "
         f"{v.requests} attempts at once to {v.actors} actor(s) × {v.max_concurrent_requests} in flight; "
         + (

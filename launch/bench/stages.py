@@ -11,7 +11,9 @@
   overall rate (all tokens ÷ the time until the last one finished) is reported beside it, and is
   the capacity where the batch was never seen full (an engine that reports no queue, or `requests`
   <= max_batch).
-  Forced candidates are scored, not decoded, so none is submitted here.
+  Forced candidates are scored, not decoded, so none is submitted here. Beside it, in the same run
+  (launch/bench/engine_yardsticks.py): plain HF `generate` on the same model and prompts, and the
+  bound a decode step's memory traffic sets.
 * Verifier: `verifier.num_actors` real `VerifierActor`s (modelled latency included) with an empty
   cache, sent `requests` attempts at once through the rollout's own verifier client. The attempts are
   the run's candidate mix: a `rollout.forced_fraction` share drawn from the forced-candidate pool,
@@ -58,6 +60,8 @@ from actors.rollout.engines import make_engine, resolve_device
 from actors.rollout.forced import CandidatePool
 from actors.rollout.turns import Attempt, Prompt, TurnPolicy, TurnRules
 from configs import KilnConfig
+from launch.bench import engine_yardsticks
+from launch.bench.engine_yardsticks import EngineYardsticks
 from protocols import Episode, Task, Turn, VerifyRequest
 
 log = logging.getLogger(__name__)
@@ -78,6 +82,7 @@ class EngineStage:
     overall_tokens_per_s: float = 0.0  # all the decoded tokens ÷ the time until the last one finished
     full_batch_tokens_per_s: float | None = None  # while max_batch rows were decoding; None: never seen
     full_batch_s: float = 0.0  # how long the batch was seen full
+    yardsticks: EngineYardsticks | None = None  # HF generate and the bandwidth bound, same run; None: not torch
 
 
 @dataclass
@@ -184,6 +189,9 @@ def measure(cfg: KilnConfig, out: Path, *, engine_requests: int, verifier_reques
         try:
             engine_stage = measure_engine(engine, work, engine_requests)
             log.info("engine alone: %.1f decoded tok/s", engine_stage.decoded_tokens_per_s)
+            engine_stage.yardsticks = engine_yardsticks.measure(
+                engine, [p for _, p, _ in work.sampled], engine_stage.mean_response_tokens, cfg.rollout.temperature
+            )
             batch = learner_batch(engine, work)
         finally:
             engine.close()

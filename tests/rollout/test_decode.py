@@ -28,9 +28,12 @@ EOS = 257
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-def decode_logits(model, contexts: list[list[int]], feeds: list[list[int]], device: str = "cpu") -> list[torch.Tensor]:
-    """Left-padded prefill of `contexts` into a static cache, then one DecodeStep per column of
-    `feeds` ([B] tokens per step); returns the logits [B, V] of every step."""
+def decode_logits(
+    model, contexts: list[list[int]], feeds: list[list[int]], device: str = "cpu", steps_seen: list | None = None, **kw
+) -> list[torch.Tensor]:
+    """Left-padded prefill of `contexts` into a static cache, then one DecodeStep (with `kw`) per column
+    of `feeds` ([B] tokens per step); returns the logits [B, V] of every step, and appends the step
+    to `steps_seen`."""
     from transformers import StaticCache
 
     width, steps = max(map(len, contexts)), len(feeds)
@@ -52,8 +55,52 @@ def decode_logits(model, contexts: list[list[int]], feeds: list[list[int]], devi
             use_cache=True,
             logits_to_keep=1,
         )
-    step = DecodeStep(model, cache, mask, positions[:, -1:] + 1, width, cuda_graph=device == "cuda")
+    step = DecodeStep(model, cache, mask, positions[:, -1:] + 1, width, cuda_graph=device == "cuda", **kw)
+    if steps_seen is not None:
+        steps_seen.append(step)
     return [step(torch.tensor(tokens, device=device)).float().clone() for tokens in feeds]
+
+
+@pytest.mark.parametrize("kv_heads", [2, 4])
+def test_a_decode_step_reads_only_the_cache_columns_in_use(monkeypatch, kv_heads):
+    """With the engine's attention, a decode step's keys and values are cut to the bucket holding its
+    column (here from 4 columns, doubling: 16 while the column is below 16, then the whole 29-column
+    cache), grouped-query and not; its logits are those of attention over the whole static cache."""
+    check_attended_buckets(monkeypatch, kv_heads, "cpu")
+
+
+@pytest.mark.gpu
+def test_a_decode_step_captures_one_graph_per_attended_bucket_on_gpu(monkeypatch):
+    check_attended_buckets(monkeypatch, 2, "cuda")
+
+
+def check_attended_buckets(monkeypatch, kv_heads: int, device: str) -> None:
+    cfg = dataclasses.replace(TINY, num_kv_heads=kv_heads)
+    name = attention.register()
+    full = build_model(cfg, device)  # HF's sdpa: every step attends over the whole cache
+    kiln = build_model(cfg, device, attention=name)
+    g = torch.Generator().manual_seed(4)
+    contexts = [torch.randint(0, 256, (n,), generator=g).tolist() for n in (3, 9, 6)]
+    feeds = torch.randint(0, 256, (20, 3), generator=g).tolist()
+    ref = decode_logits(full, contexts, feeds, device)
+    lengths = []  # the key length of every SDPA call a decode step makes
+    real = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(q, k, v, *a, **kw):
+        lengths.append(k.shape[-2])
+        return real(q, k, v, *a, **kw)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    steps = []
+    got = decode_logits(kiln, contexts, feeds, device, steps_seen=steps, min_attended=4)
+    decode = lengths[cfg.num_layers :]  # after the prefill's call per layer
+    if device == "cpu":  # a replayed graph calls no Python
+        assert decode == [16] * (7 * cfg.num_layers) + [29] * (13 * cfg.num_layers), decode
+    else:
+        assert sorted(steps[0].graphs) == [16, 29] and steps[0].on_graph
+    tolerance = 1e-5 if device == "cpu" else 1e-4
+    for a, b in zip(ref, got, strict=True):
+        torch.testing.assert_close(b, a, atol=tolerance, rtol=0)
 
 
 def test_grouped_query_decode_attention_matches_hf_sdpa_without_repeating_kv(monkeypatch):

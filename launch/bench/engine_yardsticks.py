@@ -1,0 +1,129 @@
+"""The engine stage's two yardsticks, measured in the same run, on the same model, device and workload
+as the engine alone (`kiln bench`, launch/bench/stages.py):
+
+* plain HF `generate`: a dynamic cache, eager, HF's own sdpa attention, the stage's max_batch prompts
+  left-padded, a fixed number of new tokens (end of sequence ignored), sampling at the rollout's
+  temperature: what a user without an inference engine would run;
+* the memory-bandwidth bound of a decode step: every step reads the weights once and the KV cache in
+  use once (the stage's mean context: prompt plus half the mean response), at this device's measured
+  copy bandwidth, so max_batch rows decode at most `max_batch x bandwidth / bytes per step` tokens a
+  second. Compute, the logits' write and the sampling are not in it: it is a bound, not a model.
+
+Only the torch engine has a model in this process to compare; another engine gets no yardsticks.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+# HF generate's new tokens: the stage's mean response, at most this many (on a CPU a few hundred
+# tokens of a dynamic-cache generate take tens of seconds; the rate changes little past it).
+HF_NEW_TOKENS_MAX = 256
+COPY_BYTES = 256 << 20  # the bandwidth probe's buffer: past any cache, so the figure is memory's
+COPY_REPEATS = 5
+
+
+@dataclass
+class EngineYardsticks:
+    hf_generate_tokens_per_s: float  # HF generate's decoded tok/s (dynamic cache, eager)
+    hf_batch: int  # its prompts (the stage's max_batch)
+    hf_new_tokens: int  # new tokens per prompt
+    hf_seconds: float
+    copy_gb_per_s: float  # the device's copy bandwidth: bytes read plus written per second, best of COPY_REPEATS
+    weight_bytes: int
+    kv_bytes_per_token: int  # K and V over every layer, one token
+    mean_context: float  # tokens of KV a row holds at a mean step: prompt + half the response
+    bound_tokens_per_s: float  # max_batch x the steps per second reading weights and KV in use allows
+
+
+def measure(engine, prompts: list[list[int]], mean_response: float, temperature: float) -> EngineYardsticks | None:
+    """The yardsticks for `engine` (a TorchEngine; None for any other), from the stage's `prompts` (its
+    max_batch of them are given to HF generate) and its mean response length."""
+    from actors.rollout.torch_engine import TorchEngine
+
+    if not isinstance(engine, TorchEngine) or not prompts:
+        return None
+    device = engine.device
+    batch = min(len(prompts), engine.max_batch)
+    new_tokens = max(1, min(HF_NEW_TOKENS_MAX, round(mean_response)))
+    seconds = hf_generate_seconds(engine.model_cfg, device, prompts[:batch], new_tokens, temperature)
+    weights = sum(p.numel() * p.element_size() for p in engine.model.parameters())
+    per_token = kv_bytes_per_token(engine.model)
+    context = sum(map(len, prompts)) / len(prompts) + mean_response / 2
+    bandwidth = copy_bandwidth(device)
+    step_s = (weights + engine.max_batch * context * per_token) / bandwidth
+    return EngineYardsticks(
+        hf_generate_tokens_per_s=batch * new_tokens / seconds,
+        hf_batch=batch,
+        hf_new_tokens=new_tokens,
+        hf_seconds=seconds,
+        copy_gb_per_s=bandwidth / 1e9,
+        weight_bytes=weights,
+        kv_bytes_per_token=per_token,
+        mean_context=context,
+        bound_tokens_per_s=engine.max_batch / step_s,
+    )
+
+
+def kv_bytes_per_token(model: torch.nn.Module) -> int:
+    """Bytes of K and V one token holds over every layer, from the model's config and dtype."""
+    c = model.config
+    kv_heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    element = next(model.parameters()).element_size()
+    return 2 * c.num_hidden_layers * kv_heads * head_dim * element
+
+
+def copy_bandwidth(device: torch.device) -> float:
+    """Bytes read plus written per second by the best of COPY_REPEATS copies of COPY_BYTES on `device`."""
+    src = torch.empty(COPY_BYTES, dtype=torch.uint8, device=device).fill_(1)
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(COPY_REPEATS):
+        _sync(device)
+        t = time.perf_counter()
+        dst.copy_(src)
+        _sync(device)
+        best = min(best, time.perf_counter() - t)
+    return 2 * COPY_BYTES / best
+
+
+def hf_generate_seconds(
+    model_cfg, device: torch.device, prompts: list[list[int]], new_tokens: int, temperature: float
+) -> float:
+    """Seconds HF generate takes for `new_tokens` after each of `prompts` (left-padded; after a short
+    untimed warm-up), on a model of `model_cfg` built with HF's own sdpa attention."""
+    from actors.policy.model import build_model
+
+    model = build_model(model_cfg, device)
+    width = max(map(len, prompts))
+    ids = torch.zeros(len(prompts), width, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p) :] = torch.tensor(p)
+        mask[i, width - len(p) :] = 1
+    ids, mask = ids.to(device), mask.to(device)
+    kw = {"do_sample": temperature > 0, "pad_token_id": 0, "eos_token_id": None}
+    if temperature > 0:
+        kw.update(temperature=temperature, top_k=0, top_p=1.0)
+    try:
+        with torch.no_grad():
+            model.generate(ids, attention_mask=mask, max_new_tokens=2, min_new_tokens=2, **kw)
+            _sync(device)
+            t = time.perf_counter()
+            out = model.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens, **kw)
+            _sync(device)
+            seconds = time.perf_counter() - t
+    finally:
+        del model
+    if out.shape[1] != width + new_tokens:
+        raise RuntimeError(f"HF generate made {out.shape[1] - width} new tokens, not {new_tokens}")
+    return seconds
+
+
+def _sync(device: torch.device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)

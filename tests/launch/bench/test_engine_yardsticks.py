@@ -1,0 +1,43 @@
+"""The engine stage's yardsticks (launch/bench/engine_yardsticks.py): plain HF generate on the same
+model and prompts, run for real, and the decode bound from the model's own bytes."""
+
+from __future__ import annotations
+
+import pytest
+
+from actors.rollout.torch_engine import TorchEngine
+from configs import ModelConfig
+from launch.bench import engine_yardsticks
+from launch.bench.report import _yardsticks
+from launch.bench.stages import EngineStage
+
+TINY = ModelConfig(num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, intermediate_size=128, max_seq_len=256)
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def test_hf_generate_and_the_decode_bound_are_measured_on_the_engines_model():
+    engine = TorchEngine(TINY, max_batch=3, seed=1, device="cpu")
+    try:
+        prompts = [[1, 2, 3], [4, 5, 6, 7, 8], [9, 10], [11, 12, 13, 14]]
+        y = engine_yardsticks.measure(engine, prompts, mean_response=20.4, temperature=1.0)
+    finally:
+        engine.close()
+    assert y is not None and y.hf_batch == 3 and y.hf_new_tokens == 20  # max_batch prompts, the mean response
+    assert y.hf_generate_tokens_per_s == pytest.approx(3 * 20 / y.hf_seconds)
+    # K and V, 2 layers, 2 KV heads of 16 dims, fp32
+    assert y.kv_bytes_per_token == 2 * 2 * 2 * 16 * 4
+    assert y.weight_bytes == sum(p.numel() * 4 for p in engine.model.parameters())
+    assert y.mean_context == pytest.approx(14 / 4 + 10.2)
+    step_bytes = y.weight_bytes + 3 * y.mean_context * y.kv_bytes_per_token
+    assert y.bound_tokens_per_s == pytest.approx(3 * y.copy_gb_per_s * 1e9 / step_bytes)
+    assert y.copy_gb_per_s > 0.1
+    stage = EngineStage(50.0, 4, 80, 1.6, 3, 1, 20.0, yardsticks=y)
+    hf, bound = _yardsticks(stage)
+    assert "HF generate" in hf and f"{50.0 / y.hf_generate_tokens_per_s:.2f}×" in hf
+    assert "decode bound" in bound and f"{50.0 / y.bound_tokens_per_s:.1%}" in bound
+    assert _yardsticks(EngineStage(50.0, 4, 80, 1.6, 3, 1, 20.0)) == []
+
+
+def test_an_engine_without_a_model_here_gets_no_yardsticks():
+    assert engine_yardsticks.measure(object(), [[1, 2]], 8.0, 1.0) is None
