@@ -17,14 +17,15 @@ null trip back to back around the requests, with its own clock (alternating whic
 is what one call costs by a clock the candidate cannot touch: the round trip, the staging, the
 flushes, the events and the snapshots cancel, and K amortises the noise left.
 
-The first call of a trip starts right after the round trip, on a host whose caches and launch path
-went cold while the process waited for the request: on two H100s it read up to 105 us more than the
-calls after it. Its per-call figure is recorded apart as well (`first_calls`, the diagnostics'
-`first_call_mean_s`) but stays in the mean. Dropping it, as KernelBench drops its first trial, would
-leave the bound comparing unlike things: the trusted figure cannot drop it (the null trip runs no
-candidate code, by design, so nothing cancels the candidate's cold call), and a margin wide enough
-for the gap is a margin a forger could use. K, chosen by what the forward adds to a trip, dilutes it
-instead. The figure paid is
+The first call of a trip reads slow: on two H100s up to 105 us more than the calls after it, in the
+sandbox and in the baseline process alike (which has no round trip), so its cause is in what a
+trip's first calls do (allocation is the suspect), not in the wait for the request. Its per-call
+figure is recorded apart as well (`first_calls`, the diagnostics' `first_call_mean_s`) but stays in
+the mean. Dropping it, as KernelBench drops its first trial, would leave the bound comparing unlike
+things: the trusted figure cannot drop it (the null trip runs no candidate code, by design, so
+nothing cancels the candidate's cold call), and a margin wide enough for the gap is a margin a
+forger could use. K, chosen by what the forward adds to a trip, dilutes it instead. The figure paid
+is
 
     paid = max(per-call mean, trusted - margin)
     margin = max(BOUND_REL x trusted, BOUND_ABS_S, 2 standard errors of trusted)
@@ -266,7 +267,7 @@ def want_more(times: TripTimes, pairs: int, elapsed_s: float, budget_s: float) -
 
 def record(times: TripTimes, run_s: float, null_s: float, spans: list[float]) -> None:
     """One pair: the trusted figure from the whole trip, every per-call figure, and the trip's first
-    call's figure apart (the cold call after the round trip, a diagnostic)."""
+    call's figure apart (the slow first call, a diagnostic)."""
     times.trips.append(run_s)
     times.nulls.append(null_s)
     times.per_call.append((run_s - null_s) / times.calls_per_trip)

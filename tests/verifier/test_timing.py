@@ -53,8 +53,8 @@ def test_the_figure_paid_is_the_per_call_mean_bounded_by_the_trusted_clock():
 
 
 def test_a_trips_first_call_is_recorded_apart_and_the_round_trip_does_not_choose_k():
-    """A trip's first call starts on a host gone cold during the round trip. Its per-call figure is
-    recorded apart, and it stays in the mean: the trusted figure cannot leave it out (the null trip
+    """A trip's first call reads slow (in the sandbox and the baseline process alike). Its per-call
+    figure is recorded apart, and it stays in the mean: the trusted figure cannot leave it out (the null trip
     runs no candidate code), so a mean without it would be bounded against a figure with it. K comes
     from what the forward adds to a trip, not from the round trip around it, nor from the first
     contact."""
