@@ -127,10 +127,12 @@ class TimedStage:
         """(trip, replies): `trip(k, null)` runs one trip of the k staged calls in the sandbox; each
         reply is kept for `_replies_ok`."""
         flush = self.run.device_type == "cuda"
+        preroll, head_start = timing.preroll_s(self.run.device_type), timing.head_start_s(self.run.device_type)
         replies: list[dict] = []
 
         def trip(k: int, null: bool) -> list[float]:
-            reply = self.run.budget.ask(child, "trip", {"null": null, "expect": expect, "flush": flush})
+            body = {"null": null, "expect": expect, "flush": flush, "preroll": preroll, "head_start": head_start}
+            reply = self.run.budget.ask(child, "trip", body)
             replies.append(reply)
             spans = reply.get("calls_s")
             if null or reply.get("failure") or not reply.get("ok", True):

@@ -16,8 +16,8 @@ After (sealed.py: the closures of `sealed.server`, which look up nothing at run 
                                               from here on ATen computes nothing until exit
     call     {instance, inputs, out, after, kept}  one correctness trial
     stage    {instance, calls}                K timed calls' inputs, from the arena onto the device
-    trip     {null, expect, flush}            the K staged calls timed, each output snapshotted at its
-                                              return
+    trip     {null, expect, flush, preroll, head_start}  the preroll, then the K staged calls
+                                              timed, each output snapshotted at its return
     fetch    {call, out}                      one snapshot of the last trip, into the arena
     close
 

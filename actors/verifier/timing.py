@@ -17,15 +17,20 @@ null trip back to back around the requests, with its own clock (alternating whic
 is what one call costs by a clock the candidate cannot touch: the round trip, the staging, the
 flushes, the events and the snapshots cancel, and K amortises the noise left.
 
-The first call of a trip reads slow: on two H100s up to 105 us more than the calls after it, in the
-sandbox and in the baseline process alike (which has no round trip), so its cause is in what a
-trip's first calls do (allocation is the suspect), not in the wait for the request. Its per-call
-figure is recorded apart as well (`first_calls`, the diagnostics' `first_call_mean_s`) but stays in
-the mean. Dropping it, as KernelBench drops its first trial, would leave the bound comparing unlike
-things: the trusted figure cannot drop it (the null trip runs no candidate code, by design, so
-nothing cancels the candidate's cold call), and a margin wide enough for the gap is a margin a
-forger could use. K, chosen by what the forward adds to a trip, dilutes it instead. The figure paid
-is
+A trip follows a gap (the staging, the round trip, the check), and after a gap the device and the
+host are not as KernelBench's loop keeps them: an idle GPU drops its clocks within milliseconds, and
+the host's launch path goes cold. So the first calls of a trip read slow, in the sandbox and in the
+baseline process alike (measured: on one H100 a 50 us relu's first call read 126-131 us after a
+50 ms gap). Every trip, and its null trip alike, therefore starts with a preroll (PREROLL_S;
+CallClock.preroll): flushes, each waited for, then HEAD_START_S of flushes left running ahead of the
+first call's own, so that the first call starts as a call in the loop does. A baseline's trip also
+makes BASELINE_WARM_CALLS untimed calls (trusted code only; docs/verifier.md). It runs no candidate code and is the same in both
+trips, so it cancels in the trusted figure. The first call's per-call figure is recorded apart as
+well (`first_calls`, the diagnostics' `first_call_mean_s`) and stays in the mean. Dropping it, as
+KernelBench drops its first trial, would leave the bound comparing unlike things: the trusted figure
+cannot drop it (the null trip runs no candidate code, by design, so nothing cancels the candidate's
+cold call), and a margin wide enough for the gap is a margin a forger could use. K, chosen by what
+the forward adds to a trip, dilutes what the preroll leaves. The figure paid is
 
     paid = max(per-call mean, trusted - margin)
     margin = max(BOUND_REL x trusted, BOUND_ABS_S, 2 standard errors of trusted)
@@ -67,6 +72,27 @@ CPU_TIMING_THREADS = 1
 # microseconds on a loaded host) is a small part of it, little enough that a round of trips stays cheap.
 TRIP_TARGET_S = {"cpu": 4e-3, "cuda": 4e-3}
 MAX_CALLS_PER_TRIP = 64
+# Every trip, and its null trip alike, starts with a preroll (CallClock.preroll): on cuda this long of
+# flushes, each waited for, then one left running ahead of the first call. A trip follows a gap
+# (staging, the round trip, the check) in which an idle GPU drops its clocks (an H100 idles at 345 of
+# 1,980 MHz) and the host's launch path goes cold; KernelBench's loop never idles. Measured on one
+# H100 (docs/BENCHMARKS.md): after a 50 ms gap a 50 us relu's first call read 126-131 us, and a
+# trip of five read 1.32x the loop's mean; after 5 ms of preroll, 1.00x. On cpu the preroll is a spin
+# and none is taken: a sandbox that spun instead of sleeping between requests did not change its first
+# calls (their cold path is the candidate's own code), and on a 2-core host a spinning sandbox takes
+# the core the verifier's clock needs.
+PREROLL_S = {"cpu": 0.0, "cuda": 5e-3}
+# ...and the device time of flushes it leaves running ahead of the first call's own: the first launch
+# of a trip is colder than the loop's (one H200: a 68 us relu candidate's first call read 8-40 us
+# slow behind one 55 us flush), so it gets a longer run-up than one flush.
+HEAD_START_S = {"cpu": 0.0, "cuda": 250e-6}
+# After its preroll a baseline's trip (run and null alike) makes this many untimed calls: the host's
+# launch path of a reference of several operators goes cold between trips (one H100: eager rmsnorm's
+# first call read 369 us against a 166 us median), and KernelBench's loop keeps it warm. Only the
+# baseline may: it is trusted code, while a candidate's untimed call could compute the trip's
+# outputs ahead of its timed calls. A candidate's own launch path is hidden instead by the flush
+# the preroll leaves running.
+BASELINE_WARM_CALLS = {"cpu": 0, "cuda": 1}
 # KernelBench flushes L2 with a 256 MB fill before every call; the same size here (at least four times
 # the L2 of larger caches), so a call starts as cold, and the flush hides as much of the launch.
 FLUSH_MIN_BYTES = 256 << 20
@@ -118,6 +144,14 @@ def cpu_threads(device_type: str):
         torch.set_num_threads(old)
 
 
+def preroll_s(device_type: str) -> float:
+    return PREROLL_S.get(device_type, PREROLL_S["cpu"])
+
+
+def head_start_s(device_type: str) -> float:
+    return HEAD_START_S.get(device_type, HEAD_START_S["cpu"])
+
+
 def median(times: list[float]) -> float:
     return statistics.median(times) if times else float("nan")
 
@@ -136,6 +170,11 @@ class TripTimes:
 
     calls_per_trip: int
     device_type: str = "cpu"
+    # The per-call clock ran in a process that never loaded candidate code (a baseline): nothing there
+    # could forge it, so its mean pays as measured and the trusted figure is a cross-check only. Below
+    # about 10 us a call's host work (its launch) outlasts its device time and the trip's clock reads
+    # it: one H200 read eager relu 4x2048 at 3.9 us by events, 6.1 us by trips.
+    trusted_calls: bool = False
     calls: list[float] = field(default_factory=list)  # the per-call clock, every timed call
     first_calls: list[float] = field(default_factory=list)  # the per-call clock, each trip's first (also in calls)
     per_call: list[float] = field(default_factory=list)  # trusted: (trip - null trip) / K, one per pair
@@ -194,12 +233,12 @@ class TripTimes:
 
     @property
     def paid_s(self) -> float:
-        """The figure that pays: the per-call mean while the trusted clock bounds it, else the bound
-        (a per-call clock that claims more than the margin below the verifier's is believed only to
-        the margin)."""
+        """The figure that pays: the per-call mean while the trusted clock bounds it (or where no
+        candidate code could have touched it), else the bound (a per-call clock that claims more than
+        the margin below the verifier's is believed only to the margin)."""
         if not self.calls:
             return float("nan")
-        if self.bounded:
+        if self.bounded or self.trusted_calls:
             return self.mean_s
         return max(self.trusted_s - self.margin_s, 1e-9)
 
@@ -216,6 +255,7 @@ class TripTimes:
             "margin_s": self.margin_s if self.per_call else None,
             "resolved": self.resolved,
             "bounded": self.bounded,
+            "trusted_calls": self.trusted_calls,
             "first_call_mean_s": statistics.fmean(self.first_calls) if self.first_calls else None,
             "per_pair_s": list(self.per_call),
             "trip_min_s": min(self.trips, default=None),
@@ -277,9 +317,9 @@ def record(times: TripTimes, run_s: float, null_s: float, spans: list[float]) ->
 
 class LocalTrips:
     """Trips of the reference (eager or compiled) in this process, step for step as the sandbox runs
-    the candidate's (sealed.py, op_trip): for each call on its own set of inputs already on the
-    device, the flush, a mark, the forward, a mark, wait until the device is idle, its outputs copied
-    to a snapshot. `sets` are the calls' inputs; `stage(k)` puts the first k on the device, untimed."""
+    the candidate's (sealed.py, op_trip): the preroll (and BASELINE_WARM_CALLS), then for each call on its own set of inputs
+    already on the device, the flush, a mark, the forward, a mark, wait until the device is idle, its
+    outputs copied to a snapshot. `sets` are the calls' inputs; `stage(k)` puts the first k on the device, untimed."""
 
     def __init__(self, fn, sets: list[list], device: str) -> None:
         self.fn = fn
@@ -316,6 +356,11 @@ class LocalTrips:
         if self.clock is None:  # made on the thread that times (its stream and context)
             self.clock = call_clock(self.device, self.flush)
         clock, snaps = self.clock, self.snaps[null]
+        device_type = "cuda" if self.cuda else "cpu"
+        clock.preroll(preroll_s(device_type), head_start_s(device_type))
+        for _ in range(BASELINE_WARM_CALLS[device_type] if k else 0):
+            self.fn(*self.staged[0])
+            clock.idle()
         for i in range(k):
             clock.flush()
             if not self.cuda:  # on cpu the call finds its inputs in cache (sealed.py, _warmer)

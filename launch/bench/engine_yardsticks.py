@@ -44,6 +44,10 @@ def measure(engine, prompts: list[list[int]], mean_response: float, temperature:
     max_batch of them are given to HF generate) and its mean response length."""
     from actors.rollout.torch_engine import TorchEngine
 
+    # The benchmark's engine draws its lengths through a wrapper (actors/rollout/workload.py); the
+    # model to compare is the wrapped engine's.
+    while not isinstance(engine, TorchEngine) and hasattr(engine, "inner"):
+        engine = engine.inner
     if not isinstance(engine, TorchEngine) or not prompts:
         return None
     device = engine.device

@@ -6,7 +6,9 @@ own). One verifier serves the module, on the session's cache."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import time
 import uuid
 
 import pytest
@@ -45,6 +47,14 @@ def test_the_figure_paid_is_the_per_call_mean_bounded_by_the_trusted_clock():
     for _ in range(3):
         timing.record(close, 0.010, 0.006, [0.95e-3] * 4)
     assert close.bounded and close.paid_s == pytest.approx(0.95e-3)
+    # A baseline's per-call clock ran where no candidate code did: its mean pays even where the trips
+    # read more (a call shorter than its own launch), and only there.
+    host_bound = timing.TripTimes(4, "cuda", trusted_calls=True)
+    for _ in range(3):
+        timing.record(host_bound, 0.010 + 24e-6, 0.010, [3.9e-6] * 4)  # trips: 6 us a call
+    assert not host_bound.bounded and host_bound.paid_s == pytest.approx(3.9e-6)
+    sent = dataclasses.asdict(host_bound)  # as the baseline process sends it
+    assert timing.TripTimes(**sent).paid_s == pytest.approx(3.9e-6)
     order = []
     timing.time_pair(lambda k, null: order.append(null), 4, 0)
     timing.time_pair(lambda k, null: order.append(null), 4, 1)
@@ -140,10 +150,35 @@ def test_the_round_trip_is_not_in_the_candidates_time(verifier, relu_task, monke
     assert honest.passed and delayed.passed, delayed.feedback
     a, b = honest.diagnostics["times_s"]["candidate"], delayed.diagnostics["times_s"]["candidate"]
     k = delayed.diagnostics["timing"]["candidate"]["calls_per_trip"]
-    # The 5 ms would add 5 ms / K to every call; what is left is the host's run-to-run noise.
+    # The 5 ms would add 5 ms / K to every call; what is left is the host's run-to-run noise. Each
+    # clock is checked on its own: whether the mean falls within the trusted figure's margin (10% on
+    # this 2-core host, where the trusted figure also counts a few percent of output handling) is
+    # that noise's business, and the figure paid is checked either way.
+    cand = delayed.diagnostics["timing"]["candidate"]
     assert 0.5 * a < b < a + 0.25 * 5e-3 / k, (a, b, k)
-    assert delayed.diagnostics["timing"]["candidate"]["trusted_s"] < a + 0.25 * 5e-3 / k
-    assert delayed.diagnostics["timing"]["candidate"]["bounded"], delayed.diagnostics["timing"]["candidate"]
+    assert cand["mean_s"] < a + 0.25 * 5e-3 / k, cand
+    assert cand["trusted_s"] < a + 0.25 * 5e-3 / k, cand
+
+
+def test_every_trip_and_its_null_trip_preroll_outside_the_figures(verifier, relu_task, monkeypatch):
+    """The preroll (the device and host readied as KernelBench's loop keeps them) runs at the start of
+    the trip and of its null trip alike: both take at least its length, and it is in neither the
+    per-call figures nor the trusted figure, where it cancels."""
+    monkeypatch.setitem(timing.PREROLL_S, "cpu", 0.02)
+    r = verify(verifier, relu_task, fresh("control_correct"))
+    assert r.passed, r.feedback
+    cand = r.diagnostics["timing"]["candidate"]
+    assert cand["trip_min_s"] >= 0.02 and cand["null_min_s"] >= 0.02, cand
+    k = cand["calls_per_trip"]
+    assert cand["mean_s"] < 0.02 / k and cand["trusted_s"] < cand["mean_s"] + 0.25 * 0.02 / k, cand
+    assert cand["bounded"], cand
+    clock = timing.call_clock("cpu")
+    t0 = time.perf_counter()
+    clock.preroll(0.005, 0.0)
+    assert time.perf_counter() - t0 >= 0.005
+    for bad in ((-1.0, 0.0), (2.0, 0.0), (float("nan"), 0.0), (0.0, 1.0)):
+        with pytest.raises(ValueError, match="preroll"):
+            clock.preroll(*bad)
 
 
 def test_a_forged_per_call_clock_is_refused(verifier, relu_task, monkeypatch):
@@ -294,6 +329,17 @@ def test_a_disturbed_baseline_measurement_is_taken_again():
     assert baselines._steady(lambda: next(taken)) is clean
     once = iter([clean, disturbed])
     assert baselines._steady(lambda: next(once)) is clean  # a clean first measurement is kept as it is
+
+    def on(device_type, calls):
+        t = timing.TripTimes(4, device_type)
+        t.calls.extend(calls)
+        return t
+
+    stalls = [1e-4] * 6 + [1.8e-4, 1.8e-4]  # mean 1.2x the median: disturbed on cuda, not on a cpu host
+    retaken = iter([on("cuda", stalls), on("cuda", [1e-4] * 8)])
+    assert baselines._steady(lambda: next(retaken)).mean_s == pytest.approx(1e-4)
+    kept = on("cpu", stalls)
+    assert baselines._steady(iter([kept]).__next__) is kept
 
 
 def test_a_baseline_out_of_device_memory_is_infra_not_retimed_in_the_verifier(relu_task, tmp_path, monkeypatch):

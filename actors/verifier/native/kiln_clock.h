@@ -9,6 +9,7 @@
  *         no dispatcher, nothing a candidate's registration or patch can reach.
  *   cpu   CLOCK_MONOTONIC read at `mark`; `flush` and `idle` do nothing.
  * `spans(n)` gives the n call times in seconds: mark 2i to mark 2i+1, i < n.
+ * `preroll(seconds, head_start)` readies a trip: the device busy with flushes (cuda) or the core spinning (cpu).
  *
  * The type cannot be subclassed and its methods are C functions: the sandbox binds them before
  * sealing. What the candidate's native code could still do (write this process's memory) is
@@ -169,6 +170,54 @@ static PyObject *clock_idle(CallClock *self, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
+static double monotonic_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/* preroll(seconds, head_start): bring the device and the host to the state a call in KernelBench's
+ * loop starts in. cuda: flushes, each waited for, for `seconds` (an idle GPU has dropped its clocks),
+ * then flushes left running for about `head_start` seconds of device time (counted in the fastest
+ * waited flush), ahead of the first call's own flush: time in which the host's first launch of the
+ * trip, colder than the loop's, is hidden as the loop's is by one flush. cpu: the core spins for
+ * `seconds`. The same in a trip and its null trip, so it cancels in the verifier's clock; no mark
+ * is recorded. */
+#define PREROLL_MAX_HEAD_FLUSHES 16
+static PyObject *clock_preroll(CallClock *self, PyObject *args) {
+    double seconds, head;
+    if (!PyArg_ParseTuple(args, "dd:preroll", &seconds, &head)) return NULL;
+    if (!(seconds >= 0.0 && seconds <= 1.0) || !(head >= 0.0 && head <= 0.1))
+        return PyErr_Format(PyExc_ValueError, "preroll of %f s with a head start of %f s is out of range", seconds, head), NULL;
+    int rc = 0;
+    const char *what = NULL;
+    void *ctx = self->ctx;
+    int cuda = self->cuda && self->flush_bytes;
+    Py_BEGIN_ALLOW_THREADS
+    double now = monotonic_s(), end = now + seconds, fastest = 1.0;
+    if (cuda) g_cu.ctx_set(ctx);
+    while (now < end) {
+        if (cuda) {
+            rc = g_cu.memset_async(self->flush_ptr, 0, self->flush_bytes, self->stream);
+            if (rc != 0) { what = "cuMemsetD8Async"; break; }
+            rc = g_cu.ctx_sync();
+            if (rc != 0) { what = "cuCtxSynchronize"; break; }
+        }
+        double later = monotonic_s();
+        if (later - now < fastest) fastest = later - now;
+        now = later;
+    }
+    if (cuda && rc == 0 && head > 0.0) {
+        int n = (int)(head / (fastest > 1e-6 ? fastest : 1e-6)) + 1;
+        if (n > PREROLL_MAX_HEAD_FLUSHES) n = PREROLL_MAX_HEAD_FLUSHES;
+        for (int i = 0; i < n && rc == 0; ++i) rc = g_cu.memset_async(self->flush_ptr, 0, self->flush_bytes, self->stream);
+        if (rc != 0) what = "cuMemsetD8Async";
+    }
+    Py_END_ALLOW_THREADS
+    if (rc != 0) return cu_failed(what, rc);
+    Py_RETURN_NONE;
+}
+
 static PyObject *clock_spans(CallClock *self, PyObject *arg) {
     long n = PyLong_AsLong(arg);
     if (n == -1 && PyErr_Occurred()) return NULL;
@@ -204,6 +253,7 @@ static PyMethodDef clock_methods[] = {
     {"flush", (PyCFunction)clock_flush, METH_NOARGS, "flush(): cuda: the L2 flush on the clock's stream."},
     {"mark", (PyCFunction)clock_mark, METH_O, "mark(i): time stamp i (an event on the stream, or the monotonic clock)."},
     {"idle", (PyCFunction)clock_idle, METH_NOARGS, "idle(): cuda: wait until the device is idle."},
+    {"preroll", (PyCFunction)clock_preroll, METH_VARARGS, "preroll(seconds, head_start): cuda: waited flushes for `seconds`, then about `head_start` s of flushes left running; cpu: a spin."},
     {"spans", (PyCFunction)clock_spans, METH_O, "spans(n) -> [seconds from mark 2i to mark 2i+1 for i < n]."},
     {NULL, NULL, 0, NULL},
 };

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from actors.rollout.torch_engine import TorchEngine
+from actors.rollout.workload import LengthDraw, SampledLengthEngine
 from configs import ModelConfig
 from launch.bench import engine_yardsticks
 from launch.bench.report import _yardsticks
@@ -37,6 +38,19 @@ def test_hf_generate_and_the_decode_bound_are_measured_on_the_engines_model():
     assert "HF generate" in hf and f"{50.0 / y.hf_generate_tokens_per_s:.2f}×" in hf
     assert "decode bound" in bound and f"{50.0 / y.bound_tokens_per_s:.1%}" in bound
     assert _yardsticks(EngineStage(50.0, 4, 80, 1.6, 3, 1, 20.0)) == []
+
+
+def test_the_benchmarks_sampled_length_engine_is_measured_through_its_wrapper():
+    """`kiln bench` wraps the engine to draw its lengths (`rollout.bench.lengths`); the yardsticks
+    measure the wrapped engine's model, not nothing."""
+    engine = TorchEngine(TINY, max_batch=2, seed=1, device="cpu")
+    try:
+        wrapped = SampledLengthEngine(engine, LengthDraw([4], [1.0], seed=0))
+        y = engine_yardsticks.measure(wrapped, [[1, 2, 3], [4, 5]], mean_response=4.0, temperature=1.0)
+    finally:
+        engine.close()
+    assert y is not None and y.hf_batch == 2 and y.hf_new_tokens == 4
+    assert y.weight_bytes == sum(p.numel() * 4 for p in engine.model.parameters())
 
 
 def test_an_engine_without_a_model_here_gets_no_yardsticks():
