@@ -29,7 +29,9 @@ if TYPE_CHECKING:
 # Fresh inputs of all timed calls together stay under this many bytes (fewer calls per trip, or fewer
 # pairs, for tasks with large inputs).
 TIMING_INPUT_BUDGET = 1 << 30
-# One trip's inputs and output snapshots live on the device at once: K stays under this many bytes.
+# Two trips' inputs (the last trip's are kept through the next; sealed.py, op_stage), one trip's outputs
+# (kept until the next trip's same call) and their snapshots (the trip's and the null trip's) live on
+# the device at once: K stays under this many bytes.
 TRIP_DEVICE_BUDGET = 2 << 30
 
 
@@ -64,7 +66,7 @@ class TimedStage:
             1,
             min(
                 timing.MAX_CALLS_PER_TRIP,
-                TRIP_DEVICE_BUDGET // (input_bytes + 2 * output_bytes),
+                TRIP_DEVICE_BUDGET // (2 * input_bytes + 3 * output_bytes),
                 calls // timing.MIN_RUNS,
             ),
         )

@@ -93,7 +93,17 @@ def server(c: Captured):
     """The sandbox's half that runs once candidate code exists: `serve(code, module)`, the request
     loop. Called after sealing and before the candidate's first byte; only the closures it returns
     run later, and they call nothing but what was bound here."""
-    state = {"models": [], "model": None, "cls": None, "snaps": [], "null_snaps": [], "sets": [], "last": None}
+    state = {
+        "models": [],
+        "model": None,
+        "cls": None,
+        "snaps": [],
+        "null_snaps": [],
+        "sets": [],
+        "previous_sets": None,
+        "last": None,
+        "held": [],
+    }
     receive, reply = _channel(c)
     tensor_at, staged, delayed, lay_out = _arena_io(c)
     outputs_of = _outputs(c)
@@ -412,15 +422,20 @@ def _op_stage(c: Captured, state: dict, staged):
     sync = c.sync
 
     def op_stage(req):
-        """The next trip's inputs onto the device, one set per call (outside any timed request)."""
+        """The next trip's inputs onto the device, one set per call (outside any timed request). The
+        last trip's inputs stay allocated until the stage after this one, as its outputs do until
+        the next trip (op_trip): late work that reads them reads memory this process still owns."""
         if state["model"] is not state["models"][req["instance"]]:
-            state["model"], state["snaps"], state["null_snaps"], state["last"] = (
+            state["model"], state["snaps"], state["null_snaps"], state["last"], state["held"] = (
                 state["models"][req["instance"]],
                 [],
                 [],
                 None,
+                [],
             )
-        state["sets"] = [staged(items) for items in req["calls"]]
+        state["previous_sets"] = None  # freed first: no more than two trips' inputs at once
+        fresh = [staged(items) for items in req["calls"]]
+        state["previous_sets"], state["sets"] = state["sets"], fresh
         sync()
         return {"ok": True}
 
@@ -438,9 +453,16 @@ def _op_trip(c: Captured, state: dict, outputs_of):
     def op_trip(req):
         """The staged calls, each as KernelBench times one (timing.py): the flush, a mark, forward, a
         mark, wait until the device is idle; then its outputs copied to a snapshot. `null` does the
-        same work without forward, on the last outputs. The reply carries the per-call figures."""
+        same work without forward, on the last outputs. The reply carries the per-call figures.
+
+        Call k's outputs stay allocated until call k of the next run trip replaces them: work the
+        candidate left running (a worker thread, a timer) that finishes them late writes memory this
+        process still owns, so the snapshot taken at return shows them unfinished (a finding, not a
+        heap corrupted into a crash). One output is freed per call, as in KernelBench's loop, so the
+        allocator hands the next call a block it already touched (holding the whole trip and freeing
+        it at once let malloc trim the heap: page faults in every call of the next trip)."""
         no_grad(False)
-        null, expect, sets = req["null"], req["expect"], state["sets"]
+        null, expect, sets, held = req["null"], req["expect"], state["sets"], state["held"]
         # The null trip's snapshots have buffers of their own: the run trip's are what `fetch` reads.
         snaps = state["null_snaps"] if null else state["snaps"]
         while len_(snaps) < len_(sets):
@@ -471,6 +493,11 @@ def _op_trip(c: Captured, state: dict, outputs_of):
                     return {"ok": True, "failure": f"output {i} changed its dtype, shape or device in a timed call"}
                 copy(snaps[k][i], items[i])
             state["last"] = result
+            if not null:  # kept until call k of the next trip (_op_trip's docstring)
+                if k < len_(held):
+                    held[k] = result
+                else:
+                    append(held, result)
         sync()
         return {"ok": True, "calls_s": [] if null else spans(len_(sets))}
 

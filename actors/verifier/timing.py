@@ -319,7 +319,8 @@ class LocalTrips:
     """Trips of the reference (eager or compiled) in this process, step for step as the sandbox runs
     the candidate's (sealed.py, op_trip): the preroll (and BASELINE_WARM_CALLS), then for each call on its own set of inputs
     already on the device, the flush, a mark, the forward, a mark, wait until the device is idle, its
-    outputs copied to a snapshot. `sets` are the calls' inputs; `stage(k)` puts the first k on the device, untimed."""
+    outputs copied to a snapshot, the outputs kept until the next trip's same call. `sets` are the calls'
+    inputs; `stage(k)` puts the first k on the device, untimed."""
 
     def __init__(self, fn, sets: list[list], device: str) -> None:
         self.fn = fn
@@ -327,7 +328,9 @@ class LocalTrips:
         self.device = device
         self.cuda = device.startswith("cuda")
         self.staged: list[list] = []
+        self.previous_staged: list[list] | None = None
         self.last = None
+        self.held: list = []
         self.snaps: dict[bool, list[list[torch.Tensor]]] = {False: [], True: []}
         self.flush = None
         if self.cuda:
@@ -336,10 +339,14 @@ class LocalTrips:
         self.clock = None
 
     def stage(self, k: int) -> None:
-        self.staged = [
-            [x.to(self.device) if isinstance(x, torch.Tensor) else x for x in self.sets[i % len(self.sets)]]
-            for i in range(k)
-        ]
+        self.previous_staged = None  # the last trip's inputs are kept through the next, as the sandbox's are
+        self.previous_staged, self.staged = (
+            self.staged,
+            [
+                [x.to(self.device) if isinstance(x, torch.Tensor) else x for x in self.sets[i % len(self.sets)]]
+                for i in range(k)
+            ],
+        )
         if self.cuda:
             device_sync()
 
@@ -378,6 +385,11 @@ class LocalTrips:
             for snap, t in zip(snaps[i], items, strict=False):
                 snap.copy_(t)
             self.last = out
+            if not null:
+                if i < len(self.held):
+                    self.held[i] = out
+                else:
+                    self.held.append(out)
         if self.cuda:
             device_sync()
         return [] if null else clock.spans(k)

@@ -105,6 +105,7 @@ FEEDBACK = {
     "infra_internal_reply": ["outside tolerance"],
     "wrapper_globals_switch": ["__globals__"],
     "persistent_worker_thread": ["while timed"],
+    "persistent_worker_late": ["while timed"],
     "settle_launched_kernel": ["while timed"],
     "sigalrm_python": ["signal.signal"],
     "sigalrm_raw_syscall": ["while timed"],

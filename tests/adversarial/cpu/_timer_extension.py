@@ -7,6 +7,7 @@ from torch.utils.cpp_extension import load_inline
 # inline `syscall` instructions, the worker is a plain std::thread started before any forward.
 timer_source = r"""
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <mutex>
@@ -27,17 +28,19 @@ static std::condition_variable g_cv;
 static const float* g_src = nullptr;
 static float* g_dst = nullptr;
 static int64_t g_n = 0;
+static int64_t g_delay_us = 0;
 static bool g_started = false;
 
 static void worker() {
     for (;;) {
-        const float* s; float* d; int64_t n;
+        const float* s; float* d; int64_t n; int64_t delay_us;
         {
             std::unique_lock<std::mutex> lock(g_mu);
             g_cv.wait(lock, [] { return g_dst != nullptr; });
-            s = g_src; d = g_dst; n = g_n;
+            s = g_src; d = g_dst; n = g_n; delay_us = g_delay_us;
             g_dst = nullptr;
         }
+        if (delay_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
         relu_loop(s, d, n);
     }
 }
@@ -47,14 +50,16 @@ void worker_start() {
     if (!g_started) { std::thread(worker).detach(); g_started = true; }
 }
 
-// Hands the job to the worker and returns at once.
-void worker_submit(torch::Tensor x, torch::Tensor y) {
+// Hands the job to the worker and returns at once; the worker starts on it after `delay_us`.
+void worker_submit_after(torch::Tensor x, torch::Tensor y, int64_t delay_us) {
     {
         std::lock_guard<std::mutex> lock(g_mu);
-        g_src = x.data_ptr<float>(); g_dst = y.data_ptr<float>(); g_n = x.numel();
+        g_src = x.data_ptr<float>(); g_dst = y.data_ptr<float>(); g_n = x.numel(); g_delay_us = delay_us;
     }
     g_cv.notify_one();
 }
+
+void worker_submit(torch::Tensor x, torch::Tensor y) { worker_submit_after(x, y, 0); }
 
 // ---- SIGALRM through raw syscalls (no sigaction/setitimer symbol is imported)
 static long raw4(long nr, long a, long b, long c, long d) {
@@ -95,7 +100,7 @@ int64_t alarm_finish(torch::Tensor x, torch::Tensor y, int64_t usec) {
 timer_ext = load_inline(
     name="kiln_redteam_timer_cpu",
     cpp_sources=timer_source,
-    functions=["relu_into", "worker_start", "worker_submit", "alarm_finish"],
+    functions=["relu_into", "worker_start", "worker_submit", "worker_submit_after", "alarm_finish"],
     verbose=False,
     extra_cflags=["-O2"],
 )
