@@ -27,6 +27,7 @@ from actors.learner.batch import MicroBatch, PackedBatch, pack
 from actors.learner.checkpoint import atomic_directory, load_rng, save_rng
 from actors.learner.data_parallel import DataParallel
 from actors.learner.losses import token_entropy, token_logprobs_from_logits
+from actors.policy import packed_attention
 from actors.policy.model import DTYPES, build_model
 from configs import LearnerConfig, ModelConfig
 from protocols import TrainBatch
@@ -44,11 +45,16 @@ class TorchBackend(LearnerBackend):
         *,
         device: str | torch.device = "cpu",
         reference: bool = False,
+        packed: bool = True,
     ):
         self.model_cfg, self.learner_cfg = model_cfg, learner_cfg
         self.micro_batch_tokens = learner_cfg.micro_batch_tokens
         self.device = torch.device(device)
-        self.model = build_model(model_cfg, self.device).float().train()
+        # packed: a micro-batch's sequences attend within themselves without a T x T mask
+        # (actors/policy/packed_attention.py); False: transformers' sdpa and its block mask (the benchmark's
+        # other side, launch/bench/learner_attention.py).
+        attention = packed_attention.register() if packed else "sdpa"
+        self.model = build_model(model_cfg, self.device, attention=attention).float().train()
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=learner_cfg.lr, weight_decay=learner_cfg.weight_decay
         )
@@ -59,7 +65,9 @@ class TorchBackend(LearnerBackend):
             else DataParallel(1, 0)
         )
         # The initial policy, frozen, in the engines' dtype (the KL term's π_ref).
-        self.reference = build_model(model_cfg, self.device).requires_grad_(False) if reference else None
+        self.reference = (
+            build_model(model_cfg, self.device, attention=attention).requires_grad_(False) if reference else None
+        )
 
     def pack(self, batch: TrainBatch) -> PackedBatch:
         return pack(batch, self.device, vocab_size=self.model.config.vocab_size, max_seq_len=self.model_cfg.max_seq_len)
@@ -92,7 +100,7 @@ class TorchBackend(LearnerBackend):
         self, model: torch.nn.Module, packed: PackedBatch, positions: slice, temperature: float
     ) -> PolicyOutput:
         """One micro-batch's sequences as one packed row (position ids restart per sequence, no
-        attention mask: see actors.learner.batch)."""
+        attention mask: see actors.learner.batch and actors.policy.packed_attention)."""
         with self._autocast():
             logits = model(
                 input_ids=packed.tokens[positions][None],
