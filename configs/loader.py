@@ -122,6 +122,25 @@ def all_keys(cls: type = KilnConfig, prefix: str = "") -> list[str]:
 # ------------------------------------------------------------------------------------- helpers
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml's safe loader, except that a key given twice in one mapping is an error: PyYAML keeps the
+    last silently, so the first line, the one a reader may be looking at, would do nothing."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, str | int | float | bool) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"key {key!r} appears twice in one mapping (lines {seen[key] + 1} and {key_node.start_mark.line + 1})",
+                    key_node.start_mark,
+                )
+            seen.setdefault(key, key_node.start_mark.line)
+        return super().construct_mapping(node, deep=deep)
+
+
 def _read_yaml(path: Path) -> dict:
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
@@ -132,7 +151,7 @@ def _read_yaml(path: Path) -> dict:
     except OSError as err:
         raise ConfigError(f"{path}: cannot read it: {err.strerror}") from None
     try:
-        data = yaml.safe_load(text) or {}
+        data = yaml.load(text, Loader=_UniqueKeyLoader) or {}  # a SafeLoader
     except yaml.YAMLError as err:
         problem = " ".join(str(err).split())
         raise ConfigError(f"{path}: not valid YAML: {problem}") from None

@@ -83,6 +83,13 @@ def test_bad_preset_files(tmp_path):
     bad.write_text("- a\n- b\n")
     with pytest.raises(ConfigError, match="top level must be a mapping"):
         load_config(bad)
+    # PyYAML keeps the last of two equal keys silently: the first line, the one a reader sees, did nothing
+    bad.write_text("algo:\n  group_size: 4\n  batch_groups: 2\n  group_size: 8\n")
+    with pytest.raises(ConfigError, match=r"key 'group_size' appears twice in one mapping \(lines 2 and 4\)"):
+        load_config(bad)
+    bad.write_text("algo:\n  group_size: 4\nrollout:\n  group_size: 4\n")  # the same name in two sections
+    with pytest.raises(ConfigError, match="unknown config key 'rollout.group_size'"):
+        load_config(bad)
 
 
 def _fields(cls, prefix=""):
