@@ -29,6 +29,7 @@ from launch.driver.run_dir import RunDirectory
 from launch.driver.train import train
 from launch.observe.id_check import check_ids
 from protocols import EpisodeAck
+from tests.conftest import DEMO_CI
 from tests.launch.driver.test_train import ROOT, text_match
 
 
@@ -143,12 +144,24 @@ def wait_for(path: Path, text: str, timeout_s: float, proc: subprocess.Popen) ->
 
 
 @pytest.mark.slow
-def test_the_driver_killed_mid_run_resumes_and_finishes_with_nothing_lost(tmp_path):
-    """The demo preset (`make demo`: the kernel verifier, forced candidates, BDR) in-process, its driver
-    killed with SIGKILL right after step 1, then `kiln train --resume RUN_DIR`."""
+def test_the_driver_killed_mid_run_resumes_and_finishes_with_nothing_lost(
+    tmp_path, tiny_chat_model, verifier_cache_dir
+):
+    """The demo preset (`make demo`: the kernel verifier, forced candidates, BDR) in its CI-sized form
+    (test_demo.py's: its candidates compile once per test run, into the session's verifier cache), its
+    driver killed with SIGKILL right after step 1, then `kiln train --resume RUN_DIR`, which keeps the
+    first session's config."""
     out = tmp_path / "first.log"
     cmd = [sys.executable, "-m", "launch.cli", "train", "--config", "configs/default.yaml"]
-    overrides = ["cluster.use_ray=false", "algo.total_steps=2", f"logging.root={tmp_path}", "logging.run_name=demo"]
+    overrides = [
+        "cluster.use_ray=false",
+        "algo.total_steps=2",
+        f"logging.root={tmp_path}",
+        "logging.run_name=demo",
+        f"verifier.cache_dir={verifier_cache_dir}",
+        f"model.path={tiny_chat_model}",
+        *DEMO_CI,
+    ]
     with out.open("w") as log:
         proc = subprocess.Popen(cmd + overrides, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
