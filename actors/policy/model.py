@@ -8,9 +8,13 @@ same model, so learner and engines start from identical weights.
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from configs import ModelConfig
+
+log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -57,6 +61,21 @@ def build_model(cfg: ModelConfig, device: str | torch.device = "cpu", attention:
         with torch.device(device):
             model = AutoModelForCausalLM.from_config(hf_config(cfg), dtype=dtype, attn_implementation=attention)
     return model.to(device).eval()
+
+
+def register_attention(name: str, attention, mask=None, *, user: str) -> str:
+    """Register an attention function (and its mask builder; None: the one "sdpa" uses) with transformers
+    under `name` (idempotent); returns the name to pass as `attention` to `build_model`, or "sdpa" (logged,
+    naming the `user` that falls back) where this transformers has no registry."""
+    try:
+        from transformers import AttentionInterface
+        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    except ImportError as err:
+        log.warning("transformers has no attention registry (%s): %s with HF's sdpa", err, user)
+        return "sdpa"
+    AttentionInterface.register(name, attention)
+    AttentionMaskInterface.register(name, mask or sdpa_mask)
+    return name
 
 
 def unresolved(path: str) -> None:

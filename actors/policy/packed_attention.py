@@ -24,12 +24,11 @@ sinks, a sliding window), with the block mask "sdpa" would have built.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
 import torch
 
-log = logging.getLogger(__name__)
+from actors.policy.model import register_attention
 
 PACKED_ATTENTION = "kiln_packed"
 
@@ -167,14 +166,5 @@ def _windowed(config) -> bool:
 
 
 def register() -> str:
-    """Register the attention function and its mask builder with transformers (idempotent); returns the
-    name to pass as `attn_implementation`, or "sdpa" (logged) where this transformers cannot take it."""
-    try:
-        from transformers import AttentionInterface
-        from transformers.masking_utils import AttentionMaskInterface
-    except ImportError as err:
-        log.warning("transformers has no attention registry (%s): the learner attends with HF's sdpa", err)
-        return "sdpa"
-    AttentionInterface.register(PACKED_ATTENTION, packed_attention)
-    AttentionMaskInterface.register(PACKED_ATTENTION, packed_mask)
-    return PACKED_ATTENTION
+    """The name to build the learner's model with (`build_model(..., attention=register())`)."""
+    return register_attention(PACKED_ATTENTION, packed_attention, packed_mask, user="the learner attends")

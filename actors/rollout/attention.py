@@ -23,6 +23,8 @@ import logging
 
 import torch
 
+from actors.policy.model import register_attention
+
 log = logging.getLogger(__name__)
 
 KILN_ATTENTION = "kiln_sdpa"
@@ -82,14 +84,5 @@ def _disable(err: Exception) -> None:
 
 
 def register() -> str:
-    """Register the attention function and its mask builder with transformers (idempotent); returns the
-    name to pass as `attn_implementation`, or "sdpa" (logged) where this transformers cannot take it."""
-    try:
-        from transformers import AttentionInterface
-        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-    except ImportError as err:
-        log.warning("transformers has no attention registry (%s): the engine decodes with HF's sdpa", err)
-        return "sdpa"
-    AttentionInterface.register(KILN_ATTENTION, decode_attention)
-    AttentionMaskInterface.register(KILN_ATTENTION, sdpa_mask)
-    return KILN_ATTENTION
+    """The name to build the engine's model with (`build_model(..., attention=register())`)."""
+    return register_attention(KILN_ATTENTION, decode_attention, user="the engine decodes")
