@@ -413,8 +413,8 @@ class EngineHealth(Record):
     tokens: int = 0  # tokens generated
     steps: int = 0  # decode steps
     graph_steps: int = 0  # decode steps replayed from a CUDA graph
-    rebuilds: int = 0  # batch rebuilds (a new batch, every row prefilled)
-    inserted: int = 0  # requests admitted into a finished row's slot
+    rebuilds: int = 0  # live rows prefilled again, each into its own slot (after new weights, or memory back)
+    inserted: int = 0  # requests admitted into a free slot (each prefilled alone)
     updates: int = 0  # weight versions loaded
     aborted: int = 0  # requests aborted
 

@@ -1,13 +1,19 @@
-"""The torch engine's batch in a static KV cache (actors/rollout/torch_engine.py decides when; this
-module does the tensor work): a row per request, a fresh batch prefilled from left-padded contexts
-(`prefill`), and rows inserted into finished rows' slots of a running batch (`insert`).
+"""The torch engine's batch in a persistent KV cache (actors/rollout/torch_engine.py decides when; this
+module does the tensor work): `max_batch` slots, each a row of one cache of `cache_len` columns per
+layer, allocated once for the engine's life (`allocate`); a request is prefilled alone into a free
+slot at any time (`fill`) and its slot parked when it finishes (`park`). The running rows are never
+touched by either.
 
-Every row of a batch shares one cache column per step (what HF's StaticCache supports, and what keeps
-the decode step's shapes fixed). A fresh batch left-pads every context so that each row's last
-context token sits in the last prefilled column. An inserted row is prefilled alone, into a small
-cache of its own, and its keys and values are copied into the batch's cache in the columns just
-before the current one, with the slot's mask and position set to match; the other rows are not
-touched.
+Each slot keeps its own length: a row's context sits in its slot's columns [0, n), its next token goes
+to column n (its position id), and its mask row shows exactly the columns it wrote. So a request is
+admitted whatever the others' lengths are, and no admission re-prefills anyone: the batch is rebuilt
+(every live row prefilled again into its own slot) only when new weights land. Per-row columns are
+what HF's StaticCache cannot do (one column for the whole batch), hence `SlotLayer`: a cache layer
+that writes each row's new keys and values at that row's column, in place, on buffers whose addresses
+never change, so the decode step's CUDA graphs stay valid across admissions.
+
+A parked slot holds column 0 alone in its mask: it keeps decoding (the batch's shapes are fixed) on one
+valid key, so its logits stay finite for the batch's sampling and are never read.
 """
 
 from __future__ import annotations
@@ -17,8 +23,9 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
 
-from actors.rollout.decode_step import DecodeStep
+from actors.rollout.decode_step import MIN_ATTENDED, DecodeStep
 from actors.rollout.engine import GenerateRequest
 
 
@@ -35,20 +42,113 @@ class Row:
     finish: str | None = None
     stops: frozenset[int] = frozenset()
 
+    @property
+    def context(self) -> list[int]:
+        return self.req.prompt_ids + self.out
+
+
+class SlotLayer(CacheLayerMixin):
+    """One layer's keys and values, [max_batch, kv_heads, cache_len, head_dim], written one token per
+    row at the row's own column (`columns`, shared with the decode step)."""
+
+    is_compileable = True
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, columns: torch.Tensor) -> None:
+        super().__init__()
+        self.keys, self.values, self.columns = keys, values, columns
+        self.device, self.is_initialized = keys.device, True
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        return None  # allocated up front (`allocate`)
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        rows, heads, tokens, dim = key_states.shape
+        if tokens != 1 or rows != self.keys.shape[0]:
+            raise ValueError(
+                f"a slot cache takes one token for each of its {self.keys.shape[0]} rows, got {rows}x{tokens}"
+            )
+        at = self.columns.view(rows, 1, 1, 1).expand(rows, heads, 1, dim)
+        self.keys.scatter_(2, at, key_states)
+        self.values.scatter_(2, at.expand(rows, heads, 1, value_states.shape[-1]), value_states)
+        return self.keys, self.values
+
+    def get_mask_sizes(self, *args, **kwargs) -> tuple[int, int]:
+        return self.keys.shape[2], 0
+
+    def get_seq_length(self) -> int:
+        return 0  # rows differ; the decode step passes position ids and a 4-D mask, so nobody asks
+
+    def get_max_length(self) -> int:
+        return self.keys.shape[2]
+
+    def get_max_cache_shape(self) -> int:  # the name transformers releases before 5 ask for
+        return self.keys.shape[2]
+
 
 @dataclass
-class Batch:
-    """The decode state of the rows currently in the static cache."""
+class Slots:
+    """The decode state of the engine's `max_batch` slots."""
 
-    rows: list[Row]
-    cache: object  # the static KV cache; None once stale (new weights, or rows to refill)
+    rows: list[Row | None]  # the request in each slot; None: parked
+    layers: list[SlotLayer]
     step: DecodeStep
-    logits: torch.Tensor  # [B, V] logits predicting each row's next token
+    logits: torch.Tensor  # [B, V] logits predicting each slot's next token
     temperature: torch.Tensor
     top_p: torch.Tensor
     top_k: torch.Tensor
-    filtered: bool  # some row uses top-p or top-k (known from the requests: no host sync per step)
     sampled: tuple[torch.Tensor, torch.Tensor]  # host buffers the step's tokens and logprobs land in
+    columns: list[int]  # the host's copy of each slot's next column (the step's `columns`)
+    filtered: bool = False  # some live row uses top-p or top-k (known from the requests: no host sync)
+
+    @property
+    def live(self) -> list[int]:
+        return [i for i, r in enumerate(self.rows) if r is not None]
+
+    @property
+    def free(self) -> list[int]:
+        return [i for i, r in enumerate(self.rows) if r is None]
+
+    def longest(self) -> int:
+        """Columns the next decode step must read: one past the largest column it writes."""
+        return max((self.columns[i] for i in self.live), default=0) + 1
+
+
+def allocate(
+    model, max_batch: int, cache_len: int, device: torch.device, *, cuda_graphs: bool, min_attended: int = MIN_ATTENDED
+) -> Slots:
+    """`max_batch` parked slots over a cache of `cache_len` columns per layer, in the model's dtype
+    (`min_attended`: the decode step's smallest bucket)."""
+    cfg = model.config
+    heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+    dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    dtype = next(model.parameters()).dtype
+    columns = torch.zeros(max_batch, dtype=torch.long, device=device)
+    layers = [
+        SlotLayer(
+            torch.zeros(max_batch, heads, cache_len, dim, dtype=dtype, device=device),
+            torch.zeros(max_batch, heads, cache_len, dim, dtype=dtype, device=device),
+            columns,
+        )
+        for _ in range(cfg.num_hidden_layers)
+    ]
+    mask = torch.zeros(max_batch, 1, 1, cache_len, dtype=torch.bool, device=device)
+    mask[..., 0] = True  # every slot parked
+    step = DecodeStep(model, Cache(layers=layers), mask, columns, cuda_graph=cuda_graphs, min_attended=min_attended)
+    pinned = device.type == "cuda"  # lets the step's results come to the host without blocking the stream
+    return Slots(
+        rows=[None] * max_batch,
+        layers=layers,
+        step=step,
+        logits=torch.zeros(max_batch, cfg.vocab_size, dtype=torch.float32, device=device),
+        temperature=torch.ones(max_batch, device=device),
+        top_p=torch.ones(max_batch, device=device),
+        top_k=torch.zeros(max_batch, dtype=torch.long, device=device),
+        sampled=(
+            torch.empty(max_batch, dtype=torch.long, pin_memory=pinned),
+            torch.empty(max_batch, dtype=torch.float32, pin_memory=pinned),
+        ),
+        columns=[0] * max_batch,
+    )
 
 
 def _left_padded(contexts: list[list[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor, int]:
@@ -62,73 +162,59 @@ def _left_padded(contexts: list[list[int]], device: torch.device) -> tuple[torch
     return ids.to(device), mask.to(device), width
 
 
-def _prefill(model, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache_len: int):
-    """One forward over the padded contexts into a fresh static cache of `cache_len` columns; returns
-    the cache and each row's last logits (left padding puts every row's last token in the last column)."""
+@torch.no_grad()
+def fill(model, s: Slots, placed: list[tuple[int, Row]], device: torch.device) -> None:
+    """Put each (slot, row) of `placed` into its slot: prefill the rows' contexts (prompt plus what they
+    generated) together, left-padded, into a cache of their own, then copy each one's keys and values
+    into its slot's first columns; its mask, position and first logits follow. The caller has checked
+    that each context leaves room for a token in the cache."""
     from transformers import StaticCache
 
-    width = ids.shape[1]
-    cache = StaticCache(config=model.config, max_cache_len=cache_len)
+    contexts = [row.context for _, row in placed]
+    ids, mask, width = _left_padded(contexts, device)
+    cache = StaticCache(config=model.config, max_cache_len=width)
     out = model(
         input_ids=ids,
         attention_mask=mask,
-        position_ids=positions,
+        position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
         past_key_values=cache,
-        cache_position=torch.arange(width, device=ids.device),
         use_cache=True,
         logits_to_keep=1,
     )
-    return cache, out.logits[:, -1]
-
-
-@torch.no_grad()
-def prefill(model, rows: list[Row], budget: int, device: torch.device, *, cuda_graphs: bool) -> Batch:
-    """A fresh batch of `rows` (their prompts plus what they generated), with `budget` cache columns
-    for decoding after the longest context."""
-    ids, prompt_mask, width = _left_padded([r.req.prompt_ids + r.out for r in rows], device)
-    mask = torch.cat([prompt_mask, torch.zeros(len(rows), budget, dtype=torch.long, device=device)], dim=1)
-    positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
-    cache, logits = _prefill(model, ids, prompt_mask, positions, width + budget)
-    params = [r.req.params for r in rows]
-    step = DecodeStep(model, cache, mask, positions[:, -1:] + 1, width, cuda_graph=cuda_graphs)
-    pinned = device.type == "cuda"  # lets the step's results come to the host without blocking the stream
-    return Batch(
-        rows=rows,
-        cache=cache,
-        step=step,
-        logits=logits,
-        temperature=torch.tensor([p.temperature for p in params], device=device),
-        top_p=torch.tensor([p.top_p for p in params], device=device),
-        top_k=torch.tensor([p.top_k for p in params], device=device),
-        filtered=any(p.top_p < 1 or p.top_k > 0 for p in params),
-        sampled=(
-            torch.empty(len(rows), dtype=torch.long, pin_memory=pinned),
-            torch.empty(len(rows), dtype=torch.float32, pin_memory=pinned),
-        ),
-    )
-
-
-@torch.no_grad()
-def insert(model, b: Batch, placed: list[tuple[int, Row]], device: torch.device) -> None:
-    """Put each (slot, row) of `placed` into the running batch `b`: prefill the rows alone, then copy
-    their keys and values into the columns just before the current one. The caller has checked that
-    each context fits before the current column and its budget before the cache's end."""
-    step, column = b.step, b.step.column
-    contexts = [r.req.prompt_ids + r.out for _, r in placed]
-    ids, mask, width = _left_padded(contexts, device)
-    cache, logits = _prefill(model, ids, mask, (mask.cumsum(-1) - 1).clamp(min=0), width)
+    step = s.step
     for j, ((slot, row), ctx) in enumerate(zip(placed, contexts, strict=True)):
         n = len(ctx)
-        # Keys carry their rotary position already: any columns before the current one will do,
-        # as long as the slot's mask shows exactly them (and every column decoded from here on).
-        for src, dst in zip(cache.layers, b.cache.layers, strict=True):
-            dst.keys[slot, :, column - n : column] = src.keys[j, :, width - n :]
-            dst.values[slot, :, column - n : column] = src.values[j, :, width - n :]
+        # Keys carry their rotary position (0..n-1) already: the slot's columns [0, n) are those positions.
+        for src, dst in zip(cache.layers, s.layers, strict=True):
+            dst.keys[slot, :, :n] = src.keys[j, :, width - n :]
+            dst.values[slot, :, :n] = src.values[j, :, width - n :]
         step.mask[slot] = False
-        step.mask[slot, 0, 0, column - n : column] = True
-        step.positions[slot] = n
-        b.logits[slot] = logits[j]
+        step.mask[slot, 0, 0, :n] = True
+        step.columns[slot] = n
+        step.live[slot] = 1
+        s.logits[slot] = out.logits[j, -1]
         p = row.req.params
-        b.temperature[slot], b.top_p[slot], b.top_k[slot] = p.temperature, p.top_p, p.top_k
-        b.rows[slot] = row
-    b.filtered = any(r.req.params.top_p < 1 or r.req.params.top_k > 0 for r in b.rows if r.finish is None)
+        s.temperature[slot], s.top_p[slot], s.top_k[slot] = p.temperature, p.top_p, p.top_k
+        s.rows[slot], s.columns[slot] = row, n
+    _refilter(s)
+
+
+def park(s: Slots, slot: int) -> None:
+    """Free `slot`: it decodes on column 0 alone from now on (its logits finite, never read)."""
+    step = s.step
+    step.mask[slot] = False
+    step.mask[slot, 0, 0, 0] = True
+    step.columns[slot] = 0
+    step.live[slot] = 0
+    s.rows[slot], s.columns[slot] = None, 0
+    _refilter(s)
+
+
+def advanced(s: Slots) -> None:
+    """The host's copy of the columns after a decode step: every live slot moved one column on."""
+    for i in s.live:
+        s.columns[i] += 1
+
+
+def _refilter(s: Slots) -> None:
+    s.filtered = any(r.req.params.top_p < 1 or r.req.params.top_k > 0 for r in s.rows if r is not None)

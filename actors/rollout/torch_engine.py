@@ -5,17 +5,14 @@ One scheduler thread owns the model. `generate()` from any thread queues request
 scheduler admits queued requests into free batch slots, decodes one token for every row per step,
 and finishes rows at a stop token or a length limit (flagged "length", i.e. truncated).
 
-Continuous batching: every row of a batch shares one cache column per step (what HF's StaticCache
-supports, and what keeps the decode step's shapes fixed). A request admitted while the batch runs
-takes the slot of a finished row: only its own context is prefilled (into a small cache of its own),
-and its keys and values are copied into the batch's cache in the columns just before the current
-one, with the slot's mask and position ids set to match (`static_batch.insert`). The running rows are not
-touched. A rebuild (the running rows' prompt + generated tokens, left-padded, plus the new ones,
-prefilled into a fresh cache) happens only when the batch must grow past its rows, when a new
-context is longer than the columns before the current one, when its budget would run past the
-cache's end (a rebuild leaves `admit_slack` × the budget of spare columns for this), and after new
-weights land. Logprobs already emitted are never recomputed, so each token keeps the exact logprob
-and weight version it was sampled with.
+Continuous batching: the engine holds `max_batch` slots in one KV cache of `max_seq_len` columns,
+allocated once (actors/rollout/static_batch.py). Each slot keeps its own length, so a request is
+admitted into any free slot the moment one frees: only its own context is prefilled (into a small
+cache of its own) and copied into its slot. The running rows are never touched, nothing is
+re-prefilled for an admission, and the decode step (its buffers, its CUDA graphs) lives as long as the
+cache. Every live row is prefilled again, into its own slot, only after new weights land (a
+"rebuild"). Logprobs already emitted are never recomputed, so each token keeps the exact logprob and
+weight version it was sampled with.
 
 Decode speed: the step is pipelined (step t+1's decode is queued on the GPU before the host reads
 step t's tokens, so bookkeeping overlaps the GPU), and decoding attends over the un-repeated KV heads
@@ -44,7 +41,7 @@ from actors.policy.model import build_model
 from actors.policy.sampling import sample, token_logprobs
 from actors.rollout import attention, static_batch
 from actors.rollout.engine import Engine, EngineError, GenerateRequest, Generation, RequestError
-from actors.rollout.static_batch import Batch, Row
+from actors.rollout.static_batch import Row, Slots
 from configs import ModelConfig
 from protocols import EngineHealth
 from protocols.lease import DeviceLease
@@ -66,8 +63,6 @@ class TorchEngine(Engine):
         cuda_graphs: bool = True,
         pipeline: bool = True,
         gqa_decode: bool = True,
-        insert: bool = True,
-        admit_slack: float = 1.0,
     ) -> None:
         if on_weight_update not in ("finish", "abort"):
             raise ValueError(f"on_weight_update must be 'finish' or 'abort', got {on_weight_update!r}")
@@ -78,10 +73,6 @@ class TorchEngine(Engine):
         self.policy = on_weight_update
         self.cuda_graphs = cuda_graphs  # capture the decode step on GPU (ignored on CPU)
         self.pipeline = pipeline  # launch step t+1's decode before reading step t's tokens (see _step)
-        # insert: admit a request into a finished row's slot, prefilling only it (False: rebuild the
-        # whole batch on every admission, the engine before insertion; kept for the benchmark).
-        self.insert = insert
-        self.admit_slack = admit_slack  # spare cache columns a rebuild leaves, × the batch's budget
         # gqa_decode: attend over the un-repeated KV heads when decoding (actors/rollout/attention.py)
         self.model = build_model(model_cfg, self.device, attention=attention.register() if gqa_decode else "sdpa")
         # A checkpoint's own config decides its vocabulary and longest context.
@@ -97,7 +88,8 @@ class TorchEngine(Engine):
         self._paused = False
         self._released = False
         self._closed = False
-        self._batch: Batch | None = None
+        self._slots: Slots | None = None  # allocated at the first admission, dropped by release_memory
+        self._unplaced: list[Row] = []  # live rows waiting for their slot again (new weights, memory back)
         self._groups: dict[str, object] = {}  # weight-broadcast groups joined, by name
         self._staged: dict[str, list[tuple[str, torch.Tensor]]] = {}  # received buckets of a version, by group
         self.stats = {
@@ -257,7 +249,7 @@ class TorchEngine(Engine):
                 alive=self._thread.is_alive() and not self._closed,
                 version=self._version,
                 queued=len(self._queue),
-                running=len(self._batch.rows) if self._batch else 0,
+                running=len(self._running()),
                 paused=self._paused,
                 released=self._released,
                 **self.stats,
@@ -304,7 +296,7 @@ class TorchEngine(Engine):
             with self._cv:
                 self._closed = True
                 pending = [r.future for r in self._queue] + [u[2] for u in self._updates]
-                pending += [r.future for r in (self._batch.rows if self._batch else []) if not r.future.done()]
+                pending += [r.future for r in self._running() if not r.future.done()]
             for fut in pending:
                 if not fut.done():
                     fut.set_exception(EngineError(f"engine crashed: {err!r}"))
@@ -337,39 +329,38 @@ class TorchEngine(Engine):
             if forced:
                 self._score_forced(forced)
             sampled = [r for r in admitted if r.req.forced_response is None]
-            if sampled and self.insert and self._batch is not None and not self._batch_needs_rebuild():
-                sampled = self._insert(sampled)  # what did not fit goes into a rebuild
-            if sampled or (self._batch and self._batch_needs_rebuild()):
-                self._rebuild(sampled)
-            if self._batch is not None:
+            if self._unplaced or sampled:
+                self._place(sampled)
+            if self._slots is not None and self._slots.live:
                 self._step()
         return True
+
+    def _running(self) -> list[Row]:
+        """The rows generating: in their slots, or waiting to be put back in one."""
+        slotted = [r for r in self._slots.rows if r is not None] if self._slots else []
+        return slotted + self._unplaced
 
     def _ready(self) -> bool:
         if (self._updates and self._update_due()) or self._abort_all or self._aborts:
             return True
         if self._paused or self._released:
             return False
-        running = self._batch is not None and any(r.finish is None for r in self._batch.rows)
-        return running or bool(self._queue) or self._abort_all or bool(self._aborts)
+        return bool(self._running()) or bool(self._queue) or self._abort_all or bool(self._aborts)
 
     def _update_due(self) -> bool:
         if not self._updates:
             return False
-        running = self._batch is not None and any(r.finish is None for r in self._batch.rows)
-        return self.policy == "abort" or not running
+        return self.policy == "abort" or not self._running()
 
     def _admit(self) -> list[Row]:
-        live = [r for r in self._batch.rows if r.finish is None] if self._batch else []
-        free = self.max_batch - len(live)
+        free = self.max_batch - len(self._running())
         if free <= 0 or not self._queue or self._paused or self._released:
             return []
         return [self._queue.popleft() for _ in range(min(free, len(self._queue)))]
 
     def _take_aborts(self) -> None:
-        rows = list(self._batch.rows) if self._batch else []
-        for row in rows:
-            if row.finish is None and (self._abort_all or row.req.request_id in self._aborts):
+        for row in self._running():
+            if self._abort_all or row.req.request_id in self._aborts:
                 row.finish = "abort"
         for row in list(self._queue):
             if self._abort_all or row.req.request_id in self._aborts:
@@ -380,15 +371,26 @@ class TorchEngine(Engine):
         self._abort_all = False
 
     def _finish_aborted(self) -> None:
-        for row in self._batch.rows if self._batch else []:
-            if row.finish == "abort" and not row.future.done():
-                self.stats["aborted"] += 1
-                self._resolve(row)
-        if self._batch and all(r.finish for r in self._batch.rows):
-            self._batch = None
+        for slot in self._slots.live if self._slots else []:
+            if self._slots.rows[slot].finish == "abort":
+                self._end(self._slots.rows[slot], slot)
+        for row in [r for r in self._unplaced if r.finish == "abort"]:
+            self._unplaced.remove(row)
+            self._end(row, None)
 
-    def _batch_needs_rebuild(self) -> bool:
-        return self._batch is not None and self._batch.cache is None
+    def _end(self, row: Row, slot: int | None) -> None:
+        """Answer a finished row and free its slot."""
+        self.stats["aborted"] += row.finish == "abort"
+        self._resolve(row)
+        if slot is not None:
+            static_batch.park(self._slots, slot)
+
+    def _unslot(self) -> None:
+        """Take every live row out of its slot, to be prefilled again (its keys and values are stale)."""
+        if self._slots is not None:
+            for slot in self._slots.live:
+                self._unplaced.append(self._slots.rows[slot])
+                static_batch.park(self._slots, slot)
 
     def _run_update(self, fn: Callable[[], None], version: int | None, done: Future) -> None:
         try:
@@ -399,12 +401,11 @@ class TorchEngine(Engine):
         if version is not None:
             self._version = version
             self.stats["updates"] += 1
-        if self._batch is not None:
-            self._batch.cache = None  # the cached keys/values belong to the old weights
+        self._unslot()  # the cached keys/values belong to the old weights
         done.set_result(None)
 
     def _fail_all(self, err: Exception) -> None:
-        for row in list(self._queue) + (self._batch.rows if self._batch else []):
+        for row in list(self._queue) + self._running():
             if not row.future.done():
                 row.future.set_exception(err)
         for _, _, fut in self._updates:
@@ -425,8 +426,8 @@ class TorchEngine(Engine):
             params[name].copy_(tensor)
 
     def _release(self) -> None:
-        if self._batch is not None:
-            self._batch.cache = None
+        self._unslot()
+        self._slots = None  # the cache and the decode step's graphs go; allocated again at the next admission
         if self.device.type == "cuda":
             self.model.to("cpu")
             torch.cuda.empty_cache()
@@ -449,38 +450,22 @@ class TorchEngine(Engine):
             row.finish = "length" if len(resp) >= row.req.params.max_new_tokens else "stop"
             self._resolve(row)
 
-    def _rebuild(self, admitted: list[Row]) -> None:
-        """Prefill the running rows' contexts plus the admitted rows into a fresh static cache."""
-        rows = [r for r in (self._batch.rows if self._batch else []) if r.finish is None] + admitted
-        rows = [r for r in rows if not self._finish_if_full(r)]
-        if not rows:
-            self._batch = None
+    def _place(self, admitted: list[Row]) -> None:
+        """Put the rows waiting for their slot again, then the `admitted` ones, into free slots: each
+        prefilled alone, no running row touched (static_batch.fill). _admit took no more than fit."""
+        refill = [r for r in self._unplaced if not self._finish_if_full(r)]
+        admitted = [r for r in admitted if not self._finish_if_full(r)]
+        self._unplaced = []
+        if not refill and not admitted:
             return
-        width = max(len(r.req.prompt_ids) + len(r.out) for r in rows)
-        budget = max(self._budget(r) for r in rows)
-        slack = int(budget * self.admit_slack) if self.insert else 0  # room for rows admitted later
-        budget = min(budget + slack, max(budget, self.max_seq_len - width))
-        self._batch = static_batch.prefill(self.model, rows, budget, self.device, cuda_graphs=self.cuda_graphs)
-        self.stats["rebuilds"] += 1
-
-    def _insert(self, admitted: list[Row]) -> list[Row]:
-        """Admit rows into finished rows' slots of the running batch, prefilling only them; returns the
-        rows that do not fit (no free slot, a context longer than the columns before the current one,
-        or a budget past the cache's end), which the caller rebuilds with."""
-        b = self._batch
-        column, cache_len = b.step.column, b.step.cache_len
-        free = [i for i, r in enumerate(b.rows) if r.finish is not None]
-        placed: list[tuple[int, Row]] = []
-        rest: list[Row] = []
-        for row in admitted:
-            if free and len(row.req.prompt_ids) <= column and column + self._budget(row) <= cache_len:
-                placed.append((free.pop(0), row))
-            else:
-                rest.append(row)
-        if placed:
-            static_batch.insert(self.model, b, placed, self.device)
-            self.stats["inserted"] += len(placed)
-        return rest
+        if self._slots is None:
+            self._slots = static_batch.allocate(
+                self.model, self.max_batch, self.max_seq_len, self.device, cuda_graphs=self.cuda_graphs
+            )
+        rows = refill + admitted
+        static_batch.fill(self.model, self._slots, list(zip(self._slots.free, rows, strict=False)), self.device)
+        self.stats["rebuilds"] += bool(refill)
+        self.stats["inserted"] += len(admitted)
 
     def _budget(self, row: Row) -> int:
         context = len(row.req.prompt_ids) + len(row.out)
@@ -495,31 +480,33 @@ class TorchEngine(Engine):
 
     @torch.no_grad()
     def _step(self) -> None:
-        """Sample one token for every row, record it, finish rows. Pipelined: the next decode is queued
-        on the GPU before this step's tokens are read on the host, so the GPU computes step t+1 while
-        Python does step t's bookkeeping. If a row then finishes and the batch is rebuilt or dropped,
-        that decode's logits are discarded unread (nothing of it is recorded; the RNG is only drawn
-        by sample(), so the tokens are the same with pipelining on or off)."""
-        b = self._batch
-        tokens, logprobs = sample(b.logits, b.temperature, b.top_p, b.top_k, self.generator, filtered=b.filtered)
-        host_tokens, host_lps = b.sampled
+        """Sample one token for every slot, record the live rows', finish rows and free their slots.
+        Pipelined: the next decode is queued on the GPU before this step's tokens are read on the host,
+        so the GPU computes step t+1 while Python does step t's bookkeeping. A row that then finishes
+        only parks its slot; that decode's logits for it are never read (nothing of it is recorded;
+        the RNG is only drawn by sample(), so the tokens are the same with pipelining on or off)."""
+        s = self._slots
+        tokens, logprobs = sample(s.logits, s.temperature, s.top_p, s.top_k, self.generator, filtered=s.filtered)
+        host_tokens, host_lps = s.sampled
         host_tokens.copy_(tokens, non_blocking=True)
         host_lps.copy_(logprobs, non_blocking=True)
         ready = torch.cuda.Event() if self.device.type == "cuda" else None
         if ready is not None:
             ready.record()
-        ahead = self.pipeline and self._decode_ahead_useful(b)
+        # The columns this step's decode reads, fixed before any row finishes: the same whether the
+        # decode runs ahead or after the bookkeeping, so both read the same attended bucket.
+        longest = s.longest()
+        ahead = self.pipeline and self._decode_ahead_useful(s)
         if ahead:
-            self._decode(tokens)
+            self._decode(tokens, longest)
         if ready is not None:
             ready.synchronize()
         token_list, lp_list = host_tokens.tolist(), host_lps.tolist()
-        finished_any = False
-        for row, tok, lp in zip(b.rows, token_list, lp_list, strict=True):
-            if row.finish is not None:
-                continue
+        for slot in s.live:
+            row = s.rows[slot]
+            tok = token_list[slot]
             row.out.append(tok)
-            row.logprobs.append(lp)
+            row.logprobs.append(lp_list[slot])
             row.versions.append(self._version)
             self.stats["tokens"] += 1
             if tok in row.stops:
@@ -527,32 +514,23 @@ class TorchEngine(Engine):
             elif self._budget(row) <= 0:
                 row.finish = "length"
             if row.finish:
-                finished_any = True
-                self._resolve(row)
+                self._end(row, slot)
         self.stats["steps"] += 1
-        if all(r.finish for r in b.rows):
-            self._batch = None
-        elif finished_any and self._queue and not self.insert:
-            b.cache = None  # refill the free slots: rebuild on the next cycle
-        elif not ahead:
-            self._decode(tokens)
+        if not ahead and s.live:
+            self._decode(tokens, longest)
         if self.step_hook is not None:
             self.step_hook(self.stats["steps"])
 
-    def _decode_ahead_useful(self, b: Batch) -> bool:
-        """Whether to decode before this step's tokens are known: not when the host already knows the
-        batch ends after this step (every live row at its length limit, or one at it while requests
-        wait for its slot), and never past the static cache's last column."""
-        live = [r for r in b.rows if r.finish is None]
-        at_limit = [r for r in live if self._budget(r) <= 1]
-        if len(at_limit) == len(live) or (at_limit and self._queue):
-            return False
-        return b.step.column < b.step.cache_len
+    def _decode_ahead_useful(self, s: Slots) -> bool:
+        """Whether to decode before this step's tokens are known: not when the host already knows every
+        live row ends after this step (each at its length limit)."""
+        return any(self._budget(s.rows[slot]) > 1 for slot in s.live)
 
-    def _decode(self, tokens: torch.Tensor) -> None:
-        step = self._batch.step
-        self._batch.logits = step(tokens)
-        self.stats["graph_steps"] += step.on_graph
+    def _decode(self, tokens: torch.Tensor, longest: int) -> None:
+        s = self._slots
+        s.logits = s.step(tokens, longest)
+        static_batch.advanced(s)
+        self.stats["graph_steps"] += s.step.on_graph
 
     def _resolve(self, row: Row) -> None:
         if row.future.done():

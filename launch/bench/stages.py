@@ -248,8 +248,8 @@ def measure_engine(engine, work: Workload, requests: int, poll_s: float = FULL_B
     def watch() -> None:
         while not done.wait(poll_s):
             h = engine.health()
-            # Full while requests still wait: the engine refills a finished row from the queue at once
-            # (a finished row is only dropped from `running` when the batch is rebuilt).
+            # Full while requests still wait: the engine refills a finished row's slot from the queue at
+            # the next step.
             full = h.queued > 0 and h.running >= r.max_batch
             readings.append((time.perf_counter(), h.tokens, full))
 

@@ -41,7 +41,9 @@ def reference_logprobs(model, prompt, output, temperature: float = 1.0):
     import torch
 
     prompt, output = [int(t) for t in prompt], [int(t) for t in output]
-    ids = torch.tensor([prompt + output])
+    device = next(model.parameters()).device
+    ids = torch.tensor([prompt + output], device=device)
     with torch.no_grad():
         logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
-    return torch.log_softmax(logits / temperature, -1).gather(1, torch.tensor(output)[:, None])[:, 0].numpy()
+    chosen = torch.tensor(output, device=device)[:, None]
+    return torch.log_softmax(logits / temperature, -1).gather(1, chosen)[:, 0].cpu().numpy()

@@ -1,12 +1,15 @@
-"""The torch engine's decode fast paths on CPU: the grouped-query decode attention gives the logits of
-HF's sdpa path without taking it, and the pipelined step (next decode queued before the host reads
-this step's tokens) records exactly the tokens, logprobs and versions of the unpipelined one, with
-rows finishing at different steps, refills, and a weight update mid-generation."""
+"""The torch engine's decode fast paths on CPU (and on GPU, `gpu` marker): the grouped-query decode
+attention gives the logits of HF's sdpa path without taking it, a step reads only the cache columns
+in use, each bucket's CUDA graph is captured once across admissions, and the pipelined step (next
+decode queued before the host reads this step's tokens) records exactly the tokens, logprobs and
+versions of the unpipelined one, with rows finishing at different steps, refills, and a weight update
+mid-generation."""
 
 from __future__ import annotations
 
 import dataclasses
 import threading
+from concurrent.futures import Future
 
 import numpy as np
 import pytest
@@ -14,9 +17,9 @@ import torch
 import transformers.integrations.sdpa_attention as hf_sdpa
 
 from actors.policy.model import build_model
-from actors.rollout import attention
-from actors.rollout.decode_step import DecodeStep
+from actors.rollout import attention, static_batch
 from actors.rollout.engine import GenerateRequest, SamplingParams
+from actors.rollout.static_batch import Row
 from actors.rollout.torch_engine import TorchEngine
 from configs import ModelConfig
 
@@ -31,34 +34,21 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 def decode_logits(
     model, contexts: list[list[int]], feeds: list[list[int]], device: str = "cpu", steps_seen: list | None = None, **kw
 ) -> list[torch.Tensor]:
-    """Left-padded prefill of `contexts` into a static cache, then one DecodeStep (with `kw`) per column
-    of `feeds` ([B] tokens per step); returns the logits [B, V] of every step, and appends the step
-    to `steps_seen`."""
-    from transformers import StaticCache
-
-    width, steps = max(map(len, contexts)), len(feeds)
-    ids = torch.zeros(len(contexts), width, dtype=torch.long)
-    mask = torch.zeros(len(contexts), width + steps, dtype=torch.long)
-    for i, ctx in enumerate(contexts):
-        ids[i, width - len(ctx) :] = torch.tensor(ctx)
-        mask[i, width - len(ctx) : width] = 1
-    ids, mask = ids.to(device), mask.to(device)
-    positions = (mask[:, :width].cumsum(-1) - 1).clamp(min=0)
-    cache = StaticCache(config=model.config, max_cache_len=width + steps)
-    with torch.no_grad():
-        model(
-            input_ids=ids,
-            attention_mask=mask[:, :width],
-            position_ids=positions,
-            past_key_values=cache,
-            cache_position=torch.arange(width, device=device),
-            use_cache=True,
-            logits_to_keep=1,
-        )
-    step = DecodeStep(model, cache, mask, positions[:, -1:] + 1, width, cuda_graph=device == "cuda", **kw)
+    """`contexts` prefilled into the slots of a cache with room for `feeds`, then one decode step per
+    entry of `feeds` ([B] tokens per step), as the engine runs them (static_batch, with `kw` for the
+    slots); returns the logits [B, V] of every step, and appends the decode step to `steps_seen`."""
+    dev = torch.device(device)
+    rows = [Row(GenerateRequest(str(i), ctx, SamplingParams()), Future()) for i, ctx in enumerate(contexts)]
+    cache_len = max(map(len, contexts)) + len(feeds)
+    slots = static_batch.allocate(model, len(rows), cache_len, dev, cuda_graphs=device == "cuda", **kw)
+    static_batch.fill(model, slots, list(enumerate(rows)), dev)
     if steps_seen is not None:
-        steps_seen.append(step)
-    return [step(torch.tensor(tokens, device=device)).float().clone() for tokens in feeds]
+        steps_seen.append(slots.step)
+    logits = []
+    for tokens in feeds:
+        logits.append(slots.step(torch.tensor(tokens, device=device), slots.longest()).float().clone())
+        static_batch.advanced(slots)
+    return logits
 
 
 @pytest.mark.parametrize("kv_heads", [2, 4])
@@ -212,3 +202,38 @@ def check_pipelined_against_plain(update_at: int | None, device: str) -> None:
         np.testing.assert_array_equal(a.logprobs, b.logprobs)
         np.testing.assert_array_equal(a.versions, b.versions)
     assert piped_stats["tokens"] == plain_stats["tokens"] == sum(len(g.output_ids) for g in plain)
+
+
+@pytest.mark.gpu
+def test_each_bucket_is_captured_once_across_admissions_on_gpu(monkeypatch):
+    """Requests of different lengths admitted one after another into two slots on cuda: each attended
+    bucket's graph is captured once for the engine's life (admissions change buffer contents, never
+    addresses) and later steps replay it; the logprobs stay those of a full forward."""
+    from actors.rollout.decode_step import DecodeStep
+    from tests.helpers.common import reference_logprobs
+
+    captures = []
+    real = DecodeStep._capture
+    monkeypatch.setattr(
+        DecodeStep, "_capture", lambda self, attended: captures.append(attended) or real(self, attended)
+    )
+    engine = TorchEngine(dataclasses.replace(TINY, max_seq_len=1024), max_batch=2, device="cuda", seed=2)
+    g = torch.Generator().manual_seed(9)
+    reqs = [
+        GenerateRequest(
+            str(i),
+            [256] + torch.randint(0, 256, (5 + 150 * (i % 3),), generator=g).tolist(),
+            SamplingParams(max_new_tokens=40 + 30 * (i % 2), ignore_eos=True),
+        )
+        for i in range(6)
+    ]
+    try:
+        gens = engine.generate(reqs)
+        assert engine.stats["rebuilds"] == 0 and engine.stats["inserted"] == len(reqs)
+        assert captures and len(captures) == len(set(captures)), captures  # one capture per bucket
+        assert engine.stats["graph_steps"] > len(captures)  # replayed after capture
+        for req, gen in zip(reqs, gens, strict=True):
+            ref = reference_logprobs(engine.model, req.prompt_ids, gen.output_ids.tolist())
+            assert np.abs(ref - gen.logprobs).mean() < 1e-3, req.request_id
+    finally:
+        engine.close()

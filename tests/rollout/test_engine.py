@@ -61,6 +61,36 @@ def test_logprobs_match_a_full_forward_under_continuous_batching(engine, tempera
     assert all((g.versions == 0).all() for g in gens)
 
 
+def test_admissions_of_any_length_never_reprefill_the_running_rows_nor_move_the_cache():
+    """A long-running row with a short prompt, and a stream of requests with longer prompts admitted
+    beside it: each is prefilled alone into a free slot (no rebuild, whatever the lengths), the cache
+    and the decode step are the same objects at the same addresses throughout (so CUDA graphs stay
+    valid), and every token's logprob is still that of a full forward."""
+    engine = TorchEngine(TINY, max_batch=2, eos_token_ids=[EOS], seed=3)
+    g = torch.Generator().manual_seed(7)
+    reqs = [GenerateRequest("long", [256, 1, 2], SamplingParams(max_new_tokens=60, ignore_eos=True))]
+    for i in range(8):  # prompts longer than the long row's column when most of them arrive
+        prompt = [256] + torch.randint(0, 256, (40 + 9 * (i % 3),), generator=g).tolist()
+        reqs.append(GenerateRequest(f"r{i}", prompt, SamplingParams(max_new_tokens=3 + i % 4, ignore_eos=True)))
+    seen = set()
+
+    def hook(step: int) -> None:
+        s = engine._slots
+        seen.add((id(s), id(s.step), s.layers[0].keys.data_ptr(), s.step.mask.data_ptr(), s.step.columns.data_ptr()))
+
+    engine.step_hook = hook
+    try:
+        gens = engine.generate(reqs)
+        assert len(seen) == 1, seen  # one cache, one decode step, never reallocated
+        assert engine.stats["rebuilds"] == 0 and engine.stats["inserted"] == len(reqs)
+        for req, gen in zip(reqs, gens, strict=True):
+            assert len(gen.output_ids) == req.params.max_new_tokens
+            ref = reference_logprobs(engine.model, req.prompt_ids, gen.output_ids.tolist())
+            assert np.abs(ref - gen.logprobs).max() < 1e-4, req.request_id
+    finally:
+        engine.close()
+
+
 def test_stop_tokens_length_limit_and_context_limit(engine):
     stop_all = SamplingParams(max_new_tokens=50, stop_token_ids=tuple(range(259)))
     (gen,) = engine.generate([GenerateRequest("s", [256, 1, 2], stop_all)])
