@@ -8,7 +8,9 @@ SDPA call over the un-repeated cache computes exactly the same softmax(q·k·sca
 and a mask shared by all heads ([B, 1, 1, L]) broadcasts unchanged. Everything else (prefill, masks
 per head, extra features) goes to HF's own sdpa function untouched.
 
-A decode step reads only the cache positions in use. The decode step (decode_step.py) passes a 4-D mask
+A decode step reads only the cache positions in use. On CUDA the decode step passes each slot's column
+(`DECODE_COLUMNS`) and attention is decode_kernel.py's Triton kernel, which reads every slot's keys
+and values up to its own column and no further. Elsewhere (CPU, or no triton), the decode step (decode_step.py) passes a 4-D mask
 over the first L columns of the static cache, L a bucket just past its current column; keys and values
 are cut to those L columns here. The columns after L hold nothing any row attends to (not yet written,
 or masked off), so softmax over them added exactly zero; reading them was the whole static cache per
@@ -24,10 +26,15 @@ import logging
 import torch
 
 from actors.policy.model import register_attention
+from actors.rollout import decode_kernel
 
 log = logging.getLogger(__name__)
 
 KILN_ATTENTION = "kiln_sdpa"
+# The keyword the decode step passes through the model to this function: each slot's column [B]
+# (int64; the slot attends to columns [0, column]). With it, on CUDA, decoding takes the kernel of
+# decode_kernel.py, which reads each slot's own columns only.
+DECODE_COLUMNS = "kiln_decode_columns"
 
 
 def decode_attention(
@@ -45,6 +52,12 @@ def decode_attention(
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     batch, heads, q_len, dim = query.shape
+    columns = kwargs.pop(DECODE_COLUMNS, None)
+    if columns is not None and q_len == 1 and query.is_cuda and not _kernel_disabled:
+        try:
+            return decode_kernel.decode_attention(query, key, value, columns, scaling or dim**-0.5), None
+        except (RuntimeError, ValueError, ImportError) as err:  # the masked path below is slower, never wrong
+            _disable_kernel(err)
     if q_len == 1 and attention_mask is not None and attention_mask.dim() == 4:
         used = attention_mask.shape[-1]  # the decode step's mask covers the columns in use
         if used < key.shape[-2]:
@@ -75,6 +88,13 @@ def decode_attention(
 
 
 _disabled = False
+_kernel_disabled = False
+
+
+def _disable_kernel(err: Exception) -> None:
+    global _kernel_disabled
+    _kernel_disabled = True
+    log.warning("the decode attention kernel failed, decoding with masked SDPA from now on: %s", err)
 
 
 def _disable(err: Exception) -> None:

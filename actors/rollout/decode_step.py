@@ -8,7 +8,14 @@ Python overhead that dominates small-model decoding. A 4-D mask is passed throug
 unchanged, so no mask is built (and no host sync happens) inside the captured step. Sampling, the
 mask's new column and the columns' advance stay outside the graph.
 
-Attention reads only the columns in use. Under the engine's attention function (attention.py) the
+Attention reads only the columns in use. On CUDA with triton, each slot's column goes through the model
+to the engine's attention function (attention.DECODE_COLUMNS), whose kernel (decode_kernel.py) reads
+every slot's keys and values up to that slot's own column: one bucket (the whole cache), one graph,
+and a step costs what the slots hold, not what the longest one holds. That single shape is also
+compiled once (torch.compile: the norms, rotary embedding, activation and residual adds fused; with the kernel, 9.6 ->
+2.8 ms a step on an H200, docs/BENCHMARKS.md) and the compiled step is what the graph captures; the
+compiled code is kept per process, so a cache allocated again reuses it. Otherwise (CPU, or no
+triton) under the engine's attention function (attention.py) the
 mask the model sees covers the first `attended` columns of the cache, a bucket just past the largest
 column any slot writes: MIN_ATTENDED, doubling, up to the whole cache. So a step over a 8,192-column
 cache whose rows have used at most 700 reads 1,024 positions. Each bucket has its graph, captured the
@@ -20,6 +27,7 @@ order (slots' lengths shrink when a long row finishes), so each graph has a memo
 
 from __future__ import annotations
 
+import functools
 import logging
 
 import torch
@@ -40,7 +48,9 @@ class DecodeStep:
         *,
         cuda_graph: bool,
         min_attended: int = MIN_ATTENDED,
+        compiled: bool = True,
     ) -> None:
+        from actors.rollout import decode_kernel
         from actors.rollout.attention import KILN_ATTENTION
 
         self.model, self.cache = model, cache
@@ -51,7 +61,13 @@ class DecodeStep:
         self.use_graph = cuda_graph and columns.device.type == "cuda"
         # Only the engine's attention function cuts keys and values to the mask; under any other the
         # mask covers the whole cache.
-        self.min_attended = min_attended if getattr(model.config, "_attn_implementation", "") == KILN_ATTENTION else 0
+        ours = getattr(model.config, "_attn_implementation", "") == KILN_ATTENTION
+        self.min_attended = min_attended if ours else 0
+        # Each slot's keys up to its own column, by the kernel: no buckets (the mask is then not read).
+        self.kernel = ours and columns.device.type == "cuda" and decode_kernel.available()
+        # With the kernel the step has one shape for the cache's life, so it is compiled once (the
+        # norms, rotary embedding, activation and residual adds fused) and captured compiled.
+        self.compiled = compiled and self.kernel and self.use_graph
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}  # attended -> (graph, its logits)
         self.on_graph = False  # the last step replayed (or captured) a graph
 
@@ -62,7 +78,7 @@ class DecodeStep:
 
     def attended(self, longest: int) -> int:
         """How many cache columns a step reads whose largest written column is `longest` - 1."""
-        if not self.min_attended:
+        if self.kernel or not self.min_attended:
             return self.cache_len
         n = self.min_attended
         while n < longest:
@@ -70,14 +86,14 @@ class DecodeStep:
         return min(n, self.cache_len)
 
     def _forward(self, attended: int) -> torch.Tensor:
-        out = self.model(
-            input_ids=self.tokens,
-            attention_mask=self.mask[..., :attended],
-            position_ids=self.columns[:, None],
-            past_key_values=self.cache,
-            use_cache=True,
-        )
-        return out.logits[:, -1]
+        args = (self.model, self.tokens, self.mask[..., :attended], self.columns, self.cache, self.kernel)
+        if self.compiled:
+            try:
+                return _compiled_forward()(*args)
+            except Exception as err:  # noqa: BLE001 - any compiler failure: the eager step is slower, never wrong
+                log.warning("compiling the decode step failed, decoding uncompiled: %s", err)
+                self.compiled = False
+        return _forward(*args)
 
     @torch.no_grad()
     def __call__(self, tokens: torch.Tensor, longest: int) -> torch.Tensor:
@@ -117,3 +133,26 @@ class DecodeStep:
             log.warning("CUDA graph capture of the decode step failed, decoding eagerly: %s", err)
             self.use_graph = False
         return logits
+
+
+def _forward(model, tokens, mask, columns, cache, kernel: bool) -> torch.Tensor:
+    """The model's logits [B, V] for one token per slot (`kernel`: pass each slot's column to the
+    engine's attention, attention.DECODE_COLUMNS)."""
+    from actors.rollout.attention import DECODE_COLUMNS
+
+    out = model(
+        input_ids=tokens,
+        attention_mask=mask,
+        position_ids=columns[:, None],
+        past_key_values=cache,
+        use_cache=True,
+        **({DECODE_COLUMNS: columns} if kernel else {}),
+    )
+    return out.logits[:, -1]
+
+
+@functools.cache
+def _compiled_forward():
+    """`_forward` compiled, one per process: a new cache of the same shapes (the engine's memory given
+    back and taken again) reuses the compiled code instead of compiling again."""
+    return torch.compile(_forward, dynamic=False)

@@ -1,8 +1,8 @@
 """The torch engine's batch in a persistent KV cache (actors/rollout/torch_engine.py decides when; this
 module does the tensor work): `max_batch` slots, each a row of one cache of `cache_len` columns per
-layer, allocated once for the engine's life (`allocate`); a request is prefilled alone into a free
-slot at any time (`fill`) and its slot parked when it finishes (`park`). The running rows are never
-touched by either.
+layer, allocated once for the engine's life (`allocate`); requests are prefilled together into free
+slots at any time (`fill`) and a slot is parked when its row finishes (`park`). The running rows are
+never touched by either.
 
 Each slot keeps its own length: a row's context sits in its slot's columns [0, n), its next token goes
 to column n (its position id), and its mask row shows exactly the columns it wrote. So a request is
@@ -56,20 +56,22 @@ class SlotLayer(CacheLayerMixin):
     def __init__(self, keys: torch.Tensor, values: torch.Tensor, columns: torch.Tensor) -> None:
         super().__init__()
         self.keys, self.values, self.columns = keys, values, columns
+        self.slot_ids = torch.arange(keys.shape[0], device=keys.device)
         self.device, self.is_initialized = keys.device, True
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         return None  # allocated up front (`allocate`)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        rows, heads, tokens, dim = key_states.shape
+        rows, tokens = key_states.shape[0], key_states.shape[2]
         if tokens != 1 or rows != self.keys.shape[0]:
             raise ValueError(
                 f"a slot cache takes one token for each of its {self.keys.shape[0]} rows, got {rows}x{tokens}"
             )
-        at = self.columns.view(rows, 1, 1, 1).expand(rows, heads, 1, dim)
-        self.keys.scatter_(2, at, key_states)
-        self.values.scatter_(2, at.expand(rows, heads, 1, value_states.shape[-1]), value_states)
+        # keys[b, :, columns[b]] = key_states[b, :, 0]: an in-place index_put, which a compiled step
+        # keeps in place (a scatter_ there became a copy of the whole layer's cache per step).
+        self.keys[self.slot_ids, :, self.columns] = key_states[:, :, 0]
+        self.values[self.slot_ids, :, self.columns] = value_states[:, :, 0]
         return self.keys, self.values
 
     def get_mask_sizes(self, *args, **kwargs) -> tuple[int, int]:
@@ -114,10 +116,17 @@ class Slots:
 
 
 def allocate(
-    model, max_batch: int, cache_len: int, device: torch.device, *, cuda_graphs: bool, min_attended: int = MIN_ATTENDED
+    model,
+    max_batch: int,
+    cache_len: int,
+    device: torch.device,
+    *,
+    cuda_graphs: bool,
+    min_attended: int = MIN_ATTENDED,
+    compiled: bool = True,
 ) -> Slots:
     """`max_batch` parked slots over a cache of `cache_len` columns per layer, in the model's dtype
-    (`min_attended`: the decode step's smallest bucket)."""
+    (`min_attended`, `compiled`: the decode step's smallest bucket, and whether it may be compiled)."""
     cfg = model.config
     heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
     dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
@@ -133,7 +142,9 @@ def allocate(
     ]
     mask = torch.zeros(max_batch, 1, 1, cache_len, dtype=torch.bool, device=device)
     mask[..., 0] = True  # every slot parked
-    step = DecodeStep(model, Cache(layers=layers), mask, columns, cuda_graph=cuda_graphs, min_attended=min_attended)
+    step = DecodeStep(
+        model, Cache(layers=layers), mask, columns, cuda_graph=cuda_graphs, min_attended=min_attended, compiled=compiled
+    )
     pinned = device.type == "cuda"  # lets the step's results come to the host without blocking the stream
     return Slots(
         rows=[None] * max_batch,
@@ -151,51 +162,55 @@ def allocate(
     )
 
 
-def _left_padded(contexts: list[list[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """Token ids and attention mask of `contexts`, left-padded to the longest; and that width."""
+def _right_padded(contexts: list[list[int]], device: torch.device) -> tuple[torch.Tensor, int]:
+    """Token ids of `contexts`, right-padded to the longest, and that width. A row's tokens sit at
+    positions [0, n) whatever the others' lengths, so its keys and values are already in the columns
+    its slot keeps them in, and causal attention never lets a real token see the padding after it."""
     width = max(len(c) for c in contexts)
     ids = torch.zeros(len(contexts), width, dtype=torch.long)
-    mask = torch.zeros(len(contexts), width, dtype=torch.long)
     for i, ctx in enumerate(contexts):
-        ids[i, width - len(ctx) :] = torch.tensor(ctx)
-        mask[i, width - len(ctx) :] = 1
-    return ids.to(device), mask.to(device), width
+        ids[i, : len(ctx)] = torch.tensor(ctx)
+    return ids.to(device), width
 
 
 @torch.no_grad()
 def fill(model, s: Slots, placed: list[tuple[int, Row]], device: torch.device) -> None:
     """Put each (slot, row) of `placed` into its slot: prefill the rows' contexts (prompt plus what they
-    generated) together, left-padded, into a cache of their own, then copy each one's keys and values
-    into its slot's first columns; its mask, position and first logits follow. The caller has checked
-    that each context leaves room for a token in the cache."""
-    from transformers import StaticCache
+    generated) together, right-padded, into a cache of their own, then copy every row's keys and values
+    into its slot's first columns with one write per layer; its mask, position and first logits
+    follow. The padding's keys land past each row's column, where nothing reads them before the row's
+    own decode overwrites them. The caller has checked that each context leaves room for a token."""
+    from transformers import DynamicCache
 
     contexts = [row.context for _, row in placed]
-    ids, mask, width = _left_padded(contexts, device)
-    cache = StaticCache(config=model.config, max_cache_len=width)
+    ids, width = _right_padded(contexts, device)
+    lengths = [len(c) for c in contexts]
+    ends = sorted(set(lengths))  # the positions whose logits are needed (each row's last token)
+    # No mask and a cache that holds exactly this pass: plain causal attention, which SDPA runs with
+    # its flash kernel (a static cache made transformers build a [rows, width, width] mask instead).
+    cache = DynamicCache()
     out = model(
         input_ids=ids,
-        attention_mask=mask,
-        position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
         past_key_values=cache,
         use_cache=True,
-        logits_to_keep=1,
+        logits_to_keep=torch.tensor([n - 1 for n in ends], device=device),
     )
-    step = s.step
-    for j, ((slot, row), ctx) in enumerate(zip(placed, contexts, strict=True)):
-        n = len(ctx)
-        # Keys carry their rotary position (0..n-1) already: the slot's columns [0, n) are those positions.
-        for src, dst in zip(cache.layers, s.layers, strict=True):
-            dst.keys[slot, :, :n] = src.keys[j, :, width - n :]
-            dst.values[slot, :, :n] = src.values[j, :, width - n :]
-        step.mask[slot] = False
-        step.mask[slot, 0, 0, :n] = True
-        step.columns[slot] = n
-        step.live[slot] = 1
-        s.logits[slot] = out.logits[j, -1]
-        p = row.req.params
-        s.temperature[slot], s.top_p[slot], s.top_k[slot] = p.temperature, p.top_p, p.top_k
-        s.rows[slot], s.columns[slot] = row, n
+    slots = torch.tensor([slot for slot, _ in placed], device=device)
+    for src, dst in zip(cache.layers, s.layers, strict=True):
+        dst.keys[slots, :, :width] = src.keys.to(dst.keys.dtype)  # index_put does not cast
+        dst.values[slots, :, :width] = src.values.to(dst.values.dtype)
+    step, n = s.step, torch.tensor(lengths, device=device)
+    step.mask[slots] = (torch.arange(step.cache_len, device=device)[None, :] < n[:, None])[:, None, None, :]
+    step.columns[slots] = n
+    step.live[slots] = 1
+    last = out.logits[torch.arange(len(contexts), device=device), [ends.index(k) for k in lengths]]
+    s.logits[slots] = last.to(s.logits.dtype)  # the decode step's dtype once it has run (the model's)
+    params = [row.req.params for _, row in placed]
+    s.temperature[slots] = torch.tensor([p.temperature for p in params], device=device, dtype=s.temperature.dtype)
+    s.top_p[slots] = torch.tensor([p.top_p for p in params], device=device, dtype=s.top_p.dtype)
+    s.top_k[slots] = torch.tensor([p.top_k for p in params], device=device, dtype=s.top_k.dtype)
+    for (slot, row), k in zip(placed, lengths, strict=True):
+        s.rows[slot], s.columns[slot] = row, k
     _refilter(s)
 
 

@@ -63,6 +63,8 @@ class TorchEngine(Engine):
         cuda_graphs: bool = True,
         pipeline: bool = True,
         gqa_decode: bool = True,
+        compiled: bool = True,
+        admit_batch: int | None = None,
     ) -> None:
         if on_weight_update not in ("finish", "abort"):
             raise ValueError(f"on_weight_update must be 'finish' or 'abort', got {on_weight_update!r}")
@@ -73,6 +75,10 @@ class TorchEngine(Engine):
         self.policy = on_weight_update
         self.cuda_graphs = cuda_graphs  # capture the decode step on GPU (ignored on CPU)
         self.pipeline = pipeline  # launch step t+1's decode before reading step t's tokens (see _step)
+        # Slots freed before queued requests are admitted while rows decode (_admit); None: an eighth of
+        # the batch (at least 1).
+        self.admit_batch = admit_batch or max(1, max_batch // 8)
+        self.compiled = compiled  # torch.compile the graph-captured decode step (CUDA with triton; decode_step.py)
         # gqa_decode: attend over the un-repeated KV heads when decoding (actors/rollout/attention.py)
         self.model = build_model(model_cfg, self.device, attention=attention.register() if gqa_decode else "sdpa")
         # A checkpoint's own config decides its vocabulary and longest context.
@@ -353,8 +359,15 @@ class TorchEngine(Engine):
         return self.policy == "abort" or not self._running()
 
     def _admit(self) -> list[Row]:
-        free = self.max_batch - len(self._running())
+        """Queued requests for the free slots. While rows decode, admissions wait until `admit_batch`
+        slots are free (or every queued request fits): one prefill forward's fixed cost (an eager pass,
+        launch-bound on GPU) is then shared by that many rows instead of paid per row, and the batch
+        never drops below max_batch - admit_batch + 1 rows while requests wait."""
+        running = len(self._running())
+        free = self.max_batch - running
         if free <= 0 or not self._queue or self._paused or self._released:
+            return []
+        if running and free < min(self.admit_batch, len(self._queue)):
             return []
         return [self._queue.popleft() for _ in range(min(free, len(self._queue)))]
 
@@ -460,7 +473,12 @@ class TorchEngine(Engine):
             return
         if self._slots is None:
             self._slots = static_batch.allocate(
-                self.model, self.max_batch, self.max_seq_len, self.device, cuda_graphs=self.cuda_graphs
+                self.model,
+                self.max_batch,
+                self.max_seq_len,
+                self.device,
+                cuda_graphs=self.cuda_graphs,
+                compiled=self.compiled,
             )
         rows = refill + admitted
         static_batch.fill(self.model, self._slots, list(zip(self._slots.free, rows, strict=False)), self.device)

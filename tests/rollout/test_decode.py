@@ -86,11 +86,41 @@ def check_attended_buckets(monkeypatch, kv_heads: int, device: str) -> None:
     decode = lengths[cfg.num_layers :]  # after the prefill's call per layer
     if device == "cpu":  # a replayed graph calls no Python
         assert decode == [16] * (7 * cfg.num_layers) + [29] * (13 * cfg.num_layers), decode
+    elif steps[0].kernel:  # each slot read to its own column by the kernel: one bucket, one graph
+        assert sorted(steps[0].graphs) == [29] and steps[0].on_graph
     else:
         assert sorted(steps[0].graphs) == [16, 29] and steps[0].on_graph
     tolerance = 1e-5 if device == "cpu" else 1e-4
     for a, b in zip(ref, got, strict=True):
         torch.testing.assert_close(b, a, atol=tolerance, rtol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_the_decode_kernel_reads_each_slot_up_to_its_own_column_and_no_further_on_gpu(dtype):
+    """The Triton decode attention against masked SDPA over the whole cache, grouped-query and not,
+    slots at column 0, at the cache's end and between; every key and value past a slot's column is
+    NaN, so one read past it would poison that slot's output."""
+    from actors.rollout import decode_kernel
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for heads, kv_heads, dim, cache_len in [(16, 8, 64, 4096), (8, 2, 128, 1500), (4, 4, 64, 300), (16, 2, 64, 9000)]:
+        batch = 5
+
+        def rand(*shape):
+            return torch.randn(*shape, device="cuda", generator=g).to(dtype)
+
+        query = rand(batch, 1, heads, dim).transpose(1, 2)  # HF's layout: heads not contiguous
+        key, value = rand(batch, kv_heads, cache_len, dim), rand(batch, kv_heads, cache_len, dim)
+        columns = torch.tensor([0, cache_len - 1, 1, min(1023, cache_len - 2), cache_len // 3], device="cuda")
+        ref = decode_kernel.reference(query.float(), key.float(), value.float(), columns, dim**-0.5)
+        past = torch.arange(cache_len, device="cuda")[None, None, :, None] > columns[:, None, None, None]
+        got = decode_kernel.decode_attention(
+            query, key.masked_fill(past, float("nan")), value.masked_fill(past, float("nan")), columns, dim**-0.5
+        )
+        assert got.shape == (batch, 1, heads, dim) and got.dtype == dtype
+        tolerance = 2e-2 if dtype == torch.bfloat16 else 1e-5
+        torch.testing.assert_close(got.float(), ref, atol=tolerance, rtol=0)
 
 
 def test_grouped_query_decode_attention_matches_hf_sdpa_without_repeating_kv(monkeypatch):
@@ -202,6 +232,34 @@ def check_pipelined_against_plain(update_at: int | None, device: str) -> None:
         np.testing.assert_array_equal(a.logprobs, b.logprobs)
         np.testing.assert_array_equal(a.versions, b.versions)
     assert piped_stats["tokens"] == plain_stats["tokens"] == sum(len(g.output_ids) for g in plain)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_a_bfloat16_engine_admits_rows_of_any_length_with_the_logprobs_of_a_full_forward(device):
+    """The engine in the dtype it serves in: bfloat16 slots filled by right-padded prefills of several
+    rows at once (admissions batched), decoded to their own columns; every row's behaviour logprobs
+    within bf16 noise of a full forward of the same model."""
+    from tests.helpers.common import reference_logprobs
+
+    cfg = dataclasses.replace(TINY, dtype="bfloat16", max_seq_len=512)
+    engine = TorchEngine(cfg, max_batch=4, device=device, seed=3, admit_batch=2)
+    g = torch.Generator().manual_seed(5)
+    reqs = [
+        GenerateRequest(
+            str(i),
+            [256] + torch.randint(0, 256, (3 + 37 * (i % 4),), generator=g).tolist(),
+            SamplingParams(max_new_tokens=12 + 9 * (i % 3), ignore_eos=True),
+        )
+        for i in range(9)
+    ]
+    try:
+        gens = engine.generate(reqs)
+        for req, gen in zip(reqs, gens, strict=True):
+            assert len(gen.output_ids) == req.params.max_new_tokens
+            ref = reference_logprobs(engine.model, req.prompt_ids, gen.output_ids.tolist())
+            assert np.abs(ref - gen.logprobs).mean() < 0.05, req.request_id
+    finally:
+        engine.close()
 
 
 @pytest.mark.gpu
