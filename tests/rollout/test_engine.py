@@ -91,6 +91,45 @@ def test_admissions_of_any_length_never_reprefill_the_running_rows_nor_move_the_
         engine.close()
 
 
+def test_while_requests_wait_every_decode_step_keeps_the_batch_nearly_full(monkeypatch):
+    """40 requests of mixed lengths through 16 slots: admissions wait until `admit_batch` (2) slots are
+    free, so every decode step run while requests waited in the engine's queue decoded at least
+    max_batch - admit_batch + 1 = 15 rows, and several rows shared each prefill pass."""
+    from actors.rollout import static_batch
+
+    fills = []
+    real_fill = static_batch.fill
+    monkeypatch.setattr(
+        static_batch, "fill", lambda m, s, placed, d: fills.append(len(placed)) or real_fill(m, s, placed, d)
+    )
+    engine = TorchEngine(TINY, max_batch=16, eos_token_ids=[EOS], seed=4)
+    assert engine.admit_batch == 2
+    g = torch.Generator().manual_seed(11)
+    reqs = [
+        GenerateRequest(
+            str(i), p, SamplingParams(max_new_tokens=int(torch.randint(2, 24, (1,), generator=g)), ignore_eos=True)
+        )
+        for i, p in enumerate(prompts(40, seed=2))
+    ]
+    steps = []  # (rows that decoded in the step, requests still queued)
+    before = [0]
+
+    def hook(step: int) -> None:
+        steps.append((engine.stats["tokens"] - before[0], len(engine._queue)))
+        before[0] = engine.stats["tokens"]
+
+    engine.step_hook = hook
+    try:
+        gens = engine.generate(reqs)
+        assert [len(g.output_ids) for g in gens] == [r.params.max_new_tokens for r in reqs]
+        waiting = [rows for rows, queued in steps if queued]
+        assert waiting and min(waiting) >= 15, waiting
+        assert any(rows == 15 for rows in waiting)  # a freed slot waited for a second one
+        assert sum(fills) == len(reqs) and len(fills) < len(reqs) and max(fills) > 1, fills
+    finally:
+        engine.close()
+
+
 def test_stop_tokens_length_limit_and_context_limit(engine):
     stop_all = SamplingParams(max_new_tokens=50, stop_token_ids=tuple(range(259)))
     (gen,) = engine.generate([GenerateRequest("s", [256, 1, 2], stop_all)])
