@@ -8,6 +8,7 @@ same model, so learner and engines start from identical weights.
 
 from __future__ import annotations
 
+import inspect
 import logging
 
 import torch
@@ -76,6 +77,14 @@ def register_attention(name: str, attention, mask=None, *, user: str) -> str:
     AttentionInterface.register(name, attention)
     AttentionMaskInterface.register(name, mask or sdpa_mask)
     return name
+
+
+def cache_keyword(model: torch.nn.Module) -> str:
+    """The keyword a model's forward takes its KV cache under: `cache` in the transformers releases
+    that renamed it (5.2x; `past_key_values` is deprecated there and removed in 5.40), else
+    `past_key_values`. A cache passed under a name the forward no longer knows would be dropped
+    silently, and the model would decode without its context."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 def unresolved(path: str) -> None:

@@ -32,6 +32,8 @@ import logging
 
 import torch
 
+from actors.policy.model import cache_keyword
+
 log = logging.getLogger(__name__)
 
 # The smallest attended bucket, in cache columns; buckets double from here up to the whole cache.
@@ -54,6 +56,7 @@ class DecodeStep:
         from actors.rollout.attention import KILN_ATTENTION
 
         self.model, self.cache = model, cache
+        self.cache_as = cache_keyword(model)  # the forward's keyword for the cache
         self.mask = mask  # [B, 1, 1, cache_len] bool: True = the slot attends to the column
         self.columns = columns  # [B] long: the column (and position id) each slot's next token goes to
         self.live = torch.zeros_like(columns)  # [B]: 1 for a slot holding a request (its column advances)
@@ -86,7 +89,15 @@ class DecodeStep:
         return min(n, self.cache_len)
 
     def _forward(self, attended: int) -> torch.Tensor:
-        args = (self.model, self.tokens, self.mask[..., :attended], self.columns, self.cache, self.kernel)
+        args = (
+            self.model,
+            self.tokens,
+            self.mask[..., :attended],
+            self.columns,
+            self.cache,
+            self.kernel,
+            self.cache_as,
+        )
         if self.compiled:
             try:
                 return _compiled_forward()(*args)
@@ -135,17 +146,17 @@ class DecodeStep:
         return logits
 
 
-def _forward(model, tokens, mask, columns, cache, kernel: bool) -> torch.Tensor:
+def _forward(model, tokens, mask, columns, cache, kernel: bool, cache_as: str) -> torch.Tensor:
     """The model's logits [B, V] for one token per slot (`kernel`: pass each slot's column to the
-    engine's attention, attention.DECODE_COLUMNS)."""
+    engine's attention, attention.DECODE_COLUMNS; `cache_as`: the forward's keyword for the cache)."""
     from actors.rollout.attention import DECODE_COLUMNS
 
     out = model(
         input_ids=tokens,
         attention_mask=mask,
         position_ids=columns[:, None],
-        past_key_values=cache,
         use_cache=True,
+        **{cache_as: cache},
         **({DECODE_COLUMNS: columns} if kernel else {}),
     )
     return out.logits[:, -1]

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from actors.policy.model import cache_keyword
 from actors.rollout.decode_step import MIN_ATTENDED, DecodeStep
 from actors.rollout.engine import GenerateRequest
 
@@ -191,8 +192,8 @@ def fill(model, s: Slots, placed: list[tuple[int, Row]], device: torch.device) -
     cache = DynamicCache()
     out = model(
         input_ids=ids,
-        past_key_values=cache,
         use_cache=True,
+        **{cache_keyword(model): cache},
         logits_to_keep=torch.tensor([n - 1 for n in ends], device=device),
     )
     slots = torch.tensor([slot for slot, _ in placed], device=device)
