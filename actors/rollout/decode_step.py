@@ -23,6 +23,9 @@ first time a step needs it and replayed for the engine's life: the buffers never
 and finished rows only change their contents (static_batch.py). The columns past the bucket are
 masked for every row, so the logits are the same as over the whole cache. Buckets are replayed in any
 order (slots' lengths shrink when a long row finishes), so each graph has a memory pool of its own.
+
+An eager step (no graph) also runs only the slots up to the power of two past the highest live one,
+on views of the same cache (`rows`); a captured step always runs them all (one shape per graph).
 """
 
 from __future__ import annotations
@@ -72,6 +75,10 @@ class DecodeStep:
         # norms, rotary embedding, activation and residual adds fused) and captured compiled.
         self.compiled = compiled and self.kernel and self.use_graph
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}  # attended -> (graph, its logits)
+        self.views: dict[int, object] = {}  # rows -> the cache over the first `rows` slots (eager steps)
+        # [B, V] float32, given by static_batch.allocate: where eager steps write their logits (the
+        # slots past a step's rows keep stale ones; they are parked, never read)
+        self.logits: torch.Tensor | None = None
         self.on_graph = False  # the last step replayed (or captured) a graph
 
     @property
@@ -88,13 +95,34 @@ class DecodeStep:
             n *= 2
         return min(n, self.cache_len)
 
-    def _forward(self, attended: int) -> torch.Tensor:
+    def rows(self, highest: int | None) -> int:
+        """Slots an eager step decodes when the live ones all sit below `highest`: the power of two at or
+        above it (the slots past it are parked; their logits are never read). A captured step always
+        decodes every slot (one graph per shape; on GPU a parked slot costs little)."""
+        batch = self.columns.shape[0]
+        if self.use_graph or highest is None:
+            return batch
+        n = 1
+        while n < highest:
+            n *= 2
+        return min(n, batch)
+
+    def _view(self, rows: int):
+        """The cache over the first `rows` slots: views of the same buffers (SlotLayer.head), made once."""
+        from transformers.cache_utils import Cache
+
+        if rows not in self.views:
+            self.views[rows] = Cache(layers=[layer.head(rows) for layer in self.cache.layers])
+        return self.views[rows]
+
+    def _forward(self, attended: int, rows: int | None = None) -> torch.Tensor:
+        rows = rows or self.columns.shape[0]
         args = (
             self.model,
-            self.tokens,
-            self.mask[..., :attended],
-            self.columns,
-            self.cache,
+            self.tokens[:rows],
+            self.mask[:rows, ..., :attended],
+            self.columns[:rows],
+            self.cache if rows == self.columns.shape[0] else self._view(rows),
             self.kernel,
             self.cache_as,
         )
@@ -107,9 +135,10 @@ class DecodeStep:
         return _forward(*args)
 
     @torch.no_grad()
-    def __call__(self, tokens: torch.Tensor, longest: int) -> torch.Tensor:
+    def __call__(self, tokens: torch.Tensor, longest: int, highest: int | None = None) -> torch.Tensor:
         """Feed each slot's sampled token; returns logits [B, V] predicting the next one. `longest`: one
-        past the largest column a slot writes in this step (the host knows it: Slots.longest)."""
+        past the largest column a slot writes in this step; `highest`: one past the highest live slot
+        (the host knows both: Slots.longest, Slots.highest; None: every slot)."""
         self.tokens.copy_(tokens[:, None])
         self.mask.scatter_(3, self.columns.view(-1, 1, 1, 1), True)
         attended = self.attended(longest)
@@ -120,7 +149,9 @@ class DecodeStep:
         elif self.use_graph:
             logits = self._capture(attended)
         else:
-            logits = self._forward(attended)
+            rows = self.rows(highest)
+            logits = self.logits
+            logits[:rows] = self._forward(attended, rows)
         self.on_graph = attended in self.graphs
         self.columns.add_(self.live)
         return logits

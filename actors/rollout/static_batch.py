@@ -75,6 +75,10 @@ class SlotLayer(CacheLayerMixin):
         self.values[self.slot_ids, :, self.columns] = value_states[:, :, 0]
         return self.keys, self.values
 
+    def head(self, rows: int) -> SlotLayer:
+        """This layer over its first `rows` slots: views of the same buffers (an eager step's batch)."""
+        return SlotLayer(self.keys[:rows], self.values[:rows], self.columns[:rows])
+
     def get_mask_sizes(self, *args, **kwargs) -> tuple[int, int]:
         return self.keys.shape[2], 0
 
@@ -110,6 +114,10 @@ class Slots:
     @property
     def free(self) -> list[int]:
         return [i for i, r in enumerate(self.rows) if r is None]
+
+    def highest(self) -> int:
+        """One past the highest live slot: an eager decode step need not go past it (slots fill lowest first)."""
+        return max(self.live, default=-1) + 1
 
     def longest(self) -> int:
         """Columns the next decode step must read: one past the largest column it writes."""
@@ -147,11 +155,12 @@ def allocate(
         model, Cache(layers=layers), mask, columns, cuda_graph=cuda_graphs, min_attended=min_attended, compiled=compiled
     )
     pinned = device.type == "cuda"  # lets the step's results come to the host without blocking the stream
+    step.logits = torch.zeros(max_batch, cfg.vocab_size, dtype=torch.float32, device=device)  # eager steps write here
     return Slots(
         rows=[None] * max_batch,
         layers=layers,
         step=step,
-        logits=torch.zeros(max_batch, cfg.vocab_size, dtype=torch.float32, device=device),
+        logits=step.logits,
         temperature=torch.ones(max_batch, device=device),
         top_p=torch.ones(max_batch, device=device),
         top_k=torch.zeros(max_batch, dtype=torch.long, device=device),

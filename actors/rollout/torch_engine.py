@@ -511,12 +511,12 @@ class TorchEngine(Engine):
         ready = torch.cuda.Event() if self.device.type == "cuda" else None
         if ready is not None:
             ready.record()
-        # The columns this step's decode reads, fixed before any row finishes: the same whether the
-        # decode runs ahead or after the bookkeeping, so both read the same attended bucket.
-        longest = s.longest()
+        # The columns and slots this step's decode reads, fixed before any row finishes: the same
+        # whether the decode runs ahead or after the bookkeeping, so both run the same shapes.
+        longest, highest = s.longest(), s.highest()
         ahead = self.pipeline and self._decode_ahead_useful(s)
         if ahead:
-            self._decode(tokens, longest)
+            self._decode(tokens, longest, highest)
         if ready is not None:
             ready.synchronize()
         token_list, lp_list = host_tokens.tolist(), host_lps.tolist()
@@ -535,7 +535,7 @@ class TorchEngine(Engine):
                 self._end(row, slot)
         self.stats["steps"] += 1
         if not ahead and s.live:
-            self._decode(tokens, longest)
+            self._decode(tokens, longest, highest)
         if self.step_hook is not None:
             self.step_hook(self.stats["steps"])
 
@@ -544,9 +544,9 @@ class TorchEngine(Engine):
         live row ends after this step (each at its length limit)."""
         return any(self._budget(s.rows[slot]) > 1 for slot in s.live)
 
-    def _decode(self, tokens: torch.Tensor, longest: int) -> None:
+    def _decode(self, tokens: torch.Tensor, longest: int, highest: int) -> None:
         s = self._slots
-        s.logits = s.step(tokens, longest)
+        s.logits = s.step(tokens, longest, highest)
         static_batch.advanced(s)
         self.stats["graph_steps"] += s.step.on_graph
 

@@ -123,6 +123,33 @@ def test_the_decode_kernel_reads_each_slot_up_to_its_own_column_and_no_further_o
         torch.testing.assert_close(got.float(), ref, atol=tolerance, rtol=0)
 
 
+def test_an_eager_step_decodes_only_the_slots_up_to_the_highest_live_one():
+    """Three live rows in slots 0-2 of eight: an eager step runs the model on the first four slots (the
+    power-of-two bucket past the highest live slot), and their logits equal a step over all eight."""
+    model = build_model(TINY, "cpu", attention=attention.register())
+    g = torch.Generator().manual_seed(6)
+    contexts = [torch.randint(0, 256, (n,), generator=g).tolist() for n in (5, 11, 8)]
+    feeds = torch.randint(0, 256, (4, 8), generator=g)
+    batches = []
+    model.register_forward_pre_hook(lambda m, args, kw: batches.append(kw["input_ids"].shape[0]), with_kwargs=True)
+    results = []
+    for bucketed in (False, True):
+        slots = static_batch.allocate(model, 8, 32, torch.device("cpu"), cuda_graphs=False)
+        rows = [Row(GenerateRequest(str(i), ctx, SamplingParams()), Future()) for i, ctx in enumerate(contexts)]
+        static_batch.fill(model, slots, list(enumerate(rows)), torch.device("cpu"))
+        assert slots.highest() == 3
+        batches.clear()
+        steps = []
+        for tokens in feeds:
+            logits = slots.step(tokens, slots.longest(), slots.highest() if bucketed else None)
+            steps.append(logits[:3].clone())
+            static_batch.advanced(slots)
+        assert batches == [4 if bucketed else 8] * len(feeds)
+        results.append(steps)
+    for full, bucket in zip(*results, strict=True):
+        torch.testing.assert_close(bucket, full, atol=1e-5, rtol=0)
+
+
 def test_grouped_query_decode_attention_matches_hf_sdpa_without_repeating_kv(monkeypatch):
     check_decode_attention(monkeypatch, "cpu")
 
