@@ -7,16 +7,19 @@ and finishes rows at a stop token or a length limit (flagged "length", i.e. trun
 
 Continuous batching: the engine holds `max_batch` slots in one KV cache of `max_seq_len` columns,
 allocated once (actors/rollout/static_batch.py). Each slot keeps its own length, so a request is
-admitted into any free slot the moment one frees: only its own context is prefilled (into a small
-cache of its own) and copied into its slot. The running rows are never touched, nothing is
+admitted into any free slot whatever the others' lengths (while rows decode, once `admit_batch` slots
+are free, so one prefill serves several rows): only the admitted rows' contexts are prefilled (into a
+small cache of their own) and copied into their slots. The running rows are never touched, nothing is
 re-prefilled for an admission, and the decode step (its buffers, its CUDA graphs) lives as long as the
 cache. Every live row is prefilled again, into its own slot, only after new weights land (a
 "rebuild"). Logprobs already emitted are never recomputed, so each token keeps the exact logprob and
 weight version it was sampled with.
 
 Decode speed: the step is pipelined (step t+1's decode is queued on the GPU before the host reads
-step t's tokens, so bookkeeping overlaps the GPU), and decoding attends over the un-repeated KV heads
-(actors/rollout/attention.py). Both leave every recorded token, logprob and version unchanged.
+step t's tokens, so bookkeeping overlaps the GPU); decoding attends over the un-repeated KV heads,
+on CUDA each slot only up to its own column (actors/rollout/attention.py, decode_kernel.py); on CUDA
+the step is compiled once and replayed from a CUDA graph (decode_step.py). None of it changes which
+token is recorded with which logprob and version.
 
 Weight updates run on the scheduler thread between two decode steps, so a token's version is exact.
 Policy "abort": apply at the next step boundary; running rows are re-prefilled on the new weights
