@@ -101,6 +101,16 @@ class VerifierConfig:
         "the median is recorded",
         ge=1,
     )
+    profile_kernels: int = F(
+        5,
+        "After a pass below profile_below, run its calls once more under torch's profiler and quote the N costliest kernels (cuda; on cpu: torch operators) in its feedback, for a performance turn; feedback only, never reward; 0 = off",
+        ge=0,
+    )
+    profile_below: float | None = F(
+        1.1,
+        "Profile only passes with a speedup over eager below this (eval.fast_threshold's default: the passes that get a performance turn); null = every pass",
+        gt=0.0,
+    )
     compile_baseline: str = F(
         "auto",
         "Also time torch.compile(reference) for speedup_compile: 'auto' = on cuda only (inductor's C++ build costs ~10-30 s per task on cpu), 'always', 'never'; always measured when reward.baseline is 'compile'",

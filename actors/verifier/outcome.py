@@ -57,6 +57,7 @@ class RunOutcome:
     exit: dict = field(default_factory=dict)  # the sandbox's own exit status
     limits: dict = field(default_factory=dict)  # the memory and time limits it ran under (limits.py)
     broken_task: bool = False  # the reference produced NaN from finite inputs
+    profile: dict = field(default_factory=dict)  # a slow pass's kernels by time (profile.py): feedback only
 
     @property
     def q(self) -> float:

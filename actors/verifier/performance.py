@@ -29,9 +29,9 @@ if TYPE_CHECKING:
 # Fresh inputs of all timed calls together stay under this many bytes (fewer calls per trip, or fewer
 # pairs, for tasks with large inputs).
 TIMING_INPUT_BUDGET = 1 << 30
-# Two trips' inputs (the last trip's are kept through the next; sealed.py, op_stage), one trip's outputs
-# (kept until the next trip's same call) and their snapshots (the trip's and the null trip's) live on
-# the device at once: K stays under this many bytes.
+# A trip's inputs and outputs and their snapshots (the trip's and the null trip's) live on the device at
+# once, and on cpu also the last trip's inputs and outputs (sealed.py, op_stage and op_trip): K stays
+# under this many bytes.
 TRIP_DEVICE_BUDGET = 2 << 30
 
 
@@ -66,7 +66,7 @@ class TimedStage:
             1,
             min(
                 timing.MAX_CALLS_PER_TRIP,
-                TRIP_DEVICE_BUDGET // (2 * input_bytes + 3 * output_bytes),
+                TRIP_DEVICE_BUDGET // trip_bytes(self.run.device_type, input_bytes, output_bytes),
                 calls // timing.MIN_RUNS,
             ),
         )
@@ -90,10 +90,10 @@ class TimedStage:
             i += 1
             with self.run.lease.shared():
                 calls = [self.run.ref.fresh_inputs(primary) for _ in range(k)]
-            run_s, null_s, spans = self._pair(child, calls, expect, i)
+            run_s, null_s, spans, run_first = self._pair(child, calls, expect, i)
             if run_s is None:
                 return
-            timing.record(times, run_s, null_s, spans)
+            timing.record(times, run_s, null_s, spans, run_first)
             j = random.Random(secrets.randbits(64)).randrange(k)  # chosen after the trip
             checked.append([i, j])
             if not self._check_timed(child, i, j, calls[j]):
@@ -157,16 +157,16 @@ class TimedStage:
         return True
 
     def _pair(self, child: ChildSession, calls: list[list], expect: list, index: int):
-        """(trip seconds, null trip seconds, the trip's per-call figures) of one pair, the first two
-        timed here around the requests; or (None, None, None)."""
+        """(trip seconds, null trip seconds, the trip's per-call figures, whether the run trip went
+        first) of one pair, the first two timed here around the requests; or Nones."""
         if not self._stage(child, calls):
-            return None, None, None
+            return None, None, None, None
         trip, replies = self._trips(child, expect)
         with self.run.lease.exclusive(), timing.responsive_gil():
-            run_s, null_s, spans = timing.time_pair(trip, len(calls), index)
+            pair = timing.time_pair(trip, len(calls), index)
         if not self._replies_ok(replies):
-            return None, None, None
-        return run_s, null_s, spans
+            return None, None, None, None
+        return pair
 
     def _check_timed(self, child: ChildSession, pair: int, call: int, inputs: list) -> bool:
         """Compare one timed call's snapshot with the reference on exactly its inputs."""
@@ -218,6 +218,13 @@ class TimedStage:
                 f"can ({floor * 1e6:.1f} us at the calibrated bandwidth x{self.run.bandwidth.SLACK:g}): "
                 "no speed bonus"
             )
+
+
+def trip_bytes(device_type: str, input_bytes: int, output_bytes: int) -> int:
+    """What one call of a trip keeps on the device: its inputs, its outputs and two snapshots; on cpu
+    also the last trip's inputs and outputs, held until replaced."""
+    held = input_bytes + output_bytes if device_type == "cpu" else 0
+    return input_bytes + 2 * output_bytes + held
 
 
 def per_call_figures(spans, k: int) -> bool:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from actors.verifier import limits, timing
+from actors.verifier import limits, profile, timing
 from actors.verifier.baselines import Baselines
 from actors.verifier.compare import compare_outputs
 from actors.verifier.devmem import DeviceMemory
@@ -335,6 +335,8 @@ class CandidateRun:
             self.out.stage, self.out.error_class = "legality", "cheating"
         elif self.out.error_class is None:
             self.out.stage = "done"
+        if profile.wanted(self):  # feedback for a performance turn, after every figure and check
+            profile.take(self, child)
 
     def _run_config(self, child: ChildSession, index: int, shape: ShapeTrials, trials) -> bool:
         """The trials of one shape config on the sandbox's ModelNew `index`. False stops the job."""

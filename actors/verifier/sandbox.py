@@ -19,6 +19,8 @@ After (sealed.py: the closures of `sealed.server`, which look up nothing at run 
     trip     {null, expect, flush, preroll, head_start}  the preroll, then the K staged calls
                                               timed, each output snapshotted at its return
     fetch    {call, out}                      one snapshot of the last trip, into the arena
+    profile  {calls, events}                  the last trip's calls again under torch's profiler: the
+                                              kernels' names and times, for feedback only (profile.py)
     close
 
 Tensors never cross the socket. The verifier created the I/O arena (a memory file mapped here before
@@ -48,6 +50,8 @@ import sys
 import time
 import traceback
 import types
+from dataclasses import dataclass
+from typing import Any
 
 import msgpack
 import torch
@@ -271,6 +275,49 @@ def _capture(sock: socket.socket, key: bytes, arena: torch.Tensor, device: str) 
         comparison=_comparison(device),
         **parts,
         clock=timing.call_clock(device, parts["flush"]),
+        profiler=_profiler_parts(device),
+    )
+
+
+@dataclass(frozen=True)
+class ProfilerParts:
+    """torch's kineto profiler as C functions and methods of C types, bound before sealing: what the
+    sealed loop's `profile` request calls (sealed._op_profile)."""
+
+    prepare: Any
+    enable: Any
+    disable: Any
+    events: Any  # _ProfilerResult.events
+    name: Any  # _KinetoEvent.name
+    device_type: Any  # _KinetoEvent.device_type
+    start_ns: Any
+    end_ns: Any
+    thread: Any  # _KinetoEvent.start_thread_id
+    host: Any  # DeviceType.CPU
+    config: Any  # a ProfilerConfig made now, by torch's own profiler class (its arguments vary by release)
+    activities: set
+
+
+def _profiler_parts(device: str) -> ProfilerParts:
+    """On cuda the device's activity only (kernels, copies, memsets); on cpu the host's operators."""
+    from torch._C import _autograd as autograd
+    from torch.autograd import profiler
+
+    activity = profiler.ProfilerActivity.CUDA if device == "cuda" else profiler.ProfilerActivity.CPU
+    config = profiler.profile(use_device="cuda" if device == "cuda" else None).config()
+    return ProfilerParts(
+        prepare=autograd._prepare_profiler,
+        enable=autograd._enable_profiler,
+        disable=autograd._disable_profiler,
+        events=autograd._ProfilerResult.events,
+        name=autograd._KinetoEvent.name,
+        device_type=autograd._KinetoEvent.device_type,
+        start_ns=autograd._KinetoEvent.start_ns,
+        end_ns=autograd._KinetoEvent.end_ns,
+        thread=autograd._KinetoEvent.start_thread_id,
+        host=autograd.DeviceType.CPU,
+        config=config,
+        activities={activity},
     )
 
 

@@ -9,7 +9,7 @@ variable of the enclosing factory, so nothing the candidate patches (a module gl
 method on a type it reaches) changes what they call. tests/verifier reads the bytecode of every
 closure of `server` and of each factory it calls.
 
-The requests it serves (load, build, call, stage, trip, fetch, close) are listed with the whole
+The requests it serves (load, build, call, stage, trip, fetch, profile, close) are listed with the whole
 conversation in sandbox.py.
 """
 
@@ -87,6 +87,7 @@ class Captured:
     flush: Any  # cuda: the L2 flush buffer (None on cpu)
     comparison: list
     clock: Any  # kiln_native.CallClock: the flush, the per-call marks and the wait for an idle device
+    profiler: Any  # sandbox.ProfilerParts: torch's kineto profiler as C functions (feedback only)
 
 
 def server(c: Captured):
@@ -115,6 +116,7 @@ def server(c: Captured):
         "stage": _op_stage(c, state, staged),
         "trip": _op_trip(c, state, outputs_of),
         "fetch": _op_fetch(state, lay_out),
+        "profile": _op_profile(c, state),
     }
     perf, dict_get, base_exception = c.perf, c.dict_get, c.base_exception
 
@@ -420,11 +422,12 @@ def _op_call(c: Captured, state: dict, delayed, outputs_of, lay_out):
 
 def _op_stage(c: Captured, state: dict, staged):
     sync = c.sync
+    hold = c.device == "cpu"  # op_trip's docstring says why only there
 
     def op_stage(req):
-        """The next trip's inputs onto the device, one set per call (outside any timed request). The
-        last trip's inputs stay allocated until the stage after this one, as its outputs do until
-        the next trip (op_trip): late work that reads them reads memory this process still owns."""
+        """The next trip's inputs onto the device, one set per call (outside any timed request). On
+        cpu the last trip's inputs stay allocated until the stage after this one, as its outputs do
+        until the next trip (op_trip): late work that reads them reads memory this process still owns."""
         if state["model"] is not state["models"][req["instance"]]:
             state["model"], state["snaps"], state["null_snaps"], state["last"], state["held"] = (
                 state["models"][req["instance"]],
@@ -435,7 +438,7 @@ def _op_stage(c: Captured, state: dict, staged):
             )
         state["previous_sets"] = None  # freed first: no more than two trips' inputs at once
         fresh = [staged(items) for items in req["calls"]]
-        state["previous_sets"], state["sets"] = state["sets"], fresh
+        state["previous_sets"], state["sets"] = state["sets"] if hold else None, fresh
         sync()
         return {"ok": True}
 
@@ -449,18 +452,25 @@ def _op_trip(c: Captured, state: dict, outputs_of):
     clock = c.clock
     flush, mark, idle, spans, preroll = clock.flush, clock.mark, clock.idle, clock.spans, clock.preroll
     warm = _warmer(c, state)
+    hold = c.device == "cpu"
 
     def op_trip(req):
         """The staged calls, each as KernelBench times one (timing.py): the flush, a mark, forward, a
         mark, wait until the device is idle; then its outputs copied to a snapshot. `null` does the
         same work without forward, on the last outputs. The reply carries the per-call figures.
 
-        Call k's outputs stay allocated until call k of the next run trip replaces them: work the
-        candidate left running (a worker thread, a timer) that finishes them late writes memory this
-        process still owns, so the snapshot taken at return shows them unfinished (a finding, not a
-        heap corrupted into a crash). One output is freed per call, as in KernelBench's loop, so the
+        On cpu, call k's outputs stay allocated until call k of the next run trip replaces them: work
+        the candidate left running (a worker thread, a timer) that finishes them late writes memory
+        this process still owns, so the snapshot taken at return shows them unfinished (a finding, not
+        a heap corrupted into a crash). One output is freed per call, as in KernelBench's loop, so the
         allocator hands the next call a block it already touched (holding the whole trip and freeing
-        it at once let malloc trim the heap: page faults in every call of the next trip)."""
+        it at once let malloc trim the heap: page faults in every call of the next trip).
+
+        On cuda outputs are device memory, and a freed block stays in this process's caching allocator
+        (nothing here empties it): late work writes memory the process owns without holding, not a heap
+        in use. So nothing is held there, as
+        in KernelBench's loop: holding made every trip's first call read 13-25 us slow on an H200
+        (docs/BENCHMARKS.md, issue 34 session 21)."""
         no_grad(False)
         null, expect, sets, held = req["null"], req["expect"], state["sets"], state["held"]
         # The null trip's snapshots have buffers of their own: the run trip's are what `fetch` reads.
@@ -493,7 +503,7 @@ def _op_trip(c: Captured, state: dict, outputs_of):
                     return {"ok": True, "failure": f"output {i} changed its dtype, shape or device in a timed call"}
                 copy(snaps[k][i], items[i])
             state["last"] = result
-            if not null:  # kept until call k of the next trip (_op_trip's docstring)
+            if hold and not null:  # kept until call k of the next trip (the docstring says why on cpu only)
                 if k < len_(held):
                     held[k] = result
                 else:
@@ -536,3 +546,60 @@ def _op_fetch(state: dict, lay_out):
         return {"ok": True, "outputs": lay_out(state["snaps"][req["call"]], req["out"])}
 
     return op_fetch
+
+
+def _op_profile(c: Captured, state: dict):
+    """op_profile: the last trip's staged calls once more under torch's profiler, for the feedback of a
+    performance turn only. The verifier asks for it after every figure and check of the run, and
+    nothing in the reply reaches the verdict (profile.py); the events are read as data there."""
+    p = c.profiler
+    prepare, enable, disable, events, config, activities = (
+        p.prepare,
+        p.enable,
+        p.disable,
+        p.events,
+        p.config,
+        p.activities,
+    )
+    name, device_type, start_ns, end_ns, thread, host = p.name, p.device_type, p.start_ns, p.end_ns, p.thread, p.host
+    on_host = c.device == "cpu"  # cpu: operators on the host; cuda: kernels and copies on the device
+    no_grad, set_stream, sync, perf, len_, range_, append = (
+        c.no_grad,
+        c.set_stream,
+        c.sync,
+        c.perf,
+        c.len_,
+        c.range_,
+        c.append,
+    )
+
+    def op_profile(req):
+        no_grad(False)
+        sets, model = state["sets"], state["model"]
+        wanted, limit = req["calls"], req["events"]
+        calls = 0
+        kept = []  # each call's outputs, alive until the device is idle
+        prepare(config, activities)
+        enable(config, activities)
+        try:
+            started = perf()
+            for k in range_(len_(sets)):
+                if k >= wanted:
+                    break
+                calls = k + 1
+                set_stream()
+                append(kept, model(*sets[k]))
+                set_stream()
+            sync()
+            wall = perf() - started
+        finally:
+            result = disable()
+        found = []
+        for e in events(result):
+            if len_(found) >= limit:
+                break
+            if (device_type(e) == host) is on_host:
+                append(found, [name(e)[:160], start_ns(e), end_ns(e), thread(e)])
+        return {"ok": True, "events": found, "calls": calls, "wall_s": wall}
+
+    return op_profile

@@ -12,10 +12,16 @@ A figure from a process that loaded candidate code is not trusted alone. The uni
 snapshot. A *null trip* does the same work without the forward. The verifier times a trip and its
 null trip back to back around the requests, with its own clock (alternating which goes first), so
 
-    trusted = median over pairs of (trip - null trip) / K
+    trusted = mean of two medians of (trip - null trip) / K: over the pairs whose run trip went
+              first, and over those whose null trip went first
 
 is what one call costs by a clock the candidate cannot touch: the round trip, the staging, the
-flushes, the events and the snapshots cancel, and K amortises the noise left.
+flushes, the events and the snapshots cancel, and K amortises the noise left. The two medians are
+there because whichever trip of a pair goes first reads slow by about a constant (on an H200, an
+rmsnorm candidate at 5 calls a trip read 57-86 us a call in its run-first pairs and 35-64 us in its
+null-first ones, against 60 us by events): the alternation cancels that only where both orders
+weigh the same. A median over all pairs took a run-first pair's figure whenever they were the more
+(3 pairs: 2 and 1), and overcharged a 73 us softmax by 15%.
 
 A trip follows a gap (the staging, the round trip, the check), and after a gap the device and the
 host are not as KernelBench's loop keeps them: an idle GPU drops its clocks within milliseconds, and
@@ -178,6 +184,7 @@ class TripTimes:
     calls: list[float] = field(default_factory=list)  # the per-call clock, every timed call
     first_calls: list[float] = field(default_factory=list)  # the per-call clock, each trip's first (also in calls)
     per_call: list[float] = field(default_factory=list)  # trusted: (trip - null trip) / K, one per pair
+    run_first: list[bool] = field(default_factory=list)  # per pair: the run trip went first
     trips: list[float] = field(default_factory=list)
     nulls: list[float] = field(default_factory=list)
 
@@ -190,22 +197,31 @@ class TripTimes:
     def median_s(self) -> float:
         return max(median(self.calls), 1e-9) if self.calls else float("nan")
 
+    def _by_order(self) -> list[list[float]]:
+        """The pairs' figures in two groups, run trip first and null trip first (the groups present)."""
+        order = self.run_first + [True] * (len(self.per_call) - len(self.run_first))
+        groups = [[x for x, first in zip(self.per_call, order, strict=True) if first is want] for want in (True, False)]
+        return [g for g in groups if g]
+
     @property
     def trusted_s(self) -> float:
-        """The verifier's own figure: the median over pairs of (trip - null trip) / K. The round trip's
-        noise has a long tail (a pause of a millisecond in either trip of a pair); the mean let one
-        such pair move a 70 us call's figure by hundreds of microseconds, and even below zero."""
-        return median(self.per_call) if self.per_call else float("nan")
+        """The verifier's own figure: the mean of the medians of (trip - null trip) / K over the pairs of
+        each order (the module's docstring says why). A median because the round trip's noise has a
+        long tail (a pause of a millisecond in either trip of a pair); the mean let one such pair move
+        a 70 us call's figure by hundreds of microseconds, and even below zero."""
+        groups = self._by_order()
+        return statistics.fmean(median(g) for g in groups) if groups else float("nan")
 
     @property
     def sem_s(self) -> float:
-        """The standard error of the trusted figure, from the pairs' median absolute deviation (the
-        round trip's noise, over K and the pairs; a long-tailed pause widens it only as one pair)."""
+        """The standard error of the trusted figure, from the pairs' median absolute deviation about
+        their own order's median (the round trip's noise, over K and the pairs; a long-tailed pause
+        widens it only as one pair). Two medians of n/2 pairs each, averaged, have the error of one
+        median of n."""
         n = len(self.per_call)
         if n < 2:
             return float("inf")
-        centre = median(self.per_call)
-        mad = median([abs(x - centre) for x in self.per_call])
+        mad = median([abs(x - median(g)) for g in self._by_order() for x in g])
         return MEDIAN_SE_PER_MAD * mad / math.sqrt(n)
 
     @property
@@ -258,16 +274,18 @@ class TripTimes:
             "trusted_calls": self.trusted_calls,
             "first_call_mean_s": statistics.fmean(self.first_calls) if self.first_calls else None,
             "per_pair_s": list(self.per_call),
+            "run_first": list(self.run_first),
             "trip_min_s": min(self.trips, default=None),
             "null_min_s": min(self.nulls, default=None),
         }
 
 
-def time_pair(trip, k: int, index: int) -> tuple[float, float, list[float]]:
-    """(trip seconds, null trip seconds, the trip's per-call figures) by this process's clock;
-    `trip(k, null)` runs one and returns its per-call figures (the run trip's). The order alternates
-    with `index` so that drift between the two cancels over pairs."""
-    order = (False, True) if index % 2 == 0 else (True, False)
+def time_pair(trip, k: int, index: int) -> tuple[float, float, list[float], bool]:
+    """(trip seconds, null trip seconds, the trip's per-call figures, whether the run trip went first)
+    by this process's clock; `trip(k, null)` runs one and returns its per-call figures (the run
+    trip's). The order alternates with `index`, and the trusted figure weighs both orders alike."""
+    run_first = index % 2 == 0
+    order = (False, True) if run_first else (True, False)
     took, spans = {}, []
     for null in order:
         t0 = time.perf_counter()
@@ -275,7 +293,7 @@ def time_pair(trip, k: int, index: int) -> tuple[float, float, list[float]]:
         took[null] = time.perf_counter() - t0
         if not null:
             spans = list(got or [])
-    return took[False], took[True], spans
+    return took[False], took[True], spans, run_first
 
 
 def choose_k(trip, device_type: str, most: int, warmups: int) -> int:
@@ -287,7 +305,7 @@ def choose_k(trip, device_type: str, most: int, warmups: int) -> int:
     k0 = max(1, min(4, most))
     walls = []
     for i in range(max(warmups, 1) + 1):
-        run_s, null_s, _ = time_pair(trip, k0, i)
+        run_s, null_s, _, _ = time_pair(trip, k0, i)
         if i:
             walls.append(max(run_s - null_s, 0.0) / k0)
     return calls_per_trip(median(walls), device_type, most)
@@ -305,12 +323,13 @@ def want_more(times: TripTimes, pairs: int, elapsed_s: float, budget_s: float) -
     return done < pairs or (not times.resolved and done < EXTRA_PAIRS * pairs)
 
 
-def record(times: TripTimes, run_s: float, null_s: float, spans: list[float]) -> None:
-    """One pair: the trusted figure from the whole trip, every per-call figure, and the trip's first
-    call's figure apart (the slow first call, a diagnostic)."""
+def record(times: TripTimes, run_s: float, null_s: float, spans: list[float], run_first: bool = True) -> None:
+    """One pair: the trusted figure from the whole trip (and which trip went first), every per-call
+    figure, and the trip's first call's figure apart (the slow first call, a diagnostic)."""
     times.trips.append(run_s)
     times.nulls.append(null_s)
     times.per_call.append((run_s - null_s) / times.calls_per_trip)
+    times.run_first.append(run_first)
     times.calls.extend(spans)
     times.first_calls.extend(spans[:1])
 
@@ -319,8 +338,9 @@ class LocalTrips:
     """Trips of the reference (eager or compiled) in this process, step for step as the sandbox runs
     the candidate's (sealed.py, op_trip): the preroll (and BASELINE_WARM_CALLS), then for each call on its own set of inputs
     already on the device, the flush, a mark, the forward, a mark, wait until the device is idle, its
-    outputs copied to a snapshot, the outputs kept until the next trip's same call. `sets` are the calls'
-    inputs; `stage(k)` puts the first k on the device, untimed."""
+    outputs copied to a snapshot; on cpu the outputs kept until the next trip's same call and the inputs
+    until the stage after the next, as the sandbox keeps them. `sets` are the calls' inputs; `stage(k)`
+    puts the first k on the device, untimed."""
 
     def __init__(self, fn, sets: list[list], device: str) -> None:
         self.fn = fn
@@ -341,7 +361,7 @@ class LocalTrips:
     def stage(self, k: int) -> None:
         self.previous_staged = None  # the last trip's inputs are kept through the next, as the sandbox's are
         self.previous_staged, self.staged = (
-            self.staged,
+            self.staged if not self.cuda else None,
             [
                 [x.to(self.device) if isinstance(x, torch.Tensor) else x for x in self.sets[i % len(self.sets)]]
                 for i in range(k)
@@ -385,7 +405,7 @@ class LocalTrips:
             for snap, t in zip(snaps[i], items, strict=False):
                 snap.copy_(t)
             self.last = out
-            if not null:
+            if not null and not self.cuda:
                 if i < len(self.held):
                     self.held[i] = out
                 else:

@@ -322,6 +322,10 @@ class KernelVerifier(RewardActor):
             review,
             out.implausible,
         )
+        if out.profile:
+            diagnostics["profile"] = out.profile
+            if out.profile.get("feedback"):
+                text += " " + out.profile["feedback"]
         return self._result(
             request,
             stage="done",

@@ -216,6 +216,7 @@ def test_the_server_calls_nothing_the_candidate_can_replace():
         "op_stage",
         "op_trip",
         "op_fetch",
+        "op_profile",
     }
 
 

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from actors.verifier.suite import load_suite, request_for, verdict
+from actors.verifier.suite import load_suite, request_for, suite_tasks, verdict
 from configs import VerifierConfig
 from protocols import VerifyRequest
 
@@ -39,9 +39,7 @@ def verifier(verifier_cache_dir):
 
 @pytest.fixture(scope="module")
 def tasks():
-    from tasks.loader import load_tasks
-
-    return {t.task_id: t for t in load_tasks("tasks", "cuda")}
+    return suite_tasks("cuda")  # the shipped tasks and the suite's own (tests/adversarial/tasks)
 
 
 @pytest.fixture(scope="module")
@@ -75,3 +73,24 @@ def test_shipped_cuda_solutions_pass(verifier, tasks, task_id):
     source = Path(solution_for(tf, "tasks/solutions/cuda")).read_text()
     r = verifier.verify(VerifyRequest(request_id=task_id, task=tasks[task_id], candidate=source))
     assert r.passed and r.speedup_eager is not None, r.feedback
+
+
+def test_a_slow_pass_profile_names_its_kernels_by_gpu_time(verifier, tasks, monkeypatch):
+    """The profile of a pass on cuda (profile.py): the candidate's own kernel leads, by device time,
+    in the feedback; the jailed profiler refuses nothing."""
+    from pathlib import Path
+
+    from tasks.loader import discover, solution_for
+
+    monkeypatch.setattr(verifier.cfg, "profile_below", None)  # every pass, whatever its speed on this card
+    tf = next(t for t in discover("tasks") if t.task_id == "level1/01_relu")
+    source = Path(solution_for(tf, "tasks/solutions/cuda")).read_text() + f"\n# {uuid.uuid4().hex}\n"
+    r = verifier.verify(VerifyRequest(request_id="profiled", task=tasks["level1/01_relu"], candidate=source))
+    assert r.passed, r.feedback
+    profile = r.diagnostics["profile"]
+    assert profile.get("where") == "device", profile
+    assert "refused_during_profile" not in profile, profile
+    name, _seconds, share = profile["top"][0]
+    assert "relu_kernel" in name and share > 0.5, profile
+    assert 1 <= profile["calls"] <= 3  # the last trip's calls, at most three
+    assert f"Profile of {profile['calls']} call" in r.feedback and "relu_kernel" in r.feedback

@@ -42,3 +42,14 @@ def test_cpu_mode_on_two_kernels(tmp_path, capsys):
 def test_an_unknown_kernel_is_one_line(capsys):
     assert timing_fidelity.main(["--backend", "cpu", "--kernels", "level9/nope"]) == 2
     assert "no shipped solution for level9/nope" in capsys.readouterr().err
+
+
+def test_reference_repeats_from_separate_processes_merge_in_order():
+    runs = [
+        {"eager_s": [2.0], "candidate_s": [1.0], "speedups": [2.0], "do_bench_speedup": 1.9},
+        {"eager_s": [3.0], "candidate_s": [1.0], "speedups": [3.0], "do_bench_speedup": 2.1},
+    ]
+    merged = timing_fidelity.merge_runs(runs)
+    assert merged["speedups"] == [2.0, 3.0] and merged["eager_s"] == [2.0, 3.0]
+    assert merged["do_bench_speedup"] == 2.0
+    assert timing_fidelity.merge_runs([runs[0], {"error": "kb_method: boom"}]) == {"error": "kb_method: boom"}
