@@ -118,7 +118,8 @@ def summarize(reply: dict, top: int, where: str) -> KernelProfile | str:
     calls, wall = reply.get("calls"), reply.get("wall_s")
     if type(calls) is not int or calls <= 0 or type(wall) is not float or not math.isfinite(wall) or wall < 0:
         return "the profile reply has no call count or wall time"
-    events = [e for e in reply.get("events") or [] if _well_formed(e)]
+    events = reply.get("events")
+    events = [e for e in events if _well_formed(e)] if type(events) is list else []
     if where == "host":
         events = _outermost(events)
     totals: dict[str, int] = {}

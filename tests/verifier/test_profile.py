@@ -88,6 +88,8 @@ def test_malformed_events_are_left_out():
     ]
     got = summarize(_reply(events), 10, "device")
     assert [e.name for e in got.top] == ["ok"]
+    for not_a_list in (5, "events", {"k": [0, 1, 2]}):
+        assert summarize(_reply(not_a_list), 10, "device").top == ()
 
 
 # ----------------------------------------------------------------------- the whole path, on cpu
