@@ -2,7 +2,7 @@
 
 After the timed stage of a run that passed but is not fast (speedup over eager below
 `verifier.profile_below`), the sandbox runs the last trip's calls once more under torch's profiler
-(sealed._op_profile): on cuda the device's activity (kernels, copies, memsets), on cpu the host's
+(sealed_profile.make_op_profile): on cuda the device's activity (kernels, copies, memsets), on cpu the host's
 torch operators. The events come back as data, and `summarize` here (trusted code) turns them into
 the costliest names and their shares, which the pass's feedback quotes (verifier.py).
 

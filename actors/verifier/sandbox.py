@@ -50,14 +50,13 @@ import sys
 import time
 import traceback
 import types
-from dataclasses import dataclass
-from typing import Any
 
 import msgpack
 import torch
 
 from actors.verifier import fence, isolation, native, sealed, seccomp, timing
 from actors.verifier.build.prebuilt import install_prebuilt
+from actors.verifier.sealed_profile import profiler_parts
 
 _HEADER = struct.Struct("<I")
 CANDIDATE_MODULE = "kiln_candidate"
@@ -275,49 +274,7 @@ def _capture(sock: socket.socket, key: bytes, arena: torch.Tensor, device: str) 
         comparison=_comparison(device),
         **parts,
         clock=timing.call_clock(device, parts["flush"]),
-        profiler=_profiler_parts(device),
-    )
-
-
-@dataclass(frozen=True)
-class ProfilerParts:
-    """torch's kineto profiler as C functions and methods of C types, bound before sealing: what the
-    sealed loop's `profile` request calls (sealed._op_profile)."""
-
-    prepare: Any
-    enable: Any
-    disable: Any
-    events: Any  # _ProfilerResult.events
-    name: Any  # _KinetoEvent.name
-    device_type: Any  # _KinetoEvent.device_type
-    start_ns: Any
-    end_ns: Any
-    thread: Any  # _KinetoEvent.start_thread_id
-    host: Any  # DeviceType.CPU
-    config: Any  # a ProfilerConfig made now, by torch's own profiler class (its arguments vary by release)
-    activities: set
-
-
-def _profiler_parts(device: str) -> ProfilerParts:
-    """On cuda the device's activity only (kernels, copies, memsets); on cpu the host's operators."""
-    from torch._C import _autograd as autograd
-    from torch.autograd import profiler
-
-    activity = profiler.ProfilerActivity.CUDA if device == "cuda" else profiler.ProfilerActivity.CPU
-    config = profiler.profile(use_device="cuda" if device == "cuda" else None).config()
-    return ProfilerParts(
-        prepare=autograd._prepare_profiler,
-        enable=autograd._enable_profiler,
-        disable=autograd._disable_profiler,
-        events=autograd._ProfilerResult.events,
-        name=autograd._KinetoEvent.name,
-        device_type=autograd._KinetoEvent.device_type,
-        start_ns=autograd._KinetoEvent.start_ns,
-        end_ns=autograd._KinetoEvent.end_ns,
-        thread=autograd._KinetoEvent.start_thread_id,
-        host=autograd.DeviceType.CPU,
-        config=config,
-        activities={activity},
+        profiler=profiler_parts(device),
     )
 
 

@@ -9,7 +9,8 @@ variable of the enclosing factory, so nothing the candidate patches (a module gl
 method on a type it reaches) changes what they call. tests/verifier reads the bytecode of every
 closure of `server` and of each factory it calls.
 
-The requests it serves (load, build, call, stage, trip, fetch, profile, close) are listed with the whole
+The requests it serves (load, build, call, stage, trip, fetch, profile: its closure is in
+sealed_profile.py; close) are listed with the whole
 conversation in sandbox.py.
 """
 
@@ -18,6 +19,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from actors.verifier.sealed_profile import make_op_profile
 
 Fn = Callable[..., Any]
 
@@ -87,7 +90,7 @@ class Captured:
     flush: Any  # cuda: the L2 flush buffer (None on cpu)
     comparison: list
     clock: Any  # kiln_native.CallClock: the flush, the per-call marks and the wait for an idle device
-    profiler: Any  # sandbox.ProfilerParts: torch's kineto profiler as C functions (feedback only)
+    profiler: Any  # sealed_profile.ProfilerParts: torch's kineto profiler as C functions (feedback only)
 
 
 def server(c: Captured):
@@ -116,7 +119,7 @@ def server(c: Captured):
         "stage": _op_stage(c, state, staged),
         "trip": _op_trip(c, state, outputs_of),
         "fetch": _op_fetch(state, lay_out),
-        "profile": _op_profile(c, state),
+        "profile": make_op_profile(c, state),
     }
     perf, dict_get, base_exception = c.perf, c.dict_get, c.base_exception
 
@@ -546,60 +549,3 @@ def _op_fetch(state: dict, lay_out):
         return {"ok": True, "outputs": lay_out(state["snaps"][req["call"]], req["out"])}
 
     return op_fetch
-
-
-def _op_profile(c: Captured, state: dict):
-    """op_profile: the last trip's staged calls once more under torch's profiler, for the feedback of a
-    performance turn only. The verifier asks for it after every figure and check of the run, and
-    nothing in the reply reaches the verdict (profile.py); the events are read as data there."""
-    p = c.profiler
-    prepare, enable, disable, events, config, activities = (
-        p.prepare,
-        p.enable,
-        p.disable,
-        p.events,
-        p.config,
-        p.activities,
-    )
-    name, device_type, start_ns, end_ns, thread, host = p.name, p.device_type, p.start_ns, p.end_ns, p.thread, p.host
-    on_host = c.device == "cpu"  # cpu: operators on the host; cuda: kernels and copies on the device
-    no_grad, set_stream, sync, perf, len_, range_, append = (
-        c.no_grad,
-        c.set_stream,
-        c.sync,
-        c.perf,
-        c.len_,
-        c.range_,
-        c.append,
-    )
-
-    def op_profile(req):
-        no_grad(False)
-        sets, model = state["sets"], state["model"]
-        wanted, limit = req["calls"], req["events"]
-        calls = 0
-        kept = []  # each call's outputs, alive until the device is idle
-        prepare(config, activities)
-        enable(config, activities)
-        try:
-            started = perf()
-            for k in range_(len_(sets)):
-                if k >= wanted:
-                    break
-                calls = k + 1
-                set_stream()
-                append(kept, model(*sets[k]))
-                set_stream()
-            sync()
-            wall = perf() - started
-        finally:
-            result = disable()
-        found = []
-        for e in events(result):
-            if len_(found) >= limit:
-                break
-            if (device_type(e) == host) is on_host:
-                append(found, [name(e)[:160], start_ns(e), end_ns(e), thread(e)])
-        return {"ok": True, "events": found, "calls": calls, "wall_s": wall}
-
-    return op_profile
