@@ -13,6 +13,22 @@ verifier's other threads (build service, watchdogs, other lanes, concurrent veri
 up to twice as slow as it runs. If the process cannot start or dies, the verifier times the baseline
 itself and says so in the verdict's notes.
 
+On cuda each timed pair runs on the next core of the process's CPU set (ROTATE_CORES, `on_cores`),
+the cores taken in a shuffled order. A reference whose forward is host-bound (many small operators,
+each launched by the interpreter) runs at the launch rate of the core it runs on, and on a virtual
+machine the cores differ, for as long as a process stays on one. One H200 host (16 cores, 2026-11-27):
+- eager transformer_block read 335-647 us per call in fresh processes, 336-628 pinned to one core
+  each; eager rmsnorm_swiglu_mlp 313-451 pinned (core 0: 451 and 442 in two processes). Every process
+  ran the same kernels for the same time (the GEMMs 83 us each): the host set the figure.
+- KernelBench's method times one process on one core, so its repeats spread that wide, and one
+  process's figure is one draw: a fourth draw falls outside the range of three half the time. Kiln's
+  baseline with one core per process missed the method's spread on transformer_block (344 us against
+  381-675); rotated, its four processes read 446-533 us, about the method's mean over ten (495).
+So the baseline Kiln pays is the mean over the calls of several cores: the host's figure, not one
+core's. Where a forward is device-bound the core does not matter (eager rmsnorm read 165.1-165.6 us on
+every core). The candidate's sandbox is not moved: its process is a fresh fork per candidate, on
+whichever core the scheduler gives it, one draw as KernelBench's is (docs/verifier.md).
+
 Up to PROCESSES_PER_LANE such processes per lane, so torch.compile's untimed compilations of several
 tasks overlap. A measurement whose per-call figures were disturbed (their mean more than DISTURBED x their median:
 a stall of milliseconds inside one call) is taken again, once; the figure cached is the better one. torch.compile's compilation is background
@@ -26,6 +42,7 @@ import json
 import logging
 import os
 import queue
+import random
 import subprocess
 import sys
 import threading
@@ -52,6 +69,9 @@ WORKER_TIMEOUT_S = 600.0
 # Baseline processes per lane: torch.compile's own compilation (tens of seconds, untimed) of several
 # tasks proceeds at once; their timed windows still take the lane's exclusive lease one at a time.
 PROCESSES_PER_LANE = 3
+# Whether a baseline's pairs run on the process's cores in turn (the module's docstring says why). Not
+# on cpu: there the candidate's figure is one core's compute, and so should its baseline's be.
+ROTATE_CORES = {"cpu": False, "cuda": True}
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +136,7 @@ def _time(fn, sets: list[list], pairs: int, warmup: int, device: str, lease: Dev
     paired trips (more while the trusted figure is noisy)."""
     device_type = "cuda" if device.startswith("cuda") else "cpu"
     trips = timing.LocalTrips(fn, sets, device)
-    with torch.no_grad(), timing.cpu_threads(device_type):
+    with torch.no_grad(), timing.cpu_threads(device_type), on_cores(device_type) as pin:
         k0 = max(1, min(4, len(sets)))
         with lease.shared():
             trips.stage(k0)
@@ -126,12 +146,29 @@ def _time(fn, sets: list[list], pairs: int, warmup: int, device: str, lease: Dev
         started, i = time.perf_counter(), -1
         while timing.want_more(times, pairs, time.perf_counter() - started, BASELINE_BUDGET_S):
             i += 1
+            pin(i)
             trips.sets = sets[(i * k) % len(sets) :] + sets[: (i * k) % len(sets)]  # fresh draws where there are
             with lease.shared():
                 trips.stage(k)
             with lease.exclusive(), timing.responsive_gil():
                 timing.record(times, *timing.time_pair(trips, k, i))
     return times
+
+
+@contextmanager
+def on_cores(device_type: str):
+    """A function `pin(i)` that moves the calling thread to the i-th core of a shuffled order of its
+    CPU set (where ROTATE_CORES says so; else it does nothing); the thread's own set is restored
+    after. Linux applies sched_setaffinity(0) to the calling thread alone."""
+    if not ROTATE_CORES.get(device_type, False) or not hasattr(os, "sched_setaffinity"):
+        yield lambda i: None
+        return
+    mask = os.sched_getaffinity(0)
+    cores = random.sample(sorted(mask), len(mask))
+    try:
+        yield lambda i: os.sched_setaffinity(0, {cores[i % len(cores)]})
+    finally:
+        os.sched_setaffinity(0, mask)
 
 
 class BaselineProcess:

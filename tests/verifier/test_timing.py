@@ -366,6 +366,39 @@ def test_a_disturbed_baseline_measurement_is_taken_again():
     assert baselines._steady(iter([kept]).__next__) is kept
 
 
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to move between")
+def test_a_baselines_pairs_run_on_the_hosts_cores_in_turn(verifier, monkeypatch):
+    """Where ROTATE_CORES says so (cuda; switched on here for cpu, the same code), each timed pair of
+    a baseline runs on another core of the process's set, so a host-bound forward is timed at the
+    host's launch rate, not one core's; the thread's own set is given back after. Without the
+    rotation every call would see the whole set, and this fails."""
+    import torch
+
+    from actors.verifier import baselines
+    from protocols.lease import DeviceLease
+
+    mask = os.sched_getaffinity(0)
+    seen: list[frozenset[int]] = []
+
+    def forward(x):
+        seen.append(frozenset(os.sched_getaffinity(0)))
+        return x * 2
+
+    sets = [[torch.ones(256)] for _ in range(4)]
+    monkeypatch.setitem(baselines.ROTATE_CORES, "cpu", True)
+    times = baselines._time(forward, sets, 5, 1, "cpu", DeviceLease("cpu"))
+    pinned = [s for s in seen if len(s) == 1]
+    assert len(times.per_call) >= 5
+    cores = {core for s in pinned for core in s}
+    assert cores <= mask and len(cores) == min(len(mask), len(times.per_call))  # in turn: no core twice too soon
+    assert len(pinned) >= 5 * times.calls_per_trip  # every timed call ran pinned
+    assert os.sched_getaffinity(0) == mask
+    monkeypatch.setitem(baselines.ROTATE_CORES, "cpu", False)
+    seen.clear()
+    baselines._time(forward, sets, 3, 1, "cpu", DeviceLease("cpu"))
+    assert set(seen) == {frozenset(mask)}  # not on cpu: a candidate there is one core's compute
+
+
 def test_a_baseline_out_of_device_memory_is_infra_not_retimed_in_the_verifier(relu_task, tmp_path, monkeypatch):
     """An out-of-memory in the baseline process means the device is full: timing the baseline in the
     verifier's own process would fail the same way (and crowd the device further), so it is a one-line
