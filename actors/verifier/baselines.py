@@ -165,10 +165,16 @@ def on_cores(device_type: str):
         return
     mask = os.sched_getaffinity(0)
     cores = random.sample(sorted(mask), len(mask))
+
+    def pin(i: int) -> None:
+        with contextlib.suppress(OSError):  # a core taken from the set since (a cpuset changed): stay put
+            os.sched_setaffinity(0, {cores[i % len(cores)]})
+
     try:
-        yield lambda i: os.sched_setaffinity(0, {cores[i % len(cores)]})
+        yield pin
     finally:
-        os.sched_setaffinity(0, mask)
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(0, mask)
 
 
 class BaselineProcess:

@@ -393,6 +393,18 @@ def test_a_baselines_pairs_run_on_the_hosts_cores_in_turn(verifier, monkeypatch)
     assert cores <= mask and len(cores) == min(len(mask), len(times.per_call))  # in turn: no core twice too soon
     assert len(pinned) >= 5 * times.calls_per_trip  # every timed call ran pinned
     assert os.sched_getaffinity(0) == mask
+    real = os.sched_setaffinity
+
+    def refused(pid, cores):
+        if len(cores) == 1:
+            raise OSError(22, "Invalid argument")  # as when a cpuset lost the core since
+        real(pid, cores)
+
+    monkeypatch.setattr(os, "sched_setaffinity", refused)
+    seen.clear()
+    assert baselines._time(forward, sets, 3, 1, "cpu", DeviceLease("cpu")).calls  # measured where it was
+    assert set(seen) == {frozenset(mask)}
+    monkeypatch.setattr(os, "sched_setaffinity", real)
     monkeypatch.setitem(baselines.ROTATE_CORES, "cpu", False)
     seen.clear()
     baselines._time(forward, sets, 3, 1, "cpu", DeviceLease("cpu"))
