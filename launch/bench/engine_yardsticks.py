@@ -4,6 +4,11 @@ as the engine alone (`kiln bench`, launch/bench/stages.py):
 * plain HF `generate`: a dynamic cache, eager, HF's own sdpa attention, the stage's max_batch prompts
   left-padded, a fixed number of new tokens (end of sequence ignored), sampling at the rollout's
   temperature: what a user without an inference engine would run;
+* HF `generate` with a static cache, which transformers compiles (torch.compile of the decoding
+  forward, its default CompileConfig) on a GPU: the fastest HF runs without an engine. The same
+  prompts and tokens; one untimed run of the same shape first, which pays the compilation. Where it
+  does not run (a CPU, where transformers does not compile generate; a compile that fails) the
+  report says why instead of a figure;
 * the memory-bandwidth bound of a decode step: every step reads the weights once and the KV cache in
   use once (the stage's mean context: prompt plus half the mean response), at this device's measured
   copy bandwidth, so max_batch rows decode at most `max_batch x bandwidth / bytes per step` tokens a
@@ -32,6 +37,8 @@ class EngineYardsticks:
     hf_batch: int  # its prompts (the stage's max_batch)
     hf_new_tokens: int  # new tokens per prompt
     hf_seconds: float
+    hf_static_tokens_per_s: float | None  # static cache + torch.compile; None where it did not run
+    hf_static_note: str  # why it did not run, or ""
     copy_gb_per_s: float  # the device's copy bandwidth: bytes read plus written per second, best of COPY_REPEATS
     weight_bytes: int
     kv_bytes_per_token: int  # K and V over every layer, one token
@@ -54,6 +61,15 @@ def measure(engine, prompts: list[list[int]], mean_response: float, temperature:
     batch = min(len(prompts), engine.max_batch)
     new_tokens = max(1, min(HF_NEW_TOKENS_MAX, round(mean_response)))
     seconds = hf_generate_seconds(engine.model_cfg, device, prompts[:batch], new_tokens, temperature)
+    static_s, static_note = None, "static cache + torch.compile: GPUs only (transformers compiles generate there)"
+    if torch.device(device).type == "cuda":
+        try:
+            static_s, static_note = (
+                hf_generate_seconds(engine.model_cfg, device, prompts[:batch], new_tokens, temperature, static=True),
+                "",
+            )
+        except Exception as err:  # noqa: BLE001 - a compile that fails is a finding, not a crash of the bench
+            static_note = f"static cache + torch.compile failed: {type(err).__name__}: {str(err)[:160]}"
     weights = sum(p.numel() * p.element_size() for p in engine.model.parameters())
     per_token = kv_bytes_per_token(engine.model)
     context = sum(map(len, prompts)) / len(prompts) + mean_response / 2
@@ -64,6 +80,8 @@ def measure(engine, prompts: list[list[int]], mean_response: float, temperature:
         hf_batch=batch,
         hf_new_tokens=new_tokens,
         hf_seconds=seconds,
+        hf_static_tokens_per_s=batch * new_tokens / static_s if static_s else None,
+        hf_static_note=static_note,
         copy_gb_per_s=bandwidth / 1e9,
         weight_bytes=weights,
         kv_bytes_per_token=per_token,
@@ -96,10 +114,18 @@ def copy_bandwidth(device: torch.device) -> float:
 
 
 def hf_generate_seconds(
-    model_cfg, device: torch.device, prompts: list[list[int]], new_tokens: int, temperature: float
+    model_cfg,
+    device: torch.device,
+    prompts: list[list[int]],
+    new_tokens: int,
+    temperature: float,
+    *,
+    static: bool = False,
 ) -> float:
-    """Seconds HF generate takes for `new_tokens` after each of `prompts` (left-padded; after a short
-    untimed warm-up), on a model of `model_cfg` built with HF's own sdpa attention."""
+    """Seconds HF generate takes for `new_tokens` after each of `prompts` (left-padded; after an
+    untimed warm-up), on a model of `model_cfg` built with HF's own sdpa attention. `static`: a static
+    cache (compiled by transformers on a GPU); its warm-up is a whole run of the same shape, since the
+    cache's length, and so the compiled graph, follows the new tokens asked for."""
     from actors.policy.model import build_model
 
     model = build_model(model_cfg, device)
@@ -113,9 +139,12 @@ def hf_generate_seconds(
     kw = {"do_sample": temperature > 0, "pad_token_id": 0, "eos_token_id": None}
     if temperature > 0:
         kw.update(temperature=temperature, top_k=0, top_p=1.0)
+    if static:
+        kw["cache_implementation"] = "static"
+    warm = new_tokens if static else 2
     try:
         with torch.no_grad():
-            model.generate(ids, attention_mask=mask, max_new_tokens=2, min_new_tokens=2, **kw)
+            model.generate(ids, attention_mask=mask, max_new_tokens=warm, min_new_tokens=warm, **kw)
             _sync(device)
             t = time.perf_counter()
             out = model.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens, **kw)

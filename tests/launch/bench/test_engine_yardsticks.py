@@ -3,6 +3,8 @@ model and prompts, run for real, and the decode bound from the model's own bytes
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from actors.rollout.torch_engine import TorchEngine
@@ -33,10 +35,18 @@ def test_hf_generate_and_the_decode_bound_are_measured_on_the_engines_model():
     step_bytes = y.weight_bytes + 3 * y.mean_context * y.kv_bytes_per_token
     assert y.bound_tokens_per_s == pytest.approx(3 * y.copy_gb_per_s * 1e9 / step_bytes)
     assert y.copy_gb_per_s > 0.1
+    # On a CPU transformers does not compile generate: the static-cache yardstick says so, with no figure.
+    assert y.hf_static_tokens_per_s is None and "GPUs only" in y.hf_static_note
     stage = EngineStage(50.0, 4, 80, 1.6, 3, 1, 20.0, yardsticks=y)
-    hf, bound = _yardsticks(stage)
+    hf, static, bound = _yardsticks(stage)
     assert "HF generate" in hf and f"{50.0 / y.hf_generate_tokens_per_s:.2f}×" in hf
+    assert "static cache + torch.compile | not run | static cache + torch.compile: GPUs only" in static
     assert "decode bound" in bound and f"{50.0 / y.bound_tokens_per_s:.1%}" in bound
+    timed = dataclasses.replace(y, hf_static_tokens_per_s=25.0, hf_static_note="")
+    assert (
+        "25.0 decoded tok/s: the engine 2.00×"
+        in _yardsticks(EngineStage(50.0, 4, 80, 1.6, 3, 1, 20.0, yardsticks=timed))[1]
+    )
     assert _yardsticks(EngineStage(50.0, 4, 80, 1.6, 3, 1, 20.0)) == []
 
 
@@ -55,3 +65,13 @@ def test_the_benchmarks_sampled_length_engine_is_measured_through_its_wrapper():
 
 def test_an_engine_without_a_model_here_gets_no_yardsticks():
     assert engine_yardsticks.measure(object(), [[1, 2]], 8.0, 1.0) is None
+
+
+def test_hf_generate_with_a_static_cache_makes_the_tokens_asked_for():
+    """The static-cache yardstick's own call, on a CPU (where transformers leaves it uncompiled): the
+    cache is sized from the same prompts and new tokens, and the run makes exactly those tokens (it
+    raises otherwise). On a GPU the same call is compiled by transformers (docs/BENCHMARKS.md)."""
+    seconds = engine_yardsticks.hf_generate_seconds(
+        TINY, "cpu", [[1, 2, 3], [4, 5, 6, 7, 8]], new_tokens=6, temperature=1.0, static=True
+    )
+    assert seconds > 0
