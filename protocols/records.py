@@ -412,6 +412,8 @@ class EngineHealth(Record):
     requests: int = 0  # requests received
     tokens: int = 0  # tokens generated
     steps: int = 0  # decode steps
+    queued_steps: int = 0  # decode steps taken while requests waited in the engine's queue
+    queued_rows: int = 0  # rows those steps decoded (÷ queued_steps: the batch's fill when work waits)
     graph_steps: int = 0  # decode steps replayed from a CUDA graph
     rebuilds: int = 0  # live rows prefilled again, each into its own slot (after new weights, or memory back)
     inserted: int = 0  # requests admitted into a free slot (each prefilled alone)

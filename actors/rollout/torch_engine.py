@@ -107,6 +107,10 @@ class TorchEngine(Engine):
             "rebuilds": 0,
             "inserted": 0,
             "steps": 0,
+            # Decode steps taken while requests waited in the queue, and the rows they decoded: how
+            # full the batch is kept when there is work to fill it (kiln bench reports the ratio).
+            "queued_steps": 0,
+            "queued_rows": 0,
             "graph_steps": 0,
             "updates": 0,
             "aborted": 0,
@@ -323,6 +327,7 @@ class TorchEngine(Engine):
             # rows taken off the queue here would be lost), nor while an update waits under "finish".
             hold = update is not None or (self._updates and self.policy == "finish")
             admitted = [] if hold else self._admit()
+            waited = bool(self._queue)  # requests left waiting after this cycle's admission
             self._take_aborts()
             held = self._paused or self._released
         if update is not None:
@@ -341,7 +346,7 @@ class TorchEngine(Engine):
             if self._unplaced or sampled:
                 self._place(sampled)
             if self._slots is not None and self._slots.live:
-                self._step()
+                self._step(waited)
         return True
 
     def _running(self) -> list[Row]:
@@ -500,8 +505,9 @@ class TorchEngine(Engine):
         return True
 
     @torch.no_grad()
-    def _step(self) -> None:
+    def _step(self, waited: bool = False) -> None:
         """Sample one token for every slot, record the live rows', finish rows and free their slots.
+        `waited`: requests were left in the queue by this cycle's admission (counted in the stats).
         Pipelined: the next decode is queued on the GPU before this step's tokens are read on the host,
         so the GPU computes step t+1 while Python does step t's bookkeeping. A row that then finishes
         only parks its slot; that decode's logits for it are never read (nothing of it is recorded;
@@ -523,6 +529,9 @@ class TorchEngine(Engine):
         if ready is not None:
             ready.synchronize()
         token_list, lp_list = host_tokens.tolist(), host_lps.tolist()
+        if waited:
+            self.stats["queued_steps"] += 1
+            self.stats["queued_rows"] += len(s.live)
         for slot in s.live:
             row = s.rows[slot]
             tok = token_list[slot]

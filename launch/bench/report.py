@@ -248,6 +248,12 @@ def render_loops(report: BenchReport) -> list[str]:
         rows.append(
             (f"rows per decode step {engine} (of max_batch)", [_f(loop.rows_per_step.get(engine), 1) for loop in loops])
         )
+        rows.append(
+            (
+                f"rows per decode step {engine} while requests waited in its queue",
+                [_f(loop.rows_per_queued_step.get(engine), 1) for loop in loops],
+            )
+        )
     cpu_names = sorted({k for loop in loops for k in (loop.cpu_share or {})}, key=lambda k: (k == "machine", k))
     for name in cpu_names:
         label = "CPU share, whole machine (all users)" if name == "machine" else f"CPU share {name}"

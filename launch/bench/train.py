@@ -81,6 +81,8 @@ class Mark:
     step: int
     decoded: dict[str, float]  # engine -> decoded tokens since the first mark
     decode_steps: dict[str, float]  # engine -> decode steps since the first mark (engines that count them)
+    queued_steps: dict[str, float]  # engine -> of those, the steps taken while requests waited in its queue
+    queued_rows: dict[str, float]  # engine -> rows decoded in those steps
     verified: dict[str, float]  # verifier -> replies since the first mark
     compiled: dict[str, float]  # verifier -> real compiles since the first mark
     cpu: dict[str, float] | None  # actor (or "driver") -> CPU seconds since the first mark
@@ -109,6 +111,7 @@ class Probe:
 
     def _mark(self, session, step: int) -> Mark:
         decoded, decode_steps, verified, compiled, pids = {}, {}, {}, {}, {"driver": os.getpid()}
+        queued_steps, queued_rows = {}, {}
         for name, handle in list(session.supervisor.handles.items()):
             try:
                 health = handle.health(timeout_s=10.0)
@@ -121,6 +124,12 @@ class Probe:
                 if health.engine is not None:  # an engine that does not count its steps reports 0
                     self._counts.update(f"steps/{name}", health.engine.steps, health.pid)
                     decode_steps[name] = self._counts.total[f"steps/{name}"]
+                    for kind, value, out in (
+                        ("queued_steps", health.engine.queued_steps, queued_steps),
+                        ("queued_rows", health.engine.queued_rows, queued_rows),
+                    ):
+                        self._counts.update(f"{kind}/{name}", value, health.pid)
+                        out[name] = self._counts.total[f"{kind}/{name}"]
             elif name.startswith("verifier-"):
                 for kind, value, out in (
                     ("verified", health.replied, verified),
@@ -135,6 +144,8 @@ class Probe:
             step=step,
             decoded=decoded,
             decode_steps=decode_steps,
+            queued_steps=queued_steps,
+            queued_rows=queued_rows,
             verified=verified,
             compiled=compiled,
             cpu=cpu_s,
@@ -189,6 +200,8 @@ class LoopResult:
     finished: bool  # False when stop_after ended the run before its last step
     # engine -> decoded tokens ÷ decode steps in the window: its mean batch fill (of rollout.max_batch)
     rows_per_step: dict[str, float] = field(default_factory=dict)
+    # engine -> the same over the steps taken while requests waited in its queue (none waited: absent)
+    rows_per_queued_step: dict[str, float] = field(default_factory=dict)
 
 
 def run_loop(
@@ -243,6 +256,8 @@ def summarise(
     delta = lambda a, b: {k: a.get(k, 0.0) - b.get(k, 0.0) for k in a}
     decoded = delta(end.decoded, start.decoded)
     decode_steps = {k: v for k, v in delta(end.decode_steps, start.decode_steps).items() if v > 0}
+    queued_steps = {k: v for k, v in delta(end.queued_steps, start.queued_steps).items() if v > 0}
+    queued_rows = delta(end.queued_rows, start.queued_rows)
     verified = delta(end.verified, start.verified)
     compiled = delta(end.compiled, start.compiled)
     verifications = sum(verified.values())
@@ -282,6 +297,7 @@ def summarise(
         decoded_per_engine={k: v / between for k, v in sorted(decoded.items())},
         counters_s=between,
         rows_per_step={k: decoded.get(k, 0.0) / n for k, n in sorted(decode_steps.items())},
+        rows_per_queued_step={k: queued_rows.get(k, 0.0) / n for k, n in sorted(queued_steps.items())},
         verifications=verifications,
         verifications_per_min={k: 60.0 * v / between for k, v in sorted(verified.items())},
         compiled_share=sum(compiled.values()) / verifications if verifications else None,

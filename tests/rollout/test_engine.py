@@ -125,6 +125,9 @@ def test_while_requests_wait_every_decode_step_keeps_the_batch_nearly_full(monke
         waiting = [rows for rows, queued in steps if queued]
         assert waiting and min(waiting) >= 15, waiting
         assert any(rows == 15 for rows in waiting)  # a freed slot waited for a second one
+        # The engine's own counters of it (what kiln bench reports as rows per step while requests waited)
+        health = engine.health()
+        assert (health.queued_steps, health.queued_rows) == (len(waiting), sum(waiting))
         assert sum(fills) == len(reqs) and len(fills) < len(reqs) and max(fills) > 1, fills
     finally:
         engine.close()
