@@ -105,8 +105,12 @@ def test_killing_a_rollout_of_two_and_the_learner_mid_run_loses_nothing_and_keep
     # it arrives, so each kill lands right after a step; the dead rollout's groups go to the survivor
     # (replay's admission shares no longer count it), and a standby takes over: the learner's restores
     # the checkpoint of the step the driver saw, at that step's version, and the engines rejoin it
-    # without holding its first step (their groups form outside the weight lock).
-    assert_next_step_on_time(times, killed)
+    # without holding its first step (their groups form outside the weight lock). Until the standby
+    # joins, one rollout actor generates for two: that step read 1.07-1.32 intervals in three runs on
+    # this 2-core machine and 1.67 once in CI (session 22), hence 2.0 here. A cold restart (4-12 s) or
+    # a group left to time out would take many intervals; the standbys and the absence of infra are
+    # asserted above.
+    assert_next_step_on_time(times, killed, limit=2.0)
 
 
 def test_a_two_rank_learner_trains_and_restarts_as_a_group_when_a_rank_dies(tmp_path, ray_session):
@@ -276,12 +280,12 @@ def step_gap_ratio(times: dict[int, float], killed_at: float) -> float:
     return (times[n] - times[n - 1]) / statistics.median(before)
 
 
-def assert_next_step_on_time(times: dict[int, float], killed: dict[str, float]) -> None:
-    """The first learner step after each kill comes within 1.5 × the median of the three step intervals
-    before it."""
+def assert_next_step_on_time(times: dict[int, float], killed: dict[str, float], limit: float = 1.5) -> None:
+    """The first learner step after each kill comes within `limit` × the median of the three step
+    intervals before it."""
     ratios = {name: round(step_gap_ratio(times, at), 2) for name, at in killed.items()}
     print(f"the step after each kill, in median step intervals: {ratios}")  # for the record (`pytest -s`)
-    assert max(ratios.values()) <= 1.5, f"the step after a kill took this many median intervals: {ratios}"
+    assert max(ratios.values()) <= limit, f"the step after a kill took this many median intervals: {ratios}"
 
 
 def test_killing_replay_and_a_verifier_of_two_mid_run_loses_nothing_and_keeps_the_pace(tmp_path):
