@@ -60,18 +60,17 @@ def measure(engine, prompts: list[list[int]], mean_response: float, temperature:
     device = engine.device
     batch = min(len(prompts), engine.max_batch)
     new_tokens = max(1, min(HF_NEW_TOKENS_MAX, round(mean_response)))
-    seconds = hf_generate_seconds(engine.model_cfg, device, prompts[:batch], new_tokens, temperature)
-    static_s, static_note = None, "static cache + torch.compile: GPUs only (transformers compiles generate there)"
-    if torch.device(device).type == "cuda":
-        try:
-            static_s, static_note = (
-                hf_generate_seconds(engine.model_cfg, device, prompts[:batch], new_tokens, temperature, static=True),
-                "",
-            )
-        except Exception as err:  # noqa: BLE001 - a compile that fails is a finding, not a crash of the bench
-            static_note = f"static cache + torch.compile failed: {type(err).__name__}: {str(err)[:160]}"
     weights = sum(p.numel() * p.element_size() for p in engine.model.parameters())
     per_token = kv_bytes_per_token(engine.model)
+    # HF builds its own model and caches beside the engine's: the engine gives its card back meanwhile
+    # (its max_batch x max_seq_len cache and graphs; the weights to the host), or a 1.1B model's static
+    # cache found 2 GiB free of an H100's 79 and the compiled yardstick died of memory.
+    engine.release_memory()
+    try:
+        seconds = hf_generate_seconds(engine.model_cfg, device, prompts[:batch], new_tokens, temperature)
+        static_s, static_note = hf_static_seconds(engine.model_cfg, device, prompts[:batch], new_tokens, temperature)
+    finally:
+        engine.resume_memory()
     context = sum(map(len, prompts)) / len(prompts) + mean_response / 2
     bandwidth = copy_bandwidth(device)
     step_s = (weights + engine.max_batch * context * per_token) / bandwidth
@@ -88,6 +87,18 @@ def measure(engine, prompts: list[list[int]], mean_response: float, temperature:
         mean_context=context,
         bound_tokens_per_s=engine.max_batch / step_s,
     )
+
+
+def hf_static_seconds(
+    model_cfg, device: torch.device, prompts: list[list[int]], new_tokens: int, temperature: float
+) -> tuple[float | None, str]:
+    """HF generate with a static cache (compiled on a GPU): its seconds and "", or None and why not."""
+    if torch.device(device).type != "cuda":
+        return None, "static cache + torch.compile: GPUs only (transformers compiles generate there)"
+    try:
+        return hf_generate_seconds(model_cfg, device, prompts, new_tokens, temperature, static=True), ""
+    except Exception as err:  # noqa: BLE001 - a compile that fails is a finding, not a crash of the bench
+        return None, f"static cache + torch.compile failed: {type(err).__name__}: {str(err)[:160]}"
 
 
 def kv_bytes_per_token(model: torch.nn.Module) -> int:
@@ -152,6 +163,8 @@ def hf_generate_seconds(
             seconds = time.perf_counter() - t
     finally:
         del model
+        if torch.device(device).type == "cuda":
+            torch.cuda.empty_cache()  # the next yardstick's model and cache get this one's blocks
     if out.shape[1] != width + new_tokens:
         raise RuntimeError(f"HF generate made {out.shape[1] - width} new tokens, not {new_tokens}")
     return seconds

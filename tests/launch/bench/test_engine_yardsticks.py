@@ -7,6 +7,7 @@ import dataclasses
 
 import pytest
 
+from actors.rollout.engine import GenerateRequest, SamplingParams
 from actors.rollout.torch_engine import TorchEngine
 from actors.rollout.workload import LengthDraw, SampledLengthEngine
 from configs import ModelConfig
@@ -61,6 +62,32 @@ def test_the_benchmarks_sampled_length_engine_is_measured_through_its_wrapper():
         engine.close()
     assert y is not None and y.hf_batch == 2 and y.hf_new_tokens == 4
     assert y.weight_bytes == sum(p.numel() * 4 for p in engine.model.parameters())
+
+
+def test_hf_generate_runs_while_the_engine_has_given_its_memory_back(monkeypatch):
+    """HF's models and caches are built beside the engine's: the engine releases its cache and graphs
+    while they run (a 1.1B model's static cache found 2 GiB of an H100 free otherwise), and serves
+    again after."""
+    engine = TorchEngine(TINY, max_batch=2, seed=1, device="cpu")
+    released_during: list[bool] = []
+    real = engine_yardsticks.hf_generate_seconds
+
+    def watched(*args, **kwargs):
+        released_during.append(engine._released and engine._slots is None)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(engine_yardsticks, "hf_generate_seconds", watched)
+    try:
+        engine.generate([GenerateRequest("before", [1, 2, 3], SamplingParams(max_new_tokens=3, ignore_eos=True))])
+        assert engine._slots is not None
+        engine_yardsticks.measure(engine, [[1, 2, 3], [4, 5]], mean_response=4.0, temperature=1.0)
+        assert released_during == [True] and not engine._released
+        (after,) = engine.generate(
+            [GenerateRequest("after", [1, 2], SamplingParams(max_new_tokens=3, ignore_eos=True))]
+        )
+        assert len(after.output_ids) == 3
+    finally:
+        engine.close()
 
 
 def test_an_engine_without_a_model_here_gets_no_yardsticks():
