@@ -13,9 +13,13 @@ Read top to bottom, this is a group's life:
    * share room (replay): one rollout actor holds at most ceil(window / active actors) running groups,
      so the step's groups spread over the engines (`share_room`);
    * engine room (rollout actor): attempts generating or being verified stay under the actor's budget,
-     so the engine's batch stays full while others wait on verifiers (`engine_room`).
+     so the engine's batch stays full while others wait on verifiers (`engine_room`);
+   * token room (rollout actor): the engine tokens the actor's attempts at its engine reserve (each its
+     prompt plus max_new_tokens) stay under the actor's token budget, so the engine holds a full batch
+     and a queue behind it however many attempts wait on verifiers (`engine_token_room`).
    The staleness and share rooms are whole groups, so "above zero" means a whole group fits; the
-   engine room is soft: a group may overshoot it by up to G-1 attempts rather than leave it idle.
+   engine and token rooms are soft: a group may overshoot them by up to G-1 attempts rather than
+   leave the engine idle.
 2. A complete group (all G samples in) is judged (actors/buffer/groups.py) and `fate_of_complete_group`
    decides: the task leaves the feed (unservable, or infra-failed `replay.infra_retries` times in a
    row), or the group is filtered as infra and its task re-issued, or it is kept; an all-failed group
@@ -67,14 +71,31 @@ def share_room(held_groups: int, window_groups: int, active_actors: int, group_s
 
 
 def attempt_budget(max_attempts_in_flight: int, max_batch: int) -> int:
-    """A rollout actor's attempts in flight: `rollout.max_attempts_in_flight`, or 2 × the engine's batch
-    when 0, so the batch stays full while about half the attempts wait on verifiers."""
-    return max_attempts_in_flight or 2 * max_batch
+    """A rollout actor's attempts in flight: `rollout.max_attempts_in_flight`, or 4 × the engine's batch
+    when 0. The token room keeps what waits at the engine bounded, so this budget bounds what waits on
+    verifiers: up to three batches' worth of attempts may be verified while a full batch generates."""
+    return max_attempts_in_flight or 4 * max_batch
 
 
 def engine_room(attempts_in_flight: int, budget: int) -> int:
     """Attempts a rollout actor's budget leaves room for."""
     return budget - attempts_in_flight
+
+
+def token_budget(max_tokens_in_flight: int, max_batch: int, max_seq_len: int) -> int:
+    """Engine tokens a rollout actor's attempts at its engine may reserve: `rollout.max_tokens_in_flight`,
+    or 2 × max_batch × model.max_seq_len when 0, a full batch of the longest rows decoding and as many
+    queued behind it (shorter rows: more of them)."""
+    return max_tokens_in_flight or 2 * max_batch * max_seq_len
+
+
+def engine_token_room(tokens_reserved: int, budget: int, attempt_tokens: float) -> int:
+    """Attempts the token budget leaves room for: what is left of it over the tokens one more attempt is
+    expected to reserve (`attempt_tokens`, its prompt plus max_new_tokens), rounded down. An engine with
+    nothing reserved always has room for one, so a budget below one attempt slows the actor to a group
+    at a time instead of stopping it."""
+    room = int((budget - tokens_reserved) // max(attempt_tokens, 1.0))
+    return max(room, 1) if tokens_reserved <= 0 else room
 
 
 def admission_capacity(*rooms: int) -> int:

@@ -70,7 +70,12 @@ class RolloutConfig:
     top_k: int = F(0, "Top-k sampling; 0 disables it", ge=0)
     max_attempts_in_flight: int = F(
         0,
-        "In-flight budget of a rollout actor, in attempts (generating, or being verified): a new task group starts whenever fewer are in flight (and replay's admission allows it; a group may overshoot by up to G-1 attempts); 0 = 2 × max_batch, so the engine's batch stays full while about half the attempts wait on verifiers",
+        "In-flight budget of a rollout actor, in attempts (generating, or being verified): a new task group starts whenever fewer are in flight, the token budget has room and replay's admission allows it (a group may overshoot by up to G-1 attempts); 0 = 4 × max_batch, so up to three batches' worth may wait on verifiers while the engine's batch stays full",
+        ge=0,
+    )
+    max_tokens_in_flight: int = F(
+        0,
+        "Token budget of a rollout actor at its engine: the attempts whose requests are at the engine reserve their prompt plus max_new_tokens each, and a new task group starts only while one more attempt's expected reservation fits; 0 = 2 × max_batch × model.max_seq_len (a full batch of the longest rows and as many queued behind it). For a paged-KV engine (SGLang), its KV pool's tokens plus a queue",
         ge=0,
     )
     max_turns: int = F(

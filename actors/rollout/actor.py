@@ -2,8 +2,9 @@
 group through the per-attempt pipeline (actors/rollout/episodes.py) on one event loop, and sends
 each group's `Episode` records to replay when its last attempt is done, keeping each until replay
 acknowledges it. Admission (actors/decisions.py, in attempts): a new group whenever fewer than
-`rollout.max_attempts_in_flight` attempts are in flight (0 = 2 × `rollout.max_batch`) and replay's
-admission control gives one. Verification goes
+`rollout.max_attempts_in_flight` attempts are in flight (0 = 4 × `rollout.max_batch`), the attempts at
+the engine leave room in `rollout.max_tokens_in_flight` for one more (each reserves its prompt plus
+max_new_tokens; 0 = 2 × max_batch × model.max_seq_len), and replay's admission control gives one. Verification goes
 through the actor's front to the verifier pool (actors/rollout/verify_pool.py).
 
 Prompts are chat conversations rendered by the model's tokenizer (actors/policy/tokenizer.py); the
@@ -144,8 +145,10 @@ class RolloutActor(Actor):
             max_new_tokens=rollout.max_new_tokens,
             stop_token_ids=tuple(self.eos),
         )
-        # The in-flight budget: attempts generating or being verified (admission stops at it).
+        # The in-flight budgets: attempts generating or being verified, and the engine tokens the ones at
+        # the engine reserve (admission stops at either).
         self.attempt_budget = decisions.attempt_budget(rollout.max_attempts_in_flight, rollout.max_batch)
+        self.token_budget = decisions.token_budget(rollout.max_tokens_in_flight, rollout.max_batch, model.max_seq_len)
         self.verify_stats: dict[str, int] = {}  # the verifier pool front's counters (sent, moved, infra, ...)
         replay = registry.resolver("replay", "replay")
         self.sender = EpisodeSender(
@@ -223,6 +226,8 @@ class RolloutActor(Actor):
             acked=len(self.sender.acked),
             verify_infra=self.verify_stats.get("infra", 0),
             inflight=self._pipeline_now.inflight if self._pipeline_now else 0,
+            at_engine=self._pipeline_now.at_engine if self._pipeline_now else 0,
+            engine_tokens_reserved=self._pipeline_now.engine_tokens if self._pipeline_now else 0,
             engine_alive=engine is not None and engine.alive,
             decoded_tokens=engine.tokens if engine is not None else 0,
             engine=engine,
@@ -322,6 +327,7 @@ class RolloutActor(Actor):
             params=self.params,
             policy=policy,
             force=self.pool.draw if self.pool is not None else None,
+            first_attempt_tokens=self.model_cfg.max_seq_len,
         )
 
     def _verifier_pool(self) -> VerifierPool:
@@ -398,8 +404,11 @@ class RolloutActor(Actor):
         groups: set[asyncio.Task] = set()
         try:
             while not self.stopping:
-                room = decisions.engine_room(pipeline.inflight, self.attempt_budget)
-                if not decisions.may_start_group(decisions.admission_capacity(room)):
+                capacity = decisions.admission_capacity(
+                    decisions.engine_room(pipeline.inflight, self.attempt_budget),
+                    decisions.engine_token_room(pipeline.engine_tokens, self.token_budget, pipeline.attempt_tokens),
+                )
+                if not decisions.may_start_group(capacity):
                     pipeline.room.clear()
                     await self._until(pipeline.room, 0.2)
                     continue
@@ -418,6 +427,10 @@ class RolloutActor(Actor):
                 group = asyncio.create_task(self._group(pipeline, reply, io))
                 groups.add(group)
                 group.add_done_callback(groups.discard)
+                # One turn of the loop: the group's task counts its attempts in flight (and puts them at
+                # the engine) before the next admission reads the counts, so a group overshoots the
+                # budgets by at most G - 1 attempts, not by a second group.
+                await asyncio.sleep(0)
             while groups and not self.stopping:  # the feed said stop: finish what is in flight
                 await asyncio.wait(groups, timeout=0.2)
             if not self.stopping:

@@ -5,8 +5,10 @@ group is complete when its last attempt is.
 Everything runs on one asyncio event loop. An attempt awaits its engine request (the engine batches
 it with every other attempt in flight) and then its verification (sent the moment its generation
 ends, through the verifier pool's front); no attempt waits for a sibling, and no group waits for
-another. `Pipeline.inflight` counts the attempts in flight, which is what the rollout actor's
-admission (`rollout.max_attempts_in_flight`, actors/decisions.py) weighs.
+another. `Pipeline.inflight` counts the attempts in flight and `Pipeline.engine_tokens` the engine
+tokens the attempts at the engine reserve (each its prompt plus max_new_tokens): the two things the
+rollout actor's admission (`rollout.max_attempts_in_flight`, `rollout.max_tokens_in_flight`,
+actors/decisions.py) weighs.
 
 `Pipeline.run_group(reply)` returns the group's `Episode` records, one per attempt, each turn carrying
 the prompt ids, response ids, behaviour logprobs, per-token weight versions and its VerifyResult.
@@ -97,13 +99,26 @@ class Pipeline:
         params: SamplingParams,
         policy: TurnPolicy,
         force: Callable[[Task], str | None] | None = None,
+        first_attempt_tokens: int = 0,
     ) -> None:
         self.actor_id, self.generate, self.verify = actor_id, generate, verify
         # Forced-response mode (benchmarks, the CPU demo): the text to score instead of sampling.
         self.force = force
         self.tokenizer, self.params, self.policy = tokenizer, params, policy
         self.inflight = 0  # attempts admitted and not finished
-        self.room = asyncio.Event()  # set whenever an attempt finishes (admission may go on)
+        self.at_engine = 0  # attempts whose generate request is at the engine
+        self.engine_tokens = 0  # the tokens those reserve: prompt plus max_new_tokens each
+        # What an attempt is expected to reserve before any has (the actor passes model.max_seq_len, the
+        # most a prompt sized by the turn policy plus its response can take); then the mean so far.
+        self._first_attempt_tokens = first_attempt_tokens or params.max_new_tokens
+        self._reserved = [0, 0]  # generate requests sent, tokens they reserved
+        self.room = asyncio.Event()  # set whenever an attempt leaves the engine or finishes (admission may go on)
+
+    @property
+    def attempt_tokens(self) -> float:
+        """The engine tokens one more attempt is expected to reserve."""
+        sent, tokens = self._reserved
+        return tokens / sent if sent else float(self._first_attempt_tokens)
 
     async def run_group(self, reply: TaskReply) -> list[Episode]:
         """The group's episodes once its last attempt is done. If an attempt fails (an engine that
@@ -113,29 +128,49 @@ class Pipeline:
         if isinstance(first, Done):  # a task this actor cannot pose: replay takes it out of the feed
             return [self._unservable(reply, i, first.detail) for i in range(reply.group_size)]
         self.inflight += reply.group_size
+        # The first turns' reservations are made here, before the first await, so the admission that
+        # started this group reads them at its next check (the attempts' own coroutines start later).
+        reserved = [self._reserve(first) for _ in range(reply.group_size)]
         results = await asyncio.gather(
-            *(self._attempt(reply, i, first) for i in range(reply.group_size)), return_exceptions=True
+            *(self._attempt(reply, i, first, reserved[i]) for i in range(reply.group_size)), return_exceptions=True
         )
         for result in results:
             if isinstance(result, BaseException):
                 raise result
         return list(results)
 
-    async def _attempt(self, reply: TaskReply, index: int, prompt: Prompt) -> Episode:
+    def _reserve(self, prompt: Prompt) -> int:
+        """Count one generate request at the engine: its prompt plus max_new_tokens (the turn policy sized
+        every prompt to leave that much room in model.max_seq_len)."""
+        reserved = len(prompt.ids) + self.params.max_new_tokens
+        self.at_engine += 1
+        self.engine_tokens += reserved
+        self._reserved[0] += 1
+        self._reserved[1] += reserved
+        return reserved
+
+    async def _attempt(self, reply: TaskReply, index: int, prompt: Prompt, reserved: int) -> Episode:
+        """`reserved`: the first turn's reservation, made when the group was admitted."""
         task, episode_id = reply.task, f"{reply.group_id}/{index}"
         turns: list[Turn] = []
         try:
             while True:
                 turn = len(turns)
-                # The turn policy sized every prompt to leave max_new_tokens of room in model.max_seq_len.
-                gen = await self.generate(
-                    GenerateRequest(
-                        request_id=f"{episode_id}/t{turn}/{uuid.uuid4().hex[:8]}",
-                        prompt_ids=list(prompt.ids),
-                        params=self.params,
-                        forced_response=self._forced(task),
+                reserved = reserved or self._reserve(prompt)
+                try:
+                    gen = await self.generate(
+                        GenerateRequest(
+                            request_id=f"{episode_id}/t{turn}/{uuid.uuid4().hex[:8]}",
+                            prompt_ids=list(prompt.ids),
+                            params=self.params,
+                            forced_response=self._forced(task),
+                        )
                     )
-                )
+                finally:
+                    self.at_engine -= 1
+                    self.engine_tokens -= reserved
+                    reserved = 0
+                    self.room.set()
                 # The verifier sees the answer only: code inside a thinking block is never extracted.
                 response = self.tokenizer.split_response(gen.output_ids)
                 result = await self.verify(

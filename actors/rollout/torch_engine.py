@@ -367,17 +367,34 @@ class TorchEngine(Engine):
         return self.policy == "abort" or not self._running()
 
     def _admit(self) -> list[Row]:
-        """Queued requests for the free slots. While rows decode, admissions wait until `admit_batch`
-        slots are free (or every queued request fits): one prefill forward's fixed cost (an eager pass,
-        launch-bound on GPU) is then shared by that many rows instead of paid per row, and the batch
-        never drops below max_batch - admit_batch + 1 rows while requests wait."""
+        """Queued requests for this cycle. A sampled request needs a free slot; while rows decode, those
+        admissions wait until `admit_batch` slots are free (or every queued sampled request fits): one
+        prefill forward's fixed cost (an eager pass, launch-bound on GPU) is then shared by that many
+        rows instead of paid per row, and the batch never drops below max_batch - admit_batch + 1 rows
+        while sampled requests wait. A forced request is scored this cycle and takes no slot, so it is
+        taken whatever the slots (up to max_batch a cycle, which bounds the cycle's scoring): counted
+        against the free slots, it left one empty while a sampled request waited."""
+        if not self._queue or self._paused or self._released:
+            return []
         running = len(self._running())
         free = self.max_batch - running
-        if free <= 0 or not self._queue or self._paused or self._released:
-            return []
-        if running and free < min(self.admit_batch, len(self._queue)):
-            return []
-        return [self._queue.popleft() for _ in range(min(free, len(self._queue)))]
+        sampled = sum(r.req.forced_response is None for r in self._queue)
+        if running and free < min(self.admit_batch, sampled):
+            free = 0
+        forced = self.max_batch
+        taken: list[Row] = []
+        kept: collections.deque[Row] = collections.deque()
+        for row in self._queue:
+            if row.req.forced_response is not None and forced > 0:
+                forced -= 1
+                taken.append(row)
+            elif row.req.forced_response is None and free > 0:
+                free -= 1
+                taken.append(row)
+            else:
+                kept.append(row)
+        self._queue = kept
+        return taken
 
     def _take_aborts(self) -> None:
         for row in self._running():

@@ -15,6 +15,7 @@ from actors.decisions import (
     attempt_budget,
     bdr_step,
     engine_room,
+    engine_token_room,
     fate_at_batch,
     fate_of_complete_group,
     is_overdue,
@@ -25,6 +26,7 @@ from actors.decisions import (
     share_room,
     staleness_bound,
     staleness_room,
+    token_budget,
     waits_for_engines,
 )
 
@@ -47,8 +49,17 @@ def test_rooms_are_counted_in_attempts():
     assert share_room(held_groups=1, window_groups=5, active_actors=2, group_size=G) == 8
     assert share_room(held_groups=3, window_groups=5, active_actors=2, group_size=G) == 0
     assert share_room(held_groups=0, window_groups=5, active_actors=0, group_size=G) == 20  # alone
-    assert attempt_budget(0, max_batch=8) == 16 and attempt_budget(12, max_batch=8) == 12
+    assert attempt_budget(0, max_batch=8) == 32 and attempt_budget(12, max_batch=8) == 12
     assert engine_room(attempts_in_flight=13, budget=16) == 3
+    # the token budget: 2 x max_batch x max_seq_len by default, a full batch of the longest rows queued twice
+    assert token_budget(0, max_batch=8, max_seq_len=1024) == 16_384 and token_budget(5000, 8, 1024) == 5000
+    # 16,384 - 10,000 reserved leaves 6,384 tokens: 4 more attempts of 1,500 expected each
+    assert engine_token_room(tokens_reserved=10_000, budget=16_384, attempt_tokens=1500.0) == 4
+    assert engine_token_room(tokens_reserved=16_000, budget=16_384, attempt_tokens=1500.0) == 0
+    assert engine_token_room(tokens_reserved=17_000, budget=16_384, attempt_tokens=1500.0) < 0  # overshot
+    # an idle engine takes one, however small the budget: a group at a time, never a stall
+    assert engine_token_room(tokens_reserved=0, budget=100, attempt_tokens=1500.0) == 1
+    assert engine_token_room(tokens_reserved=1, budget=100, attempt_tokens=1500.0) == 0
 
 
 def test_capacity_is_the_tightest_room_and_a_group_starts_while_it_is_above_zero():

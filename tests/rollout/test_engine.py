@@ -133,6 +133,39 @@ def test_while_requests_wait_every_decode_step_keeps_the_batch_nearly_full(monke
         engine.close()
 
 
+def test_forced_requests_take_no_slot_so_the_batch_stays_full_beside_them():
+    """Half the requests forced (scored in one forward, never in a slot), as in the benchmark's loop: a
+    cycle takes the forced ones whatever the slots, so they never stand in for the sampled rows the
+    free slots were for; every step run while sampled requests waited decoded at least
+    max_batch - admit_batch + 1 rows, and every forced request was scored."""
+    engine = TorchEngine(TINY, max_batch=8, eos_token_ids=[EOS], seed=4)
+    g = torch.Generator().manual_seed(5)
+    reqs = []
+    for i, p in enumerate(prompts(48, seed=3)):
+        n = int(torch.randint(2, 16, (1,), generator=g))
+        forced = [int(t) for t in torch.randint(1, 200, (n,), generator=g)] if i % 2 else None
+        reqs.append(
+            GenerateRequest(str(i), p, SamplingParams(max_new_tokens=16, ignore_eos=True), forced_response=forced)
+        )
+    steps = []  # (rows that decoded in the step, sampled requests still queued)
+    before = [0]
+
+    def hook(step: int) -> None:
+        queued = sum(r.req.forced_response is None for r in engine._queue)
+        steps.append((engine.stats["tokens"] - before[0], queued))
+        before[0] = engine.stats["tokens"]
+
+    engine.step_hook = hook
+    try:
+        gens = engine.generate(reqs)
+        for req, gen in zip(reqs, gens, strict=True):
+            assert list(gen.output_ids) == req.forced_response if req.forced_response else len(gen.output_ids) == 16
+        waiting = [rows for rows, queued in steps if queued]
+        assert waiting and min(waiting) >= 8 - engine.admit_batch + 1, waiting
+    finally:
+        engine.close()
+
+
 def test_stop_tokens_length_limit_and_context_limit(engine):
     stop_all = SamplingParams(max_new_tokens=50, stop_token_ids=tuple(range(259)))
     (gen,) = engine.generate([GenerateRequest("s", [256, 1, 2], stop_all)])

@@ -157,3 +157,66 @@ def test_a_dead_verifiers_requests_go_to_a_live_one_at_once(tmp_path):
         actor.stop()
         replay.stop()
         second.close()
+
+
+# ------------------------------------------------------------------------------- admission budgets
+
+
+def test_a_slow_verifier_does_not_empty_the_engines_batch(tmp_path):
+    """Attempts waiting on verifiers count against the attempt budget (4 x max_batch), not the engine's
+    share of it: with every verification held, the actor goes on starting groups, generating them, past
+    the 2 x max_batch attempts that once left the engine with nothing to decode, and stops at the budget."""
+    verifier = HoldingVerifier(lambda request: True)
+    Registry(tmp_path).register("verifier-0", "verifier", {"verifier": verifier.address})
+    replay = start_replay(tmp_path, G=2, B=10)  # a window of (1 + 0 + 1) x 10 groups: the actor's budgets bind
+    actor = actor_for(tmp_path, rollout_cfg(max_turns=1, max_new_tokens=4, max_batch=4))
+    try:
+        actor.start()
+        budget = actor.attempt_budget
+        assert budget == 16
+        wait_for(lambda: len(verifier.arrived) >= budget, what="a budget's worth of held verifications", actor=actor)
+        time.sleep(1.0)  # admission would go on here if the budget did not hold it
+        h = actor.health()
+        assert budget <= h.inflight <= budget + 1  # a group may overshoot by G - 1
+        assert h.at_engine == 0 and h.engine_tokens_reserved == 0 and len(verifier.arrived) == h.inflight
+    finally:
+        verifier.release.set()
+        actor.stop()
+        replay.stop()
+        verifier.close()
+
+
+def test_attempts_at_the_engine_stop_admission_at_the_token_budget(tmp_path):
+    """The token budget counts the attempts at the engine, each its prompt plus max_new_tokens: with the
+    engine paused, requests pile up there until one more attempt's expected reservation no longer fits,
+    far below the attempt budget; once the engine decodes again, the attempts leave it and admission goes on."""
+    verifier = HoldingVerifier()
+    Registry(tmp_path).register("verifier-0", "verifier", {"verifier": verifier.address})
+    replay = start_replay(tmp_path, G=2, B=10)
+    tokens = 128  # a few of this workload's attempts (prompts of about 15 tokens, 4 new)
+    actor = actor_for(tmp_path, rollout_cfg(max_turns=1, max_new_tokens=4, max_batch=4, max_tokens_in_flight=tokens))
+    try:
+        actor.start()
+        actor.engine.pause()
+        wait_for(lambda: actor.health().at_engine >= 2, what="attempts waiting at the paused engine", actor=actor)
+        time.sleep(1.0)
+        h = actor.health()
+        time.sleep(0.5)
+        assert actor.health().inflight == h.inflight  # admission stopped
+        pipeline = actor._pipeline_now
+        assert h.at_engine == h.inflight < actor.attempt_budget  # the token budget stopped it, not the attempts
+        assert h.engine_tokens_reserved == pipeline.engine_tokens
+        # it stopped where one more attempt's expected reservation does not fit, overshooting by at most G - 1
+        assert h.engine_tokens_reserved + pipeline.attempt_tokens > tokens
+        assert h.engine_tokens_reserved <= tokens + (2 - 1) * TINY.max_seq_len
+        assert h.at_engine >= 4  # more than the first group: the expected reservation follows the mean
+        groups = actor.health().groups
+        actor.engine.resume()
+        wait_for(
+            lambda: actor.health().groups >= groups + h.inflight // 2 + 1, what="groups after the resume", actor=actor
+        )
+    finally:
+        actor.engine.resume()
+        actor.stop()
+        replay.stop()
+        verifier.close()
