@@ -71,10 +71,11 @@ def share_room(held_groups: int, window_groups: int, active_actors: int, group_s
 
 
 def attempt_budget(max_attempts_in_flight: int, max_batch: int) -> int:
-    """A rollout actor's attempts in flight: `rollout.max_attempts_in_flight`, or 4 × the engine's batch
-    when 0. The token room keeps what waits at the engine bounded, so this budget bounds what waits on
-    verifiers: up to three batches' worth of attempts may be verified while a full batch generates."""
-    return max_attempts_in_flight or 4 * max_batch
+    """A rollout actor's attempts in flight: `rollout.max_attempts_in_flight`, or 2 × the engine's batch
+    when 0, so the batch stays full while about half the attempts wait on verifiers. (4 × decoded more
+    on a verifier-bound CPU loop but trained no faster and filtered more stale groups: docs/BENCHMARKS.md.
+    Where verifications wait long, raise it; the token room keeps what waits at the engine bounded.)"""
+    return max_attempts_in_flight or 2 * max_batch
 
 
 def engine_room(attempts_in_flight: int, budget: int) -> int:

@@ -70,7 +70,7 @@ class RolloutConfig:
     top_k: int = F(0, "Top-k sampling; 0 disables it", ge=0)
     max_attempts_in_flight: int = F(
         0,
-        "In-flight budget of a rollout actor, in attempts (generating, or being verified): a new task group starts whenever fewer are in flight, the token budget has room and replay's admission allows it (a group may overshoot by up to G-1 attempts); 0 = 4 × max_batch, so up to three batches' worth may wait on verifiers while the engine's batch stays full",
+        "In-flight budget of a rollout actor, in attempts (generating, or being verified): a new task group starts whenever fewer are in flight, the token budget has room and replay's admission allows it (a group may overshoot by up to G-1 attempts); 0 = 2 × max_batch, so the engine's batch stays full while about half the attempts wait on verifiers (where verifications wait long, raise it: the token budget keeps what waits at the engine bounded)",
         ge=0,
     )
     max_tokens_in_flight: int = F(

@@ -2,7 +2,7 @@
 group through the per-attempt pipeline (actors/rollout/episodes.py) on one event loop, and sends
 each group's `Episode` records to replay when its last attempt is done, keeping each until replay
 acknowledges it. Admission (actors/decisions.py, in attempts): a new group whenever fewer than
-`rollout.max_attempts_in_flight` attempts are in flight (0 = 4 × `rollout.max_batch`), the attempts at
+`rollout.max_attempts_in_flight` attempts are in flight (0 = 2 × `rollout.max_batch`), the attempts at
 the engine leave room in `rollout.max_tokens_in_flight` for one more (each reserves its prompt plus
 max_new_tokens; 0 = 2 × max_batch × model.max_seq_len), and replay's admission control gives one. Verification goes
 through the actor's front to the verifier pool (actors/rollout/verify_pool.py).

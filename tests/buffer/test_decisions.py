@@ -49,7 +49,7 @@ def test_rooms_are_counted_in_attempts():
     assert share_room(held_groups=1, window_groups=5, active_actors=2, group_size=G) == 8
     assert share_room(held_groups=3, window_groups=5, active_actors=2, group_size=G) == 0
     assert share_room(held_groups=0, window_groups=5, active_actors=0, group_size=G) == 20  # alone
-    assert attempt_budget(0, max_batch=8) == 32 and attempt_budget(12, max_batch=8) == 12
+    assert attempt_budget(0, max_batch=8) == 16 and attempt_budget(12, max_batch=8) == 12
     assert engine_room(attempts_in_flight=13, budget=16) == 3
     # the token budget: 2 x max_batch x max_seq_len by default, a full batch of the longest rows queued twice
     assert token_budget(0, max_batch=8, max_seq_len=1024) == 16_384 and token_budget(5000, 8, 1024) == 5000

@@ -162,22 +162,22 @@ def test_a_dead_verifiers_requests_go_to_a_live_one_at_once(tmp_path):
 # ------------------------------------------------------------------------------- admission budgets
 
 
-def test_a_slow_verifier_does_not_empty_the_engines_batch(tmp_path):
-    """Attempts waiting on verifiers count against the attempt budget (4 x max_batch), not the engine's
-    share of it: with every verification held, the actor goes on starting groups, generating them, past
-    the 2 x max_batch attempts that once left the engine with nothing to decode, and stops at the budget."""
+def test_with_every_verification_held_admission_stops_at_the_attempt_budget(tmp_path):
+    """Attempts waiting on verifiers count against the attempt budget: with every verification held,
+    the actor starts and generates groups until the budget is reached, past the engine's batch
+    (the token budget has room for all of them), and overshoots it by at most G - 1 attempts."""
     verifier = HoldingVerifier(lambda request: True)
     Registry(tmp_path).register("verifier-0", "verifier", {"verifier": verifier.address})
     replay = start_replay(tmp_path, G=2, B=10)  # a window of (1 + 0 + 1) x 10 groups: the actor's budgets bind
-    actor = actor_for(tmp_path, rollout_cfg(max_turns=1, max_new_tokens=4, max_batch=4))
+    actor = actor_for(tmp_path, rollout_cfg(max_turns=1, max_new_tokens=4, max_batch=4, max_attempts_in_flight=15))
     try:
         actor.start()
         budget = actor.attempt_budget
-        assert budget == 16
+        assert budget == 15  # odd, so the last group of G = 2 overshoots it
         wait_for(lambda: len(verifier.arrived) >= budget, what="a budget's worth of held verifications", actor=actor)
         time.sleep(1.0)  # admission would go on here if the budget did not hold it
         h = actor.health()
-        assert budget <= h.inflight <= budget + 1  # a group may overshoot by G - 1
+        assert h.inflight == budget + 1  # the last group overshot by G - 1, and no group came after it
         assert h.at_engine == 0 and h.engine_tokens_reserved == 0 and len(verifier.arrived) == h.inflight
     finally:
         verifier.release.set()
@@ -194,7 +194,10 @@ def test_attempts_at_the_engine_stop_admission_at_the_token_budget(tmp_path):
     Registry(tmp_path).register("verifier-0", "verifier", {"verifier": verifier.address})
     replay = start_replay(tmp_path, G=2, B=10)
     tokens = 128  # a few of this workload's attempts (prompts of about 15 tokens, 4 new)
-    actor = actor_for(tmp_path, rollout_cfg(max_turns=1, max_new_tokens=4, max_batch=4, max_tokens_in_flight=tokens))
+    actor = actor_for(
+        tmp_path,
+        rollout_cfg(max_turns=1, max_new_tokens=4, max_batch=4, max_attempts_in_flight=16, max_tokens_in_flight=tokens),
+    )
     try:
         actor.start()
         actor.engine.pause()
