@@ -31,10 +31,11 @@ import logging
 import math
 import queue
 import threading
+import time
 from concurrent.futures import Future
 
 from actors.base import Actor, RunContext, load_plugin
-from actors.verifier.health import VerifierHealth
+from actors.verifier.health import LATENCY_BUCKETS, VerifierHealth, latency_bucket
 from actors.verifier.interface import DEFAULT_REWARD_ACTOR, RewardActor
 from actors.verifier.latency import ModelledLatency
 from actors.verifier.workers import compile_workers
@@ -74,6 +75,7 @@ class VerifierActor(Actor):
             "compiled": 0,
             "modelled_s": 0.0,
         }
+        self._latency_counts = [0] * LATENCY_BUCKETS  # verifications by slot time (health.latency_bucket)
         self._stats_lock = threading.Lock()
         self.latency = ModelledLatency(cfg.modelled_latency, rank=ctx.rank if ctx is not None else 0)
         metrics = ctx.registry.address("driver", "metrics") if ctx is not None else ""
@@ -113,6 +115,7 @@ class VerifierActor(Actor):
     def health(self) -> VerifierHealth:
         with self._stats_lock:
             stats = dict(self.stats)
+            latency_counts = tuple(self._latency_counts)
         return VerifierHealth(
             role=self.role,
             alive=not self.stopping,
@@ -124,6 +127,7 @@ class VerifierActor(Actor):
             inflight=len(self._inflight),
             reward_actor=f"{self.reward_cls.__module__}.{self.reward_cls.__qualname__}",
             warming=self._warm_thread is not None and self._warm_thread.is_alive(),
+            latency_counts=latency_counts,
         )
 
     # --------------------------------------------------------------------------------- serving
@@ -166,12 +170,17 @@ class VerifierActor(Actor):
 
     def verify(self, request: VerifyRequest) -> VerifyResult:
         """Run the reward actor on one request under the guard (also callable directly / via Ray), then
-        sleep the modelled GPU-side latency if one is configured; all of it is "verifying"."""
+        sleep the modelled GPU-side latency if one is configured; all of it is "verifying" and counts
+        in the latency histogram."""
+        started = time.perf_counter()
         with self.timeline.span("verifying"):
             result = self._guarded(request)
             if result.error_class != "infra":
                 self._model_gpu_work()
-            return result
+        bucket = latency_bucket(time.perf_counter() - started)
+        with self._stats_lock:
+            self._latency_counts[bucket] += 1
+        return result
 
     def _model_gpu_work(self) -> None:
         seconds = self.latency.draw()

@@ -235,6 +235,15 @@ def render_loops(report: BenchReport) -> list[str]:
             "real compiles (share of verifications)",
             ["-" if loop.compiled_share is None else f"{loop.compiled_share:.0%}" for loop in loops],
         ),
+        (
+            "verification s p50 / p90 (n)",
+            [
+                f"{loop.verify_s['p50']:.2f} / {loop.verify_s['p90']:.2f} ({int(loop.verify_s['n'])})"
+                if loop.verify_s.get("n")
+                else "-"
+                for loop in loops
+            ],
+        ),
     ]
     actors = sorted({a for loop in loops for a in loop.busy})
     for actor in actors:

@@ -22,6 +22,8 @@ warm-up to the last one. Rates:
   trained tok/s      tokens in the learner's batches per second (prompt + response)
   gradient tok/s     tokens that carried gradient (MirrorPop kept) per second
   verifications/min  verifier replies per minute; the share that were real compiles
+  verification s     p50 and p90 of how long a verification held a verifier's worker slot (the
+                     verifiers' latency histograms, subtracted between the window's two readings)
   busy               each actor's share of the window inside its recorded spans (RUN_DIR/timeline.jsonl)
   CPU share          CPU time of each actor's process tree ÷ (window × cores); the machine's too
   sync               the learner's weight publish, until every engine received the version
@@ -38,6 +40,7 @@ import statistics
 import time
 from dataclasses import dataclass, field
 
+from actors.verifier.health import LATENCY_BUCKETS, latency_quantile
 from configs import KilnConfig
 from launch.bench import cpu
 from launch.driver.run_dir import RunDirectory
@@ -85,6 +88,7 @@ class Mark:
     queued_rows: dict[str, float]  # engine -> rows decoded in those steps
     verified: dict[str, float]  # verifier -> replies since the first mark
     compiled: dict[str, float]  # verifier -> real compiles since the first mark
+    latency: list[float]  # verifications since the first mark per latency bucket, all verifiers together
     cpu: dict[str, float] | None  # actor (or "driver") -> CPU seconds since the first mark
     machine_cpu: float | None  # the whole machine's busy CPU seconds (all users)
 
@@ -112,6 +116,7 @@ class Probe:
     def _mark(self, session, step: int) -> Mark:
         decoded, decode_steps, verified, compiled, pids = {}, {}, {}, {}, {"driver": os.getpid()}
         queued_steps, queued_rows = {}, {}
+        latency = [0.0] * LATENCY_BUCKETS
         for name, handle in list(session.supervisor.handles.items()):
             try:
                 health = handle.health(timeout_s=10.0)
@@ -137,6 +142,9 @@ class Probe:
                 ):
                     self._counts.update(f"{kind}/{name}", value, health.pid)
                     out[name] = self._counts.total[f"{kind}/{name}"]
+                for bucket, count in enumerate(health.latency_counts):
+                    self._counts.update(f"latency/{name}/{bucket}", count, health.pid)
+                    latency[bucket] += self._counts.total[f"latency/{name}/{bucket}"]
         cpu_s, machine = self._cpu_reading(pids), cpu.machine_busy_s()
         return Mark(
             time=session.monitor.step_times.get(step, time.time()),
@@ -148,6 +156,7 @@ class Probe:
             queued_rows=queued_rows,
             verified=verified,
             compiled=compiled,
+            latency=latency,
             cpu=cpu_s,
             machine_cpu=machine,
         )
@@ -184,6 +193,7 @@ class LoopResult:
     verifications: float  # in the window
     verifications_per_min: dict[str, float]  # verifier -> replies per minute
     compiled_share: float | None  # of the window's verifications, real compiles
+    verify_s: dict[str, float]  # p50 and p90 of the window's verification latencies (s), and n
     learner_step_s_median: float
     sync_s: dict[str, float]  # p50, p99, max over the window's steps, and n
     busy: dict[str, float]  # actor -> share of the window inside its spans
@@ -261,6 +271,7 @@ def summarise(
     verified = delta(end.verified, start.verified)
     compiled = delta(end.compiled, start.compiled)
     verifications = sum(verified.values())
+    latency = [b - a for a, b in zip(start.latency, end.latency, strict=True)]
     cpu_share = None
     if end.cpu is not None and start.cpu is not None:
         cores = cpu.cores()
@@ -301,6 +312,11 @@ def summarise(
         verifications=verifications,
         verifications_per_min={k: 60.0 * v / between for k, v in sorted(verified.items())},
         compiled_share=sum(compiled.values()) / verifications if verifications else None,
+        verify_s={
+            "p50": latency_quantile(latency, 0.5) or 0.0,
+            "p90": latency_quantile(latency, 0.9) or 0.0,
+            "n": float(sum(latency)),
+        },
         learner_step_s_median=statistics.median(r[mk.TRAIN_STEP_S] for r in (steady or rows)),
         sync_s={
             "p50": _percentile(syncs, 0.5),

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 import protocols as P
+from actors.verifier.health import LATENCY_BUCKETS, bucket_seconds, latency_bucket, latency_quantile
 from configs import ConfigError, ModelledLatencyConfig, load_config
 from launch.observe.timeline import SpanRow, activity_shares, busy_shares, covered_s, union
 from protocols.timeline import SpanRecorder
@@ -202,8 +203,30 @@ def test_the_verifier_actor_sleeps_the_modelled_latency_inside_its_verifying_spa
         assert time.monotonic() - started >= 0.2 and result.error_class == "correctness"
         health = actor.health()
         assert health.modelled_s == pytest.approx(0.2) and health.busy_s >= 0.2 and health.compiled == 0
+        # the latency histogram holds the one verification, in the bucket of its 0.2 s and more
+        assert sum(health.latency_counts) == 1
+        assert 0.2 <= latency_quantile(health.latency_counts, 0.5) < 0.3
     finally:
         actor.stop()
+
+
+def test_the_latency_histogram_subtracts_into_a_window_and_its_quantiles_are_within_a_bucket():
+    counts_before = [0] * LATENCY_BUCKETS
+    counts_after = list(counts_before)
+    for seconds in (0.5, 100.0, 100.0):
+        counts_before[latency_bucket(seconds)] += 1
+        counts_after[latency_bucket(seconds)] += 1
+    window = [1.0, 2.0, 3.0, 4.0, 40.0, 1e-4, 9e9]  # two outside the range land in its end buckets
+    for seconds in window:
+        counts_after[latency_bucket(seconds)] += 1
+    delta = [b - a for a, b in zip(counts_before, counts_after, strict=True)]
+    assert sum(delta) == len(window)
+    assert latency_quantile(delta, 0.5) == pytest.approx(3.0, rel=0.045)
+    assert latency_quantile(delta, 0.8) == pytest.approx(40.0, rel=0.045)
+    assert latency_quantile(delta, 0.0) == bucket_seconds(0) and latency_quantile(delta, 1.0) == 2.0**12
+    assert latency_quantile([0] * LATENCY_BUCKETS, 0.5) is None
+    for seconds in (0.01, 0.37, 1.0, 2.5, 61.0, 3000.0):  # each bucket's middle within 4.5% of its latencies
+        assert bucket_seconds(latency_bucket(seconds)) == pytest.approx(seconds, rel=0.045)
 
 
 # ------------------------------------------------------------------------------------ CPU time
@@ -266,6 +289,7 @@ def test_the_ideal_overlap_bound_is_the_slowest_stage_in_samples_per_second():
         verifications=128.0,
         verifications_per_min={"verifier-0": 76.8},
         compiled_share=0.3,
+        verify_s={},
         learner_step_s_median=3.5,
         sync_s={},
         busy={},

@@ -223,6 +223,10 @@ def test_bench_measures_a_run_and_its_recovery_from_a_kill(tmp_path):
     assert result["sync_s"]["max"] < 60
     assert result["samples_per_s"] > 0 and result["decoded_tokens_per_s"] > 0 and result["trained_tokens_per_s"] > 0
     assert set(result["busy"]) == {"learner", "rollout-0", "verifier-0"}
+    # the window's verifications, each counted in the verifier's latency histogram (those under way
+    # at a reading are counted once they end, their replies once sent)
+    assert abs(result["verify_s"]["n"] - result["verifications"]) <= 64
+    assert 0 < result["verify_s"]["p50"] <= result["verify_s"]["p90"]
     ep = result["episodes"]
     assert ep["invariant_ok"] and ep["emitted"] == ep["trained"] + ep["filtered_total"] + ep["pending"]
     assert result["id_check"]["ok"], result["id_check"]
