@@ -59,3 +59,23 @@ def test_the_plan_mode_prints_the_standin_and_bad_memory_is_one_line(capsys):
     assert "--gpu-gib must be a positive number" in capsys.readouterr().err
     with pytest.raises(SystemExit, match="not even 2 layers fit"):
         paper_standin.main(["--plan", "--gpu-gib", "4"])
+
+
+def test_the_standins_update_fills_the_pipeline_with_pp_micro_batches():
+    """The stand-in checks the first stage's memory against a plan that counts PP micro-batches in
+    flight: its one update must hold 2·PP micro-batches (the preset's four mini-batches held one)."""
+    import numpy as np
+
+    from actors.learner.batch import micro_batches, mini_batches
+
+    preset = load_config(paper_standin.PRESET)
+    s = paper_standin.standin(preset, 79.0)
+    pp, tokens = s.learner.pipeline_parallel, s.learner.micro_batch_tokens
+    cu_seqlens = np.arange(2 * pp + 1) * tokens
+    seq_tokens = np.full(2 * pp, tokens - 1)  # each sequence trains all but its first token
+
+    def per_update(algo) -> list[int]:
+        return [len(micro_batches(cu_seqlens, tokens, part)) for part in mini_batches(seq_tokens, algo.ppo_minibatches)]
+
+    assert per_update(paper_standin.one_update(preset.algo)) == [2 * pp]
+    assert per_update(preset.algo) == [1] * (2 * pp)  # what the check measured before: an empty pipe
