@@ -99,7 +99,8 @@ def one_update(algo):
 
 def run(s: Standin, temperature: float, algo) -> dict:
     """One RL step to create the optimizer's state, a second measured; each rank's peak vs its stage's
-    estimate. Needs torchrun with TP·PP processes, one GPU each."""
+    estimate. Needs torchrun with TP·PP·DP processes, one GPU each; every DP replica gets 2·PP
+    micro-batches."""
     import torch
     import torch.distributed as dist
 
@@ -113,7 +114,7 @@ def run(s: Standin, temperature: float, algo) -> dict:
     trainer = Trainer(MegatronBackend(s.model, s.learner, device=device), algo, temperature=temperature)
     built = time.perf_counter() - built
     layout = trainer.backend.layout
-    batch = make_batch(s.model, [s.learner.micro_batch_tokens] * (2 * s.learner.pipeline_parallel), seed=0)
+    batch = make_batch(s.model, [s.learner.micro_batch_tokens] * (2 * layout.pp * layout.dp), seed=0)
     batch = with_behaviour(batch, trainer.logprobs(batch, temperature).numpy(), drifted=None, seed=1)
     first = trainer.train_step(batch)
     torch.cuda.synchronize()
@@ -135,10 +136,11 @@ def _step(result) -> dict:
     return {"loss": result.loss, "grad_norm": result.grad_norm, "seconds": result.seconds, "tokens": result.tokens}
 
 
-def report(s: Standin, result: dict) -> bool:
-    """Prints the table; True when every step is finite and every rank's peak is within TOLERANCE."""
+def report(description: str, result: dict) -> bool:
+    """Prints the table under `description`; True when every step is finite and every rank's peak is
+    within TOLERANCE."""
     ok = all(math.isfinite(step["loss"]) and math.isfinite(step["grad_norm"]) for step in result["steps"])
-    print(describe(s))
+    print(description)
     print(f"built in {result['build_s']:.1f} s")
     for i, step in enumerate(result["steps"], 1):
         print(f"RL step {i}: loss {step['loss']:.5g}, grad norm {step['grad_norm']:.4g}, {step['seconds']:.2f} s")
@@ -173,7 +175,7 @@ def main(argv=None) -> int:
 
     if dist.get_rank() != 0:
         return 0
-    ok = report(s, result)
+    ok = report(describe(s), result)
     out = os.environ.get("OUT")
     if out:
         Path(out, "paper_standin.json").write_text(json.dumps({"standin": describe(s), **result}, indent=1))
