@@ -14,7 +14,11 @@ problem is one line; any error stops the command with a non-zero exit:
 * the reward actor (`verifier.reward_actor` with its `reward_actor_args`, or the kernel verifier)
   imports and constructs, which for the kernel verifier means its backend is available: a CUDA
   device for `cuda`, the C++ toolchain;
-* the run root (`logging.root`) is writable.
+* the run root (`logging.root`) is writable;
+* the staleness window can fill the engines: replay lets at most (η + 1)·B groups of G attempts be
+  running or waiting to train (`decisions.staleness_bound`), so with fewer attempts than the torch
+  engines' rows (`rollout.num_actors` × `rollout.max_batch`), some rows can never decode. A warning:
+  a synchronous run (η = 0) may want it so.
 
 Where: a local run (and every dry run) checks on this machine. On a Ray cluster (`cluster.address`)
 the component checks run as Ray tasks scheduled like the component itself (`on_cluster`: the same
@@ -33,7 +37,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from configs import ConfigError, KilnConfig, LoggingConfig, ModelConfig, ReplayConfig, RolloutConfig, VerifierConfig
+from actors.decisions import staleness_bound
+from configs import (
+    AlgoConfig,
+    ConfigError,
+    KilnConfig,
+    LoggingConfig,
+    ModelConfig,
+    ReplayConfig,
+    RolloutConfig,
+    VerifierConfig,
+)
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 
@@ -198,6 +212,25 @@ def check_run_root(logging_cfg: LoggingConfig) -> list[Finding]:
     return []
 
 
+def check_window(algo: AlgoConfig, rollout: RolloutConfig) -> list[Finding]:
+    """A warning when the staleness window holds fewer attempts than the torch engines have rows."""
+    if rollout.engine != "torch":  # an SGLang server sizes its own running batch
+        return []
+    groups = staleness_bound(algo.max_staleness, 0, algo.batch_groups, algo.total_steps)
+    window, rows = groups * algo.group_size, rollout.num_actors * rollout.max_batch
+    if window >= rows:
+        return []
+    return [
+        Finding(
+            "warning",
+            f"the staleness window admits at most (η + 1)·B·G = {window} attempts at a time (algo.max_staleness "
+            f"{algo.max_staleness}, batch_groups {algo.batch_groups}, group_size {algo.group_size}), fewer than the "
+            f"engines' {rows} rows ({rollout.num_actors} × rollout.max_batch {rollout.max_batch}): at most "
+            f"{window / rows:.0%} of them can decode at once, fewer while attempts wait on verifiers",
+        )
+    ]
+
+
 # ----------------------------------------------------------------------------------- running
 
 # What each component checks where it runs: (component, role in the placement plan, check, its config)
@@ -216,7 +249,7 @@ def components(cfg: KilnConfig) -> list[Component]:
 def local_checks(cfg: KilnConfig, *, dry_run: bool, with_components: bool = True) -> list[Finding]:
     """Every check on this machine (`with_components=False`: the run root only, for a cluster run
     whose components are checked where they run)."""
-    findings = check_run_root(cfg.logging)
+    findings = check_run_root(cfg.logging) + check_window(cfg.algo, cfg.rollout)
     if with_components:
         findings += check_model(cfg.model, dry_run=dry_run)
         findings += check_tasks(

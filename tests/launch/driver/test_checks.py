@@ -3,6 +3,7 @@ met is one line on stderr and a non-zero exit, before anything starts."""
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 import textwrap
@@ -230,3 +231,24 @@ def test_a_gpu_preset_plans_anywhere_but_runs_only_where_its_verifier_can(tmp_pa
             "raised RuntimeError: verifier.backend=cuda but no CUDA device is visible to this process"
         )
     ]
+
+
+def test_a_staleness_window_smaller_than_the_engines_rows_is_warned(tmp_path, capsys):
+    from launch.driver.checks import check_window
+
+    # issue 35's loop: η = 1, B = 4, G = 4 against one engine of 64 rows; a two-GPU loop decoded 4.8
+    # rows a step under it, with 32 attempts in flight at most and most of them at the verifier
+    cfg = load_config(ROOT / "configs" / "two_gpu.yaml", ["algo.group_size=4"])
+    (finding,) = check_window(cfg.algo, cfg.rollout)
+    assert finding.level == "warning" and "(η + 1)·B·G = 32 attempts" in finding.text and "64 rows" in finding.text
+    assert "50%" in finding.text
+    # a window of at least the engines' rows, every shipped preset, and an SGLang server (which sizes
+    # its own batch) pass without one
+    assert check_window(dataclasses.replace(cfg.algo, max_staleness=3), cfg.rollout) == []
+    for preset in sorted((ROOT / "configs").glob("*.yaml")):
+        preset_cfg = load_config(preset)
+        assert check_window(preset_cfg.algo, preset_cfg.rollout) == [], preset.name
+    assert check_window(cfg.algo, dataclasses.replace(cfg.rollout, engine="sglang")) == []
+    # the dry run prints it, and plans anyway
+    code, _, err = run(capsys, *train_args(tmp_path, "algo.batch_groups=2", "algo.max_staleness=0", dry_run=True))
+    assert code == 0 and any("kiln: warning: the staleness window admits at most" in line for line in err), err
