@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from actors.verifier.profile import NAME_CHARS, KernelProfile, summarize
+from actors.verifier.profile import NAME_CHARS, PROFILE_CALLS, KernelProfile, summarize
 from actors.verifier.suite import load_suite
 from actors.verifier.verifier import KernelVerifier
 from configs import load_config
@@ -120,17 +120,23 @@ def _verify(verifier, task, source):
     return verifier.verify(VerifyRequest(request_id=uuid.uuid4().hex, task=task, candidate=source))
 
 
+def _profile_words(profile: dict) -> str:
+    return f"Profile of {profile['calls']} call{'s' if profile['calls'] != 1 else ''} ("
+
+
 def test_a_pass_is_profiled_in_its_sandbox_and_the_feedback_quotes_it(verifiers, relu_task):
     on, off = verifiers
     r = _verify(on, relu_task, SUITE["control_correct"].source())
     assert r.passed, r.feedback
     profile = r.diagnostics["profile"]
-    assert profile["where"] == "host" and profile["calls"] == 3 and profile["call_s"] > 0
+    # the last trip's first calls, at most PROFILE_CALLS: a trip holds K calls, and K follows the measured
+    # speed (a noisy 2-core host can time a 0.5 ms call slow enough for K = 1 or 2)
+    assert profile["where"] == "host" and 1 <= profile["calls"] <= PROFILE_CALLS and profile["call_s"] > 0
     # the extension allocates its output through ATen (torch::empty_like): an operator the profiler sees
     names = [name for name, _s, _share in profile["top"]]
     assert "aten::empty_like" in names, profile
     assert "refused_during_profile" not in profile
-    assert "Profile of 3 calls" in r.feedback and "aten::empty_like" in r.feedback
+    assert _profile_words(profile) in r.feedback and "aten::empty_like" in r.feedback
     plain = _verify(off, relu_task, SUITE["control_correct"].source())
     assert plain.passed and "profile" not in plain.diagnostics and "Profile of" not in plain.feedback
 
@@ -165,4 +171,4 @@ def test_what_happens_during_the_profile_never_changes_the_verdict(verifiers, re
         assert "the profile run failed" in profile["error"] and "Profile of" not in r.feedback
     else:
         assert profile["refused_during_profile"] == ["introspection: gc.get_objects"]
-        assert "Profile of 3 calls" in r.feedback
+        assert _profile_words(profile) in r.feedback
