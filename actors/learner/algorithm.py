@@ -223,12 +223,15 @@ def sft_step(backend: LearnerBackend, batch: TrainBatch, lr: float | None = None
 
         def loss_fn(mb: MicroBatch, out: PolicyOutput):
             value = sft_loss(out.logprobs, mask[mb.positions], normalizer)
-            return value, float(value.detach())
+            return value, value.detach()
 
         backend.zero_grad()
         mine = _mine(backend, packed, _with_tokens(packed, mask))
-        loss = backend.dp.sum(sum(backend.forward_backward(packed, mine, loss_fn, temperature=1.0)))
+        reports = backend.forward_backward(packed, mine, loss_fn, temperature=1.0)
         grad_norm = backend.step(lr)
+        # The loss comes to the host after the step: read between a micro-batch's forward and its
+        # backward, it would make the GPU wait for the host to launch the backward.
+        loss = backend.dp.sum(float(sum(reports)))
     return StepResult(
         loss=loss,
         grad_norm=grad_norm,

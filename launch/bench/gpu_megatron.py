@@ -5,17 +5,20 @@
 
 Rows: HF -> megatron -> HF round trip through the live model (bit-exact), export_hf reloads in
 transformers (bit-exact), TP=1 logits/logprobs vs the HF model (bf16), a training step (finite loss,
-weights move, MirrorPop drops the drifted sequence), checkpoint save/load restores the weights,
-TP=2 vs TP=1 logits/logprobs, one train step under (TP=1, DP=2) vs (TP=2, DP=1) from the same weights
-(same loss, grad norm and updated weights), PP=2 vs PP=1: the weights gathered from both stages
-(bit-exact), logprobs through the pipeline, one RL step (same loss and grad norm within bf16
-rounding), and the memory of a ~1.1B model's PP=2 step on each stage against the placement plan's
-estimate (within 15%). Throughput of a ~1.1B Qwen3-style model at 8192 tokens per GPU per step, for
-each kernel switch of `learner.megatron` on its own and all together, with peak memory against the
-plan's estimate: MFU = 6·N·tokens / (seconds · 989e12) for the SFT step; the RL step also runs the
-no-grad π_prox pass before its updates and the no-grad drift pass after them, so it is counted 10·N.
-`--profile` adds torch.profiler's top 25 CUDA kernels of one SFT step with every switch off and
-with every switch on (tables printed and written to $OUT). Each row runs in its own try/except.
+weights move, MirrorPop drops the drifted sequence), overlap_grad_reduce against the reduction after
+backward (the same step, then a one-sequence batch that leaves a DP replica idle), checkpoint
+save/load restores the weights, TP=2 vs TP=1 logits/logprobs, one train step under (TP=1, DP=2) vs
+(TP=2, DP=1) from the same weights (same loss, grad norm and updated weights), PP=2 vs PP=1: the
+weights gathered from both stages (bit-exact), logprobs through the pipeline, one RL step (same loss
+and grad norm within bf16 rounding), and the memory of a ~1.1B model's PP=2 step on each stage
+against the placement plan's estimate (within 15%). Throughput of a ~1.1B Qwen3-style model at 8192
+tokens per GPU per step, for each kernel switch of `learner.megatron` on its own and all together
+(and with DP > 1, all together on a model built with overlap_grad_reduce), with peak memory against
+the plan's estimate: MFU = 6·N·tokens / (seconds · 989e12) for the SFT step; the RL step also runs
+the no-grad π_prox pass before its updates and the no-grad drift pass after them, so it is counted
+10·N. `--profile` adds torch.profiler's top 25 CUDA kernels of one SFT step with every switch off
+and with every switch on, and where the GPU sat idle by the step's phases (trace_gaps.py; tables
+printed and written to $OUT). Each row runs in its own try/except.
 """
 
 from __future__ import annotations
@@ -131,10 +134,13 @@ def main() -> None:
     batch = make_batch(SMALL, [300, 517, 128, 700, 64, 911, 400], seed=1)
     state: dict = {}
 
-    def small_backend(tp: int, pp: int = 1) -> Trainer:
+    def small_backend(tp: int, pp: int = 1, overlap: bool = False) -> Trainer:
+        megatron = dataclasses.replace(learner.megatron, overlap_grad_reduce=overlap)
         return Trainer(
             MegatronBackend(
-                SMALL, dataclasses.replace(learner, tensor_parallel=tp, pipeline_parallel=pp), device=device
+                SMALL,
+                dataclasses.replace(learner, tensor_parallel=tp, pipeline_parallel=pp, megatron=megatron),
+                device=device,
             ),
             algo,
             temperature=T,
@@ -212,6 +218,11 @@ def main() -> None:
             loss=result.loss,
             grad_norm=result.grad_norm,
         )
+
+    if world >= 2:
+        overlap_row(small_backend, b1, state)
+    else:
+        row("overlap_grad_reduce vs not", None, "needs 2 GPUs (DP = 2)")
 
     @check("checkpoint save/load")
     def _():
@@ -307,6 +318,47 @@ def main() -> None:
             Path(out, "megatron_gpu_check.json").write_text(json.dumps(ROWS, indent=1))
     dist.barrier()
     dist.destroy_process_group()
+
+
+# -------------------------------------------------------------------- overlapped gradient reduction
+
+
+def overlap_row(small_backend, b1: Trainer, state: dict) -> None:
+    """learner.megatron.overlap_grad_reduce against the reduction after backward (b1): the same step
+    from the same weights, then a one-sequence batch, where one DP replica has no share and runs its
+    zero-loss micro-batch so that its bucket reductions pair with the others'."""
+
+    @check("overlap_grad_reduce vs not")
+    def _():
+        overlapped = small_backend(1, overlap=True)
+        if not overlapped.backend.overlap_grad_reduce:
+            raise RuntimeError("the backend did not turn overlap_grad_reduce on")
+        first = overlapped.train_step(state["batch"])
+        ref = state["step_tp1"]
+        w_first = max_diff(weights(overlapped), state["weights_tp1"])
+        one = make_batch(SMALL, [600], seed=11)
+        one = with_behaviour(one, b1.logprobs(one, T).numpy(), drifted=None, seed=12)
+        a, b = b1.train_step(one), overlapped.train_step(one)
+        w_one = max_diff(weights(b1), weights(overlapped))
+        # Each bucket's sum over two ranks is the one the single reduction makes, so the gradients agree;
+        # only the grad norm's summation order differs (the optimizer shards per bucket).
+        close = lambda x, y, rel: abs(x - y) <= rel * abs(y) + 1e-6
+        ok = (
+            close(first.loss, ref.loss, 1e-3)
+            and close(first.grad_norm, ref.grad_norm, 1e-3)
+            and w_first <= 1e-3
+            and close(b.loss, a.loss, 1e-3)
+            and close(b.grad_norm, a.grad_norm, 1e-3)
+            and w_one <= 1e-3
+        )
+        row(
+            "overlap_grad_reduce vs not",
+            ok,
+            f"step: loss {first.loss:.6g} vs {ref.loss:.6g}, gn {first.grad_norm:.6g} vs {ref.grad_norm:.6g}, "
+            f"max|Δw| {w_first:.3g}; one-sequence batch (a replica idle): loss {b.loss:.6g} vs {a.loss:.6g}, "
+            f"gn {b.grad_norm:.6g} vs {a.grad_norm:.6g}, max|Δw| {w_one:.3g}",
+            weight_diff=max(w_first, w_one),
+        )
 
 
 # -------------------------------------------------------------------- pipeline parallelism (2 GPUs)

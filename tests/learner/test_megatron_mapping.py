@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import itertools
-from unittest import mock
 
 import numpy as np
 import pytest
@@ -12,6 +10,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from actors.learner.megatron import hf_mapping as hm
+from tests.learner.megatron_cpu import cpu_stand_ins
 
 
 def tiny_config(arch: str, *, tied: bool, heads: int = 4, kv_heads: int = 2, vocab: int = 259, layers: int = 2):
@@ -302,25 +301,6 @@ def test_backend_refuses_what_it_cannot_train():
 # the pytest process.
 
 
-@contextlib.contextmanager
-def _cpu_stand_ins():
-    """What megatron sends to "cuda" goes to the CPU on this CPU-only torch (see above)."""
-    real_zeros = torch.zeros
-
-    def zeros(*args, **kwargs):
-        if kwargs.get("device") == "cuda":
-            kwargs["device"] = "cpu"
-        return real_zeros(*args, **kwargs)
-
-    with (
-        mock.patch("torch.zeros", zeros),
-        mock.patch("torch.cuda.current_device", lambda: "cpu"),
-        mock.patch("torch.cuda.synchronize", lambda *a, **k: None),
-        mock.patch.object(torch.Tensor, "cuda", lambda self, *a, **k: self),
-    ):
-        yield
-
-
 def _parity_worker(rank: int, world: int, tp: int, pp: int, port: int, arch: str, tied: bool) -> None:
     import json
     import os
@@ -369,7 +349,7 @@ def _parity_worker(rank: int, world: int, tp: int, pp: int, port: int, arch: str
         hf.lm_head.weight = torch.nn.Parameter(torch.randn_like(hf.lm_head.weight) * 0.05)
     shape = hm.ModelShape.from_hf_config(hf.config, tp)
     stage = hm.stage(shape, pp, pp_rank)
-    with _cpu_stand_ins():
+    with cpu_stand_ins():
         gpt = build_gpt(
             hf.config, shape, tensor_parallel=tp, dtype="float32", max_seq_len=128, stage=stage, on_cpu=True
         )
@@ -391,9 +371,11 @@ def _parity_worker(rank: int, world: int, tp: int, pp: int, port: int, arch: str
     micros = micro_batches(packed.cu_seqlens, 30)
     assert len(micros) == 2
     # The backend's model code without its GPU set-up (megatron's DDP buffers and distributed optimizer
-    # need CUDA): forward_backward needs only the model, the shape, the layout and the RoPE tables.
+    # need CUDA): forward_backward needs only the model, the shape, the layout, the RoPE tables and
+    # whether the DDP overlaps its gradient reduction (it cannot here: there is no DDP).
     backend = object.__new__(MegatronBackend)
     backend.model = backend.gpt = gpt
+    backend.overlap_grad_reduce, backend._backward_ran = False, False
     backend.reference, backend.shape, backend.stage, backend.device = None, shape, stage, torch.device("cpu")
     backend.layout = Layout(tp=tp, dp=1, tp_rank=tp_rank, dp_rank=0, rank=rank, pp=pp, pp_rank=pp_rank)
     backend.rope = rotary_tables(hf.config, shape)
@@ -404,7 +386,7 @@ def _parity_worker(rank: int, world: int, tp: int, pp: int, port: int, arch: str
 
     # The plain fp32 path first, then the chunked one (rows in chunks of 16: the 25- and 15-row
     # micro-batches take several all-reduce rounds), whose gradients are checked below.
-    with _cpu_stand_ins():
+    with cpu_stand_ins():
         backend.kernels = Kernels(fused_logprobs=False, compile=False)
         plain = backend.forward_backward(packed, micros, loss_fn, temperature=0.7)
         gpt.zero_grad(set_to_none=True)

@@ -39,9 +39,11 @@ from megatron.core import parallel_state
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.pipeline_parallel import get_forward_backward_func
+from torch.profiler import record_function
 
 from actors.learner.backend import LearnerBackend, LossFn, PolicyOutput
 from actors.learner.batch import MicroBatch, PackedBatch, pack
+from actors.learner.batch import micro_batches as micro_batches_of
 from actors.learner.checkpoint import atomic_directory, rng_state, set_rng_state
 from actors.learner.data_parallel import DataParallel
 from actors.learner.megatron import hf_mapping as hm
@@ -66,6 +68,28 @@ SAFETENSORS_FILE = "model.safetensors"
 
 def _rank_file(rank: int) -> str:
     return f"rank-{rank:05d}.pt"
+
+
+def data_parallel(gpt, *, overlap_grad_reduce: bool, bucket_size: int | None = None) -> DistributedDataParallel:
+    """megatron's DDP over `gpt`: fp32 gradient buffers, reduce-scattered over DP for the distributed
+    optimizer. With `overlap_grad_reduce` it splits them into buckets (`bucket_size` parameters; None:
+    megatron's ~40M) and reduce-scatters each from a backward hook as soon as backward has filled it;
+    the schedules hold the hooks back until a batch's last micro-batch through `no_sync_func`."""
+    ddp_config = DistributedDataParallelConfig(
+        grad_reduce_in_fp32=True,
+        overlap_grad_reduce=overlap_grad_reduce,
+        use_distributed_optimizer=True,
+        bucket_size=bucket_size,
+    )
+    ddp = DistributedDataParallel(gpt.config, ddp_config, gpt)
+    if overlap_grad_reduce:
+        gpt.config.no_sync_func = ddp.no_sync
+    return ddp
+
+
+def _zero_loss(mb: MicroBatch, out: PolicyOutput):
+    """A loss of zero that reaches every weight: its backward fires every gradient hook."""
+    return out.logprobs.sum() * 0.0, None
 
 
 def _move(obj: Any, device: str | torch.device) -> Any:
@@ -124,10 +148,9 @@ class MegatronBackend(LearnerBackend):
         if self.device.type == "cuda":
             torch.cuda.empty_cache()  # the full HF copy is gone; give its blocks back before the optimizer
 
-        ddp_config = DistributedDataParallelConfig(
-            grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=True
-        )
-        self.model = DistributedDataParallel(self.gpt.config, ddp_config, self.gpt)
+        self.overlap_grad_reduce = k.overlap_grad_reduce and self.layout.dp > 1
+        self.model = data_parallel(self.gpt, overlap_grad_reduce=self.overlap_grad_reduce)
+        self._backward_ran = False  # since zero_grad: whether backward issued the buckets' reductions
         bf16 = model_cfg.dtype == "bfloat16"
         self.optimizer = get_megatron_optimizer(
             OptimizerConfig(
@@ -162,8 +185,12 @@ class MegatronBackend(LearnerBackend):
 
     # ---------------------------------------------------------------------------- the interface
 
+    # The step's phases carry `kiln.*` profiler ranges, which `launch.bench.gpu_megatron --profile` reads
+    # to say where the GPU sat idle (launch/bench/trace_gaps.py); outside a profile a range costs ~µs.
+
     def pack(self, batch: TrainBatch) -> PackedBatch:
-        return pack(batch, self.device, vocab_size=self.shape.vocab_size, max_seq_len=self.model_cfg.max_seq_len)
+        with record_function("kiln.pack"):
+            return pack(batch, self.device, vocab_size=self.shape.vocab_size, max_seq_len=self.model_cfg.max_seq_len)
 
     def forward_backward(
         self,
@@ -180,6 +207,13 @@ class MegatronBackend(LearnerBackend):
             if self.reference is None:
                 raise RuntimeError("no reference model: the backend builds one only for a KL term (algo.kl_coef > 0)")
             model, forward_only = self.reference, True
+        idle = not micro_batches and not forward_only and self.overlap_grad_reduce
+        if idle:
+            # The buckets' reduce-scatters are issued from backward hooks, in the order backward fills
+            # the buckets, and NCCL pairs collectives by their order: a replica with no share of this
+            # batch issues the same ones by running a backward too, on the batch's first micro-batch
+            # with its loss times zero (zero gradients; nothing of it is reported).
+            micro_batches, loss_fn = micro_batches_of(packed.cu_seqlens, self.micro_batch_tokens)[:1], _zero_loss
         if not micro_batches:  # this DP replica has no share; megatron's schedule needs at least one
             return []
         model.train(not forward_only)
@@ -216,7 +250,8 @@ class MegatronBackend(LearnerBackend):
             return output, lambda out: loss_func(mb, out)
 
         schedule = get_forward_backward_func()
-        with torch.no_grad() if forward_only else contextlib.nullcontext():
+        phase = "kiln.forward" if forward_only else "kiln.forward_backward"
+        with torch.no_grad() if forward_only else contextlib.nullcontext(), record_function(phase):
             reports = schedule(
                 forward_step_func=forward_step,
                 data_iterator=iter(micro_batches),
@@ -226,7 +261,9 @@ class MegatronBackend(LearnerBackend):
                 micro_batch_size=1,
                 forward_only=forward_only,
             )
-        return self._from_last_stage(reports)
+        self._backward_ran = self._backward_ran or not forward_only
+        reports = self._from_last_stage(reports)
+        return [] if idle else reports
 
     def _from_last_stage(self, reports: list[Any]) -> list[Any]:
         """The loss function ran on the last pipeline stage only: its reports, on every stage (tensors
@@ -243,18 +280,29 @@ class MegatronBackend(LearnerBackend):
     def zero_grad(self) -> None:
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
+        self._backward_ran = False
+
+    def reduce_gradients(self) -> None:
+        """The step's first half: the reduce-scatter of the fp32 grad buffers over DP (waited for, when
+        backward issued it bucket by bucket), then the sum over TP of the q/k-norm grads (each TP rank
+        normalises only its own heads, so those grads are partial)."""
+        with record_function("kiln.grad_reduce"):
+            if self.overlap_grad_reduce and not self._backward_ran:
+                # No backward ran since zero_grad (an empty batch: on every replica alike), so none issued
+                # the buckets' reductions; issue them here.
+                self.model.start_grad_sync()
+            finalize_model_grads([self.model])
 
     def step(self, lr: float | None = None) -> float:
-        # Reduce-scatter of the fp32 grad buffers over DP, then the sum over TP of the q/k-norm grads
-        # (each TP rank normalises only its own heads, so those grads are partial).
-        finalize_model_grads([self.model])
+        self.reduce_gradients()
         groups = [g for o in self._torch_optimizers() for g in o.param_groups]
         saved = [g["lr"] for g in groups]
         if lr is not None:
             for g in groups:
                 g["lr"] = lr
         try:
-            ok, grad_norm, _ = self.optimizer.step()
+            with record_function("kiln.optimizer"):
+                ok, grad_norm, _ = self.optimizer.step()
         finally:
             for g, old in zip(groups, saved, strict=True):
                 g["lr"] = old
