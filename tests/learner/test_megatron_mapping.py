@@ -10,7 +10,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from actors.learner.megatron import hf_mapping as hm
-from tests.learner.megatron_cpu import cpu_stand_ins
+from tests.learner.megatron_cpu import cpu_stand_ins, two_micro_batches
 
 
 def tiny_config(arch: str, *, tied: bool, heads: int = 4, kv_heads: int = 2, vocab: int = 259, layers: int = 2):
@@ -312,7 +312,6 @@ def _parity_worker(rank: int, world: int, tp: int, pp: int, port: int, arch: str
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     from megatron.core import parallel_state
 
-    from actors.learner.batch import micro_batches, pack
     from actors.learner.losses import token_entropy
     from actors.learner.megatron.backend import MegatronBackend
     from actors.learner.megatron.model import (
@@ -326,7 +325,6 @@ def _parity_worker(rank: int, world: int, tp: int, pp: int, port: int, arch: str
     from actors.learner.megatron.parallel import Layout
     from actors.policy.model import build_model
     from configs import ModelConfig
-    from protocols import TrainBatch
 
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
     tp_rank, pp_rank = (
@@ -354,25 +352,10 @@ def _parity_worker(rank: int, world: int, tp: int, pp: int, port: int, arch: str
             hf.config, shape, tensor_parallel=tp, dtype="float32", max_seq_len=128, stage=stage, on_cpu=True
         )
     load_hf_weights(gpt, hf.state_dict(), shape)
-    torch.manual_seed(1)
-    tokens = torch.randint(0, 300, (40,))
-    # sequences of 25, 0 and 15 tokens; two micro-batches: [seq 0 + the empty seq 1], [seq 2]
-    batch = TrainBatch(
-        version=0,
-        episode_ids=["a", "b", "c"],
-        tokens=tokens.numpy(),
-        cu_seqlens=np.array([0, 25, 25, 40]),
-        loss_mask=np.ones(40, bool),
-        behaviour_logprobs=np.zeros(40, np.float32),
-        advantages=np.zeros(3, np.float32),
-        versions=np.zeros(40, np.int64),
-    )
-    packed = pack(batch, "cpu", vocab_size=300, max_seq_len=128)
-    micros = micro_batches(packed.cu_seqlens, 30)
-    assert len(micros) == 2
-    # The backend's model code without its GPU set-up (megatron's DDP buffers and distributed optimizer
-    # need CUDA): forward_backward needs only the model, the shape, the layout, the RoPE tables and
-    # whether the DDP overlaps its gradient reduction (it cannot here: there is no DDP).
+    tokens, packed, micros = two_micro_batches()
+    # The backend's model code without its GPU set-up (megatron's distributed optimizer needs CUDA; its
+    # DDP is tested on CPU in test_megatron_overlap.py): forward_backward needs only the model, the
+    # shape, the layout, the RoPE tables and whether the DDP overlaps its gradient reduction (no DDP here).
     backend = object.__new__(MegatronBackend)
     backend.model = backend.gpt = gpt
     backend.overlap_grad_reduce, backend._backward_ran = False, False

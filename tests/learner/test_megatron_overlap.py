@@ -24,7 +24,6 @@ STEPS = [([0], [1], True), ([1], [0], True), ([0, 1], [], True), ([], [], True),
 def _worker(rank: int, port: int) -> None:
     import warnings
 
-    import numpy as np
     import torch
     import torch.distributed as dist
 
@@ -32,15 +31,13 @@ def _worker(rank: int, port: int) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     from megatron.core import parallel_state
 
-    from actors.learner.batch import micro_batches, pack
     from actors.learner.megatron import hf_mapping as hm
     from actors.learner.megatron.backend import MegatronBackend, data_parallel
     from actors.learner.megatron.model import Kernels, build_gpt, load_hf_weights, rotary_tables
     from actors.learner.megatron.parallel import Layout
     from actors.policy.model import build_model
     from configs import ModelConfig
-    from protocols import TrainBatch
-    from tests.learner.megatron_cpu import cpu_stand_ins
+    from tests.learner.megatron_cpu import cpu_stand_ins, two_micro_batches
 
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
     cfg = ModelConfig(
@@ -49,21 +46,7 @@ def _worker(rank: int, port: int) -> None:
     hf = build_model(cfg, "cpu")
     shape = hm.ModelShape.from_hf_config(hf.config, 1)
     stage = hm.stage(shape, 1, 0)
-    torch.manual_seed(1)
-    tokens = torch.randint(0, 300, (40,))
-    batch = TrainBatch(
-        version=0,
-        episode_ids=["a", "b", "c"],
-        tokens=tokens.numpy(),
-        cu_seqlens=np.array([0, 25, 25, 40]),
-        loss_mask=np.ones(40, bool),
-        behaviour_logprobs=np.zeros(40, np.float32),
-        advantages=np.zeros(3, np.float32),
-        versions=np.zeros(40, np.int64),
-    )
-    packed = pack(batch, "cpu", vocab_size=300, max_seq_len=128)
-    micros = micro_batches(packed.cu_seqlens, 30)
-    assert len(micros) == 2
+    _, packed, micros = two_micro_batches()
 
     def run(overlap: bool) -> tuple[list[torch.Tensor], list[int]]:
         with cpu_stand_ins():
