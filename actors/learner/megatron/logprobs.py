@@ -48,7 +48,7 @@ class VocabSlice:
 # ------------------------------------------------------------------------------ per-chunk kernels
 
 
-def _stats(x: torch.Tensor, inv_t: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, ...]:
+def chunk_stats(x: torch.Tensor, inv_t: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """One chunk's (row max m, Σ e^(z - m), z of the target or 0 where this slice lacks it); z = x / T."""
     z = x.float() * inv_t
     m = z.amax(dim=-1)
@@ -58,7 +58,7 @@ def _stats(x: torch.Tensor, inv_t: torch.Tensor, target: torch.Tensor) -> tuple[
     return m, s, zt
 
 
-def _grad(
+def chunk_grad(
     x: torch.Tensor, inv_t: torch.Tensor, target: torch.Tensor, lse: torch.Tensor, g: torch.Tensor
 ) -> torch.Tensor:
     """One chunk's ∂ loss / ∂ logits = g · (onehot(target) - softmax(z)) / T, in x's dtype."""
@@ -68,7 +68,7 @@ def _grad(
     return ((onehot - p) * (g * inv_t)[:, None]).to(x.dtype)
 
 
-def _entropy_stats(x: torch.Tensor, inv_t: torch.Tensor) -> tuple[torch.Tensor, ...]:
+def chunk_entropy_stats(x: torch.Tensor, inv_t: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """One chunk's (row max m, Σ e^(z - m), Σ e^(z - m)·(z - m))."""
     z = x.float() * inv_t
     m = z.amax(dim=-1)
@@ -86,8 +86,8 @@ def _empty_stats(rows: int, device: torch.device) -> tuple[torch.Tensor, torch.T
 @functools.cache
 def _kernels(compiled: bool):
     if not compiled:
-        return _stats, _grad, _entropy_stats
-    return tuple(torch.compile(fn, dynamic=True) for fn in (_stats, _grad, _entropy_stats))
+        return chunk_stats, chunk_grad, chunk_entropy_stats
+    return tuple(torch.compile(fn, dynamic=True) for fn in (chunk_stats, chunk_grad, chunk_entropy_stats))
 
 
 # ------------------------------------------------------------------------------ across the TP group

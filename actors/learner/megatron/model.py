@@ -147,6 +147,16 @@ def build_gpt(
     return model
 
 
+def swiglu_functions() -> tuple:
+    """megatron's SwiGLU forward and backward as plain functions (megatron compiles them with its
+    `jit_fuser`; `fused_swiglu` runs those): for timing them under other compile settings
+    (launch/bench/learner_kernels.py)."""
+    from megatron.core.fusions import fused_bias_swiglu
+
+    plain = lambda fn: getattr(fn, "_torchdynamo_orig_callable", fn)
+    return plain(fused_bias_swiglu.swiglu), plain(fused_bias_swiglu.swiglu_back)
+
+
 def use_kernels(model: GPTModel, kernels: Kernels) -> None:
     """Apply the switches megatron reads from the model's config at every forward."""
     model.config.bias_activation_fusion = kernels.fused_swiglu and kernels.compile
