@@ -75,6 +75,10 @@ def measure(
     big, n_params = None, 0
     per_gpu = 8192
     suffix = OVERLAP if overlap else ""
+    # A training process compiles its kernels for one model. This one compiled them first for the
+    # correctness rows' small model; dynamo would then treat every dim that differs here (the hidden
+    # and vocabulary sizes too) as symbolic, and time code no training run executes.
+    torch._dynamo.reset()
     learner = dataclasses.replace(
         learner,
         micro_batch_tokens=per_gpu,
