@@ -41,7 +41,7 @@ from actors.learner.losses import (
     filter_stats,
     kl_penalty,
     mirrorpop_mask,
-    policy_loss,
+    policy_loss_on_device,
     sft_loss,
 )
 from configs import AlgoConfig
@@ -166,7 +166,7 @@ def _update(
 
     def loss_fn(mb: MicroBatch, out: PolicyOutput):
         p = mb.positions
-        loss, clip = policy_loss(
+        loss, counts = policy_loss_on_device(
             out.logprobs,
             prox[p],
             packed.behaviour_logprobs[p],
@@ -177,21 +177,19 @@ def _update(
             is_cap=algo.is_cap,
             normalizer=normalizer,
         )
-        kl = 0.0
+        kl = torch.zeros((), device=loss.device)
         if ref is not None:
             kl_term = kl_penalty(out.logprobs, ref[p], kept[p], normalizer)
-            loss, kl = loss + algo.kl_coef * kl_term, float(kl_term.detach())
-        return loss, (float(loss.detach()), kl, clip)
+            loss, kl = loss + algo.kl_coef * kl_term, kl_term.detach()
+        # The report stays on the device, [loss, kl, tokens, clipped_low, clipped_high]: read here, between
+        # the micro-batch's forward and its backward, it would make the GPU wait for the host.
+        return loss, torch.cat([torch.stack([loss.detach(), kl]).double(), counts.double()])
 
     backend.zero_grad()
     reports = backend.forward_backward(packed, _mine(backend, packed, seqs), loss_fn, temperature=temperature)
     grad_norm = backend.step()
-    return _Update(
-        loss=sum(r[0] for r in reports),
-        kl=sum(r[1] for r in reports),
-        grad_norm=grad_norm,
-        clip=sum((r[2] for r in reports), ClipStats()),
-    )
+    loss, kl, *counts = torch.stack(reports).sum(0).tolist() if reports else [0.0] * 5  # one host read
+    return _Update(loss=loss, kl=kl, grad_norm=grad_norm, clip=ClipStats(*(round(c) for c in counts)))
 
 
 def _drift(backend: LearnerBackend, fixed: _Proximal, temperature: float) -> float:

@@ -177,6 +177,11 @@ class ClipStats:
     def __add__(self, other: ClipStats) -> ClipStats:
         return ClipStats(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
 
+    @classmethod
+    def of(cls, counts: torch.Tensor) -> ClipStats:
+        """From `policy_loss_on_device`'s counts [tokens, clipped_low, clipped_high] (a host read)."""
+        return cls(*(round(c) for c in counts.tolist()))
+
     def metrics(self) -> dict[str, float]:
         n = max(self.tokens, 1)
         return {
@@ -185,6 +190,43 @@ class ClipStats:
             "clip_high_fraction": self.clipped_high / n,
             "clipped": float(self.clipped_low + self.clipped_high),
         }
+
+
+def policy_loss_on_device(
+    logprobs: torch.Tensor,
+    prox_logprobs: torch.Tensor,
+    behaviour_logprobs: torch.Tensor,
+    token_advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    eps_low: float,
+    eps_high: float,
+    is_cap: float,
+    normalizer: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Decoupled, off-policy-corrected PPO loss over the masked tokens, divided by `normalizer`.
+
+    r = exp(log π_θ - log π_prox) carries the gradient; w = min(exp(log π_prox - log μ), C) corrects
+    for the engine having sampled from μ, is truncated at C = `is_cap` and is detached. `mask` must
+    already exclude MirrorPop-dropped sequences. Returns (scalar loss, this slice's clip counts): the
+    counts stay on the loss's device, int64 [tokens, clipped_low, clipped_high] (`ClipStats.of` reads
+    them), so a caller inside a forward/backward pass need not wait for the device (`policy_loss`
+    reads them at once).
+    """
+    mask = mask.bool()
+    prox = prox_logprobs.detach().float()
+    ratio = torch.exp(logprobs.float() - prox)
+    is_weight = torch.exp(prox - behaviour_logprobs.float()).clamp(max=is_cap)
+    adv = token_advantages.float()
+    unclipped = ratio * adv
+    clipped = ratio.clamp(1.0 - eps_low, 1.0 + eps_high) * adv
+    per_token = -is_weight * torch.minimum(unclipped, clipped)
+    loss = torch.where(mask, per_token, torch.zeros_like(per_token)).sum() / normalizer
+
+    with torch.no_grad():
+        acted = mask & (clipped < unclipped)
+        counts = torch.stack([mask.sum(), (acted & (adv < 0)).sum(), (acted & (adv > 0)).sum()])
+    return loss, counts
 
 
 def policy_loss(
@@ -199,30 +241,19 @@ def policy_loss(
     is_cap: float,
     normalizer: float,
 ) -> tuple[torch.Tensor, ClipStats]:
-    """Decoupled, off-policy-corrected PPO loss over the masked tokens, divided by `normalizer`.
-
-    r = exp(log π_θ - log π_prox) carries the gradient; w = min(exp(log π_prox - log μ), C) corrects
-    for the engine having sampled from μ, is truncated at C = `is_cap` and is detached. `mask` must
-    already exclude MirrorPop-dropped sequences. Returns (scalar loss, this slice's ClipStats).
-    """
-    mask = mask.bool()
-    prox = prox_logprobs.detach().float()
-    ratio = torch.exp(logprobs.float() - prox)
-    is_weight = torch.exp(prox - behaviour_logprobs.float()).clamp(max=is_cap)
-    adv = token_advantages.float()
-    unclipped = ratio * adv
-    clipped = ratio.clamp(1.0 - eps_low, 1.0 + eps_high) * adv
-    per_token = -is_weight * torch.minimum(unclipped, clipped)
-    loss = torch.where(mask, per_token, torch.zeros_like(per_token)).sum() / normalizer
-
-    with torch.no_grad():
-        acted = mask & (clipped < unclipped)
-        stats = ClipStats(
-            tokens=int(mask.sum()),
-            clipped_low=int((acted & (adv < 0)).sum()),
-            clipped_high=int((acted & (adv > 0)).sum()),
-        )
-    return loss, stats
+    """`policy_loss_on_device` with its clip counts read: (scalar loss, this slice's ClipStats)."""
+    loss, counts = policy_loss_on_device(
+        logprobs,
+        prox_logprobs,
+        behaviour_logprobs,
+        token_advantages,
+        mask,
+        eps_low=eps_low,
+        eps_high=eps_high,
+        is_cap=is_cap,
+        normalizer=normalizer,
+    )
+    return loss, ClipStats.of(counts)
 
 
 def sft_loss(logprobs: torch.Tensor, mask: torch.Tensor, normalizer: float) -> torch.Tensor:

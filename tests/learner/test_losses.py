@@ -14,6 +14,7 @@ from actors.learner.losses import (
     kl_penalty,
     mirrorpop_mask,
     policy_loss,
+    policy_loss_on_device,
     sft_loss,
     token_entropy,
     token_logprobs_from_logits,
@@ -203,6 +204,15 @@ def test_policy_loss_matches_hand_computation():
         "clip_high_fraction": 0.25,
         "clipped": 2.0,
     }
+
+
+def test_the_clip_counts_stay_on_the_device_until_read():
+    logprobs, prox, behaviour, adv, mask = policy_inputs()
+    kw = {"eps_low": EPS_LOW, "eps_high": EPS_HIGH, "is_cap": CAP, "normalizer": NORMALIZER}
+    loss, counts = policy_loss_on_device(logprobs, prox, behaviour, adv, mask, **kw)
+    assert isinstance(counts, torch.Tensor) and counts.dtype == torch.int64 and counts.device == loss.device
+    assert ClipStats.of(counts) == policy_loss(logprobs, prox, behaviour, adv, mask, **kw)[1]
+    assert ClipStats.of(counts) == ClipStats(tokens=4, clipped_low=1, clipped_high=1)
 
 
 def test_is_weight_carries_no_gradient_into_the_proximal_logprobs():
