@@ -1,8 +1,8 @@
 """The torch engine's batch in a persistent KV cache (actors/rollout/torch_engine.py decides when; this
 module does the tensor work): `max_batch` slots, each a row of one cache of `cache_len` columns per
-layer, allocated once for the engine's life (`allocate`); requests are prefilled together into free
-slots at any time (`fill`) and a slot is parked when its row finishes (`park`). The running rows are
-never touched by either.
+layer, allocated once for the engine's life (`allocate`); requests are prefilled together, packed
+into one row without padding, into free slots at any time (`fill`), and a slot is parked when its
+row finishes (`park`). The running rows are never touched by either.
 
 Each slot keeps its own length: a row's context sits in its slot's columns [0, n), its next token goes
 to column n (its position id), and its mask row shows exactly the columns it wrote. So a request is
@@ -18,6 +18,7 @@ valid key, so its logits stay finite for the batch's sampling and are never read
 
 from __future__ import annotations
 
+import contextlib
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from actors.policy import packed_attention
 from actors.policy.model import cache_keyword
 from actors.rollout.decode_step import MIN_ATTENDED, DecodeStep
 from actors.rollout.engine import GenerateRequest
@@ -172,49 +174,63 @@ def allocate(
     )
 
 
-def _right_padded(contexts: list[list[int]], device: torch.device) -> tuple[torch.Tensor, int]:
-    """Token ids of `contexts`, right-padded to the longest, and that width. A row's tokens sit at
-    positions [0, n) whatever the others' lengths, so its keys and values are already in the columns
-    its slot keeps them in, and causal attention never lets a real token see the padding after it."""
-    width = max(len(c) for c in contexts)
-    ids = torch.zeros(len(contexts), width, dtype=torch.long)
-    for i, ctx in enumerate(contexts):
-        ids[i, : len(ctx)] = torch.tensor(ctx)
-    return ids.to(device), width
+def _packed(contexts: list[list[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids [1, total] of `contexts` back to back, and their position ids, restarting at 0 for each
+    context: the packed row the learner's attention (actors/policy/packed_attention.py) attends
+    within each context only."""
+    ids = torch.tensor([t for c in contexts for t in c], dtype=torch.long)
+    positions = torch.cat([torch.arange(len(c)) for c in contexts])
+    return ids[None].to(device), positions[None].to(device)
+
+
+@contextlib.contextmanager
+def _attending_packed(model):
+    """The model's attention switched to the packed one for this block (the prefill's forward), then back
+    to the engine's (the decode step's compiled code and graphs were made with it)."""
+    config = model.config
+    engine_attention = config._attn_implementation
+    config._attn_implementation = packed_attention.register()
+    try:
+        yield
+    finally:
+        config._attn_implementation = engine_attention
 
 
 @torch.no_grad()
 def fill(model, s: Slots, placed: list[tuple[int, Row]], device: torch.device) -> None:
     """Put each (slot, row) of `placed` into its slot: prefill the rows' contexts (prompt plus what they
-    generated) together, right-padded, into a cache of their own, then copy every row's keys and values
-    into its slot's first columns with one write per layer; its mask, position and first logits
-    follow. The padding's keys land past each row's column, where nothing reads them before the row's
-    own decode overwrites them. The caller has checked that each context leaves room for a token."""
+    generated) together as one packed row, each attending within itself (no padding: every token
+    computed is a context's), into a cache of their own; then copy every token's keys and values to
+    its slot's column with one write per layer; each row's mask, position and first logits follow.
+    The caller has checked that each context leaves room for a token."""
     from transformers import DynamicCache
 
     contexts = [row.context for _, row in placed]
-    ids, width = _right_padded(contexts, device)
     lengths = [len(c) for c in contexts]
-    ends = sorted(set(lengths))  # the positions whose logits are needed (each row's last token)
-    # No mask and a cache that holds exactly this pass: plain causal attention, which SDPA runs with
-    # its flash kernel (a static cache made transformers build a [rows, width, width] mask instead).
+    ids, positions = _packed(contexts, device)
+    ends = torch.tensor(lengths, device=device).cumsum(0) - 1  # each context's last token: its logits only
     cache = DynamicCache()
-    out = model(
-        input_ids=ids,
-        use_cache=True,
-        **{cache_keyword(model): cache},
-        logits_to_keep=torch.tensor([n - 1 for n in ends], device=device),
-    )
+    with _attending_packed(model):
+        out = model(
+            input_ids=ids,
+            position_ids=positions,
+            use_cache=True,
+            **{cache_keyword(model): cache},
+            logits_to_keep=ends,
+        )
     slots = torch.tensor([slot for slot, _ in placed], device=device)
+    n = torch.tensor(lengths, device=device)
+    slot_of = torch.repeat_interleave(slots, n)  # each packed token's slot, and its column there
+    column_of = positions[0]
     for src, dst in zip(cache.layers, s.layers, strict=True):
-        dst.keys[slots, :, :width] = src.keys.to(dst.keys.dtype)  # index_put does not cast
-        dst.values[slots, :, :width] = src.values.to(dst.values.dtype)
-    step, n = s.step, torch.tensor(lengths, device=device)
+        # [1, kv_heads, total, dim] -> [total, kv_heads, dim], written at (slot, :, column) in place
+        dst.keys[slot_of, :, column_of] = src.keys[0].transpose(0, 1).to(dst.keys.dtype)
+        dst.values[slot_of, :, column_of] = src.values[0].transpose(0, 1).to(dst.values.dtype)
+    step = s.step
     step.mask[slots] = (torch.arange(step.cache_len, device=device)[None, :] < n[:, None])[:, None, None, :]
     step.columns[slots] = n
     step.live[slots] = 1
-    last = out.logits[torch.arange(len(contexts), device=device), [ends.index(k) for k in lengths]]
-    s.logits[slots] = last.to(s.logits.dtype)  # the decode step's dtype once it has run (the model's)
+    s.logits[slots] = out.logits[0].to(s.logits.dtype)  # the decode step's dtype once it has run (the model's)
     params = [row.req.params for _, row in placed]
     s.temperature[slots] = torch.tensor([p.temperature for p in params], device=device, dtype=s.temperature.dtype)
     s.top_p[slots] = torch.tensor([p.top_p for p in params], device=device, dtype=s.top_p.dtype)

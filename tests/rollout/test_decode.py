@@ -16,6 +16,7 @@ import pytest
 import torch
 import transformers.integrations.sdpa_attention as hf_sdpa
 
+from actors.policy import packed_attention
 from actors.policy.model import build_model
 from actors.rollout import attention, static_batch
 from actors.rollout.engine import GenerateRequest, SamplingParams
@@ -150,6 +151,34 @@ def test_an_eager_step_decodes_only_the_slots_up_to_the_highest_live_one():
         torch.testing.assert_close(bucket, full, atol=1e-5, rtol=0)
 
 
+def test_the_packed_prefill_fills_each_slot_as_its_own_forward_would():
+    """Contexts of different lengths prefilled together as one packed row (no padding) into slots 3, 0
+    and 1: each slot's keys, values, mask, column and logits are those of a forward over that context
+    alone, and the slot left out stays parked."""
+    from transformers import DynamicCache
+
+    model = build_model(TINY, "cpu", attention=attention.register())
+    g = torch.Generator().manual_seed(5)
+    contexts = [torch.randint(0, 256, (n,), generator=g).tolist() for n in (7, 19, 2)]
+    rows = [Row(GenerateRequest(str(i), ctx, SamplingParams()), Future()) for i, ctx in enumerate(contexts)]
+    slots = static_batch.allocate(model, 4, 32, torch.device("cpu"), cuda_graphs=False)
+    static_batch.fill(model, slots, list(zip([3, 0, 1], rows, strict=True)), torch.device("cpu"))
+    assert slots.live == [0, 1, 3] and slots.columns == [19, 2, 0, 7]
+    for slot, ctx in zip([3, 0, 1], contexts, strict=True):
+        alone = DynamicCache()
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([ctx]), use_cache=True, past_key_values=alone).logits[0, -1]
+        n = len(ctx)
+        for src, dst in zip(alone.layers, slots.layers, strict=True):
+            torch.testing.assert_close(dst.keys[slot, :, :n], src.keys[0], atol=1e-5, rtol=0)
+            torch.testing.assert_close(dst.values[slot, :, :n], src.values[0], atol=1e-5, rtol=0)
+        torch.testing.assert_close(slots.logits[slot], logits, atol=1e-4, rtol=0)
+        assert slots.step.mask[slot, 0, 0].tolist() == [c < n for c in range(32)]
+        assert int(slots.step.columns[slot]) == n
+    assert slots.step.mask[2, 0, 0].tolist() == [c == 0 for c in range(32)]  # parked
+    assert model.config._attn_implementation == attention.KILN_ATTENTION
+
+
 def test_grouped_query_decode_attention_matches_hf_sdpa_without_repeating_kv(monkeypatch):
     check_decode_attention(monkeypatch, "cpu")
 
@@ -170,16 +199,20 @@ def check_decode_attention(monkeypatch, device: str) -> None:
     feeds = torch.randint(0, 256, (5, 3), generator=g).tolist()
     ref = decode_logits(hf_model, contexts, feeds, device)
 
-    plain_calls = []  # HF's own sdpa function: taken by the prefill (q_len > 1), never by a decode step
-    real = hf_sdpa.sdpa_attention_forward
+    plain_calls, packed_calls = [], []  # HF's own sdpa function: never taken; the prefill's packed one
+    real, real_packed = hf_sdpa.sdpa_attention_forward, packed_attention._attend
     monkeypatch.setattr(
         hf_sdpa,
         "sdpa_attention_forward",
         lambda module, query, *a, **kw: plain_calls.append(query.shape[2]) or real(module, query, *a, **kw),
     )
+    monkeypatch.setattr(
+        packed_attention, "_attend", lambda query, *a: packed_calls.append(query.shape[2]) or real_packed(query, *a)
+    )
     got = decode_logits(kiln_model, contexts, feeds, device)
-    assert plain_calls and all(q_len > 1 for q_len in plain_calls)
-    assert len(plain_calls) == TINY.num_layers  # the prefill only
+    assert not plain_calls
+    assert packed_calls == [sum(map(len, contexts))] * TINY.num_layers  # the prefill: one packed row per layer
+    assert kiln_model.config._attn_implementation == name  # the engine's attention again after the prefill
     tolerance = 1e-5 if device == "cpu" else 1e-4  # GPU: different SDPA kernels, fp32 accumulation order
     for a, b in zip(ref, got, strict=True):
         torch.testing.assert_close(b, a, atol=tolerance, rtol=0)
