@@ -229,30 +229,10 @@ def policy_loss_on_device(
     return loss, counts
 
 
-def policy_loss(
-    logprobs: torch.Tensor,
-    prox_logprobs: torch.Tensor,
-    behaviour_logprobs: torch.Tensor,
-    token_advantages: torch.Tensor,
-    mask: torch.Tensor,
-    *,
-    eps_low: float,
-    eps_high: float,
-    is_cap: float,
-    normalizer: float,
-) -> tuple[torch.Tensor, ClipStats]:
-    """`policy_loss_on_device` with its clip counts read: (scalar loss, this slice's ClipStats)."""
-    loss, counts = policy_loss_on_device(
-        logprobs,
-        prox_logprobs,
-        behaviour_logprobs,
-        token_advantages,
-        mask,
-        eps_low=eps_low,
-        eps_high=eps_high,
-        is_cap=is_cap,
-        normalizer=normalizer,
-    )
+def policy_loss(*tensors: torch.Tensor, **bounds: float) -> tuple[torch.Tensor, ClipStats]:
+    """`policy_loss_on_device` (the same arguments) with its clip counts read: (scalar loss, this slice's
+    ClipStats)."""
+    loss, counts = policy_loss_on_device(*tensors, **bounds)
     return loss, ClipStats.of(counts)
 
 
