@@ -8,24 +8,27 @@ Which dims torch.compile treats as symbolic changes the code it generates.
 The defaults are the shapes of launch.bench.gpu_megatron's 1.12B model, one micro-batch of 8,192 tokens.
 On two H100s its SFT step profile showed these kernels at 3-6x their memory time: the compiled
 SwiGLU backward at 1,029 µs a call, and the chunked logprobs' two at 1,184 and 1,049 µs. Both ran
-with every dim symbolic. logprobs.py and attention.py compile with `dynamic=True`. megatron's
-SwiGLU compiles automatically, but that check process had compiled it for a smaller model first.
+with every dim symbolic: logprobs.py and attention.py compiled with `dynamic=True` then, and that
+check process had compiled megatron's SwiGLU for a smaller model first. This bench's first run (two
+H200s, 2026-11-28) settled it: logprobs.py and attention.py now compile with the default
+(`automatic`), and the backward writes the grad in place.
 
 Kernels:
 - **logprob stats, entropy stats, logprob grad**: actors/learner/megatron/logprobs.py on one chunk of
   rows over the real vocabulary. The chunk is a strided view of the padded slice, as the backend
-  passes it. The grad also runs as the backward runs it: the kernel's result copied into the logits'
-  storage (`grad, then copy`). It also runs with that copy inside the compiled function (`grad in
-  place`).
+  passes it. The grad runs alone; as the backward ran it before (the kernel's result copied into
+  the logits' storage afterwards: `grad, then copy`); and as it runs now, written into that storage
+  by the compiled function itself (`grad in place`, logprobs.chunk_grad_).
 - **SwiGLU forward and backward**: megatron's functions (model.swiglu_functions) over [tokens, 2·ffn].
 - **RoPE** of q and of k (attention.apply_rotary).
 
 Modes:
 - `eager`: torch ops one by one.
-- `dynamic`: torch.compile(dynamic=True), every dim symbolic. This is what logprobs.py and
-  attention.py ship.
+- `dynamic`: torch.compile(dynamic=True), every dim symbolic. logprobs.py and attention.py shipped
+  this until 2026-11-28.
 - `automatic`: torch.compile() called on two row counts. Only the dim that changed (the rows) is
-  symbolic. This is what a process that trains one model gets from megatron's jit_fuser.
+  symbolic. This is what logprobs.py and attention.py ship, and what a process that trains one
+  model gets from megatron's jit_fuser.
 - `static`: torch.compile(dynamic=False).
 
 Each row gives:
@@ -141,8 +144,9 @@ def kernel_functions() -> dict[str, Callable]:
     swiglu, swiglu_back = swiglu_functions()
 
     def grad_in_place(x, inv_t, target, lse, g, out):
-        """The grad written into the logits' storage by the compiled function itself."""
-        out[:, : x.shape[1]].copy_(logprobs.chunk_grad(x, inv_t, target, lse, g))
+        """The grad written into the logits' storage by the compiled function itself, as the backward
+        calls it."""
+        logprobs.chunk_grad_(x, inv_t, target, lse, g)
 
     return {
         "stats": logprobs.chunk_stats,

@@ -97,9 +97,16 @@ def one_update(algo):
     return dataclasses.replace(algo, ppo_minibatches=1, ppo_epochs=1)
 
 
+def sequence_lengths(s: Standin, micro_batches: int) -> list[int]:
+    """The synthetic batch: `micro_batches` full micro-batches of sequences no longer than the model
+    takes (eight_gpu.yaml's 16,384-token micro-batch holds two of its 8,192-token sequences)."""
+    length = min(s.learner.micro_batch_tokens, s.model.max_seq_len)
+    return [length] * (s.learner.micro_batch_tokens // length * micro_batches)
+
+
 def run(s: Standin, temperature: float, algo) -> dict:
     """One RL step to create the optimizer's state, a second measured; each rank's peak vs its stage's
-    estimate. Needs torchrun with TP·PP·DP processes, one GPU each; every DP replica gets 2·PP
+    estimate. Needs torchrun with TP·PP·DP processes, one GPU each; every DP replica gets 2·PP full
     micro-batches."""
     import torch
     import torch.distributed as dist
@@ -114,7 +121,7 @@ def run(s: Standin, temperature: float, algo) -> dict:
     trainer = Trainer(MegatronBackend(s.model, s.learner, device=device), algo, temperature=temperature)
     built = time.perf_counter() - built
     layout = trainer.backend.layout
-    batch = make_batch(s.model, [s.learner.micro_batch_tokens] * (2 * layout.pp * layout.dp), seed=0)
+    batch = make_batch(s.model, sequence_lengths(s, 2 * layout.pp * layout.dp), seed=0)
     batch = with_behaviour(batch, trainer.logprobs(batch, temperature).numpy(), drifted=None, seed=1)
     first = trainer.train_step(batch)
     torch.cuda.synchronize()

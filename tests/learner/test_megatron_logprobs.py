@@ -2,8 +2,9 @@
 against the plain full-vocabulary computation, on CPU: values and gradients within 1e-5, padding
 columns left out, and nothing of size tokens × vocabulary in fp32 kept for the backward. The TP-split
 version (all-reduces across ranks, a rank whose slice is all padding) runs through the backend in
-tests/learner/test_megatron_mapping.py;
-the compiled kernels are checked on the GPU (tests/learner/test_megatron_gpu.py)."""
+tests/learner/test_megatron_mapping.py. The compiled kernels are checked here once, on micro-batches
+of changing length (torch.compile runs on CPU too), and at the real vocabulary on the GPU
+(tests/learner/test_megatron_gpu.py)."""
 
 from __future__ import annotations
 
@@ -68,6 +69,27 @@ def test_nothing_of_tokens_by_vocabulary_is_kept_in_fp32():
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
         reference(logits.clone().requires_grad_(True), targets, 1000)
     assert any(t.dtype == torch.float32 and t.numel() >= 64 * 1000 for t in saved)  # what the chunks avoid
+
+
+def test_the_compiled_kernels_follow_micro_batches_of_changing_length():
+    """The backend's call: compiled, the grad overwriting the logits in place. The lengths change, as
+    micro-batches' do, so the kernels recompile with the rows symbolic and then keep serving; eager
+    is the reference. (A grad kernel taking the logits and an aliasing output failed here on its
+    second length with a size assertion.)"""
+    for rows in (48, 32, 40, 48):
+        logits, targets, weights = case(torch.bfloat16, rows=rows, seed=rows)
+        results = []
+        for compiled in (False, True):
+            leaf = logits.clone().requires_grad_(True)
+            got = token_logprobs(
+                leaf * 1, targets, T, VocabSlice(0, 300), chunk_rows=16, compiled=compiled, overwrite=True
+            )
+            (got * weights).sum().backward()
+            results.append((got.detach(), leaf.grad.float()))
+        (eager, eager_grad), (fused, fused_grad) = results
+        torch.testing.assert_close(fused, eager, rtol=0, atol=1e-5)
+        torch.testing.assert_close(fused_grad, eager_grad, rtol=0, atol=1e-2)  # bf16 grads: one ulp apart at most
+        assert torch.equal(fused_grad[:, 300:], torch.zeros_like(fused_grad[:, 300:]))
 
 
 def test_bad_chunk_size_is_refused():

@@ -68,6 +68,14 @@ def chunk_grad(
     return ((onehot - p) * (g * inv_t)[:, None]).to(x.dtype)
 
 
+def chunk_grad_(x: torch.Tensor, inv_t: torch.Tensor, target: torch.Tensor, lse: torch.Tensor, g: torch.Tensor) -> None:
+    """`chunk_grad` written over x itself. Compiled, the write is part of the kernel: one read and one
+    write of the chunk, where a copy after the kernel reads and writes it again. (x is the only tensor
+    written: a second argument aliasing it makes torch.compile rebuild their common base, whose size it
+    does not guard, and the next micro-batch of another length fails its size assertion.)"""
+    x.copy_(chunk_grad(x, inv_t, target, lse, g))
+
+
 def chunk_entropy_stats(x: torch.Tensor, inv_t: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """One chunk's (row max m, Σ e^(z - m), Σ e^(z - m)·(z - m))."""
     z = x.float() * inv_t
@@ -85,9 +93,15 @@ def _empty_stats(rows: int, device: torch.device) -> tuple[torch.Tensor, torch.T
 
 @functools.cache
 def _kernels(compiled: bool):
+    kernels = (chunk_stats, chunk_grad_, chunk_entropy_stats)
     if not compiled:
-        return chunk_stats, chunk_grad, chunk_entropy_stats
-    return tuple(torch.compile(fn, dynamic=True) for fn in (chunk_stats, chunk_grad, chunk_entropy_stats))
+        return kernels
+    # torch.compile's default ("automatic") dynamic shapes: the first shape compiles static, and a
+    # recompile makes only the dim that changed symbolic (here the rows: the last chunk is shorter),
+    # so the vocabulary width stays a constant. With every dim symbolic (`dynamic=True`) the grad kernel
+    # alone took 1.8x, and with a copy after it 2.9x, the time of this in-place one on an H200
+    # (launch.bench.learner_kernels; docs/BENCHMARKS.md).
+    return tuple(torch.compile(fn) for fn in kernels)
 
 
 # ------------------------------------------------------------------------------ across the TP group
@@ -152,10 +166,10 @@ class _ChunkedLogprobs(torch.autograd.Function):
         _, grad, _ = _kernels(ctx.compiled)
         valid, chunk_rows = ctx.vocab.valid, ctx.chunk_rows
         grad_out = grad_out.float()
-        out = logits if ctx.overwrite else torch.empty_like(logits)
+        out = logits if ctx.overwrite else logits.clone()  # the grad overwrites each chunk of its input
         for row in range(0, logits.shape[0], chunk_rows) if valid > 0 else ():
             rows = slice(row, row + chunk_rows)
-            out[rows, :valid] = grad(logits[rows, :valid], inv_t, local_targets[rows], lse[rows], grad_out[rows])
+            grad(out[rows, :valid], inv_t, local_targets[rows], lse[rows], grad_out[rows])
         if valid < logits.shape[1]:
             out[:, valid:] = 0
         return out, None, None, None, None, None, None

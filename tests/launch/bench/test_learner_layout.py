@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from configs import load_config
-from launch.bench import learner_layout
+from launch.bench import learner_layout, paper_standin
 from launch.driver.model_memory import GIB, megatron_stage_memory, model_shape
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"
@@ -26,6 +26,18 @@ def test_the_eight_gpu_learner_is_tp2_dp2_on_four_ranks_with_the_plans_estimate(
     assert learner_layout.main([str(CONFIGS / "eight_gpu.yaml"), "--plan"]) == 0
     out = capsys.readouterr().out
     assert "TP=2 x PP=1" in out and "DP=2, 4 GPUs" in out and f"{s.stages_gib[0]:.1f} GiB of 79" in out
+
+
+def test_the_runs_batch_fills_whole_micro_batches_with_sequences_the_model_takes():
+    """eight_gpu.yaml's micro-batch (16,384 tokens) is twice its max_seq_len: the run's batch packs two
+    sequences per micro-batch (its first four-GPU run refused a 16,384-token sequence)."""
+    cfg = load_config(CONFIGS / "eight_gpu.yaml")
+    s = learner_layout.layout_of(cfg)
+    lengths = paper_standin.sequence_lengths(s, micro_batches=4)
+    assert max(lengths) <= cfg.model.max_seq_len
+    assert sum(lengths) == 4 * cfg.learner.micro_batch_tokens and len(lengths) == 8
+    short = load_config(CONFIGS / "eight_gpu.yaml", ["learner.micro_batch_tokens=4096"])
+    assert paper_standin.sequence_lengths(learner_layout.layout_of(short), micro_batches=2) == [4096, 4096]
 
 
 def test_a_pipelined_layout_plans_each_stage(capsys):
