@@ -123,7 +123,7 @@ def diff_stats(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer timed steps")
+    parser.add_argument("--quick", action="store_true", help="4 timed rounds instead of 8")
     parser.add_argument("--profile", action="store_true", help="top 25 CUDA kernels of an SFT step, before/after")
     args = parser.parse_args()
     device = init_distributed("cuda")
@@ -306,7 +306,7 @@ def main() -> None:
             row(name, None, "needs 2 GPUs (torchrun --nproc-per-node 2)")
 
     # ---------------------------------------------------------------- throughput
-    throughput(learner, algo, device, world, steps=2 if args.quick else 4, profile=args.profile)
+    throughput(learner, algo, device, world, rounds=4 if args.quick else 8, profile=args.profile)
 
     if rank0():
         print(f"\n{'check':36s} {'status':6s} detail")

@@ -1,14 +1,20 @@
 """The megatron GPU check's throughput rows: a ~1.1B Qwen3-style model at 8192 tokens per GPU per
 step, for each kernel switch of `learner.megatron` on its own and all together, with peak memory
 against the plan's estimate, and (`--profile`) torch.profiler's top CUDA kernels of one SFT step.
-launch/bench/gpu_megatron.py runs them after its correctness rows."""
+launch/bench/gpu_megatron.py runs them after its correctness rows.
+
+The variants of one model are timed in interleaved rounds (`interleaved`), each row the median with
+the rounds' range. Timed one after another, the same code's step moved by up to 16% between runs on
+two H200s (0.165 to 0.192 s), more than the differences the rows exist to show."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -42,14 +48,14 @@ VARIANTS = {  # learner.megatron switches: every one off, each alone, all on
 OVERLAP = " + overlap_grad_reduce"  # a variant's suffix when its model reduces gradients during backward
 
 
-def throughput(learner: LearnerConfig, algo: AlgoConfig, device, world: int, *, steps: int, profile: bool) -> None:
+def throughput(learner: LearnerConfig, algo: AlgoConfig, device, world: int, *, rounds: int, profile: bool) -> None:
     """Every switch variant on one model, then (DP > 1) every switch on and overlap_grad_reduce on a
     second model (the overlap is how megatron's DDP is built, so it takes a model of its own), then
     the MFU target against the best variant."""
     mfu: dict[str, float] = {}
-    measure(learner, algo, device, list(VARIANTS), overlap=False, steps=steps, profile=profile, mfu=mfu)
+    measure(learner, algo, device, list(VARIANTS), overlap=False, rounds=rounds, profile=profile, mfu=mfu)
     if world > 1:
-        measure(learner, algo, device, ["all fused"], overlap=True, steps=steps, profile=profile, mfu=mfu)
+        measure(learner, algo, device, ["all fused"], overlap=True, rounds=rounds, profile=profile, mfu=mfu)
     if "plain" in mfu and len(mfu) > 1:
         best = max(mfu, key=mfu.get)
         row(
@@ -59,6 +65,36 @@ def throughput(learner: LearnerConfig, algo: AlgoConfig, device, world: int, *, 
         )
 
 
+def interleaved(
+    calls: dict[str, Callable[[], None]],
+    *,
+    rounds: int,
+    per_round: int = 1,
+    sync: Callable[[], None] = lambda: None,
+    clock: Callable[[], float] = time.perf_counter,
+) -> dict[str, list[float]]:
+    """Seconds per call of each of `calls`, one figure per round. Each round times every variant
+    (`per_round` calls each), in alternating order (A B C, then C B A), so a drift in the machine's
+    speed falls on every variant alike and no variant always runs first."""
+    if rounds < 1 or per_round < 1:
+        raise ValueError(f"rounds and per_round must be >= 1, got {rounds} and {per_round}")
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for r in range(rounds):
+        for name in list(calls) if r % 2 == 0 else list(reversed(calls)):
+            sync()
+            start = clock()
+            for _ in range(per_round):
+                calls[name]()
+            sync()
+            times[name].append((clock() - start) / per_round)
+    return times
+
+
+def spread(seconds: list[float]) -> str:
+    """The rounds' range beside a median: `[min-max]`, in seconds."""
+    return f"[{min(seconds):.3f}-{max(seconds):.3f}]"
+
+
 def measure(
     learner: LearnerConfig,
     algo: AlgoConfig,
@@ -66,12 +102,14 @@ def measure(
     names: list[str],
     *,
     overlap: bool,
-    steps: int,
+    rounds: int,
     profile: bool,
     mfu: dict[str, float],
+    per_round: int = 1,
 ) -> None:
     """The ~1.1B model's SFT step (and for plain and all fused, its RL step) under each variant of
-    `names`, into `mfu`; with `profile`, the profile of plain and all fused."""
+    `names`, into `mfu`: each variant warmed (its peak memory from a warm step), then all of them
+    timed in `rounds` interleaved rounds. With `profile`, the profile of plain and all fused."""
     big, n_params = None, 0
     per_gpu = 8192
     suffix = OVERLAP if overlap else ""
@@ -109,28 +147,50 @@ def measure(
     tokens_batch = make_batch(LARGE, [2048] * (4 * dp), seed=7)
     rl_batch = with_behaviour(tokens_batch, big.logprobs(tokens_batch, 1.0).numpy(), drifted=None, seed=8)
 
-    def timed(fn) -> float:
-        fn(rl_batch)  # warm-up (and the compiled kernels' first compilation)
-        fn(rl_batch)
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(steps):
-            fn(rl_batch)
-        torch.cuda.synchronize()
-        return (time.perf_counter() - start) / steps
+    def under(name: str, step):
+        """`step` on the timed batch with the variant's switches (switching is free once each variant's
+        kernels have compiled)."""
 
-    for name in names:
+        def call():
+            backend.kernels = Kernels(**VARIANTS[name], compile=True)
+            step(rl_batch)
+
+        return call
+
+    peaks: dict[str, float] = {}
+    sft: dict[str, list[float]] = {}
+    rl: dict[str, list[float]] = {}
+    rl_names = [n for n in names if n in ("plain", "all fused")]
+
+    @check("timed rounds" + suffix)
+    def _():  # a failure here is one FAIL row; the variants' rows then have nothing to show
+        for name in names:  # warm each variant (its first call compiles); its peak memory from a warm step
+            under(name, big.sft_step)()
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            under(name, big.sft_step)()
+            peaks[name] = torch.cuda.max_memory_allocated()
+        for name in rl_names:
+            under(name, big.train_step)()
+            kept = big.train_step(rl_batch).metrics["kept_fraction"]
+            if kept < 1.0:
+                raise RuntimeError(f"MirrorPop kept only {kept:.2f} of the timed RL batch: not a full step")
+        sync = torch.cuda.synchronize
+        sft.update(
+            interleaved({n: under(n, big.sft_step) for n in names}, rounds=rounds, per_round=per_round, sync=sync)
+        )
+        rl.update(
+            interleaved({n: under(n, big.train_step) for n in rl_names}, rounds=rounds, per_round=per_round, sync=sync)
+        )
+
+    for name in names if sft else []:
         label = name + suffix
 
         @check(f"SFT step: {label}")
         def _(name=name, label=label):  # bound here: this iteration's variant
-            switches = VARIANTS[name]
-            backend.kernels = Kernels(**switches, compile=True)
-            torch.cuda.reset_peak_memory_stats()
-            sft_s = timed(big.sft_step)
-            peak = torch.cuda.max_memory_allocated()
+            sft_s = statistics.median(sft[name])
             estimate = plan_estimate(
-                dataclasses.replace(learner, megatron=dataclasses.replace(learner.megatron, **switches)),
+                dataclasses.replace(learner, megatron=dataclasses.replace(learner.megatron, **VARIANTS[name])),
                 tp=1,
                 pp=1,
                 dp=dp,
@@ -138,18 +198,18 @@ def measure(
             )
             mfu[label] = 6 * n_params * per_gpu / (sft_s * H100_BF16_FLOPS)
             extra = ""
-            if name in ("plain", "all fused"):
-                rl_s = timed(big.train_step)
-                kept = big.train_step(rl_batch).metrics["kept_fraction"]
-                if kept < 1.0:
-                    raise RuntimeError(f"MirrorPop kept only {kept:.2f} of the timed RL batch: not a full step")
-                extra = f"; RL step {rl_s:.3f}s MFU(10N) {10 * n_params * per_gpu / (rl_s * H100_BF16_FLOPS):.1%}"
+            if name in rl:
+                rl_s = statistics.median(rl[name])
+                extra = f"; RL step {rl_s:.3f}s {spread(rl[name])} MFU(10N) {10 * n_params * per_gpu / (rl_s * H100_BF16_FLOPS):.1%}"
+            peak = peaks[name]
             row(
                 f"SFT step: {label}",
                 True,
-                f"{sft_s:.3f}s {per_gpu / sft_s:,.0f} tok/s/GPU MFU {mfu[label]:.1%}{extra}; peak "
-                f"{peak / 2**30:.1f} GiB vs plan {estimate / 2**30:.1f} GiB ({peak / estimate:.2f}x)",
+                f"{sft_s:.3f}s {spread(sft[name])} {per_gpu / sft_s:,.0f} tok/s/GPU MFU {mfu[label]:.1%}{extra}; "
+                f"peak {peak / 2**30:.1f} GiB vs plan {estimate / 2**30:.1f} GiB ({peak / estimate:.2f}x)",
                 seconds=sft_s,
+                rounds=sft[name],
+                rl_rounds=rl.get(name),
                 mfu=mfu[label],
                 peak_gib=peak / 2**30,
                 plan_gib=estimate / 2**30,
