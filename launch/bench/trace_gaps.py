@@ -8,6 +8,9 @@ over belonged to no kernel. Those are the gaps this module reads:
 - **Phases.** The learner marks its step's parts with `torch.profiler.record_function` ranges named
   `kiln.*` (pack, forward_backward, grad_reduce, optimizer; see the megatron backend). For each phase:
   its wall time, the time the GPU was busy inside it (any stream), and the rest, idle.
+- **Work by phase.** Each phase's device work by kernel, counted in the phase that launched it (the
+  phase open on the learner's thread at the launch; backward launches from autograd's own thread, so
+  the time decides, not the thread). A collective's time includes waiting for the other ranks.
 - **Gaps.** Each stretch of at least `min_gap_us` with nothing running on the device. The kernel that
   ends a gap was launched by a runtime call (the trace links the two by correlation id):
   - launched after the gap began: the GPU waited for the host. The gap names what the host was doing
@@ -145,6 +148,35 @@ def phases(trace: Trace) -> list[Phase]:
     ]
 
 
+@dataclass(frozen=True)
+class Work:
+    name: str  # a kernel, memcpy or memset
+    calls: int
+    us: float  # their summed device time
+
+
+def phase_work(trace: Trace) -> dict[str, list[Work]]:
+    """For each phase name (repeats summed, in the order they first ran), its device work by name,
+    longest first; work launched outside every phase is left out. Phases do not nest."""
+    main = trace.main_thread()
+    ranges = sorted((s.start, s.end, s.name) for s in trace.host.get(main, []) if s.name.startswith(PHASE_PREFIX))
+    starts = [r[0] for r in ranges]
+    found: dict[str, dict[str, list[float]]] = {name: {} for _, _, name in ranges}
+    for work in trace.device:
+        launch = trace.runtime.get(work.correlation) if work.correlation is not None else None
+        t = launch.start if launch is not None else work.start
+        i = bisect.bisect_right(starts, t) - 1
+        if i < 0 or t >= ranges[i][1]:
+            continue
+        total = found[ranges[i][2]].setdefault(work.name, [0, 0.0])
+        total[0] += 1
+        total[1] += work.end - work.start
+    return {
+        phase: sorted((Work(name, int(c), us) for name, (c, us) in works.items()), key=lambda w: -w.us)
+        for phase, works in found.items()
+    }
+
+
 def gaps(trace: Trace, min_gap_us: float = 100.0) -> list[Gap]:
     """The device's idle stretches of at least `min_gap_us` between its first and last work, with
     their reading (the module docstring says how)."""
@@ -178,14 +210,21 @@ def _innermost(stack: list[Span], depth: int = 3) -> tuple[str, ...]:
     return tuple(s.name for s in stack[-depth:])
 
 
-def report(trace: Trace, *, min_gap_us: float = 100.0, top: int = 12) -> str:
-    """Markdown: the phases' wall, busy and idle time, then the longest gaps with their reading."""
+def report(trace: Trace, *, min_gap_us: float = 100.0, top: int = 12, per_phase: int = 6) -> str:
+    """Markdown: the phases' wall, busy and idle time, each phase's `per_phase` longest device works,
+    then the longest gaps with their reading."""
     lines = [
         "| phase | wall ms | GPU busy ms | idle ms |",
         "| --- | --- | --- | --- |",
     ]
     for p in phases(trace):
         lines.append(f"| {p.name} | {p.wall_us / 1e3:.2f} | {p.busy_us / 1e3:.2f} | {p.idle_us / 1e3:.2f} |")
+    by_phase = phase_work(trace)
+    if any(by_phase.values()):
+        lines += ["", "| phase (launched in) | device work | calls | ms |", "| --- | --- | --- | --- |"]
+        for phase, works in by_phase.items():
+            for w in works[:per_phase]:
+                lines.append(f"| {phase} | `{_cut(w.name)}` | {w.calls} | {w.us / 1e3:.2f} |")
     found = gaps(trace, min_gap_us)
     waited = sum(g.us for g in found if g.host_bound)
     summary = (

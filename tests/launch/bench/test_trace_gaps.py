@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from launch.bench.trace_gaps import Trace, busy_within, gaps, phases, report
+from launch.bench.trace_gaps import Trace, Work, busy_within, gaps, phase_work, phases, report
 
 
 def _x(cat, name, ts, dur, tid=1, corr=None):
@@ -62,6 +62,18 @@ def test_a_gap_is_read_as_waiting_for_the_host_or_for_queued_work():
     assert host.next_work == "k2"
     assert not queued.host_bound and queued.launched_us == -50 and queued.next_work == "k3"
     assert [g.us for g in gaps(_trace(), min_gap_us=10)] == [200, 300, 20]
+
+
+def test_device_work_counts_in_the_phase_that_launched_it():
+    """k3 runs during the optimizer but was launched in forward_backward: it counts there."""
+    got = phase_work(_trace())
+    assert got == {
+        "kiln.forward_backward": [Work("k1", 1, 390), Work("k2", 1, 300), Work("k3", 1, 100)],
+        "kiln.optimizer": [Work("k4", 1, 150), Work("Memcpy DtoD", 1, 80)],
+    }
+    text = report(_trace(), per_phase=2)
+    assert "| kiln.forward_backward | `k1` | 1 | 0.39 |" in text and "| kiln.optimizer | `k4` | 1 | 0.15 |" in text
+    assert "`k3`" not in text.split("device gaps")[0]  # only each phase's top 2 listed
 
 
 def test_busy_time_merges_streams_and_clips_to_the_window():
