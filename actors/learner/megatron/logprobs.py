@@ -99,8 +99,7 @@ def _kernels(compiled: bool):
     # torch.compile's default ("automatic") dynamic shapes: the first shape compiles static, and a
     # recompile makes only the dim that changed symbolic (here the rows: the last chunk is shorter),
     # so the vocabulary width stays a constant. With every dim symbolic (`dynamic=True`) the grad kernel
-    # alone took 1.8x, and with a copy after it 2.9x, the time of this in-place one on an H200
-    # (launch.bench.learner_kernels; docs/BENCHMARKS.md).
+    # took 2.2x the time it takes this way on an H200 (launch.bench.learner_kernels; docs/BENCHMARKS.md).
     return tuple(torch.compile(fn) for fn in kernels)
 
 
