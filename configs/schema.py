@@ -197,6 +197,10 @@ class MegatronKernelsConfig:
         "SwiGLU as megatron's torch.compile'd kernel (forward and backward), keeping only its input for the backward; false = silu and mul apart",
     )
     fused_rope: bool = F(True, "RoPE of q and k as one torch.compile'd kernel each; false = eager cat, mul and add")
+    fused_grad_accumulation: bool = F(
+        True,
+        "GPU: each weight-gradient GEMM adds its product into the fp32 main grad in fp32 (torch.addmm with an fp32 output; what megatron does with Apex's extension); false = a bf16 weight grad, then DDP's hook adds it to the main grad",
+    )
     overlap_grad_reduce: bool = F(
         False,
         "With DP > 1: reduce-scatter the gradients in ~40M-parameter buckets, each from a backward hook as soon as backward has filled it (megatron DDP's overlap_grad_reduce), hiding the reduction behind the rest of backward; false = one reduction of every gradient after backward. Off: on two H200s it slowed the RL step by 12-35% (each update's buckets waited for the other replica mid-backward) and moved the SFT step within noise",

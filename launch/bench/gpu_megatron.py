@@ -44,7 +44,7 @@ from actors.learner.megatron.model import packed_forward
 from actors.learner.megatron.parallel import init_distributed
 from actors.policy.model import build_model
 from configs import AlgoConfig, LearnerConfig, ModelConfig
-from launch.bench.gpu_megatron_throughput import throughput
+from launch.bench.gpu_megatron_throughput import SEQUENCES_PER_GPU, throughput
 from launch.bench.megatron_rows import (
     LARGE,
     ROWS,
@@ -125,6 +125,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="4 timed rounds instead of 8")
     parser.add_argument("--profile", action="store_true", help="top 25 CUDA kernels of an SFT step, before/after")
+    parser.add_argument(
+        "--sequences-per-gpu",
+        type=int,
+        default=SEQUENCES_PER_GPU,
+        help=f"2048-token sequences per GPU in the throughput rows' step (default {SEQUENCES_PER_GPU}: the MFU target's 8192 tokens)",
+    )
     args = parser.parse_args()
     device = init_distributed("cuda")
     world = dist.get_world_size()
@@ -306,7 +312,15 @@ def main() -> None:
             row(name, None, "needs 2 GPUs (torchrun --nproc-per-node 2)")
 
     # ---------------------------------------------------------------- throughput
-    throughput(learner, algo, device, world, rounds=4 if args.quick else 8, profile=args.profile)
+    throughput(
+        learner,
+        algo,
+        device,
+        world,
+        rounds=4 if args.quick else 8,
+        profile=args.profile,
+        sequences=args.sequences_per_gpu,
+    )
 
     if rank0():
         print(f"\n{'check':36s} {'status':6s} detail")

@@ -1,5 +1,5 @@
 """The megatron GPU check's throughput rows: a ~1.1B Qwen3-style model at 8192 tokens per GPU per
-step, for each kernel switch of `learner.megatron` on its own and all together, with peak memory
+step (`sequences` changes it: a host-bound step gains MFU from longer micro-batches), for each kernel switch of `learner.megatron` on its own and all together, with peak memory
 against the plan's estimate, and (`--profile`) torch.profiler's top CUDA kernels of one SFT step.
 launch/bench/gpu_megatron.py runs them after its correctness rows.
 
@@ -36,32 +36,46 @@ from launch.bench.megatron_rows import (
     with_behaviour,
 )
 
+SWITCHES = ("fused_logprobs", "fused_swiglu", "fused_rope", "fused_grad_accumulation")
 VARIANTS = {  # learner.megatron switches: every one off, each alone, all on
-    "plain": {"fused_logprobs": False, "fused_swiglu": False, "fused_rope": False},
-    "fused_logprobs": {"fused_logprobs": True, "fused_swiglu": False, "fused_rope": False},
-    "fused_swiglu": {"fused_logprobs": False, "fused_swiglu": True, "fused_rope": False},
-    "fused_rope": {"fused_logprobs": False, "fused_swiglu": False, "fused_rope": True},
-    "all fused": {"fused_logprobs": True, "fused_swiglu": True, "fused_rope": True},
+    "plain": dict.fromkeys(SWITCHES, False),
+    **{name: {s: s == name for s in SWITCHES} for name in SWITCHES},
+    "all fused": dict.fromkeys(SWITCHES, True),
+    # the step before fused_grad_accumulation existed: the three compiled kernels only
+    "all but grad accumulation": {s: s != "fused_grad_accumulation" for s in SWITCHES},
 }
 
 
+SEQUENCE_TOKENS = 2048  # the timed batch's sequences
+SEQUENCES_PER_GPU = 4  # per step: the SFT step trains them as one micro-batch, the MFU target's batch
 OVERLAP = " + overlap_grad_reduce"  # a variant's suffix when its model reduces gradients during backward
 
 
-def throughput(learner: LearnerConfig, algo: AlgoConfig, device, world: int, *, rounds: int, profile: bool) -> None:
+def throughput(
+    learner: LearnerConfig,
+    algo: AlgoConfig,
+    device,
+    world: int,
+    *,
+    rounds: int,
+    profile: bool,
+    sequences: int = SEQUENCES_PER_GPU,
+) -> None:
     """Every switch variant on one model, then (DP > 1) every switch on and overlap_grad_reduce on a
     second model (the overlap is how megatron's DDP is built, so it takes a model of its own), then
     the MFU target against the best variant."""
     mfu: dict[str, float] = {}
-    measure(learner, algo, device, list(VARIANTS), overlap=False, rounds=rounds, profile=profile, mfu=mfu)
+    common = {"rounds": rounds, "profile": profile, "mfu": mfu, "sequences": sequences}
+    measure(learner, algo, device, list(VARIANTS), overlap=False, **common)
     if world > 1:
-        measure(learner, algo, device, ["all fused"], overlap=True, rounds=rounds, profile=profile, mfu=mfu)
+        measure(learner, algo, device, ["all fused"], overlap=True, **common)
     if "plain" in mfu and len(mfu) > 1:
         best = max(mfu, key=mfu.get)
         row(
             "MFU target (>= 40%)",
             mfu[best] >= 0.40,
-            f"SFT step {mfu['plain']:.1%} plain -> {mfu[best]:.1%} with {best} (dp={world})",
+            f"SFT step {mfu['plain']:.1%} plain -> {mfu[best]:.1%} with {best} "
+            f"(dp={world}, {sequences * SEQUENCE_TOKENS} tokens per GPU)",
         )
 
 
@@ -106,12 +120,13 @@ def measure(
     profile: bool,
     mfu: dict[str, float],
     per_round: int = 1,
+    sequences: int = SEQUENCES_PER_GPU,
 ) -> None:
     """The ~1.1B model's SFT step (and for plain and all fused, its RL step) under each variant of
     `names`, into `mfu`: each variant warmed (its peak memory from a warm step), then all of them
     timed in `rounds` interleaved rounds. With `profile`, the profile of plain and all fused."""
     big, n_params = None, 0
-    per_gpu = 8192
+    per_gpu = sequences * SEQUENCE_TOKENS
     suffix = OVERLAP if overlap else ""
     # A training process compiles its kernels for one model. This one compiled them first for the
     # correctness rows' small model; dynamo would then treat every dim that differs here (the hidden
@@ -135,7 +150,7 @@ def measure(
         row(
             "throughput ~1B" + suffix,
             True,
-            f"N={n_params / 1e9:.2f}B, {per_gpu} tok/GPU/step (4 x 2048), "
+            f"N={n_params / 1e9:.2f}B, {per_gpu} tok/GPU/step ({sequences} x {SEQUENCE_TOKENS}), "
             f"dp={big.backend.layout.dp}, TP=1; MFU = 6·N·tokens/(s·989e12)",
             params=n_params,
         )
@@ -144,7 +159,7 @@ def measure(
         return
     backend = big.backend
     dp = backend.layout.dp
-    tokens_batch = make_batch(LARGE, [2048] * (4 * dp), seed=7)
+    tokens_batch = make_batch(LARGE, [SEQUENCE_TOKENS] * (sequences * dp), seed=7)
     rl_batch = with_behaviour(tokens_batch, big.logprobs(tokens_batch, 1.0).numpy(), drifted=None, seed=8)
 
     def under(name: str, step):

@@ -126,3 +126,36 @@ def test_kernel_switches_change_speed_not_results(backend, batch):
     finally:
         megatron.kernels = Kernels()
     assert float((plain - fused).abs().mean()) < 1e-2 and float((plain - fused).abs().max()) < 0.1
+
+
+def test_fused_grad_accumulation_equals_the_hooks_add(backend, batch):
+    """`fused_grad_accumulation` (bf16 GEMM inputs, product added into the fp32 main grads) against a
+    bf16 weight grad added by DDP's hook, over the batch's micro-batches (test_megatron_grad_accumulation
+    checks the same on CPU in fp32)."""
+    from actors.learner.batch import micro_batches
+    from actors.learner.megatron.model import Kernels
+
+    megatron = backend.backend
+    packed = megatron.pack(batch)
+    micros = micro_batches(packed.cu_seqlens, megatron.micro_batch_tokens)
+    assert len(micros) > 1  # the accumulation across micro-batches is part of what is compared
+
+    def grads(fused: bool):
+        megatron.kernels = Kernels(fused_grad_accumulation=fused)
+        megatron.zero_grad()
+        megatron.forward_backward(packed, micros, lambda mb, out: (out.logprobs.sum() * 1e-3, None), temperature=1.0)
+        params = dict(megatron.gpt.named_parameters())
+        marked = {n for n, p in params.items() if getattr(p, "grad_added_to_main_grad", False)}
+        return {n: p.main_grad.clone() for n, p in params.items()}, marked
+
+    try:
+        (plain, plain_marked), (fused, fused_marked) = grads(False), grads(True)
+    finally:
+        megatron.kernels = Kernels()
+        megatron.zero_grad()
+    assert not plain_marked and len(fused_marked) >= 4 * megatron.shape.num_layers
+    for name, ref in plain.items():
+        scale = float(ref.abs().max())
+        assert scale > 0, name
+        # The hook's add sums each micro-batch's weight grad rounded to bf16 (2^-9 relative).
+        assert float((fused[name] - ref).abs().max()) <= 1e-2 * scale, name

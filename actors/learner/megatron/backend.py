@@ -138,6 +138,8 @@ class MegatronBackend(LearnerBackend):
             logprob_chunk_rows=k.logprob_chunk_rows,
             fused_swiglu=k.fused_swiglu,
             fused_rope=k.fused_rope,
+            # megatron's fused branch allocates on the current CUDA device
+            fused_grad_accumulation=k.fused_grad_accumulation and self.device.type == "cuda",
             compile=self.device.type == "cuda",
         )
         self.gpt = self._build_gpt(hf_model.state_dict())

@@ -22,6 +22,7 @@ from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.transformer.transformer_config import TransformerConfig
 
+from actors.learner.megatron import grad_accumulation
 from actors.learner.megatron import hf_mapping as hm
 from actors.learner.megatron import logprobs as chunked
 from actors.learner.megatron.attention import PackedSequences, RotaryTables, SDPAAttention
@@ -53,6 +54,8 @@ class Kernels:
     logprob_chunk_rows: int = 2048  # rows per chunk of the chunked path
     fused_swiglu: bool = True  # megatron's compiled SwiGLU (fwd and bwd) instead of silu and mul apart
     fused_rope: bool = True  # RoPE of q and k by one compiled kernel each (attention.py)
+    # weight-gradient GEMMs accumulate into the fp32 main grads (grad_accumulation.py; the backend: CUDA only)
+    fused_grad_accumulation: bool = True
     compile: bool = True  # the fused paths use torch.compile (False on CPU: the same chunked math, eager)
 
 
@@ -158,8 +161,9 @@ def swiglu_functions() -> tuple:
 
 
 def use_kernels(model: GPTModel, kernels: Kernels) -> None:
-    """Apply the switches megatron reads from the model's config at every forward."""
+    """Apply the switches megatron reads from the model's config and layers at every forward."""
     model.config.bias_activation_fusion = kernels.fused_swiglu and kernels.compile
+    grad_accumulation.switch(model, kernels.fused_grad_accumulation)
 
 
 # ------------------------------------------------------------------------------ weights

@@ -1,0 +1,123 @@
+"""learner.megatron.fused_grad_accumulation on megatron-core's real linear layers and DDP, on CPU over
+gloo (one rank): with the switch on, megatron's backward takes its fused branch (the weight-gradient
+GEMM adds into each weight's fp32 main grad, `grad_accumulation.py`) and DDP's hook skips its add;
+the main grads over two micro-batches equal those of the hook's add, and the switch takes effect at
+the next forward in both directions. The GPU path (bf16 inputs, fp32 output) is
+tests/learner/test_megatron_gpu.py's."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _worker(port: int) -> None:
+    import warnings
+
+    import torch
+    import torch.distributed as dist
+
+    warnings.filterwarnings("ignore")
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    from megatron.core import parallel_state
+
+    from actors.learner.megatron import hf_mapping as hm
+    from actors.learner.megatron.backend import MegatronBackend, data_parallel
+    from actors.learner.megatron.model import Kernels, build_gpt, load_hf_weights, rotary_tables
+    from actors.learner.megatron.parallel import Layout
+    from actors.policy.model import build_model
+    from configs import ModelConfig
+    from tests.learner.megatron_cpu import cpu_stand_ins, two_micro_batches
+
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
+    cfg = ModelConfig(
+        arch="qwen3", vocab_size=300, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=96
+    )
+    hf = build_model(cfg, "cpu")
+    shape = hm.ModelShape.from_hf_config(hf.config, 1)
+    stage = hm.stage(shape, 1, 0)
+    _, packed, micros = two_micro_batches()
+    with cpu_stand_ins():
+        gpt = build_gpt(hf.config, shape, tensor_parallel=1, dtype="float32", max_seq_len=128, stage=stage, on_cpu=True)
+        load_hf_weights(gpt, hf.state_dict(), shape)
+        ddp = data_parallel(gpt, overlap_grad_reduce=False)
+    backend = object.__new__(MegatronBackend)  # its forward_backward on this DDP, without its GPU set-up
+    backend.model, backend.gpt, backend.reference, backend.device = ddp, gpt, None, torch.device("cpu")
+    backend.shape, backend.stage, backend.rope = shape, stage, rotary_tables(hf.config, shape)
+    backend.layout = Layout(tp=1, dp=1, tp_rank=0, dp_rank=0, rank=0, pp=1, pp_rank=0)
+    backend.overlap_grad_reduce, backend.micro_batch_tokens, backend._backward_ran = False, 30, False
+
+    def grads(fused: bool) -> tuple[dict[str, torch.Tensor], list[str]]:
+        backend.kernels = Kernels(fused_logprobs=False, compile=False, fused_grad_accumulation=fused)
+        ddp.zero_grad_buffer()
+        with cpu_stand_ins():
+            backend.forward_backward(
+                packed, micros, lambda mb, out: ((out.logprobs * 1.7).sum(), None), temperature=0.7
+            )
+        params = dict(gpt.named_parameters())
+        marked = sorted(n for n, p in params.items() if getattr(p, "grad_added_to_main_grad", False))
+        return {n: p.main_grad.clone() for n, p in params.items()}, marked
+
+    runs = [grads(False), grads(True), grads(False)]
+    linear = sum(type(m).__name__ in ("ColumnParallelLinear", "RowParallelLinear") for m in gpt.modules())
+    base = runs[0][0]
+    print(
+        json.dumps(
+            {
+                "linear_layers": linear,
+                "marked": [marked for _, marked in runs],
+                "diff": [max(float((g[n] - base[n]).abs().max()) for n in base) for g, _ in runs],
+                "scale": max(float(t.abs().max()) for t in base.values()),
+                "zero": [n for n, t in base.items() if not bool(t.abs().sum() > 0)],
+            }
+        )
+    )
+    dist.destroy_process_group()
+    os._exit(0)
+
+
+@pytest.fixture(scope="module")
+def result() -> dict:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.run(
+        [sys.executable, __file__, str(port)],
+        check=False,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_the_fused_branch_runs_only_when_switched_on(result):
+    off, on, off_again = result["marked"]
+    # Each decoder layer's qkv, proj, fc1 and fc2, and the output layer: megatron marks every weight
+    # whose gradient its fused branch added into main_grad.
+    assert result["linear_layers"] == 2 * 4 + 1
+    assert len(on) == result["linear_layers"] and all(n.endswith("weight") for n in on), on
+    assert off == [] and off_again == []
+
+
+def test_the_main_grads_equal_those_of_the_hooks_add(result):
+    assert result["zero"] == []  # every parameter has a gradient: the comparison covers all of them
+    assert result["diff"][0] == 0.0
+    # The same fp32 products summed in another order: equal to fp32 rounding, over both micro-batches.
+    assert result["diff"][1] <= 1e-5 * result["scale"], result
+    assert result["diff"][2] == 0.0  # switched back off: the hook's add again, bit for bit
+
+
+if __name__ == "__main__":
+    _worker(int(sys.argv[1]))
