@@ -201,6 +201,10 @@ class MegatronKernelsConfig:
         True,
         "GPU: each weight-gradient GEMM adds its product into the fp32 main grad in fp32 (torch.addmm with an fp32 output; what megatron does with Apex's extension); false = a bf16 weight grad, then DDP's hook adds it to the main grad",
     )
+    fused_grad_clip: bool = F(
+        True,
+        "The optimizer's global grad norm and clip by torch multi-tensor kernels (torch._foreach_norm, _foreach_mul_), read on the host once per step; false = megatron's fallback without Apex: one norm kernel and one host sync per gradient tensor, a multiply and a copy per tensor to clip",
+    )
     overlap_grad_reduce: bool = F(
         False,
         "With DP > 1: reduce-scatter the gradients in ~40M-parameter buckets, each from a backward hook as soon as backward has filled it (megatron DDP's overlap_grad_reduce), hiding the reduction behind the rest of backward; false = one reduction of every gradient after backward. Off: on two H200s it slowed the RL step by 12-35% (each update's buckets waited for the other replica mid-backward) and moved the SFT step within noise",

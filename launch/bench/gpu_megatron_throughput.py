@@ -36,13 +36,13 @@ from launch.bench.megatron_rows import (
     with_behaviour,
 )
 
-SWITCHES = ("fused_logprobs", "fused_swiglu", "fused_rope", "fused_grad_accumulation")
+SWITCHES = ("fused_logprobs", "fused_swiglu", "fused_rope", "fused_grad_accumulation", "fused_grad_clip")
 VARIANTS = {  # learner.megatron switches: every one off, each alone, all on
     "plain": dict.fromkeys(SWITCHES, False),
     **{name: {s: s == name for s in SWITCHES} for name in SWITCHES},
     "all fused": dict.fromkeys(SWITCHES, True),
-    # the step before fused_grad_accumulation existed: the three compiled kernels only
-    "all but grad accumulation": {s: s != "fused_grad_accumulation" for s in SWITCHES},
+    # the step of session 26: the three compiled kernels only
+    "the three compiled kernels": {s: s not in ("fused_grad_accumulation", "fused_grad_clip") for s in SWITCHES},
 }
 
 
@@ -121,6 +121,7 @@ def measure(
     mfu: dict[str, float],
     per_round: int = 1,
     sequences: int = SEQUENCES_PER_GPU,
+    rl_variants: tuple[str, ...] = ("plain", "all fused"),
 ) -> None:
     """The ~1.1B model's SFT step (and for plain and all fused, its RL step) under each variant of
     `names`, into `mfu`: each variant warmed (its peak memory from a warm step), then all of them
@@ -175,7 +176,7 @@ def measure(
     peaks: dict[str, float] = {}
     sft: dict[str, list[float]] = {}
     rl: dict[str, list[float]] = {}
-    rl_names = [n for n in names if n in ("plain", "all fused")]
+    rl_names = [n for n in names if n in rl_variants]
 
     @check("timed rounds" + suffix)
     def _():  # a failure here is one FAIL row; the variants' rows then have nothing to show

@@ -159,3 +159,23 @@ def test_fused_grad_accumulation_equals_the_hooks_add(backend, batch):
         assert scale > 0, name
         # The hook's add sums each micro-batch's weight grad rounded to bf16 (2^-9 relative).
         assert float((fused[name] - ref).abs().max()) <= 1e-2 * scale, name
+
+
+def test_fused_grad_clip_equals_megatrons_per_tensor_fallback():
+    """`grad_clip`'s multi-tensor norm and scale against megatron's fallback on CUDA tensors."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    from megatron.core.utils import local_multi_tensor_l2_norm, local_multi_tensor_scale
+
+    from actors.learner.megatron import grad_clip
+
+    g = torch.Generator(device="cuda").manual_seed(3)
+    tensors = [torch.randn(n, device="cuda", generator=g) for n in (1000, 37, 3 * 4096, 5, 2048 * 64)]
+    ours, _ = grad_clip.l2norm(0, None, [tensors], False)
+    theirs, _ = local_multi_tensor_l2_norm(0, None, [tensors], False)
+    assert ours.device.type == "cuda" and ours.shape == (1,)
+    assert abs(float(ours) - float(theirs)) <= 1e-6 * float(theirs)
+    clipped, reference = [t.clone() for t in tensors], [t.clone() for t in tensors]
+    grad_clip.scale(0, None, [clipped, clipped], 0.37)
+    local_multi_tensor_scale(0, None, [reference, reference], 0.37)
+    assert all(torch.equal(a, b) for a, b in zip(clipped, reference, strict=True))

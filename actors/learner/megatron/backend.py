@@ -46,6 +46,7 @@ from actors.learner.batch import MicroBatch, PackedBatch, pack
 from actors.learner.batch import micro_batches as micro_batches_of
 from actors.learner.checkpoint import atomic_directory, rng_state, set_rng_state
 from actors.learner.data_parallel import DataParallel
+from actors.learner.megatron import grad_clip
 from actors.learner.megatron import hf_mapping as hm
 from actors.learner.megatron.model import (
     Kernels,
@@ -140,6 +141,7 @@ class MegatronBackend(LearnerBackend):
             fused_rope=k.fused_rope,
             # megatron's fused branch allocates on the current CUDA device
             fused_grad_accumulation=k.fused_grad_accumulation and self.device.type == "cuda",
+            fused_grad_clip=k.fused_grad_clip,
             compile=self.device.type == "cuda",
         )
         self.gpt = self._build_gpt(hf_model.state_dict())
@@ -302,6 +304,7 @@ class MegatronBackend(LearnerBackend):
         if lr is not None:
             for g in groups:
                 g["lr"] = lr
+        grad_clip.switch(self.kernels.fused_grad_clip)  # megatron reads it from its module globals
         try:
             with record_function("kiln.optimizer"):
                 ok, grad_norm, _ = self.optimizer.step()

@@ -56,6 +56,8 @@ class Kernels:
     fused_rope: bool = True  # RoPE of q and k by one compiled kernel each (attention.py)
     # weight-gradient GEMMs accumulate into the fp32 main grads (grad_accumulation.py; the backend: CUDA only)
     fused_grad_accumulation: bool = True
+    # the optimizer's grad norm and clip by torch multi-tensor kernels, no sync per tensor (grad_clip.py)
+    fused_grad_clip: bool = True
     compile: bool = True  # the fused paths use torch.compile (False on CPU: the same chunked math, eager)
 
 

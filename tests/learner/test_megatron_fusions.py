@@ -1,9 +1,13 @@
-"""learner.megatron.fused_grad_accumulation on megatron-core's real linear layers and DDP, on CPU over
-gloo (one rank): with the switch on, megatron's backward takes its fused branch (the weight-gradient
-GEMM adds into each weight's fp32 main grad, `grad_accumulation.py`) and DDP's hook skips its add;
-the main grads over two micro-batches equal those of the hook's add, and the switch takes effect at
-the next forward in both directions. The GPU path (bf16 inputs, fp32 output) is
-tests/learner/test_megatron_gpu.py's."""
+"""The torch implementations Kiln gives megatron-core where it would call Apex, on megatron's real code,
+on CPU over gloo (one rank, in a worker process):
+- `fused_grad_accumulation`: with the switch on, megatron's backward takes its fused branch (the
+  weight-gradient GEMM adds into each weight's fp32 main grad, `grad_accumulation.py`) and DDP's hook
+  skips its add. The main grads over two micro-batches equal those of the hook's add, and the switch
+  takes effect at the next forward in both directions. The GPU path (bf16 inputs, fp32 output) is
+  tests/learner/test_megatron_gpu.py's.
+- `fused_grad_clip`: megatron's own `get_grad_norm_fp32` gives the global norm of those gradients
+  through `grad_clip.l2norm`; its clip and its main-to-model copy through `grad_clip.scale` equal
+  its per-tensor fallback's results bit for bit; the switch puts megatron's own functions back."""
 
 from __future__ import annotations
 
@@ -67,6 +71,7 @@ def _worker(port: int) -> None:
         return {n: p.main_grad.clone() for n, p in params.items()}, marked
 
     runs = [grads(False), grads(True), grads(False)]
+    clip = _grad_clip(list(runs[0][0].values()))
     linear = sum(type(m).__name__ in ("ColumnParallelLinear", "RowParallelLinear") for m in gpt.modules())
     base = runs[0][0]
     print(
@@ -77,11 +82,46 @@ def _worker(port: int) -> None:
                 "diff": [max(float((g[n] - base[n]).abs().max()) for n in base) for g, _ in runs],
                 "scale": max(float(t.abs().max()) for t in base.values()),
                 "zero": [n for n, t in base.items() if not bool(t.abs().sum() > 0)],
+                "clip": clip,
             }
         )
     )
     dist.destroy_process_group()
     os._exit(0)
+
+
+def _grad_clip(grads: list) -> dict:
+    """megatron's norm, clip and copy with grad_clip's kernels switched in, against plain torch and
+    megatron's own per-tensor fallback."""
+    import torch
+    import torch.distributed as dist
+    from megatron.core.optimizer import clip_grads
+    from megatron.core.optimizer.optimizer import _multi_tensor_copy_this_to_that
+    from megatron.core.utils import local_multi_tensor_l2_norm, local_multi_tensor_scale
+
+    from actors.learner.megatron import grad_clip
+    from tests.learner.megatron_cpu import cpu_stand_ins
+
+    expected = float(torch.linalg.vector_norm(torch.cat([g.flatten() for g in grads])))
+    grad_clip.switch(True)
+    with cpu_stand_ins():
+        norm = clip_grads.get_grad_norm_fp32(grads, grad_stats_parallel_group=dist.group.WORLD)
+    clipped, reference = [g.clone() for g in grads], [g.clone() for g in grads]
+    clip_grads.multi_tensor_applier(clip_grads.multi_tensor_scale_impl, None, [clipped, clipped], 0.37)
+    local_multi_tensor_scale(0, None, [reference, reference], 0.37)
+    copies = [torch.empty_like(g, dtype=torch.bfloat16) for g in grads]
+    _multi_tensor_copy_this_to_that(grads, copies, overflow_buf=torch.zeros(1, dtype=torch.int))
+    grad_clip.switch(False)
+    return {
+        "tensors": len(grads),
+        "norm": norm,
+        "expected": expected,
+        "clip_equal": all(torch.equal(a, b) for a, b in zip(clipped, reference, strict=True)),
+        "clip_moved": all(not torch.equal(a, g) for a, g in zip(clipped, grads, strict=True)),
+        "copy_equal": all(torch.equal(c, g.bfloat16()) for c, g in zip(copies, grads, strict=True)),
+        "restored": clip_grads.l2_norm_impl is local_multi_tensor_l2_norm
+        and clip_grads.multi_tensor_scale_impl is local_multi_tensor_scale,
+    }
 
 
 @pytest.fixture(scope="module")
@@ -121,3 +161,12 @@ def test_the_main_grads_equal_those_of_the_hooks_add(result):
 
 if __name__ == "__main__":
     _worker(int(sys.argv[1]))
+
+
+def test_megatrons_grad_norm_clip_and_copy_through_the_multi_tensor_kernels(result):
+    clip = result["clip"]
+    assert clip["tensors"] > 10  # every parameter's gradient, as the optimizer passes them
+    assert clip["norm"] > 0 and abs(clip["norm"] - clip["expected"]) <= 1e-5 * clip["expected"], clip
+    assert clip["clip_equal"] and clip["clip_moved"], clip
+    assert clip["copy_equal"], clip
+    assert clip["restored"], clip
