@@ -52,3 +52,38 @@ def two_micro_batches() -> tuple[torch.Tensor, PackedBatch, list[MicroBatch]]:
     micros = micro_batches(packed.cu_seqlens, 30)
     assert len(micros) == 2
     return tokens, packed, micros
+
+
+def cpu_backend(*, overlap: bool, dp_rank: int, dp: int, bucket_size: int | None = None):
+    """The workers' tiny Qwen3 (2 layers of 64, float32) in megatron's GPTModel and DDP on the CPU, and a
+    `MegatronBackend` around them without its GPU set-up: its forward_backward and reduce_gradients
+    run, over micro-batches of at most 30 tokens (the optimizer is not built: megatron's distributed
+    optimizer needs CUDA). Model parallel state (TP = PP = 1) must not be set up yet."""
+    from megatron.core import parallel_state
+
+    from actors.learner.megatron import hf_mapping as hm
+    from actors.learner.megatron.backend import MegatronBackend, data_parallel
+    from actors.learner.megatron.model import Kernels, build_gpt, load_hf_weights, rotary_tables
+    from actors.learner.megatron.parallel import Layout
+    from actors.policy.model import build_model
+    from configs import ModelConfig
+
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel(tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
+    cfg = ModelConfig(
+        arch="qwen3", vocab_size=VOCAB, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=96
+    )
+    hf = build_model(cfg, "cpu")
+    shape = hm.ModelShape.from_hf_config(hf.config, 1)
+    stage = hm.stage(shape, 1, 0)
+    with cpu_stand_ins():
+        gpt = build_gpt(hf.config, shape, tensor_parallel=1, dtype="float32", max_seq_len=128, stage=stage, on_cpu=True)
+        load_hf_weights(gpt, hf.state_dict(), shape)
+        ddp = data_parallel(gpt, overlap_grad_reduce=overlap, bucket_size=bucket_size)
+    backend = object.__new__(MegatronBackend)
+    backend.model, backend.gpt, backend.reference, backend.device = ddp, gpt, None, torch.device("cpu")
+    backend.shape, backend.stage, backend.rope = shape, stage, rotary_tables(hf.config, shape)
+    backend.layout = Layout(tp=1, dp=dp, tp_rank=0, dp_rank=dp_rank, rank=dp_rank, pp=1, pp_rank=0)
+    backend.kernels = Kernels(fused_logprobs=False, compile=False)
+    backend.overlap_grad_reduce, backend.micro_batch_tokens, backend._backward_ran = overlap, 30, False
+    return backend

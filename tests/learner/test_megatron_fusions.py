@@ -31,33 +31,12 @@ def _worker(port: int) -> None:
 
     warnings.filterwarnings("ignore")
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    from megatron.core import parallel_state
+    from actors.learner.megatron.model import Kernels
+    from tests.learner.megatron_cpu import cpu_backend, cpu_stand_ins, two_micro_batches
 
-    from actors.learner.megatron import hf_mapping as hm
-    from actors.learner.megatron.backend import MegatronBackend, data_parallel
-    from actors.learner.megatron.model import Kernels, build_gpt, load_hf_weights, rotary_tables
-    from actors.learner.megatron.parallel import Layout
-    from actors.policy.model import build_model
-    from configs import ModelConfig
-    from tests.learner.megatron_cpu import cpu_stand_ins, two_micro_batches
-
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
-    cfg = ModelConfig(
-        arch="qwen3", vocab_size=300, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=96
-    )
-    hf = build_model(cfg, "cpu")
-    shape = hm.ModelShape.from_hf_config(hf.config, 1)
-    stage = hm.stage(shape, 1, 0)
     _, packed, micros = two_micro_batches()
-    with cpu_stand_ins():
-        gpt = build_gpt(hf.config, shape, tensor_parallel=1, dtype="float32", max_seq_len=128, stage=stage, on_cpu=True)
-        load_hf_weights(gpt, hf.state_dict(), shape)
-        ddp = data_parallel(gpt, overlap_grad_reduce=False)
-    backend = object.__new__(MegatronBackend)  # its forward_backward on this DDP, without its GPU set-up
-    backend.model, backend.gpt, backend.reference, backend.device = ddp, gpt, None, torch.device("cpu")
-    backend.shape, backend.stage, backend.rope = shape, stage, rotary_tables(hf.config, shape)
-    backend.layout = Layout(tp=1, dp=1, tp_rank=0, dp_rank=0, rank=0, pp=1, pp_rank=0)
-    backend.overlap_grad_reduce, backend.micro_batch_tokens, backend._backward_ran = False, 30, False
+    backend = cpu_backend(overlap=False, dp_rank=0, dp=1)
+    ddp, gpt = backend.model, backend.gpt
 
     def grads(fused: bool) -> tuple[dict[str, torch.Tensor], list[str]]:
         backend.kernels = Kernels(fused_logprobs=False, compile=False, fused_grad_accumulation=fused)
