@@ -36,13 +36,13 @@ from launch.bench.megatron_rows import (
     with_behaviour,
 )
 
-SWITCHES = ("fused_logprobs", "fused_swiglu", "fused_rope", "fused_grad_accumulation", "fused_grad_clip")
+SWITCHES = ("fused_logprobs", "fused_swiglu", "fused_rope", "fused_grad_accumulation", "fused_grad_clip", "fused_norm")
 VARIANTS = {  # learner.megatron switches: every one off, each alone, all on
     "plain": dict.fromkeys(SWITCHES, False),
     **{name: {s: s == name for s in SWITCHES} for name in SWITCHES},
     "all fused": dict.fromkeys(SWITCHES, True),
     # the step of session 26: the three compiled kernels only
-    "the three compiled kernels": {s: s not in ("fused_grad_accumulation", "fused_grad_clip") for s in SWITCHES},
+    "the three compiled kernels": {s: s in ("fused_logprobs", "fused_swiglu", "fused_rope") for s in SWITCHES},
 }
 
 

@@ -56,7 +56,10 @@ def install() -> None:
 
 def switch(model: torch.nn.Module, on: bool) -> int:
     """Set every tensor-parallel linear layer of `model` to accumulate into main_grad (`on`) or to
-    leave the add to DDP's hook; returns how many layers it set."""
+    leave the add to DDP's hook; returns how many layers it set. Only a model whose parameters have
+    main grads (wrapped by megatron's DDP) can: a bare model (a frozen reference, a test's) is left
+    to autograd's own weight gradients."""
+    on = on and any(hasattr(p, "main_grad") for p in model.parameters())
     if on:
         install()
     count = 0
