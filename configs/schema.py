@@ -201,10 +201,6 @@ class MegatronKernelsConfig:
         True,
         "GPU: each weight-gradient GEMM adds its product into the fp32 main grad in fp32 (torch.addmm with an fp32 output; what megatron does with Apex's extension); false = a bf16 weight grad, then DDP's hook adds it to the main grad",
     )
-    fused_norm: bool = F(
-        True,
-        "Each RMSNorm (the layers' input and pre-MLP norms, Qwen3's q/k norms, the final norm) by one torch.compile'd kernel per direction; false = torch's eager RMSNorm kernels",
-    )
     fused_grad_clip: bool = F(
         True,
         "The optimizer's global grad norm and clip by torch multi-tensor kernels (torch._foreach_norm, _foreach_mul_), read on the host once per step; false = megatron's fallback without Apex: one norm kernel and one host sync per gradient tensor, a multiply and a copy per tensor to clip",

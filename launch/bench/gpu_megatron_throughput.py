@@ -36,7 +36,7 @@ from launch.bench.megatron_rows import (
     with_behaviour,
 )
 
-SWITCHES = ("fused_logprobs", "fused_swiglu", "fused_rope", "fused_grad_accumulation", "fused_grad_clip", "fused_norm")
+SWITCHES = ("fused_logprobs", "fused_swiglu", "fused_rope", "fused_grad_accumulation", "fused_grad_clip")
 VARIANTS = {  # learner.megatron switches: every one off, each alone, all on
     "plain": dict.fromkeys(SWITCHES, False),
     **{name: {s: s == name for s in SWITCHES} for name in SWITCHES},

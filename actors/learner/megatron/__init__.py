@@ -3,7 +3,6 @@
   hf_mapping  HF <-> megatron weight names/layouts, TP sharding, pipeline stages (pure torch; no megatron import)
   attention   SDPA core attention for packed sequences (replaces megatron's unfused local attention)
   logprobs    chunked vocab-parallel token logprobs and entropies (pure torch; compiled kernels optional)
-  norm        RMSNorm by one compiled kernel per direction (pure torch)
   grad_accumulation  weight-gradient GEMMs that add into megatron's fp32 main grads (Apex's hook, in torch)
   grad_clip   the optimizer's grad norm and clip by torch multi-tensor kernels (Apex's hooks, in torch)
   model       one stage's GPTModel from an HF config; weight load/gather; packed forward; kernel switches
@@ -14,6 +13,5 @@
 The GPU acceptance table lives with the tools:
 `torchrun --nproc-per-node 2 -m launch.bench.gpu_megatron`.
 
-Importing this package imports nothing from megatron; its modules other than hf_mapping, logprobs and
-norm do.
+Importing this package imports nothing from megatron; its modules other than hf_mapping and logprobs do.
 """

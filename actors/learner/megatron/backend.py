@@ -142,7 +142,6 @@ class MegatronBackend(LearnerBackend):
             # megatron's fused branch allocates on the current CUDA device
             fused_grad_accumulation=k.fused_grad_accumulation and self.device.type == "cuda",
             fused_grad_clip=k.fused_grad_clip,
-            fused_norm=k.fused_norm,
             compile=self.device.type == "cuda",
         )
         self.gpt = self._build_gpt(hf_model.state_dict())

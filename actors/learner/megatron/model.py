@@ -22,7 +22,7 @@ from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.transformer.transformer_config import TransformerConfig
 
-from actors.learner.megatron import grad_accumulation, norm
+from actors.learner.megatron import grad_accumulation
 from actors.learner.megatron import hf_mapping as hm
 from actors.learner.megatron import logprobs as chunked
 from actors.learner.megatron.attention import PackedSequences, RotaryTables, SDPAAttention
@@ -58,7 +58,6 @@ class Kernels:
     fused_grad_accumulation: bool = True
     # the optimizer's grad norm and clip by torch multi-tensor kernels, no sync per tensor (grad_clip.py)
     fused_grad_clip: bool = True
-    fused_norm: bool = True  # each RMSNorm by one compiled kernel per direction (norm.py)
     compile: bool = True  # the fused paths use torch.compile (False on CPU: the same chunked math, eager)
 
 
@@ -167,7 +166,6 @@ def use_kernels(model: GPTModel, kernels: Kernels) -> None:
     """Apply the switches megatron reads from the model's config and layers at every forward."""
     model.config.bias_activation_fusion = kernels.fused_swiglu and kernels.compile
     grad_accumulation.switch(model, kernels.fused_grad_accumulation)
-    norm.switch(model, kernels.fused_norm, compiled=kernels.compile)
 
 
 # ------------------------------------------------------------------------------ weights
