@@ -261,14 +261,20 @@ class ModelNew(nn.Module):
 def test_a_busy_loop_of_known_length_is_measured_at_its_length(verifier, relu_task):
     """A call that spins 2.5 ms longer is measured 2.5 ms longer (within 30%): the clock measures the
     call. (The same kernel without the spin is the control: its own work, an unoptimised loop, is
-    not part of the known length.) The C++ source is the same, so the second build is a cache hit."""
-    figures = {}
-    for us in (0, 2500):
-        r = verify(verifier, relu_task, BUSY_LOOP.replace("SPIN_US", str(us)) + f"\n# {uuid.uuid4().hex}\n")
-        assert r.passed, r.feedback
-        assert r.diagnostics["timing"]["candidate"]["bounded"], r.diagnostics["timing"]
-        figures[us] = r.diagnostics["times_s"]["candidate"]
-    added = figures[2500] - figures[0]
+    not part of the known length.) The C++ source is the same, so later builds are cache hits.
+
+    Another process on a loaded 2-core CI host only ever adds time, and once inflated the control
+    by 1 ms (2.63 ms against its usual 1.5). So the two run in alternation, three rounds, and each
+    is read at its least-disturbed round: the lowest median over the round's calls."""
+    figures = {0: [], 2500: []}
+    for _ in range(3):
+        for us, rounds in figures.items():
+            source = BUSY_LOOP.replace("SPIN_US", str(us)) + f"\n# {uuid.uuid4().hex}\n"
+            r = verify(verifier, relu_task, source)
+            assert r.passed, r.feedback
+            assert r.diagnostics["timing"]["candidate"]["bounded"], r.diagnostics["timing"]
+            rounds.append(r.diagnostics["timing"]["candidate"]["median_s"])
+    added = min(figures[2500]) - min(figures[0])
     assert 0.7 * 2.5e-3 <= added <= 1.3 * 2.5e-3, figures
 
 
