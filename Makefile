@@ -15,8 +15,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -qq --disable-pip-version-check -e .
 	@touch $(STAMP)
 
+# Two workers, one per CI core; tests/conftest.py says how tests are grouped onto them.
 test: venv
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n 2
 
 # A short training run with configs/default.yaml on CPU (the README gives its cold- and warm-cache
 # times); the run directory (report.md, plots, metrics, episode dumps, the final model) is printed

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -11,11 +13,38 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: absent without xdist
+def pytest_xdist_make_scheduler(config, log):
+    """`make test` runs two pytest-xdist workers, each taking whole modules, so a module-scoped
+    fixture is built once; the modules that read the session's demo run (`demo_run`) go to one
+    worker together, so that run is made once. (xdist's own `loadgroup` marks do not reach the test
+    ids under pytest 9.2, hence a scheduler.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByModule(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return "demo_run" if reads_the_demo_run(module) else module
+
+    return ByModule(config, log)
+
+
+@functools.cache
+def reads_the_demo_run(module: str) -> bool:
+    path = ROOT / module
+    return path.is_file() and "demo_run" in path.read_text()
+
+
 @pytest.fixture(scope="session")
 def verifier_cache_dir(tmp_path_factory):
-    """One verifier cache (builds + verdicts) for the whole session: each distinct candidate source
-    compiles once per test run, whichever test module asks first."""
-    return tmp_path_factory.mktemp("verifier-cache")
+    """One verifier cache (builds + verdicts) for the whole test run: each distinct candidate source
+    compiles once, whichever test module, or xdist worker, asks first. The cache is safe across
+    processes (builders take a per-key lock and publish by rename), so the workers share it: each
+    worker's base directory is a child of the run's."""
+    base = tmp_path_factory.getbasetemp()
+    path = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "verifier-cache"
+    path.mkdir(exist_ok=True)
+    return path
 
 
 @pytest.fixture(scope="session")
