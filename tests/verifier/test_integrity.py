@@ -137,7 +137,8 @@ class ModelNew(nn.Module):
 
 
 def _compiler_niceness(stop: threading.Event, seen: dict[int, int]) -> None:
-    """Every compiler process alive while `stop` is unset: pid -> its niceness (/proc/PID/stat)."""
+    """Every compiler process alive while `stop` is unset: pid -> its niceness (/proc/PID/stat). The
+    other xdist worker's compilers are its own tests' (some are no verifier's, at normal priority)."""
     while not stop.is_set():
         for entry in Path("/proc").iterdir():
             if entry.name.isdigit():
@@ -146,7 +147,7 @@ def _compiler_niceness(stop: threading.Event, seen: dict[int, int]) -> None:
                 except OSError:
                     continue
                 comm, rest = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :].split()
-                if comm in ("cc1plus", "g++", "c++", "collect2", "ld", "as"):
+                if comm in ("cc1plus", "g++", "c++", "collect2", "ld", "as") and not _another_test_workers(entry):
                     seen[int(entry.name)] = int(rest[16])  # field 19 of stat: nice
         stop.wait(0.02)
 
