@@ -282,6 +282,10 @@ class Baselines:
                 self._cache[key] = self._measure(key, ref, instance, pairs)
             return self._cache[key]
 
+    def measured(self, ref: Reference, config: ShapeConfig) -> bool:
+        """Whether the baselines at `config`'s shapes are measured already (cached)."""
+        return self._key(ref, config) in self._cache
+
     def forget(self) -> None:
         """Drop every cached measurement: each is taken again when next asked for."""
         with self._guard:

@@ -45,12 +45,20 @@ import msgpack
 import torch
 
 from actors.verifier import isolation, limits, native
+from actors.verifier.attribution import AddressMap
 from actors.verifier.isolation import RssWatchdog
 from actors.verifier.legality import Violation
+from actors.verifier.provenance import CpuProvenance, CudaProvenance, Traced, Window, judge_cpu, judge_cuda
+from actors.verifier.sampling import CpuSampler
 from actors.verifier.zygote import ExitStatus, Zygote, ZygoteError
 
 MAX_REPLY = 1 << 20  # a reply is metadata: output descriptors, an error text, timings
 MAX_EVIDENCE = 200
+# cuda: the requests traced by default (a `trip` says whether it is: timed trips are not), and the
+# bounds on what is kept of their records.
+TRACED_OPS = frozenset({"call", "stage", "fetch"})
+MAX_TRACED = 4096
+MAX_TRACED_NAMES = 64
 MAC_BYTES = 32
 # A sandbox that ends (not by the verifier's own kill) with its resident memory past this share of its
 # limit at the watchdog's last look died of memory: the kernel acts between two looks.
@@ -205,6 +213,15 @@ class ChildSession:
         self.key = secrets.token_bytes(32)
         self.arena = Arena(arena_bytes)
         self.baseline_maps: set[str] = set()
+        # Provenance evidence (cpu): where the sandbox's threads ran, sampled by this process, and the
+        # windows of the requests this process timed (provenance.py judges them).
+        self.sampler: CpuSampler | None = None
+        self.addresses: AddressMap | None = None
+        self.windows: list[Window] = []
+        # cuda: the device's record of the kernels each traced request ran (sealed._tracing).
+        self.traced: list[Traced] = []
+        self.traces = pool.device_type == "cuda"
+        self._staged = 0  # calls the last `stage` request staged (a trip's K)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         ev_r, ev_w = os.pipe()
         fcntl.fcntl(ev_r, fcntl.F_SETFL, os.O_NONBLOCK)
@@ -241,6 +258,8 @@ class ChildSession:
         self.sock = ours
         self.alive = True
         self.watchdog = RssWatchdog(self.sandbox_pid, memory_limit_bytes + self.arena.size, self.kill)
+        if pool.device_type == "cpu":  # before any candidate code exists: every thread it starts is sampled
+            self.sampler = CpuSampler(self.sandbox_pid)
         try:
             hello = self.request("hello", {"check_cuda": check_cuda}, 120, signed=False)
             self.jail = hello.get("jail") if isinstance(hello.get("jail"), dict) else {}
@@ -258,6 +277,7 @@ class ChildSession:
         self, source: str, digest: str, artifacts: dict | None, toolchain: str, threads: int, budget_s: float
     ) -> dict:
         """Write the candidate where the sandbox (read-only) sees it, and have it sealed and imported."""
+        self.addresses = AddressMap(list((artifacts or {}).values()))
         path = self.work / f"kiln_candidate_{digest[:16]}.py"
         path.write_text(source, encoding="utf-8")
         os.chmod(path, 0o644)
@@ -287,6 +307,11 @@ class ChildSession:
         nonce = secrets.token_hex(12)
         deadline = time.monotonic() + budget_s
         self.requests += 1
+        if self.traces and op in TRACED_OPS and "trace" not in body:
+            body = {**body, "trace": True}
+        if op == "stage":
+            self._staged = len(body.get("calls") or [])
+        started_ns = time.monotonic_ns()
         try:
             payload = msgpack.packb({"op": op, "nonce": nonce, **body}, use_bin_type=True)
             self.sock.settimeout(max(budget_s, 0.001))
@@ -306,6 +331,14 @@ class ChildSession:
             raise self._crashed() from None
         finally:
             self.drain_evidence()
+            kind = f"{op}:null" if op == "trip" and body.get("null") else op
+            self.windows.append(Window(kind, started_ns, time.monotonic_ns()))
+        if self.addresses is not None and op in ("load", "build"):  # libraries load at import and in __init__
+            self.addresses.observe(self.sandbox_pid)
+        kernels = reply.pop("kernels", None) if signed else None
+        if type(kernels) is list and len(self.traced) < MAX_TRACED:
+            calls = 1 if op == "call" else self._staged if op == "trip" and not body.get("null") else 0
+            self.traced.append(Traced(kind, calls, kernels[:MAX_TRACED_NAMES]))
         if reply.get("internal") and not signed:
             return reply
         if reply.get("nonce") != nonce:
@@ -347,6 +380,19 @@ class ChildSession:
         return bytes(buf)
 
     # ------------------------------------------------------------------------ observations
+
+    def cuda_provenance(self, own: frozenset[str], unreadable: int, allow_vendor_libs: bool) -> CudaProvenance:
+        """Whose kernels ran in the sandbox's traced requests (provenance.py), `own` being the names
+        of the kernels the candidate's build defines."""
+        return judge_cuda(self.traced, own, unreadable, allow_vendor_libs)
+
+    def provenance(self, allow_vendor_libs: bool) -> CpuProvenance:
+        """Whose code ran in the sandbox, and when (provenance.py), from this process's samples."""
+        if self.addresses is not None and self.alive:
+            self.addresses.observe(self.sandbox_pid)
+        if self.sampler is None:
+            return CpuProvenance(False, "not sampled on this backend")
+        return judge_cpu(self.sampler, self.addresses or AddressMap([]), self.windows, allow_vendor_libs)
 
     def drain_evidence(self) -> None:
         """Read what the fence and the audit hook wrote to the evidence pipe (never blocks): the
@@ -467,6 +513,8 @@ class ChildSession:
                 time.sleep(0.005)
             self._reap()
         self.watchdog.stop()
+        if self.sampler is not None:
+            self.sampler.close()
         self.spawned.close()
         self.drain_evidence()
         self.sock.close()
@@ -547,6 +595,10 @@ class SandboxPool:
         self.zygote = zygote or Zygote()
         self.hidden, self.visible = tuple(hidden), tuple(visible)
         self._slots = threading.BoundedSemaphore(slots)
+        self._slot_count = slots
+        self._alone = (
+            threading.Lock()
+        )  # one caller of `alone` at a time: two holding part of the slots would wait forever
         self.children = 0
 
     def warm(self) -> None:
@@ -574,6 +626,22 @@ class SandboxPool:
                 return dict(child.jail)
             finally:
                 child.close()
+
+    @contextmanager
+    def alone(self):
+        """Every slot of the pool, so that no sandbox of it exists while the block runs (a baseline is
+        timed where nothing a candidate started can run: no thread, process or device work of any
+        sandbox). The caller must hold no slot."""
+        with self._alone:
+            taken = 0
+            try:
+                for _ in range(self._slot_count):
+                    self._slots.acquire()
+                    taken += 1
+                yield
+            finally:
+                for _ in range(taken):
+                    self._slots.release()
 
     @contextmanager
     def session(self, arena_bytes: int = 1 << 16, memory_limit_bytes: int | None = None, memory_capped: bool = False):

@@ -58,6 +58,8 @@ class RunOutcome:
     limits: dict = field(default_factory=dict)  # the memory and time limits it ran under (limits.py)
     broken_task: bool = False  # the reference produced NaN from finite inputs
     profile: dict = field(default_factory=dict)  # a slow pass's kernels by time (profile.py): feedback only
+    provenance: dict = field(default_factory=dict)  # whose code did the work, per evidence source (provenance.py)
+    precompute: dict = field(default_factory=dict)  # ATen's elements computed before the first input, and the budget
 
     @property
     def q(self) -> float:
@@ -154,3 +156,26 @@ class RunOutcome:
         else:
             self.message = f"while {doing}, {err}"
         self.stage = "performance" if self.stage == "performance" else "run"
+
+
+def aliasing(output: int) -> Violation:
+    """The finding for an output that shares memory with an input of its call: a view of the input,
+    or the input written in place and returned, is no output computed by the candidate's kernel."""
+    return Violation(
+        "output_aliases_input",
+        f"output {output} shares memory with an input",
+        "",
+        "outputs must be fresh tensors your kernel wrote, not views of (or writes into) the inputs",
+    )
+
+
+def precompute_finding(elements: int, budget: int, per_parameter: int, floor: int) -> Violation:
+    """The finding for ATen compute before the first input beyond the task's budget (PRECOMPUTE_*)."""
+    return Violation(
+        "precomputed",
+        f"ATen computed {elements} elements before the first input (the budget is {budget}: "
+        f"{per_parameter}x the task's parameters and buffers, plus {floor})",
+        "",
+        "a table of answers made by PyTorch before any input is not your kernel's work: compute constants "
+        "with your own kernel, or in forward",
+    )

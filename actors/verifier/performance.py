@@ -1,8 +1,9 @@
 """Stage 5 of a run, the timed calls: the baselines, then paired trips of K fresh calls, each call
 timed in the sandbox as KernelBench times one (flush, events, forward, idle device), that figure
 bounded by this process's clock around the requests (trip minus null trip over K; timing.py). After
-each pair one call of the trip, chosen here after the trip, has its snapshot fetched and compared
-with the reference on exactly its inputs. A time below the device's physical bound
+each pair every call of the trip has its snapshot fetched and compared with the reference on exactly
+its inputs, and its inputs compared bit for bit with those staged: a timed call is held to the
+standard of a checked one, every one of them. A time below the device's physical bound
 (`timing.Bandwidth`) earns no speed bonus.
 
 `TimedStage(run, child).measure()` fills the run's outcome (`candidate_s`, `eager_s`, `timing`, ...); the
@@ -17,11 +18,14 @@ import secrets
 import time
 from typing import TYPE_CHECKING
 
+import torch
+
 from actors.verifier import timing
 from actors.verifier.compare import compare_outputs
 from actors.verifier.executor import ChildSession
 from actors.verifier.legality import Violation
-from actors.verifier.tensors import dtype_name, fingerprint, nbytes
+from actors.verifier.outcome import aliasing
+from actors.verifier.tensors import dtype_name, fingerprint, nbytes, same_bytes
 
 if TYPE_CHECKING:
     from actors.verifier.runner import CandidateRun
@@ -33,6 +37,10 @@ TIMING_INPUT_BUDGET = 1 << 30
 # once, and on cpu also the last trip's inputs and outputs (sealed.py, op_stage and op_trip): K stays
 # under this many bytes.
 TRIP_DEVICE_BUDGET = 2 << 30
+# cuda: audit trips (traced, untimed) among the first timed pairs, and the chance of one before each
+# pair after those (audit_plan).
+AUDITS = 2
+AUDIT_P = 0.25
 
 
 class TimedStage:
@@ -53,7 +61,7 @@ class TimedStage:
         eager, compiled = self.run.baselines.measure(self.run.ref, primary, pairs)
         self.run.out.eager_s = eager.paid_s
         self.run.out.compile_s = compiled.paid_s if compiled is not None else None
-        self.run.out.timings["baseline"] = time.perf_counter() - t0
+        self.run.out.timings["baseline"] = self.run.out.timings.get("baseline", 0.0) + time.perf_counter() - t0
         note = self.run.baselines.note(self.run.ref, primary.config)
         if note:
             self.run.out.notes.append(note)
@@ -84,19 +92,21 @@ class TimedStage:
         pairs = min(pairs, max(timing.MIN_RUNS, calls // k))
         times = timing.TripTimes(k, self.run.device_type)
         checked = []
+        audits = audit_plan(self.run.device_type, pairs)
         started = time.perf_counter()
         i = -1
         while timing.want_more(times, pairs, time.perf_counter() - started, budget_s):
             i += 1
+            if audits(i) and not self._audit(child, k, expect, i):
+                return
             with self.run.lease.shared():
                 calls = [self.run.ref.fresh_inputs(primary) for _ in range(k)]
             run_s, null_s, spans, run_first = self._pair(child, calls, expect, i)
             if run_s is None:
                 return
             timing.record(times, run_s, null_s, spans, run_first)
-            j = random.Random(secrets.randbits(64)).randrange(k)  # chosen after the trip
-            checked.append([i, j])
-            if not self._check_timed(child, i, j, calls[j]):
+            checked.append([i, k])
+            if not self._check_trip(child, i, calls):
                 return
         self.run.out.candidate_s = times.paid_s
         self.run.out.timing_runs = len(times.per_call) * k
@@ -125,15 +135,23 @@ class TimedStage:
             reply = self.run.budget.ask(child, "stage", {"instance": self.run.primary_index, "calls": descs})
         return self._replies_ok([reply])
 
-    def _trips(self, child: ChildSession, expect: list):
+    def _trips(self, child: ChildSession, expect: list, *, trace: bool = False):
         """(trip, replies): `trip(k, null)` runs one trip of the k staged calls in the sandbox; each
-        reply is kept for `_replies_ok`."""
+        reply is kept for `_replies_ok`. `trace`: the device records the trip's kernels (an audit trip;
+        a timed one is never traced: the trace's own cost would be in its figures)."""
         flush = self.run.device_type == "cuda"
         preroll, head_start = timing.preroll_s(self.run.device_type), timing.head_start_s(self.run.device_type)
         replies: list[dict] = []
 
         def trip(k: int, null: bool) -> list[float]:
-            body = {"null": null, "expect": expect, "flush": flush, "preroll": preroll, "head_start": head_start}
+            body = {
+                "null": null,
+                "expect": expect,
+                "flush": flush,
+                "preroll": preroll,
+                "head_start": head_start,
+                "trace": trace,
+            }
             reply = self.run.budget.ask(child, "trip", body)
             replies.append(reply)
             spans = reply.get("calls_s")
@@ -149,6 +167,10 @@ class TimedStage:
     def _replies_ok(self, replies: list[dict]) -> bool:
         for reply in replies:
             if not self.run.out.absorb(reply, "a timed run"):
+                return False
+            aliased = reply.get("aliased")
+            if type(aliased) is int and aliased >= 0:
+                self.run.out.violations.append(aliasing(aliased))
                 return False
             if reply.get("failure"):
                 self.run.out.stage, self.run.out.error_class = "performance", "runtime"
@@ -168,17 +190,68 @@ class TimedStage:
             return None, None, None, None
         return pair
 
-    def _check_timed(self, child: ChildSession, pair: int, call: int, inputs: list) -> bool:
-        """Compare one timed call's snapshot with the reference on exactly its inputs."""
-        arena = child.arena
-        arena.reset()
+    def _audit(self, child: ChildSession, k: int, expect: list, pair: int) -> bool:
+        """An audit trip before pair `pair`: K fresh calls, run as a timed trip is but traced (whose
+        kernels ran: provenance.py) and timed by nobody; every call checked as a timed one is. The
+        sandbox cannot tell it from a timed trip: it sees the same requests, in an order it cannot
+        predict (`audit_plan`)."""
         with self.run.lease.shared():
-            expected = self.run.ref.run(self.run.primary.model, inputs)
-            out = arena.region(nbytes(expected) + 64 * len(expected))
-            reply = self.run.budget.ask(child, "fetch", {"call": call, "out": out})
-        if not self.run.out.absorb(reply, "fetching a timed run's outputs"):
+            calls = [self.run.ref.fresh_inputs(self.run.primary) for _ in range(k)]
+        if not self._stage(child, calls):
             return False
-        got, why = self.run.outputs(child, reply.get("outputs"), expected)
+        trip, replies = self._trips(child, expect, trace=True)
+        with self.run.lease.shared():
+            trip(k, False)
+        if not self._replies_ok(replies):
+            return False
+        return self._check_trip(child, pair, calls)
+
+    def _check_trip(self, child: ChildSession, pair: int, calls: list[list]) -> bool:
+        """Every call of the last trip against the reference on exactly its inputs, and its inputs
+        as the trip left them against those staged; fetched as many calls a request as the arena holds."""
+        arena = child.arena
+        each = None
+        k = 0
+        while k < len(calls):
+            arena.reset()
+            batch, expected = [], []
+            with self.run.lease.shared():
+                while k < len(calls):
+                    want = self.run.ref.run(self.run.primary.model, calls[k])
+                    tensors = [x for x in calls[k] if isinstance(x, torch.Tensor)]
+                    need = nbytes(want) + 64 * len(want) + nbytes(tensors) + 64 * len(tensors) + arena.ALIGN * 2
+                    each = each or need
+                    if batch and arena.used + need > arena.size:
+                        break
+                    batch.append(
+                        [
+                            k,
+                            arena.region(nbytes(want) + 64 * len(want)),
+                            arena.region(nbytes(tensors) + 64 * len(tensors)),
+                        ]
+                    )
+                    expected.append((want, tensors))
+                    k += 1
+                reply = self.run.budget.ask(child, "fetch", {"calls": batch})
+            if not self.run.out.absorb(reply, "fetching a timed run's outputs"):
+                return False
+            found = reply.get("calls")
+            if type(found) is not list or len(found) != len(batch):
+                self.run.out.violations.append(
+                    Violation("timed_output", "the sandbox did not return the timed calls' outputs", "", "forged reply")
+                )
+                return False
+            for (call, _out, _kept), (want, tensors), entry in zip(batch, expected, found, strict=True):
+                outputs, inputs = (entry + [None, None])[:2] if type(entry) is list else (None, None)
+                if not self._check_call(child, pair, call, outputs, want) or not self._inputs_kept(
+                    child, inputs, tensors, pair
+                ):
+                    return False
+        return True
+
+    def _check_call(self, child: ChildSession, pair: int, call: int, entries, expected: list) -> bool:
+        """One timed call's snapshot against the reference's outputs on its inputs."""
+        got, why = self.run.outputs(child, entries, expected)
         check = compare_outputs(got, expected, self.run.tol_override, self.run.ref.device) if got is not None else None
         if check is not None and check.ok:
             return True
@@ -187,7 +260,7 @@ class TimedStage:
             self.run.out.violations.append(
                 Violation(
                     "replayed_output",
-                    f"timed run {pair + 1} returned exactly the output of trial {earlier + 1}",
+                    f"timed run {pair + 1} (call {call + 1}) returned exactly the output of trial {earlier + 1}",
                     "",
                     "results cached across calls",
                 )
@@ -197,12 +270,30 @@ class TimedStage:
             self.run.out.violations.append(
                 Violation(
                     "timed_output",
-                    f"while timed (run {pair + 1}), {message}",
+                    f"while timed (run {pair + 1}, call {call + 1}), {message}",
                     "",
                     "output differs when timed (call-count dependent?)",
                 )
             )
         return False
+
+    def _inputs_kept(self, child: ChildSession, entries, staged: list, pair: int) -> bool:
+        """A timed call's inputs, as the trip left them, bit for bit against those staged."""
+        kept, _ = self.run.outputs(child, entries, staged, snapshot=False)
+        if kept is None:
+            return True  # nothing placed to compare (no tensor inputs)
+        for i, (before, after) in enumerate(zip(staged, kept, strict=True)):
+            if not same_bytes(before, after):
+                self.run.out.violations.append(
+                    Violation(
+                        "input_mutated",
+                        f"input {i} was modified in place while timed (run {pair + 1})",
+                        "",
+                        "forward must not write to its inputs",
+                    )
+                )
+                return False
+        return True
 
     def _plausibility(self, seconds: float) -> None:
         """No speed bonus for a time no kernel could reach: reading the inputs and writing the outputs
@@ -218,6 +309,19 @@ class TimedStage:
                 f"can ({floor * 1e6:.1f} us at the calibrated bandwidth x{self.run.bandwidth.SLACK:g}): "
                 "no speed bonus"
             )
+
+
+def audit_plan(device_type: str, pairs: int):
+    """`audits(i)`: whether an audit trip (`TimedStage._audit`) goes before timed pair i. On cuda, at
+    AUDITS of the first `pairs` pairs, chosen at random here, and after those (while the trusted
+    figure wants more pairs) with probability AUDIT_P; on cpu never (the samples cover every timed
+    call: provenance.py). A candidate that changes what runs in a share f of its trips is seen with
+    probability 1 - (1 - f)^audits."""
+    if device_type != "cuda":
+        return lambda i: False
+    rng = random.Random(secrets.randbits(64))
+    chosen = set(rng.sample(range(pairs), min(AUDITS, pairs)))
+    return lambda i: i in chosen if i < pairs else rng.random() < AUDIT_P
 
 
 def trip_bytes(device_type: str, input_bytes: int, output_bytes: int) -> int:

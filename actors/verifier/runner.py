@@ -29,10 +29,11 @@ import torch
 from actors.verifier import limits, profile, timing
 from actors.verifier.baselines import Baselines
 from actors.verifier.compare import compare_outputs
+from actors.verifier.cubins import device_code
 from actors.verifier.devmem import DeviceMemory
 from actors.verifier.executor import Arena, ChildSession, SandboxFailure, SandboxPool
 from actors.verifier.legality import Violation
-from actors.verifier.outcome import RunOutcome, TrialRecord
+from actors.verifier.outcome import RunOutcome, TrialRecord, aliasing, precompute_finding
 from actors.verifier.performance import TIMING_INPUT_BUDGET, TimedStage
 from actors.verifier.reference import BrokenTask, Instance, Reference, ReferenceError, ShapeConfig, Trial
 from actors.verifier.tensors import dtype_name, fingerprint, nbytes, same_bytes
@@ -44,6 +45,14 @@ SCALED_TRIAL = 10_000  # the scaled trial's index (labels it in the verdict)
 # cuda: a device-wide synchronize right after the caller's stream was synchronised that takes longer
 # than this found work still running: work of the candidate's that outlived forward.
 PENDING_S = 0.5e-3
+# ATen compute before the first input (the candidate's import and __init__, its load hooks) is bounded:
+# at most this many elements per element of the task's parameters and buffers (the reference's state
+# dict, every shape's), plus PRECOMPUTE_FLOOR. Precomputation from the parameters (a transposed weight,
+# the sigmoid of a weight, a few steps of an initialiser) fits; a table of the op's answers over an
+# input dtype's values (65,536 for 16-bit types) does not, where the task's state is smaller. The
+# candidate's own kernels may precompute anything: that is its work.
+PRECOMPUTE_PER_PARAMETER = 16
+PRECOMPUTE_FLOOR = 8192
 # Device memory a run reserves, in trials' bytes (inputs + reference outputs; devmem.py), held from
 # its first draw to its verdict: a draw on the trusted side (a trial and its forward's temporaries),
 # the sandbox's trial and the candidate's own workspace, and the baseline process's inputs.
@@ -126,6 +135,7 @@ class CandidateRun:
 
     def run(self, source: str, source_hash: str, artifacts: dict | None, toolchain: str) -> RunOutcome:
         started = time.perf_counter()
+        self.artifacts = artifacts
         child = None
         try:
             # A task whose size is known before drawing (meta tensors, or an earlier draw) reserves
@@ -140,6 +150,7 @@ class CandidateRun:
                 self.out.notes += plan.notes
                 self.out.timings["reference"] = time.perf_counter() - started - self.out.timings["memory_wait"]
                 task_limits = self._limits(plan)
+                self._baselines_first(plan)
                 with self.pool.session(plan.arena_bytes, task_limits.private_bytes, task_limits.capped) as child:
                     waited = time.perf_counter()
                     with self.memory.reserve(RUN_COPIES * plan.footprint if known is None else 0) as late:
@@ -171,6 +182,37 @@ class CandidateRun:
         self.out.timings["sandbox_wait"] = child.waited_s
         self._execute(child, plan, source, source_hash, artifacts, toolchain)
         self.out.inspect(child)
+        self._judge_provenance(child)
+
+    def _baselines_first(self, plan: Plan) -> None:
+        """The task's baselines, measured (once per task and shapes) before this run's sandbox exists
+        and while no other sandbox of the lane does: nothing a candidate started (a thread left
+        running, a process, work on the device) runs beside them. The timed stage reads them from the
+        cache. A task whose reference fails here is the run's broken task, as before."""
+        primary = plan.configs[-1].inst if plan.configs else None
+        if primary is None or self.baselines.measured(self.ref, primary.config):
+            return
+        started = time.perf_counter()
+        with self.pool.alone():
+            self.baselines.measure(self.ref, primary, self.cfg.repeats)
+        self.out.timings["baseline"] = time.perf_counter() - started
+
+    def _judge_provenance(self, child: ChildSession) -> None:
+        """Whose code did the work (provenance.py): the sandbox's samples over the windows of its
+        requests, judged once the run's last judged request is answered."""
+        allow = self.cfg.legality.allow_vendor_libs
+        if self.device_type == "cuda":
+            code = device_code(list((self.artifacts or {}).values()))
+            record = child.cuda_provenance(frozenset(code.names), code.unreadable, allow)
+            self.out.notes += code.notes
+            self.out.provenance["cuda"] = record.to_json()
+        else:
+            record = child.provenance(allow)
+            self.out.provenance["cpu"] = record.to_json()
+        known = {(v.kind, v.what) for v in self.out.violations}
+        # Plumbing alone is a finding only for outputs that were right: a wrong one is judged wrong.
+        judged = [v for v in record.findings if v.kind != "plumbing_only" or (self.out.q == 1.0 and self.out.trials)]
+        self.out.violations += [v for v in judged if (v.kind, v.what) not in known]
 
     # ------------------------------------------------------------------------- trusted work
 
@@ -308,6 +350,7 @@ class CandidateRun:
         if not self.out.absorb(reply, f"constructing {described}"):
             return
         self.out.params = ",".join(str(p)[:10] for p in (reply.get("params") or []))[:60]
+        self._judge_precompute(plan, reply.get("precomputed"))
         t0 = time.perf_counter()
         self.out.stage = "correctness"
         for index, shape in enumerate(plan.configs):
@@ -337,6 +380,16 @@ class CandidateRun:
             self.out.stage = "done"
         if profile.wanted(self):  # feedback for a performance turn, after every figure and check
             profile.take(self, child)
+
+    def _judge_precompute(self, plan: Plan, elements) -> None:
+        """ATen's compute before the first input, as the fence counted it, against the task's budget."""
+        if type(elements) is not int:
+            return
+        state = sum(t.numel() for shape in plan.configs for t in shape.inst.state_dict.values())
+        budget = PRECOMPUTE_PER_PARAMETER * state + PRECOMPUTE_FLOOR
+        self.out.precompute = {"elements": elements, "budget": budget}
+        if elements > budget:
+            self.out.violations.append(precompute_finding(elements, budget, PRECOMPUTE_PER_PARAMETER, PRECOMPUTE_FLOOR))
 
     def _run_config(self, child: ChildSession, index: int, shape: ShapeTrials, trials) -> bool:
         """The trials of one shape config on the sandbox's ModelNew `index`. False stops the job."""
@@ -400,6 +453,9 @@ class CandidateRun:
                 where = f" at {reply['where']}" if reply.get("where") else ""
                 self.out.trials.append(TrialRecord(label, shapes, False, f"{str(reply['failure'])[:400]}{where}"))
             return
+        aliased = reply.get("aliased")
+        if type(aliased) is int and aliased >= 0:
+            self.out.violations.append(aliasing(aliased))
         got, why = self.outputs(child, reply.get("outputs"), trial.expected)
         result = compare_outputs(got, trial.expected, self.tol_override, self.ref.device) if got is not None else None
         if counts:

@@ -56,7 +56,7 @@ import torch
 
 from actors.verifier import fence, isolation, native, sealed, seccomp, timing
 from actors.verifier.build.prebuilt import install_prebuilt
-from actors.verifier.sealed_profile import profiler_parts
+from actors.verifier.sealed_profile import profiler_parts, warm_tracer
 
 _HEADER = struct.Struct("<I")
 CANDIDATE_MODULE = "kiln_candidate"
@@ -184,6 +184,8 @@ def _prepare(sock: socket.socket, evidence_fd: int, arena_fd: int, device: str, 
         if req.get("artifacts") is not None:
             install_prebuilt(req["artifacts"], req["toolchain"])
         caps = _capture(sock, key, arena, device)
+        if device == "cuda":  # the device trace's first start (CUPTI's) is paid here, before any candidate code
+            warm_tracer(caps.profiler)
     except Exception as err:  # noqa: BLE001 - still no candidate code: the system's fault
         _send(sock, {"ok": False, "internal": True, "error": f"{type(err).__name__}: {err}"[:2000]})
         return 5
@@ -250,6 +252,9 @@ def _capture(sock: socket.socket, key: bytes, arena: torch.Tensor, device: str) 
         str_contains=str.__contains__,
         plain=data.plain,
         meta=data.meta,
+        span=data.span,
+        dense=data.dense,
+        precomputed=data.precomputed,
         empty=data.empty,
         bytes_view=data.bytes_view,
         copy=data.copy,

@@ -62,6 +62,9 @@ class Captured:
     str_contains: Fn
     plain: Fn
     meta: Fn
+    span: Fn  # kiln_fence.span: the memory a tensor's elements occupy, and whether densely
+    dense: Fn  # kiln_fence.dense: a tuple of outputs with the strided ones materialised
+    precomputed: Fn  # kiln_fence.precomputed: elements ATen computed before arming
     empty: Fn
     bytes_view: Fn
     copy: Fn
@@ -111,17 +114,19 @@ def server(c: Captured):
     receive, reply = _channel(c)
     tensor_at, staged, delayed, lay_out = _arena_io(c)
     outputs_of = _outputs(c)
+    shared_with = _aliasing(c)
     failure, patched = _failures(c)
     op_load = _op_load(c, state)
     handlers = {
         "build": _op_build(c, state, tensor_at),
-        "call": _op_call(c, state, delayed, outputs_of, lay_out),
+        "call": _op_call(c, state, delayed, outputs_of, lay_out, shared_with),
         "stage": _op_stage(c, state, staged),
-        "trip": _op_trip(c, state, outputs_of),
-        "fetch": _op_fetch(state, lay_out),
+        "trip": _op_trip(c, state, outputs_of, shared_with),
+        "fetch": _op_fetch(c, state, lay_out),
         "profile": make_op_profile(c, state),
     }
     perf, dict_get, base_exception = c.perf, c.dict_get, c.base_exception
+    traced = _tracing(c)
 
     def serve(code, module):
         while True:
@@ -131,7 +136,7 @@ def server(c: Captured):
             op = req["op"]
             started = perf()
             try:
-                body = op_load(code, module) if op == "load" else handlers[op](req)
+                body = op_load(code, module) if op == "load" else traced(handlers[op], req)
             except base_exception as exc:  # candidate code raised (SystemExit too), or a CUDA error surfaced
                 body = failure(exc)
             body["handled_s"] = perf() - started
@@ -141,6 +146,59 @@ def server(c: Captured):
                 return 4  # a CUDA error poisons this process: leave, the verifier starts a fresh one
 
     return serve
+
+
+# ------------------------------------------------------------------------------ the trace
+
+
+def _tracing(c: Captured):
+    """traced(handler, req): the handler's reply, with the device's kernels, copies and memsets that
+    ran while it did (names and counts: `kernels`) when the verifier asked for a trace (`trace`, on
+    cuda: provenance.py judges whose kernels they were). torch's profiler, bound before the seal like
+    everything else here; what it records is the device's own account of what ran."""
+    p = c.profiler
+    prepare, enable, disable, events, config, activities = (
+        p.prepare,
+        p.enable,
+        p.disable,
+        p.events,
+        p.config,
+        p.activities,
+    )
+    name, device_type, host = p.name, p.device_type, p.host
+    dict_get, len_, append, sync = c.dict_get, c.len_, c.append, c.sync
+    on_device = c.device != "cpu"
+    most, longest = 64, 1000  # distinct names a reply carries, and characters a name
+
+    def traced(handler, req):
+        if not on_device or not dict_get(req, "trace"):
+            return handler(req)
+        prepare(config, activities)
+        enable(config, activities)
+        try:
+            body = handler(req)
+            sync()  # every kernel the request started has run (and is in the record)
+        finally:
+            result = disable()
+        found, index, more = [], {}, 0
+        for e in events(result):
+            if device_type(e) == host:
+                continue
+            key = name(e)[:longest]
+            at = dict_get(index, key)
+            if at is not None:
+                found[at][1] = found[at][1] + 1
+            elif len_(found) < most:
+                index[key] = len_(found)
+                append(found, [key, 1])
+            else:
+                more = more + 1
+        if more:
+            append(found, ["(more kernels)", more])
+        body["kernels"] = found
+        return body
+
+    return traced
 
 
 # ------------------------------------------------------------------------------ the channel
@@ -298,6 +356,28 @@ def _outputs(c: Captured):
     return outputs_of
 
 
+def _aliasing(c: Captured):
+    """shared_with(items, inputs): the index of the first output whose memory overlaps an input's,
+    or -1. Such an output is no output of the candidate's own (a view of the input, or the input
+    written in place): the verifier judges it."""
+    span, type_, tensor_type, len_, range_ = c.span, c.type_, c.tensor_type, c.len_, c.range_
+
+    def shared_with(items, inputs):
+        for i in range_(len_(items)):
+            lo, hi, _dense = span(items[i])
+            if lo == hi:
+                continue
+            for x in inputs:
+                if type_(x) is not tensor_type:
+                    continue
+                xlo, xhi, _ = span(x)
+                if lo < xhi and xlo < hi:
+                    return i
+        return -1
+
+    return shared_with
+
+
 def _failures(c: Captured):
     """(failure, patched): what a raised exception becomes in a reply, and which of torch's comparison
     functions the candidate replaced (the verifier compares in its own process, so this only records
@@ -353,7 +433,7 @@ def _op_load(c: Captured, state: dict):
 def _op_build(c: Captured, state: dict, tensor_at):
     manual_seed, state_dict, load_state_dict, to_device = c.manual_seed, c.state_dict, c.load_state_dict, c.to_device
     len_, empty, dtypes, copy, exception, append = c.len_, c.empty, c.dtypes, c.copy, c.exception, c.append
-    device, sync, arm_compute = c.device, c.sync, c.arm_compute
+    device, sync, arm_compute, precomputed = c.device, c.sync, c.arm_compute, c.precomputed
 
     def op_build(req):
         """Every ModelNew of the run, each seeded as the reference was and given the reference's
@@ -381,12 +461,12 @@ def _op_build(c: Captured, state: dict, tensor_at):
         sync()
         state["models"] = built
         arm_compute()
-        return {"ok": True, "params": how}
+        return {"ok": True, "params": how, "precomputed": precomputed()}
 
     return op_build
 
 
-def _op_call(c: Captured, state: dict, delayed, outputs_of, lay_out):
+def _op_call(c: Captured, state: dict, delayed, outputs_of, lay_out, shared_with):
     no_grad, set_stream, stream_sync, sync, perf, sleep = (
         c.no_grad,
         c.set_stream,
@@ -418,7 +498,14 @@ def _op_call(c: Captured, state: dict, delayed, outputs_of, lay_out):
         second = lay_out(items, req["after"])
         stream_sync()
         kept = lay_out([x for x in inputs if type_(x) is tensor_type], req["kept"])
-        return {"ok": True, "outputs": first, "after": second, "inputs_after": kept, "pending_s": pending}
+        return {
+            "ok": True,
+            "outputs": first,
+            "after": second,
+            "inputs_after": kept,
+            "pending_s": pending,
+            "aliased": shared_with(items, inputs),
+        }
 
     return op_call
 
@@ -448,10 +535,10 @@ def _op_stage(c: Captured, state: dict, staged):
     return op_stage
 
 
-def _op_trip(c: Captured, state: dict, outputs_of):
+def _op_trip(c: Captured, state: dict, outputs_of, shared_with):
     no_grad, len_, append, empty, dtypes, device = c.no_grad, c.len_, c.append, c.empty, c.dtypes, c.device
     range_, copy, set_stream, sync = c.range_, c.copy, c.set_stream, c.sync
-    meta, dict_get, dtype_names, list_ = c.meta, c.dict_get, c.dtype_names, c.list_
+    meta, dict_get, dtype_names, list_, dense = c.meta, c.dict_get, c.dtype_names, c.list_, c.dense
     clock = c.clock
     flush, mark, idle, spans, preroll = clock.flush, clock.mark, clock.idle, clock.spans, clock.preroll
     warm = _warmer(c, state)
@@ -473,7 +560,12 @@ def _op_trip(c: Captured, state: dict, outputs_of):
         (nothing here empties it): late work writes memory the process owns without holding, not a heap
         in use. So nothing is held there, as
         in KernelBench's loop: holding made every trip's first call read 13-25 us slow on an H200
-        (docs/BENCHMARKS.md, issue 34 session 21)."""
+        (docs/BENCHMARKS.md, issue 34 session 21).
+
+        An output that shares memory with its call's inputs ends the trip (the verifier judges it);
+        one that is not dense (a strided view) is materialised before the call's closing mark, so its
+        materialisation is the call's, and the null trip copies the dense result (its snapshot must
+        not cancel work the output still needed)."""
         no_grad(False)
         null, expect, sets, held = req["null"], req["expect"], state["sets"], state["held"]
         # The null trip's snapshots have buffers of their own: the run trip's are what `fetch` reads.
@@ -490,12 +582,19 @@ def _op_trip(c: Captured, state: dict, outputs_of):
             mark(2 * k)
             result = state["last"] if null else model(*sets[k])
             set_stream()
+            items, why, subclass = outputs_of(result)
+            raw = items
+            if items is not None:  # both trips: the null trip's outputs are dense, so it only looks
+                items = dense(items)
             mark(2 * k + 1)
             idle()
-            items, why, subclass = outputs_of(result)
             if items is None:
                 sync()
                 return {"ok": True, "failure": why, "subclass": subclass}
+            aliased = -1 if null else shared_with(raw, sets[k])
+            if aliased >= 0:
+                sync()
+                return {"ok": True, "failure": f"output {aliased} shares memory with an input", "aliased": aliased}
             if len_(items) != len_(expect):
                 sync()
                 return {"ok": True, "failure": f"forward returned {len_(items)} outputs, expected {len_(expect)}"}
@@ -505,12 +604,12 @@ def _op_trip(c: Captured, state: dict, outputs_of):
                     sync()
                     return {"ok": True, "failure": f"output {i} changed its dtype, shape or device in a timed call"}
                 copy(snaps[k][i], items[i])
-            state["last"] = result
+            state["last"] = items
             if hold and not null:  # kept until call k of the next trip (the docstring says why on cpu only)
                 if k < len_(held):
-                    held[k] = result
+                    held[k] = raw
                 else:
-                    append(held, result)
+                    append(held, raw)
         sync()
         return {"ok": True, "calls_s": [] if null else spans(len_(sets))}
 
@@ -544,8 +643,19 @@ def _warmer(c: Captured, state: dict):
     return warm
 
 
-def _op_fetch(state: dict, lay_out):
+def _op_fetch(c: Captured, state: dict, lay_out):
+    type_, tensor_type, append = c.type_, c.tensor_type, c.append
+
     def op_fetch(req):
-        return {"ok": True, "outputs": lay_out(state["snaps"][req["call"]], req["out"])}
+        """The snapshots of the last trip's calls `calls`, each with its inputs as they are now (the
+        verifier compares them with the inputs it staged: a write to an input shows)."""
+        found = []
+        for k, out, kept in req["calls"]:
+            inputs = []
+            for x in state["sets"][k]:
+                if type_(x) is tensor_type:
+                    append(inputs, x)
+            append(found, [lay_out(state["snaps"][k], out), lay_out(inputs, kept)])
+        return {"ok": True, "calls": found}
 
     return op_fetch

@@ -244,6 +244,8 @@ class KernelVerifier(RewardActor):
         trials = [t.to_json() for t in out.trials]
         violations = [v.to_json() for v in out.violations]
         diagnostics.update({"trials": trials, "violations": violations, "notes": out.notes, "params": out.params})
+        if out.provenance or out.precompute:
+            diagnostics["provenance"] = {**out.provenance, "before_first_input": out.precompute}
         diagnostics["sandbox"]["missing"].update((out.sandbox or {}).get("missing") or {})
         diagnostics["sandbox"]["exit"] = dict(out.exit or {})
         diagnostics["sandbox"]["limits"] = dict(out.limits or {})

@@ -117,6 +117,13 @@ FEEDBACK = {
     "facade_internals": ["function.__globals__", "traceback.tb_frame"],
     "relu6_passes_for_relu": ["scaled", "outside tolerance"],
     "nan_output": ["NaN never passes"],
+    # Round 4 (provenance, timed = checked): docs/verifier.md.
+    "native_elf_walk_at_cpu_maximum": ["libtorch's operator kernels", "maximum_kernel"],
+    "allocator_hook_stage_work": ["while none of your calls ran", "stage"],
+    "timed_one_wrong_call": ["while timed"],
+    "timed_input_written": [("shares memory", "modified in place")],
+    "view_output_no_kernel": ["shares memory with an input"],
+    "precompute_table_fp16": ["before the first input"],
 }
 
 

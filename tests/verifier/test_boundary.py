@@ -67,6 +67,8 @@ class _FakeSession(ChildSession):
         self.sock, self.key, self.alive, self.requests = sock, key, True, 0
         self._evidence_fd, self.evidence, self._evidence_buf, self._evidence_seen = -1, [], b"", set()
         self.status, self.killed = None, 0
+        self.windows, self.addresses, self.sampler = [], None, None
+        self.traces, self.traced, self._staged = False, [], 0
 
     def kill(self) -> None:
         self.killed += 1

@@ -30,6 +30,7 @@
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/library.h>
 
+#include <atomic>
 #include <limits>
 #include <memory>
 #include <string>
@@ -45,6 +46,21 @@ struct KilnNativeAPI {  // kiln_native.c's, field for field
 
 KilnNativeAPI* g_api = nullptr;
 std::vector<std::unique_ptr<torch::Library>> g_libraries;
+// Elements ATen's compute produced after the seal and before arming: the candidate's module and its
+// ModelNew instances being built, before any input exists (`precomputed`). The verifier bounds it.
+std::atomic<long long> g_precomputed{0};
+
+long long elements(const torch::jit::Stack& stack) {
+  long long n = 0;
+  for (const auto& v : stack) {
+    if (v.isTensor()) {
+      n += v.toTensor().defined() ? v.toTensor().numel() : 0;
+    } else if (v.isTensorList()) {
+      for (const at::Tensor& t : v.toTensorList().vec()) n += t.defined() ? t.numel() : 0;
+    }
+  }
+  return n;
+}
 // Set while the sandbox's own data movement runs on this thread (`copy`): its device-to-host copies
 // of outputs are the point; the candidate's are a host round-trip.
 thread_local bool t_sandbox_copy = false;
@@ -60,6 +76,7 @@ struct FenceKernel final : c10::OperatorKernel {
                   "(empty/view/reshape/contiguous/copy_) may run in PyTorch; compute in your own kernel");
     }
     original_.callBoxed(op, keys, stack);
+    if (g_api->sealed()) g_precomputed += elements(*stack);  // the outputs, now on the stack
   }
 
   c10::SafeKernelFunction original_;
@@ -261,6 +278,72 @@ PyObject* meta(PyObject*, PyObject* obj) {
   KILN_CATCH
 }
 
+// span(t) -> (first byte, one past the last byte, dense): the memory t's elements occupy, and whether
+// they cover it without gaps or overlaps (non-overlapping and dense): an output that shares memory
+// with an input is no output of its own; one that is not dense is materialised where it is timed
+PyObject* span(PyObject*, PyObject* obj) {
+  if (!exact_tensor(obj)) return PyErr_Format(PyExc_TypeError, "not a plain tensor"), nullptr;
+  KILN_TRY
+  const at::Tensor& t = THPVariable_Unpack(obj);
+  auto base = reinterpret_cast<uintptr_t>(t.data_ptr());
+  long long lo = 0, hi = 0;
+  if (t.numel() > 0) {
+    for (int64_t d = 0; d < t.dim(); ++d) {
+      long long extent = (t.size(d) - 1) * t.stride(d);
+      (extent < 0 ? lo : hi) += extent;
+    }
+    hi += 1;
+  }
+  auto size = static_cast<long long>(t.element_size());
+  bool dense = t.is_non_overlapping_and_dense();
+  return Py_BuildValue("(KKO)", static_cast<unsigned long long>(base + lo * size),
+                       static_cast<unsigned long long>(base + hi * size), dense ? Py_True : Py_False);
+  KILN_CATCH
+}
+
+// dense(items) -> items itself when every tensor in the tuple is non-overlapping and dense, else a
+// new tuple in which each one that is not is replaced by a dense copy made now (on the current
+// stream): the materialisation a strided output still needs, charged to the call that returned it
+PyObject* dense(PyObject*, PyObject* items) {
+  if (!PyTuple_CheckExact(items)) return PyErr_Format(PyExc_TypeError, "expected a tuple"), nullptr;
+  Py_ssize_t n = PyTuple_GET_SIZE(items);
+  PyObject* out = nullptr;
+  KILN_TRY
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* obj = PyTuple_GET_ITEM(items, i);
+    if (!exact_tensor(obj)) {
+      Py_XDECREF(out);
+      return PyErr_Format(PyExc_TypeError, "not a plain tensor");
+    }
+    const at::Tensor& t = THPVariable_Unpack(obj);
+    if (t.is_non_overlapping_and_dense()) continue;
+    if (out == nullptr) {
+      out = PyTuple_GetSlice(items, 0, n);
+      if (out == nullptr) return nullptr;
+    }
+    Plain plain_;
+    struct Own {
+      Own() { t_sandbox_copy = true; }
+      ~Own() { t_sandbox_copy = false; }
+    } own;
+    at::Tensor copy = at::empty(t.sizes(), t.options());
+    copy.copy_(t);
+    PyObject* wrapped = THPVariable_Wrap(std::move(copy));
+    if (wrapped == nullptr) {
+      Py_DECREF(out);
+      return nullptr;
+    }
+    Py_SETREF(PyTuple_GET_ITEM(out, i), wrapped);  // the slice's own reference to the strided one
+  }
+  if (out != nullptr) return out;
+  Py_INCREF(items);
+  return items;
+  KILN_CATCH
+}
+
+// precomputed() -> elements ATen's compute produced between the seal and arming (before any input)
+PyObject* precomputed(PyObject*, PyObject*) { return PyLong_FromLongLong(g_precomputed.load()); }
+
 // empty(shape, dtype, device) -> a fresh contiguous tensor
 PyObject* empty(PyObject*, PyObject* args) {
   PyObject *shape_obj, *dtype_obj;
@@ -335,6 +418,9 @@ PyMethodDef methods[] = {
     {"plain", plain, METH_O, "plain(obj) -> bool: exactly a torch.Tensor"},
     {"poison", poison, METH_O, "poison(t): NaN (or a large value) everywhere"},
     {"meta", meta, METH_O, "meta(t) -> (dtype, shape, strides, device type, nbytes)"},
+    {"span", span, METH_O, "span(t) -> (first byte, one past the last, non-overlapping and dense)"},
+    {"dense", dense, METH_O, "dense(items) -> items, or a tuple with dense copies of the strided ones"},
+    {"precomputed", precomputed, METH_NOARGS, "precomputed() -> elements ATen computed after the seal, before arming"},
     {"empty", empty, METH_VARARGS, "empty(shape, dtype, device) -> Tensor"},
     {"bytes_view", bytes_view, METH_VARARGS, "bytes_view(base, offset, nbytes, dtype, shape) -> Tensor"},
     {"copy", copy, METH_VARARGS, "copy(dst, src, non_blocking=False)"},
