@@ -17,8 +17,8 @@ every caller (there is no window, no switch and no attribution to a "trusted" fr
    all (native/shim.py) and their import is refused.
 3. Nothing computes around the dispatcher: TorchScript cannot be compiled or loaded (its fusers run
    kernels of their own), tensor expressions (`torch._C._te`) are gone, operators cannot be
-   registered (`torch.library` would put Python kernels under the sandbox's own copies), CUDA graphs
-   cannot be captured or replayed.
+   registered (`torch.library` would put Python kernels under the sandbox's own copies). CUDA graphs
+   are allowed: what a replay runs is on the device's record of the call (provenance.py).
 4. None of the sandbox's own state: its frames are not on the candidate's stack (`f_back` ends where
    the sandbox's code begins, `sys._getframe` refuses to go past it), its functions' globals,
    closures and code and its tracebacks' frames refuse; gc's object walks, tracing and profiling
@@ -169,7 +169,6 @@ SIGNAL_FUNCTIONS = (
     "pthread_kill",
     "pidfd_send_signal",
 )
-CUDA_GRAPH_METHODS = ("capture_begin", "capture_end", "replay", "instantiate", "register_generator_state")
 
 
 def install_refusers(kn) -> list[str]:
@@ -179,10 +178,10 @@ def install_refusers(kn) -> list[str]:
     r = _Refusers(kn)
     storages = _refuse_tensor_data(r)
     functions = _refuse_torch_internals(r)
-    graph, writer = _refuse_graphs_and_writers(r)
+    writer = _refuse_writers(r)
     _refuse_signals_and_hooks(r)
     _replace_aliases(r.aliases)
-    for tp in {torch._C.TensorBase, torch.Tensor, functions, *storages, graph, writer} - {None}:
+    for tp in {torch._C.TensorBase, torch.Tensor, functions, *storages, writer} - {None}:
         if _is_static(tp):
             kn.type_modified(tp)
     return r.done
@@ -265,18 +264,16 @@ def _refuse_torch_internals(r: _Refusers) -> type:
     return functions
 
 
-def _refuse_graphs_and_writers(r: _Refusers) -> tuple[type | None, type | None]:
-    """CUDA graph capture and replay, and torch.save's record writer; returns their types (or None)."""
-    graph = getattr(torch._C, "_CUDAGraph", None)
-    if graph is not None:
-        for name in CUDA_GRAPH_METHODS:
-            r.in_type(graph, name, f"CUDAGraph.{name}", "torch_internals", "CUDA graph capture or replay")
+def _refuse_writers(r: _Refusers) -> type | None:
+    """torch.save's record writer; returns its type (or None). CUDA graphs are not refused: a graph
+    of the candidate's own kernels is its own work, and what any graph replays is on the device's
+    record of the call (provenance.py), whoever captured it and whenever."""
     writer = getattr(torch._C, "PyTorchFileWriter", None)
     if writer is not None:
         r.in_type(
             writer, "write_record", "PyTorchFileWriter.write_record", "python_compute", "tensor data handed to Python"
         )
-    return graph, writer
+    return writer
 
 
 def _refuse_signals_and_hooks(r: _Refusers) -> None:

@@ -7,7 +7,7 @@ armed in every process before it loads candidate code. This module owns:
 * `Violation`, one finding, with where it happened, as reported in diagnostics and feedback;
 * `static_scan(source)`, run in the trusted process before anything is compiled: Python escape
   hatches (patching torch, introspecting the verifier, other compute frameworks, threads, process
-  exits, torch.compile / CUDA graphs, importing the reference) and, in the C++/CUDA strings,
+  exits, torch.compile, importing the reference) and, in the C++/CUDA strings,
   qualified ATen compute calls, dispatcher bypasses and vendor libraries.
 The static scan names the exact construct and line, so its findings double as feedback.
 """
@@ -84,6 +84,8 @@ PLUMBING_OPS = frozenset(
         "_has_compatible_shallow_copy_type",
         "is_same_size",
         "_has_same_storage_numel",
+        # the caching allocator's bookkeeping: a block stays reserved until work on another stream ends
+        "record_stream",
     }
 )
 # Random initialisation: values drawn from scalar parameters, a function of no input. Allowed wherever
@@ -177,7 +179,6 @@ FORBIDDEN_MODULES = {
     "torch.overrides": "torch function overrides",
     "torch.utils._python_dispatch": "dispatch modes",
     "torch.testing": "patching the comparison",
-    "torch.cuda.graphs": "CUDA graph replay (compute the gate cannot see)",
     # Kiln itself: the gate, the clock and the caches are not the candidate's business.
     "actors": "reaching into the verifier",
     "protocols": "reaching into the verifier",
@@ -187,9 +188,6 @@ FORBIDDEN_MODULES = {
 # Attribute chains that are escape hatches wherever they appear.
 FORBIDDEN_ATTRS = {
     "torch.compile": "torch.compile (compute the gate cannot see)",
-    "torch.cuda.graph": "CUDA graph replay (compute the gate cannot see)",
-    "torch.cuda.CUDAGraph": "CUDA graph replay (compute the gate cannot see)",
-    "torch.cuda.make_graphed_callables": "CUDA graph replay (compute the gate cannot see)",
     "torch.from_numpy": "host round-trip through numpy",
     "sys.modules": "reaching into loaded modules",
     "sys._getframe": "introspection of the verifier",
@@ -464,10 +462,10 @@ _VENDORS = {
 def native_scan(native: str) -> list[Violation]:
     """What the C++/CUDA sources certainly call of ATen's compute, for early feedback with the line:
     an op outside ALLOWED_OPS named at the top of at:: or torch:: (`at::relu`, `torch::clamp_min`), or
-    anything in a namespace that only holds kernels (`at::_ops`, `at::native`, `at::cpu`, ...). A name
-    deeper in another namespace may be header-only code compiled into the candidate's own library
-    (`at::vec::exp` on a Vectorized<float>), so it is left to the check of what the built library
-    imports (build/symbols.py), which decides."""
+    anything in a namespace of operator calls (`at::_ops`, `at::redispatch`). A name deeper in another
+    namespace may be header-only code compiled into the candidate's own library (`at::vec::exp` on a
+    Vectorized<float>, `at::native::` device helpers), so it is left to the check of what the built
+    library imports (build/symbols.py), which decides."""
     out = []
     ops = _aten_ops()
     for m in _NATIVE_NAME.finditer(native):
@@ -493,26 +491,10 @@ def native_scan(native: str) -> list[Violation]:
     return out
 
 
-# at::/torch:: namespaces that hold nothing but kernels (cuda holds streams and devices too: left to the
-# symbol check).
-_KERNEL_NAMESPACES = frozenset(
-    {
-        "_ops",
-        "native",
-        "cpu",
-        "meta",
-        "mps",
-        "redispatch",
-        "compositeexplicitautograd",
-        "compositeexplicitautogradnonfunctional",
-        "compositeimplicitautograd",
-        "sparsecpu",
-        "sparsecuda",
-        "quantizedcpu",
-        "quantizedcuda",
-        "mkldnncpu",
-    }
-)
+# at::/torch:: namespaces whose every name is a call into an operator. at::native, at::cpu and their kin
+# also hold header-only code (device helpers, loops, vector types) that compiles into the candidate's
+# own library, so they are left to the check of what the built library imports (build/symbols.py).
+_KERNEL_NAMESPACES = frozenset({"_ops", "redispatch"})
 
 
 @functools.lru_cache(maxsize=1)

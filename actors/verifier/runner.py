@@ -280,6 +280,7 @@ class CandidateRun:
             later = [(base + k, 1.0) for k in range(1, config.trials)]
             if config.label == "primary":
                 later.insert(max(len(later) - 1, 0), (SCALED_TRIAL, SCALED_INPUTS))
+            _carried(first)
             configs.append(ShapeTrials(config, inst, first, later))
             largest_trial = max(largest_trial, _arena_bytes(first))
             largest_inputs = max(largest_inputs, nbytes(first.inputs))
@@ -522,6 +523,18 @@ class CandidateRun:
                 return None, _describe_mismatch(name, entry, exp, self.device_type)
             got.append(t)
         return got, ""
+
+
+def _carried(trial: Trial) -> None:
+    """A task whose inputs or outputs have a dtype the sandbox's channel cannot carry is the verifier's
+    limit, not the candidate's failure: infra (a ReferenceError), never its -1."""
+    from actors.verifier.sandbox import DTYPE_NAMES
+
+    for t in [x for x in trial.inputs if isinstance(x, torch.Tensor)] + list(trial.expected):
+        if t.dtype not in DTYPE_NAMES:
+            raise ReferenceError(
+                f"the verifier cannot carry tensors of dtype {dtype_name(t.dtype)}: this task is unsupported"
+            )
 
 
 def _arena_bytes(trial: Trial) -> int:

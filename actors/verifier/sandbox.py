@@ -88,6 +88,8 @@ DTYPES: dict[str, torch.dtype] = {
     "int64": torch.int64,
     "uint8": torch.uint8,
     "bool": torch.bool,
+    "complex64": torch.complex64,
+    "complex128": torch.complex128,
 }
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 

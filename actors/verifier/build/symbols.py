@@ -13,8 +13,8 @@ anything imports it, and classifies them:
   `verifier.legality.allow_vendor_libs` is on, and reported);
 * forbidden (a finding, so the verdict is cheating): any ATen op outside plumbing, by any route
   (`at::_ops`, `at::<backend>::`, `at::native::`, `at::redispatch::`, out-of-line Tensor methods);
-  the dispatcher and dispatch-key guards; operator registration; TorchScript and the C++ module
-  frontend; CUDA graphs; run-time symbol lookup (`dlopen`/`dlsym`/`dl_iterate_phdr`), raw
+  driving the dispatcher; operator registration; TorchScript and the C++ module frontend; the
+  loader's internals and the CUDA profiling interface (CUPTI); raw
   `syscall`, memory protection changes, processes, signals handlers, files and sockets;
 * libraries (DT_NEEDED) outside torch, the C/C++ runtime, CUDA and the vendor libraries, search
   paths (RPATH/RUNPATH) outside torch's and CUDA's, and rtld audit/filter entries.
@@ -40,12 +40,12 @@ from actors.verifier.legality import ALLOWED_OPS, Violation
 
 MAX_ELF_BYTES = 512 << 20
 # Part of every build's cache key: a change to the rules below re-checks what was built before.
-RULES_VERSION = "kiln-symbols-2"
+RULES_VERSION = "kiln-symbols-3"
 
-# One family a line, so a change reads as a diff of names: dynamic loading; raw syscalls and memory
+# One family a line, so a change reads as a diff of names: the loader's internals; raw syscalls and memory
 # maps; processes; signals; limits, namespaces and mounts; opening files; sockets; links and renames.
 _DENY_C_NAMES = """
-dlopen dlmopen dlsym dlvsym dladdr dladdr1 dlinfo dl_iterate_phdr __libc_dlopen_mode __libc_dlsym _dl_sym
+__libc_dlopen_mode __libc_dlsym _dl_sym
 syscall ptrace process_vm_readv process_vm_writev mprotect pkey_mprotect mmap mmap64 mremap remap_file_pages
 fork vfork clone clone3 __clone execve execv execvp execvpe execl execlp execle fexecve posix_spawn posix_spawnp
 system popen kill tgkill tkill killpg sigaction __sigaction signal sigset bsd_signal sysv_signal sigaltstack
@@ -68,10 +68,14 @@ _VENDOR_C = (
     ("dnnl_", "onednn"),
     ("mkl_", "mkl"),
 )
-_CUDA_GRAPH = re.compile(r"^(cuda|cu)(Graph|StreamBeginCapture|StreamEndCapture|ThreadExchangeStreamCaptureMode)")
+# The CUDA profiling interface: the device's record of a call is the verifier's evidence (provenance.py).
+_CUPTI = re.compile(r"^cupti")
 _STD_DENIED = frozenset(
     {"basic_filebuf", "basic_ifstream", "basic_ofstream", "basic_fstream", "__basic_file", "filesystem"}
 )
+# Driving the dispatcher from native code (calling or registering an operator by handle). Dispatch-key
+# guards are not here: torch's own headers instantiate them in honest extensions (a hand-written
+# PYBIND11_MODULE), and no guard reaches below the compute fence, which sits at the backend keys.
 _DISPATCH_WORDS = (
     "Dispatcher",
     "OperatorHandle",
@@ -79,15 +83,6 @@ _DISPATCH_WORDS = (
     "KernelFunction",
     "BoxedKernel",
     "RegisterOperators",
-    "DispatchKey",
-    "dispatch_key",
-    "TorchDispatchModeTLS",
-    "PythonDispatcherTLS",
-    "PythonTorchFunctionTLS",
-    "AutoDispatch",
-    "_AutoDispatch",
-    "AutoNonVariableTypeMode",
-    "CUDAGraph",
 )
 _TORCH_DENIED_NS = frozenset(
     {"jit", "Library", "CppFunction", "detail", "nn", "optim", "data", "serialize", "autograd_function"}
@@ -121,7 +116,7 @@ _OP_SUFFIXES = ("_outf", "_out", "_symint")
 _LIB_ALLOWED = re.compile(
     r"^(libtorch\w*|libc10\w*|libshm|libc|libm|libstdc\+\+|libgcc_s|libgomp[\w-]*|libpthread|"
     r"libdl|librt|ld-linux[\w-]*|libpython3[\w.]*|libcudart|libcuda|libnvrtc[\w-]*|"
-    r"libnvToolsExt|libnvtx3interop|libcupti)\.so(\.[\w.]+)?$"
+    r"libnvToolsExt|libnvtx3interop)\.so(\.[\w.]+)?$"
 )
 _LIB_VENDOR = re.compile(
     r"^(libcublas|libcublasLt|libcudnn\w*|libcufft\w*|libcurand|libcusparse\w*|libcusolver\w*|"
@@ -317,6 +312,9 @@ def _skip_until_e(s: str, i: int) -> int:
 _TORCH_C_ALLOWED = re.compile(r"^(Sleef_\w+|THP\w+)$")
 # C-named exports of torch's libraries that are ATen ops by another door (the AOTI C shim).
 _TORCH_C_OPS = re.compile(r"^(aoti_torch_\w+)$")
+# MKL's vector math library (VML), bundled in libtorch_cpu: vsExp, vmdLn, vcAdd ... and the Fortran
+# spellings (vsexp_).
+_VML = re.compile(r"^(vm?[sdcz][A-Z][A-Za-z0-9]*|vm?[sdcz][a-z0-9]+_)$")
 _TORCH_LIBRARY = re.compile(r"^(libtorch\w*|libc10\w*|libshm)\.so")
 
 
@@ -421,6 +419,8 @@ class Allowlist:
                 base,
             ):
                 return "vendor", f"{library}: bundled BLAS/LAPACK/FFT/NN ({base})"
+            if _VML.match(base):
+                return "vendor", f"{library}: bundled MKL vector math ({base})"
             return "deny", f"{base}() (an internal of {library}, not tensor plumbing)"
         if comps[0] not in ("at", "c10", "torch", "caffe2", "std", "__gnu_cxx", "__cxxabiv1", "pybind11"):
             return "vendor", f"{library}: bundled {comps[0]}"
@@ -432,8 +432,8 @@ class Allowlist:
         base = sym.split("@")[0]
         if base in _DENY_C:
             return "deny", f"{base}()"
-        if _CUDA_GRAPH.match(base):
-            return "deny", f"{base}() (CUDA graph capture or replay)"
+        if _CUPTI.match(base):
+            return "deny", f"{base}() (the profiling interface: the device's record of what ran)"
         for prefix, lib in _VENDOR_C:
             if base.startswith(prefix):
                 return "vendor", lib

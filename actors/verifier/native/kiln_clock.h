@@ -3,7 +3,8 @@
  *
  * `CallClock(device_type, stream, flush_ptr, flush_bytes, marks)` holds `marks` time stamps:
  *   cuda  CUDA events recorded on `stream` (the caller's stream), read with cuEventElapsedTime; the
- *         L2 flush is a cuMemsetD8Async of `flush_bytes` at `flush_ptr` on the same stream; `idle`
+ *         L2 flush is a cuMemsetD8Async of `flush_bytes` at `flush_ptr` on the same stream, after the
+ *         persisting-L2 set-aside is reset to none (a line pinned there survives a flush); `idle`
  *         waits until the whole device is idle (cuCtxSynchronize). All through the CUDA driver
  *         library that torch already loaded, looked up when the clock is made: no ATen operator,
  *         no dispatcher, nothing a candidate's registration or patch can reach.
@@ -29,6 +30,9 @@ typedef int (*cu_memset_t)(unsigned long long, unsigned char, size_t, void *);
 typedef int (*cu_ctx_sync_t)(void);
 typedef int (*cu_ctx_get_t)(void **);
 typedef int (*cu_ctx_set_t)(void *);
+typedef int (*cu_ctx_reset_l2_t)(void);
+typedef int (*cu_ctx_set_limit_t)(int, size_t);
+#define CU_LIMIT_PERSISTING_L2_CACHE_SIZE 0x06
 
 static struct {
     int resolved;
@@ -40,6 +44,8 @@ static struct {
     cu_ctx_sync_t ctx_sync;
     cu_ctx_get_t ctx_get;
     cu_ctx_set_t ctx_set;
+    cu_ctx_reset_l2_t reset_l2;     /* optional: devices and drivers without persisting L2 lack them */
+    cu_ctx_set_limit_t set_limit;
 } g_cu;
 
 static void *cu_symbol(void *lib, const char *name, const char *fallback) {
@@ -61,6 +67,8 @@ static int cu_resolve(void) {
     g_cu.ctx_sync = (cu_ctx_sync_t)cu_symbol(lib, "cuCtxSynchronize", NULL);
     g_cu.ctx_get = (cu_ctx_get_t)cu_symbol(lib, "cuCtxGetCurrent", NULL);
     g_cu.ctx_set = (cu_ctx_set_t)cu_symbol(lib, "cuCtxSetCurrent", NULL);
+    g_cu.reset_l2 = (cu_ctx_reset_l2_t)cu_symbol(lib, "cuCtxResetPersistingL2Cache", NULL);
+    g_cu.set_limit = (cu_ctx_set_limit_t)cu_symbol(lib, "cuCtxSetLimit", NULL);
     if (!g_cu.event_create || !g_cu.event_record || !g_cu.event_elapsed || !g_cu.event_destroy ||
         !g_cu.memset_async || !g_cu.ctx_sync || !g_cu.ctx_get || !g_cu.ctx_set)
         return -1;
@@ -133,10 +141,20 @@ static void clock_dealloc(CallClock *self) {
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
+/* Device state a call could leave for the next one: a persisting-L2 set-aside (and the lines an access
+ * policy window pinned there) survives the flush, which evicts only normal lines. Before every call's
+ * flush the set-aside goes back to none and every persisting line to normal. Errors are ignored: a
+ * device without persisting L2 has nothing to reset. */
+static void reset_device_state(void) {
+    if (g_cu.set_limit) g_cu.set_limit(CU_LIMIT_PERSISTING_L2_CACHE_SIZE, 0);
+    if (g_cu.reset_l2) g_cu.reset_l2();
+}
+
 static PyObject *clock_flush(CallClock *self, PyObject *unused) {
     (void)unused;
     if (self->cuda && self->flush_bytes) {
         g_cu.ctx_set(self->ctx);
+        reset_device_state();
         int rc = g_cu.memset_async(self->flush_ptr, 0, self->flush_bytes, self->stream);
         if (rc != 0) return cu_failed("cuMemsetD8Async", rc);
     }
@@ -195,7 +213,10 @@ static PyObject *clock_preroll(CallClock *self, PyObject *args) {
     int cuda = self->cuda && self->flush_bytes;
     Py_BEGIN_ALLOW_THREADS
     double now = monotonic_s(), end = now + seconds, fastest = 1.0;
-    if (cuda) g_cu.ctx_set(ctx);
+    if (cuda) {
+        g_cu.ctx_set(ctx);
+        reset_device_state();
+    }
     while (now < end) {
         if (cuda) {
             rc = g_cu.memset_async(self->flush_ptr, 0, self->flush_bytes, self->stream);

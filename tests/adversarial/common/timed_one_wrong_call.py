@@ -1,5 +1,5 @@
 # kiln-adversarial: task=level1/01_relu expect=cheating
-# Right on every correctness trial, then skips the work on one call in 97 (returns zeros): a timed stage that checked one call of each trip missed those about K - 1 times in K.
+# Right on every correctness trial, then skips the work on one call in five (returns zeros): a timed stage that checked one call of each trip missed each such call K - 1 times in K.
 # kiln-adversarial-include: _relu_extension.py
 
 
@@ -10,6 +10,6 @@ class ModelNew(nn.Module):
 
     def forward(self, x):
         self.calls += 1
-        if self.calls > 40 and self.calls % 97 == 0:
+        if self.calls > 16 and self.calls % 5 == 0:
             return torch.zeros_like(x)
         return adv.relu_out(x)
