@@ -234,6 +234,8 @@ def _outside_work(c: Counter) -> int:
 #   vendor    cuBLAS/cuBLASLt (CUTLASS and nvjet kernels included), cuDNN, cuFFT, cuSPARSE, cuRAND
 #   aten      any other kernel of libtorch's (at::, c10::, torch's anonymous namespaces)
 #   unknown   a kernel none of the above names
+# Every traced request runs kernels of the sandbox's own (its staging copies, the input delay, the
+# flushes): a trace that recorded none of them was switched off (`trace_missing`).
 CUDA_PLUMBING = re.compile(
     r"^(Memcpy|Memset)|FillFunctor|copy_kernel|copy_device_to_device|distribution_elementwise|normal_and_transform"
     r"|uniform_and_transform|bernoulli_tensor|randperm|spin_kernel|elementwise_kernel_with_index<.*arange"
@@ -300,8 +302,10 @@ def judge_cuda(traced: list[Traced], own: frozenset[str], unreadable: int, allow
         out.available, out.why = False, "no request was traced"
         return out
     names: dict[str, Counter] = {c: Counter() for c in CLASSES}
-    short_calls = 0
+    short_calls, blank = 0, 0
     for t in traced:
+        if not t.kernels:  # the sandbox's own copies, fills or flushes run in every traced request
+            blank += 1
         by_class: Counter = Counter()
         for entry in t.kernels:
             if type(entry) is not list or len(entry) != 2 or type(entry[0]) is not str or type(entry[1]) is not int:
@@ -320,6 +324,15 @@ def judge_cuda(traced: list[Traced], own: frozenset[str], unreadable: int, allow
             out.audited_trips += 1
     out.top = {cls: [[n[:160], k] for n, k in c.most_common(TOP)] for cls, c in names.items() if c}
     out.findings = _cuda_findings(out.launches, short_calls, allow_vendor_libs, out.top)
+    if blank:
+        out.findings.append(
+            Violation(
+                "trace_missing",
+                f"{blank} traced requests recorded nothing, not even the sandbox's own copies",
+                "",
+                "the device's record of what ran was switched off or tampered with",
+            )
+        )
     return out
 
 

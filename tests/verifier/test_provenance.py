@@ -248,6 +248,8 @@ def test_kernels_outside_the_calls_and_calls_without_a_kernel_of_its_own_are_fin
     assert [v.kind for v in judge_cuda(staged_work, own, 0, True).findings] == ["work_outside_calls"]
     cast_only = [Traced("call", 1, [[next(n for n in KERNELS if "float16_copy" in n), 1]])]
     assert [v.kind for v in judge_cuda(cast_only, own, 0, True).findings] == ["plumbing_only"]
+    switched_off = [Traced("call", 1, [["k(float*)", 1]]), Traced("fetch", 0, [])]
+    assert [v.kind for v in judge_cuda(switched_off, own, 0, True).findings] == ["trace_missing"]
     cublas = [Traced("call", 1, [[next(n for n in KERNELS if "cutlass" in n), 1]])]
     assert not judge_cuda(cublas, own, 0, True).findings  # vendor work, allowed and reported
     assert {v.kind for v in judge_cuda(cublas, own, 0, False).findings} == {"vendor_work", "plumbing_only"}
