@@ -71,7 +71,7 @@ class KernelVerifier(RewardActor):
             torch.backends.cuda.matmul.allow_tf32 = False  # references run at full fp32 precision
             torch.backends.cudnn.allow_tf32 = False
         self.cache_dir = resolve_cache_dir(cfg)
-        from actors.verifier.build import BuildService  # the compile subsystem
+        from actors.verifier.build import BuildService, devices  # the compile subsystem
 
         self.zygote = Zygote()
         self.compile_workers = compile_workers(cfg.compile_workers)  # 0 = the node's cores
@@ -84,6 +84,7 @@ class KernelVerifier(RewardActor):
             cfg.compile_timeout_s,
             memory_limit_mb=cfg.memory_limit_mb,
             zygote=self.zygote,
+            device=devices.describe(gpus[0].device if gpus else 0) if self.device == "cuda" else None,
         )
         self.toolchain = str(self.builds.toolchain_id)
         self.lanes = Lanes(

@@ -5,6 +5,7 @@ output trimmed for feedback, flag profiles."""
 from __future__ import annotations
 
 import subprocess
+import sys
 import textwrap
 
 import pytest
@@ -161,3 +162,19 @@ def test_flag_profiles():
     assert flag_profile([]) == ("-O0",)
     assert flag_profile(["-O3 -march=native", "-Wall", "-fopenmp"]) == ("-O2", "-fopenmp", "-march=native")
     assert flag_profile(["-Ofast"]) == ("-O2", "-ffast-math")
+
+
+def test_device_queries_at_import_are_answered_from_the_verifiers_device():
+    """The capture process sees no GPU; a candidate that asks the device about itself at import (its
+    multiprocessor count, its capability) gets the verifier's device's answers (build/devices.py).
+    Reopened by: not installing the answers (the query raises: no CUDA device on this machine)."""
+    code = (
+        "import torch\n"
+        "from actors.verifier.build.devices import install\n"
+        "install({'name': 'NVIDIA H200', 'major': 9, 'minor': 0, 'multi_processor_count': 132, 'total_memory': 1 << 37})\n"
+        "assert torch.cuda.is_available() and torch.cuda.device_count() == 1\n"
+        "assert torch.cuda.get_device_properties(0).multi_processor_count == 132\n"
+        "assert torch.cuda.get_device_capability() == (9, 0) and torch.cuda.get_device_name(0) == 'NVIDIA H200'\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]

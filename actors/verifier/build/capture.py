@@ -25,6 +25,7 @@ from pathlib import Path
 
 from actors.verifier import fence, isolation, native, seccomp, wire
 
+from .devices import install as install_device_answers
 from .prebuilt import import_extension, refuse_load
 from .spec import UnsupportedCall, spec_from_call
 
@@ -86,7 +87,7 @@ class Recorder:
             raise BuildAborted(f"load_inline(name={spec.name!r}) built a module that does not import") from None
 
 
-def run_job(channel: Channel, scratch: Path, evidence_fd: int) -> None:
+def run_job(channel: Channel, scratch: Path, evidence_fd: int, device: dict | None = None) -> None:
     """Capture one candidate (its source is scratch/candidate.py, written by the service). The process
     is sealed (fence.py) before the candidate's first line runs, as the execution sandbox is: module-level
     code computes nothing with ATen and reaches nothing of this process's. What this process reports
@@ -97,6 +98,8 @@ def run_job(channel: Channel, scratch: Path, evidence_fd: int) -> None:
 
     cpp_extension.load_inline = recorder
     cpp_extension.load = recorder.refuse_load
+    if device:  # the verifier's GPU, described: module-level device queries are answered (devices.py)
+        install_device_answers(device)
 
     path = scratch / CANDIDATE_FILE
     source = path.read_text()
@@ -147,7 +150,7 @@ def child_main(fds: list[int], spec, report, args: dict) -> int:
     channel = Channel(socket.socket(fileno=fds[0]))
     channel.event("start", jail=report.to_json())
     try:
-        run_job(channel, Path(spec.scratch), fds[1] if len(fds) > 1 else -1)
+        run_job(channel, Path(spec.scratch), fds[1] if len(fds) > 1 else -1, args.get("device"))
     except wire.WireError:
         return 3
     return 0

@@ -63,6 +63,7 @@ class BuildService:
         pch: str = "auto",
         pch_dir: Path | None = None,
         gpu_visible: bool = False,
+        device: dict | None = None,
         start_timeout_s: float = 120.0,
         zygote: Zygote | None = None,
     ) -> None:
@@ -86,6 +87,7 @@ class BuildService:
         self.max_processes = int(max_processes)
         self.prelude_policy = prelude_policy
         self.gpu_visible = gpu_visible
+        self.device = device  # the GPU that module-level device queries are answered about (devices.py)
         self.allowlist = symbols.Allowlist.from_torch()
         # torch's exports, for the symbol check of the first builds: read now, beside the zygote's start
         threading.Thread(target=self.allowlist.torch.load, name="kiln-torch-exports", daemon=True).start()
@@ -244,7 +246,7 @@ class BuildService:
                 spec,
                 [theirs.fileno(), ev_w],
                 str(job_dir / "stderr.txt"),
-                {"memory_limit_bytes": self.memory_limit},
+                {"memory_limit_bytes": self.memory_limit, "device": self.device},
             )
         except ZygoteError as err:
             ours.close()
