@@ -176,5 +176,5 @@ def test_device_queries_at_import_are_answered_from_the_verifiers_device():
         "assert torch.cuda.get_device_properties(0).multi_processor_count == 132\n"
         "assert torch.cuda.get_device_capability() == (9, 0) and torch.cuda.get_device_name(0) == 'NVIDIA H200'\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
