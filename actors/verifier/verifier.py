@@ -244,6 +244,7 @@ class KernelVerifier(RewardActor):
         trials = [t.to_json() for t in out.trials]
         violations = [v.to_json() for v in out.violations]
         diagnostics.update({"trials": trials, "violations": violations, "notes": out.notes, "params": out.params})
+        diagnostics["families"] = out.families_json()
         diagnostics["sandbox"]["missing"].update((out.sandbox or {}).get("missing") or {})
         diagnostics["sandbox"]["exit"] = dict(out.exit or {})
         diagnostics["sandbox"]["limits"] = dict(out.limits or {})
