@@ -116,11 +116,12 @@ def row_exponent_range(dtypes: list[torch.dtype]) -> tuple[int, int]:
 
 
 def _spread(x: torch.Tensor) -> float:
-    """The standard deviation of x's elements (its root mean square where that is 0, else 1)."""
-    v = x.detach().double()
-    std = float(v.std()) if v.numel() > 1 else 0.0
-    if not math.isfinite(std) or std == 0.0:
-        std = float(v.pow(2).mean().sqrt()) if v.numel() else 0.0
+    """The standard deviation of x's elements; for a constant x, its magnitude; for zeros, 1. A
+    reduction only (accumulated in float32 or wider): at KernelBench's sizes an input is gigabytes,
+    and a copy of it in float64 would be twice that."""
+    std = float(x.std()) if x.numel() > 1 else 0.0
+    if not math.isfinite(std) or std == 0.0:  # constant: every element is the first
+        std = abs(float(x.flatten()[0])) if x.numel() else 0.0
     return std if math.isfinite(std) and std > 0.0 else 1.0
 
 
@@ -177,10 +178,9 @@ def _row_scales(x: torch.Tensor, i: int, p: dict) -> torch.Tensor:
 
 
 def _near_one(x: torch.Tensor, i: int, p: dict) -> torch.Tensor:
-    v = x.double()
     length = x.shape[-1] if x.dim() else 1
-    centred = v - v.mean() if v.numel() > 1 else v * 0.0
-    return (1.0 + p["width"] * centred / (_spread(x) * math.sqrt(max(length, 1)))).to(x.dtype)
+    mean = float(x.mean()) if x.numel() > 1 else float(x.flatten()[0]) if x.numel() else 0.0
+    return (x - mean) * (p["width"] / (_spread(x) * math.sqrt(max(length, 1)))) + 1.0
 
 
 FAMILIES: dict[str, Family] = {

@@ -349,7 +349,13 @@ class Reference:
         return allowances(expected, exact, self.device)
 
     def sensitivity_trial(
-        self, instance: Instance, base: Trial, index: int, tolerance: tuple[float, float] | None
+        self,
+        instance: Instance,
+        base: Trial,
+        index: int,
+        tolerance: tuple[float, float] | None,
+        *,
+        infinite_ok: bool = False,
     ) -> Trial | Skipped:
         """`base`'s inputs with a share t of a fresh draw mixed in (families.mix), t grown from
         FIRST_MIX until the reference's output moves at least MOVE tolerance bounds from base's; a
@@ -368,7 +374,7 @@ class Reference:
                 attempts += 1
                 inputs = families.mix(start, fresh, t)
                 expected = self.run(instance.model, inputs)
-                if _not_finite(expected, False):
+                if _not_finite(expected, infinite_ok):
                     return Skipped(Drawn(SENSITIVITY, {"mix": t}), "the reference's outputs are not finite there")
                 moved = move_ratio(before, expected, tolerance, self.device)
                 following = families.next_mix(t, moved)

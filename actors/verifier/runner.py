@@ -288,7 +288,9 @@ class CandidateRun:
             started = time.perf_counter()
             with self.lease.shared():  # used at once: never parked
                 if planned.family == SENSITIVITY:
-                    trial = self.ref.sensitivity_trial(shape.inst, shape.first, planned.index, self.tol_override)
+                    trial = self.ref.sensitivity_trial(
+                        shape.inst, shape.first, planned.index, self.tol_override, infinite_ok=shape.infinite_ok
+                    )
                 else:
                     trial = self.ref.trial(
                         shape.inst,
