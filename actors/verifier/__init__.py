@@ -24,8 +24,9 @@ process. Where things are:
   reference.py, compare.py, runner.py, performance.py, outcome.py, baselines.py, timing.py,
                  tensors.py   the trusted side (runner.py drives a run and performance.py its timed
                  calls, outcome.py is what it established; protocols/lease.py: the
-                 device lease shared with engines and learners); baseline_worker.py, the lane's
-                 process that times the references and runs nothing else
+                 device lease shared with engines and learners); families.py, the input families
+                 the correctness trials are drawn from; baseline_worker.py, the lane's process that
+                 times the references and runs nothing else
   reward.py      the MooreEval score and the feedback texts; verdicts.py: the authenticated verdict cache
   examples.py    TextMatchReward, an example reward actor for a non-kernel task
 The verifier's own tools live in launch/bench/ (`gpu_verifier`, `compile`, `gpu_compile`).

@@ -13,12 +13,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from actors.verifier.executor import ChildSession, SandboxCrash, SandboxFailure, SandboxForged
+from actors.verifier.families import ALL, NORMAL, SENSITIVITY
 from actors.verifier.legality import Violation
 
 
 @dataclass
 class TrialRecord:
-    label: str  # "primary#0", "alt1#0", "scaled#0"
+    label: str  # "primary#0", "alt1#0", "offset#0", "sensitivity#0" (families.labels)
     shapes: str
     passed: bool
     message: str = ""
@@ -35,6 +36,19 @@ class TrialRecord:
 
 
 @dataclass
+class FamilyRecord:
+    """What one input family (families.py) contributed to a run: its trials with their parameters and
+    whether their reference output was degenerate, and the draws it skipped (never scored)."""
+
+    family: str
+    trials: list[dict] = field(default_factory=list)  # label, params; notes, degenerate, allowance where any
+    skipped: list[dict] = field(default_factory=list)  # params, why, notes
+
+    def to_json(self) -> dict:
+        return {"family": self.family, "trials": self.trials, "skipped": self.skipped}
+
+
+@dataclass
 class RunOutcome:
     """What execution established; `verifier.py` turns it into a VerifyResult."""
 
@@ -42,7 +56,7 @@ class RunOutcome:
     error_class: str | None = None
     message: str = ""  # runtime/timeout/infra explanation
     trials: list[TrialRecord] = field(default_factory=list)
-    planned: int = 0  # trials the run set out to judge (runner.py's plan, less a scaled trial it could not draw)
+    planned: int = 0  # trials the run set out to judge (runner.py's plan, less family trials it skipped)
     violations: list[Violation] = field(default_factory=list)
     candidate_s: float | None = None
     eager_s: float | None = None
@@ -60,6 +74,7 @@ class RunOutcome:
     profile: dict = field(default_factory=dict)  # a slow pass's kernels by time (profile.py): feedback only
     provenance: dict = field(default_factory=dict)  # whose code did the work, per evidence source (provenance.py)
     precompute: dict = field(default_factory=dict)  # ATen's elements computed before the first input, and the budget
+    families: dict[str, FamilyRecord] = field(default_factory=dict)  # by family name (diagnostics.families)
 
     @property
     def q(self) -> float:
@@ -67,6 +82,29 @@ class RunOutcome:
         the run from reaching count as not passed, so stopping early scores as failing them."""
         total = max(self.planned, len(self.trials))
         return sum(t.passed for t in self.trials) / total if total else 0.0
+
+    def family_trial(
+        self, family: str, label: str, params: dict, notes: list[str], degenerate: str, allowance: list | None
+    ) -> None:
+        record = self.families.setdefault(family, FamilyRecord(family))
+        entry = {"label": label, "params": params}
+        if notes:
+            entry["notes"] = list(notes)
+        if degenerate:
+            entry["degenerate"] = degenerate
+        if allowance:
+            entry["allowance"] = [float(f"{a:.3g}") for a in allowance]
+        record.trials.append(entry)
+
+    def family_skipped(self, family: str, params: dict, why: str, notes: list[str]) -> None:
+        record = self.families.setdefault(family, FamilyRecord(family))
+        record.skipped.append({"params": params, "why": why, **({"notes": notes} if notes else {})})
+
+    def families_json(self) -> list[dict]:
+        """Every family the run drew from, in a fixed order (the plain draws, the families, the
+        sensitivity trial)."""
+        order = [NORMAL, *ALL, SENSITIVITY]
+        return [self.families[f].to_json() for f in sorted(self.families, key=order.index)]
 
     def inspect(self, child: ChildSession) -> None:
         """What the verifier sees of the sandbox from outside: shared mappings that appeared after it

@@ -2,7 +2,9 @@
 
 References run only in the verifier's own (trusted) process, never in the process that imports a
 candidate. Inputs come from the reference's `get_inputs()` under a fresh seed from `secrets`, so a
-candidate can neither predict nor replay them.
+candidate can neither predict nor replay them; a trial of an input family (families.py) transforms
+such a draw under parameters drawn from `secrets` too, and the sensitivity trial mixes one into an
+earlier trial's inputs until the reference's output moves.
 
 Shapes follow KernelBench plus two module-level extensions (tasks/README.md):
 * `KILN_CPU_SHAPES = {"batch_size": 16, ...}` replaces module constants on the cpu backend;
@@ -14,6 +16,7 @@ An optional `KILN_TOLERANCE` (a number, or {"atol": ..., "rtol": ...}) overrides
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import linecache
 import secrets
@@ -24,7 +27,17 @@ from dataclasses import dataclass, field
 
 import torch
 
-from actors.verifier.compare import declared_tolerance
+from actors.verifier import families
+from actors.verifier.compare import (
+    ALLOWANCE_FACTOR,
+    ALLOWANCE_LIMIT,
+    allowances,
+    declared_tolerance,
+    degeneracy,
+    move_ratio,
+    scale_of,
+)
+from actors.verifier.families import NORMAL, SENSITIVITY, Drawn
 from protocols import Task
 
 # Global RNG state is process-wide: seeding and drawing happen under this lock.
@@ -32,6 +45,12 @@ _RNG_LOCK = threading.RLock()
 # A trial that waits (it is drawn while planning, before the sandbox is ready) and is larger than this
 # waits on the host once its expected outputs exist. A trial drawn just before it is used never waits.
 KEEP_ON_DEVICE_BYTES = 256 << 20
+# The float64 run that measures the reference's own float32 error (an offset trial's tolerance
+# allowance) is taken up to this many bytes of float64 inputs, outputs and parameters: above it, on
+# the device beside the run's other trials, it could take memory the run did not reserve (devmem.py).
+FLOAT64_MAX_BYTES = 2 << 30
+# Family parameters are drawn from the operating system's randomness, fresh for every trial.
+_FAMILY_RNG = secrets.SystemRandom()
 
 
 class ReferenceError(RuntimeError):
@@ -63,6 +82,11 @@ class Trial:
     index: int  # across all trials of the job
     inputs: list  # tensors (on the reference's device, or the host when large and waiting) / scalars, as sent
     expected: list[torch.Tensor]  # reference outputs (on the reference device, or the host when large and waiting)
+    drawn: Drawn = field(default_factory=lambda: Drawn(NORMAL))  # its input family and parameters
+    allowance: list[float] | None = None  # per output, added to the tolerance bound (compare.allowances)
+    base: int | None = None  # a sensitivity trial: the index of the trial whose inputs it perturbs
+    notes: list[str] = field(default_factory=list)  # what drawing it took (parameters retried)
+    degenerate: str = ""  # why its reference output tests little (compare.degeneracy), "" when it does not
 
     def shapes_only(self) -> Trial:
         """The same trial with its tensors' data dropped (meta tensors: shapes and dtypes only), for
@@ -71,7 +95,19 @@ class Trial:
         def meta(x):
             return torch.empty(x.shape, dtype=x.dtype, device="meta") if isinstance(x, torch.Tensor) else x
 
-        return Trial(self.config, self.index, [meta(x) for x in self.inputs], [meta(e) for e in self.expected])
+        return Trial(
+            self.config, self.index, [meta(x) for x in self.inputs], [meta(e) for e in self.expected], self.drawn
+        )
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A family trial the reference cannot pose (its outputs are not finite there, or it does not
+    move): reported, never scored."""
+
+    drawn: Drawn
+    why: str
+    notes: tuple[str, ...] = ()
 
 
 @dataclass
@@ -199,22 +235,161 @@ class Reference:
         state = {k: v.detach().to("cpu").clone() for k, v in model.state_dict().items()}
         return Instance(config, init_args, seed, state, model)
 
-    def trial(self, instance: Instance, index: int, scale: float = 1.0, *, waits: bool = True) -> Trial | None:
-        """Fresh inputs for one trial and the reference's outputs on them. `scale` multiplies the
-        floating-point inputs (a power of two keeps them exact); a scaled trial the reference cannot
-        take (its outputs stop being finite) is None. `waits`: the trial is held while others are
-        drawn (a large one is parked on the host); one drawn just before it is used stays where it
-        was made (no copy to the host and back: at KernelBench's sizes that is gigabytes a trial)."""
+    def trial(
+        self,
+        instance: Instance,
+        index: int,
+        family: str = NORMAL,
+        *,
+        waits: bool = True,
+        infinite_ok: bool = False,
+        tolerance: tuple[float, float] | None = None,
+    ) -> Trial | Skipped:
+        """Fresh inputs for one trial, of `family` (families.py), and the reference's outputs on them.
+        A family trial the reference cannot take (its outputs stop being finite from finite inputs;
+        infinities are fine where `infinite_ok`: the task's own draws give them) is retried as the
+        family says (the other sign of an offset, a smaller scale) and else Skipped; one whose output
+        is degenerate under `tolerance` (the task's override) is retried once. `waits`: the trial is
+        held while others are drawn (a large one is parked on the host); one drawn just before it is
+        used stays where it was made (no copy to the host and back: at KernelBench's sizes that is
+        gigabytes a trial)."""
         with self.shapes(instance.config.overrides):
-            inputs = self._draw()
-            if scale != 1.0:
-                inputs = [x * scale if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs]
-            expected = self.run(instance.model, inputs)
-        if scale != 1.0 and not all(_all(torch.isfinite, e) for e in expected if e.is_floating_point()):
-            return None
-        self.check_outputs(inputs, expected)
-        self._footprints[tuple(sorted(instance.config.overrides.items()))] = _held_bytes(inputs, expected)
-        return Trial(instance.config, index, *(self._parked(inputs, expected) if waits else (inputs, expected)))
+            base = self._draw()
+            if family == NORMAL:
+                made = Trial(instance.config, index, base, self.run(instance.model, base))
+                made.degenerate = degeneracy(made.expected, tolerance, self.device)
+            else:
+                made = self._family_trial(instance, index, family, base, infinite_ok, tolerance)
+                if isinstance(made, Skipped):
+                    return made
+        self.check_outputs(made.inputs, made.expected)
+        if family == NORMAL:
+            self._footprints[tuple(sorted(instance.config.overrides.items()))] = _held_bytes(made.inputs, made.expected)
+        if waits:
+            made.inputs, made.expected = self._parked(made.inputs, made.expected)
+        return made
+
+    def _family_trial(
+        self, instance: Instance, index: int, family: str, base: list, infinite_ok: bool, tolerance
+    ) -> Trial | Skipped:
+        """`base` (a fresh draw) under `family`'s parameters (`_posed`), with the tolerance allowance
+        where the family asks for one (`_allowed`)."""
+        drawn = families.draw(family, base, _FAMILY_RNG)
+        if not families.floating(base):
+            return Skipped(drawn, "the task has no floating-point inputs")
+        posed = self._posed(instance, drawn, base, infinite_ok, tolerance)
+        if isinstance(posed, Skipped):
+            return posed
+        drawn, inputs, expected, weak, notes = posed
+        trial = Trial(instance.config, index, inputs, expected, drawn, notes=notes, degenerate=weak)
+        return self._allowed(instance, trial) if families.FAMILIES[family].float64 else trial
+
+    def _posed(self, instance: Instance, drawn: Drawn, base: list, infinite_ok: bool, tolerance):
+        """The reference on `base` under `drawn`, retried with the family's next parameters while its
+        outputs are not finite, and once where they are degenerate (a ReLU of inputs offset below
+        zero: the other sign tests something; a retry that does no better keeps the first).
+        (drawn, inputs, expected, degenerate, notes), or Skipped when the retries run out."""
+        notes: list[str] = []
+        kept, last, why = None, drawn, ""
+        while drawn is not None:
+            last, inputs, expected = drawn, families.apply(drawn, base), None
+            why = "" if all_finite(inputs) else "its inputs are not finite"
+            if not why:
+                expected = self.run(instance.model, inputs)
+                why = _not_finite(expected, infinite_ok)
+            weak = "" if why else degeneracy(expected, tolerance, self.device)
+            if not why and not weak:
+                return drawn, inputs, expected, "", notes
+            notes.append(f"{drawn.describe()}: {why or 'degenerate: ' + weak}")
+            if kept is not None:
+                break
+            if weak:
+                kept = (drawn, inputs, expected, weak)
+            drawn = families.retry(drawn)
+        if kept is None:
+            return Skipped(last, f"the reference's outputs are not finite there ({why})", tuple(notes))
+        return (*kept, notes)
+
+    def _allowed(self, instance: Instance, trial: Trial) -> Trial | Skipped:
+        """`trial` with its tolerance allowance (`float64_allowance`); Skipped where the reference's
+        own float32 error is more than ALLOWANCE_LIMIT of its output's scale (it computes nothing
+        reliable there, and a bound that wide would test nothing)."""
+        measured = self.float64_allowance(instance, trial.inputs, trial.expected)
+        if isinstance(measured, str):
+            trial.notes.append(measured)
+            return trial
+        for e, allow in zip(trial.expected, measured, strict=True):
+            share = allow / ALLOWANCE_FACTOR / max(scale_of(e), 1e-300) if e.is_floating_point() else 0.0
+            if share > ALLOWANCE_LIMIT:
+                return Skipped(
+                    trial.drawn,
+                    f"the reference's own float32 error there is {share:.0%} of its output's scale "
+                    "(against a float64 run of it): it computes nothing reliable there",
+                    tuple(trial.notes),
+                )
+        trial.allowance = measured
+        return trial
+
+    def float64_allowance(self, instance: Instance, inputs: list, expected: list[torch.Tensor]) -> list[float] | str:
+        """The tolerance allowance at these inputs (compare.allowances: twice the reference's distance
+        from a float64 run of itself), or why it was not measured (then none is given)."""
+        params = sum(p.numel() for p in instance.model.parameters()) + sum(b.numel() for b in instance.model.buffers())
+        elements = params + sum(x.numel() for x in inputs if isinstance(x, torch.Tensor))
+        elements += sum(e.numel() for e in expected)
+        if 8 * elements > FLOAT64_MAX_BYTES:
+            return f"no float64 check of the reference (it would take {8 * elements >> 20} MB): plain tolerance"
+        try:
+            model = copy.deepcopy(instance.model).double()
+            wide = [x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs]
+            exact = self.run(model, wide)
+        except Exception as err:  # noqa: BLE001 - a reference that mixes dtypes inside: no allowance
+            return f"the reference does not run in float64 ({type(err).__name__}): plain tolerance"
+        if len(exact) != len(expected) or any(x.shape != e.shape for x, e in zip(exact, expected, strict=False)):
+            return "the reference's float64 run gives other outputs: plain tolerance"
+        return allowances(expected, exact, self.device)
+
+    def sensitivity_trial(
+        self,
+        instance: Instance,
+        base: Trial,
+        index: int,
+        tolerance: tuple[float, float] | None,
+        *,
+        infinite_ok: bool = False,
+    ) -> Trial | Skipped:
+        """`base`'s inputs with a share t of a fresh draw mixed in (families.mix), t grown from
+        FIRST_MIX until the reference's output moves at least MOVE tolerance bounds from base's; a
+        reference that no mix (a whole fresh draw included) moves that far is insensitive there."""
+        with self.shapes(instance.config.overrides):
+            fresh = self._draw()
+            if [_size(x) for x in fresh] != [_size(x) for x in base.inputs]:
+                raise ReferenceError(
+                    f"the reference's get_inputs() drew inputs of other sizes at {instance.config.describe()} "
+                    "than its first draw: a task's sizes must not change between draws"
+                )
+            before = [e.to(self.device) for e in base.expected]
+            start = self.to_device(base.inputs)
+            t, attempts, moved = families.FIRST_MIX, 0, 0.0
+            while True:
+                attempts += 1
+                inputs = families.mix(start, fresh, t)
+                expected = self.run(instance.model, inputs)
+                if _not_finite(expected, infinite_ok):
+                    return Skipped(Drawn(SENSITIVITY, {"mix": t}), "the reference's outputs are not finite there")
+                moved = move_ratio(before, expected, tolerance, self.device)
+                following = families.next_mix(t, moved)
+                if following is None:
+                    break
+                t = following if attempts < families.MIX_ATTEMPTS - 1 else 1.0
+        drawn = Drawn(SENSITIVITY, {"mix": t, "moved": round(moved, 1) if moved != float("inf") else "exact"})
+        if moved < families.MOVE:
+            return Skipped(
+                drawn,
+                f"insensitive: no perturbation of its inputs moved the reference's output {families.MOVE:g} "
+                f"tolerance bounds (at most {moved:.2g})",
+            )
+        weak = degeneracy(expected, tolerance, self.device)
+        return Trial(instance.config, index, inputs, expected, drawn, base=base.index, degenerate=weak)
 
     def _parked(self, inputs: list, expected: list[torch.Tensor]) -> tuple[list, list[torch.Tensor]]:
         """A trial's tensors where it waits: a run holds several trials at once, so gigabyte inputs
@@ -316,6 +491,25 @@ class Reference:
 
     def _rng_devices(self) -> list[int]:
         return [torch.cuda.current_device()] if self.device.startswith("cuda") else []
+
+
+def _size(x) -> tuple | None:
+    return (tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else None
+
+
+def all_finite(tensors: list) -> bool:
+    """Whether every floating-point tensor among `tensors` holds only finite values (slice by slice)."""
+    return all(_all(torch.isfinite, x) for x in tensors if isinstance(x, torch.Tensor) and x.is_floating_point())
+
+
+def _not_finite(expected: list[torch.Tensor], infinite_ok: bool) -> str:
+    """Why these reference outputs cannot be judged ("" when they can): NaN, or infinities where the
+    task's own draws give none."""
+    if all_finite(expected):  # the common case: one pass
+        return ""
+    if any(not _all(lambda t: ~torch.isnan(t), e) for e in expected if e.is_floating_point()):
+        return "NaN"
+    return "" if infinite_ok else "infinities"
 
 
 def _all(test, x: torch.Tensor, chunk: int = 1 << 28) -> bool:

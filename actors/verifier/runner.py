@@ -1,9 +1,10 @@
 """Stages 3-5 for one built candidate: run, correctness trials, legality verdict, performance.
 
 This is the trusted side of an execution: the sandbox runs the candidate, this process decides. It
-prepares every trial (fresh seeds, reference outputs, one trial on inputs scaled up), writes inputs
-into the session's I/O arena, reads outputs back as bytes of the dtype and shape it expects (nothing
-else is ever read), compares them, and keeps the clock that counts. Expected outputs never leave
+prepares every trial (fresh seeds, reference outputs; on the primary shape, one trial of each input
+family and a sensitivity trial: families.py), writes inputs into the session's I/O arena, reads
+outputs back as bytes of the dtype and shape it expects (nothing else is ever read), compares them
+(with the family's tolerance allowance), and keeps the clock that counts. Expected outputs never leave
 this process. Per shape configuration the sandbox builds one ModelNew and sees several fresh
 inputs, so a result cached across calls shows up as a mismatch, and one replayed from an earlier
 call is named as such. After the primary trials, a canary trial (an earlier trial's inputs with a
@@ -26,22 +27,33 @@ from dataclasses import dataclass
 
 import torch
 
-from actors.verifier import limits, profile, timing
+from actors.verifier import families, limits, profile, timing
 from actors.verifier.baselines import Baselines
 from actors.verifier.compare import compare_outputs
 from actors.verifier.cubins import device_code
 from actors.verifier.devmem import DeviceMemory
 from actors.verifier.executor import Arena, ChildSession, SandboxFailure, SandboxPool
+from actors.verifier.families import NORMAL, SENSITIVITY
 from actors.verifier.legality import Violation
 from actors.verifier.outcome import RunOutcome, TrialRecord, aliasing, precompute_finding
 from actors.verifier.performance import TIMING_INPUT_BUDGET, TimedStage
-from actors.verifier.reference import BrokenTask, Instance, Reference, ReferenceError, ShapeConfig, Trial
+from actors.verifier.reference import (
+    BrokenTask,
+    Instance,
+    Reference,
+    ReferenceError,
+    ShapeConfig,
+    Skipped,
+    Trial,
+    all_finite,
+)
 from actors.verifier.tensors import dtype_name, fingerprint, nbytes, same_bytes
 from configs import VerifierConfig
 from protocols.lease import DeviceLease
 
-SCALED_INPUTS = 16.0  # the extra trial's floating-point inputs are this many times larger
-SCALED_TRIAL = 10_000  # the scaled trial's index (labels it in the verdict)
+# Orders each run's primary trials (families.schedule): from the operating system's randomness, so a
+# candidate cannot tell a family by the position of its call.
+_SCHEDULE_RNG = secrets.SystemRandom()
 # cuda: a device-wide synchronize right after the caller's stream was synchronised that takes longer
 # than this found work still running: work of the candidate's that outlived forward.
 PENDING_S = 0.5e-3
@@ -59,16 +71,27 @@ PRECOMPUTE_FLOOR = 8192
 RUN_COPIES = 4
 
 
+@dataclass(frozen=True)
+class Planned:
+    """One trial of the plan, before it is drawn."""
+
+    index: int  # across all trials of the job
+    family: str  # families.NORMAL, a family of families.ALL, or families.SENSITIVITY
+    label: str  # as feedback names it ("primary#1", "offset#0")
+
+
 @dataclass
 class ShapeTrials:
-    """One shape config's reference instance and its trials. The first is drawn while planning (its
-    size sizes the sandbox); the rest when the sandbox is ready for them, so a candidate stopped on
-    its first trial costs the trusted side one draw per shape rather than every trial's."""
+    """One shape config's reference instance and its trials. The first (a plain draw) is drawn while
+    planning (its size sizes the sandbox); the rest when the sandbox is ready for them, so a candidate
+    stopped on its first trial costs the trusted side one draw per shape rather than every trial's."""
 
     config: ShapeConfig
     inst: Instance
     first: Trial
-    later: list[tuple[int, float]]  # (trial index, input scale) of the trials after the first, in order
+    later: list[Planned]  # the trials after the first, in order
+    label: str  # the first trial's
+    infinite_ok: bool = False  # the task's own draw gives infinite outputs: a family's may too
 
     @property
     def count(self) -> int:
@@ -131,6 +154,8 @@ class CandidateRun:
         self.current_op = "starting the sandbox"
         # Correct outputs' fingerprints (tensors.py; sampled at places secret to this run) -> trial.
         self.seen_outputs: dict[str, int] = {}
+        self.output_prints: dict[int, str] = {}  # trial index -> the fingerprint of the candidate's output
+        self.labels: dict[int, str] = {}  # trial index -> its label
         self.fingerprint_key = secrets.randbits(62)
 
     def run(self, source: str, source_hash: str, artifacts: dict | None, toolchain: str) -> RunOutcome:
@@ -251,10 +276,11 @@ class CandidateRun:
     def _plan(self, *, drawn_alone: bool) -> Plan:
         """Every shape config's reference instance and first trial (alternative shapes first, the
         primary last, so the sandbox's last ModelNew is the one timed), the order of the later trials
-        (the primary's scaled trial before its last plain one, on which the canary is built), and an
-        arena that holds the largest trial's inputs, its outputs twice and its inputs again, or the
-        timed calls. `drawn_alone`: the task's size is unknown (no reservation is held), so each
-        first draw reserves the lane's whole budget."""
+        (the primary's: its plain trials, one per input family and the sensitivity trial, shuffled,
+        then its last plain one, on which the canary is built; families.schedule), and an arena that
+        holds the largest trial's inputs, its outputs twice and its inputs again, or the timed calls.
+        `drawn_alone`: the task's size is unknown (no reservation is held), so each first draw
+        reserves the lane's whole budget."""
         configs, notes = [], []
         largest_trial, largest_inputs = 0, 1
         shape_configs = self.ref.shape_configs(self.cfg.backend, self.cfg.trials)
@@ -269,7 +295,7 @@ class CandidateRun:
                     raise ReferenceError(f"the reference fails at its own shapes: {type(err).__name__}: {err}") from err
                 base = len(configs) * 100
                 try:
-                    first = self.ref.trial(inst, base)
+                    first = self.ref.trial(inst, base, tolerance=self.tol_override)
                 except ReferenceError:
                     raise
                 except Exception as err:
@@ -277,11 +303,14 @@ class CandidateRun:
                         notes.append(f"skipped shapes {config.describe()}: the reference fails there ({err})")
                         continue
                     raise
-            later = [(base + k, 1.0) for k in range(1, config.trials)]
             if config.label == "primary":
-                later.insert(max(len(later) - 1, 0), (SCALED_TRIAL, SCALED_INPUTS))
+                kinds = families.schedule(config.trials, _SCHEDULE_RNG)
+            else:
+                kinds = [NORMAL] * (config.trials - 1)
+            names = families.labels(config.label, [NORMAL, *kinds])
+            later = [Planned(base + k, kind, names[k]) for k, kind in enumerate(kinds, start=1)]
             _carried(first)
-            configs.append(ShapeTrials(config, inst, first, later))
+            configs.append(ShapeTrials(config, inst, first, later, names[0], not all_finite(first.expected)))
             largest_trial = max(largest_trial, _arena_bytes(first))
             largest_inputs = max(largest_inputs, nbytes(first.inputs))
         params = sum(nbytes(list(s.inst.state_dict.values())) + 64 * len(s.inst.state_dict) for s in configs)
@@ -292,29 +321,50 @@ class CandidateRun:
         return Plan(configs, arena, largest_trial, footprint, notes)
 
     def _trials(self, plan: Plan, shape: ShapeTrials):
-        """The shape's trials in order, each later one drawn (trusted work, outside the sandbox's time
-        budget) when the one before it has been judged. A scaled trial the reference cannot take is
-        skipped with a note; a draw larger than the plan is a broken task (its sizes change)."""
-        yield shape.first
-        for index, scale in shape.later:
+        """The shape's trials in order, as (label, trial), each later one drawn (trusted work, outside
+        the sandbox's time budget) when the one before it has been judged. A family trial the
+        reference cannot take is skipped and reported (diagnostics.families), never planned; a draw
+        larger than the plan is a broken task (its sizes change)."""
+        self._drew(shape.label, shape.first)
+        yield shape.label, shape.first
+        for planned in shape.later:
             started = time.perf_counter()
-            with self.lease.shared():
-                trial = self.ref.trial(shape.inst, index, scale=scale, waits=False)  # used at once
+            with self.lease.shared():  # used at once: never parked
+                if planned.family == SENSITIVITY:
+                    trial = self.ref.sensitivity_trial(
+                        shape.inst, shape.first, planned.index, self.tol_override, infinite_ok=shape.infinite_ok
+                    )
+                else:
+                    trial = self.ref.trial(
+                        shape.inst,
+                        planned.index,
+                        planned.family,
+                        waits=False,
+                        infinite_ok=shape.infinite_ok,
+                        tolerance=self.tol_override,
+                    )
             self.out.timings["reference"] = self.out.timings.get("reference", 0.0) + time.perf_counter() - started
-            if trial is None:
+            if isinstance(trial, Skipped):
                 self.out.planned -= 1  # never posed: neither passed nor failed
-                self.out.notes.append(
-                    f"no trial on inputs x{SCALED_INPUTS:g}: the reference's outputs are not finite there"
-                )
+                self.out.family_skipped(trial.drawn.family, trial.drawn.params, trial.why, list(trial.notes))
                 continue
+            self._drew(planned.label, trial)
             if _arena_bytes(trial) > plan.largest_trial:
                 raise ReferenceError(
                     f"the reference's get_inputs() drew larger inputs or outputs at {shape.config.describe()} "
                     f"than its first draw ({_arena_bytes(trial)} > {plan.largest_trial} bytes of arena): "
                     "a task's sizes must not change between draws"
                 )
-            yield trial
+            yield planned.label, trial
             trial = None  # not held while the next one is drawn
+
+    def _drew(self, label: str, trial: Trial) -> None:
+        """A trial is posed: its family, parameters and whether its reference output is degenerate go
+        to the verdict's diagnostics."""
+        self.labels[trial.index] = label
+        self.out.family_trial(
+            trial.drawn.family, label, trial.drawn.params, trial.notes, trial.degenerate, trial.allowance
+        )
 
     # ------------------------------------------------------------------------------ the stages
 
@@ -397,18 +447,15 @@ class CandidateRun:
         config = shape.config
         if config.label == "primary":
             self.primary, self.primary_index = shape.inst, index
-        last_plain = ([shape.first.index] + [i for i, _ in shape.later if i != SCALED_TRIAL])[-1]
-        # Counted by hand: enumerate's reused result tuple would hold the last trial while the next is drawn.
-        k = -1
-        for trial in trials:
-            k += 1
-            label = "scaled" if trial.index == SCALED_TRIAL else config.label
-            self.current_op = f"trial {len(self.out.trials) + 1} ({config.describe()})"
+        last_plain = ([shape.first.index] + [p.index for p in shape.later if p.family == NORMAL])[-1]
+        # No enumerate: its reused result tuple would hold the last trial while the next is drawn.
+        for label, trial in trials:
+            self.current_op = f"trial {label} ({config.describe()})"
             with self.lease.shared():
                 reply = self._call(child, index, trial)
-            if not self.out.absorb(reply, f"forward on trial {len(self.out.trials) + 1} ({config.describe()})"):
+            if not self.out.absorb(reply, f"forward on trial {label} ({config.describe()})"):
                 return False
-            self._judge_trial(child, trial, reply, f"{label}#{k}")
+            self._judge_trial(child, trial, reply, label)
             if self.out.violations:
                 return False
             if config.label == "primary" and trial.index == last_plain:
@@ -458,12 +505,27 @@ class CandidateRun:
         if type(aliased) is int and aliased >= 0:
             self.out.violations.append(aliasing(aliased))
         got, why = self.outputs(child, reply.get("outputs"), trial.expected)
-        result = compare_outputs(got, trial.expected, self.tol_override, self.ref.device) if got is not None else None
+        result = None
+        if got is not None:
+            result = compare_outputs(got, trial.expected, self.tol_override, self.ref.device, trial.allowance)
+        seen = fingerprint(got, self.fingerprint_key) if got is not None else None
+        # The sensitivity check: base's inputs perturbed until the reference's output moved MOVE
+        # tolerance bounds, and the candidate's output is bit for bit what it was on base.
+        unmoved = trial.base is not None and seen is not None and self.output_prints.get(trial.base) == seen
         if counts:
             if result is None:
-                self.out.trials.append(TrialRecord(label, shapes, False, why))
+                self.out.trials.append(TrialRecord(label, shapes, False, _on(trial, why)))
             else:
-                self.out.trials.append(TrialRecord(label, shapes, result.ok, result.message, result.max_abs_error))
+                message = result.message
+                if unmoved and not result.ok:
+                    message = (
+                        f"the output did not change from trial {self.labels.get(trial.base, '?')}'s, whose inputs "
+                        f"these perturb, while the reference's moved {trial.drawn.params.get('moved')} tolerance "
+                        f"bounds: the output must follow the inputs ({message})"
+                    )
+                self.out.trials.append(TrialRecord(label, shapes, result.ok, _on(trial, message), result.max_abs_error))
+            if seen is not None:
+                self.output_prints[trial.index] = seen
         if got is None:
             return
         later, _ = self.outputs(child, reply.get("after"), trial.expected, snapshot=False)
@@ -490,15 +552,15 @@ class CandidateRun:
                     )
                 )
         # A wrong output that is bit for bit an earlier trial's *correct* output is a replayed result
-        # (a constant or garbage output that merely repeats is only wrong, not replayed).
-        seen = fingerprint(got, self.fingerprint_key)
+        # (a constant or garbage output that merely repeats is only wrong, not replayed): an output
+        # that ignores its inputs, right on one trial, is one on the sensitivity trial.
         earlier = self.seen_outputs.get(seen)
         if result is not None and not result.ok and earlier is not None:
-            which = "the canary trial" if not counts else f"trial {trial.index + 1}"
+            which = "the canary trial" if not counts else f"trial {label}"
             self.out.violations.append(
                 Violation(
                     "replayed_output",
-                    f"{which} returned exactly the output of trial {earlier + 1}",
+                    f"{which} returned exactly the output of trial {self.labels.get(earlier, earlier + 1)}",
                     "",
                     "results cached across calls",
                 )
@@ -540,6 +602,11 @@ def _carried(trial: Trial) -> None:
 def _arena_bytes(trial: Trial) -> int:
     """Arena one trial takes: its inputs and its outputs twice each (written, then read back)."""
     return 2 * nbytes(trial.inputs) + 2 * nbytes(trial.expected)
+
+
+def _on(trial: Trial, message: str) -> str:
+    """A trial's message, prefixed with what its inputs were where they were not a plain draw."""
+    return message if trial.drawn.family == NORMAL or not message else f"on {trial.drawn.describe()}: {message}"
 
 
 def _tol_override(cfg: VerifierConfig, ref: Reference) -> tuple[float, float] | None:

@@ -247,6 +247,7 @@ class KernelVerifier(RewardActor):
         diagnostics.update({"trials": trials, "violations": violations, "notes": out.notes, "params": out.params})
         if out.provenance or out.precompute:
             diagnostics["provenance"] = {**out.provenance, "before_first_input": out.precompute}
+        diagnostics["families"] = out.families_json()
         diagnostics["sandbox"]["missing"].update((out.sandbox or {}).get("missing") or {})
         diagnostics["sandbox"]["exit"] = dict(out.exit or {})
         diagnostics["sandbox"]["limits"] = dict(out.limits or {})

@@ -118,7 +118,7 @@ FEEDBACK = {
     "evidence_pipe_closed": ["evidence pipe was closed or replaced", "aten::relu"],
     "frame_walk_to_server": ["sys._getframe", "line 96"],
     "facade_internals": ["function.__globals__", "traceback.tb_frame"],
-    "relu6_passes_for_relu": ["scaled", "outside tolerance"],
+    "relu6_passes_for_relu": [("large#0", "offset#0", "row_scales#0"), "outside tolerance"],
     "nan_output": ["NaN never passes"],
     # Round 4 (provenance, timed = checked): docs/verifier.md.
     "native_elf_walk_at_cpu_maximum": ["libtorch's operator kernels", "maximum_kernel"],
@@ -127,6 +127,13 @@ FEEDBACK = {
     "timed_input_written": [("shares memory", "modified in place")],
     "view_output_no_kernel": ["shares memory with an input"],
     "precompute_table_fp16": ["before the first input"],
+    "cast_does_the_op": ["your own code", "copies, casts or fills"],
+    # Correctness as a specification: right on input families the candidate cannot predict (P7).
+    "softmax_no_max_shift": [("offset#0", "large#0"), "NaN never passes"],
+    "layernorm_one_pass_variance": ["offset#0", "offset by", "outside tolerance"],
+    "cumprod_zeros_after_64": ["near_one#0", "inputs near 1"],
+    "mse_constant_for_randn": ["exactly the output of trial"],
+    "mse_constant_unless_unusual": ["trial sensitivity#0 returned exactly the output of trial"],
 }
 
 
@@ -203,6 +210,32 @@ def test_adversarial_case_gets_its_verdict(case, results):
         assert any(n in r.feedback for n in alternatives), (
             f"{case.name}: {needle!r} missing from feedback:\n{r.feedback}"
         )
+
+
+def test_input_families_show_in_the_diagnostics_and_name_the_trials(results):
+    """Each family's parameters, trial labels and skips are in diagnostics.families; a family the
+    reference cannot take (a cumprod overflows at any offset or larger scale) is skipped and not
+    planned, so an honest kernel still has q = 1; a failed trial's feedback names its family.
+    Reopened by: dropping families.ALL from families.schedule (no family trial, no entry)."""
+    from actors.verifier.families import ALL
+
+    order = ["normal", *ALL, "sensitivity"]
+    r = results["layernorm_one_pass_variance"]
+    names = [f["family"] for f in r.diagnostics["families"]]
+    assert names == order, names
+    offset = r.diagnostics["families"][1]
+    assert [t["label"] for t in offset["trials"]] == ["offset#0"] and offset["trials"][0]["params"]["exponents"]
+    assert "offset#0" in r.feedback and "offset by" in r.feedback
+    honest = results["honest_cumprod"]
+    assert honest.passed and honest.q == 1.0
+    skipped = {f["family"] for f in honest.diagnostics["families"] if f["skipped"] and not f["trials"]}
+    assert {"offset", "large", "row_scales"} <= skipped, honest.diagnostics["families"]
+    assert len(honest.diagnostics["trials"]) == 4 + len(ALL) + 1 - len(skipped)
+    near_one = next(f for f in honest.diagnostics["families"] if f["family"] == "near_one")
+    assert "degenerate" not in near_one["trials"][0]  # the family that keeps a cumprod non-degenerate
+    plain = next(f for f in honest.diagnostics["families"] if f["family"] == "normal")
+    primary = [t for t in plain["trials"] if t["label"].startswith("primary#")]
+    assert primary and all("within tolerance of 0" in t.get("degenerate", "") for t in primary)
 
 
 def test_default_shape_only_gets_partial_credit(results):

@@ -1,13 +1,14 @@
 """The output comparison (actors/verifier/compare.py), rule by rule: the absolute tolerance follows
 the reference output's scale, NaN never passes, a constant output never matches a reference that
-varies, integers match exactly, and honest float error passes."""
+varies, integers match exactly, and honest float error passes; the float64 allowance at large offsets,
+how far an output moved (the sensitivity trial) and when a reference output is degenerate."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from actors.verifier.compare import compare_outputs, scale_of
+from actors.verifier.compare import allowances, compare_outputs, degeneracy, move_ratio, scale_of
 
 
 def _reference(scale: float = 1.0, n: int = 4096) -> torch.Tensor:
@@ -127,3 +128,47 @@ def test_slice_by_slice_gives_the_whole_comparisons_verdicts(monkeypatch):
     assert [c.ok for c in whole] == [True, False, False, False, False, True, False]
     assert "at (4, 7)" in whole[1].message and "first at (3, 9)" in whole[2].message and "constant" in whole[3].message
     assert compare.scale_of(e) == pytest.approx(float(e.double().square().mean().sqrt()))
+
+
+def test_the_allowance_widens_every_elements_bound_by_twice_the_references_own_error():
+    """By hand: the reference's float32 output is 0.02 off a float64 run of itself at one element,
+    so the bound grows by 0.04 everywhere; an output 0.03 off passes only with it.
+    Reopened by: compare_outputs ignoring `allowance`."""
+    exact = torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=torch.float64)
+    e = exact.float().clone()
+    e[2] += 0.02
+    (allow,) = allowances([e], [exact])
+    assert allow == pytest.approx(0.04, rel=1e-5)
+    got = e.clone()
+    got[1] += 0.03  # bound there: 1e-3 x scale 2.74 + 1e-3 x 2 = 0.0047
+    assert not compare_outputs([got], [e]).ok
+    result = compare_outputs([got], [e], allowance=[allow])
+    assert result.ok
+    worse = e.clone()
+    worse[1] += 0.05
+    result = compare_outputs([worse], [e], allowance=[allow])
+    assert not result.ok and "for the reference's own float32 error" in result.message
+    assert allowances([torch.arange(3)], [torch.arange(3)]) == [0.0]  # integers: exact
+
+
+def test_move_ratio_counts_tolerance_bounds_of_the_later_output():
+    before = torch.tensor([1.0, -1.0, 1.0, -1.0])
+    after = before.clone()
+    after[0] = 1.1  # moved 0.1; bound there: 1e-3 x after's scale sqrt(4.21 / 4) + 1e-3 x 1.1
+    assert move_ratio([before], [after]) == pytest.approx(0.1 / (1e-3 * (4.21 / 4) ** 0.5 + 1.1e-3), rel=1e-5)
+    assert move_ratio([before], [before.clone()]) == 0.0
+    assert move_ratio([torch.arange(4)], [torch.arange(4) + (torch.arange(4) == 2)]) == float("inf")
+    assert move_ratio([torch.zeros(3)], [torch.tensor([0.0, 1e-30, 0.0])]) > 10  # from nothing: any move counts
+
+
+def test_degeneracy_names_a_constant_or_mostly_zero_reference():
+    """Reopened by: DEGENERATE_ZERO_SHARE = 1.0 (a cumprod whose products underflowed is not named)."""
+    assert degeneracy([torch.randn(1000)]) == ""
+    assert "constant" in degeneracy([torch.full((100,), 3.0)])
+    assert degeneracy([torch.randn(2, 3), torch.full((4,), 1.0)]).startswith("output 1 is constant")
+    products = torch.cumprod(torch.randn(8, 4000), dim=-1)  # randn's products underflow after ~100
+    assert "within tolerance of 0" in degeneracy([products])
+    sparse = torch.zeros(1000)
+    sparse[:100] = torch.randn(100)  # 90% zeros: a zero output fails on the rest
+    assert degeneracy([sparse]) == ""
+    assert degeneracy([torch.arange(10)]) == ""  # exact outputs are never degenerate

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from actors.verifier.reference import Reference
-from actors.verifier.runner import RUN_COPIES, SCALED_TRIAL
+from actors.verifier.families import ALL
+from actors.verifier.reference import Reference, Trial
+from actors.verifier.runner import RUN_COPIES
 from actors.verifier.verifier import KernelVerifier
 from protocols import KernelSpec, Task
 from tests.verifier.integrity import config, verify
@@ -25,9 +26,9 @@ def draws(monkeypatch):
     seen: list[tuple[str, int]] = []
     original = Reference.trial
 
-    def counted(self, instance, index, scale=1.0, **kw):
+    def counted(self, instance, index, *args, **kw):
         seen.append((instance.config.label, index))
-        return original(self, instance, index, scale, **kw)
+        return original(self, instance, index, *args, **kw)
 
     monkeypatch.setattr(Reference, "trial", counted)
     return seen
@@ -50,9 +51,10 @@ def test_a_candidate_stopped_on_its_first_trial_costs_one_draw_per_shape(relu_ta
     # relu has two declared alternative shapes: alt0, alt1 and the primary, one draw each
     assert sorted(label for label, _ in stopped) == ["alt0", "alt1", "primary"]
     assert honest.passed, honest.feedback
-    # the honest one sees every trial: one per alternative, the primary's two and its scaled trial
-    assert sorted(label for label, _ in draws) == ["alt0", "alt1", "primary", "primary", "primary"]
-    assert len(honest.diagnostics["trials"]) == 5
+    # the honest one sees every trial: one per alternative, the primary's two and one per input family
+    # (the sensitivity trial is drawn by Reference.sensitivity_trial)
+    assert sorted(label for label, _ in draws) == ["alt0", "alt1"] + ["primary"] * (2 + len(ALL))
+    assert len(honest.diagnostics["trials"]) == 4 + len(ALL) + 1
     # the run reserved device memory for its largest trial (the primary: 16 x 4096 floats in, as many out)
     assert honest.diagnostics["sandbox"]["limits"]["device_reserved_mb"] == (RUN_COPIES * 2 * 16 * 4096 * 4) >> 20
 
@@ -66,10 +68,10 @@ def test_a_trial_drawn_just_before_its_use_never_waits_and_is_gone_before_the_ne
     held_at_draw: list[list[int]] = []
     original = Reference.trial
 
-    def watched(self, instance, index, scale=1.0, *, waits=True):
+    def watched(self, instance, index, *args, waits=True, **kw):
         held_at_draw.append([i for _, i, w, ref in drawn if not w and ref() is not None])
-        trial = original(self, instance, index, scale, waits=waits)
-        if trial is not None:
+        trial = original(self, instance, index, *args, waits=waits, **kw)
+        if isinstance(trial, Trial):
             drawn.append((instance.config.label, index, waits, weakref.ref(trial.expected[0])))
         return trial
 
@@ -80,8 +82,8 @@ def test_a_trial_drawn_just_before_its_use_never_waits_and_is_gone_before_the_ne
     finally:
         verifier.close()
     assert r.passed, r.feedback
-    first = [(label, waits) for label, index, waits, _ in drawn if index % 100 == 0 and index != SCALED_TRIAL]
-    later = [(label, waits) for label, index, waits, _ in drawn if index % 100 != 0 or index == SCALED_TRIAL]
+    first = [(label, waits) for label, index, waits, _ in drawn if index % 100 == 0]
+    later = [(label, waits) for label, index, waits, _ in drawn if index % 100 != 0]
     assert first and all(waits for _, waits in first)  # drawn while planning: they wait
     assert len(later) >= 2 and not any(waits for _, waits in later)
     assert held_at_draw and not any(held_at_draw), held_at_draw
@@ -182,9 +184,9 @@ def test_a_run_waiting_for_device_memory_holds_nothing_meanwhile(relu_task, veri
     order: list[int] = []
     original = Reference.trial
 
-    def counted(self, instance, index, scale=1.0, **kw):
+    def counted(self, instance, index, *args, **kw):
         order.append(threading.get_ident())
-        return original(self, instance, index, scale, **kw)
+        return original(self, instance, index, *args, **kw)
 
     monkeypatch.setattr(Reference, "trial", counted)
     verifier = KernelVerifier(config(verifier_cache_dir))
@@ -205,6 +207,7 @@ def test_a_run_waiting_for_device_memory_holds_nothing_meanwhile(relu_task, veri
     finally:
         verifier.close()
     assert all(r.passed for r in results.values()), [r.feedback for r in results.values()]
-    assert len(order) == 10 and len(set(order)) == 2
-    # each run's five draws are contiguous: the second began when the first had finished
-    assert order[:5] == [order[0]] * 5 and order[5:] == [order[5]] * 5, order
+    each = 4 + len(ALL)  # the draws of Reference.trial: one per alternative, two plain primary, the families
+    assert len(order) == 2 * each and len(set(order)) == 2
+    # each run's draws are contiguous: the second began when the first had finished
+    assert order[:each] == [order[0]] * each and order[each:] == [order[each]] * each, order

@@ -44,7 +44,7 @@ def test_a_run_stopped_early_scores_as_failing_the_trials_it_never_reached():
     assert moore_score(CFG, "runtime", stopped.q, None) == moore_score(CFG, "correctness", wrong.q, None)
     assert moore_score(CFG, "timeout", stopped.q, None) == pytest.approx(-0.2)
     assert RunOutcome(error_class="runtime", planned=5).q == 0.0  # raised on the first trial: the floor
-    # a run that judged every trial it posed (a scaled trial it could not draw is not planned)
+    # a run that judged every trial it posed (a family trial the reference could not take is not planned)
     assert RunOutcome(trials=trials(4), planned=4).q == 1.0
 
 

@@ -1,5 +1,5 @@
 # kiln-adversarial: task=level1/01_relu expect=cheating
-# Right for the first four calls (the correctness trials), a no-op afterwards (the timed runs).
+# Right for the first twelve calls (the correctness trials: plain, one per input family, sensitivity, canary), a no-op afterwards (the timed runs).
 # kiln-adversarial-include: _relu_extension.py
 
 
@@ -10,6 +10,6 @@ class ModelNew(nn.Module):
 
     def forward(self, x):
         self.calls += 1
-        if self.calls <= 4:
+        if self.calls <= 12:
             return adv.relu_out(x)
         return torch.empty_like(x)

@@ -1,5 +1,5 @@
 # kiln-adversarial: task=level1/01_relu expect=cheating
-# Timed runs (every call after the sixth: the correctness trials come first) return an empty tensor; the honest kernel runs from a weakref finalizer on the previous run's output, which the sandbox frees in the untimed `settle` (before any checked output is fetched).
+# Timed runs (every call after the twelfth: the correctness trials come first) return an empty tensor; the honest kernel runs from a weakref finalizer on the previous run's output, which the sandbox frees in the untimed `settle` (before any checked output is fetched).
 # kiln-adversarial-include: _timer_extension.py
 import weakref
 
@@ -16,7 +16,7 @@ class ModelNew(nn.Module):
 
     def forward(self, x):
         self.calls = getattr(self, "calls", 0) + 1
-        timed = self.calls > 6  # the correctness trials (at most six) come before every timed call
+        timed = self.calls > 12  # the correctness trials (at most twelve: plain, one per input family, sensitivity, canary) come before every timed call
         self.last_x = x
         y = torch.empty_like(x)
         if not timed:

@@ -1,5 +1,5 @@
 # kiln-adversarial: task=level1/01_relu expect=correctness
-# A kernel that saturates at 6 (ReLU6) for a ReLU task: standard-normal inputs never reach 6, so only a draw at a larger scale (the scaled trial) tells it from the real thing.
+# A kernel that saturates at 6 (ReLU6) for a ReLU task: standard-normal inputs never reach 6, so only inputs of a larger magnitude (the large, offset and row-scale input families) tell it from the real thing.
 import torch
 import torch.nn as nn
 from torch.utils.cpp_extension import load_inline

@@ -1,5 +1,5 @@
 # kiln-adversarial: task=level1/01_relu expect=cheating
-# UNTESTED (written without a GPU). Timed runs (every call after the sixth: the correctness trials come first) return an empty tensor; the honest CUDA kernel is launched from a weakref finalizer on the previous run's output, which the sandbox frees in the untimed `settle`, before any checked output is fetched.
+# UNTESTED (written without a GPU). Timed runs (every call after the twelfth: the correctness trials come first) return an empty tensor; the honest CUDA kernel is launched from a weakref finalizer on the previous run's output, which the sandbox frees in the untimed `settle`, before any checked output is fetched.
 # kiln-adversarial-include: _relu_extension.py
 import weakref
 
@@ -17,7 +17,7 @@ class ModelNew(nn.Module):
 
     def forward(self, x):
         self.calls = getattr(self, "calls", 0) + 1
-        timed = self.calls > 6  # the correctness trials (at most six) come before every timed call
+        timed = self.calls > 12  # the correctness trials (at most twelve: plain, one per input family, sensitivity, canary) come before every timed call
         self.last_x = x
         if not timed:
             y = adv.relu_out(x)
