@@ -26,7 +26,10 @@ process. Where things are:
                  calls, outcome.py is what it established; protocols/lease.py: the
                  device lease shared with engines and learners); baseline_worker.py, the lane's
                  process that times the references and runs nothing else
-  reward.py      the MooreEval score and the feedback texts; verdicts.py: the authenticated verdict cache
+  gpumem.py      whose device memory: the driver's figure of a sandbox's, and the rules that decide an
+                 out-of-memory (the candidate's or the machine's) by it
+  reward.py      the MooreEval score and the feedback texts; verdicts.py: the authenticated verdict cache;
+                 redact.py: what leaves the verifier (feedback, diagnostics), bounded and without host details
   examples.py    TextMatchReward, an example reward actor for a non-kernel task
 The verifier's own tools live in launch/bench/ (`gpu_verifier`, `compile`, `gpu_compile`).
 

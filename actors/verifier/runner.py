@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from actors.verifier import limits, profile, timing
+from actors.verifier import gpumem, limits, profile, timing
 from actors.verifier.baselines import Baselines
 from actors.verifier.compare import compare_outputs
 from actors.verifier.devmem import DeviceMemory
@@ -34,7 +34,7 @@ from actors.verifier.executor import Arena, ChildSession, SandboxFailure, Sandbo
 from actors.verifier.legality import Violation
 from actors.verifier.outcome import RunOutcome, TrialRecord
 from actors.verifier.performance import TIMING_INPUT_BUDGET, TimedStage
-from actors.verifier.reference import BrokenTask, Instance, Reference, ReferenceError, ShapeConfig, Trial
+from actors.verifier.reference import BrokenTask, DeviceFull, Instance, Reference, ReferenceError, ShapeConfig, Trial
 from actors.verifier.tensors import dtype_name, fingerprint, nbytes, same_bytes
 from configs import VerifierConfig
 from protocols.lease import DeviceLease
@@ -123,6 +123,7 @@ class CandidateRun:
         # Correct outputs' fingerprints (tensors.py; sampled at places secret to this run) -> trial.
         self.seen_outputs: dict[str, int] = {}
         self.fingerprint_key = secrets.randbits(62)
+        self.device_reserved = 0  # the device memory this run reserved (devmem.py): its sandbox's share
 
     def run(self, source: str, source_hash: str, artifacts: dict | None, toolchain: str) -> RunOutcome:
         started = time.perf_counter()
@@ -140,10 +141,11 @@ class CandidateRun:
                 self.out.notes += plan.notes
                 self.out.timings["reference"] = time.perf_counter() - started - self.out.timings["memory_wait"]
                 task_limits = self._limits(plan)
-                with self.pool.session(plan.arena_bytes, task_limits.private_bytes, task_limits.capped) as child:
+                with self.pool.session(plan.arena_bytes, task_limits.private_bytes, task_limits.starved) as child:
                     waited = time.perf_counter()
                     with self.memory.reserve(RUN_COPIES * plan.footprint if known is None else 0) as late:
-                        self.out.limits["device_reserved_mb"] = (held or late) >> 20
+                        self.device_reserved = held or late
+                        self.out.limits["device_reserved_mb"] = self.device_reserved >> 20
                         self.out.timings["memory_wait"] += time.perf_counter() - waited
                         self._run_in(child, plan, source, source_hash, artifacts, toolchain)
         except SandboxFailure as err:
@@ -169,8 +171,45 @@ class CandidateRun:
     def _run_in(self, child: ChildSession, plan: Plan, source: str, source_hash: str, artifacts, toolchain) -> None:
         self.out.sandbox = dict(child.jail)
         self.out.timings["sandbox_wait"] = child.waited_s
-        self._execute(child, plan, source, source_hash, artifacts, toolchain)
+        try:
+            self._execute(child, plan, source, source_hash, artifacts, toolchain)
+        except (DeviceFull, torch.OutOfMemoryError) as err:  # the verifier's own work, the sandbox alive
+            self._device_full(child, plan, err)
+        else:
+            self._own_oom(child, plan)
         self.out.inspect(child)
+
+    def _device_share(self, plan: Plan) -> int:
+        params = sum(nbytes(list(s.inst.state_dict.values())) for s in plan.configs)
+        return gpumem.share(self.device_reserved, params)
+
+    def _device_full(self, child: ChildSession, plan: Plan, err: Exception) -> None:
+        """The verifier's own work on the device ran out of memory while this candidate's sandbox was
+        alive: the candidate's fault when its sandbox held more than its share (driver's figure, or
+        what killing it gave back), else the machine's (gpumem.trusted_oom)."""
+        if self.device_type != "cuda":
+            raise ReferenceError(str(err)) from None
+        evidence = gpumem.take(child, self.ref.device, self.pool.gpu_uuid, self._device_share(plan), may_kill=True)
+        self.out.limits["device_memory"] = evidence.to_json()
+        error_class, message = gpumem.trusted_oom(evidence)
+        self.out.stage, self.out.error_class = "run", error_class
+        self.out.message = f"{message} (while {self.current_op}: {str(err).splitlines()[0][:200]})"
+
+    def _own_oom(self, child: ChildSession, plan: Plan) -> None:
+        """The candidate's own code reported a CUDA out-of-memory: the machine's fault only on the
+        driver's word that the device was nearly full while the sandbox held no more than its share
+        (gpumem.sandbox_oom); the text alone never decides."""
+        said = self.out.message
+        if self.device_type != "cuda" or self.out.error_class != "runtime" or not child.alive:
+            return
+        if "CUDA out of memory" not in said and "OutOfMemoryError" not in said:
+            return
+        evidence = gpumem.take(child, self.ref.device, self.pool.gpu_uuid, self._device_share(plan), may_kill=False)
+        self.out.limits["device_memory"] = evidence.to_json()
+        error_class, note = gpumem.sandbox_oom(evidence)
+        if error_class == "infra":
+            self.out.error_class = "infra"
+            self.out.message = f"{note} ({self.out.message[:300]})"
 
     # ------------------------------------------------------------------------- trusted work
 
