@@ -21,9 +21,10 @@ Rules (pure functions, tested on cpu):
   allowance (`share`); the machine's (`infra`, score 0, not trained on) otherwise, and where no
   figure could be taken.
 * `sandbox_oom`: the candidate's own code reported a CUDA out-of-memory. The machine's (`infra`) only
-  when the driver says the device was nearly full (LOW_FREE) while the sandbox held no more than its
-  share: another process filled it. Otherwise the candidate's (`runtime`), as any error of its own:
-  the text alone (which the candidate writes) never makes a verdict `infra`.
+  when the driver says the device could not give the sandbox its share (what it held and what was
+  free fall short of it): other processes crowded it out. Otherwise the candidate's (`runtime`), as
+  any error of its own (it asked beyond its share, or no figure could be taken): the text alone
+  (which the candidate writes) never makes a verdict `infra`.
 """
 
 from __future__ import annotations
@@ -41,9 +42,6 @@ log = logging.getLogger(__name__)
 # context, the libraries' workspaces (cuBLAS, cuDNN) and the caching allocator's slack.
 CONTEXT_BYTES = 2 << 30
 PARAM_COPIES = 2  # its ModelNew's parameters on the device, and the reference's copied in
-# The device is "nearly full" when less than this is free: max(LOW_FREE_BYTES, LOW_FREE_SHARE of it).
-LOW_FREE_BYTES = 2 << 30
-LOW_FREE_SHARE = 0.05
 KILL_SETTLE_S = 3.0  # how long the device's free memory is watched after the sandbox is killed
 _NOT_AVAILABLE = (1 << 64) - 1  # NVML_VALUE_NOT_AVAILABLE
 
@@ -78,10 +76,11 @@ def share(reserved_bytes: int, param_bytes: int) -> int:
     return max(int(reserved_bytes), 0) + PARAM_COPIES * max(int(param_bytes), 0) + CONTEXT_BYTES
 
 
-def nearly_full(free: int | None, total: int | None) -> bool:
-    if free is None or total is None:
+def crowded(evidence: Evidence) -> bool:
+    """The device could not give the sandbox its share: what it held and what was free fall short."""
+    if evidence.held is None or evidence.free is None:
         return False
-    return free < max(LOW_FREE_BYTES, int(LOW_FREE_SHARE * total))
+    return evidence.held + evidence.free < evidence.share
 
 
 def trusted_oom(evidence: Evidence) -> tuple[str, str]:
@@ -102,13 +101,13 @@ def trusted_oom(evidence: Evidence) -> tuple[str, str]:
 
 def sandbox_oom(evidence: Evidence) -> tuple[str, str]:
     """(error class, note) for a CUDA out-of-memory the candidate's own code reported (the module
-    docstring): `infra` only on the driver's word that the device was nearly full while the sandbox
-    held no more than its share."""
-    if evidence.held is not None and evidence.held <= evidence.share and nearly_full(evidence.free, evidence.total):
+    docstring): `infra` only on the driver's word that the device could not give the sandbox its
+    share."""
+    if crowded(evidence):
         return "infra", (
-            f"the device was nearly full ({(evidence.free or 0) >> 20} MB free of {(evidence.total or 0) >> 20}) "
-            f"while the candidate's process held {evidence.held >> 20} MB, within its share of "
-            f"{evidence.share >> 20} MB: another process filled it (the machine's fault)"
+            f"the device had {(evidence.free or 0) >> 20} MB free while the candidate's process held "
+            f"{(evidence.held or 0) >> 20} MB, short of its share of {evidence.share >> 20} MB: other processes "
+            "crowded it out (the machine's fault)"
         )
     return "runtime", ""
 

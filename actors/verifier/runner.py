@@ -197,14 +197,15 @@ class CandidateRun:
 
     def _own_oom(self, child: ChildSession, plan: Plan) -> None:
         """The candidate's own code reported a CUDA out-of-memory: the machine's fault only on the
-        driver's word that the device was nearly full while the sandbox held no more than its share
-        (gpumem.sandbox_oom); the text alone never decides."""
+        driver's word that the device could not give the sandbox its share (gpumem.sandbox_oom); the
+        text alone never decides."""
         said = self.out.message
         if self.device_type != "cuda" or self.out.error_class != "runtime" or not child.alive:
             return
         if "CUDA out of memory" not in said and "OutOfMemoryError" not in said:
             return
-        evidence = gpumem.take(child, self.ref.device, self.pool.gpu_uuid, self._device_share(plan), may_kill=False)
+        # The run ends here either way (its error stopped it): the sandbox may be killed to measure it.
+        evidence = gpumem.take(child, self.ref.device, self.pool.gpu_uuid, self._device_share(plan), may_kill=True)
         self.out.limits["device_memory"] = evidence.to_json()
         error_class, note = gpumem.sandbox_oom(evidence)
         if error_class == "infra":

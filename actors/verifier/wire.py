@@ -111,7 +111,7 @@ def count_items(data: bytes, limit: int) -> int:
             else:
                 pending += size * (2 if kind == 3 else 1)
         else:
-            return limit + 1  # 0xC1 is never used: nothing valid
+            break  # 0xC1 is never used: nothing valid follows, and the decoder says so
     return count
 
 
