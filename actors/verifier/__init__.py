@@ -27,7 +27,14 @@ process. Where things are:
                  device lease shared with engines and learners); families.py, the input families
                  the correctness trials are drawn from; baseline_worker.py, the lane's process that
                  times the references and runs nothing else
-  reward.py      the MooreEval score and the feedback texts; verdicts.py: the authenticated verdict cache
+  provenance.py  whose code did the work: the rules, over sampling.py (perf samples of a cpu sandbox,
+                 taken from outside it), attribution.py (the table that names a sample's owner by
+                 symbol) and cubins.py (the kernels a CUDA build defines), and the device's record of
+                 what ran in a cuda sandbox (sealed.py's trace)
+  gpumem.py      whose device memory: the driver's figure of a sandbox's, and the rules that decide an
+                 out-of-memory (the candidate's or the machine's) by it
+  reward.py      the MooreEval score and the feedback texts; verdicts.py: the authenticated verdict cache;
+                 redact.py: what leaves the verifier (feedback, diagnostics), bounded and without host details
   examples.py    TextMatchReward, an example reward actor for a non-kernel task
 The verifier's own tools live in launch/bench/ (`gpu_verifier`, `compile`, `gpu_compile`).
 

@@ -53,7 +53,7 @@ from dataclasses import asdict
 import torch
 
 from actors.verifier import background, timing
-from actors.verifier.reference import Instance, Reference, ReferenceError, ShapeConfig
+from actors.verifier.reference import DeviceFull, Instance, Reference, ShapeConfig
 from configs import VerifierConfig
 from protocols.lease import DeviceLease
 
@@ -305,14 +305,19 @@ class Baselines:
             note = reply.get("note") or ""
         except (RuntimeError, OSError, ValueError, TypeError, KeyError, queue.Empty) as err:
             if "OutOfMemoryError" in str(err):  # the device is full: timing it here would fail the same way
-                raise ReferenceError(
+                raise DeviceFull(
                     f"the baselines of {ref.task_id} ran out of device memory ({str(err)[:160]}): the "
                     "verifier's device is too small or too busy for this task"
                 ) from None
             log.warning("verifier: the baseline process failed (%s); timing %s here", err, ref.task_id)
-            eager, compiled, note = measure_reference(
-                ref, instance, pairs, self.cfg.warmup, with_compile, self.device, self.lease
-            )
+            try:
+                eager, compiled, note = measure_reference(
+                    ref, instance, pairs, self.cfg.warmup, with_compile, self.device, self.lease
+                )
+            except torch.OutOfMemoryError as oom:  # the verifier's own work: judged by evidence (runner.py)
+                raise DeviceFull(
+                    f"the baselines of {ref.task_id} ran out of device memory ({str(oom)[:160]})"
+                ) from None
             note = "; ".join(x for x in (note, f"baselines timed in the verifier's process ({err})") if x)
         if note:
             self.notes[key] = note

@@ -1,7 +1,8 @@
 """Parent side of sandboxed execution: a bounded pool of jailed children with watchdogs.
 
 `SandboxPool.session(arena_bytes, memory_limit_bytes)` forks a fresh sandbox from the zygote (one per candidate), jailed
-as isolation.run_jail says, with three descriptors: its socket, the write end of its evidence pipe,
+as isolation.run_jail says (its scratch at jail.WORKDIR; its own built libraries, linked into a
+directory of its own when it is prepared, at jail.LIBDIR: it sees no other candidate's), with three descriptors: its socket, the write end of its evidence pipe,
 and its I/O arena (a memory file this process created and maps too: inputs go in, outputs come out,
 nothing tensor-sized crosses the socket). It watches the resident memory of the sandbox's process
 tree (RssWatchdog; RLIMIT_AS would break CUDA contexts) and gives every request a wall-clock
@@ -95,7 +96,7 @@ class SandboxCrash(SandboxFailure):
         self.status = status
         self.exited_cleanly = exited_cleanly  # exit status 0 mid-request, not of memory: os._exit / a forged finish
         self.memory = memory  # died of memory: the watchdog's kill, or the kernel's out-of-memory killer
-        if memory and capped:  # the task needs more than the machine gives a sandbox: not the candidate's doing
+        if memory and capped:  # the machine gives less than any candidate needs (limits.py, `starved`): not its doing
             self.error_class = "infra"
 
 
@@ -195,13 +196,16 @@ class ChildSession:
         memory_capped: bool = False,
     ) -> None:
         self.pool = pool
-        self.memory_capped = memory_capped  # the limit is the machine's, below what the task needs
+        self.memory_capped = memory_capped  # the limit is the machine's, below what any candidate needs
         self.oom_kills = limits.oom_kills()  # the kernel's count before this sandbox existed
         self.killed = False  # the verifier sent the SIGKILL (watchdog, deadline), not the kernel
         self.scratch = Path(tempfile.mkdtemp(prefix="kiln-sandbox-", dir=pool.scratch_root))
         self.work = self.scratch / "work"
         self.work.mkdir()
         os.chmod(self.work, 0o755)
+        self.libs = self.scratch / "lib"  # this candidate's own built libraries, and nothing else
+        self.libs.mkdir()
+        os.chmod(self.libs, 0o755)
         self.alive = False
         self.status: ExitStatus | None = None
         self.requests = 0
@@ -218,6 +222,7 @@ class ChildSession:
         self.sampler: CpuSampler | None = None
         self.addresses: AddressMap | None = None
         self.windows: list[Window] = []
+        self.own_files: list[str] = []  # the candidate's built libraries, as linked for this sandbox
         # cuda: the device's record of the kernels each traced request ran (sealed._tracing).
         self.traced: list[Traced] = []
         self.traces = pool.device_type == "cuda"
@@ -235,7 +240,9 @@ class ChildSession:
             hidden=pool.hidden,
             visible=pool.visible,
             gpu=pool.gpu,
+            libs=str(self.libs),
         )
+        self.spec = spec
         try:
             spawned = pool.zygote.spawn(
                 "run",
@@ -276,17 +283,22 @@ class ChildSession:
     def prepare(
         self, source: str, digest: str, artifacts: dict | None, toolchain: str, threads: int, budget_s: float
     ) -> dict:
-        """Write the candidate where the sandbox (read-only) sees it, and have it sealed and imported."""
-        self.addresses = AddressMap(list((artifacts or {}).values()))
-        path = self.work / f"kiln_candidate_{digest[:16]}.py"
+        """Write the candidate where the sandbox (read-only) sees it, link its own built libraries into
+        its library directory, and have it sealed and imported. The paths it is given are the ones it
+        sees them at (neutral: jail.WORKDIR, jail.LIBDIR)."""
+        name = f"kiln_candidate_{digest[:16]}.py"
+        path = self.work / name
         path.write_text(source, encoding="utf-8")
         os.chmod(path, 0o644)
+        table = self.own_libraries(artifacts) if artifacts is not None else None
+        # Provenance: the files the sandbox loads its own code from (by inode: a link or the copy made here).
+        self.addresses = AddressMap(self.own_files)
         reply = self.request(
             "prepare",
             {
-                "candidate": str(path),
+                "candidate": f"{self.spec.inside(_report(self.jail))}/{name}",
                 "source": source,
-                "artifacts": artifacts,
+                "artifacts": table,
                 "toolchain": toolchain,
                 "key": self.key,
                 "threads": threads,
@@ -297,6 +309,29 @@ class ChildSession:
         )
         self.baseline_maps = self.shared_mappings()  # sealed, the arena mapped, no candidate code yet
         return reply
+
+    def own_libraries(self, artifacts: dict) -> dict:
+        """The artifact table as the sandbox sees it: each built library linked (or copied, across
+        filesystems) into this session's own directory, by its spec key; the paths are inside."""
+        inside = self.spec.seen_at(str(self.libs), self.jail)
+        table = {}
+        self.own_files = []
+        for key, host in artifacts.items():
+            src = Path(host)
+            key = Path(str(key)).name  # a spec key: one path component
+            d = self.libs / key
+            d.mkdir(exist_ok=True)
+            os.chmod(d, 0o755)
+            target = d / src.name
+            if not target.exists():
+                try:
+                    os.link(src, target)
+                except OSError:
+                    shutil.copyfile(src, target)
+                    os.chmod(target, 0o644)
+            table[key] = f"{inside}/{key}/{src.name}"
+            self.own_files.append(str(target))
+        return table
 
     def request(self, op: str, body: dict, budget_s: float, *, signed: bool = True) -> dict:
         """Send one request and wait up to `budget_s` for its reply (raises SandboxFailure). Replies to
@@ -443,7 +478,9 @@ class ChildSession:
             who = "the memory watchdog" if self.watchdog.tripped else "the kernel's out-of-memory killer"
             msg = f"the process exceeded the memory limit of {limit} MB and was killed by {who} (out of memory)"
             if self.memory_capped:
-                msg += "; the limit is this machine's, below what the task's data needs (the machine's fault)"
+                msg += (
+                    "; the limit is this machine's, below what any candidate needs for this task (the machine's fault)"
+                )
         elif st.signal:
             hint = _SIGNAL_HINTS.get(st.signal, f"signal {st.signal}")
             msg = f"the process crashed with {hint}"
@@ -528,6 +565,14 @@ class ChildSession:
         return (self.status or ExitStatus(None, None)).to_json()
 
 
+def _report(jail: dict):
+    """A sandbox's jail report (the dict its hello carried) as jail.JailReport."""
+    from actors.verifier.jail import JailReport
+
+    missing = jail.get("missing") if isinstance(jail.get("missing"), dict) else {}
+    return JailReport(active=list(jail.get("active") or []), missing=dict(missing))
+
+
 class _Forged(OSError):
     """A reply the sandbox's own code did not send (unbounded, undecodable, unsigned)."""
 
@@ -566,8 +611,8 @@ def mapped_shared(pid: int, device_type: str) -> set[str]:
 class SandboxPool:
     """At most `slots` sandboxes at a time (the run workers of one GPU), all forked from one zygote.
 
-    `hidden` and `visible` extend the jail's view: the verifier's cache directory is hidden, the
-    directory of built extensions is visible (read-only) so the candidate can import its own. `gpu`
+    `hidden` and `visible` extend the jail's view (the verifier's cache directory is hidden); a
+    sandbox sees the libraries of its own build only (ChildSession.own_libraries). `gpu`
     (a CUDA_VISIBLE_DEVICES entry of this process's environment; "" = unpinned) is the one GPU its
     sandboxes see, as their device 0; `gpu_uuid` is that GPU's UUID, which the start-up probe's
     sandbox must report as the only one it sees."""
@@ -646,7 +691,8 @@ class SandboxPool:
     @contextmanager
     def session(self, arena_bytes: int = 1 << 16, memory_limit_bytes: int | None = None, memory_capped: bool = False):
         """A fresh sandbox for one candidate; `memory_limit_bytes` (beyond its arena; default the
-        pool's floor) is the task's limit (limits.py), `memory_capped` whether the machine capped it."""
+        pool's floor) is the task's limit (limits.py), `memory_capped` whether the machine capped it below
+        the least any candidate needs (limits.SandboxLimits.starved)."""
         asked = time.perf_counter()
         with self._slots:
             waited = time.perf_counter() - asked

@@ -26,7 +26,12 @@ every caller (there is no window, no switch and no attribution to a "trusted" fr
    for everyone; and so do processes, signals, sockets and shared mappings.
 5. Data does not leave the device: a copy from a CUDA tensor to host memory made by candidate code
    refuses (the sandbox's own reads of the outputs are its own copies).
-6. The kernel refuses, from the seal on, signal handlers, timers, new processes and memfd (a seccomp
+6. Native code loads only from the candidate's own build: a native extension whose file is neither
+   in the process's artifact table nor a standard extension module refuses (`_imp.create_dynamic`,
+   and so importlib's ExtensionFileLoader, `imp` and any hand-made spec: kiln_native's audit hook
+   judges the load itself, whoever asked for it), and so does `sys.setdlopenflags` (global symbols
+   would let one library's symbols stand in for another's).
+7. The kernel refuses, from the seal on, signal handlers, timers, new processes and memfd (a seccomp
    filter stacked on the jail's: `seccomp.armed_seccomp_program`).
 Every refusal is numbered into kiln_native's log, which every signed reply carries, and written at
 once to the evidence pipe (for a process that dies before replying); a refusal that the candidate
@@ -180,6 +185,7 @@ def install_refusers(kn) -> list[str]:
     functions = _refuse_torch_internals(r)
     writer = _refuse_writers(r)
     _refuse_signals_and_hooks(r)
+    _refuse_loader_flags(r)
     _replace_aliases(r.aliases)
     for tp in {torch._C.TensorBase, torch.Tensor, functions, *storages, writer} - {None}:
         if _is_static(tp):
@@ -303,6 +309,13 @@ def _refuse_signals_and_hooks(r: _Refusers) -> None:
             "introspection",
             "an eval-frame hook sees every frame",
         )
+
+
+def _refuse_loader_flags(r: _Refusers) -> None:
+    """How the loader binds libraries' symbols is the sandbox's, not the candidate's: RTLD_GLOBAL would
+    let a library's exports interpose on the next one's. (Which files load at all is the audit hook's
+    rule: kiln_native's check_extension.)"""
+    r.in_module(sys, "setdlopenflags", "sys.setdlopenflags", "foreign_library", "changing how native code is loaded")
 
 
 def _is_static(tp: type) -> bool:

@@ -3,9 +3,11 @@
 Three kinds of process run outside the verifier's trust boundary (see jail.py for the layers):
 * run      imports the candidate and runs it: sees the standard library without the modules that
            expose raw memory or the interpreter's internals (native.DENIED_IMPORTS), of the installed
-           packages only torch and what torch needs (and msgpack, the sandbox's own), the built
-           extensions, and its scratch, all read-only; nothing of Kiln's own tree, caches or run
-           directories. It can write no file at all.
+           packages only torch and what torch needs (and msgpack, the sandbox's own), its own built
+           extensions (one directory holding only the libraries of its own build, at jail.LIBDIR) and
+           its scratch (at jail.WORKDIR), all read-only; nothing of Kiln's own tree, caches or run
+           directories, nor any other candidate's build. It can write no file at all, and its log
+           (stdout and stderr) is bounded by the file-size limit (LOG_LIMIT_MB).
 * capture  runs the candidate's module-level code at compile time: the same view.
 * build    runs the compilers on the candidate's C++/CUDA: additionally the toolchain, the
            precompiled headers and the binding-object cache, read-only; it may run programs.
@@ -23,7 +25,7 @@ import threading
 from pathlib import Path
 
 from actors.verifier import proctree
-from actors.verifier.jail import JailSpec, python_paths
+from actors.verifier.jail import LIBDIR, WORKDIR, JailSpec, python_paths
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # Top-level packages of Kiln: never importable by candidate code (hidden from the sandbox's
@@ -50,6 +52,11 @@ _BUILD_ENV = (
     "CC",
     "CXX",
 )
+
+
+# The largest file a process that runs candidate code may write: it writes none but its log (stdout and
+# stderr, which the verifier reads only the tail of), so the disk it can fill is this much.
+LOG_LIMIT_MB = 64
 
 
 def kiln_hidden(extra: tuple[str, ...] = ()) -> tuple[str, ...]:
@@ -81,11 +88,14 @@ def run_jail(
     visible: tuple[str, ...] = (),
     nproc: int = 256,
     gpu: str = "",
+    libs: str = "",
 ) -> JailSpec:
     """The view of a process that runs candidate code (execution or compile-time capture). On cuda it
     also sees the driver: /dev/nvidia* and the directories of the loader's library path. `gpu` (a
     CUDA_VISIBLE_DEVICES entry of the verifier's environment) pins it to that one GPU: the variable is
-    set as the jail is entered, before CUDA initialises there (the zygote never initialises it)."""
+    set as the jail is entered, before CUDA initialises there (the zygote never initialises it).
+    `libs`: the host directory holding this candidate's own built libraries (and nothing else),
+    seen read-only at jail.LIBDIR; the scratch is seen at jail.WORKDIR."""
     packages_hidden, packages_shown = candidate_python()
     hide = kiln_hidden(hidden) + packages_hidden
     if cuda:
@@ -99,6 +109,9 @@ def run_jail(
         writable=False,
         uid=uid,
         nproc=nproc,
+        file_size_mb=LOG_LIMIT_MB,
+        workdir=WORKDIR,
+        mounts=((libs, LIBDIR),) if libs else (),
         env=_env(
             _RUN_ENV,
             {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"},

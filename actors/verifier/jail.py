@@ -13,7 +13,11 @@ candidate code ever loads):
                host files owned by anyone else are not writable, no capabilities are left
     fs         a new root: the host tree read-only, with the Kiln source tree, the verifier's caches
                and run directories, home directories, /tmp, /var, /run and most of /etc hidden;
-               one scratch directory is writable; /dev holds only null/zero/urandom (+ /dev/nvidia*)
+               one scratch directory is writable; /dev holds only null/zero/urandom (+ /dev/nvidia*).
+               What is the sandbox's own (its scratch, its own built libraries) appears at neutral
+               paths under /sandbox (`JailSpec.workdir`, `JailSpec.mounts`), so no path it sees names
+               a host directory or another candidate
+    uts        its own hostname ("sandbox"): the host's name is not the candidate's to read
     proc       a /proc of its own (its own processes only), /proc/1/mem masked
     net        an empty network namespace: no interface is up, nothing can be reached
     ipc        its own System V IPC / POSIX message queues
@@ -63,7 +67,13 @@ from actors.verifier.seccomp import (
     seccomp_program,
 )
 
-LAYERS = ("pid", "user", "fs", "proc", "net", "ipc", "nproc", "seccomp", "files", "fence")
+LAYERS = ("pid", "user", "fs", "proc", "net", "ipc", "uts", "nproc", "seccomp", "files", "fence")
+# Where what is a sandbox's own appears inside it: neutral paths that name no host directory, job or
+# other candidate (its scratch, and the directory of its own built libraries).
+NEUTRAL_ROOT = "/sandbox"
+WORKDIR = NEUTRAL_ROOT + "/work"
+LIBDIR = NEUTRAL_ROOT + "/lib"
+HOSTNAME = "sandbox"  # the UTS namespace's name, in place of the host's
 
 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
@@ -103,6 +113,24 @@ class JailSpec:
     nproc: int = 256  # processes + threads of that uid
     file_size_mb: int = 2048  # largest file the sandbox may write
     env: tuple[tuple[str, str], ...] = ()  # the complete environment (HOME/TMPDIR are set to scratch)
+    workdir: str = ""  # where the scratch appears inside (a neutral path); "" = at its host path
+    mounts: tuple[tuple[str, str], ...] = ()  # (host directory, neutral path inside), bound read-only
+
+    def inside(self, report: JailReport | None = None) -> str:
+        """The scratch as the sandbox sees it: its neutral path when the `fs` layer holds (`report`
+        None: as planned), else its host path (no mount namespace, no new root)."""
+        fs = report is None or "fs" not in report.missing
+        return self.workdir if self.workdir and fs else self.scratch
+
+    def seen_at(self, host: str, report: JailReport | dict | None = None) -> str:
+        """Where host directory `host` (one of `mounts`) appears inside the sandbox: its neutral path
+        when the `fs` layer holds, else the host path itself."""
+        missing = report.get("missing", {}) if isinstance(report, dict) else (report.missing if report else {})
+        if "fs" not in (missing or {}):
+            for src, dst in self.mounts:
+                if src == host:
+                    return dst
+        return host
 
     def to_json(self) -> dict:
         return {
@@ -116,6 +144,8 @@ class JailSpec:
             "nproc": self.nproc,
             "file_size_mb": self.file_size_mb,
             "env": [list(kv) for kv in self.env],
+            "workdir": self.workdir,
+            "mounts": [list(m) for m in self.mounts],
         }
 
     @staticmethod
@@ -131,6 +161,8 @@ class JailSpec:
             nproc=int(d.get("nproc", 256)),
             file_size_mb=int(d.get("file_size_mb", 2048)),
             env=tuple((str(k), str(v)) for k, v in d.get("env", ())),
+            workdir=str(d.get("workdir") or ""),
+            mounts=tuple((str(a), str(b)) for a, b in d.get("mounts", ())),
         )
 
 
@@ -211,12 +243,13 @@ def enter(spec: JailSpec, report_pid) -> JailReport:
     try:
         _os_call("unshare", _native().unshare, flags)
     except JailError as err:
-        for layer in ("pid", "fs", "proc", "net", "ipc"):
+        for layer in ("pid", "fs", "proc", "net", "ipc", "uts"):
             report.fail(layer, str(err))
         report_pid(os.getpid())
         _confine_process(spec, report, root, mounts=False, warden_alive=None, parent=parent)
         return report
     _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # the warden dies with the zygote
+    _set_hostname(report)
     alive_r, alive_w = os.pipe()  # only the warden holds the write end: EOF here means it is gone
     pid = os.fork()
     if pid:
@@ -228,6 +261,19 @@ def enter(spec: JailSpec, report_pid) -> JailReport:
         report.ok(layer)
     _confine_process(spec, report, root, mounts=True, warden_alive=alive_r, parent=None)
     return report
+
+
+def _set_hostname(report: JailReport) -> None:
+    """The new UTS namespace starts with the host's name: replace it (and the NIS domain) before the
+    identity is dropped, so neither `socket.gethostname()`, `os.uname()` nor /proc/sys/kernel/hostname
+    shows the host's name inside."""
+    try:
+        name = HOSTNAME.encode()
+        _syscall("sethostname", name, len(name))
+        _syscall("setdomainname", b"(none)", 6)
+        report.ok("uts")
+    except JailError as err:
+        report.fail("uts", str(err))
 
 
 def die_with_parent(parent: int) -> None:
@@ -298,11 +344,13 @@ def _confine_process(
         except JailError as err:
             report.fail("fs", str(err))
             report.fail("proc", str(err))
-    os.chdir(scratch)
+    else:
+        report.fail("fs", "no mount namespace: the sandbox sees its scratch and libraries at their host paths")
+    os.chdir(spec.inside(report))
     _set_limits(spec, report, root)
     _drop_identity(spec, report, root)
     _rearm_parent_death(warden_alive, parent)
-    _set_environment(spec)
+    _set_environment(spec, report)
     try:
         _prctl(PR_SET_DUMPABLE, 0)
         _prctl(PR_SET_NO_NEW_PRIVS, 1)
@@ -371,9 +419,9 @@ def _drop_identity(spec: JailSpec, report: JailReport, root: bool) -> None:
             report.fail("user", f"capset: {os.strerror(err.errno or errno.EPERM)}")
 
 
-def _set_environment(spec: JailSpec) -> None:
+def _set_environment(spec: JailSpec, report: JailReport) -> None:
     env = dict(spec.env)
-    env.update(HOME=spec.scratch, TMPDIR=spec.scratch)
+    env.update(HOME=spec.inside(report), TMPDIR=spec.inside(report))
     os.environ.clear()
     os.environ.update(env)
 
@@ -391,7 +439,8 @@ def _build_root(spec: JailSpec) -> None:
     special = {"/proc", "/dev", "/sys"}
     tops = ["/" + n for n in sorted(os.listdir("/"))]
     others = tuple(p for p in tops if p not in SYSTEM_DIRS and p not in special)
-    hidden = _real_set(others + ("/etc",) + spec.hidden + (spec.scratch, new))
+    mounted = tuple(host for host, _ in spec.mounts)  # seen at their neutral paths only
+    hidden = _real_set(others + ("/etc",) + spec.hidden + (spec.scratch, new) + mounted)
     visible = _real_set(spec.visible + tuple(f"/etc/{n}" for n in ETC_VISIBLE))
     for path in tops:
         if path not in special:
@@ -400,7 +449,9 @@ def _build_root(spec: JailSpec) -> None:
     _make_dev(new, spec.cuda, shm=spec.writable)
     os.makedirs(new + "/proc", exist_ok=True)
     _mount("proc", new + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-    _bind(new, spec.scratch, readonly=not spec.writable)
+    _bind(new, spec.scratch, readonly=not spec.writable, at=spec.workdir or None)
+    for host, inside in spec.mounts:
+        _bind(new, host, readonly=True, at=inside)
     os.makedirs(new + "/tmp", exist_ok=True)
     os.makedirs(new + "/.old", exist_ok=True)
     _syscall("pivot_root", new.encode(), (new + "/.old").encode())
@@ -460,8 +511,9 @@ def _shown(path: str, hidden: tuple[str, ...], visible: tuple[str, ...]) -> bool
     return shown
 
 
-def _bind(new: str, path: str, *, readonly: bool, device: bool = False) -> None:
-    target = new + path
+def _bind(new: str, path: str, *, readonly: bool, device: bool = False, at: str | None = None) -> None:
+    """Bind host `path` read-only (or not) into the new root, at its own path or at `at`."""
+    target = new + (at or path)
     if os.path.isdir(path):
         os.makedirs(target, exist_ok=True)
     else:

@@ -13,8 +13,12 @@ COPIES counts what the sandbox holds of a trial at once beyond the arena (its ow
 the candidate's outputs and their snapshot), BASE is the process itself (interpreter, torch, on cuda
 the CUDA context and its libraries), the parameters count because ModelNew is constructed on the
 host (KernelBench level2_55 builds a 4 GiB Linear, initialised before the reference's weights are
-copied in), and the arena (shared pages the sandbox touches) is sized by the runner's plan. A machine too small for the task caps the limit (`capped`): a sandbox that dies of
-memory under a capped limit is the machine's failure (infra), never the candidate's.
+copied in), and the arena (shared pages the sandbox touches) is sized by the runner's plan. A machine
+too small for the task caps the limit (`capped`). Whether a sandbox that dies of memory under a
+capped limit is the machine's failure is decided by what the limit still leaves: a limit below the
+least any candidate holds (`starved`: the process, one copy of the parameters and MIN_COPIES of the
+trial beside the arena) is the machine's (infra); above that, a candidate that died of memory held
+more than the least it needed, and the death is its own (runtime), as under any other limit.
 
 The run time limit grows likewise: `verifier.run_timeout_s` plus the time to move every trial's bytes
 through the sandbox at COPY_BYTES_PER_S, so a task of gigabytes is not a `timeout` for copying them.
@@ -38,6 +42,9 @@ COPIES = {"cpu": 4, "cuda": 1}
 # Copies of the parameters a sandbox holds while it builds ModelNew: the candidate's own initialised
 # ones and the reference's being copied in from the arena.
 PARAM_COPIES = 2
+# Copies of one trial that any candidate's sandbox holds outside the arena at least: on cpu the
+# inputs it computes from and the outputs it writes; on cuda none (they live on the device).
+MIN_COPIES = {"cpu": 2, "cuda": 0}
 # The share of the machine's memory one sandbox may have at most: the verifier's own process holds
 # the trials and the arena too.
 MACHINE_SHARE = 0.9
@@ -60,6 +67,7 @@ class SandboxLimits:
     machine_bytes: int  # the machine's memory (its cgroup's limit where lower)
     capped: bool  # the task needed more than the machine gives one sandbox
     run_timeout_s: float  # sandbox seconds for the whole execution
+    starved: bool = False  # capped below the least any candidate holds: a memory death is the machine's
 
     @property
     def private_bytes(self) -> int:
@@ -74,6 +82,7 @@ class SandboxLimits:
             "task_mb": round(self.task_bytes / (1 << 20), 1),
             "machine_mb": self.machine_bytes >> 20,
             "capped": self.capped,
+            "starved": self.starved,
             "run_timeout_s": round(self.run_timeout_s, 1),
         }
 
@@ -104,6 +113,7 @@ def derive(
     cap = int(machine * MACHINE_SHARE)
     capped = private + arena_bytes > cap
     memory = min(private + arena_bytes, cap) if capped else private + arena_bytes
+    least = BASE_BYTES[kind] + MIN_COPIES[kind] * trial_bytes + param_bytes + arena_bytes
     moved = (trial_calls + TIMED_CALLS) * 2 * trial_bytes
     return SandboxLimits(
         memory_bytes=max(memory, arena_bytes + (256 << 20)),
@@ -112,6 +122,7 @@ def derive(
         task_bytes=trial_bytes,
         machine_bytes=machine,
         capped=capped,
+        starved=capped and least > max(memory, arena_bytes + (256 << 20)),
         # Whole seconds, and only where moving the bytes takes one or more: a small task keeps the
         # configured limit exactly (the limit is quoted in verdicts).
         run_timeout_s=run_timeout_s + (math.ceil(moved / COPY_BYTES_PER_S) if moved >= COPY_BYTES_PER_S else 0),

@@ -57,6 +57,12 @@ class ReferenceError(RuntimeError):
     """The reference itself failed (a broken task): the system's fault, reported as infra."""
 
 
+class DeviceFull(ReferenceError):
+    """The verifier's own work on the device (a reference draw or run, the baselines) ran out of
+    device memory. Whose fault that is, is decided by evidence (gpumem.py, runner.py): a run whose
+    sandbox held more than its share is the candidate's; otherwise the machine's (infra)."""
+
+
 class BrokenTask(ReferenceError):
     """The reference produced NaN from finite inputs: the task cannot say what a kernel should output,
     so no kernel is judged on it (infra for the task, counted by the verifier)."""
@@ -434,7 +440,7 @@ class Reference:
                         inputs = list(self.module.get_inputs())
                     return [x.detach().to(self.device) if isinstance(x, torch.Tensor) else x for x in inputs]
                 except torch.OutOfMemoryError as err:  # not a task that mixes devices: no host detour
-                    raise ReferenceError(
+                    raise DeviceFull(
                         f"the inputs of {self.task_id} do not fit in device memory "
                         f"({str(err).splitlines()[0][:160]}): the verifier's device is too small or too busy"
                     ) from None
@@ -478,7 +484,7 @@ class Reference:
             with torch.no_grad():
                 out = model(*on_device)
         except torch.OutOfMemoryError as err:
-            raise ReferenceError(
+            raise DeviceFull(
                 f"the reference of {self.task_id} ran out of device memory at these sizes "
                 f"({str(err).splitlines()[0][:160]}): the verifier's device is too small or too busy for this task"
             ) from None

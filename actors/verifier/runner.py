@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from actors.verifier import families, limits, profile, timing
+from actors.verifier import families, gpumem, limits, profile, timing
 from actors.verifier.baselines import Baselines
 from actors.verifier.compare import compare_outputs
 from actors.verifier.cubins import device_code
@@ -39,6 +39,7 @@ from actors.verifier.outcome import RunOutcome, TrialRecord, aliasing, precomput
 from actors.verifier.performance import TIMING_INPUT_BUDGET, TimedStage
 from actors.verifier.reference import (
     BrokenTask,
+    DeviceFull,
     Instance,
     Reference,
     ReferenceError,
@@ -157,6 +158,7 @@ class CandidateRun:
         self.output_prints: dict[int, str] = {}  # trial index -> the fingerprint of the candidate's output
         self.labels: dict[int, str] = {}  # trial index -> its label
         self.fingerprint_key = secrets.randbits(62)
+        self.device_reserved = 0  # the device memory this run reserved (devmem.py): its sandbox's share
 
     def run(self, source: str, source_hash: str, artifacts: dict | None, toolchain: str) -> RunOutcome:
         started = time.perf_counter()
@@ -176,10 +178,11 @@ class CandidateRun:
                 self.out.timings["reference"] = time.perf_counter() - started - self.out.timings["memory_wait"]
                 task_limits = self._limits(plan)
                 self._baselines_first(plan)
-                with self.pool.session(plan.arena_bytes, task_limits.private_bytes, task_limits.capped) as child:
+                with self.pool.session(plan.arena_bytes, task_limits.private_bytes, task_limits.starved) as child:
                     waited = time.perf_counter()
                     with self.memory.reserve(RUN_COPIES * plan.footprint if known is None else 0) as late:
-                        self.out.limits["device_reserved_mb"] = (held or late) >> 20
+                        self.device_reserved = held or late
+                        self.out.limits["device_reserved_mb"] = self.device_reserved >> 20
                         self.out.timings["memory_wait"] += time.perf_counter() - waited
                         self._run_in(child, plan, source, source_hash, artifacts, toolchain)
         except SandboxFailure as err:
@@ -205,7 +208,12 @@ class CandidateRun:
     def _run_in(self, child: ChildSession, plan: Plan, source: str, source_hash: str, artifacts, toolchain) -> None:
         self.out.sandbox = dict(child.jail)
         self.out.timings["sandbox_wait"] = child.waited_s
-        self._execute(child, plan, source, source_hash, artifacts, toolchain)
+        try:
+            self._execute(child, plan, source, source_hash, artifacts, toolchain)
+        except (DeviceFull, torch.OutOfMemoryError) as err:  # the verifier's own work, the sandbox alive
+            self._device_full(child, plan, err)
+        else:
+            self._own_oom(child, plan)
         self.out.inspect(child)
         self._judge_provenance(child)
 
@@ -238,6 +246,39 @@ class CandidateRun:
         # Plumbing alone is a finding only for outputs that were right: a wrong one is judged wrong.
         judged = [v for v in record.findings if v.kind != "plumbing_only" or (self.out.q == 1.0 and self.out.trials)]
         self.out.violations += [v for v in judged if (v.kind, v.what) not in known]
+
+    def _device_share(self, plan: Plan) -> int:
+        params = sum(nbytes(list(s.inst.state_dict.values())) for s in plan.configs)
+        return gpumem.share(self.device_reserved, params)
+
+    def _device_full(self, child: ChildSession, plan: Plan, err: Exception) -> None:
+        """The verifier's own work on the device ran out of memory while this candidate's sandbox was
+        alive: the candidate's fault when its sandbox held more than its share (driver's figure, or
+        what killing it gave back), else the machine's (gpumem.trusted_oom)."""
+        if self.device_type != "cuda":
+            raise ReferenceError(str(err)) from None
+        evidence = gpumem.take(child, self.ref.device, self.pool.gpu_uuid, self._device_share(plan), may_kill=True)
+        self.out.limits["device_memory"] = evidence.to_json()
+        error_class, message = gpumem.trusted_oom(evidence)
+        self.out.stage, self.out.error_class = "run", error_class
+        self.out.message = f"{message} (while {self.current_op}: {str(err).splitlines()[0][:200]})"
+
+    def _own_oom(self, child: ChildSession, plan: Plan) -> None:
+        """The candidate's own code reported a CUDA out-of-memory: the machine's fault only on the
+        driver's word that the device could not give the sandbox its share (gpumem.sandbox_oom); the
+        text alone never decides."""
+        said = self.out.message
+        if self.device_type != "cuda" or self.out.error_class != "runtime" or not child.alive:
+            return
+        if "CUDA out of memory" not in said and "OutOfMemoryError" not in said:
+            return
+        # The run ends here either way (its error stopped it): the sandbox may be killed to measure it.
+        evidence = gpumem.take(child, self.ref.device, self.pool.gpu_uuid, self._device_share(plan), may_kill=True)
+        self.out.limits["device_memory"] = evidence.to_json()
+        error_class, note = gpumem.sandbox_oom(evidence)
+        if error_class == "infra":
+            self.out.error_class = "infra"
+            self.out.message = f"{note} ({self.out.message[:300]})"
 
     # ------------------------------------------------------------------------- trusted work
 

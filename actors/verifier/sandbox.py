@@ -204,7 +204,8 @@ def _prepare(sock: socket.socket, evidence_fd: int, arena_fd: int, device: str, 
     fence.install_refusers(kn)
     sys.modules.pop(native.NATIVE, None)
     sys.modules.pop(native.FENCE, None)
-    native.arm(kn, evidence_fd, path, source, seccomp.armed_seccomp_program())
+    own = tuple(str(p) for p in (req.get("artifacts") or {}).values())  # its artifact table: all it may load
+    native.arm(kn, evidence_fd, path, source, seccomp.armed_seccomp_program(), own_libraries=own)
     serve = sealed.server(caps)
     _send(sock, {"ok": True, "nonce": req["nonce"]})  # sealed; the last unsigned reply: no candidate code ran yet
     return serve(code, module)

@@ -91,6 +91,8 @@ SYSCALLS_X86_64 = {
     "mknodat": 259,
     "personality": 135,
     "clone3": 435,
+    "sethostname": 170,
+    "setdomainname": 171,
     # conditional
     "execve": 59,
     "execveat": 322,
@@ -150,6 +152,8 @@ _DENIED = (
     "mknodat",
     "pivot_root",
     "mount_setattr",
+    "sethostname",
+    "setdomainname",
 )
 AUDIT_ARCH_X86_64 = 0xC000003E
 AF_UNIX = 1

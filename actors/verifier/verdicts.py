@@ -32,6 +32,9 @@ from protocols import ProtocolError, Task, VerifyResult, decode, encode
 VERIFIER_VERSION = "kiln-verifier-sealed-1"
 UNCACHED = ("infra", "timeout")
 _MAGIC = b"kiln-verdict-1\n"
+# An entry is at most this (verdicts are bounded on the way out: redact.py); a larger file is a miss,
+# read no further than this.
+MAX_ENTRY_BYTES = 2 << 20
 
 
 def verdict_settings(cfg: VerifierConfig) -> dict:
@@ -99,10 +102,11 @@ class VerdictCache:
 
     def get(self, key: str, source_hash: str, task_id: str) -> VerifyResult | None:
         try:
-            data = self._path(key).read_bytes()
+            with open(self._path(key), "rb") as f:
+                data = f.read(MAX_ENTRY_BYTES + 1)
         except OSError:
             return None
-        result = self._open(data, key, source_hash, task_id)
+        result = self._open(data, key, source_hash, task_id) if len(data) <= MAX_ENTRY_BYTES else None
         if result is None:
             self.rejected += 1
             return None
@@ -137,6 +141,8 @@ class VerdictCache:
         ).encode()
         body = encode(result)
         data = _MAGIC + self._mac(claims, body) + len(claims).to_bytes(4, "big") + claims + body
+        if len(data) > MAX_ENTRY_BYTES:
+            return
         path = self._path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")

@@ -20,7 +20,6 @@ broken task; a failure of the system itself comes back as an `infra` result (sco
 from __future__ import annotations
 
 import logging
-import math
 import os
 import threading
 import time
@@ -29,7 +28,7 @@ from pathlib import Path
 import torch
 
 from actors.base import Slot
-from actors.verifier import native
+from actors.verifier import native, redact
 from actors.verifier import reward as fb
 from actors.verifier.extract import extract
 from actors.verifier.interface import RewardActor
@@ -94,10 +93,12 @@ class KernelVerifier(RewardActor):
                 self.run_workers,
                 self.zygote,
                 hidden=(str(self.cache_dir),),
-                visible=(str(self.builds.cache.root / "ext"),),
+                visible=(),  # a sandbox sees its own build's libraries only, linked for it (executor.py)
             )
         )
         self.verdicts = VerdictCache(self.cache_dir / "verdicts")
+        # This verifier's own directories, named neutrally in whatever leaves it (redact.py).
+        self._roots = {str(self.cache_dir.resolve()): "<cache>", str(self.cache_dir): "<cache>"}
         self.counts = {"verified": 0, "cached": 0, "broken_tasks": 0}
         self._lock = threading.Lock()
         # Which confinement layers hold here, said now and in every verdict; on cuda, every lane's
@@ -202,6 +203,16 @@ class KernelVerifier(RewardActor):
         t0 = time.perf_counter()
         build = self.builds.submit(source).result(timeout=self.cfg.compile_timeout_s + 120)
         timings["compile"] = time.perf_counter() - t0
+        try:  # the build's libraries stay in the cache until the sandbox has its own links to them
+            return self._verify_built(request, source, digest, build, diagnostics, timings, vendors)
+        finally:
+            pins = getattr(build, "pins", None)
+            if pins is not None:
+                pins.release()
+
+    def _verify_built(
+        self, request, source: str, digest: str, build, diagnostics: dict, timings: dict, vendors
+    ) -> VerifyResult:
         diagnostics["build"] = {
             "seconds": build.seconds,
             "cached": bool(build.cached),
@@ -425,8 +436,8 @@ class KernelVerifier(RewardActor):
             score=fb.moore_score(self.cfg.reward, error_class, q, speedup),
             speedup_eager=speedup_eager,
             speedup_compile=speedup_compile,
-            feedback=feedback,
-            diagnostics=_json_safe(diagnostics),
+            feedback=redact.feedback(feedback, self._roots),
+            diagnostics=redact.diagnostics(diagnostics, self._roots),
             timings={k: float(v) for k, v in timings.items()},
             source_hash=source_hash,
             cached=False,
@@ -442,16 +453,3 @@ class KernelVerifier(RewardActor):
         self.lanes.close()
         self.builds.close()
         self.zygote.close()
-
-
-def _json_safe(value):
-    """Diagnostics as JSON values: NaN/inf become strings, tuples lists, unknown objects their repr."""
-    if isinstance(value, dict):
-        return {str(k): _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    return repr(value)

@@ -43,6 +43,20 @@ torch::Tensor relu_fwd(torch::Tensor x) {{
 """
 
 
+# Scales a float tensor with a loop of its own: the libraries these tests build must pass the symbol
+# check (a library that computes with ATen is never handed out), whatever they test.
+SCALED = """
+static torch::Tensor scaled(torch::Tensor x, double f) {
+    x = x.contiguous();
+    auto y = torch::empty_like(x);
+    const float* s = x.data_ptr<float>();
+    float* d = y.data_ptr<float>();
+    for (int64_t i = 0; i < x.numel(); ++i) d[i] = static_cast<float>(s[i] * f);
+    return y;
+}
+"""
+
+
 def candidate(cpp: str, name: str, functions=("relu_fwd",), flags=("-O2",), forward="relu_fwd", tail=""):
     """A KernelBench-style candidate module around one load_inline call."""
     return textwrap.dedent(f"""
@@ -198,9 +212,10 @@ def test_two_extensions_in_one_candidate_are_two_modules(service):
         import torch
         from torch.utils.cpp_extension import load_inline
         # session {NONCE}
-        twice = load_inline(name="t_twice", cpp_sources="torch::Tensor twice(torch::Tensor x) {{ return x.mul(2); }}",
+        SCALED = {SCALED!r}
+        twice = load_inline(name="t_twice", cpp_sources=SCALED + "torch::Tensor twice(torch::Tensor x) {{ return scaled(x, 2); }}",
                             functions=["twice"])
-        thrice = load_inline(name="t_thrice", cpp_sources="torch::Tensor thrice(torch::Tensor x) {{ return x.mul(3); }}",
+        thrice = load_inline(name="t_thrice", cpp_sources=SCALED + "torch::Tensor thrice(torch::Tensor x) {{ return scaled(x, 3); }}",
                              functions=["thrice"])
         """)
     r = service.submit(src).result()
@@ -221,15 +236,19 @@ def test_two_extensions_in_one_candidate_are_two_modules(service):
 def test_a_thunk_binding_carries_every_supported_type(service):
     # The thunk ABI's types end to end (thunks.py): each argument converted by the module shell,
     # each result back; a tuple result, lists, an optional, a string and a void function included.
-    cpp = """
+    cpp = (
+        """
         #include <torch/extension.h>
         #include <tuple>
+        """
+        + SCALED
+        + """
         std::tuple<torch::Tensor, int64_t> split(torch::Tensor x, int64_t k, double s, bool neg) {
-          return std::make_tuple(neg ? x.mul(-s) : x.mul(s), k + 1);
+          return std::make_tuple(scaled(x, neg ? -s : s), k + 1);
         }
         std::vector<torch::Tensor> twice_all(std::vector<torch::Tensor> xs, c10::IntArrayRef shape) {
           std::vector<torch::Tensor> out;
-          for (auto& x : xs) out.push_back(x.mul(2).reshape(shape));
+          for (auto& x : xs) out.push_back(scaled(x, 2).reshape(shape));
           return out;
         }
         int count(c10::optional<torch::Tensor> x, std::string tag, std::vector<int64_t> dims) {
@@ -237,6 +256,7 @@ def test_a_thunk_binding_carries_every_supported_type(service):
         }
         void nothing(float f) {}
         """
+    )
     src = candidate(cpp, "t_types", functions=("split", "twice_all", "count", "nothing"), forward="twice_all")
     r = service.submit(src).result()
     assert r.ok, r.error

@@ -5,7 +5,9 @@ Runs in a process forked by the zygote and jailed like any process that runs can
 itself: each `load_inline(...)` call becomes a build request to the trusted service on this
 process's socket, which compiles it in a separate jailed build process, checks what the library
 imports, publishes it, and answers with its path (read-only here), which the call then imports, so
-module-level code that calls into the extension works. Events, one message each (wire.py):
+module-level code that calls into the extension works. The libraries it gets are the ones the service built for this job alone, seen at a neutral path
+(jail.LIBDIR), the only directory native extensions may load from once it is sealed. Events, one
+message each (wire.py):
   start {jail}, build {spec} (answered {ok, so} or {ok: False, message}), unsupported {message},
   exception {type, message, traceback}, done {seconds, compile_seconds, findings}.
 A failed build raises `BuildAborted` into the candidate's code. It derives from BaseException, so
@@ -31,6 +33,7 @@ from .spec import UnsupportedCall, spec_from_call
 
 CANDIDATE_FILE = "candidate.py"
 CANDIDATE_MODULE = "candidate"
+MAX_MESSAGE = 1000  # an exception's or refusal's text, as sent to the service
 
 
 class BuildAborted(BaseException):
@@ -53,51 +56,57 @@ class Channel:
         return reply if isinstance(reply, dict) else {}
 
 
-class Recorder:
-    """Stands in for load_inline during capture: ask the service to build the call, import the result."""
+def recorder(channel: Channel):
+    """(load_inline, load, seconds): the stand-ins for torch's during capture. load_inline asks the
+    service to build the call and imports the result; `seconds()` is the time spent waiting for builds.
+    Closures, so the candidate holding `load_inline` holds no channel object (code from Kiln's tree:
+    its closure cells refuse once armed). The socket itself is in the process, and a candidate may
+    still write to it: the service bounds everything it reads from it."""
+    waited = [0.0]
+    event, ask = channel.event, channel.ask
 
-    def __init__(self, channel: Channel) -> None:
-        self.channel = channel
-        self.compile_seconds = 0.0
-
-    def refuse_load(self, *args, **kwargs):
+    def load(*args, **kwargs):
         """Stands in for cpp_extension.load (building from files), which the verifier refuses."""
         try:
             refuse_load(*args, **kwargs)
         except UnsupportedCall as e:
-            self.channel.event("unsupported", message=str(e))
+            event("unsupported", message=str(e))
             raise BuildAborted(str(e)) from None
 
-    def __call__(self, *args, **kwargs):
+    def load_inline(*args, **kwargs):
         try:
             spec = spec_from_call(*args, **kwargs)
         except (UnsupportedCall, TypeError) as e:
-            message = str(e).replace("spec_from_call()", "load_inline()")
-            self.channel.event("unsupported", message=message)
+            message = str(e).replace("spec_from_call()", "load_inline()")[:MAX_MESSAGE]
+            event("unsupported", message=message)
             raise BuildAborted(message) from None
         t0 = time.monotonic()
-        reply = self.channel.ask("build", spec=spec.to_dict())
-        self.compile_seconds += time.monotonic() - t0
+        reply = ask("build", spec=spec.to_dict())
+        waited[0] += time.monotonic() - t0
         if not reply.get("ok"):
-            raise BuildAborted(f"load_inline(name={spec.name!r}) failed to build") from None
+            raise BuildAborted(f"load_inline(name={spec.name[:100]!r}) failed to build") from None
         try:
             return import_extension(str(reply["so"]))
         except ImportError as e:
-            self.channel.event("import_error", name=spec.name, message=str(e)[:500])
-            raise BuildAborted(f"load_inline(name={spec.name!r}) built a module that does not import") from None
+            event("import_error", name=spec.name[:100], message=str(e)[:500])
+            raise BuildAborted(f"load_inline(name={spec.name[:100]!r}) built a module that does not import") from None
+
+    return load_inline, load, lambda: waited[0]
 
 
-def run_job(channel: Channel, scratch: Path, evidence_fd: int, device: dict | None = None) -> None:
+def run_job(channel: Channel, scratch: Path, evidence_fd: int, libdir: str = "", device: dict | None = None) -> None:
     """Capture one candidate (its source is scratch/candidate.py, written by the service). The process
     is sealed (fence.py) before the candidate's first line runs, as the execution sandbox is: module-level
     code computes nothing with ATen and reaches nothing of this process's. What this process reports
     can only cost the candidate: the service builds what it asks for, checks what it built, and the
-    execution stage imports the module afresh."""
-    recorder = Recorder(channel)
+    execution stage imports the module afresh. `libdir`: where the service puts the libraries it
+    built for this job (only those): the one directory its extensions may load from. `device`: the
+    verifier's GPU, described, that module-level device queries are answered about (devices.py)."""
+    load_inline, load, compile_seconds = recorder(channel)
     from torch.utils import cpp_extension
 
-    cpp_extension.load_inline = recorder
-    cpp_extension.load = recorder.refuse_load
+    cpp_extension.load_inline = load_inline
+    cpp_extension.load = load
     if device:  # the verifier's GPU, described: module-level device queries are answered (devices.py)
         install_device_answers(device)
 
@@ -117,7 +126,8 @@ def run_job(channel: Channel, scratch: Path, evidence_fd: int, device: dict | No
         return
     kn = native.loaded()
     fence.install_refusers(kn)
-    native.arm(kn, evidence_fd, str(path), source, seccomp.armed_seccomp_program())
+    own = (libdir.rstrip("/") + "/",) if libdir else ()
+    native.arm(kn, evidence_fd, str(path), source, seccomp.armed_seccomp_program(), own_libraries=own)
     site_of = kn.traceback_site
     try:
         exec(code, module.__dict__)  # noqa: S102 - by design: candidate code runs here, inside the sandbox
@@ -128,10 +138,10 @@ def run_job(channel: Channel, scratch: Path, evidence_fd: int, device: dict | No
         channel.event(
             "exception",
             type=type(e).__name__,
-            message=str(e)[:1000],
+            message=str(e)[:MAX_MESSAGE],
             traceback=where.replace(str(path), CANDIDATE_FILE),
         )
-    channel.event("done", seconds=time.monotonic() - t0, compile_seconds=recorder.compile_seconds)
+    channel.event("done", seconds=time.monotonic() - t0, compile_seconds=compile_seconds())
 
 
 def child_main(fds: list[int], spec, report, args: dict) -> int:
@@ -150,7 +160,9 @@ def child_main(fds: list[int], spec, report, args: dict) -> int:
     channel = Channel(socket.socket(fileno=fds[0]))
     channel.event("start", jail=report.to_json())
     try:
-        run_job(channel, Path(spec.scratch), fds[1] if len(fds) > 1 else -1, args.get("device"))
+        libs = spec.mounts[0][0] if spec.mounts else ""
+        libdir = spec.seen_at(libs, report) if libs else ""
+        run_job(channel, Path(spec.inside(report)), fds[1] if len(fds) > 1 else -1, libdir, args.get("device"))
     except wire.WireError:
         return 3
     return 0

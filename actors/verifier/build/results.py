@@ -21,6 +21,9 @@ from .capture import CANDIDATE_FILE
 from .spec import ExtensionSpec
 
 MAX_EVENTS = 10_000
+MAX_ERROR = 4000  # characters of BuildResult.error (it is quoted in the verdict and stored in the caches)
+MAX_NOTES = 20
+TAIL_BYTES = 1500  # of a capture process's log, read from its end
 
 
 @dataclass
@@ -77,11 +80,10 @@ def _tensor_methods() -> frozenset[str]:
     return frozenset(n for n in dir(torch.Tensor) if not n.startswith("_"))
 
 
-def _tail(path: Path, n: int = 1500) -> str:
-    try:
-        return path.read_text(errors="replace")[-n:]
-    except OSError:
-        return ""
+def _tail(path: Path, n: int = TAIL_BYTES) -> str:
+    from .watch import read_tail
+
+    return read_tail(path, n)
 
 
 def _num(x) -> float:
@@ -104,6 +106,12 @@ def assemble(
                 specs.append(ExtensionSpec.from_dict(e.get("spec")))
             except (ValueError, TypeError):
                 continue
+        elif kind == "rejected" and e.get("trusted"):  # a library with findings: there is no artifact
+            preludes[e["key"]] = str(e.get("prelude", ""))
+            notes += [f"{e['key'][:12]}: {n}" for n in e.get("notes") or [] if isinstance(n, str)]
+            all_cached &= e.get("cached") is True
+            vendor.update(v for v in e.get("vendor_libs") or [] if isinstance(v, str))
+            violations += list(e.get("violations") or [])
         elif kind == "built" and e.get("trusted"):
             artifacts[e["key"]] = e["so"]
             preludes[e["key"]] = str(e.get("prelude", ""))
@@ -133,15 +141,16 @@ def assemble(
         seconds=0.0,
         phases=phases,
         cached=bool(artifacts) and all_cached,
-        vendor_libs=sorted(vendor),
+        vendor_libs=sorted(vendor)[:20],
         toolchain=toolchain,
         preludes=preludes,
-        notes=notes,
+        notes=[n[:500] for n in notes[:MAX_NOTES]],
         torch_calls=calls,
         tensor_methods=methods,
         violations=violations[:50],
     )
     result.error_class, result.error = _classify(events, done, outcome, stderr, timeout_s)
+    result.error = result.error[:MAX_ERROR]
     result.ok = result.error_class is None
     return result, wanted
 
@@ -151,6 +160,9 @@ def _classify(
 ) -> tuple[str | None, str]:
     if outcome.get("infra"):
         return "infra", str(outcome["infra"])
+    flood = next((e for e in events if e["event"] == "flood" and e.get("trusted")), None)
+    if flood:
+        return "runtime", str(flood.get("message", ""))
     failed = next((e for e in events if e["event"] == "compile_error" and e.get("trusted")), None)
     if failed:
         cls = "infra" if failed.get("infra") is True else "compile"
@@ -164,7 +176,7 @@ def _classify(
         return "compile", _import_error_text(str(import_failed.get("name")), str(import_failed.get("message", "")))
     unsupported = next((e for e in events if e["event"] == "unsupported"), None)
     if unsupported:
-        return "compile", str(unsupported.get("message", "unsupported load_inline call"))
+        return "compile", str(unsupported.get("message", "unsupported load_inline call"))[:MAX_ERROR]
     killed = outcome.get("killed")
     limits = outcome.get("limits", {})
     if killed == "timeout":

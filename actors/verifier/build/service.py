@@ -6,8 +6,17 @@ that runs candidate code), watched from a service thread (wall-clock deadline, p
 resident memory of its whole tree). The capture process asks for each `load_inline` call to be
 built; the service answers from the artifact cache, or forks a jailed *build* process that runs the
 compilers in its own directory, reads what the built library imports (symbols.py: ATen compute,
-dispatcher bypasses, run-time symbol lookup are findings), publishes it into the cache, and answers
-with its path. Nothing but this service writes the cache. At most `workers` jobs run at once.
+dispatcher bypasses, run-time symbol lookup are findings), publishes it into the cache when it has
+no finding (a library with one is never kept where anything could load it: only its findings are),
+links it into the job's own library directory and answers with its path there: the capture process
+sees that directory alone, at a neutral path (jail.LIBDIR), never the cache. Nothing but this
+service writes the cache, which is bounded (`cache_bytes`, least recently used first, never an entry
+in use). At most `workers` jobs run at once.
+
+What a capture process sends is bounded before it is kept: a message (MAX_EVENT_BYTES, and
+wire.MAX_ITEMS decoded objects), all its messages (MAX_CAPTURE_BYTES, MAX_CAPTURE_EVENTS: past
+either it is killed, a runtime error of the candidate's), its load_inline calls (MAX_BUILDS, their
+sources MAX_SOURCE_BYTES), the text kept from each event (MAX_TEXT), one event of each kind.
 Precompiled headers are built in the background by the trusted process (pch_builds.py): the common
 variants at start-up, others when a build reports it missed one.
 """
@@ -30,7 +39,7 @@ from actors.verifier import isolation, wire
 from actors.verifier.zygote import Zygote, ZygoteError
 
 from . import diagnostics, symbols
-from .cache import ArtifactCache
+from .cache import DEFAULT_MAX_BYTES, ArtifactCache, Pins
 from .capture import CANDIDATE_FILE
 from .pch_builds import PchBuilds, default_pch_dir, default_variants
 from .preludes import FENCE, NATIVE, PchStore
@@ -43,6 +52,19 @@ log = logging.getLogger(__name__)
 
 MAX_EVENT_BYTES = 8 << 20  # one message of a capture process (a load_inline call carries its sources)
 MAX_CAPTURE_EVENTS = 10_000  # a capture process that sends more is killed
+MAX_CAPTURE_BYTES = 64 << 20  # all messages of one capture process: one that sends more is killed
+MAX_BUILDS = 32  # load_inline calls of one candidate
+MAX_SOURCE_BYTES = 8 << 20  # the sources and flags of its distinct load_inline calls, together
+MAX_TEXT = 2000  # characters kept of any text a capture process sent (an exception's message, ...)
+MAX_LIBRARY_BYTES = 256 << 20  # a built library larger than this is refused (a compile error)
+# The candidate's events that are kept (the first of each kind; the rest carry nothing new), and the
+# fields of each: nothing else a capture process sent survives its conversation.
+KEPT_EVENTS = {
+    "exception": ("type", "message", "traceback"),
+    "unsupported": ("message",),
+    "import_error": ("name", "message"),
+    "done": ("seconds", "compile_seconds"),
+}
 # The known-good extension that tells a failing machine from a failing candidate (`_confirm_infra`).
 CANARY_SOURCE = "torch::Tensor kiln_canary(torch::Tensor x) { return x; }"
 
@@ -66,6 +88,7 @@ class BuildService:
         device: dict | None = None,
         start_timeout_s: float = 120.0,
         zygote: Zygote | None = None,
+        cache_bytes: int = DEFAULT_MAX_BYTES,
     ) -> None:
         if workers < 1 or timeout_s <= 0:
             raise ValueError("workers must be >= 1 and timeout_s > 0")
@@ -82,6 +105,7 @@ class BuildService:
         self.pch = PchStore(Path(pch_dir) if pch_dir else default_pch_dir(), self.toolchain)
         self.jobs_dir = self.cache.root / "jobs"
         self.cache.remove_stale(older_than_s=86400)
+        self.cache_bytes = int(cache_bytes)
         self.timeout_s = float(timeout_s)
         self.memory_limit = int(memory_limit_mb) << 20
         self.max_processes = int(max_processes)
@@ -185,14 +209,13 @@ class BuildService:
         cached = self._cached_capture(source_key, t0)
         if cached is not None:
             return cached
-        job = uuid.uuid4().hex[:16]
-        job_dir = self.jobs_dir / job
-        work = job_dir / "work"
-        work.mkdir(parents=True)
+        job = _Job(uuid.uuid4().hex[:16], self.jobs_dir, self.cache)
+        job_dir = job.dir
         try:
-            (work / CANDIDATE_FILE).write_text(source)
-            events, outcome = self._capture(job, job_dir)
+            (job_dir / "work" / CANDIDATE_FILE).write_text(source)
+            events, outcome = self._capture(job)
             result, pch_wanted = assemble(events, outcome, self.toolchain_id, self.timeout_s, job_dir / "stderr.txt")
+            result.pins = job.pins  # the run that follows holds them until its sandbox has its own links
             result.seconds = time.monotonic() - t0
             result.phases["fork"] = outcome.get("fork_s", 0.0)
             result.capture_exit = outcome.get("exit") or {}
@@ -205,6 +228,7 @@ class BuildService:
             return result
         finally:
             shutil.rmtree(job_dir, ignore_errors=True)
+            self.cache.trim(self.cache_bytes)
 
     def _cached_capture(self, source_key: str, t0: float) -> BuildResult | None:
         data = self.cache.load_capture(source_key)
@@ -214,7 +238,9 @@ class BuildService:
             result = BuildResult.from_dict(data)
         except (KeyError, TypeError, ValueError):
             return None
-        if not all(os.path.isfile(p) for p in result.artifacts.values()):
+        result.pins = self.cache.pin(result.artifacts)
+        if not all(self.cache.lookup(key) is not None for key in result.artifacts):
+            result.pins.release()
             return None  # an artifact was evicted: capture again
         result.cached = True
         result.seconds = time.monotonic() - t0
@@ -224,17 +250,18 @@ class BuildService:
     def _hidden(self) -> tuple[str, ...]:
         return (str(self.cache_dir), str(self.pch.root.parent))
 
-    def _capture(self, job: str, job_dir: Path) -> tuple[list[dict], dict]:
+    def _capture(self, job: _Job) -> tuple[list[dict], dict]:
         """Run the capture process of one job and serve its build requests. Returns (events, outcome)."""
-        work = job_dir / "work"
+        job_dir = job.dir
         spec = isolation.run_jail(
-            str(work),
+            str(job_dir / "work"),
             cuda=self.gpu_visible,
             uid=self.zygote.next_uid(),
             hidden=self._hidden(),
-            visible=(str(self.cache.root / "ext"),),
             nproc=self.max_processes,
+            libs=str(job.libs),
         )
+        job.spec = spec
         if not self.gpu_visible:  # the compile stage must never touch a GPU (a timing window may be open on it)
             spec = _with_env(spec, CUDA_VISIBLE_DEVICES="")
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -255,7 +282,7 @@ class BuildService:
         finally:
             theirs.close()
             os.close(ev_w)
-        self._active[job] = spawned
+        self._active[job.name] = spawned
         fork_s = time.monotonic() - t_fork
         deadline = time.monotonic() + self.timeout_s
         watch = TreeWatch(
@@ -264,7 +291,7 @@ class BuildService:
         events: list[dict] = []
         jail: dict = {}
         try:
-            jail = self._converse(ours, job_dir, deadline, events)
+            jail = self._converse(ours, job, deadline, events)
         finally:
             watch.stop()
             self._kill(spawned)
@@ -275,7 +302,7 @@ class BuildService:
             except ZygoteError as err:
                 return events, {"infra": f"the compile zygote died: {err}"}
             finally:
-                self._active.pop(job, None)
+                self._active.pop(job.name, None)
                 spawned.close()
         if (
             self._closed
@@ -295,54 +322,79 @@ class BuildService:
             "evidence": evidence,
         }
 
-    def _converse(self, ours: socket.socket, job_dir: Path, deadline: float, events: list[dict]) -> dict:
+    def _converse(self, ours: socket.socket, job: _Job, deadline: float, events: list[dict]) -> dict:
         """Read a capture process's messages until it ends: serve its build requests, keep its
-        events (never its claims to be trusted); returns the jail report it sent first."""
+        events (never its claims to be trusted; bounded: the module docstring); returns the jail
+        report it sent first, before any candidate code existed."""
         jail: dict = {}
-        received = 0
+        received = total = 0
         while True:
             try:
-                msg = wire.recv(ours, deadline + 1.0, max_bytes=MAX_EVENT_BYTES)
+                msg, size = wire.recv_counted(ours, deadline + 1.0, max_bytes=MAX_EVENT_BYTES)
             except (wire.PeerClosed, wire.PeerTimeout, wire.WireError, OSError):
                 break
-            received += 1
-            if received > MAX_CAPTURE_EVENTS:
+            received, total = received + 1, total + size
+            if received > MAX_CAPTURE_EVENTS or total > MAX_CAPTURE_BYTES:
+                events.append(
+                    {
+                        "event": "flood",
+                        "trusted": True,
+                        "message": f"module-level code sent the build service more than {MAX_CAPTURE_EVENTS} "
+                        f"messages or {MAX_CAPTURE_BYTES >> 20} MB and was stopped",
+                    }
+                )
                 break
             if not isinstance(msg, dict) or not isinstance(msg.get("event"), str):
                 continue
             kind = msg["event"]
-            if kind == "start" and not jail:
+            if kind == "start" and received == 1:
                 jail = msg.get("jail") if isinstance(msg.get("jail"), dict) else {}
+                job.jail = jail
             elif kind == "build":
-                reply = self._serve_build(msg.get("spec"), job_dir, deadline, events)
+                reply = self._serve_build(msg.get("spec"), job, deadline, events)
                 try:
                     wire.send(ours, reply)
                 except OSError:
                     break
-            elif kind in ("exception", "unsupported", "done", "import_error"):
-                events.append({k: v for k, v in msg.items() if k != "trusted"})
+            elif kind in KEPT_EVENTS and kind not in job.kept:
+                job.kept.add(kind)
+                events.append(_kept(kind, msg))
         return jail
 
     def _kill(self, spawned) -> None:
         spawned.kill()
 
     # ------------------------------------------------------------------------------ builds
-    def _serve_build(self, raw_spec, job_dir: Path, deadline: float, events: list[dict]) -> dict:
+    def _serve_build(self, raw_spec, job: _Job, deadline: float, events: list[dict]) -> dict:
         """Answer one build request of a capture process; records trusted events about it."""
+        job.builds += 1
+        if job.builds > MAX_BUILDS:
+            return job.refuse(events, f"more than {MAX_BUILDS} load_inline calls in one candidate")
         try:
             spec = ExtensionSpec.from_dict(raw_spec)
             check_flags(spec)
         except UnsupportedCall as e:
-            events.append({"event": "unsupported", "message": str(e)})
-            return {"ok": False, "message": str(e)}
+            return job.refuse(events, str(e))
         except (ValueError, TypeError) as e:
-            events.append({"event": "unsupported", "message": f"malformed load_inline call: {e}"})
-            return {"ok": False, "message": "malformed load_inline call"}
-        events.append({"event": "spec", "spec": spec.to_dict()})
-        built = self.build(spec, job_dir, deadline)
-        events.append(built)
+            return job.refuse(events, f"malformed load_inline call: {e}", "malformed load_inline call")
+        key = spec.key(self.toolchain_id)
+        first = key not in job.keys
+        if first:
+            job.source_bytes += _spec_bytes(spec)
+            if job.source_bytes > MAX_SOURCE_BYTES:
+                return job.refuse(
+                    events, f"load_inline sources larger than {MAX_SOURCE_BYTES >> 20} MB in one candidate"
+                )
+            job.keys.add(key)
+            job.pins.add(self.cache.pin([key]))
+            events.append({"event": "spec", "spec": spec.to_dict()})
+        built = self.build(spec, job.dir, deadline)
+        if first:
+            events.append(built)
         if built["event"] == "built":
-            return {"ok": True, "so": built["so"]}
+            return {"ok": True, "so": job.link(key, Path(built["so"]))}
+        if built["event"] == "rejected":
+            return {"ok": False, "message": "the built library imports what a kernel may not (see the verdict)"}
         return {"ok": False, "message": "compile error"}
 
     def build(self, spec: ExtensionSpec, job_dir: Path, deadline: float) -> dict:
@@ -363,54 +415,72 @@ class BuildService:
             if not reply.get("ok") and reply.get("infra") is True:
                 reply = self._confirm_infra(reply, job_dir, deadline)
             if not reply.get("ok"):
-                message = diagnostics.sanitize(str(reply.get("message") or "the build failed"))
+                message = diagnostics.sanitize(str(reply.get("message") or "the build failed")[: 4 * MAX_TEXT])
                 return {
                     "event": "compile_error",
                     "trusted": True,
                     "key": key,
                     "name": spec.name,
                     "infra": reply.get("infra") is True,
-                    "unit": str(reply.get("unit", "")),
-                    "message": message,
-                    "phases": reply.get("phases") or {},
+                    "unit": str(reply.get("unit", ""))[:40],
+                    "message": message[:MAX_TEXT],
+                    "phases": _phases(reply.get("phases")),
                     "exit": exit_status,
                 }
             out = bdir / "work"
-            so = out / str(reply["so"])
+            so = out / Path(str(reply["so"])).name
+            too_large = _too_large(so)
+            if too_large:
+                return {
+                    "event": "compile_error",
+                    "trusted": True,
+                    "key": key,
+                    "name": spec.name,
+                    "infra": False,
+                    "unit": "link",
+                    "message": too_large,
+                    "phases": {},
+                    "exit": exit_status,
+                }
             check = symbols.check_library(str(so), self.allowlist, self._library_dirs())
-            vendors = sorted(set(reply.get("vendor_libs") or []) | check.vendors)
+            vendors = sorted(set(reply.get("vendor_libs") or []) | check.vendors)[:20]
             meta = {
-                "prelude": str(reply.get("prelude", "")),
+                "prelude": str(reply.get("prelude", ""))[:100],
                 "vendor_libs": vendors,
-                "notes": [str(n) for n in reply.get("notes") or []],
-                "phases": reply.get("phases") or {},
+                "notes": [str(n)[:MAX_TEXT] for n in (reply.get("notes") or [])[:20]],
+                "phases": _phases(reply.get("phases")),
                 "symbols": check.to_json(),
             }
+            if check.violations:  # never published: only what it imports is remembered
+                self.cache.reject(key, meta)
+                return _rejected(key, meta, cached=False)
             final = self.cache.publish(key, out, so.name, meta)
             binding = reply.get("binding")
             if isinstance(binding, list) and len(binding) == 2 and (out / str(binding[1])).is_file():
                 self.cache.publish_binding(str(binding[0]), out / str(binding[1]))
-            phases = {k: float(v) for k, v in meta["phases"].items() if isinstance(v, (int, float))}
             return {
                 "event": "built",
                 "trusted": True,
                 "key": key,
                 "so": str(final),
                 "prelude": meta["prelude"],
-                "phases": phases,
+                "phases": meta["phases"],
                 "vendor_libs": vendors,
                 "cached": False,
                 "notes": meta["notes"],
-                "pch_wanted": reply.get("pch_wanted") or [],
-                "violations": check.to_json()["violations"],
+                "pch_wanted": (reply.get("pch_wanted") or [])[:16],
+                "violations": [],
             }
 
     def _hit(self, key: str, spec: ExtensionSpec, t0: float) -> dict | None:
         found = self.cache.lookup(key)
         if not found:
-            return None
+            record = self.cache.rejected(key)
+            return _rejected(key, record, cached=True) if record is not None else None
         so, meta = found
         sym = meta.get("symbols") if isinstance(meta.get("symbols"), dict) else {}
+        if sym.get("violations"):  # an entry a service before this rule kept: never handed out
+            return _rejected(key, meta, cached=True)
         return {
             "event": "built",
             "trusted": True,
@@ -422,7 +492,7 @@ class BuildService:
             "cached": True,
             "notes": [],
             "pch_wanted": [],
-            "violations": list(sym.get("violations") or []),
+            "violations": [],
         }
 
     def _key_lock(self, key: str) -> threading.Lock:
@@ -524,7 +594,7 @@ class BuildService:
                     "message": f"the compiler exceeded the compile stage's {verdict} limit",
                 }
             else:
-                tail = log_tail(bdir / "build.log")
+                tail = diagnostics.sanitize(log_tail(bdir / "build.log"))
                 reply = {
                     "ok": False,
                     "infra": True,
@@ -541,6 +611,101 @@ class BuildService:
                 status = {}
             spawned.close()
         return reply, status
+
+
+class _Job:
+    """One capture job: its directory (scratch `work/`, its own library directory `lib/`), what it
+    asked to build so far, what of its events is kept, and the cache entries it holds in use."""
+
+    def __init__(self, name: str, jobs_dir: Path, cache: ArtifactCache) -> None:
+        self.name = name
+        self.dir = jobs_dir / name
+        (self.dir / "work").mkdir(parents=True)
+        self.libs = self.dir / "lib"
+        self.libs.mkdir(mode=0o755)
+        os.chmod(self.libs, 0o755)
+        self.cache = cache
+        self.spec = None  # its JailSpec, once forked
+        self.jail: dict = {}  # its jail report (the capture's first message)
+        self.builds = 0
+        self.source_bytes = 0
+        self.keys: set[str] = set()
+        self.kept: set[str] = set()
+        self.pins = Pins()
+
+    def link(self, key: str, so: Path) -> str:
+        """Put a verified library into this job's own directory (a hard link: the cache may evict its
+        entry meanwhile); the path the capture process sees it at."""
+        d = self.libs / key
+        d.mkdir(mode=0o755, exist_ok=True)
+        os.chmod(d, 0o755)
+        target = d / so.name
+        if not target.exists():
+            try:
+                os.link(so, target)
+            except OSError:
+                shutil.copyfile(so, target)
+                os.chmod(target, 0o644)
+        inside = self.spec.seen_at(str(self.libs), self.jail) if self.spec is not None else str(self.libs)
+        return f"{inside}/{key}/{so.name}"
+
+    def refuse(self, events: list[dict], message: str, reply: str = "") -> dict:
+        """A build request the service does not serve: said once in the events (the first reason is the
+        verdict's), answered with a short reply."""
+        message = message[:MAX_TEXT]
+        if "unsupported" not in self.kept:
+            self.kept.add("unsupported")
+            events.append({"event": "unsupported", "message": message})
+        return {"ok": False, "message": (reply or message)[:MAX_TEXT]}
+
+
+def _kept(kind: str, msg: dict) -> dict:
+    """The fields of a capture process's event that are kept, strings cut to MAX_TEXT."""
+    out: dict = {"event": kind}
+    for name in KEPT_EVENTS[kind]:
+        value = msg.get(name)
+        if isinstance(value, str):
+            out[name] = value[:MAX_TEXT]
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[name] = float(value)
+    return out
+
+
+def _rejected(key: str, meta: dict, *, cached: bool) -> dict:
+    """The trusted event of a library that failed the symbol check (there is no library to use)."""
+    sym = meta.get("symbols") if isinstance(meta.get("symbols"), dict) else {}
+    return {
+        "event": "rejected",
+        "trusted": True,
+        "key": key,
+        "prelude": str(meta.get("prelude", ""))[:100],
+        "phases": _phases(meta.get("phases")),
+        "vendor_libs": [str(v)[:100] for v in (meta.get("vendor_libs") or [])[:20]],
+        "cached": cached,
+        "notes": [str(n)[:MAX_TEXT] for n in (meta.get("notes") or [])[:20]] if not cached else [],
+        "violations": list(sym.get("violations") or [])[:50],
+    }
+
+
+def _phases(value) -> dict[str, float]:
+    if not isinstance(value, dict):
+        return {}
+    return {str(k)[:40]: float(v) for k, v in list(value.items())[:32] if isinstance(v, (int, float))}
+
+
+def _spec_bytes(spec: ExtensionSpec) -> int:
+    parts = [*spec.cpp_sources, *spec.cuda_sources, *spec.extra_cflags, *spec.extra_cuda_cflags, *spec.extra_ldflags]
+    return sum(len(p) for p in parts) + sum(len(f) for f in spec.functions)
+
+
+def _too_large(so: Path) -> str:
+    try:
+        size = so.stat().st_size
+    except OSError:
+        return "the build produced no library"
+    if size > MAX_LIBRARY_BYTES:
+        return f"the built library is {size >> 20} MB; the verifier takes libraries of at most {MAX_LIBRARY_BYTES >> 20} MB"
+    return ""
 
 
 def _with_env(spec, **extra):

@@ -163,10 +163,19 @@ def spec_from_call(
     return spec
 
 
+MAX_FLAG_CHARS = 4096  # one entry of extra_cflags / extra_cuda_cflags / extra_ldflags
+
+
 def check_flags(spec: ExtensionSpec) -> None:
-    """Refuse flags that make a compiler or the linker load or run other code (UnsupportedCall)."""
+    """Refuse flags that make a compiler or the linker load or run other code (UnsupportedCall), and
+    entries longer than MAX_FLAG_CHARS before they are parsed (shlex takes time quadratic in a token's
+    length: a megabyte-long flag would hold the service's thread for minutes)."""
     for field_name in ("extra_cflags", "extra_cuda_cflags", "extra_ldflags"):
         for text in getattr(spec, field_name):
+            if len(text) > MAX_FLAG_CHARS:
+                raise UnsupportedCall(
+                    f"load_inline: an {field_name} entry of {len(text)} characters (at most {MAX_FLAG_CHARS})"
+                )
             try:
                 parts = shlex.split(text)
             except ValueError:

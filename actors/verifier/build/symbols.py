@@ -31,6 +31,7 @@ and torch:: there are a bundled vendor library.
 
 from __future__ import annotations
 
+import os
 import re
 import struct
 import threading
@@ -38,7 +39,15 @@ from dataclasses import dataclass, field
 
 from actors.verifier.legality import ALLOWED_OPS, Violation
 
-MAX_ELF_BYTES = 512 << 20
+MAX_ELF_BYTES = 512 << 20  # a candidate's library (the service refuses larger ones before this)
+# Bounds on reading a candidate's library (torch's own are read whole): honest extensions have a few
+# thousand dynamic symbols and well under a megabyte of names.
+MAX_SECTIONS = 4096
+MAX_SYMBOLS = 100_000
+MAX_STRTAB = 16 << 20
+MAX_NAME = 4096
+MAX_NAME_BYTES = 32 << 20
+MAX_DYNAMIC = 4096
 # Part of every build's cache key: a change to the rules below re-checks what was built before.
 RULES_VERSION = "kiln-symbols-3"
 
@@ -158,49 +167,99 @@ class ElfError(ValueError):
     """The file is not an ELF shared library this checker can read."""
 
 
-def read_imports(path: str) -> ElfImports:
+def read_imports(path: str, limited: bool = False) -> ElfImports:
+    """The dynamic imports of the ELF file at `path`, read section by section (never the whole
+    file). `limited` (a candidate's library): at most MAX_SYMBOLS dynamic symbols, MAX_NAME_BYTES of
+    their names together, MAX_SECTIONS sections, each name cut at MAX_NAME; past a bound the library
+    is unreadable (ElfError), before anything larger is read. torch's own libraries are read whole."""
     with open(path, "rb") as f:
-        data = f.read(MAX_ELF_BYTES + 1)
-    if len(data) > MAX_ELF_BYTES:
-        raise ElfError("the built library is larger than the checker reads")
-    if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
-        raise ElfError("not a 64-bit little-endian ELF file")
-    (shoff,) = struct.unpack_from("<Q", data, 0x28)
-    shentsize, shnum, _ = struct.unpack_from("<HHH", data, 0x3A)
-    if shoff == 0 or shnum == 0 or shentsize != 64 or shoff + shnum * 64 > len(data):
-        raise ElfError("the built library has no section table")
-    sections = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * 64) for i in range(shnum)]
-    out = ElfImports()
-    seen_dynsym = False
-    for _name, kind, _, _, offset, size, link, _, _, _entsize in sections:
-        if kind == 11:  # SHT_DYNSYM
-            seen_dynsym = True
-            strtab = sections[link]
-            for off in range(offset + 24, offset + size, 24):  # entry 0 is the null symbol
-                st_name, _st_info, _, st_shndx, _, _ = struct.unpack_from("<IBBHQQ", data, off)
-                sym = _cstr(data, strtab[4] + st_name)
-                if sym:
-                    (out.undefined if st_shndx == 0 else out.defined).append(sym)
-        elif kind == 6:  # SHT_DYNAMIC
-            strtab = sections[link]
-            for off in range(offset, offset + size, 16):
-                tag, val = struct.unpack_from("<qQ", data, off)
-                if tag == 0:
-                    break
-                if tag == _DT_NEEDED:
-                    out.needed.append(_cstr(data, strtab[4] + val))
-                elif tag in (_DT_RPATH, _DT_RUNPATH):
-                    out.search_paths += [p for p in _cstr(data, strtab[4] + val).split(":") if p]
-                elif tag & 0xFFFFFFFF in _DT_SUSPICIOUS:
-                    out.suspicious.append(_DT_SUSPICIOUS[tag & 0xFFFFFFFF])
+        size = os.fstat(f.fileno()).st_size
+        if limited and size > MAX_ELF_BYTES:
+            raise ElfError("the built library is larger than the checker reads")
+        head = _pread(f, 0, 64, size)
+        if head[:4] != b"\x7fELF" or head[4] != 2 or head[5] != 1:
+            raise ElfError("not a 64-bit little-endian ELF file")
+        (shoff,) = struct.unpack_from("<Q", head, 0x28)
+        shentsize, shnum, _ = struct.unpack_from("<HHH", head, 0x3A)
+        if shoff == 0 or shnum == 0 or shentsize != 64 or shoff + shnum * 64 > size:
+            raise ElfError("the built library has no section table")
+        if limited and shnum > MAX_SECTIONS:
+            raise ElfError(f"the built library has {shnum} sections; the checker reads at most {MAX_SECTIONS}")
+        table = _pread(f, shoff, shnum * 64, size)
+        sections = [struct.unpack_from("<IIQQQQIIQQ", table, i * 64) for i in range(shnum)]
+        names = _Names(f, size, limited)
+        out = ElfImports()
+        seen_dynsym = False
+        for _name, kind, _, _, offset, length, link, _, _, _entsize in sections:
+            if kind == 11:  # SHT_DYNSYM
+                seen_dynsym = True
+                count = length // 24
+                if limited and count > MAX_SYMBOLS:
+                    raise ElfError(
+                        f"the built library has {count} dynamic symbols; the checker reads at most {MAX_SYMBOLS}"
+                    )
+                strtab = names.table(sections, link)
+                data = _pread(f, offset, count * 24, size)
+                for off in range(24, count * 24, 24):  # entry 0 is the null symbol
+                    st_name, _st_info, _, st_shndx, _, _ = struct.unpack_from("<IBBHQQ", data, off)
+                    sym = names.get(strtab, st_name)
+                    if sym:
+                        (out.undefined if st_shndx == 0 else out.defined).append(sym)
+            elif kind == 6:  # SHT_DYNAMIC
+                strtab = names.table(sections, link)
+                count = min(length // 16, MAX_DYNAMIC) if limited else length // 16
+                data = _pread(f, offset, count * 16, size)
+                for off in range(0, count * 16, 16):
+                    tag, val = struct.unpack_from("<qQ", data, off)
+                    if tag == 0:
+                        break
+                    if tag == _DT_NEEDED:
+                        out.needed.append(names.get(strtab, val))
+                    elif tag in (_DT_RPATH, _DT_RUNPATH):
+                        out.search_paths += [p for p in names.get(strtab, val).split(":") if p]
+                    elif tag & 0xFFFFFFFF in _DT_SUSPICIOUS:
+                        out.suspicious.append(_DT_SUSPICIOUS[tag & 0xFFFFFFFF])
     if not seen_dynsym:
         raise ElfError("the built library has no dynamic symbol table")
     return out
 
 
-def _cstr(data: bytes, off: int) -> str:
-    end = data.find(b"\0", off)
-    return data[off : end if end >= 0 else len(data)].decode("ascii", "replace")
+def _pread(f, offset: int, length: int, size: int) -> bytes:
+    """`length` bytes at `offset`, checked against the file's size before anything is allocated."""
+    if offset < 0 or length < 0 or offset + length > size:
+        raise ElfError("the built library's tables point outside the file")
+    return os.pread(f.fileno(), length, offset)
+
+
+class _Names:
+    """Names out of a library's string tables: each table read once (at most MAX_STRTAB bytes for a
+    candidate's library), each name cut at MAX_NAME, and all the names decoded together at most
+    MAX_NAME_BYTES (a table whose every offset is a long name must not cost its square)."""
+
+    def __init__(self, f, size: int, limited: bool) -> None:
+        self.f, self.size, self.limited = f, size, limited
+        self.tables: dict[int, bytes] = {}
+        self.decoded = 0
+
+    def table(self, sections: list, index: int) -> bytes:
+        if index >= len(sections):
+            raise ElfError("the built library's symbols name a string table it does not have")
+        if index not in self.tables:
+            offset, length = sections[index][4], sections[index][5]
+            if self.limited and length > MAX_STRTAB:
+                raise ElfError(
+                    f"the built library's string table is {length >> 20} MB; the checker reads at most {MAX_STRTAB >> 20}"
+                )
+            self.tables[index] = _pread(self.f, offset, length, self.size)
+        return self.tables[index]
+
+    def get(self, data: bytes, off: int) -> str:
+        end = data.find(b"\0", off, off + MAX_NAME) if off < len(data) else -1
+        name = data[off : end if end >= 0 else min(len(data), off + MAX_NAME)]
+        self.decoded += len(name)
+        if self.limited and self.decoded > MAX_NAME_BYTES:
+            raise ElfError(f"the built library's symbol names exceed {MAX_NAME_BYTES >> 20} MB")
+        return name.decode("ascii", "replace")
 
 
 # ------------------------------------------------------------------------------ mangled names
@@ -494,7 +553,7 @@ def check_library(path: str, allowlist: Allowlist, allowed_dirs: tuple[str, ...]
     """Every import of one built library, classified (see the module docstring)."""
     result = SymbolCheck()
     try:
-        imports = read_imports(path)
+        imports = read_imports(path, limited=True)
     except (OSError, ElfError, struct.error, IndexError) as err:
         result.violations.append(
             Violation(
@@ -510,6 +569,7 @@ def check_library(path: str, allowlist: Allowlist, allowed_dirs: tuple[str, ...]
         verdict, what = allowlist.classify(sym)
         if verdict == "deny":
             kind = "native_op" if "aten::" in what or "ATen" in what else "native_symbol"
+            what = what if len(what) <= 300 else what[:297] + "..."
             result.violations.append(Violation(kind, what, "", _reason(kind, what)))
         elif verdict == "vendor":
             result.vendors.add(what)
@@ -521,13 +581,18 @@ def check_library(path: str, allowlist: Allowlist, allowed_dirs: tuple[str, ...]
         elif not _LIB_ALLOWED.match(lib):
             result.violations.append(
                 Violation(
-                    "native_library", f"links {lib}", "", "only torch, the C/C++ runtime, CUDA and vendor libraries"
+                    "native_library",
+                    f"links {lib[:200]}",
+                    "",
+                    "only torch, the C/C++ runtime, CUDA and vendor libraries",
                 )
             )
     for entry in imports.search_paths:
         if entry.rstrip("/") not in allowed_dirs:
             result.violations.append(
-                Violation("native_library", f"library search path {entry}", "", "RPATH/RUNPATH outside torch and CUDA")
+                Violation(
+                    "native_library", f"library search path {entry[:200]}", "", "RPATH/RUNPATH outside torch and CUDA"
+                )
             )
     for tag in imports.suspicious:
         result.violations.append(Violation("native_library", tag, "", "dynamic-loader audit/filter entries"))

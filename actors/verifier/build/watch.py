@@ -4,7 +4,8 @@ evidence its seal wrote, the tail of its log.
 A capture or build process is untrusted, so nothing it says about itself decides anything: the
 watch polls its whole process tree from the service (wall-clock deadline, process count, resident
 memory) and kills it past a limit, remembering which (`TreeWatch.verdict`); the evidence is read
-from a pipe its seal wrote as it refused, bounded, once the process is gone.
+from a pipe its seal wrote as it refused, bounded, once the process is gone; its log only from its
+end (`read_tail`), however much it wrote.
 """
 
 from __future__ import annotations
@@ -73,8 +74,17 @@ def read_evidence(fd: int) -> list[dict]:
 
 
 def log_tail(path: Path, n: int = 800) -> str:
+    text = read_tail(path, n).strip()
+    return f":\n{text}" if text else ""
+
+
+def read_tail(path: Path, n: int) -> str:
+    """The last `n` bytes of a file, read from its end: a log of gigabytes costs `n` bytes to read."""
     try:
-        text = path.read_text(errors="replace")[-n:].strip()
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(size - n, 0))
+            return f.read(n).decode("utf-8", "replace")
     except OSError:
         return ""
-    return f":\n{text}" if text else ""

@@ -160,8 +160,50 @@ NO_BYTECODE = "/nonexistent/kiln-no-bytecode"
 TRUSTED_ROOT = str(Path(__file__).parents[3])
 
 
-def arm(kn: ModuleType, evidence_fd: int, candidate_file: str, source: str, seccomp: bytes | None) -> None:
-    """Throw the one-way switch of this process (kiln_native.arm), with Kiln's lists."""
+def arm(
+    kn: ModuleType,
+    evidence_fd: int,
+    candidate_file: str,
+    source: str,
+    seccomp: bytes | None,
+    own_libraries: tuple[str, ...] = (),
+) -> None:
+    """Throw the one-way switch of this process (kiln_native.arm), with Kiln's lists. `own_libraries`:
+    the candidate's artifact table, the only native extensions it may load besides the interpreter's
+    own (`extension_rule`): the built libraries' files, or (a path ending in "/") the directory that
+    holds only the libraries of its own build."""
     sys.pycache_prefix = NO_BYTECODE
     sys.dont_write_bytecode = True
-    kn.arm(evidence_fd, candidate_file, source, DENIED_IMPORTS, KILN_PACKAGES, TRUSTED_ROOT, seccomp)
+    own, dirs, suffixes = extension_rule(own_libraries)
+    kn.arm(
+        evidence_fd,
+        candidate_file,
+        source,
+        DENIED_IMPORTS,
+        KILN_PACKAGES,
+        TRUSTED_ROOT,
+        seccomp,
+        own_libraries=own,
+        module_dirs=dirs,
+        module_suffixes=suffixes,
+    )
+
+
+def extension_rule(own_libraries: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+    """(own libraries, module directories, module suffixes) of the armed extension-load rule, resolved
+    now: the artifact table's paths (a directory keeps its trailing "/"), the directories of sys.path
+    (the standard library's extension modules, the visible site-packages), and the interpreter's
+    tagged extension suffixes (".cpython-311-x86_64-linux-gnu.so", ".abi3.so"; not a bare ".so", which
+    any shared library has)."""
+    import os
+
+    def resolved(path: str) -> str:
+        real = os.path.realpath(path)
+        return real.rstrip("/") + "/" if path.endswith("/") else real
+
+    own = tuple(resolved(str(p)) for p in own_libraries if p)
+    dirs = tuple(
+        sorted({resolved(p + "/") for p in sys.path if p and os.path.isabs(p) and os.path.isdir(p)} - {"//", "/"})
+    )
+    suffixes = tuple(s for s in importlib.machinery.EXTENSION_SUFFIXES if s != ".so")
+    return own, dirs, suffixes

@@ -22,6 +22,11 @@
  *     nothing: it is itself logged, found by the pipe's identity (device, inode) before each write;
  *   - `refuser` functions (installed by the sandbox in place of torch's data paths) refuse the same
  *     way, and `refuse_subscript` makes a static type's item access refuse;
+ *   - a native extension loads only from the candidate's own build: the "import" event that carries a
+ *     file (`_imp.create_dynamic`, whatever reached it: importlib's ExtensionFileLoader, `imp`, a
+ *     hand-made spec) is allowed only for a library of the process's artifact table (exact files, or
+ *     the one directory that holds only its own verified libraries) or a standard extension module
+ *     (a tagged suffix in a directory of sys.path at arming); every other load is refused;
  *   - an extra seccomp filter (passed to `arm`) is stacked: the kernel refuses what the candidate
  *     must never do (signal handlers, timers, new processes, memfd);
  *   - every function of this module that changes the process (mount, prctl, syscall, ...) refuses.
@@ -38,7 +43,9 @@
 #include <linux/filter.h>
 #include <linux/seccomp.h>
 #include <sched.h>
+#include <limits.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <pthread.h>
 #include <string.h>
 #include <sys/mount.h>
@@ -63,6 +70,9 @@ static char g_trusted_root[MAX_PATH];     /* "<Kiln's tree>/": code from there i
 static PyObject *g_lines = NULL;          /* tuple of the candidate's source lines (str) */
 static PyObject *g_denied_imports = NULL; /* frozenset: top-level modules that expose raw memory */
 static PyObject *g_kiln_packages = NULL;  /* frozenset: Kiln's own top-level packages */
+static PyObject *g_own_libraries = NULL;  /* tuple of str: the artifact table (files; "dir/": a directory) */
+static PyObject *g_module_dirs = NULL;    /* tuple of str "dir/": sys.path's directories at arming */
+static PyObject *g_module_suffixes = NULL; /* tuple of str: the interpreter's tagged extension suffixes */
 
 /* ------------------------------------------------------------------------------------ evidence */
 
@@ -352,6 +362,47 @@ static int check_import(PyObject *args) {
     return refuse("forbidden_import", what, "a module that exposes raw memory or interpreter internals");
 }
 
+/* Whether `text` starts with (`prefix` 1) or equals (`prefix` 0) one of `items` (a tuple of str),
+ * or, for items ending in '/', lies below that directory. */
+static int listed(PyObject *items, const char *text, int suffix) {
+    if (items == NULL) return 0;
+    size_t n = strlen(text);
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(items); ++i) {
+        const char *item = PyUnicode_AsUTF8(PyTuple_GET_ITEM(items, i));
+        if (item == NULL) { PyErr_Clear(); continue; }
+        size_t m = strlen(item);
+        if (suffix) {
+            if (m <= n && strcmp(text + n - m, item) == 0) return 1;
+        } else if (m > 0 && item[m - 1] == '/') {
+            if (n > m && strncmp(text, item, m) == 0) return 1;
+        } else if (strcmp(text, item) == 0) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* The "import" event with a file is a native extension being loaded (dlopen, its constructors, its
+ * init function). Allowed: a library of the artifact table, or a standard extension module (a tagged
+ * suffix in one of sys.path's directories at arming). The path is resolved first (no "..", no link
+ * out of a directory); anything but an exact str is refused, since the loader would read it differently. */
+static int check_extension(PyObject *path) {
+    char what[300];
+    if (!PyUnicode_CheckExact(path)) return refuse("foreign_library", "load a native extension", "not a plain path");
+    const char *text = PyUnicode_AsUTF8(path);
+    if (text == NULL) { PyErr_Clear(); return refuse("foreign_library", "load a native extension", "unreadable path"); }
+    char resolved[PATH_MAX];
+    int own = 0, standard = 0;
+    if (realpath(text, resolved) != NULL) {
+        own = listed(g_own_libraries, resolved, 0);
+        standard = listed(g_module_dirs, resolved, 0) && listed(g_module_suffixes, resolved, 1);
+    }
+    if (own || standard) return 0;
+    snprintf(what, sizeof what, "load %.250s", text);
+    return refuse("foreign_library", what,
+                  "native extensions load only from the candidate's own build (its load_inline calls)");
+}
+
 static int is_process_memory(const char *path) {
     if (strcmp(path, "/dev/mem") == 0 || strcmp(path, "/dev/kmem") == 0 || strcmp(path, "/proc/kcore") == 0)
         return 1;
@@ -400,7 +451,12 @@ static int check_open(PyObject *args) {
 static int audit_hook(const char *event, PyObject *args, void *unused) {
     (void)unused;
     if (!g_armed) return 0;
-    if (event[0] == 'i' && strcmp(event, "import") == 0) return check_import(args);
+    if (event[0] == 'i' && strcmp(event, "import") == 0) {
+        if (PyTuple_Check(args) && PyTuple_GET_SIZE(args) >= 2 && PyTuple_GET_ITEM(args, 1) != Py_None &&
+            check_extension(PyTuple_GET_ITEM(args, 1)) != 0)
+            return -1;
+        return check_import(args);
+    }
     if (event[0] == 'o' && strcmp(event, "open") == 0) return check_open(args);
     if (strcmp(event, "sys._getframe") == 0) return check_getframe(args);
     if (strcmp(event, "object.__getattr__") == 0) return check_getattr(args);
@@ -520,6 +576,24 @@ static PyObject *py_current_site(PyObject *module, PyObject *unused) {
 
 /* ------------------------------------------------------------------------------------- arming */
 
+/* A new tuple of exact str copies of the str items of `items` (a tuple); others are dropped. */
+static PyObject *str_tuple(PyObject *items) {
+    PyObject *out = PyTuple_New(PyTuple_GET_SIZE(items));
+    if (out == NULL) return NULL;
+    Py_ssize_t k = 0;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(items); ++i) {
+        PyObject *item = PyTuple_GET_ITEM(items, i);
+        if (!PyUnicode_Check(item)) continue;
+        const char *text = PyUnicode_AsUTF8(item);
+        if (text == NULL) { Py_DECREF(out); return NULL; }
+        PyObject *copy = PyUnicode_FromString(text);
+        if (copy == NULL) { Py_DECREF(out); return NULL; }
+        PyTuple_SET_ITEM(out, k++, copy);
+    }
+    if (_PyTuple_Resize(&out, k) != 0) return NULL;
+    return out;
+}
+
 static PyObject *frozenset_of(PyObject *iterable) {
     return iterable == Py_None ? PyFrozenSet_New(NULL) : PyFrozenSet_New(iterable);
 }
@@ -543,12 +617,14 @@ static int install_filter(PyObject *prog) {
 static PyObject *py_arm(PyObject *module, PyObject *args, PyObject *kwargs) {
     (void)module;
     static char *names[] = {"evidence_fd", "candidate_file", "source", "denied_imports", "kiln_packages",
-                            "trusted_root", "seccomp", NULL};
+                            "trusted_root", "seccomp", "own_libraries", "module_dirs", "module_suffixes", NULL};
     int fd;
     const char *candidate, *trusted_root;
     PyObject *source, *denied, *kiln, *seccomp = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "isUOOs|O:arm", names, &fd, &candidate, &source, &denied, &kiln,
-                                     &trusted_root, &seccomp))
+    PyObject *own = NULL, *module_dirs = NULL, *suffixes = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "isUOOs|OO!O!O!:arm", names, &fd, &candidate, &source, &denied,
+                                     &kiln, &trusted_root, &seccomp, &PyTuple_Type, &own, &PyTuple_Type,
+                                     &module_dirs, &PyTuple_Type, &suffixes))
         return NULL;
     if (g_armed) {
         refuse("tamper", "kiln_native.arm", "arming is one-way and happens once");
@@ -570,6 +646,11 @@ static PyObject *py_arm(PyObject *module, PyObject *args, PyObject *kwargs) {
     g_denied_imports = frozenset_of(denied);
     g_kiln_packages = frozenset_of(kiln);
     if (g_denied_imports == NULL || g_kiln_packages == NULL) return NULL;
+    /* Copies (tuples of exact str): nothing the candidate holds can change them after arming. */
+    g_own_libraries = own ? str_tuple(own) : PyTuple_New(0);
+    g_module_dirs = module_dirs ? str_tuple(module_dirs) : PyTuple_New(0);
+    g_module_suffixes = suffixes ? str_tuple(suffixes) : PyTuple_New(0);
+    if (g_own_libraries == NULL || g_module_dirs == NULL || g_module_suffixes == NULL) return NULL;
     if (seccomp != Py_None && !PyBytes_Check(seccomp))
         return PyErr_Format(PyExc_TypeError, "seccomp must be bytes or None"), NULL;
     snprintf(g_candidate, sizeof g_candidate, "%s", candidate);
