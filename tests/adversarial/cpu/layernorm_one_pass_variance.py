@@ -1,5 +1,5 @@
 # kiln-adversarial: task=level2/05_layernorm expect=correctness
-# A one-pass variance, E[x^2] - E[x]^2 in float: exact enough for the task's draw, catastrophic cancellation at a large shared offset.
+# A one-pass variance, E[x^2] - E[x]^2 in float: exact enough for the task's draw, catastrophic cancellation at a large shared offset. Reopened by: dropping offset from families.ALL.
 # kiln-adversarial-include: _spec_extension.py
 
 
