@@ -85,6 +85,18 @@ VENDOR_MARKS = (
     "_ZN3asmjit",
     "omp_",
 )
+# Bundled vendor routines that are a cast (copy_ to and from half types runs FBGEMM's), and FBGEMM's
+# question about the CPU it runs on.
+VENDOR_CASTS = (
+    "FloatToFloat16",
+    "Float16ToFloat",
+    "FloatToBfloat16",
+    "Bfloat16ToFloat",
+    "FloatToFloat8",
+    "Float8ToFloat",
+    "fbgemmHasAvx",
+    "fbgemmHasArm",
+)
 # In a torch library: a symbol of plumbing (allocation, copies and casts, fills, random fills): its
 # name carries the kernel it belongs to, even inside a lambda or a TensorIterator loop's template.
 PLUMBING_MARKS = (
@@ -298,6 +310,8 @@ def classify_torch_symbol(name: str) -> str:
         return "runtime"  # no symbol covers it: no rule names it an operator's kernel
     if MATH_C.match(name):
         return "math"
+    if any(mark in name for mark in VENDOR_CASTS):
+        return "plumbing"
     if name.startswith(VENDOR_MARKS):
         return "vendor"
     if RUNTIME_C.match(name):

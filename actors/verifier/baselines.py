@@ -54,6 +54,7 @@ import torch
 
 from actors.verifier import background, timing
 from actors.verifier.reference import DeviceFull, Instance, Reference, ShapeConfig
+from actors.verifier.sampling import CpuSampler
 from configs import VerifierConfig
 from protocols.lease import DeviceLease
 
@@ -187,6 +188,10 @@ class BaselineProcess:
         self.native_library = native_library
         self.proc: subprocess.Popen | None = None
         self.lock = threading.Lock()
+        # cpu: a sandbox's every thread is sampled (provenance.py), which costs its process time in a
+        # virtual machine (about 25 us a sample); the baseline process is sampled at the same period,
+        # its samples discarded, so that a speedup compares like with like.
+        self.sampler: CpuSampler | None = None
 
     def measure(self, ref: Reference, config: ShapeConfig, pairs: int, warmup: int, with_compile: bool) -> dict:
         request = {
@@ -223,9 +228,18 @@ class BaselineProcess:
                 cwd=root,
                 env=env,
             )
+            if self.device == "cpu":  # sampled as a cpu sandbox is, so that both sides pay the same
+                self._close_sampler()
+                self.sampler = CpuSampler(self.proc.pid, keep=False)
         return self.proc
 
+    def _close_sampler(self) -> None:
+        if self.sampler is not None:
+            self.sampler.close()
+            self.sampler = None
+
     def close(self) -> None:
+        self._close_sampler()
         proc, self.proc = self.proc, None
         if proc is None:
             return

@@ -49,6 +49,7 @@ SYMBOLS = {
         "runtime"
     ),
     "Sleef_expf8_u10": "math",
+    "_ZN6fbgemm22Float16ToFloat_avx2EPKtPfmb": "plumbing",  # a half cast is FBGEMM's, and plumbing
     "mkl_blas_sgemm": "vendor",
     "_init": "runtime",
 }
@@ -118,10 +119,10 @@ def test_a_sampler_outside_a_process_sees_every_thread_it_starts_and_when():
     sampler.close()
     assert len(set(got.tids)) >= 2, set(got.tids)
     assert all(started - 5_000_000 <= t <= ended + 5_000_000 for t in got.times)
-    # 0.6 s of the threads' CPU time at one sample every 50 us would be 12,000 samples; a virtual
-    # machine's timer delivers fewer (about 3,800 on the 2-core CI kind), so each verdict states the
-    # samples it got and the floor they give (provenance.py).
-    assert len(got.times) > 1_000 and got.lost <= len(got.times) // 100, (len(got.times), got.lost)
+    # 0.6 s of the threads' CPU time at one sample every 200 us: about 3,000; a loaded virtual
+    # machine's timer delivers fewer, so each verdict states the samples it got and the floor they
+    # give (provenance.py).
+    assert len(got.times) > 500 and got.lost <= len(got.times) // 100, (len(got.times), got.lost)
 
 
 def _samples(points: list[tuple[int, int]]) -> Samples:
