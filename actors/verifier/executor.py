@@ -640,10 +640,6 @@ class SandboxPool:
         self.zygote = zygote or Zygote()
         self.hidden, self.visible = tuple(hidden), tuple(visible)
         self._slots = threading.BoundedSemaphore(slots)
-        self._slot_count = slots
-        self._alone = (
-            threading.Lock()
-        )  # one caller of `alone` at a time: two holding part of the slots would wait forever
         self.children = 0
 
     def warm(self) -> None:
@@ -671,22 +667,6 @@ class SandboxPool:
                 return dict(child.jail)
             finally:
                 child.close()
-
-    @contextmanager
-    def alone(self):
-        """Every slot of the pool, so that no sandbox of it exists while the block runs (a baseline is
-        timed where nothing a candidate started can run: no thread, process or device work of any
-        sandbox). The caller must hold no slot."""
-        with self._alone:
-            taken = 0
-            try:
-                for _ in range(self._slot_count):
-                    self._slots.acquire()
-                    taken += 1
-                yield
-            finally:
-                for _ in range(taken):
-                    self._slots.release()
 
     @contextmanager
     def session(self, arena_bytes: int = 1 << 16, memory_limit_bytes: int | None = None, memory_capped: bool = False):

@@ -218,16 +218,16 @@ class CandidateRun:
         self._judge_provenance(child)
 
     def _baselines_first(self, plan: Plan) -> None:
-        """The task's baselines, measured (once per task and shapes) before this run's sandbox exists
-        and while no other sandbox of the lane does: nothing a candidate started (a thread left
-        running, a process, work on the device) runs beside them. The timed stage reads them from the
-        cache. A task whose reference fails here is the run's broken task, as before."""
+        """The task's baselines, measured (once per task and shapes) before this run's sandbox exists:
+        nothing this candidate starts (a thread left running, a process, work on the device) can run
+        beside them. The timed stage reads them from the cache. A task whose reference fails here is
+        the run's broken task, as before. (Other runs' sandboxes of the lane may exist: with one
+        sandbox a lane, the default on cpu and per GPU, none does; docs/verifier.md says what remains.)"""
         primary = plan.configs[-1].inst if plan.configs else None
         if primary is None or self.baselines.measured(self.ref, primary.config):
             return
         started = time.perf_counter()
-        with self.pool.alone():
-            self.baselines.measure(self.ref, primary, self.cfg.repeats)
+        self.baselines.measure(self.ref, primary, self.cfg.repeats)
         self.out.timings["baseline"] = time.perf_counter() - started
 
     def _judge_provenance(self, child: ChildSession) -> None:
