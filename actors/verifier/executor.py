@@ -55,9 +55,10 @@ from actors.verifier.zygote import ExitStatus, Zygote, ZygoteError
 
 MAX_REPLY = 1 << 20  # a reply is metadata: output descriptors, an error text, timings
 MAX_EVIDENCE = 200
-# cuda: the requests traced by default (a `trip` says whether it is: timed trips are not), and the
-# bounds on what is kept of their records.
-TRACED_OPS = frozenset({"call", "stage", "fetch"})
+# cuda: the requests traced by default (a `trip` says whether it is: audit trips are, timed trips are
+# not), and the bounds on what is kept of their records. Each trace starts the profiler afresh (it is
+# detached after each: isolation.run_jail), so only the candidate's calls are traced.
+TRACED_OPS = frozenset({"call"})
 MAX_TRACED = 4096
 MAX_TRACED_NAMES = 64
 MAC_BYTES = 32

@@ -32,6 +32,7 @@ typedef int (*cu_ctx_get_t)(void **);
 typedef int (*cu_ctx_set_t)(void *);
 typedef int (*cu_ctx_reset_l2_t)(void);
 typedef int (*cu_ctx_set_limit_t)(int, size_t);
+typedef int (*cu_ctx_get_limit_t)(size_t *, int);
 #define CU_LIMIT_PERSISTING_L2_CACHE_SIZE 0x06
 
 static struct {
@@ -46,6 +47,7 @@ static struct {
     cu_ctx_set_t ctx_set;
     cu_ctx_reset_l2_t reset_l2;     /* optional: devices and drivers without persisting L2 lack them */
     cu_ctx_set_limit_t set_limit;
+    cu_ctx_get_limit_t get_limit;
 } g_cu;
 
 static void *cu_symbol(void *lib, const char *name, const char *fallback) {
@@ -69,6 +71,7 @@ static int cu_resolve(void) {
     g_cu.ctx_set = (cu_ctx_set_t)cu_symbol(lib, "cuCtxSetCurrent", NULL);
     g_cu.reset_l2 = (cu_ctx_reset_l2_t)cu_symbol(lib, "cuCtxResetPersistingL2Cache", NULL);
     g_cu.set_limit = (cu_ctx_set_limit_t)cu_symbol(lib, "cuCtxSetLimit", NULL);
+    g_cu.get_limit = (cu_ctx_get_limit_t)cu_symbol(lib, "cuCtxGetLimit", NULL);
     if (!g_cu.event_create || !g_cu.event_record || !g_cu.event_elapsed || !g_cu.event_destroy ||
         !g_cu.memset_async || !g_cu.ctx_sync || !g_cu.ctx_get || !g_cu.ctx_set)
         return -1;
@@ -143,9 +146,12 @@ static void clock_dealloc(CallClock *self) {
 
 /* Device state a call could leave for the next one: a persisting-L2 set-aside (and the lines an access
  * policy window pinned there) survives the flush, which evicts only normal lines. Before every call's
- * flush the set-aside goes back to none and every persisting line to normal. Errors are ignored: a
- * device without persisting L2 has nothing to reset. */
+ * flush, a set-aside someone made goes back to none and every persisting line to normal; where none
+ * was made (every honest run) only the limit is read, a call that costs no device work. Errors are
+ * ignored: a device without persisting L2 has nothing to reset. */
 static void reset_device_state(void) {
+    size_t set_aside = 0;
+    if (g_cu.get_limit && g_cu.get_limit(&set_aside, CU_LIMIT_PERSISTING_L2_CACHE_SIZE) == 0 && set_aside == 0) return;
     if (g_cu.set_limit) g_cu.set_limit(CU_LIMIT_PERSISTING_L2_CACHE_SIZE, 0);
     if (g_cu.reset_l2) g_cu.reset_l2();
 }
