@@ -115,10 +115,7 @@ def run_jail(
         env=_env(
             _RUN_ENV,
             {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"},
-            # TEARDOWN_CUPTI: the device trace of a request (sealed._tracing) detaches CUPTI when it
-            # ends, so no callback of it is left on the launches of a timed trip (they added 15-40 us a
-            # call on an H200 while attached).
-            pin={**({"CUDA_VISIBLE_DEVICES": gpu} if gpu else {}), **({"TEARDOWN_CUPTI": "1"} if cuda else {})},
+            pin={"CUDA_VISIBLE_DEVICES": gpu} if gpu else {},
         ),
     )
 
