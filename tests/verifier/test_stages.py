@@ -58,7 +58,6 @@ def test_shipped_solutions_are_statically_clean(path):
     [
         ("import numpy as np", "import numpy"),
         ("from torch import compile as c", "torch.compile"),
-        ("torch.cuda.graph", "torch.cuda.graph"),
         ("import torch._dynamo", "torch._dynamo"),
         ("torch.allclose = lambda *a: True", "assignment to torch.allclose"),
         ("setattr(torch, 'equal', None)", "setattr(torch"),
@@ -205,15 +204,20 @@ def test_mangled_names_are_read_without_a_demangler():
         ("_ZN2at4_ops9clamp_min4callERKNS_6TensorERKN3c106ScalarE", "deny"),
         ("_ZN2at3cpu9clamp_minERKNS_6TensorERKN3c106ScalarE", "deny"),  # a kernel, no dispatcher at all
         ("_ZN2at6native4reluERKNS_6TensorE", "deny"),
-        ("_ZN3c104impl23ExcludeDispatchKeyGuardC1ENS_14DispatchKeySetE", "deny"),
         ("_ZN5torch3jit7compileERKSs", "deny"),
-        ("dlsym", "deny"),
-        ("dl_iterate_phdr", "deny"),
         ("syscall", "deny"),
         ("mprotect", "deny"),
         ("open64", "deny"),
-        ("cudaGraphLaunch", "deny"),
-        ("cudaStreamBeginCapture", "deny"),
+        ("__libc_dlsym", "deny"),  # the loader's internals
+        ("cuptiActivityDisable", "deny"),  # the device's record of what ran is the verifier's evidence
+        # Mechanisms judged by what they reach (provenance), not refused by name: a dispatch-key guard
+        # (torch's headers instantiate one in a hand-written PYBIND11_MODULE), run-time lookup (CUB's
+        # NVTX dlopen), CUDA graphs (a graph of the candidate's own kernels).
+        ("_ZN3c104impl23ExcludeDispatchKeyGuardC1ENS_14DispatchKeySetE", "allow"),
+        ("dlsym", "allow"),
+        ("dl_iterate_phdr", "allow"),
+        ("cudaGraphLaunch", "allow"),
+        ("cudaStreamBeginCapture", "allow"),
         ("_ZN2at4_ops19empty_memory_format4callEN3c108ArrayRefINS2_6SymIntEEE", "allow"),  # plumbing
         ("_ZN2at4_ops10empty_like4callERKNS_6TensorE", "allow"),
         ("_ZNK2at10TensorBase8data_ptrIfEEPT_v", "allow"),
@@ -254,13 +258,13 @@ def test_a_built_library_is_read_from_its_elf_file(tmp_path):
     if cc is None:
         pytest.skip("needs a C compiler")
     src = tmp_path / "lib.c"
-    src.write_text('#include <dlfcn.h>\nvoid* f(void) { return dlsym(RTLD_DEFAULT, "x"); }\n')
+    src.write_text("#include <sys/mman.h>\nint f(void* p) { return mprotect(p, 4096, 7); }\n")
     so = tmp_path / "lib.so"
     subprocess.run([cc, "-shared", "-fPIC", str(src), "-o", str(so), "-Wl,-rpath,/tmp/elsewhere", "-ldl"], check=True)
     imports = read_imports(str(so))
-    assert "dlsym" in imports.undefined and "/tmp/elsewhere" in imports.search_paths
+    assert "mprotect" in imports.undefined and "/tmp/elsewhere" in imports.search_paths
     found = check_library(str(so), Allowlist([]), ("/opt/torch/lib",))
-    assert {v.what for v in found.violations} >= {"dlsym()", "library search path /tmp/elsewhere"}
+    assert {v.what for v in found.violations} >= {"mprotect()", "library search path /tmp/elsewhere"}
     (tmp_path / "junk.so").write_bytes(b"not an ELF file")
     assert check_library(str(tmp_path / "junk.so"), Allowlist([]), ()).violations[0].kind == "native_symbol"
 
