@@ -227,8 +227,12 @@ class CandidateRun:
         if primary is None or self.baselines.measured(self.ref, primary.config):
             return
         started = time.perf_counter()
-        self.baselines.measure(self.ref, primary, self.cfg.repeats)
-        self.out.timings["baseline"] = time.perf_counter() - started
+        try:
+            self.baselines.measure(self.ref, primary, self.cfg.repeats)
+        except Exception:  # noqa: BLE001 - the reference fails at timing: the trials judge the task first
+            return  # (a broken task is found there; the timed stage measures, and reports, as before)
+        finally:
+            self.out.timings["baseline"] = time.perf_counter() - started
 
     def _judge_provenance(self, child: ChildSession) -> None:
         """Whose code did the work (provenance.py): the sandbox's samples over the windows of its

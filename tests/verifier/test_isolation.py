@@ -27,15 +27,15 @@ from tests.verifier.integrity import SUITE, config, verify
 REPO = Path(__file__).resolve().parents[2]
 NONCE = uuid.uuid4().hex[:8]
 
-# A correct relu kernel that also imports dlsym: the symbol check rejects its library.
+# A correct relu kernel that also imports mprotect: the symbol check rejects its library.
 REJECTED = f"""
 import torch
 import torch.nn as nn
 from torch.utils.cpp_extension import load_inline
 
 source = r'''// isolation {NONCE}
-#include <dlfcn.h>
-void* kiln_lookup(const char* name) {{ return dlsym(RTLD_DEFAULT, name); }}
+#include <sys/mman.h>
+int kiln_protect(void* p) {{ return mprotect(p, 4096, 7); }}
 torch::Tensor relu_a(torch::Tensor x) {{
     x = x.contiguous();
     auto y = torch::empty_like(x);
@@ -129,7 +129,7 @@ def test_a_library_that_failed_the_symbol_check_is_never_published(verifier, rej
     library is not: nothing under the cache's ext/ holds it. Reopened by: publishing before the check
     in build/service.BuildService.build (as the code before did, for every library)."""
     r, key, _ = rejected
-    assert r.error_class == "cheating" and "dlsym" in r.feedback, r.feedback
+    assert r.error_class == "cheating" and "mprotect" in r.feedback, r.feedback
     root = verifier.builds.cache.root
     assert not (root / "ext" / key).exists()
     assert (root / "rejected" / f"{key}.json").is_file()
