@@ -56,8 +56,9 @@ from actors.verifier.zygote import ExitStatus, Zygote, ZygoteError
 MAX_REPLY = 1 << 20  # a reply is metadata: output descriptors, an error text, timings
 MAX_EVIDENCE = 200
 # cuda: the requests traced by default (a `trip` says whether it is: audit trips are, timed trips are
-# not), and the bounds on what is kept of their records. Each trace costs a profiler session (about
-# 1.5 ms on an H200), so only the candidate's calls are traced, not the sandbox's staging and fetches.
+# not), and the bounds on what is kept of their records. Each trace costs CUPTI's records switched on,
+# flushed and off (about 0.7 ms on an H200, device_trace.py), so only the candidate's calls are
+# traced, not the sandbox's staging and fetches.
 TRACED_OPS = frozenset({"call"})
 MAX_TRACED = 4096
 MAX_TRACED_NAMES = 64
@@ -374,7 +375,9 @@ class ChildSession:
         kernels = reply.pop("kernels", None) if signed else None
         if type(kernels) is list and len(self.traced) < MAX_TRACED:
             calls = 1 if op == "call" else self._staged if op == "trip" and not body.get("null") else 0
-            self.traced.append(Traced(kind, calls, kernels[:MAX_TRACED_NAMES]))
+            lost = reply.pop("trace_lost", 0)
+            lost = lost if type(lost) is int and lost >= 0 else 1  # a forged count is a lost record
+            self.traced.append(Traced(kind, calls, kernels[:MAX_TRACED_NAMES], lost))
         if reply.get("internal") and not signed:
             return reply
         if reply.get("nonce") != nonce:

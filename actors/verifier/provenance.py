@@ -224,9 +224,9 @@ def _outside_work(c: Counter) -> int:
 
 # ------------------------------------------------------------------------------------- cuda
 #
-# On cuda the evidence is the device's own record of what ran (torch's profiler over CUPTI, in the
-# sandbox: sealed._tracing), taken around every request after the candidate's ModelNew exists but the
-# timed trips, each kernel named. A kernel is the candidate's own when its name is one of the
+# On cuda the evidence is the device's own record of what ran (CUPTI's activity records, switched on
+# in the sandbox around each traced request: sealed._tracing, device_trace.py), taken around every
+# request after the candidate's ModelNew exists but the timed trips, each kernel named. A kernel is the candidate's own when its name is one of the
 # functions of the device code the verifier read from the candidate's built libraries (cubins.py).
 # The others are sorted by name:
 #   plumbing  copies and memsets, and libtorch's copy, cast, fill and random-fill kernels (the
@@ -264,11 +264,13 @@ def classify_kernel(name: str, own: frozenset[str]) -> str:
 @dataclass(frozen=True)
 class Traced:
     """One traced request: its kind, the calls it made (1 for a correctness `call`, K for a `trip`,
-    0 where the candidate's forward is not called), and the kernels that ran: [name, count]."""
+    0 where the candidate's forward is not called), the kernels that ran: [name, count], and how many
+    records the trace lost (its buffers ran out: the record is incomplete)."""
 
     kind: str
     calls: int
     kernels: list
+    lost: int = 0
 
 
 @dataclass
@@ -302,10 +304,11 @@ def judge_cuda(traced: list[Traced], own: frozenset[str], unreadable: int, allow
         out.available, out.why = False, "no request was traced"
         return out
     names: dict[str, Counter] = {c: Counter() for c in CLASSES}
-    short_calls, blank = 0, 0
+    short_calls, blank, lost = 0, 0, 0
     for t in traced:
         if not t.kernels:  # the sandbox's own copies, fills or flushes run in every traced request
             blank += 1
+        lost += t.lost
         by_class: Counter = Counter()
         for entry in t.kernels:
             if type(entry) is not list or len(entry) != 2 or type(entry[0]) is not str or type(entry[1]) is not int:
@@ -331,6 +334,15 @@ def judge_cuda(traced: list[Traced], own: frozenset[str], unreadable: int, allow
                 f"{blank} traced requests recorded nothing, not even the sandbox's own copies",
                 "",
                 "the device's record of what ran was switched off or tampered with",
+            )
+        )
+    if lost:
+        out.findings.append(
+            Violation(
+                "trace_missing",
+                f"the device's record lost {lost} records of your calls (over 65,536 launches in one request)",
+                "",
+                "launch fewer kernels per call: a record the verifier cannot read in full pays nothing",
             )
         )
     return out

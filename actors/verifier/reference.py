@@ -477,8 +477,9 @@ class Reference:
         self.check_outputs(inputs, expected)
         return Trial(instance.config, -1, inputs, expected)  # used at once: it never waits
 
-    def run(self, model: torch.nn.Module, inputs: list) -> list[torch.Tensor]:
-        """The reference's outputs as a list of tensors on the reference device."""
+    def run(self, model: torch.nn.Module, inputs: list, *, wait: bool = True) -> list[torch.Tensor]:
+        """The reference's outputs as a list of tensors on the reference device; `wait=False` leaves
+        them queued on the device's stream (the caller reads them in stream order, or waits itself)."""
         on_device = self.to_device(inputs)
         try:
             with torch.no_grad():
@@ -488,7 +489,7 @@ class Reference:
                 f"the reference of {self.task_id} ran out of device memory at these sizes "
                 f"({str(err).splitlines()[0][:160]}): the verifier's device is too small or too busy for this task"
             ) from None
-        if self.device.startswith("cuda"):
+        if wait and self.device.startswith("cuda"):
             torch.cuda.synchronize()
         return as_output_list(out, "the reference")
 

@@ -54,9 +54,9 @@ import types
 import msgpack
 import torch
 
-from actors.verifier import fence, isolation, native, sealed, seccomp, timing
+from actors.verifier import device_trace, fence, isolation, native, sealed, seccomp, timing
 from actors.verifier.build.prebuilt import install_prebuilt
-from actors.verifier.sealed_profile import profiler_parts, warm_tracer
+from actors.verifier.sealed_profile import profiler_parts
 
 _HEADER = struct.Struct("<I")
 CANDIDATE_MODULE = "kiln_candidate"
@@ -186,8 +186,6 @@ def _prepare(sock: socket.socket, evidence_fd: int, arena_fd: int, device: str, 
         if req.get("artifacts") is not None:
             install_prebuilt(req["artifacts"], req["toolchain"])
         caps = _capture(sock, key, arena, device)
-        if device == "cuda":  # the device trace's first start (CUPTI's) is paid here, before any candidate code
-            warm_tracer(caps.profiler)
     except Exception as err:  # noqa: BLE001 - still no candidate code: the system's fault
         _send(sock, {"ok": False, "internal": True, "error": f"{type(err).__name__}: {err}"[:2000]})
         return 5
@@ -282,7 +280,10 @@ def _capture(sock: socket.socket, key: bytes, arena: torch.Tensor, device: str) 
         comparison=_comparison(device),
         **parts,
         clock=timing.call_clock(device, parts["flush"]),
-        profiler=profiler_parts(device),
+        profiler=profiler_parts(),
+        # cuda: CUPTI loaded and its first trace run here, before any candidate code (device_trace.py)
+        trace=device_trace.attach(kn, torch.version.cuda) if device == "cuda" else None,
+        demangle=torch._C._demangle,
     )
 
 

@@ -93,7 +93,9 @@ class Captured:
     flush: Any  # cuda: the L2 flush buffer (None on cpu)
     comparison: list
     clock: Any  # kiln_native.CallClock: the flush, the per-call marks and the wait for an idle device
-    profiler: Any  # sealed_profile.ProfilerParts: torch's kineto profiler as C functions (feedback only)
+    profiler: Any  # sealed_profile.ProfilerParts: torch's kineto profiler as C functions (cpu feedback only)
+    trace: Any  # device_trace.DeviceTrace on cuda (provenance and the cuda profile); None on cpu
+    demangle: Fn  # torch._C._demangle: kernel names as torch's profiler spells them
 
 
 def server(c: Captured):
@@ -153,38 +155,32 @@ def server(c: Captured):
 
 def _tracing(c: Captured):
     """traced(handler, req): the handler's reply, with the device's kernels, copies and memsets that
-    ran while it did (names and counts: `kernels`) when the verifier asked for a trace (`trace`, on
-    cuda: provenance.py judges whose kernels they were). torch's profiler, bound before the seal like
-    everything else here; what it records is the device's own account of what ran."""
-    p = c.profiler
-    prepare, enable, disable, events, config, activities = (
-        p.prepare,
-        p.enable,
-        p.disable,
-        p.events,
-        p.config,
-        p.activities,
-    )
-    name, device_type, host = p.name, p.device_type, p.host
-    dict_get, len_, append, sync = c.dict_get, c.len_, c.append, c.sync
-    on_device = c.device != "cpu"
+    ran while it did (names and counts: `kernels`; records the trace lost: `trace_lost`) when the
+    verifier asked for a trace (`trace`, on cuda: provenance.py judges whose kernels they were). The
+    trace is kiln_native's CUPTI activity trace (device_trace.py), bound before the seal like
+    everything else here and switched on only for this request; what it records is the device's own
+    account of what ran, each kernel's name demangled as torch's profiler spells it."""
+    trace = c.trace
+    dict_get, len_, append, sync, demangle = c.dict_get, c.len_, c.append, c.sync, c.demangle
+    on_device = trace is not None
+    start, stop = (trace.start, trace.stop) if on_device else (None, None)
     most, longest = 64, 1000  # distinct names a reply carries, and characters a name
 
     def traced(handler, req):
         if not on_device or not dict_get(req, "trace"):
             return handler(req)
-        prepare(config, activities)
-        enable(config, activities)
+        start()
         try:
             body = handler(req)
             sync()  # every kernel the request started has run (and is in the record)
         finally:
-            result = disable()
-        found, index, more = [], {}, 0
-        for e in events(result):
-            if device_type(e) == host:
-                continue
-            key = name(e)[:longest]
+            records, lost = stop()
+        found, index, spelt, more = [], {}, {}, 0
+        for record in records:
+            key = dict_get(spelt, record[1])
+            if key is None:
+                key = demangle(record[1])[:longest]
+                spelt[record[1]] = key
             at = dict_get(index, key)
             if at is not None:
                 found[at][1] = found[at][1] + 1
@@ -196,6 +192,7 @@ def _tracing(c: Captured):
         if more:
             append(found, ["(more kernels)", more])
         body["kernels"] = found
+        body["trace_lost"] = lost
         return body
 
     return traced

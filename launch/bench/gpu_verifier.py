@@ -26,7 +26,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from actors.verifier.suite import REPO, SuiteCase, load_suite, suite_tasks, verdict
+from actors.verifier.suite import REPO, SuiteCase, as_expected, load_suite, suite_tasks, verdict
 from configs import VerifierConfig
 from protocols import VerifyRequest, VerifyResult
 from protocols.channels import RequestClient
@@ -225,8 +225,8 @@ def _print_table(rows) -> bool:
     ok = True
     for name, expect, r in rows:
         got = verdict(r)
-        mark = "" if got == expect else "   <-- MISMATCH"
-        ok &= got == expect
+        mark = "" if as_expected(got, expect) else "   <-- MISMATCH"
+        ok &= as_expected(got, expect)
         head = r.feedback.strip().splitlines()[0][:70] if r.feedback.strip() else ""
         print(f"{name:<48} {expect:<12} {got:<12} {r.stage:<12} {r.timings.get('total', 0):8.1f}  {head}{mark}")
     print(f"\n{'ALL AS EXPECTED' if ok else 'SOME VERDICTS DIFFER'}")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from actors.verifier.compare import allowances, compare_outputs, degeneracy, move_ratio, scale_of
+from actors.verifier.compare import allowances, compare_outputs, degeneracy, move_ratio, scale_of, surely_passes
 
 
 def _reference(scale: float = 1.0, n: int = 4096) -> torch.Tensor:
@@ -172,3 +172,52 @@ def test_degeneracy_names_a_constant_or_mostly_zero_reference():
     sparse[:100] = torch.randn(100)  # 90% zeros: a zero output fails on the rest
     assert degeneracy([sparse]) == ""
     assert degeneracy([torch.arange(10)]) == ""  # exact outputs are never degenerate
+
+
+def _fast_cases() -> dict[str, tuple[list, list]]:
+    """Outputs on both sides of every rule of compare_outputs, and at its edges."""
+    e = _reference(3.0)
+    bound = 1e-3 * float(e.square().mean().sqrt()) + 1e-3 * e.abs()
+    flat = torch.full((4096,), 0.5)
+    near_flat = flat + torch.randn(4096, generator=torch.Generator().manual_seed(1)) * 1e-7
+    ints = torch.arange(100, dtype=torch.int64)
+    return {
+        "exact": ([e.clone()], [e]),
+        "honest error": ([e + bound * 0.5], [e]),
+        "just inside the bound": ([e + bound * 0.9995], [e]),
+        "just outside the bound": ([e + bound * 1.001], [e]),
+        "one element off": ([torch.cat([e[:-1], e[-1:] + 1.0])], [e]),
+        "a NaN": ([torch.cat([e[:-1], torch.tensor([float("nan")])])], [e]),
+        "an infinity": ([torch.cat([e[:-1], torch.tensor([float("inf")])])], [e]),
+        "constant against a varying reference": ([torch.full_like(e, float(e.mean()))], [e]),
+        "constant against a constant reference": ([flat.clone()], [flat]),
+        "constant within the bound of a varying reference": ([flat.clone()], [flat + (torch.arange(4096) % 2) * 2e-4]),
+        "constant against a reference flat up to rounding": ([flat.clone()], [near_flat]),
+        "half": ([e.half() + 0.001], [e.half()]),
+        "integers equal": ([ints.clone()], [ints]),
+        "integers differ": ([ints + (ints == 7)], [ints]),
+        "a shape differs": ([e[:-1]], [e]),
+        "a dtype differs": ([e.double()], [e]),
+        "two outputs, the second wrong": ([e.clone(), e + 1.0], [e, e]),
+    }
+
+
+@pytest.mark.parametrize("case", list(_fast_cases()))
+def test_the_fast_check_of_timed_calls_never_passes_what_the_full_comparison_fails(case):
+    """The timed calls' batched check (performance._cleared) accepts an output only through
+    surely_passes; anything it does not clear goes to compare_outputs. So it must never clear an
+    output compare_outputs fails: mutation `FAST_MARGIN = 1.01` makes "just outside the bound" pass
+    here, and dropping the `varies` term makes the constant output pass."""
+    got, expected = _fast_cases()[case]
+    flag = surely_passes(got, expected)
+    full = compare_outputs(got, expected)
+    if flag is not None and bool(flag):
+        assert full.ok, f"{case}: cleared by the fast check, failed by compare_outputs: {full.message}"
+    expect_cleared = case in {
+        "exact",
+        "honest error",
+        "integers equal",
+        "half",
+        "constant against a constant reference",
+    }
+    assert (flag is not None and bool(flag)) == expect_cleared, case

@@ -110,7 +110,7 @@ def source_digest() -> str:
     import hashlib
 
     h = hashlib.sha256()
-    for name in ("kiln_native.c", "kiln_clock.h", "kiln_fence.cpp"):
+    for name in ("kiln_native.c", "kiln_clock.h", "kiln_trace.h", "kiln_fence.cpp"):
         h.update((SOURCES / name).read_bytes())
     return h.hexdigest()[:10]
 

@@ -55,6 +55,7 @@
 #include <unistd.h>
 
 #include "kiln_clock.h" /* the timing protocol's per-call clock */
+#include "kiln_trace.h" /* the device's record of what ran (CUPTI's activity API) */
 
 #define MAX_PATH 4096
 #define MAX_LINES 20000
@@ -867,6 +868,9 @@ static PyMethodDef methods[] = {
      "arm(evidence_fd, candidate_file, source, denied_imports, kiln_packages, trusted_root, seccomp=None): one-way."},
     {"armed", py_armed, METH_NOARGS, "Whether this process is armed."},
     {"evidence_since", py_evidence_since, METH_O, "evidence_since(offset) -> (log bytes, end, refusals)."},
+    {"trace_attach", py_trace_attach, METH_O, "trace_attach(cupti_path): load CUPTI, register the trace's buffers."},
+    {"trace_start", py_trace_start, METH_NOARGS, "trace_start(): record the device's kernels, copies and memsets."},
+    {"trace_stop", py_trace_stop, METH_NOARGS, "trace_stop() -> ([(kind, name, start_ns, end_ns, stream)], dropped)."},
     {"arm_compute", py_arm_compute, METH_NOARGS, "Arm the compute fence: one-way, until exit."},
     {"refuser", py_refuser, METH_VARARGS, "refuser(what, kind, why) -> a callable that always refuses."},
     {"refuse_subscript", py_refuse_subscript, METH_VARARGS, "refuse_subscript(type, what): x[i] refuses."},

@@ -1,5 +1,5 @@
-# kiln-adversarial: task=level1/01_relu expect=runtime
-# A wrong answer (zeros) that fills the GPU's memory in forward and keeps it, so that the verifier's next draw runs out of device memory (infra, score 0, before the rule: now its sandbox's driver figure decides).
+# kiln-adversarial: task=level1/01_relu expect=runtime|correctness
+# A wrong answer (zeros) that fills the GPU's memory in forward and keeps it, so that the verifier's next draw runs out of device memory (infra, score 0, before the rule). Now its sandbox's driver figure decides an OOM (runtime); where no draw runs out first, its zeros are caught (correctness): the race decides which -1, never infra.
 # kiln-adversarial-include: _relu_extension.py
 
 HOARD = []
