@@ -86,7 +86,8 @@ def ask(job, in_mix=False):
     if not r.passed:
         raise SystemExit(f"{task.task_id}: {r.stage} {r.error_class}: {r.feedback[:400]}")
     row = {"task": task.task_id, "compile_s": r.timings.get("compile"), "wall_s": time.perf_counter() - t0,
-           "cached": bool((r.diagnostics.get("build") or {}).get("cached"))}
+           "cached": bool((r.diagnostics.get("build") or {}).get("cached")),
+           "stages": {k: v for k, v in r.timings.items() if isinstance(v, (int, float))}}
     if in_mix:
         say("KILN_AB_DONE", row)  # the parent counts these when it stops the mix at its window
     return row
@@ -217,7 +218,15 @@ def summarize(runs: list[dict]) -> dict:
         "mix_s": mix_s,
         "per_min": 60.0 * n_mix / mix_s,
         "per_min_rounds": [60.0 * len(r["mix"]) / r["mix_s"] for r in runs],
+        "stage_p50_s": stage_medians([c for r in runs for c in r["mix"]]),
     }
+
+
+def stage_medians(rows: list[dict]) -> dict[str, float]:
+    """The median of each stage's time (the verdicts' `timings`) over the mix's verifications: where a
+    change's cost lands (correctness trials, the timed calls, the baselines, waits for a sandbox)."""
+    keys = sorted({k for row in rows for k in row.get("stages", {})})
+    return {k: statistics.median([row["stages"].get(k, 0.0) for row in rows if "stages" in row]) for k in keys}
 
 
 def main(argv=None) -> int:
@@ -300,6 +309,10 @@ def main(argv=None) -> int:
         ("exclusive_s_per_verification", "exclusive GPU s / verif."),
     ):
         print(f"{label:28s}{b[key]:10.2f}{a[key]:10.2f}{a[key] / b[key]:14.2f}")
+    for stage in sorted(set(b["stage_p50_s"]) & set(a["stage_p50_s"])):  # the mix's median per stage
+        before, after = b["stage_p50_s"][stage], a["stage_p50_s"][stage]
+        ratio = f"{after / before:14.2f}" if before > 0 else f"{'':>14s}"
+        print(f"{'  stage ' + stage + ' p50 (s)':28s}{before:10.3f}{after:10.3f}{ratio}")
     print(
         f"(compile n = {b['compile_n']} / {a['compile_n']} one at a time; throughput {b['mix_n']} / {a['mix_n']} "
         f"verifications; per round before {[round(x, 1) for x in b['per_min_rounds']]}, "
