@@ -416,7 +416,9 @@ class EngineHealth(Record):
     queued_rows: int = 0  # rows those steps decoded (÷ queued_steps: the batch's fill when work waits)
     graph_steps: int = 0  # decode steps replayed from a CUDA graph
     rebuilds: int = 0  # live rows prefilled again, each into its own slot (after new weights, or memory back)
-    inserted: int = 0  # requests admitted into a free slot (each prefilled alone)
+    inserted: int = 0  # requests admitted into a free slot
+    prefilled: int = 0  # context tokens the prefill computed (rows of one context share its prefill)
+    placed: int = 0  # context tokens written into slots (÷ prefilled: rows served per prefilled token)
     updates: int = 0  # weight versions loaded
     aborted: int = 0  # requests aborted
 

@@ -197,18 +197,24 @@ def _attending_packed(model):
 
 
 @torch.no_grad()
-def fill(model, s: Slots, placed: list[tuple[int, Row]], device: torch.device) -> None:
-    """Put each (slot, row) of `placed` into its slot: prefill the rows' contexts (prompt plus what they
-    generated) together as one packed row, each attending within itself (no padding: every token
-    computed is a context's), into a cache of their own; then copy every token's keys and values to
-    its slot's column with one write per layer; each row's mask, position and first logits follow.
-    The caller has checked that each context leaves room for a token."""
+def fill(model, s: Slots, placed: list[tuple[int, Row]], device: torch.device) -> tuple[int, int]:
+    """Put each (slot, row) of `placed` into its slot: prefill the rows' distinct contexts (prompt plus
+    what they generated) together as one packed row, each attending within itself (no padding: every
+    token computed is a context's), into a cache of their own; then copy every token's keys and values
+    to each slot whose row has that context, with one write per layer; each row's mask, position and
+    first logits follow. Rows with the same context (a group's G attempts of one prompt, admitted
+    together) share one prefill: their slots get copies of the same keys, values and logits, which is
+    what G prefills would have computed. The caller has checked that each context leaves room for a
+    token. Returns (tokens prefilled, context tokens placed)."""
     from transformers import DynamicCache
 
     contexts = [row.context for _, row in placed]
-    lengths = [len(c) for c in contexts]
-    ids, positions = _packed(contexts, device)
-    ends = torch.tensor(lengths, device=device).cumsum(0) - 1  # each context's last token: its logits only
+    distinct: dict[tuple[int, ...], int] = {}
+    owner = [distinct.setdefault(tuple(c), len(distinct)) for c in contexts]  # each row's prefilled context
+    prefilled = [list(c) for c in distinct]
+    sizes = [len(c) for c in prefilled]
+    ids, positions = _packed(prefilled, device)
+    ends = torch.tensor(sizes, device=device).cumsum(0) - 1  # each context's last token: its logits only
     cache = DynamicCache()
     with _attending_packed(model):
         out = model(
@@ -218,19 +224,23 @@ def fill(model, s: Slots, placed: list[tuple[int, Row]], device: torch.device) -
             **{cache_keyword(model): cache},
             logits_to_keep=ends,
         )
+    lengths = [len(c) for c in contexts]
     slots = torch.tensor([slot for slot, _ in placed], device=device)
     n = torch.tensor(lengths, device=device)
-    slot_of = torch.repeat_interleave(slots, n)  # each packed token's slot, and its column there
-    column_of = positions[0]
+    owners = torch.tensor(owner, device=device)
+    starts = ends - torch.tensor(sizes, device=device) + 1  # each prefilled context's first packed token
+    slot_of = torch.repeat_interleave(slots, n)  # each placed token's slot, and its column there
+    column_of = torch.cat([torch.arange(k, device=device) for k in lengths])
+    source_of = torch.repeat_interleave(starts[owners], n) + column_of  # where the prefill computed it
     for src, dst in zip(cache.layers, s.layers, strict=True):
-        # [1, kv_heads, total, dim] -> [total, kv_heads, dim], written at (slot, :, column) in place
-        dst.keys[slot_of, :, column_of] = src.keys[0].transpose(0, 1).to(dst.keys.dtype)
-        dst.values[slot_of, :, column_of] = src.values[0].transpose(0, 1).to(dst.values.dtype)
+        # [1, kv_heads, total, dim] -> [placed, kv_heads, dim], written at (slot, :, column) in place
+        dst.keys[slot_of, :, column_of] = src.keys[0][:, source_of].transpose(0, 1).to(dst.keys.dtype)
+        dst.values[slot_of, :, column_of] = src.values[0][:, source_of].transpose(0, 1).to(dst.values.dtype)
     step = s.step
     step.mask[slots] = (torch.arange(step.cache_len, device=device)[None, :] < n[:, None])[:, None, None, :]
     step.columns[slots] = n
     step.live[slots] = 1
-    s.logits[slots] = out.logits[0].to(s.logits.dtype)  # the decode step's dtype once it has run (the model's)
+    s.logits[slots] = out.logits[0][owners].to(s.logits.dtype)  # the decode step's dtype once it has run
     params = [row.req.params for _, row in placed]
     s.temperature[slots] = torch.tensor([p.temperature for p in params], device=device, dtype=s.temperature.dtype)
     s.top_p[slots] = torch.tensor([p.top_p for p in params], device=device, dtype=s.top_p.dtype)
@@ -238,6 +248,7 @@ def fill(model, s: Slots, placed: list[tuple[int, Row]], device: torch.device) -
     for (slot, row), k in zip(placed, lengths, strict=True):
         s.rows[slot], s.columns[slot] = row, k
     _refilter(s)
+    return sum(sizes), sum(lengths)
 
 
 def park(s: Slots, slot: int) -> None:

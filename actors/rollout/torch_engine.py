@@ -112,6 +112,10 @@ class TorchEngine(Engine):
             "queued_steps": 0,
             "queued_rows": 0,
             "graph_steps": 0,
+            # Context tokens the prefill forward computed, and those written into slots: a group's
+            # attempts admitted together share their prompt's prefill (static_batch.fill).
+            "prefilled": 0,
+            "placed": 0,
             "updates": 0,
             "aborted": 0,
         }
@@ -490,7 +494,8 @@ class TorchEngine(Engine):
 
     def _place(self, admitted: list[Row]) -> None:
         """Put the rows waiting for their slot again, then the `admitted` ones, into free slots: each
-        prefilled alone, no running row touched (static_batch.fill). _admit took no more than fit."""
+        prefilled once per distinct context, no running row touched (static_batch.fill). _admit took no
+        more than fit."""
         refill = [r for r in self._unplaced if not self._finish_if_full(r)]
         admitted = [r for r in admitted if not self._finish_if_full(r)]
         self._unplaced = []
@@ -506,7 +511,11 @@ class TorchEngine(Engine):
                 compiled=self.compiled,
             )
         rows = refill + admitted
-        static_batch.fill(self.model, self._slots, list(zip(self._slots.free, rows, strict=False)), self.device)
+        computed, placed = static_batch.fill(
+            self.model, self._slots, list(zip(self._slots.free, rows, strict=False)), self.device
+        )
+        self.stats["prefilled"] += computed
+        self.stats["placed"] += placed
         self.stats["rebuilds"] += bool(refill)
         self.stats["inserted"] += len(admitted)
 

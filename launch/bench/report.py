@@ -263,6 +263,19 @@ def render_loops(report: BenchReport) -> list[str]:
                 [_f(loop.rows_per_queued_step.get(engine), 1) for loop in loops],
             )
         )
+    for engine in sorted({e for loop in loops for e in loop.prefill_per_decoded}):
+        rows.append(
+            (
+                f"prefill tokens per decoded token {engine}",
+                [_f(loop.prefill_per_decoded.get(engine), 2) for loop in loops],
+            )
+        )
+        rows.append(
+            (
+                f"rows sharing each prefilled token {engine}",
+                [_f(loop.placed_per_prefilled.get(engine), 2) for loop in loops],
+            )
+        )
     cpu_names = sorted({k for loop in loops for k in (loop.cpu_share or {})}, key=lambda k: (k == "machine", k))
     for name in cpu_names:
         label = "CPU share, whole machine (all users)" if name == "machine" else f"CPU share {name}"

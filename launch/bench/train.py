@@ -19,6 +19,9 @@ warm-up to the last one. Rates:
   decoded tok/s      tokens the engines decoded (sampled, not forced-and-scored) per second
   rows per step      an engine's decoded tokens ÷ its decode steps: how full its batch was on average
                      (engines that count their steps: the torch engine)
+  prefill per token  context tokens an engine's prefill computed ÷ the tokens it decoded; and the
+                     context tokens it placed in slots ÷ those it computed (the rows that shared
+                     each prefill: a group's attempts admitted together share their prompt's)
   trained tok/s      tokens in the learner's batches per second (prompt + response)
   gradient tok/s     tokens that carried gradient (MirrorPop kept) per second
   verifications/min  verifier replies per minute; the share that were real compiles
@@ -86,6 +89,8 @@ class Mark:
     decode_steps: dict[str, float]  # engine -> decode steps since the first mark (engines that count them)
     queued_steps: dict[str, float]  # engine -> of those, the steps taken while requests waited in its queue
     queued_rows: dict[str, float]  # engine -> rows decoded in those steps
+    prefilled: dict[str, float]  # engine -> context tokens its prefill computed since the first mark
+    placed: dict[str, float]  # engine -> context tokens it wrote into slots since the first mark
     verified: dict[str, float]  # verifier -> replies since the first mark
     compiled: dict[str, float]  # verifier -> real compiles since the first mark
     latency: list[float]  # verifications since the first mark per latency bucket, all verifiers together
@@ -115,7 +120,7 @@ class Probe:
 
     def _mark(self, session, step: int) -> Mark:
         decoded, decode_steps, verified, compiled, pids = {}, {}, {}, {}, {"driver": os.getpid()}
-        queued_steps, queued_rows = {}, {}
+        queued_steps, queued_rows, prefilled, placed = {}, {}, {}, {}
         latency = [0.0] * LATENCY_BUCKETS
         for name, handle in list(session.supervisor.handles.items()):
             try:
@@ -132,6 +137,8 @@ class Probe:
                     for kind, value, out in (
                         ("queued_steps", health.engine.queued_steps, queued_steps),
                         ("queued_rows", health.engine.queued_rows, queued_rows),
+                        ("prefilled", health.engine.prefilled, prefilled),
+                        ("placed", health.engine.placed, placed),
                     ):
                         self._counts.update(f"{kind}/{name}", value, health.pid)
                         out[name] = self._counts.total[f"{kind}/{name}"]
@@ -154,6 +161,8 @@ class Probe:
             decode_steps=decode_steps,
             queued_steps=queued_steps,
             queued_rows=queued_rows,
+            prefilled=prefilled,
+            placed=placed,
             verified=verified,
             compiled=compiled,
             latency=latency,
@@ -212,6 +221,10 @@ class LoopResult:
     rows_per_step: dict[str, float] = field(default_factory=dict)
     # engine -> the same over the steps taken while requests waited in its queue (none waited: absent)
     rows_per_queued_step: dict[str, float] = field(default_factory=dict)
+    # engine -> context tokens its prefill computed ÷ tokens it decoded in the window
+    prefill_per_decoded: dict[str, float] = field(default_factory=dict)
+    # engine -> context tokens placed in slots ÷ those its prefill computed (rows sharing a prefill)
+    placed_per_prefilled: dict[str, float] = field(default_factory=dict)
 
 
 def run_loop(
@@ -268,6 +281,8 @@ def summarise(
     decode_steps = {k: v for k, v in delta(end.decode_steps, start.decode_steps).items() if v > 0}
     queued_steps = {k: v for k, v in delta(end.queued_steps, start.queued_steps).items() if v > 0}
     queued_rows = delta(end.queued_rows, start.queued_rows)
+    prefilled = {k: v for k, v in delta(end.prefilled, start.prefilled).items() if v > 0}
+    placed = delta(end.placed, start.placed)
     verified = delta(end.verified, start.verified)
     compiled = delta(end.compiled, start.compiled)
     verifications = sum(verified.values())
@@ -309,6 +324,8 @@ def summarise(
         counters_s=between,
         rows_per_step={k: decoded.get(k, 0.0) / n for k, n in sorted(decode_steps.items())},
         rows_per_queued_step={k: queued_rows.get(k, 0.0) / n for k, n in sorted(queued_steps.items())},
+        prefill_per_decoded={k: n / decoded[k] for k, n in sorted(prefilled.items()) if decoded.get(k)},
+        placed_per_prefilled={k: placed.get(k, 0.0) / n for k, n in sorted(prefilled.items())},
         verifications=verifications,
         verifications_per_min={k: 60.0 * v / between for k, v in sorted(verified.items())},
         compiled_share=sum(compiled.values()) / verifications if verifications else None,
