@@ -62,6 +62,11 @@ class RolloutConfig:
         "Ray runs: keep a warm standby of each rollout actor without GPUs, a spare process started ahead (imports done, tokenizer loaded, engine built) that joins the learner for its weights and takes over when the actor dies, instead of a new process built after the death. Not for engines on GPUs (the spare would hold a second copy of the model there)",
     )
     max_batch: int = F(8, "Sequences an engine decodes at once", ge=1)
+    prefix_cache_tokens: int = F(
+        -1,
+        "The embedded torch engine's prefix cache, in tokens: keys and values of the contexts it computed, kept so that a group's later attempts (the same prompt) and a dialogue's next turn (the dialogue so far) copy their shared beginning instead of prefilling it again; emptied at every weight update. -1 = 4 × model.max_seq_len, 0 = off",
+        ge=-1,
+    )
     max_new_tokens: int = F(512, "Length limit of one response; longer ones are cut and flagged truncated", ge=1)
     temperature: float = F(1.0, "Sampling temperature T; behaviour logprobs are log softmax(logits / T)", gt=0.0)
     top_p: float = F(

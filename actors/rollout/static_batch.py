@@ -30,6 +30,7 @@ from actors.policy import packed_attention
 from actors.policy.model import cache_keyword
 from actors.rollout.decode_step import MIN_ATTENDED, DecodeStep
 from actors.rollout.engine import GenerateRequest
+from actors.rollout.prefix_cache import PrefixCache
 
 
 @dataclass
@@ -197,18 +198,56 @@ def _attending_packed(model):
 
 
 @torch.no_grad()
-def fill(model, s: Slots, placed: list[tuple[int, Row]], device: torch.device) -> tuple[int, int]:
-    """Put each (slot, row) of `placed` into its slot: prefill the rows' distinct contexts (prompt plus
-    what they generated) together as one packed row, each attending within itself (no padding: every
-    token computed is a context's), into a cache of their own; then copy every token's keys and values
-    to each slot whose row has that context, with one write per layer; each row's mask, position and
-    first logits follow. Rows with the same context (a group's G attempts of one prompt, admitted
-    together) share one prefill: their slots get copies of the same keys, values and logits, which is
-    what G prefills would have computed. The caller has checked that each context leaves room for a
-    token. Returns (tokens prefilled, context tokens placed)."""
+def fill(
+    model, s: Slots, placed: list[tuple[int, Row]], device: torch.device, prefix: PrefixCache | None = None
+) -> tuple[int, int]:
+    """Put each (slot, row) of `placed` into its slot, its keys and values in the slot's columns [0, n)
+    and its first logits, mask, position and sampling settings set. Returns (context tokens computed,
+    context tokens placed).
+
+    A row whose context shares a prefix with one the `prefix` cache holds gets that prefix's keys and
+    values copied and only the rest computed (`_extend`). The other rows' distinct contexts are
+    prefilled together as one packed row, each attending within itself (`_prefill_packed`): rows with
+    the same context (a group's G attempts of one prompt, admitted together) share one prefill, and
+    each of their slots gets copies of the same keys, values and logits, which is what G prefills would
+    have computed. Every context computed here goes into the cache, for the rows that extend it later.
+    The caller has checked that each context leaves room for a token."""
+    reused, fresh = [], []
+    for at, (slot, row) in enumerate(placed):
+        hit = prefix.match(row.context) if prefix is not None else None
+        if hit is None:
+            fresh.append((at, slot, row))
+        else:
+            reused.append((at, slot, row, hit))
+    logits: list[torch.Tensor | None] = [None] * len(placed)
+    computed = _prefill_packed(model, s, fresh, device, prefix, logits) if fresh else 0
+    for at, slot, row, (entry, shared) in reused:
+        computed += _extend(model, s, slot, row, entry, shared, device, prefix, logits, at)
+    lengths = [len(row.context) for _, row in placed]
+    slots = torch.tensor([slot for slot, _ in placed], device=device)
+    n = torch.tensor(lengths, device=device)
+    step = s.step
+    step.mask[slots] = (torch.arange(step.cache_len, device=device)[None, :] < n[:, None])[:, None, None, :]
+    step.columns[slots] = n
+    step.live[slots] = 1
+    s.logits[slots] = torch.stack(logits).to(s.logits.dtype)  # the decode step's dtype once it has run
+    params = [row.req.params for _, row in placed]
+    s.temperature[slots] = torch.tensor([p.temperature for p in params], device=device, dtype=s.temperature.dtype)
+    s.top_p[slots] = torch.tensor([p.top_p for p in params], device=device, dtype=s.top_p.dtype)
+    s.top_k[slots] = torch.tensor([p.top_k for p in params], device=device, dtype=s.top_k.dtype)
+    for (slot, row), k in zip(placed, lengths, strict=True):
+        s.rows[slot], s.columns[slot] = row, k
+    _refilter(s)
+    return computed, sum(lengths)
+
+
+def _prefill_packed(model, s: Slots, rows: list, device: torch.device, prefix, logits: list) -> int:
+    """Prefill the distinct contexts of `rows` ((index in the fill, slot, row)) in one packed forward,
+    copy each token's keys and values to every slot whose row has that context (one write per layer),
+    and put each row's first logits at its index in `logits`. Returns the tokens computed."""
     from transformers import DynamicCache
 
-    contexts = [row.context for _, row in placed]
+    contexts = [row.context for _, _, row in rows]
     distinct: dict[tuple[int, ...], int] = {}
     owner = [distinct.setdefault(tuple(c), len(distinct)) for c in contexts]  # each row's prefilled context
     prefilled = [list(c) for c in distinct]
@@ -225,7 +264,7 @@ def fill(model, s: Slots, placed: list[tuple[int, Row]], device: torch.device) -
             logits_to_keep=ends,
         )
     lengths = [len(c) for c in contexts]
-    slots = torch.tensor([slot for slot, _ in placed], device=device)
+    slots = torch.tensor([slot for _, slot, _ in rows], device=device)
     n = torch.tensor(lengths, device=device)
     owners = torch.tensor(owner, device=device)
     starts = ends - torch.tensor(sizes, device=device) + 1  # each prefilled context's first packed token
@@ -236,19 +275,69 @@ def fill(model, s: Slots, placed: list[tuple[int, Row]], device: torch.device) -
         # [1, kv_heads, total, dim] -> [placed, kv_heads, dim], written at (slot, :, column) in place
         dst.keys[slot_of, :, column_of] = src.keys[0][:, source_of].transpose(0, 1).to(dst.keys.dtype)
         dst.values[slot_of, :, column_of] = src.values[0][:, source_of].transpose(0, 1).to(dst.values.dtype)
-    step = s.step
-    step.mask[slots] = (torch.arange(step.cache_len, device=device)[None, :] < n[:, None])[:, None, None, :]
-    step.columns[slots] = n
-    step.live[slots] = 1
-    s.logits[slots] = out.logits[0][owners].to(s.logits.dtype)  # the decode step's dtype once it has run
-    params = [row.req.params for _, row in placed]
-    s.temperature[slots] = torch.tensor([p.temperature for p in params], device=device, dtype=s.temperature.dtype)
-    s.top_p[slots] = torch.tensor([p.top_p for p in params], device=device, dtype=s.top_p.dtype)
-    s.top_k[slots] = torch.tensor([p.top_k for p in params], device=device, dtype=s.top_k.dtype)
-    for (slot, row), k in zip(placed, lengths, strict=True):
-        s.rows[slot], s.columns[slot] = row, k
-    _refilter(s)
-    return sum(sizes), sum(lengths)
+    first = out.logits[0]
+    for (at, _, _), o in zip(rows, owner, strict=True):
+        logits[at] = first[o]
+    if prefix is not None:
+        for u, context in enumerate(prefilled):
+            a, b = int(starts[u]), int(ends[u]) + 1
+            prefix.put(
+                context,
+                [src.keys[0][:, a:b].to(dst.keys.dtype) for src, dst in zip(cache.layers, s.layers, strict=True)],
+                [src.values[0][:, a:b].to(dst.values.dtype) for src, dst in zip(cache.layers, s.layers, strict=True)],
+                first[u],
+            )
+    return sum(sizes)
+
+
+def _extend(model, s: Slots, slot: int, row: Row, entry, shared: int, device, prefix, logits: list, at: int) -> int:
+    """Seat `row` in `slot` from a cached context sharing its first `shared` tokens: those tokens' keys
+    and values copied, the rest of its context computed on top of them (one forward with the cached
+    prefix as its past), its first logits at `logits[at]`. A context the entry holds whole, with its
+    logits, computes nothing. Returns the tokens computed."""
+    from transformers import DynamicCache
+
+    context = row.context
+    n = len(context)
+    if shared == n and len(entry.tokens) == n and entry.logits is not None:
+        for layer, k, v in zip(s.layers, entry.keys, entry.values, strict=True):
+            layer.keys[slot, :, :n] = k
+            layer.values[slot, :, :n] = v
+        logits[at] = entry.logits
+        return 0
+    shared = min(shared, n - 1)  # at least the last token is computed: its logits are the row's first
+    past = DynamicCache()
+    for i, (k, v) in enumerate(zip(entry.keys, entry.values, strict=True)):
+        past.update(k[None, :, :shared], v[None, :, :shared], i)
+    tail = torch.tensor([context[shared:]], device=device)
+    out = model(
+        input_ids=tail,
+        position_ids=torch.arange(shared, n, device=device)[None],
+        use_cache=True,
+        **{cache_keyword(model): past},
+        logits_to_keep=1,
+    )
+    keys, values = [], []
+    for layer, src in zip(s.layers, past.layers, strict=True):
+        k, v = src.keys[0].to(layer.keys.dtype), src.values[0].to(layer.values.dtype)  # [kv_heads, n, dim]
+        layer.keys[slot, :, :n] = k
+        layer.values[slot, :, :n] = v
+        keys.append(k)
+        values.append(v)
+    logits[at] = out.logits[0, -1]
+    if prefix is not None:
+        prefix.put(context, keys, values, logits[at])
+    return n - shared
+
+
+def keep(s: Slots, slot: int, prefix: PrefixCache) -> None:
+    """Put the keys and values `slot` holds (its row's context up to the columns written) into the
+    prefix cache, before the slot is parked (a parked slot overwrites its column 0)."""
+    n = s.columns[slot]
+    tokens = s.rows[slot].context[:n]
+    prefix.put(
+        tokens, [layer.keys[slot, :, :n] for layer in s.layers], [layer.values[slot, :, :n] for layer in s.layers], None
+    )
 
 
 def park(s: Slots, slot: int) -> None:

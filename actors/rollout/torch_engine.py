@@ -44,6 +44,7 @@ from actors.policy.model import build_model
 from actors.policy.sampling import sample, token_logprobs
 from actors.rollout import attention, static_batch
 from actors.rollout.engine import Engine, EngineError, GenerateRequest, Generation, RequestError
+from actors.rollout.prefix_cache import PrefixCache
 from actors.rollout.static_batch import Row, Slots
 from configs import ModelConfig
 from protocols import EngineHealth
@@ -68,6 +69,7 @@ class TorchEngine(Engine):
         gqa_decode: bool = True,
         compiled: bool = True,
         admit_batch: int | None = None,
+        prefix_cache_tokens: int = -1,
     ) -> None:
         if on_weight_update not in ("finish", "abort"):
             raise ValueError(f"on_weight_update must be 'finish' or 'abort', got {on_weight_update!r}")
@@ -88,6 +90,10 @@ class TorchEngine(Engine):
         self.vocab_size = self.model.config.vocab_size
         self.max_seq_len = min(model_cfg.max_seq_len, self.model.config.max_position_embeddings)
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        # Keys and values of computed contexts, for the rows that extend them (prefix_cache.py); -1: four
+        # of the longest contexts, 0: off.
+        budget = 4 * self.max_seq_len if prefix_cache_tokens < 0 else prefix_cache_tokens
+        self._prefix = PrefixCache(budget) if budget > 0 else None
         self._version = version
         self._cv = threading.Condition()
         self._queue: collections.deque[Row] = collections.deque()
@@ -142,6 +148,7 @@ class TorchEngine(Engine):
             eos_token_ids=eos_token_ids,
             on_weight_update=rollout.on_weight_update,
             seed=rollout.seed + index,
+            prefix_cache_tokens=rollout.prefix_cache_tokens,
         )
 
     # ------------------------------------------------------------------------------ interface
@@ -421,10 +428,13 @@ class TorchEngine(Engine):
             self._end(row, None)
 
     def _end(self, row: Row, slot: int | None) -> None:
-        """Answer a finished row and free its slot."""
+        """Answer a finished row and free its slot; a row that ended by itself leaves its context's keys
+        and values in the prefix cache first (its dialogue's next turn starts with them)."""
         self.stats["aborted"] += row.finish == "abort"
         self._resolve(row)
         if slot is not None:
+            if self._prefix is not None and row.finish in ("stop", "length"):
+                static_batch.keep(self._slots, slot, self._prefix)
             static_batch.park(self._slots, slot)
 
     def _unslot(self) -> None:
@@ -443,6 +453,8 @@ class TorchEngine(Engine):
         if version is not None:
             self._version = version
             self.stats["updates"] += 1
+        if self._prefix is not None:
+            self._prefix.clear()
         self._unslot()  # the cached keys/values belong to the old weights
         done.set_result(None)
 
@@ -468,6 +480,8 @@ class TorchEngine(Engine):
             params[name].copy_(tensor)
 
     def _release(self) -> None:
+        if self._prefix is not None:
+            self._prefix.clear()
         self._unslot()
         self._slots = None  # the cache and the decode step's graphs go; allocated again at the next admission
         if self.device.type == "cuda":
@@ -512,7 +526,7 @@ class TorchEngine(Engine):
             )
         rows = refill + admitted
         computed, placed = static_batch.fill(
-            self.model, self._slots, list(zip(self._slots.free, rows, strict=False)), self.device
+            self.model, self._slots, list(zip(self._slots.free, rows, strict=False)), self.device, self._prefix
         )
         self.stats["prefilled"] += computed
         self.stats["placed"] += placed

@@ -93,6 +93,50 @@ def test_a_groups_attempts_share_one_prefill_and_decode_as_if_each_were_prefille
         engine.close()
 
 
+def _long_prompt(n: int, seed: int) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return [256] + torch.randint(0, 256, (n - 1,), generator=g).tolist()
+
+
+def test_later_attempts_and_a_dialogues_next_turn_reuse_the_cached_prefix_exactly():
+    """The prefix cache (prefix_cache.py): a group's attempts admitted in a later cycle copy the
+    prompt's keys and values (no token computed), and a dialogue's next turn computes only what its
+    previous context does not share. Greedy tokens equal those of the same engine with the cache off,
+    sampled logprobs match a full forward within 1e-4, and new weights empty the cache (the next turn
+    is prefilled whole). Mutations: `shared` not capped below the context's length (no logits for the
+    first token: a crash), `keep` storing columns past those written, or no `clear` on update."""
+    engine = TorchEngine(TINY, max_batch=2, eos_token_ids=[EOS], seed=6)
+    try:
+        prompt = _long_prompt(40, seed=7)
+        greedy = SamplingParams(temperature=1e-5, max_new_tokens=8, ignore_eos=True)
+        first = engine.generate([GenerateRequest(f"a{g}", prompt, greedy) for g in range(4)])
+        # two slots: attempts 0-1 prefilled once together, 2-3 admitted later from the cache
+        assert engine.stats["prefilled"] == len(prompt) and engine.stats["placed"] == 4 * len(prompt)
+        assert len({tuple(g.output_ids.tolist()) for g in first}) == 1
+        turn2 = prompt + first[0].output_ids.tolist() + _long_prompt(12, seed=8)
+        before = engine.stats["prefilled"]
+        (second,) = engine.generate([GenerateRequest("b", turn2, greedy)])
+        computed = engine.stats["prefilled"] - before
+        assert computed < len(turn2) - len(prompt), computed  # the prompt and most of the answer were reused
+        cache, engine._prefix = engine._prefix, None
+        (fresh,) = engine.generate([GenerateRequest("b-fresh", turn2, greedy)])
+        engine._prefix = cache
+        assert second.output_ids.tolist() == fresh.output_ids.tolist()
+        sampled = SamplingParams(temperature=1.0, max_new_tokens=6, ignore_eos=True)
+        gens = engine.generate([GenerateRequest(f"c{i}", turn2, sampled) for i in range(3)])
+        for gen in gens:
+            ref = reference_logprobs(engine.model, turn2, gen.output_ids.tolist())
+            assert np.abs(ref - gen.logprobs).mean() < 1e-4
+        engine.update_weights_from_tensors([(n, p * 1.01) for n, p in engine.model.named_parameters()], version=1)
+        before = engine.stats["prefilled"]
+        (after,) = engine.generate([GenerateRequest("d", turn2, greedy)])
+        assert engine.stats["prefilled"] - before == len(turn2)
+        ref = reference_logprobs(engine.model, turn2, after.output_ids.tolist(), 1e-5)
+        assert (ref > -1e-3).all()  # each greedy token is the new weights' argmax
+    finally:
+        engine.close()
+
+
 def test_admissions_of_any_length_never_reprefill_the_running_rows_nor_move_the_cache():
     """A long-running row with a short prompt, and a stream of requests with longer prompts admitted
     beside it: each is prefilled alone into a free slot (no rebuild, whatever the lengths), the cache
@@ -132,7 +176,9 @@ def test_while_requests_wait_every_decode_step_keeps_the_batch_nearly_full(monke
     fills = []
     real_fill = static_batch.fill
     monkeypatch.setattr(
-        static_batch, "fill", lambda m, s, placed, d: fills.append(len(placed)) or real_fill(m, s, placed, d)
+        static_batch,
+        "fill",
+        lambda m, s, placed, d, prefix=None: fills.append(len(placed)) or real_fill(m, s, placed, d, prefix),
     )
     engine = TorchEngine(TINY, max_batch=16, eos_token_ids=[EOS], seed=4)
     assert engine.admit_batch == 2
