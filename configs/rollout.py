@@ -8,8 +8,16 @@ from dataclasses import dataclass
 from configs.fields import F
 
 # The forced-candidate variants (actors/rollout/forced.py builds them) and their default weights.
-FORCED_VARIANTS = ("solution", "compile_error", "wrong_result", "fallback", "cut_off", "hang")
-FORCED_MIX = {"solution": 1.0, "compile_error": 1.0, "wrong_result": 1.0, "fallback": 1.0, "cut_off": 1.0, "hang": 0.0}
+FORCED_VARIANTS = ("solution", "compile_error", "wrong_result", "fallback", "cut_off", "hang", "crash")
+FORCED_MIX = {
+    "solution": 1.0,
+    "compile_error": 1.0,
+    "wrong_result": 1.0,
+    "fallback": 1.0,
+    "cut_off": 1.0,
+    "hang": 0.0,
+    "crash": 0.0,
+}
 
 
 @dataclass
@@ -41,6 +49,10 @@ class RolloutBenchConfig:
     )
     length_weights: list[float] = F(
         [], "Benchmarks only: the probability of each entry of lengths (normalised; [] = equally likely)"
+    )
+    decode_forced: bool = F(
+        False,
+        "Benchmarks only: with forced_candidates, a forced attempt is decoded like a sampled one (its length drawn from lengths, with them set) and the drawn candidate is its answer, for the verifier and the dialogue's next turn: the engine does a reasoning model's decoding and the verifier a capable model's compiles. The trained tokens are the decoded ones; off = forced attempts are scored, not decoded",
     )
     unique_forced: bool = F(
         False,
@@ -135,7 +147,7 @@ class RolloutConfig:
     )
     forced_mix: dict[str, float] = F(
         dict(FORCED_MIX),
-        "With forced_candidates: the weight of each variant in a draw (solution, compile_error, wrong_result, fallback, cut_off, hang: an endless loop, a timeout verdict that costs verifier.run_timeout_s); a draw picks a variant the task has with probability proportional to its weight. Variants left out of a YAML mapping keep these defaults",
+        "With forced_candidates: the weight of each variant in a draw (solution, compile_error, wrong_result, fallback, cut_off, hang: an endless loop, a timeout verdict that costs verifier.run_timeout_s, crash: a null write when the kernel runs, a runtime verdict); a draw picks a variant the task has with probability proportional to its weight. Variants left out of a YAML mapping keep these defaults",
     )
     torch_threads: int = F(
         0,

@@ -328,6 +328,7 @@ class RolloutActor(Actor):
             policy=policy,
             force=self.pool.draw if self.pool is not None else None,
             first_attempt_tokens=self.model_cfg.max_seq_len,
+            decode_forced=self.cfg.bench.decode_forced,
         )
 
     def _verifier_pool(self) -> VerifierPool:

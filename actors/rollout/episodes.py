@@ -100,10 +100,14 @@ class Pipeline:
         policy: TurnPolicy,
         force: Callable[[Task], str | None] | None = None,
         first_attempt_tokens: int = 0,
+        decode_forced: bool = False,
     ) -> None:
         self.actor_id, self.generate, self.verify = actor_id, generate, verify
         # Forced-response mode (benchmarks, the CPU demo): the text to score instead of sampling.
         self.force = force
+        # Benchmarks (rollout.bench.decode_forced): a forced attempt is decoded as a sampled one is, and
+        # the drawn candidate is its answer for the verifier and the dialogue.
+        self.decode_forced = decode_forced
         self.tokenizer, self.params, self.policy = tokenizer, params, policy
         self.inflight = 0  # attempts admitted and not finished
         self.at_engine = 0  # attempts whose generate request is at the engine
@@ -157,13 +161,15 @@ class Pipeline:
             while True:
                 turn = len(turns)
                 reserved = reserved or self._reserve(prompt)
+                forced = self._forced(task)
+                decoded = forced is not None and self.decode_forced  # sampled tokens, the candidate's answer
                 try:
                     gen = await self.generate(
                         GenerateRequest(
                             request_id=f"{episode_id}/t{turn}/{uuid.uuid4().hex[:8]}",
                             prompt_ids=list(prompt.ids),
                             params=self.params,
-                            forced_response=self._forced(task),
+                            forced_response=None if decoded else forced,
                         )
                     )
                 finally:
@@ -172,7 +178,7 @@ class Pipeline:
                     reserved = 0
                     self.room.set()
                 # The verifier sees the answer only: code inside a thinking block is never extracted.
-                response = self.tokenizer.split_response(gen.output_ids)
+                response = self.tokenizer.split_response(np.asarray(forced) if decoded else gen.output_ids)
                 result = await self.verify(
                     VerifyRequest(
                         request_id=f"{episode_id}/t{turn}",

@@ -15,7 +15,9 @@ a realistic mix of work when the policy is too small to write kernels. Its varia
 * `cut_off`: the solution cut off half-way (an unclosed fence: nothing to extract);
 * `hang`: an endless loop (on a `volatile` flag, so no compiler may drop it) as the first statement
   of the kernel source's first function body: it compiles and runs until `verifier.run_timeout_s`
-  ends it (a timeout verdict; timeouts are never cached, so each costs the whole limit).
+  ends it (a timeout verdict; timeouts are never cached, so each costs the whole limit);
+* `crash`: a write through a null pointer as that same first statement: it compiles and faults when it
+  runs (a segfault on the host, an illegal address on the device: a runtime verdict).
 
 `rollout.forced_mix` weighs the variants: each draw picks a variant with probability proportional
 to its weight among the variants the task has, then that variant's text. Every variant is
@@ -49,6 +51,8 @@ _FUNCTION_BODY = re.compile(r"\)\s*(?:const\s*)?\{")  # the `{` that opens a fun
 # The endless loop of the `hang` variant: a volatile flag makes every test a side effect, so the
 # loop is well defined and stays in the program at any optimisation level.
 SPIN = "for (volatile int kiln_spin = 1; kiln_spin;) {}"
+# The fault of the `crash` variant: through a volatile pointer, so the write is never optimised away.
+CRASH = "*(volatile int *)0 = 1;"
 
 
 def solution_file(task: Task, solutions: Path) -> Path | None:
@@ -84,8 +88,16 @@ def _flip_plus(code: str) -> str | None:
 
 
 def _spin_first(code: str) -> str | None:
+    return _first_statement(code, SPIN)
+
+
+def _crash_first(code: str) -> str | None:
+    return _first_statement(code, CRASH)
+
+
+def _first_statement(code: str, statement: str) -> str | None:
     m = _FUNCTION_BODY.search(code)
-    return None if m is None else code[: m.end()] + "\n    " + SPIN + code[m.end() :]
+    return None if m is None else code[: m.end()] + "\n    " + statement + code[m.end() :]
 
 
 def fenced(code: str) -> str:
@@ -100,7 +112,13 @@ def variants(task: Task, solutions: Path) -> dict[str, str]:
         return {}
     solution = path.read_text(encoding="utf-8")
     out = {"solution": fenced(solution)}
-    for name, edit in (("compile_error", _drop_terminator), ("wrong_result", _flip_plus), ("hang", _spin_first)):
+    edits = (
+        ("compile_error", _drop_terminator),
+        ("wrong_result", _flip_plus),
+        ("hang", _spin_first),
+        ("crash", _crash_first),
+    )
+    for name, edit in edits:
         varied = _in_kernel_code(solution, edit)
         if varied is not None:
             out[name] = fenced(varied)

@@ -19,7 +19,7 @@ from actors.policy.model import build_model
 from actors.policy.prompts import shape_summary
 from actors.policy.tokenizer import ByteTokenizer
 from actors.rollout.actor import RolloutActor
-from actors.rollout.engine import SamplingParams
+from actors.rollout.engine import Generation, SamplingParams
 from actors.rollout.episodes import Pipeline
 from actors.rollout.turns import TurnPolicy, TurnRules
 from actors.verifier.actor import VerifierActor
@@ -160,6 +160,61 @@ def test_a_task_without_a_prompt_becomes_infra_episodes_not_a_crash():
         assert turn.result.error_class == "infra" and "payload['prompt']" in turn.result.feedback
         assert ep.rewards == [0.0]
     assert pipeline.inflight == 0
+
+
+@pytest.mark.parametrize("decode_forced", [False, True])
+def test_decode_forced_decodes_each_attempt_and_verifies_the_drawn_candidate(decode_forced):
+    """rollout.bench.decode_forced (the realistic GPU workload): the engine gets a sampled request (no
+    forced response) and decodes it, while the verifier and the next turn's dialogue get the drawn
+    candidate. Off, the candidate is the forced response the engine scores. Mutation: verifying the
+    decoded text instead of the candidate fails the first case's verifier check."""
+    candidate = "```python\nprint('kernel')\n```"
+    seen, asked = [], []
+
+    async def generate(request):
+        seen.append(request)
+        ids = request.forced_response if request.forced_response is not None else [65] * 5
+        return Generation(
+            request_id=request.request_id,
+            output_ids=np.asarray(ids, dtype=np.int64),
+            logprobs=np.zeros(len(ids), np.float32),
+            versions=np.zeros(len(ids), np.int64),
+            finish_reason="stop",
+            prompt_tokens=len(request.prompt_ids),
+        )
+
+    async def verify(request):
+        asked.append(request)
+        return VerifyResult(
+            request_id=request.request_id,
+            task_id=request.task.task_id,
+            passed=False,
+            stage="correctness",
+            error_class="correctness",
+            q=0.0,
+            score=-1.0,
+            feedback="Wrong answer.",
+        )
+
+    tok = ByteTokenizer()
+    pipeline = Pipeline(
+        actor_id="r",
+        generate=generate,
+        verify=verify,
+        tokenizer=tok,
+        params=SamplingParams(max_new_tokens=64),
+        policy=TurnPolicy(TurnRules(max_turns=2, max_seq_len=512, max_new_tokens=64), tok),
+        force=lambda task: candidate,
+        decode_forced=decode_forced,
+    )
+    task = Task(task_id="t", kind="text_match", payload={"prompt": "write it", "answer": "x"})
+    (episode,) = asyncio.run(pipeline.run_group(TaskReply(status="task", task=task, group_id="g", group_size=1)))
+    assert len(episode.turns) == 2 and len(seen) == 2
+    assert all((r.forced_response is None) == decode_forced for r in seen)
+    assert [r.candidate for r in asked] == [tok.split_response(tok.encode(candidate)).answer] * 2
+    first = episode.turns[0]
+    assert first.response_ids.tolist() == ([65] * 5 if decode_forced else seen[0].forced_response)
+    assert "kernel" in tok.decode(list(seen[1].prompt_ids))  # the dialogue carries the candidate
 
 
 @pytest.fixture

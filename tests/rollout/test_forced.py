@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from actors.buffer.task_source import load_task_set
-from actors.rollout.forced import SPIN, CandidatePool, candidates, variants
+from actors.rollout.forced import CRASH, SPIN, CandidatePool, candidates, variants
 from configs import ConfigError, ReplayConfig, load_config
 from configs.rollout import FORCED_VARIANTS
 
@@ -46,6 +46,7 @@ def test_each_variant_is_the_mechanical_edit_its_name_says(task):
     )
     assert solution.count(";") - texts["compile_error"].count(";") == 1  # one terminator gone
     assert texts["hang"].replace("\n    " + SPIN, "", 1) == solution  # the spin loop, inserted once
+    assert texts["crash"].replace("\n    " + CRASH, "", 1) == solution  # the null write, inserted once
     assert "class ModelNew(" in texts["fallback"] and "load_inline" not in texts["fallback"]
     assert texts["cut_off"].count("```") == 1  # an unclosed fence: nothing to extract
 
