@@ -62,7 +62,7 @@ class VerifierConfig:
     )
     run_workers: int = F(
         0,
-        "Sandboxed execution workers per verifier actor, dealt round-robin over its GPUs and each pinned to its GPU (that GPU's device lease, references and baselines); 0 = one per GPU the placement gives the actor on cuda, and 1 on cpu (a cpu sandbox's timing shares the host's cores with the compiles)",
+        "Sandboxed execution workers per verifier actor, dealt round-robin over its GPUs and each pinned to its GPU (that GPU's device lease, references and baselines); 0 = sized on cuda: the actor's share of the node's cores at 2 a worker, at most 8 a GPU and no more than the GPU's free memory holds at 2 GiB a sandbox (a run's timing is exclusive on its GPU, and its trials reserve their own memory); 1 on cpu (a cpu sandbox's timing shares the host's cores with the compiles)",
         ge=0,
     )
     trials: int = F(

@@ -75,7 +75,8 @@ class KernelVerifier(RewardActor):
         self.zygote = Zygote()
         self.compile_workers = compile_workers(cfg.compile_workers)  # 0 = the node's cores
         gpus = verifier_gpus(slot, torch.cuda.device_count()) if self.device == "cuda" else ()
-        self.run_workers = run_workers(cfg.backend, cfg.run_workers, len(gpus))  # 0 = one per GPU
+        free = torch.cuda.mem_get_info(gpus[0].device)[0] if gpus else None
+        self.run_workers = run_workers(cfg.backend, cfg.run_workers, len(gpus), device_bytes=free)  # 0 = sized
         self.builds = BuildService(
             self.cache_dir / "build",
             cfg.backend,

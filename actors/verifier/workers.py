@@ -3,7 +3,13 @@
 
 Compiles are CPU work apart from the GPU execution, so they scale with the node's cores (0 = the
 cores its process may use, shared by the run's verifier actors on that node). Sandboxed execution
-scales with the verifier's GPUs (0 = one sandbox worker per GPU, each pinned to its GPU); on cpu,
+on cuda scales with the cores and the GPUs (0 = CORES_PER_RUN_WORKER cores a worker, dealt over the
+verifier's GPUs, at most MAX_RUN_WORKERS_PER_GPU a GPU and no more than its free memory holds at
+SANDBOX_BYTES each; every worker is pinned to its GPU). A run's timing windows are exclusive on its
+GPU (the device lease), so several workers a GPU overlap one run's timing with others' staging,
+correctness trials and checks, which are host work more than device work; a run's trials and timed
+calls reserve their own device bytes before they start (devmem.py), so a large task's runs wait
+their turn rather than fail. On cpu,
 one, because a cpu sandbox's timing shares the host's cores with the compiles (the cpu device lease
 already makes timing windows exclusive host-wide, so a second worker would only overlap correctness
 trials with the compiles it competes with).
@@ -21,6 +27,13 @@ from actors.base import Slot
 
 # Sandbox workers of a cpu verifier when `verifier.run_workers` is 0 (see the module docstring).
 CPU_RUN_WORKERS = 1
+# cuda with `verifier.run_workers` 0: cores a sandbox worker is counted for (a run keeps about one core
+# busy between device work, its sandbox's and the verifier's Python; the compiles take the rest), the
+# most workers a GPU gets, and the device memory a worker's sandbox holds before its run reserves any
+# (a CUDA context, the trace's buffers, the L2 flush buffer, with room).
+CORES_PER_RUN_WORKER = 2
+MAX_RUN_WORKERS_PER_GPU = 8
+SANDBOX_BYTES = 2 << 30
 
 
 @dataclass(frozen=True)
@@ -73,19 +86,37 @@ def node_compile_workers(verifiers_on_node: int = 1) -> int:
     return compile_workers(0, verifiers_on_node).count
 
 
-def run_workers(backend: str, setting: int, gpus: int) -> RunWorkers:
-    """`verifier.run_workers` resolved for an actor with `gpus` GPUs: with 0, one worker per GPU (cpu:
-    CPU_RUN_WORKERS); a set number is dealt round-robin over the GPUs. ValueError for a cuda verifier
-    without a GPU."""
+def run_workers(
+    backend: str,
+    setting: int,
+    gpus: int,
+    *,
+    cores: int | None = None,
+    verifiers_on_node: int = 1,
+    device_bytes: int | None = None,
+) -> RunWorkers:
+    """`verifier.run_workers` resolved for an actor with `gpus` GPUs: a set number dealt round-robin
+    over the GPUs; with 0 on cuda, the actor's share of the node's `cores` at CORES_PER_RUN_WORKER a
+    worker, per GPU at least 1, at most MAX_RUN_WORKERS_PER_GPU and what `device_bytes` (a GPU's free
+    memory, when known) holds at SANDBOX_BYTES each; on cpu, CPU_RUN_WORKERS. ValueError for a cuda
+    verifier without a GPU."""
     if backend != "cuda":
         count = setting or CPU_RUN_WORKERS
         why = "set by verifier.run_workers" if setting else "0 = 1 on cpu: its timing shares the cores with compiles"
         return RunWorkers((None,) * count, why)
     if gpus < 1:
         raise ValueError("verifier.backend=cuda, but this verifier actor has no GPU")
-    if not setting:
-        return RunWorkers(tuple(range(gpus)), f"0 = one per GPU ({gpus})")
-    return RunWorkers(tuple(i % gpus for i in range(setting)), f"set by verifier.run_workers, over {gpus} GPU(s)")
+    if setting:
+        return RunWorkers(tuple(i % gpus for i in range(setting)), f"set by verifier.run_workers, over {gpus} GPU(s)")
+    cores = usable_cores() if cores is None else cores
+    share = max(1, cores // max(1, verifiers_on_node))
+    per_gpu = min(MAX_RUN_WORKERS_PER_GPU, share // (CORES_PER_RUN_WORKER * gpus))
+    why = f"0 = {share} cores ÷ {CORES_PER_RUN_WORKER} a worker over {gpus} GPU(s), at most {MAX_RUN_WORKERS_PER_GPU} a GPU"
+    if device_bytes is not None and device_bytes // SANDBOX_BYTES < per_gpu:
+        per_gpu = device_bytes // SANDBOX_BYTES
+        why += f", {device_bytes / 2**30:.0f} GiB free a GPU at {SANDBOX_BYTES / 2**30:.0f} GiB a sandbox"
+    per_gpu = max(1, per_gpu)
+    return RunWorkers(tuple(i % gpus for i in range(per_gpu * gpus)), f"{why}: {per_gpu} a GPU")
 
 
 def visible_entry(device: int, environ: dict[str, str] | None = None) -> str:

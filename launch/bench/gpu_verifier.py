@@ -47,8 +47,8 @@ def parse_args(argv):
     p.add_argument(
         "--run-workers",
         type=int,
-        default=2,
-        help="sandbox workers, dealt round-robin over the visible GPUs (0 = one per GPU; timing windows stay exclusive per GPU)",
+        default=0,
+        help="sandbox workers, dealt round-robin over the visible GPUs (0 = the verifier's sizing from the cores and the GPUs' memory, verifier.run_workers; timing windows stay exclusive per GPU)",
     )
     p.add_argument("--inflight", type=int, default=32, help="requests the actor works on at once")
     p.add_argument(

@@ -381,7 +381,7 @@ def _slots(cfg, parallel, residents, learner_ids, engine_ids, verifier_gpu, veri
             gpu_fraction=share(g),
             shared=g is not None and g not in verifier_ids,
             compile_workers=compile_workers(v.compile_workers, v.num_actors),
-            run_workers=run_workers(v.backend, v.run_workers, 0 if g is None else 1),
+            run_workers=run_workers(v.backend, v.run_workers, 0 if g is None else 1, verifiers_on_node=v.num_actors),
         )
         for i, g in enumerate(verifier_gpu)
     )

@@ -9,6 +9,8 @@ from actors.base import Slot
 from actors.verifier import isolation
 from actors.verifier.workers import (
     CPU_RUN_WORKERS,
+    MAX_RUN_WORKERS_PER_GPU,
+    SANDBOX_BYTES,
     VerifierGpu,
     compile_workers,
     run_workers,
@@ -17,13 +19,18 @@ from actors.verifier.workers import (
 )
 
 
-def test_run_workers_auto_is_one_per_gpu_and_a_setting_is_dealt_round_robin():
-    assert run_workers("cuda", 0, 2).gpus == (0, 1)
-    assert run_workers("cuda", 0, 1).gpus == (0,)
+def test_run_workers_auto_follows_the_cores_and_the_gpus_memory_and_a_setting_is_dealt_round_robin():
+    sized = run_workers("cuda", 0, 2, cores=16)  # 16 cores at 2 a worker, over 2 GPUs: 4 a GPU
+    assert sized.gpus == (0, 1) * 4 and sized.on(0) == sized.on(1) == 4 and "16 cores" in sized.why
+    assert run_workers("cuda", 0, 1, cores=64).count == MAX_RUN_WORKERS_PER_GPU  # capped a GPU
+    assert run_workers("cuda", 0, 1, cores=64, verifiers_on_node=4).count == 8  # 16 cores of 64
+    assert run_workers("cuda", 0, 1, cores=2).count == 1  # at least one
+    small = run_workers("cuda", 0, 1, cores=64, device_bytes=5 * SANDBOX_BYTES // 2)  # room for 2 sandboxes
+    assert small.count == 2 and "GiB free" in small.why
+    assert run_workers("cuda", 0, 1, cores=64, device_bytes=0).count == 1
     three = run_workers("cuda", 3, 2)
     assert three.gpus == (0, 1, 0) and three.on(0) == 2 and three.on(1) == 1 and three.count == 3
     assert run_workers("cuda", 1, 2).gpus == (0,)  # the second GPU gets none
-    assert "one per GPU (2)" in run_workers("cuda", 0, 2).why
 
 
 def test_run_workers_on_cpu_and_without_a_gpu():
