@@ -50,6 +50,20 @@ def rollout_cfg(**kw) -> RolloutConfig:
     return RolloutConfig(**{**base, **kw})
 
 
+def wrong_answer(request: VerifyRequest) -> VerifyResult:
+    """A verifier's failure verdict on `request` (so attempts take their repair turns)."""
+    return VerifyResult(
+        request_id=request.request_id,
+        task_id=request.task.task_id,
+        passed=False,
+        stage="correctness",
+        error_class="correctness",
+        q=0.0,
+        score=-1.0,
+        feedback="Wrong answer.",
+    )
+
+
 def start_replay(run_dir, *, tasks=TEXT_TASKS, G=2, B=1) -> ReplayActor:
     cfg = ReplayConfig(task_source=tasks, val_fraction=0.0) if tasks else ReplayConfig(tasks="tasks", val_fraction=0.0)
     replay = ReplayActor(
@@ -106,19 +120,7 @@ class ScriptedVerifier:
                 continue
             for req in pending:
                 r = req.record
-                self.server.reply(
-                    req,
-                    VerifyResult(
-                        request_id=r.request_id,
-                        task_id=r.task.task_id,
-                        passed=False,
-                        stage="correctness",
-                        error_class="correctness",
-                        q=0.0,
-                        score=-1.0,
-                        feedback="Wrong answer.",
-                    ),
-                )
+                self.server.reply(req, wrong_answer(r))
             pending.clear()
 
     def close(self) -> None:
@@ -185,16 +187,7 @@ def test_decode_forced_decodes_each_attempt_and_verifies_the_drawn_candidate(dec
 
     async def verify(request):
         asked.append(request)
-        return VerifyResult(
-            request_id=request.request_id,
-            task_id=request.task.task_id,
-            passed=False,
-            stage="correctness",
-            error_class="correctness",
-            q=0.0,
-            score=-1.0,
-            feedback="Wrong answer.",
-        )
+        return wrong_answer(request)
 
     tok = ByteTokenizer()
     pipeline = Pipeline(

@@ -12,11 +12,10 @@ import pytest
 from actors.base import RunContext
 from actors.rollout.actor import RolloutActor
 from configs import EvalConfig
-from protocols import VerifyResult
 from protocols.channels import ReplyServer
 from protocols.registry import Registry
 from tests.helpers.common import wait_for
-from tests.rollout.test_actor import TINY, rollout_cfg, start_replay
+from tests.rollout.test_actor import TINY, rollout_cfg, start_replay, wrong_answer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -57,19 +56,7 @@ class HoldingVerifier:
             time.sleep(self.delay_s)
         r = req.record
         self.answered.append(r.request_id)
-        self.server.reply(
-            req,
-            VerifyResult(
-                request_id=r.request_id,
-                task_id=r.task.task_id,
-                passed=False,
-                stage="correctness",
-                error_class="correctness",
-                q=0.0,
-                score=-1.0,
-                feedback="Wrong answer.",
-            ),
-        )
+        self.server.reply(req, wrong_answer(r))
 
     def close(self) -> None:
         self._stop.set()
