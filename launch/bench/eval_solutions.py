@@ -1,7 +1,7 @@
 """GPU check of `kiln eval`: the shipped CUDA solutions as an answer set, verified on the cuda backend
 with the eager and torch.compile baselines timed, and the model-card table printed (for
 docs/BENCHMARKS.md). With --variants each solution's broken variants join it (a compile error, a
-wrong result, a PyTorch fallback, a cut-off answer), which must all fail.
+wrong result, an endless loop, a null write, a PyTorch fallback, a cut-off answer), which must all fail.
 
     python -m launch.bench.eval_solutions [--out runs/eval/cuda-solutions] [--variants] [section.key=value ...]
 

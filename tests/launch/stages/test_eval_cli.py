@@ -79,7 +79,7 @@ def variants_eval(tmp_path_factory, verifier_cache_dir):
             f"verifier.cache_dir={verifier_cache_dir}",
             "verifier.run_timeout_s=5",
         ]
-    )  # the `hang` variants each cost the run's time limit
+    )  # the `hang` variants each cost the run's time limit; the `crash` ones segfault at once
     return code, out, tasks, answers
 
 
@@ -87,34 +87,36 @@ def test_answers_from_shipped_solutions_and_variants_give_the_expected_table(var
     code, out, _, _ = variants_eval
     assert code == 0
     by_sample = {(r["task_id"], r["sample"]): (r["stage"], r["error_class"]) for r in rows(out)}
-    # relu: its kernel has no " + " to flip, so 5 answers: solution, compile error, endless loop,
-    # fallback, cut off; rmsnorm adds the wrong result
+    # relu: its kernel has no " + " to flip, so 6 answers: solution, compile error, endless loop,
+    # null write, fallback, cut off; rmsnorm adds the wrong result
     assert by_sample == {
         ("level1/01_relu", 0): ("done", None),
         ("level1/01_relu", 1): ("compile", "compile"),
         ("level1/01_relu", 2): ("run", "timeout"),
-        ("level1/01_relu", 3): ("legality", "cheating"),
-        ("level1/01_relu", 4): ("extract", "extract"),
+        ("level1/01_relu", 3): ("run", "runtime"),
+        ("level1/01_relu", 4): ("legality", "cheating"),
+        ("level1/01_relu", 5): ("extract", "extract"),
         ("level2/06_rmsnorm", 0): ("done", None),
         ("level2/06_rmsnorm", 1): ("compile", "compile"),
         ("level2/06_rmsnorm", 2): ("correctness", "correctness"),
         ("level2/06_rmsnorm", 3): ("run", "timeout"),
-        ("level2/06_rmsnorm", 4): ("legality", "cheating"),
-        ("level2/06_rmsnorm", 5): ("extract", "extract"),
+        ("level2/06_rmsnorm", 4): ("run", "runtime"),
+        ("level2/06_rmsnorm", 5): ("legality", "cheating"),
+        ("level2/06_rmsnorm", 6): ("extract", "extract"),
     }
     table = (out / "table.md").read_text()
-    # Pass@1: L1 1/5, L2 1/6, Overall their mean; Pass@4: L1 1 - C(4,4)/C(5,4) = 0.8, L2 1 - C(5,4)/C(6,4)
-    # = 2/3; Avg per attempt: Overall 2/11; the compile baseline is not timed on cpu: n/a. Faster than eager
+    # Pass@1: L1 1/6, L2 1/7, Overall their mean; Pass@4: L1 1 - C(5,4)/C(6,4) = 2/3, L2 1 - C(6,4)/C(7,4)
+    # = 4/7; Avg per attempt: Overall 2/13; the compile baseline is not timed on cpu: n/a. Faster than eager
     # (> 1.1x): from each passing attempt's own speedup, which for a naive single-threaded loop against eager
     # on one thread is close to 1 and on either side of 1.1 with the machine's noise.
     fast = {
         tid: any(r["passed"] and (r["speedup_eager"] or 0) > 1.1 for r in rows(out) if r["task_id"] == tid)
         for tid in ("level1/01_relu", "level2/06_rmsnorm")
     }
-    l1, l2 = 100.0 * fast["level1/01_relu"] / 5, 100.0 * fast["level2/06_rmsnorm"] / 6
-    overall = 100.0 * (fast["level1/01_relu"] + fast["level2/06_rmsnorm"]) / 11
+    l1, l2 = 100.0 * fast["level1/01_relu"] / 6, 100.0 * fast["level2/06_rmsnorm"] / 7
+    overall = 100.0 * (fast["level1/01_relu"] + fast["level2/06_rmsnorm"]) / 13
     assert (
-        f"| shipped | 20.0 | 16.7 | 18.3 | 80.0 | 66.7 | 73.3 | 20.0 | 16.7 | 18.2 | {l1:.1f} | {l2:.1f} | {overall:.1f} "
+        f"| shipped | 16.7 | 14.3 | 15.5 | 66.7 | 57.1 | 61.9 | 16.7 | 14.3 | 15.4 | {l1:.1f} | {l2:.1f} | {overall:.1f} "
         "| n/a | n/a | n/a |"
     ) in table
     assert "Overall pools every attempt of every level" in table
@@ -125,9 +127,9 @@ def test_answers_from_shipped_solutions_and_variants_give_the_expected_table(var
             "reason": "defines no get_inputs(), get_init_inputs() at module level",
         }
     ]
-    assert [line.split(":")[0] for line in summary["rejected_answers"]] == ["line 12"]
+    assert [line.split(":")[0] for line in summary["rejected_answers"]] == ["line 14"]
     assert summary["verifier"]["backend"] == "cpu" and summary["toolchain"]["torch"]
-    assert summary["device"].startswith("cpu") and summary["counts"]["verified"] == 11
+    assert summary["device"].startswith("cpu") and summary["counts"]["verified"] == 13
     assert (out / "chart.png").read_bytes()[:4] == b"\x89PNG"
 
 
@@ -178,7 +180,7 @@ def test_compare_prints_deltas_and_warns_on_other_settings(variants_eval, tmp_pa
     (tmp_path / "b.json").write_text(json.dumps(other))
     code, text, err = run_eval(capsys, "--compare", str(out / "summary.json"), str(tmp_path / "b.json"))
     assert code == 0
-    assert "| Δ (other − shipped) |" in text and "+31.8" in text  # 50.0 - 18.2 in the Avg Overall column
+    assert "| Δ (other − shipped) |" in text and "+34.6" in text  # 50.0 - 15.4 in the Avg Overall column
     assert "differ in device" in err and "verifier" not in err
 
 
@@ -199,7 +201,7 @@ def test_a_finished_evaluation_is_not_verified_again_and_other_settings_are_refu
         "verifier.run_timeout_s=5",
     ]
     code, text, _ = run_eval(capsys, *common, "--k", "1,4")
-    assert code == 0 and "0 attempts verified now, 11 resumed" in text
+    assert code == 0 and "0 attempts verified now, 13 resumed" in text
     code, _, err = run_eval(capsys, *common, "verifier.trials=2")
     assert code == 2 and "other settings (verifier differ)" in err
 
