@@ -105,7 +105,8 @@ def test_imports_are_judged_by_the_library_that_defines_them(tmp_path):
     entry is an internal, refused; a
     namespace that is not torch's is bundled vendor code; at::cuda::blas is cuBLAS. Read from a real
     ELF file named like torch's."""
-    from actors.verifier.build.symbols import Allowlist, read_imports
+    from actors.verifier.build.elf import read_imports
+    from actors.verifier.build.symbols import Allowlist
 
     lib = tmp_path / "libtorch_cuda.so"
     src = tmp_path / "torch_like.cpp"

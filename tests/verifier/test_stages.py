@@ -252,7 +252,8 @@ def test_a_built_library_is_read_from_its_elf_file(tmp_path):
     import shutil
     import subprocess
 
-    from actors.verifier.build.symbols import Allowlist, check_library, read_imports
+    from actors.verifier.build.elf import read_imports
+    from actors.verifier.build.symbols import Allowlist, check_library
 
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
