@@ -38,6 +38,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import torch.distributed as dist
 
 from actors import decisions
 from actors.base import Actor, RunContext
@@ -45,12 +46,20 @@ from actors.learner.algorithm import StepResult, Trainer
 from actors.learner.backends import make_trainer
 from actors.learner.checkpoint import CheckpointMeta, read_latest, step_dir_name, write_checkpoint
 from actors.learner.health import LearnerHealth, WarmStartReport
-from actors.learner.ranks import LeaderBackend, RankCall, RankSpec, SftStep, TrainStep, follow, join
+from actors.learner.ranks import (
+    LeaderBackend,
+    RankCall,
+    RankSpec,
+    SftStep,
+    TrainStep,
+    follow,
+    host_rendezvous,
+    join,
+)
 from actors.learner.warm_start import warm_start_batches
 from actors.learner.weight_sync import WeightServer
 from actors.policy.export import GenerationSettings, export_servable
 from actors.policy.weights import choose_transport
-from actors.policy.weights.group import free_port
 from configs import AlgoConfig, LearnerConfig, ModelConfig, WarmStartConfig
 from protocols import (
     BatchReply,
@@ -144,7 +153,10 @@ class LearnerActor(Actor):
         clock = time.perf_counter()
         metrics = self.ctx.registry.address("driver", "metrics")
         self.timeline = SpanRecorder(self.ctx.name or self.learner_id, metrics or None)
-        channel = join(self._rendezvous(), self.device) if self.world_size > 1 else None
+        channel = None
+        if self.world_size > 1:
+            spec, store = self._rendezvous()
+            channel = join(spec, self.device, store)
         with self._preparing:  # a standby started while still preparing waits for its model
             if self._prepared is None:
                 self._prepared = self._build()
@@ -203,16 +215,19 @@ class LearnerActor(Actor):
     def _build(self) -> Trainer:
         return make_trainer(self.model_cfg, self.cfg, self.algo, temperature=self.temperature, device=self.device)
 
-    def _rendezvous(self) -> RankSpec:
-        """The rank group's rendezvous: rank 0 picks a free port and registers it; the others wait for it.
-        (The supervisor unregisters a dead group before restarting it, so no rank finds an old address.)"""
+    def _rendezvous(self) -> tuple[RankSpec, dist.Store | None]:
+        """The rank group's rendezvous: rank 0 opens its store and registers where; the others wait for
+        that. (The supervisor unregisters a dead group before restarting it, so no rank finds an old
+        address.)"""
         registry, bind = self.ctx.registry, self.ctx.bind
+        store = None
         if self.rank == 0:
-            master = f"{bind.advertise or bind.host}:{free_port(bind.host)}"
+            store = host_rendezvous(bind.host, self.world_size)
+            master = f"{bind.advertise or bind.host}:{store.port}"
             registry.register(NAME, self.role, {"ranks": master})
         else:
             master = registry.wait(NAME, "ranks", RANKS_WAIT_S)
-        return RankSpec(self.rank, self.world_size, master)
+        return RankSpec(self.rank, self.world_size, master), store
 
     @property
     def is_leader(self) -> bool:

@@ -8,9 +8,10 @@ record (`TrainStep`, `SftStep`, ... with its arguments, the batch included), to 
 gloo control group; each of them runs the same record on its own Trainer. A follower therefore has
 no logic of its own and cannot drift from its leader.
 
-Ranks find each other through the standard env:// rendezvous (RANK, WORLD_SIZE, MASTER_ADDR,
-MASTER_PORT), set by `join` from a `RankSpec`; each rank process sees one accelerator (Ray gives each
-rank actor one GPU), so LOCAL_RANK is 0. If any rank dies the others block or fail in a collective:
+Ranks find each other through a TCP store that rank 0 opens (`host_rendezvous`, on a port the kernel
+picks, so no other process can take it between picking and binding) and names in a `RankSpec`; `join`
+also sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT for libraries that read them. Each rank process
+sees one accelerator (Ray gives each rank actor one GPU), so LOCAL_RANK is 0. If any rank dies the others block or fail in a collective:
 the driver restarts the whole group, which resumes from the last checkpoint.
 """
 
@@ -144,12 +145,20 @@ class ControlChannel:
         return box[0]
 
 
-def join(spec: RankSpec, device: str | torch.device) -> ControlChannel:
-    """Join the rank group (blocks until every rank joined) and return its control channel. The default
+def host_rendezvous(host: str, world_size: int, port: int = 0) -> dist.TCPStore:
+    """Rank 0's rendezvous store, listening on `port` (0: one the kernel picks; `.port` names it)."""
+    return dist.TCPStore(host, port, world_size, is_master=True, timeout=COLLECTIVE_TIMEOUT, wait_for_workers=False)
+
+
+def join(spec: RankSpec, device: str | torch.device, store: dist.Store | None = None) -> ControlChannel:
+    """Join the rank group (blocks until every rank joined) and return its control channel. Rank 0
+    passes the store it opened (`host_rendezvous`); the others connect to `spec.master`. The default
     process group is NCCL on GPUs, gloo on CPU; a backend's own groups (megatron's TP and DP) are
     built on it afterwards, by every rank in the same order."""
     device = torch.device(device)
     host, _, port = spec.master.rpartition(":")
+    if store is None:
+        store = dist.TCPStore(host, int(port), spec.world_size, is_master=False, timeout=COLLECTIVE_TIMEOUT)
     os.environ.update(
         RANK=str(spec.rank),
         WORLD_SIZE=str(spec.world_size),
@@ -160,9 +169,17 @@ def join(spec: RankSpec, device: str | torch.device) -> ControlChannel:
     if device.type == "cuda":
         device = torch.device("cuda", device.index or 0)
         torch.cuda.set_device(device)
-        dist.init_process_group("nccl", init_method="env://", timeout=COLLECTIVE_TIMEOUT, device_id=device)
+        backend = "nccl"
     else:
-        dist.init_process_group("gloo", init_method="env://", timeout=COLLECTIVE_TIMEOUT)
+        device, backend = None, "gloo"
+    dist.init_process_group(
+        backend,
+        store=store,
+        rank=spec.rank,
+        world_size=spec.world_size,
+        timeout=COLLECTIVE_TIMEOUT,
+        device_id=device,
+    )
     return ControlChannel(dist.new_group(backend="gloo", timeout=CONTROL_TIMEOUT))
 
 

@@ -4,7 +4,8 @@
 as isolation.run_jail says (its scratch at jail.WORKDIR; its own built libraries, linked into a
 directory of its own when it is prepared, at jail.LIBDIR: it sees no other candidate's), with three descriptors: its socket, the write end of its evidence pipe,
 and its I/O arena (a memory file this process created and maps too: inputs go in, outputs come out,
-nothing tensor-sized crosses the socket). It watches the resident memory of the sandbox's process
+nothing tensor-sized crosses the socket; on cuda both sides page-lock it, so copies to and from the
+device go by DMA). It watches the resident memory of the sandbox's process
 tree (RssWatchdog; RLIMIT_AS would break CUDA contexts) and gives every request a wall-clock
 deadline. The first request, `hello`, is answered before any candidate code exists: its jail report
 is the one the verdict trusts.
@@ -45,7 +46,7 @@ from pathlib import Path
 import msgpack
 import torch
 
-from actors.verifier import isolation, limits, native
+from actors.verifier import isolation, limits, native, tensors
 from actors.verifier.attribution import AddressMap
 from actors.verifier.isolation import RssWatchdog
 from actors.verifier.legality import Violation
@@ -128,6 +129,7 @@ class Arena:
         self.map = mmap.mmap(self.fd, self.size)
         self.bytes = torch.frombuffer(self.map, dtype=torch.uint8)
         self.used = 0
+        self.pinned = False
 
     @classmethod
     def size_for(cls, size: int) -> int:
@@ -163,9 +165,21 @@ class Arena:
             self.bytes[offset : offset + nbytes].copy_(t.reshape(-1).view(torch.uint8))
         return [offset, nbytes, name, list(t.shape)]
 
-    def take(self, entry: list, expected: torch.Tensor, *, copy: bool = True) -> torch.Tensor | None:
+    def pin(self) -> bool:
+        """Page-lock the arena for the device (cuda). Copies between it and device memory then go at
+        the bus's speed instead of through the driver's bounce buffers: pageable copies of
+        KernelBench-sized tensors were most of a cuda verification's timed stage. False (and left
+        pageable, only slower) where the driver refuses."""
+        self.pinned = tensors.page_lock(self.bytes)
+        return self.pinned
+
+    def take(
+        self, entry: list, expected: torch.Tensor, *, copy: bool = True, device: str | None = None
+    ) -> torch.Tensor | None:
         """A copy (or, `copy=False`, a view) of the tensor the sandbox placed at `entry` ([offset,
-        nbytes, dtype, shape, ...]), read only if it has exactly the expected dtype and shape; else None."""
+        nbytes, dtype, shape, ...]), read only if it has exactly the expected dtype and shape; else None.
+        `device`: the copy is made there (a copy onto the device is as much a snapshot as one on the
+        host, and saves the host copy a device comparison would then need)."""
         from actors.verifier.sandbox import DTYPES
 
         if not isinstance(entry, list) or len(entry) < 4 or not isinstance(entry[0], int) or entry[0] < 0:
@@ -178,9 +192,16 @@ class Arena:
         if nbytes == 0:
             return torch.empty(expected.shape, dtype=expected.dtype)
         region = self.bytes[offset : offset + nbytes]
-        return (region.clone() if copy else region).view(expected.dtype).reshape(expected.shape)
+        if not copy:
+            return region.view(expected.dtype).reshape(expected.shape)
+        if device is not None:  # a blocking copy: done, so a snapshot, when it returns
+            return region.view(expected.dtype).reshape(expected.shape).to(device)
+        return region.clone().view(expected.dtype).reshape(expected.shape)
 
     def close(self) -> None:
+        if self.pinned:
+            tensors.page_unlock(self.bytes)
+            self.pinned = False
         del self.bytes
         self.map.close()
         os.close(self.fd)
@@ -218,6 +239,8 @@ class ChildSession:
         self.gpus_seen: list | None = None  # the probe's answer on cuda: the UUIDs of the GPUs it sees
         self.key = secrets.token_bytes(32)
         self.arena = Arena(arena_bytes)
+        if pool.device_type == "cuda":
+            self.arena.pin()
         self.baseline_maps: set[str] = set()
         # Provenance evidence (cpu): where the sandbox's threads ran, sampled by this process, and the
         # windows of the requests this process timed (provenance.py judges them).

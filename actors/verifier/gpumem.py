@@ -14,6 +14,13 @@ process, taken while the sandbox is still alive:
   the run ends anyway once its trusted side could not go on;
 * the device's free memory (the driver's, as torch reads it).
 
+A candidate that fills the device is also stopped while it does: `DeviceWatch` (one per GPU, in the
+verifier's process) reads the driver's per-process figures every WATCH_POLL_S and kills a sandbox
+that holds more than its share while the device has less than LOW_WATER_BYTES free. That is its
+`runtime` (it filled the device), and it is an `Overrun` on the watch's record: an out-of-memory of
+another run on the same GPU, in a window that overlaps an overrun, is the machine's (`infra`), not
+that run's, whatever its own figures say later (the filler is gone by then, and the device free).
+
 Rules (pure functions, tested on cpu):
 * `trusted_oom`: the verifier's own work on the device ran out of memory while a sandbox was alive.
   The candidate's (`runtime`, score -1) when its sandbox held more than its share, the device memory
@@ -43,6 +50,10 @@ log = logging.getLogger(__name__)
 CONTEXT_BYTES = 2 << 30
 PARAM_COPIES = 2  # its ModelNew's parameters on the device, and the reference's copied in
 KILL_SETTLE_S = 3.0  # how long the device's free memory is watched after the sandbox is killed
+# The device watch: how often it reads the driver's figures, and how little free memory makes a
+# sandbox over its share a filler (less than a context's allowance: no other run could start).
+WATCH_POLL_S = 0.02
+LOW_WATER_BYTES = CONTEXT_BYTES
 _NOT_AVAILABLE = (1 << 64) - 1  # NVML_VALUE_NOT_AVAILABLE
 
 
@@ -96,6 +107,30 @@ def trusted_oom(evidence: Evidence) -> tuple[str, str]:
     return "infra", (
         f"the verifier's device ran out of memory while the candidate's process held {held} of it "
         f"(its share: {evidence.share >> 20} MB): the machine's fault (another run, or the verifier's own crowding)"
+    )
+
+
+def overran(held: int, share_bytes: int, free: int) -> bool:
+    """The device watch's rule: a sandbox that holds more than its share while the device has less
+    than LOW_WATER_BYTES free is filling it (over its share with room to spare, it harms no one)."""
+    return held > share_bytes and free < LOW_WATER_BYTES
+
+
+def overrun_message(evidence: Evidence) -> str:
+    """The verdict's message for a sandbox the device watch stopped."""
+    return (
+        f"the candidate's process held {(evidence.held or 0) >> 20} MB of device memory ({evidence.how}), more "
+        f"than its share of {evidence.share >> 20} MB, while the device had {(evidence.free or 0) >> 20} MB free: "
+        "it was stopped for filling the device"
+    )
+
+
+def crowded_out(overruns: list[Overrun]) -> str:
+    """The note for an out-of-memory during another sandbox's overrun (the machine's, not this run's)."""
+    o = overruns[0]
+    return (
+        f"another run's sandbox on this device held {o.held >> 20} MB, more than its share of {o.share >> 20} MB, "
+        f"with {o.free >> 20} MB of the device free, and was stopped: it crowded this run out (the machine's fault)"
     )
 
 
@@ -187,6 +222,10 @@ class _ProcessInfo(ctypes.Structure):  # nvmlProcessInfo_t of the _v2/_v3 calls
     ]
 
 
+class _MemoryInfo(ctypes.Structure):  # nvmlMemory_t
+    _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
+
+
 class Nvml:
     """libnvidia-ml through ctypes, in the verifier's own (trusted) process only."""
 
@@ -200,12 +239,23 @@ class Nvml:
         if rc != 0:
             raise OSError(f"{name} returned {rc}")
 
-    def process_bytes(self, gpu_uuid: str, pids: set[int]) -> int | None:
+    def _handle(self, gpu_uuid: str) -> ctypes.c_void_p:
         uuid = gpu_uuid if gpu_uuid.startswith(("GPU-", "MIG-")) else f"GPU-{gpu_uuid}"
+        handle = ctypes.c_void_p()
+        self._call("nvmlDeviceGetHandleByUUID", uuid.encode(), ctypes.byref(handle))
+        return handle
+
+    def reading(self, gpu_uuid: str) -> tuple[int, int, list]:
+        """(free, total, per-process infos) of the GPU, in one look."""
         with self._lock:
-            handle = ctypes.c_void_p()
-            self._call("nvmlDeviceGetHandleByUUID", uuid.encode(), ctypes.byref(handle))
-            infos = self._processes(handle)
+            handle = self._handle(gpu_uuid)
+            memory = _MemoryInfo()
+            self._call("nvmlDeviceGetMemoryInfo", handle, ctypes.byref(memory))
+            return int(memory.free), int(memory.total), self._processes(handle)
+
+    def process_bytes(self, gpu_uuid: str, pids: set[int]) -> int | None:
+        with self._lock:
+            infos = self._processes(self._handle(gpu_uuid))
         held = [p.usedGpuMemory for p in infos if p.pid in pids and p.usedGpuMemory != _NOT_AVAILABLE]
         return sum(held) if held else None
 
@@ -234,3 +284,137 @@ def _nvml() -> Nvml | None:
         except OSError:
             continue
     return None
+
+
+# ------------------------------------------------------------------------------- the device watch
+
+
+@dataclass(frozen=True)
+class Overrun:
+    """A sandbox the device watch stopped: when, and the driver's figures then."""
+
+    at: float  # time.monotonic()
+    sandbox_pid: int
+    held: int
+    share: int
+    free: int
+    total: int
+
+
+class Watched:
+    """One sandbox under the device watch (`DeviceWatch.watch`); `overrun` is set if it was stopped."""
+
+    def __init__(self, session, share_bytes: int) -> None:
+        self.session = session
+        self.share = int(share_bytes)
+        self.since = time.monotonic()
+        self.overrun: Evidence | None = None
+
+
+class DeviceWatch:
+    """The driver's per-process device memory of every watched sandbox on one GPU, read every
+    WATCH_POLL_S; a sandbox that `overran` is killed and recorded (the module docstring)."""
+
+    def __init__(self, nvml: Nvml, gpu_uuid: str, poll_s: float = WATCH_POLL_S) -> None:
+        self.nvml, self.uuid, self.poll_s = nvml, gpu_uuid, poll_s
+        self._lock = threading.Lock()
+        self._watched: dict[int, Watched] = {}  # by sandbox pid
+        self._owner: dict[int, int | None] = {}  # a device-holding pid -> the watched sandbox pid above it
+        self.overruns: list[Overrun] = []
+        self._thread: threading.Thread | None = None
+
+    def watch(self, session, share_bytes: int) -> Watched:
+        entry = Watched(session, share_bytes)
+        with self._lock:
+            self._watched[session.sandbox_pid] = entry
+            self._owner.clear()  # pids seen before may belong to this sandbox now
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="kiln-device-watch", daemon=True)
+                self._thread.start()
+        return entry
+
+    def unwatch(self, entry: Watched) -> None:
+        with self._lock:
+            if self._watched.get(entry.session.sandbox_pid) is entry:
+                del self._watched[entry.session.sandbox_pid]
+            self._owner.clear()
+
+    def overruns_since(self, since: float, exclude: Watched | None = None) -> list[Overrun]:
+        """Overruns of other sandboxes at or after `since` (a run's start): a window in which any
+        out-of-memory on this GPU is the filler's doing."""
+        pid = exclude.session.sandbox_pid if exclude is not None else None
+        with self._lock:
+            return [o for o in self.overruns if o.at >= since and o.sandbox_pid != pid]
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(self.poll_s)
+            try:
+                self.look()
+            except OSError as err:  # the driver refused a query: nothing decided this round
+                log.debug("device watch: %s", err)
+
+    def look(self) -> None:
+        """One reading: every watched sandbox's bytes, and the kill of one that overran."""
+        with self._lock:
+            if not self._watched:
+                return
+        free, total, infos = self.nvml.reading(self.uuid)
+        held: dict[int, int] = {}
+        with self._lock:
+            for info in infos:
+                if info.usedGpuMemory == _NOT_AVAILABLE:
+                    continue
+                owner = self._owner.get(info.pid, -1)
+                if owner == -1:
+                    owner = self._owner[info.pid] = _watched_ancestor(info.pid, self._watched)
+                if owner is not None:
+                    held[owner] = held.get(owner, 0) + int(info.usedGpuMemory)
+            stop = [
+                (self._watched[pid], n)
+                for pid, n in held.items()
+                if pid in self._watched
+                and self._watched[pid].overrun is None
+                and overran(n, self._watched[pid].share, free)
+            ]
+            for entry, n in stop:
+                entry.overrun = Evidence(
+                    n, entry.share, "the driver's per-process figure, by the device watch", free, total
+                )
+                self.overruns.append(Overrun(time.monotonic(), entry.session.sandbox_pid, n, entry.share, free, total))
+                del self.overruns[:-MAX_OVERRUNS]
+        for entry, _ in stop:
+            entry.session.kill()
+
+
+MAX_OVERRUNS = 256  # the watch's record is bounded: the oldest go first
+
+
+def _watched_ancestor(pid: int, watched: dict[int, Watched]) -> int | None:
+    """The watched sandbox pid at or above `pid` in the process tree, or None."""
+    for _ in range(64):
+        if pid in watched:
+            return pid
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                pid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            return None
+        if pid <= 1:
+            return None
+    return None
+
+
+_WATCHES: dict[str, DeviceWatch] = {}
+_WATCHES_LOCK = threading.Lock()
+
+
+def device_watch(gpu_uuid: str) -> DeviceWatch | None:
+    """The process's watch of the GPU `gpu_uuid` (one per GPU), or None without NVML or a UUID."""
+    nvml = _nvml()
+    if nvml is None or not gpu_uuid:
+        return None
+    with _WATCHES_LOCK:
+        if gpu_uuid not in _WATCHES:
+            _WATCHES[gpu_uuid] = DeviceWatch(nvml, gpu_uuid)
+        return _WATCHES[gpu_uuid]

@@ -12,10 +12,12 @@ run (runner.py) has established the primary shapes and passed their correctness 
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import secrets
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import torch
@@ -50,6 +52,18 @@ class TimedStage:
         self.run = run
         self.child = child
 
+    @contextlib.contextmanager
+    def _phase(self, name: str) -> Iterator[None]:
+        """Seconds spent in one part of the stage, summed into the outcome's `timings["timed_<name>"]`
+        (draw, stage, trips, check, audit; an audit trip's own staging is also in stage): where a
+        verification's time goes, in every verdict."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            key = f"timed_{name}"
+            self.run.out.timings[key] = self.run.out.timings.get(key, 0.0) + time.perf_counter() - t0
+
     def measure(self) -> None:
         """Time the candidate and its baselines; the figures, or the finding that stopped them, go
         into the run's outcome."""
@@ -80,12 +94,12 @@ class TimedStage:
         )
         self.run.current_op = "the timed runs"
         budget_s = min(max(self.run.budget.left * 0.5, 1.0), 20.0)
-        with self.run.lease.shared():  # the warm-up pairs' inputs: fresh, as timed calls' are
+        with self._phase("draw"), self.run.lease.shared():  # the warm-up pairs' inputs: fresh, as timed calls' are
             warm = [self.run.ref.fresh_inputs(primary) for _ in range(max(1, min(4, most)))]
         if not self._stage(child, warm):
             return
         trip, replies = self._trips(child, expect)
-        with self.run.lease.exclusive():
+        with self._phase("trips"), self.run.lease.exclusive():
             k = timing.choose_k(trip, self.run.device_type, most, self.run.cfg.warmup)
         if not self._replies_ok(replies):
             return
@@ -97,17 +111,20 @@ class TimedStage:
         i = -1
         while timing.want_more(times, pairs, time.perf_counter() - started, budget_s):
             i += 1
-            if audits(i) and not self._audit(child, k, expect, i):
-                return
-            with self.run.lease.shared():
+            if audits(i):
+                with self._phase("audit"):
+                    if not self._audit(child, k, expect, i):
+                        return
+            with self._phase("draw"), self.run.lease.shared():
                 calls = [self.run.ref.fresh_inputs(primary) for _ in range(k)]
             run_s, null_s, spans, run_first = self._pair(child, calls, expect, i)
             if run_s is None:
                 return
             timing.record(times, run_s, null_s, spans, run_first)
             checked.append([i, k])
-            if not self._check_trip(child, i, calls):
-                return
+            with self._phase("check"):
+                if not self._check_trip(child, i, calls):
+                    return
         self.run.out.candidate_s = times.paid_s
         self.run.out.timing_runs = len(times.per_call) * k
         self.run.out.timing = {
@@ -129,10 +146,11 @@ class TimedStage:
     def _stage(self, child: ChildSession, calls: list[list]) -> bool:
         """The next trip's inputs into the arena and from there onto the sandbox's device (untimed)."""
         arena = child.arena
-        arena.reset()
-        descs = [[arena.put(x) for x in inputs] for inputs in calls]
-        with self.run.lease.shared():
-            reply = self.run.budget.ask(child, "stage", {"instance": self.run.primary_index, "calls": descs})
+        with self._phase("stage"):
+            arena.reset()
+            descs = [[arena.put(x) for x in inputs] for inputs in calls]
+            with self.run.lease.shared():
+                reply = self.run.budget.ask(child, "stage", {"instance": self.run.primary_index, "calls": descs})
         return self._replies_ok([reply])
 
     def _trips(self, child: ChildSession, expect: list, *, trace: bool = False):
@@ -184,7 +202,7 @@ class TimedStage:
         if not self._stage(child, calls):
             return None, None, None, None
         trip, replies = self._trips(child, expect)
-        with self.run.lease.exclusive(), timing.responsive_gil():
+        with self._phase("trips"), self.run.lease.exclusive(), timing.responsive_gil():
             pair = timing.time_pair(trip, len(calls), index)
         if not self._replies_ok(replies):
             return None, None, None, None

@@ -29,7 +29,7 @@ import torch
 
 from actors.verifier import families, gpumem, limits, profile, timing
 from actors.verifier.baselines import Baselines
-from actors.verifier.compare import compare_outputs
+from actors.verifier.compare import CHUNK, compare_outputs
 from actors.verifier.cubins import device_code
 from actors.verifier.devmem import DeviceMemory
 from actors.verifier.executor import Arena, ChildSession, SandboxFailure, SandboxPool
@@ -159,6 +159,7 @@ class CandidateRun:
         self.labels: dict[int, str] = {}  # trial index -> its label
         self.fingerprint_key = secrets.randbits(62)
         self.device_reserved = 0  # the device memory this run reserved (devmem.py): its sandbox's share
+        self.watched: gpumem.Watched | None = None  # its sandbox under the GPU's device watch (cuda)
 
     def run(self, source: str, source_hash: str, artifacts: dict | None, toolchain: str) -> RunOutcome:
         started = time.perf_counter()
@@ -197,6 +198,7 @@ class CandidateRun:
             )
         except ReferenceError as err:
             self.out.stage, self.out.error_class, self.out.message = "run", "infra", str(err)
+        self._judge_device_watch()
         if child is not None:
             self.out.exit = child.exit_status()
             self.out.absorb_evidence(child)
@@ -208,14 +210,40 @@ class CandidateRun:
     def _run_in(self, child: ChildSession, plan: Plan, source: str, source_hash: str, artifacts, toolchain) -> None:
         self.out.sandbox = dict(child.jail)
         self.out.timings["sandbox_wait"] = child.waited_s
+        watch = gpumem.device_watch(self.pool.gpu_uuid) if self.device_type == "cuda" else None
+        self.watched = watch.watch(child, self._device_share(plan)) if watch is not None else None
         try:
             self._execute(child, plan, source, source_hash, artifacts, toolchain)
         except (DeviceFull, torch.OutOfMemoryError) as err:  # the verifier's own work, the sandbox alive
             self._device_full(child, plan, err)
         else:
             self._own_oom(child, plan)
+        finally:
+            if watch is not None:
+                watch.unwatch(self.watched)
         self.out.inspect(child)
         self._judge_provenance(child)
+
+    def _judge_device_watch(self) -> None:
+        """The device watch's word, over whatever else the run ended with: a sandbox it stopped filled
+        the device (`runtime`); an out-of-memory while another run's sandbox overran is the machine's
+        (`infra`), however this run's own figures read afterwards (gpumem's docstring)."""
+        watched = self.watched
+        if watched is None:
+            return
+        if watched.overrun is not None:
+            self.out.violations = [v for v in self.out.violations if v.kind != "exit"]  # the watch's kill, not an exit
+            self.out.limits["device_memory"] = watched.overrun.to_json()
+            self.out.stage, self.out.error_class = "run", "runtime"
+            self.out.message = gpumem.overrun_message(watched.overrun)
+            return
+        if self.out.error_class not in ("runtime", "infra") or "out of memory" not in (self.out.message or "").lower():
+            return
+        watch = gpumem.device_watch(self.pool.gpu_uuid)
+        others = watch.overruns_since(watched.since, exclude=watched) if watch is not None else []
+        if others:
+            self.out.error_class = "infra"
+            self.out.message = f"{gpumem.crowded_out(others)} ({self.out.message[:300]})"
 
     def _baselines_first(self, plan: Plan) -> None:
         """The task's baselines, measured (once per task and shapes) before this run's sandbox exists:
@@ -274,7 +302,7 @@ class CandidateRun:
         said = self.out.message
         if self.device_type != "cuda" or self.out.error_class != "runtime" or not child.alive:
             return
-        if "CUDA out of memory" not in said and "OutOfMemoryError" not in said:
+        if "out of memory" not in said.lower() and "OutOfMemoryError" not in said:
             return
         # The run ends here either way (its error stopped it): the sandbox may be killed to measure it.
         evidence = gpumem.take(child, self.ref.device, self.pool.gpu_uuid, self._device_share(plan), may_kill=True)
@@ -617,7 +645,8 @@ class CandidateRun:
         """The outputs the sandbox placed, read as the expected dtypes and shapes (nothing else is
         read), or (None, why they cannot be). `snapshot`: copies, for outputs that are judged (the
         sandbox could rewrite the arena meanwhile); else views of the arena, for a bit-for-bit look
-        at what is there now (a rewrite then shows as the difference it is)."""
+        at what is there now (a rewrite then shows as the difference it is). On cuda a snapshot of up
+        to one comparison slice is copied straight onto the reference's device, where it is compared."""
         if not isinstance(entries, list):
             return None, "no outputs were placed"
         if len(entries) != len(expected):
@@ -625,7 +654,8 @@ class CandidateRun:
         got = []
         for i, (entry, exp) in enumerate(zip(entries, expected, strict=True)):
             name = "the output" if len(expected) == 1 else f"output {i}"
-            t = child.arena.take(entry, exp, copy=snapshot)
+            onto = self.ref.device if snapshot and self.device_type == "cuda" and exp.numel() <= CHUNK["cuda"] else None
+            t = child.arena.take(entry, exp, copy=snapshot, device=onto)
             if t is None:
                 return None, _describe_mismatch(name, entry, exp, self.device_type)
             got.append(t)

@@ -5,7 +5,8 @@ Forked from the zygote for each candidate and jailed (jail.py). Its life has two
 Before the candidate exists (ordinary Python, the only code in the process):
     hello    {}     the jail's report (the one the verdict trusts: no candidate code exists yet)
     prepare  {candidate, source, artifacts, toolchain, key, threads, arena}
-             install the candidate's prebuilt extensions, make the CUDA context, map the I/O arena,
+             install the candidate's prebuilt extensions, make the CUDA context, map the I/O arena
+             (page-locked on cuda),
              capture every callable the second half uses, and seal the process (fence.py); the
              reply says it is sealed (the last reply without a MAC: no candidate code ran yet).
 After (sealed.py: the closures of `sealed.server`, which look up nothing at run time):
@@ -57,6 +58,7 @@ import torch
 from actors.verifier import device_trace, fence, isolation, native, sealed, seccomp, timing
 from actors.verifier.build.prebuilt import install_prebuilt
 from actors.verifier.sealed_profile import profiler_parts
+from actors.verifier.tensors import page_lock
 
 _HEADER = struct.Struct("<I")
 CANDIDATE_MODULE = "kiln_candidate"
@@ -183,6 +185,8 @@ def _prepare(sock: socket.socket, evidence_fd: int, arena_fd: int, device: str, 
         torch.empty(1 << 20).fill_(1)  # start the intra-op pool now, not inside the first forward
         arena = torch.from_file(f"/proc/self/fd/{arena_fd}", shared=True, size=int(req["arena"]), dtype=torch.uint8)
         os.close(arena_fd)
+        if device == "cuda":  # staged inputs and fetched outputs then cross the bus by DMA
+            page_lock(arena)
         if req.get("artifacts") is not None:
             install_prebuilt(req["artifacts"], req["toolchain"])
         caps = _capture(sock, key, arena, device)

@@ -1,5 +1,6 @@
 """Byte-level facts about tensors that the trusted side of a run uses (runner.py, performance.py):
-their size, their dtype's wire name, bit-for-bit equality and a fingerprint."""
+their size, their dtype's wire name, bit-for-bit equality and a fingerprint; and page-locking the
+host memory both sides of a run copy through (the I/O arena)."""
 
 from __future__ import annotations
 
@@ -62,3 +63,18 @@ def fingerprint(tensors: list[torch.Tensor], key: int) -> str:
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:
     return t.detach().contiguous().reshape(-1).view(torch.uint8)
+
+
+def page_lock(t: torch.Tensor) -> bool:
+    """Register a host tensor's memory with CUDA as page-locked (cudaHostRegister), so copies between
+    it and the device go by DMA at the bus's speed. False, and nothing changed, without CUDA or where
+    the driver refuses (the memory stays pageable: copies are slower, not wrong)."""
+    if not torch.cuda.is_available() or t.device.type != "cpu" or not t.numel():
+        return False
+    cudart = torch.cuda.cudart()
+    return cudart.cudaHostRegister(t.data_ptr(), t.numel() * t.element_size(), 0) == cudart.cudaError.success
+
+
+def page_unlock(t: torch.Tensor) -> None:
+    """Undo `page_lock` (before the memory is unmapped)."""
+    torch.cuda.cudart().cudaHostUnregister(t.data_ptr())

@@ -273,6 +273,8 @@ def two_gpus(cfg: ModelConfig, bucket_mbs: list[float], pushes: int, stack: bool
         if rank == 0
         else None
     )
+    if rank == 0:
+        sender.listen()
     port = [sender.port if rank == 0 else None]
     dist.broadcast_object_list(port, src=0)
     if rank == 0:

@@ -77,11 +77,12 @@ def _rank(rank: int, world: int, port: int, out: str) -> None:
     import torch.distributed as dist
 
     from actors.learner.algorithm import Trainer
-    from actors.learner.ranks import LeaderBackend, follow, join
+    from actors.learner.ranks import LeaderBackend, follow, host_rendezvous, join
     from actors.learner.torch_backend import TorchBackend
 
     torch.set_num_threads(1)
-    channel = join(RankSpec(rank, world, f"127.0.0.1:{port}"), "cpu")
+    store = host_rendezvous("127.0.0.1", world, port) if rank == 0 else None
+    channel = join(RankSpec(rank, world, f"127.0.0.1:{port}"), "cpu", store)
     local = Trainer(TorchBackend(TINY, LEARNER), ALGO, temperature=T)
     if rank == 0:
         leader = LeaderBackend(local, channel)

@@ -324,6 +324,138 @@ def test_the_run_decides_a_device_oom_by_evidence(monkeypatch):
     assert run.out.error_class == "runtime"
 
 
+class _DriverStandIn:
+    """libnvidia-ml's calls the device watch makes, answering with figures the test sets."""
+
+    def __init__(self):
+        self.procs: list[tuple[int, int]] = []
+        self.free, self.total = 100 * GiB, 140 * GiB
+
+    def nvmlInit_v2(self):
+        return 0
+
+    def nvmlDeviceGetHandleByUUID(self, uuid_, handle):
+        return 0
+
+    def nvmlDeviceGetMemoryInfo(self, handle, memory):
+        info = ctypes.cast(memory, ctypes.POINTER(gpumem_memory_info())).contents
+        info.total, info.free, info.used = self.total, self.free, self.total - self.free
+        return 0
+
+    def nvmlDeviceGetComputeRunningProcesses_v3(self, handle, count, buf):
+        n = ctypes.cast(count, ctypes.POINTER(ctypes.c_uint))
+        if n.contents.value < len(self.procs):
+            n.contents.value = len(self.procs)
+            return 7
+        for i, (pid, used) in enumerate(self.procs):
+            buf[i].pid, buf[i].usedGpuMemory = pid, used
+        n.contents.value = len(self.procs)
+        return 0
+
+
+def gpumem_memory_info():
+    from actors.verifier import gpumem
+
+    return gpumem._MemoryInfo
+
+
+def test_the_device_watch_stops_a_sandbox_that_fills_the_device_and_spares_the_others():
+    """A sandbox whose processes (a child of it included, found up the process tree) hold more than
+    its share while the device is nearly full is killed, and its overrun recorded with the driver's
+    figures; one over its share on a device with room, and one within its share, are left alone;
+    an overrun is another run's window, not the filler's own. Reopened by: `or` for `and` in
+    gpumem.overran (a kernel over its share on an idle device would be killed: a false -1), or
+    attributing only the sandbox's own pid (a filler's child process would go unseen)."""
+    import subprocess
+    import sys
+
+    from actors.verifier import gpumem
+
+    driver = _DriverStandIn()
+    watch = gpumem.DeviceWatch(gpumem.Nvml(driver), "GPU-test", poll_s=3600)  # looks only when told
+    procs = []
+    try:
+        spawn = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])"
+        filler = subprocess.Popen([sys.executable, "-c", f"{spawn}; time.sleep(60)"])
+        procs.append(filler)
+        deadline = time.monotonic() + 10
+        while not (grandchild := _children(filler.pid)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert grandchild, "the stand-in sandbox's child did not start"
+        killed = []
+        sessions = {
+            name: SimpleNamespace(sandbox_pid=pid, kill=lambda name=name: killed.append(name))
+            for name, pid in (("filler", filler.pid), ("innocent", os.getpid()))
+        }
+        hog = watch.watch(sessions["filler"], share_bytes=3 * GiB)
+        calm = watch.watch(sessions["innocent"], share_bytes=3 * GiB)
+        # over its share with room to spare: harmless, nobody is stopped
+        driver.procs = [(grandchild[0], 10 * GiB), (os.getpid(), GiB)]
+        watch.look()
+        assert killed == [] and hog.overrun is None
+        # the device nearly full, the filler's child holding it: the filler is stopped, the other not
+        driver.procs = [(filler.pid, GiB), (grandchild[0], 130 * GiB), (os.getpid(), 2 * GiB)]
+        driver.free = 300 * MiB
+        watch.look()
+        assert killed == ["filler"] and calm.overrun is None
+        assert hog.overrun.held == 131 * GiB and hog.overrun.free == 300 * MiB
+        assert "stopped for filling the device" in gpumem.overrun_message(hog.overrun)
+        assert [o.held for o in watch.overruns_since(calm.since, exclude=calm)] == [131 * GiB]
+        assert watch.overruns_since(hog.since, exclude=hog) == []  # its own overrun is no excuse
+        watch.unwatch(hog)
+        watch.unwatch(calm)
+    finally:
+        for p in procs:
+            for c in _children(p.pid):
+                os.kill(c, 9)
+            p.kill()
+            p.wait()
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(x) for x in f.read().split()]
+    except OSError:
+        return []
+
+
+def test_an_oom_during_another_sandboxs_overrun_is_the_machines_and_the_filler_gets_its_minus_one():
+    """The run's verdict after the device watch: the stopped filler gets runtime with the driver's
+    figures (not the crash its kill caused); an innocent run whose own out-of-memory fell in the
+    filler's window gets infra; an innocent run's wrong answer stays its own. Reopened by: dropping
+    the out-of-memory condition in runner._judge_device_watch (a wrong answer in another's window
+    would get 0, not its -1), or its overrun branch (the filler's kill would read as a crash)."""
+    from actors.verifier import gpumem, runner
+
+    driver = _DriverStandIn()
+    watch = gpumem.DeviceWatch(gpumem.Nvml(driver), "GPU-judge", poll_s=3600)
+
+    def run_for(session, error_class, message):
+        run = runner.CandidateRun.__new__(runner.CandidateRun)
+        run.out = RunOutcome(stage="run", error_class=error_class, message=message)
+        run.pool = SimpleNamespace(gpu_uuid="GPU-judge")
+        run.watched = watch.watch(session, share_bytes=3 * GiB)
+        return run
+
+    filler = SimpleNamespace(sandbox_pid=os.getpid(), kill=lambda: None)
+    innocent = SimpleNamespace(sandbox_pid=os.getppid(), kill=lambda: None)
+    bystander = SimpleNamespace(sandbox_pid=1, kill=lambda: None)
+    hog = run_for(filler, "runtime", "while trial 1, the sandbox child is gone")
+    oom = run_for(innocent, "runtime", "RuntimeError: CUDA error: out of memory while a timed run")
+    wrong = run_for(bystander, "correctness", "the output: 3 of 4 elements outside tolerance")
+    driver.procs, driver.free = [(os.getpid(), 120 * GiB)], 100 * MiB
+    watch.look()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(gpumem, "device_watch", lambda uuid_: watch)
+        for run in (hog, oom, wrong):
+            run._judge_device_watch()
+    assert hog.out.error_class == "runtime" and "stopped for filling the device" in hog.out.message
+    assert hog.out.limits["device_memory"]["held_mb"] == 120 * 1024
+    assert oom.out.error_class == "infra" and "crowded this run out" in oom.out.message
+    assert wrong.out.error_class == "correctness"
+
+
 def test_the_drivers_per_process_figure_counts_only_the_sandboxs_processes():
     """NVML's per-process list, read through a stand-in for libnvidia-ml: the figure is the sum over
     the sandbox's pids, None when the driver names none of them (a PID namespace it does not see),

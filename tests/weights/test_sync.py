@@ -94,6 +94,23 @@ def test_a_dtype_no_engine_loads_is_refused():
         plan_buckets([TensorSpec(name="x", dtype="complex64", shape=[2])], 100)
 
 
+def test_the_weight_group_store_binds_its_own_port_so_no_other_process_can_take_it_first():
+    """A port picked, released and bound later could be taken in between: a restarted `kiln train`
+    died of EADDRINUSE so. Mutation: picking the port in the constructor (a bound-and-released
+    socket) makes `.port` non-zero before `listen()`."""
+    import socket
+
+    from actors.policy.weights.group import WeightBroadcaster
+
+    sender = WeightBroadcaster("127.0.0.1", 0, 2, timeout_s=5, form=False)
+    assert sender.port == 0  # nothing picked yet, so nothing to lose
+    sender.listen()
+    assert sender.port > 0
+    with socket.socket() as s, pytest.raises(OSError):  # the store holds it
+        s.bind(("127.0.0.1", sender.port))
+    sender.close()
+
+
 # ------------------------------------------------------------------------------ gloo, end to end
 
 
@@ -385,6 +402,7 @@ def test_kiln_server_stages_buckets_sent_over_http_without_pausing(tmp_path):
     named = [(n, p.detach()) for n, p in new.named_parameters()]
     halves = [named[: len(named) // 2], named[len(named) // 2 :]]
     sender = WeightBroadcaster("127.0.0.1", 0, 2, timeout_s=30, form=False)
+    sender.listen()  # binds a port the kernel picks: `sender.port` names it from here
     # the first half one tensor at a time, the second as one flat bucket (load_format flattened_bucket)
     thread = threading.Thread(
         target=lambda: (sender.form("http-group"), sender.broadcast(halves[0]), sender.broadcast_flat([halves[1]]))

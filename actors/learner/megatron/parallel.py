@@ -9,7 +9,6 @@ CP is always 1.
 from __future__ import annotations
 
 import os
-import socket
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -31,12 +30,6 @@ class Layout:
     pp_rank: int = 0
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def init_distributed(device: str | torch.device) -> torch.device:
     """Initialise torch.distributed (NCCL) once per process and bind this process to its GPU."""
     if not torch.cuda.is_available():
@@ -48,14 +41,13 @@ def init_distributed(device: str | torch.device) -> torch.device:
         device = torch.device("cuda", torch.cuda.current_device())
     torch.cuda.set_device(device)
     if not dist.is_initialized():
-        if "RANK" not in os.environ:
-            os.environ.update(
-                RANK="0",
-                WORLD_SIZE="1",
-                MASTER_ADDR="127.0.0.1",
-                MASTER_PORT=os.environ.get("MASTER_PORT", str(_free_port())),
-            )
-        dist.init_process_group("nccl", init_method="env://", timeout=timedelta(minutes=10), device_id=device)
+        timeout = timedelta(minutes=10)
+        if "RANK" in os.environ:
+            dist.init_process_group("nccl", init_method="env://", timeout=timeout, device_id=device)
+        else:
+            # A world of one: its store listens on a port the kernel picks, so nothing can take it first.
+            store = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=timeout)
+            dist.init_process_group("nccl", store=store, rank=0, world_size=1, timeout=timeout, device_id=device)
     return device
 
 

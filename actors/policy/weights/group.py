@@ -33,7 +33,6 @@ from __future__ import annotations
 import collections
 import datetime
 import math
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -62,13 +61,6 @@ def _store(master_address: str, master_port: int, rank: int, world_size: int, ti
     return dist.TCPStore(
         master_address, master_port, world_size, is_master=rank == 0, timeout=datetime.timedelta(seconds=timeout_s)
     )
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port free on `host` now (the learner names it to an engine before listening on it)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def _form(
@@ -156,8 +148,9 @@ class WeightReceiver:
 class WeightBroadcaster:
     """The learner's end (rank 0): it creates the group's store, then broadcasts buckets.
 
-    With `form=False` the constructor only picks the port (`.port`; 0 = a free one), so the learner can
-    tell the engines where to join first; `form()` then listens and waits for them: `join_timeout_s`
+    With `form=False` the constructor opens nothing; `listen()` opens the store (on `.port`, or on a port
+    the kernel picks when it is 0: `.port` names it from then on), so the learner can tell the engines
+    where to join before it waits; `form()` then waits for them: `join_timeout_s`
     for every engine to reach the store, then `timeout_s` (also each broadcast's limit) for the group.
     An engine that never comes thus costs the join timeout, not the push timeout."""
 
@@ -175,7 +168,7 @@ class WeightBroadcaster:
     ) -> None:
         if backend not in ("gloo", "nccl"):
             raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
-        self.address, self.port = master_address, master_port or free_port(master_address)
+        self.address, self.port = master_address, master_port
         self._args = (world_size, group_name, backend, timeout_s, join_timeout_s or timeout_s)
         self._store = None
         self.group = None
@@ -197,6 +190,9 @@ class WeightBroadcaster:
                 timeout=datetime.timedelta(seconds=join_timeout_s),
                 wait_for_workers=False,
             )
+            # Bound by the store itself: a port picked beforehand and released could be taken by
+            # another process before the store binds it (a restarted run died of that race).
+            self.port = self._store.port
 
     def form(self, group_name: str | None = None) -> None:
         """Listen (if not yet), wait for the engines, form the group; `group_name` overrides the
@@ -332,12 +328,12 @@ class GroupSender(Sender):
         except Exception as err:
             reply(ErrorReply(message=f"no rendezvous for a weight group: {err}"))
             raise
-        location = f"{s.advertise}:{group.port}"
         try:
             group.listen()
         except Exception as err:
             reply(ErrorReply(message=f"no rendezvous for a weight group: {err}"))
             raise
+        location = f"{s.advertise}:{group.port}"
         reply(
             WeightAnnouncement(
                 version=current.version,
