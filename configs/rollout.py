@@ -121,7 +121,8 @@ class RolloutConfig:
     )
     on_weight_update: str = F(
         "finish",
-        "A weight update mid-generation: 'finish' in-flight requests on the old weights, or 'abort' and resume them on the new",
+        "A weight update mid-generation: 'finish' in-flight requests on the old weights (new requests wait: the batch "
+        "drains before each update), or 'abort' and resume them on the new (the GPU presets: the batch stays full)",
         choices=["finish", "abort"],
     )
     verify_reply_timeout_s: float = F(

@@ -16,7 +16,8 @@ process, taken while the sandbox is still alive:
 
 A candidate that fills the device is also stopped while it does: `DeviceWatch` (one per GPU, in the
 verifier's process) reads the driver's per-process figures every WATCH_POLL_S and kills a sandbox
-that holds more than its share while the device has less than LOW_WATER_BYTES free. That is its
+that holds more than OVERRUN_FACTOR times its share while the device has less than LOW_WATER_BYTES
+free. That is its
 `runtime` (it filled the device), and it is an `Overrun` on the watch's record: an out-of-memory of
 another run on the same GPU, in a window that overlaps an overrun, is the machine's (`infra`), not
 that run's, whatever its own figures say later (the filler is gone by then, and the device free).
@@ -50,10 +51,13 @@ log = logging.getLogger(__name__)
 CONTEXT_BYTES = 2 << 30
 PARAM_COPIES = 2  # its ModelNew's parameters on the device, and the reference's copied in
 KILL_SETTLE_S = 3.0  # how long the device's free memory is watched after the sandbox is killed
-# The device watch: how often it reads the driver's figures, and how little free memory makes a
-# sandbox over its share a filler (less than a context's allowance: no other run could start).
+# The device watch: how often it reads the driver's figures; how little free memory makes a sandbox
+# far over its share a filler (less than a context's allowance: no other run could start); and how far
+# over it must be (the share is an estimate: an honest kernel a little over it on a device that is
+# full for other reasons, a colocated engine's cache, is not stopped).
 WATCH_POLL_S = 0.02
 LOW_WATER_BYTES = CONTEXT_BYTES
+OVERRUN_FACTOR = 2
 _NOT_AVAILABLE = (1 << 64) - 1  # NVML_VALUE_NOT_AVAILABLE
 
 
@@ -111,9 +115,10 @@ def trusted_oom(evidence: Evidence) -> tuple[str, str]:
 
 
 def overran(held: int, share_bytes: int, free: int) -> bool:
-    """The device watch's rule: a sandbox that holds more than its share while the device has less
-    than LOW_WATER_BYTES free is filling it (over its share with room to spare, it harms no one)."""
-    return held > share_bytes and free < LOW_WATER_BYTES
+    """The device watch's rule: a sandbox that holds more than OVERRUN_FACTOR times its share while the
+    device has less than LOW_WATER_BYTES free is filling it (over its share with room to spare, it
+    harms no one)."""
+    return held > OVERRUN_FACTOR * share_bytes and free < LOW_WATER_BYTES
 
 
 def overrun_message(evidence: Evidence) -> str:
