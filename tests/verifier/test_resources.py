@@ -23,7 +23,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from actors.verifier import limits
+from actors.verifier import gpumem, limits
 from actors.verifier.build import cache as build_cache
 from actors.verifier.build.symbols import Allowlist, check_library
 from actors.verifier.build.watch import log_tail
@@ -335,10 +335,11 @@ class _DriverStandIn:
         return 0
 
     def nvmlDeviceGetHandleByUUID(self, uuid_, handle):
+        self.asked = uuid_
         return 0
 
     def nvmlDeviceGetMemoryInfo(self, handle, memory):
-        info = ctypes.cast(memory, ctypes.POINTER(gpumem_memory_info())).contents
+        info = ctypes.cast(memory, ctypes.POINTER(gpumem._MemoryInfo)).contents
         info.total, info.free, info.used = self.total, self.free, self.total - self.free
         return 0
 
@@ -351,12 +352,6 @@ class _DriverStandIn:
             buf[i].pid, buf[i].usedGpuMemory = pid, used
         n.contents.value = len(self.procs)
         return 0
-
-
-def gpumem_memory_info():
-    from actors.verifier import gpumem
-
-    return gpumem._MemoryInfo
 
 
 def test_the_device_watch_stops_a_sandbox_that_fills_the_device_and_spares_the_others():
@@ -465,30 +460,11 @@ def test_the_drivers_per_process_figure_counts_only_the_sandboxs_processes():
     in gpumem.Nvml.process_bytes."""
     from actors.verifier import gpumem
 
-    class FakeNvml:
-        def __init__(self, procs):
-            self.procs = procs
-
-        def nvmlInit_v2(self):
-            return 0
-
-        def nvmlDeviceGetHandleByUUID(self, uuid_, handle):
-            assert uuid_ == b"GPU-abc"
-            return 0
-
-        def nvmlDeviceGetComputeRunningProcesses_v3(self, handle, count, buf):
-            n = ctypes.cast(count, ctypes.POINTER(ctypes.c_uint))
-            if n.contents.value < len(self.procs):
-                n.contents.value = len(self.procs)
-                return 7
-            for i, (pid, used) in enumerate(self.procs):
-                buf[i].pid, buf[i].usedGpuMemory = pid, used
-            n.contents.value = len(self.procs)
-            return 0
-
-    many = [(1000 + i, MiB) for i in range(100)] + [(42, 3 * GiB), (43, GiB)]
-    nvml = gpumem.Nvml(FakeNvml(many))
+    driver = _DriverStandIn()
+    driver.procs = [(1000 + i, MiB) for i in range(100)] + [(42, 3 * GiB), (43, GiB)]
+    nvml = gpumem.Nvml(driver)
     assert nvml.process_bytes("abc", {42, 43}) == 4 * GiB
+    assert driver.asked == b"GPU-abc"  # the UUID as NVML spells it
     assert nvml.process_bytes("abc", {7}) is None
 
 
