@@ -28,11 +28,12 @@ from dataclasses import dataclass
 import torch
 
 from actors.verifier import families, gpumem, limits, profile, timing
+from actors.verifier.arena import Arena
 from actors.verifier.baselines import Baselines
 from actors.verifier.compare import CHUNK, compare_outputs
 from actors.verifier.cubins import device_code
 from actors.verifier.devmem import DeviceMemory
-from actors.verifier.executor import Arena, ChildSession, SandboxFailure, SandboxPool
+from actors.verifier.executor import ChildSession, SandboxFailure, SandboxPool
 from actors.verifier.families import NORMAL, SENSITIVITY
 from actors.verifier.legality import Violation
 from actors.verifier.outcome import RunOutcome, TrialRecord, aliasing, precompute_finding

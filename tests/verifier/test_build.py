@@ -435,10 +435,10 @@ def test_a_failure_that_looks_like_the_machine_is_decided_by_a_known_good_build(
     extension fails to build right after; never from what the compiler printed."""
     deadline = time.monotonic() + 120
     died = {"ok": False, "infra": True, "unit": "builder", "message": "the build process ended without an answer"}
-    judged = service._confirm_infra(dict(died), tmp_path, deadline)
+    judged = service.extensions._confirm_infra(dict(died), tmp_path, deadline)
     assert judged["infra"] is False and "a known-good extension built" in judged["message"]
-    monkeypatch.setattr(service, "_toolchain_paths", lambda: ())  # a machine whose compiler is gone
-    judged = service._confirm_infra(dict(died), tmp_path, deadline)
+    monkeypatch.setattr(service.extensions, "_toolchain_paths", lambda: ())  # a machine whose compiler is gone
+    judged = service.extensions._confirm_infra(dict(died), tmp_path, deadline)
     assert judged["infra"] is True and "failed to build as well" in judged["message"]
 
 

@@ -63,7 +63,7 @@ def fresh(case: str) -> str:
 @pytest.fixture(scope="module")
 def verifier(verifier_cache_dir):
     v = KernelVerifier(config(verifier_cache_dir))
-    v.builds.allowlist.torch.load()  # torch's exports, read once at start-up: not part of what is measured
+    v.builds.extensions.allowlist.torch.load()  # torch's exports, read once at start-up: not part of what is measured
     yield v
     v.close()
 
