@@ -1,5 +1,5 @@
-"""Kiln configuration: the typed schema (`configs.schema`, with the rollout and verifier sections in
-`configs.rollout` and `configs.verifier`), YAML presets beside it, and the loader."""
+"""Kiln configuration: the typed schema (`configs.schema`, with the rollout, verifier and serve sections
+in `configs.rollout`, `configs.verifier` and `configs.serve`), YAML presets beside it, and the loader."""
 
 from configs.loader import ConfigError, load_config, to_dict, to_yaml
 from configs.rollout import RolloutConfig, SGLangConfig
@@ -15,6 +15,7 @@ from configs.schema import (
     WarmStartConfig,
     WeightSyncConfig,
 )
+from configs.serve import ServeConfig
 from configs.verifier import ModelledLatencyConfig, VerifierConfig
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "ReplayConfig",
     "RolloutConfig",
     "SGLangConfig",
+    "ServeConfig",
     "VerifierConfig",
     "WarmStartConfig",
     "WeightSyncConfig",

@@ -16,6 +16,7 @@ from typing import Any
 
 from configs.fields import F
 from configs.rollout import RolloutConfig
+from configs.serve import ServeConfig
 from configs.verifier import VerifierConfig
 
 
@@ -429,3 +430,4 @@ class KilnConfig:
     warm_start: WarmStartConfig = F(WarmStartConfig(), "Supervised warm start of the learner before RL")
     eval: EvalConfig = F(EvalConfig(), "Evaluation on the validation split during and after the run")
     logging: LoggingConfig = F(LoggingConfig(), "Run directory and observability")
+    serve: ServeConfig = F(ServeConfig(), "`kiln serve`: the verifier as an HTTP service")

@@ -300,11 +300,22 @@ class Baselines:
         """Whether the baselines at `config`'s shapes are measured already (cached)."""
         return self._key(ref, config) in self._cache
 
-    def forget(self) -> None:
-        """Drop every cached measurement: each is taken again when next asked for."""
+    def forget(self, new_processes: bool = False) -> None:
+        """Drop every cached measurement: each is taken again when next asked for. With
+        `new_processes` the idle baseline processes end as well, so that the next measurement is a
+        fresh process's: a launch-bound reference runs at the launch rate of the process that times
+        it, which moves between processes (a benchmark that repeats a measurement across processes,
+        as KernelBench's method is repeated, launch/bench/timing_fidelity.py)."""
         with self._guard:
             self._cache.clear()
             self.notes.clear()
+            while new_processes:
+                try:
+                    process = self._idle.get_nowait()
+                except queue.Empty:
+                    break
+                self.processes.remove(process)
+                process.close()
 
     def note(self, ref: Reference, config: ShapeConfig) -> str:
         return self.notes.get(self._key(ref, config), "")

@@ -147,7 +147,7 @@ class ChildSession:
         self.key = secrets.token_bytes(32)
         self.arena = Arena(arena_bytes)
         if pool.device_type == "cuda":
-            self.arena.pin()
+            self.arena.pin()  # on its own thread, while the sandbox starts
         self.baseline_maps: set[str] = set()
         # Provenance evidence (cpu): where the sandbox's threads ran, sampled by this process, and the
         # windows of the requests this process timed (provenance.py judges them).

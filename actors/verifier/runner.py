@@ -215,6 +215,7 @@ class CandidateRun:
         self.watched = watch.watch(child, self._device_share(plan)) if watch is not None else None
         try:
             self._execute(child, plan, source, source_hash, artifacts, toolchain)
+            self.out.timings["arena_pin"] = child.arena.pin_s  # the verifier's side, beside the sandbox's start
         except (DeviceFull, torch.OutOfMemoryError) as err:  # the verifier's own work, the sandbox alive
             self._device_full(child, plan, err)
         else:
@@ -454,6 +455,8 @@ class CandidateRun:
             )
             if reply.get("internal") or not reply.get("ok"):
                 raise SandboxFailure(f"the sandbox could not seal itself: {reply.get('error')}")
+            if isinstance(reply.get("pin_s"), float):  # its side of the arena page-locked (before any candidate code)
+                self.out.timings["sandbox_pin"] = reply["pin_s"]
             reply = self.budget.ask(child, "load", {})
         self.out.timings["import"] = time.perf_counter() - t0
         if not self.out.absorb(reply, "importing the module"):

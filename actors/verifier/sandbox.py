@@ -185,8 +185,10 @@ def _prepare(sock: socket.socket, evidence_fd: int, arena_fd: int, device: str, 
         torch.empty(1 << 20).fill_(1)  # start the intra-op pool now, not inside the first forward
         arena = torch.from_file(f"/proc/self/fd/{arena_fd}", shared=True, size=int(req["arena"]), dtype=torch.uint8)
         os.close(arena_fd)
+        pin_s = time.perf_counter()
         if device == "cuda":  # staged inputs and fetched outputs then cross the bus by DMA
             page_lock(arena)
+        pin_s = time.perf_counter() - pin_s
         if req.get("artifacts") is not None:
             install_prebuilt(req["artifacts"], req["toolchain"])
         caps = _capture(sock, key, arena, device)
@@ -209,7 +211,9 @@ def _prepare(sock: socket.socket, evidence_fd: int, arena_fd: int, device: str, 
     own = tuple(str(p) for p in (req.get("artifacts") or {}).values())  # its artifact table: all it may load
     native.arm(kn, evidence_fd, path, source, seccomp.armed_seccomp_program(), own_libraries=own)
     serve = sealed.server(caps)
-    _send(sock, {"ok": True, "nonce": req["nonce"]})  # sealed; the last unsigned reply: no candidate code ran yet
+    _send(
+        sock, {"ok": True, "nonce": req["nonce"], "pin_s": pin_s}
+    )  # sealed; the last unsigned reply: no candidate code ran yet
     return serve(code, module)
 
 

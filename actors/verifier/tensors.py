@@ -65,14 +65,16 @@ def _bytes(t: torch.Tensor) -> torch.Tensor:
     return t.detach().contiguous().reshape(-1).view(torch.uint8)
 
 
-def page_lock(t: torch.Tensor) -> bool:
+def page_lock(t: torch.Tensor, portable: bool = False) -> bool:
     """Register a host tensor's memory with CUDA as page-locked (cudaHostRegister), so copies between
-    it and the device go by DMA at the bus's speed. False, and nothing changed, without CUDA or where
-    the driver refuses (the memory stays pageable: copies are slower, not wrong)."""
+    it and the device go by DMA at the bus's speed; `portable`: for every GPU's context of the process,
+    not only the current device's. False, and nothing changed, without CUDA or where the driver
+    refuses (the memory stays pageable: copies are slower, not wrong)."""
     if not torch.cuda.is_available() or t.device.type != "cpu" or not t.numel():
         return False
     cudart = torch.cuda.cudart()
-    return cudart.cudaHostRegister(t.data_ptr(), t.numel() * t.element_size(), 0) == cudart.cudaError.success
+    flags = 1 if portable else 0  # cudaHostRegisterPortable
+    return cudart.cudaHostRegister(t.data_ptr(), t.numel() * t.element_size(), flags) == cudart.cudaError.success
 
 
 def page_unlock(t: torch.Tensor) -> None:

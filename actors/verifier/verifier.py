@@ -444,11 +444,12 @@ class KernelVerifier(RewardActor):
             cached=False,
         )
 
-    def forget_baselines(self) -> None:
-        """Measure every task's baselines again on its next request (a benchmark that compares the
-        baselines it measured under load with quiet ones; timing_fidelity.py)."""
+    def forget_baselines(self, new_processes: bool = False) -> None:
+        """Measure every task's baselines again on its next request, in fresh baseline processes if
+        `new_processes` (a benchmark that compares the baselines it measured under load with quiet
+        ones, and repeats them across processes; timing_fidelity.py)."""
         for lane in self.lanes.all:
-            lane.baselines.forget()
+            lane.baselines.forget(new_processes)
 
     def close(self) -> None:
         self.lanes.close()

@@ -46,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from launch.bench.bench import add_bench_parser
     from launch.driver.train import add_train_parser
+    from launch.serve.cli import add_serve_parser
     from launch.stages.ablate.cli import add_ablate_parser
     from launch.stages.eval.cli import add_eval_parser
     from launch.stages.export import add_export_parser
@@ -63,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_rft_parser(sub)
     add_sft_parser(sub)
     add_ablate_parser(sub)
+    add_serve_parser(sub)
     return parser
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from launch.config_args import load_for_backend
 from launch.driver.checks import verify_problem
-from protocols import Task, VerifyRequest, VerifyResult
+from protocols import Task, VerifyRequest, VerifyResult, verdict_json
 
 BACKENDS = ("cpu", "cuda")
 
@@ -136,21 +136,7 @@ def _run(verifier, jobs: list[tuple[Task, str | None]], parallel: int):
 
 
 def result_json(r: VerifyResult) -> dict:
-    return {
-        "passed": r.passed,
-        "stage": r.stage,
-        "error_class": r.error_class,
-        "q": r.q,
-        "score": r.score,
-        "speedup_eager": r.speedup_eager,
-        "speedup_compile": r.speedup_compile,
-        "feedback": r.feedback,
-        "task_id": r.task_id,
-        "source_hash": r.source_hash,
-        "cached": r.cached,
-        "timings": r.timings,
-        "diagnostics": r.diagnostics,
-    }
+    return verdict_json.to_json(r)
 
 
 def _text(r: VerifyResult) -> str:

@@ -115,6 +115,7 @@ def test_every_field_has_a_comment():
         "warm_start",
         "eval",
         "logging",
+        "serve",
     }
 
 

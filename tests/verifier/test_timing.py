@@ -347,6 +347,14 @@ def test_baselines_are_timed_in_a_process_of_their_own(verifier, relu_task):
     assert procs and all(p.poll() is None and p.pid != os.getpid() for p in procs)
     assert not any("verifier's process" in n for n in lane.baselines.notes.values()), lane.baselines.notes
     assert r.diagnostics["timing"]["eager"]["calls"] >= 3 * r.diagnostics["timing"]["eager"]["calls_per_trip"]
+    # Forgotten with new processes (timing_fidelity repeats the measurement across processes, as the
+    # launch rate it reads is a process's): the idle ones end, and the next baseline is a new one's.
+    verifier.forget_baselines(new_processes=True)
+    assert all(p.poll() is not None for p in procs)
+    again = verify(verifier, relu_task, fresh("control_correct"))
+    assert again.passed, again.feedback
+    pids = {p.proc.pid for p in lane.baselines.processes if p.proc is not None}
+    assert pids and not pids & {p.pid for p in procs}, pids
 
 
 def test_a_disturbed_baseline_measurement_is_taken_again():

@@ -24,7 +24,9 @@ def test_the_reference_method_imports_nothing_of_the_verifier():
 
 def test_cpu_mode_on_two_kernels(tmp_path, capsys):
     out = tmp_path / "fidelity.json"
-    rc = timing_fidelity.main(["--backend", "cpu", "--kernels", timing_fidelity.CI_KERNELS, "--json", str(out)])
+    rc = timing_fidelity.main(
+        ["--backend", "cpu", "--kernels", timing_fidelity.CI_KERNELS, "--repeats", "2", "--json", str(out)]
+    )
     printed = capsys.readouterr().out
     assert rc == 0, printed
     rows = json.loads(out.read_text())["rows"]
@@ -32,10 +34,14 @@ def test_cpu_mode_on_two_kernels(tmp_path, capsys):
     for r in rows:
         assert r["kiln"]["passed"], r
         assert math.isfinite(r["ratio"]) and r["ratio"] > 0, r
-        assert len(r["reference"]["speedups"]) == 3
-        # the eager baseline measured twice: beside the first pass's compiles, then again quietly
+        # each method repeated: the reference in a fresh process each time, Kiln with fresh baseline
+        # processes (two measurements of one process would agree more closely than this)
+        assert len(r["reference"]["speedups"]) == 2 and len(r["kiln"]["eager_s"]) == 2, r
+        lo, hi = r["kiln_spread"]
+        assert lo <= r["kiln_speedup"] <= hi, r
+        # the eager baseline measured beside the first pass's compiles, then again quietly, each time new
         loaded, quiet = r["kiln"]["eager_loaded_s"], r["kiln"]["eager_s"]
-        assert loaded > 0 and quiet > 0 and loaded != quiet, r["kiln"]
+        assert loaded > 0 and min(quiet) > 0 and loaded not in quiet and quiet[0] != quiet[1], r["kiln"]
     assert "kernels within ±20%" in printed and "eager loaded/quiet" in printed
 
 

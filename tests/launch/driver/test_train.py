@@ -13,6 +13,7 @@ import statistics
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 from configs import load_config
@@ -101,16 +102,28 @@ def test_killing_a_rollout_of_two_and_the_learner_mid_run_loses_nothing_and_keep
     # Each Ray actor logs into RUN_DIR/logs/NAME.log; a standby appends to the file of the one it replaced.
     assert (run.path / "logs" / "learner.log").read_text().count("serving version") == 2
     assert (run.path / "logs" / "rollout-1.log").read_text().count("joined the learner's weights") >= 2
-    # The driver sees each death at once (the actor's pending vigil call fails) and acts on each step as
-    # it arrives, so each kill lands right after a step; the dead rollout's groups go to the survivor
-    # (replay's admission shares no longer count it), and a standby takes over: the learner's restores
-    # the checkpoint of the step the driver saw, at that step's version, and the engines rejoin it
-    # without holding its first step (their groups form outside the weight lock). Until the standby
-    # joins, one rollout actor generates for two: that step read 1.07-1.32 intervals in three runs on
-    # this 2-core machine and 1.67 once in CI (session 22), hence 2.0 here. A cold restart (4-12 s) or
-    # a group left to time out would take many intervals; the standbys and the absence of infra are
-    # asserted above.
-    assert_next_step_on_time(times, killed, limit=2.0)
+    # The driver sees each death at once (the actor's pending vigil call fails): the dead rollout's
+    # groups go back to replay at that moment (replay logs each as expired; at group_timeout_s = 3600 s
+    # none would expire in this run without the release), and its share to the survivor. (Without
+    # `Session._release_groups` the dead one's groups hold the admission window: the run stalls.)
+    released = expiries(run.path / "logs" / "replay.log")
+    assert released and all(0 <= t - killed["rollout-0"] < 10 for t in released), (released, killed)
+    # A standby takes over (asserted above): the learner's restores the checkpoint of the step the
+    # driver saw, and the engines rejoin it without holding its first step (their groups form outside
+    # the weight lock). Until the standby joins, one rollout actor generates for two. Alone on this
+    # 2-core machine the step after each kill read 1.05-1.32 median intervals (sessions 22-32); in CI,
+    # beside the other xdist worker's tests and the replacement standby being prepared, 1.67, 2.38 and
+    # 3.47. The bound is there to catch a stall: a cold restart (4-12 s) reads 8-24 intervals, and an
+    # engine that held the new learner's first step until its join timed out (30 s), more. The takeover's own
+    # pace is a benchmark figure (`kiln bench --kill`, docs/BENCHMARKS.md), and the in-process test
+    # below, with fewer processes to share two cores, holds it to 1.5.
+    assert_next_step_on_time(times, killed, limit=4.0)
+
+
+def expiries(replay_log: Path) -> list[float]:
+    """When replay expired a group (its log's local-time stamps, as epoch seconds)."""
+    stamps = [line[:23] for line in replay_log.read_text().splitlines() if "expired with" in line]
+    return [datetime.strptime(s, "%Y-%m-%d %H:%M:%S.%f").timestamp() for s in stamps]
 
 
 def test_a_two_rank_learner_trains_and_restarts_as_a_group_when_a_rank_dies(tmp_path, ray_session):

@@ -1,0 +1,39 @@
+"""A reward actor for the service's tests: it answers in the time the candidate asks for
+("sleep 1.5"), passes "pass" and fails anything else, and puts a host detail in its diagnostics (what
+a remote client must not see). Closing it (its actor stopped) ends every call it holds at once."""
+
+from __future__ import annotations
+
+import threading
+
+from actors.verifier.interface import RewardActor
+from protocols import VerifyRequest, VerifyResult
+
+
+class PacedReward(RewardActor):
+    def __init__(self, cfg, **args) -> None:
+        self.closed = threading.Event()
+
+    def verify(self, request: VerifyRequest) -> VerifyResult:
+        words = request.candidate.split()
+        if words[:1] == ["sleep"] and self.closed.wait(float(words[1])):
+            raise RuntimeError("the verifier stopped under this call")
+        passed = "pass" in words
+        return VerifyResult(
+            request_id=request.request_id,
+            task_id=request.task.task_id,
+            passed=passed,
+            stage="done" if passed else "correctness",
+            error_class=None if passed else "correctness",
+            q=1.0 if passed else 0.0,
+            score=1.0 if passed else -1.0,
+            feedback="ok" if passed else "wrong",
+            diagnostics={
+                "toolchain": "g++-12|secret-flags",
+                "sandbox": {"limits": {"machine_mb": 24000, "memory_mb": 512}},
+            },
+            timings={"total": 0.01},
+        )
+
+    def close(self) -> None:
+        self.closed.set()

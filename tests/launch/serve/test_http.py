@@ -1,0 +1,260 @@
+"""`kiln serve` over real HTTP (launch/serve): every endpoint, the token rule, the limits,
+backpressure, deadlines, KernelGYM's shapes, a verifier stopped mid-request, and bad input answered
+in one line while the server keeps serving. The verifiers here run a paced stand-in reward actor
+(paced.py) in real VerifierActors, so a test can hold a job for as long as it needs; the kernel
+verifier behind the same server is test_cli.py's."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+import urllib.request
+
+import pytest
+
+from configs import load_config
+from launch.serve.cli import start
+from protocols.verifier_client import AsyncVerifierClient, ServiceError, ServiceTimeout, VerifierClient
+
+TOKENS = {"alice": "alice-token-0123456789", "bob": "bob-token-9876543210xx"}
+REFERENCE = "import torch\nclass Model(torch.nn.Module):\n    def forward(self, x):\n        return x\n"
+
+
+def _config(tmp_path, *overrides: str):
+    tokens = tmp_path / "tokens"
+    tokens.write_text("# name token\n" + "".join(f"{n} {t}\n" for n, t in TOKENS.items()))
+    return load_config(
+        None,
+        [
+            "verifier.reward_actor=tests.launch.serve.paced.PacedReward",
+            "verifier.max_concurrent_requests=1",
+            "serve.port=0",
+            f"serve.token_file={tokens}",
+            "serve.verifiers=2",
+            "serve.queue_capacity=4",
+            "serve.client_share=3",
+            "serve.batch_max=3",
+            "serve.max_body_bytes=65536",
+            "serve.max_source_chars=2000",
+            "serve.retry_after_s=1",
+            *overrides,
+        ],
+    )
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    running = start(_config(tmp_path_factory.mktemp("serve")))
+    yield running
+    running.stop()
+
+
+def raw(server, method: str, path: str, body: bytes | None = None, token: str | None = TOKENS["alice"]):
+    """(status, headers, JSON or text) of one real HTTP exchange."""
+    headers = {"Content-Type": "application/json"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    req = urllib.request.Request(server.url + path, data=body, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            status, head, text = resp.status, resp.headers, resp.read().decode()
+    except urllib.error.HTTPError as err:
+        status, head, text = err.code, err.headers, err.read().decode()
+    try:
+        return status, head, json.loads(text)
+    except json.JSONDecodeError:
+        return status, head, text
+
+
+def post(server, path: str, body, token=TOKENS["alice"]):
+    return raw(server, "POST", path, json.dumps(body).encode(), token)
+
+
+def test_a_verdict_over_http_in_the_versioned_schema_with_host_details_redacted(server):
+    client = VerifierClient(server.url, TOKENS["alice"])
+    r = client.verify("pass", reference=REFERENCE)
+    assert (r.passed, r.score, r.stage, r.feedback) == (True, 1.0, "done", "ok")
+    assert r.task_id.startswith("inline/")
+    status, _, body = post(server, "/v1/verify", {"candidate": "wrong", "reference": REFERENCE})
+    assert status == 200 and body["status"] == "done"
+    verdict = body["verdict"]
+    assert verdict["schema"] == 1 and verdict["error_class"] == "correctness" and verdict["score"] == -1.0
+    # Mutation: to_json(..., remote=False) in app._job_json -> the toolchain and the machine's memory leak.
+    assert "toolchain" not in verdict["diagnostics"]
+    assert verdict["diagnostics"]["sandbox"]["limits"] == {"memory_mb": 512}
+    assert "secret-flags" not in json.dumps(body)
+
+
+def test_a_task_of_the_served_set_by_id_and_an_unknown_one(server):
+    r = VerifierClient(server.url, TOKENS["alice"]).verify("pass", task_id="level1/01_relu")
+    assert r.task_id == "level1/01_relu" and r.passed
+    status, _, body = post(server, "/v1/verify", {"candidate": "pass", "task_id": "level9/none"})
+    assert status == 404 and "unknown task_id 'level9/none'" in body["error"]
+
+
+def test_the_token_rule(server):
+    status, _, body = post(server, "/v1/verify", {"candidate": "pass", "reference": REFERENCE}, token=None)
+    assert status == 401 and "token is required" in body["error"]
+    status, _, _ = post(server, "/v1/verify", {"candidate": "pass", "reference": REFERENCE}, token="not-a-token-at-all")
+    assert status == 401
+    assert raw(server, "GET", "/metrics", token=None)[0] == 401
+    status, _, health = raw(server, "GET", "/health", token=None)  # open: a load balancer probes it
+    assert status == 200 and health["status"] == "healthy" and health["verifiers"] == 2
+
+
+def test_a_batch_is_bounded_and_answered_in_order(server):
+    client = VerifierClient(server.url, TOKENS["alice"])
+    got = client.verify_batch(
+        [{"candidate": "pass", "reference": REFERENCE}, {"candidate": "no", "reference": REFERENCE}]
+    )
+    assert [r.passed for r in got] == [True, False]
+    status, _, body = post(
+        server, "/v1/verify/batch", {"requests": [{"candidate": "pass", "reference": REFERENCE}] * 4}
+    )
+    assert status == 413 and "at most 3 requests, not 4" in body["error"]
+    status, _, body = post(
+        server, "/v1/verify/batch", {"requests": [{"candidate": "pass", "reference": REFERENCE}, {"candidate": 3}]}
+    )
+    assert status == 400 and body["error"].startswith("requests[1]: ")
+
+
+def test_submit_then_poll_and_another_clients_job_is_unknown(server):
+    alice, bob = VerifierClient(server.url, TOKENS["alice"]), VerifierClient(server.url, TOKENS["bob"])
+    job_id = alice.submit("sleep 0.5 pass", reference=REFERENCE)
+    assert alice.result(job_id) is None  # still running
+    with pytest.raises(ServiceError) as err:
+        bob.result(job_id)
+    assert err.value.status == 404
+    r = alice.result(job_id, wait_s=10, poll_s=0.1)
+    assert r is not None and r.passed
+
+
+def test_a_deadline_answers_in_one_line_and_cancels_the_wait(server):
+    client = VerifierClient(server.url, TOKENS["bob"])
+    started = time.monotonic()
+    with pytest.raises(ServiceTimeout, match="deadline passed"):
+        client.verify("sleep 3 pass", reference=REFERENCE, deadline_s=0.5)
+    assert time.monotonic() - started < 2.5
+    status, _, body = post(
+        server, "/v1/verify", {"candidate": "pass", "reference": REFERENCE, "deadline_s": -1}, token=TOKENS["bob"]
+    )
+    assert status == 400 and "deadline_s must be a number" in body["error"]
+    time.sleep(2.6)  # the slow verdict ends before the next test counts workers
+
+
+def test_backpressure_is_a_429_with_retry_after(server):
+    # Two verifiers hold two jobs; the queue takes 4 more, alice's share 3 of them.
+    alice = VerifierClient(server.url, TOKENS["alice"], busy_retries=0)
+    bob = VerifierClient(server.url, TOKENS["bob"], busy_retries=0)
+    held = [alice.submit("sleep 1.5 pass", reference=REFERENCE) for _ in range(2)]
+    time.sleep(0.3)  # both running now
+    queued = [alice.submit("pass", reference=REFERENCE) for _ in range(3)]
+    status, head, body = post(server, "/v1/jobs", {"candidate": "pass", "reference": REFERENCE})
+    assert status == 429 and head["Retry-After"] == "1" and "retry after 1 s" in body["error"]
+    queued.append(bob.submit("pass", reference=REFERENCE))  # bob still has room: his share is his own
+    status, _, _ = post(server, "/v1/jobs", {"candidate": "pass", "reference": REFERENCE}, token=TOKENS["bob"])
+    assert status == 429  # now the whole queue is full
+    # A client that waits as Retry-After says gets in.
+    patient = VerifierClient(server.url, TOKENS["bob"], busy_retries=5)
+    assert patient.verify("pass", reference=REFERENCE).passed
+    for job_id in held + queued[:3]:
+        assert alice.result(job_id, wait_s=15, poll_s=0.1).passed
+    text = raw(server, "GET", "/metrics")[2]
+    assert "kiln_serve_queue_depth 0" in text and 'kiln_serve_verdicts_total{verdict="pass"}' in text
+    assert "kiln_serve_latency_seconds_count" in text
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "words"),
+    [
+        (b"{not json", 400, "not JSON"),
+        (b"[1, 2]", 400, "a JSON object"),
+        (json.dumps({"candidate": "pass"}).encode(), 400, "give the reference"),
+        (json.dumps({"candidate": 7, "reference": REFERENCE}).encode(), 400, "candidate is required"),
+        (json.dumps({"candidate": "x" * 2001, "reference": REFERENCE}).encode(), 413, "max_source_chars"),
+        (b'{"candidate": "' + b"x" * 70000 + b'"}', 413, "max_body_bytes"),
+        (
+            json.dumps({"candidate": "pass", "reference": REFERENCE, "task_id": "level1/01_relu"}).encode(),
+            400,
+            "one of them",
+        ),
+    ],
+)
+def test_bad_input_is_one_line_and_the_server_keeps_serving(server, body, status, words):
+    got, _, answer = raw(server, "POST", "/v1/verify", body)
+    assert got == status and isinstance(answer, dict) and words in answer["error"], answer
+    assert "\n" not in answer["error"] and "Traceback" not in answer["error"]
+    assert raw(server, "GET", "/health")[0] == 200
+
+
+def test_kernelgym_shaped_calls(server):
+    req = {
+        "task_id": "kg-1",
+        "reference_code": REFERENCE,
+        "kernel_code": "pass",
+        "backend": "cuda",
+        "num_perf_trials": 50,
+        "timeout": 60,
+    }
+    status, _, body = post(server, "/evaluate", req)
+    assert status == 200
+    assert (body["task_id"], body["status"], body["compiled"], body["correctness"], body["decoy_kernel"]) == (
+        "kg-1",
+        "completed",
+        True,
+        True,
+        False,
+    )
+    assert body["metadata"]["requested"]["num_perf_trials"] == 50  # accepted and reported, Kiln's protocol decides
+    assert post(server, "/status/kg-1", None)[0] == 405
+    assert raw(server, "GET", "/status/kg-1")[2] == {"task_id": "kg-1", "status": "completed"}
+    assert raw(server, "GET", "/results/kg-1")[2]["correctness"] is True
+    assert raw(server, "GET", "/results/kg-1", token=TOKENS["bob"])[0] == 404
+    wrong = {**req, "task_id": "kg-2", "kernel_code": "wrong answer"}
+    batch = post(server, "/evaluate/batch", {"batch_id": "b", "tasks": [dict(req, task_id="kg-3"), wrong]})[2]
+    assert (batch["total_tasks"], batch["completed_tasks"], batch["failed_tasks"]) == (2, 2, 0)
+    assert [r["error_code"] for r in batch["results"]] == [None, "CORRECTNESS_ERROR"]
+    status, _, body = post(server, "/evaluate", {**req, "task_id": "kg-4", "backend": "triton"})
+    assert status == 400 and "Triton" in body["error"]
+    status, _, body = post(server, "/evaluate/batch", {"batch_id": "b", "tasks": [req] * 101})
+    assert status == 413
+    status, _, body = post(server, "/evaluate", {**req, "num_warmup": "three"})
+    assert status == 400 and "num_warmup has the wrong type" in body["error"]
+
+
+def test_the_asyncio_client(server):
+    async def main():
+        client = AsyncVerifierClient(server.url, TOKENS["bob"])
+        try:
+            got = await asyncio.gather(*(client.verify("pass", reference=REFERENCE) for _ in range(3)))
+            job_id = await client.submit("no", reference=REFERENCE)
+            late = await client.result(job_id, wait_s=10, poll_s=0.05)
+            return got, late
+        finally:
+            await client.close()
+
+    got, late = asyncio.run(main())
+    assert [r.passed for r in got] == [True] * 3 and late.error_class == "correctness"
+
+
+def test_a_verifier_stopped_mid_request_loses_nothing(tmp_path):
+    # Its own server: it stops one of its two verifiers. The job it held is retried once, on the other.
+    running = start(_config(tmp_path))
+    try:
+        client = VerifierClient(running.url, TOKENS["alice"])
+        out = {}
+        waiter = threading.Thread(target=lambda: out.update(r=client.verify("sleep 2 pass", reference=REFERENCE)))
+        waiter.start()
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and not any(running.verifiers._held):
+            time.sleep(0.02)
+        holder = running.verifiers._held.index(1)
+        running.verifiers.stop(holder)
+        waiter.join(timeout=15)
+        assert out["r"].passed  # answered by the other verifier
+        assert "kiln_serve_retried_total 1" in raw(running, "GET", "/metrics")[2]
+        assert raw(running, "GET", "/health")[2]["verifiers"] == 1
+    finally:
+        running.stop()
