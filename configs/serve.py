@@ -18,7 +18,13 @@ class ServeConfig:
         "File of client tokens, one 'name token' pair a line ('#' comments): a request carries "
         "'Authorization: Bearer <token>', and its name is the client fair queueing serves in turn",
     )
-    verifiers: int = F(1, "Verifier actors behind the service, in this process (each with its own sandboxes)", ge=1)
+    pool: str = F(
+        "process",
+        "Where the verifiers run: 'process' = in the service's process; 'ray' = as Ray actors on the cluster "
+        "(cluster.address, or a local Ray), one GPU each on cuda, a dead one replaced",
+        choices=["process", "ray"],
+    )
+    verifiers: int = F(1, "Verifier actors behind the service (each with its own sandboxes)", ge=1)
     tasks: str = F("tasks", "Task directory whose task ids a request may name instead of sending its reference")
     queue_capacity: int = F(256, "Jobs waiting for a verifier, all clients together; beyond it: 429", ge=1)
     client_share: int = F(64, "Jobs one client may have waiting; beyond it that client gets 429", ge=1)

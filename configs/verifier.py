@@ -55,6 +55,10 @@ class VerifierConfig:
         {}, "Keyword arguments of the reward actor's constructor: cls(cfg: VerifierConfig, **reward_actor_args)"
     )
     num_actors: int = F(1, "Verifier actors (one per GPU for cuda)", ge=1)
+    remote: str = F(
+        "",
+        "URL of a verifier service (`kiln serve`) that verifies the run's attempts instead of verifier actors of its own (none start); its token from the KILN_SERVE_TOKEN environment variable, its backend must be verifier.backend",
+    )
     compile_workers: int = F(
         0,
         "Parallel compile processes per verifier actor; 0 = the node's cores (those the verifier's process may use) divided by the verifier actors of the run, at least 1 (verifiers spread over several nodes: set it per node's cores ÷ verifiers there)",

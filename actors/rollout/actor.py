@@ -62,6 +62,7 @@ from actors.rollout.evaluation import (
 )
 from actors.rollout.forced import CandidatePool
 from actors.rollout.health import RolloutHealth, WeightSyncHealth
+from actors.rollout.remote_verifier import RemoteVerifier
 from actors.rollout.reporting import Reporter, group_report
 from actors.rollout.turns import TurnPolicy, TurnRules
 from actors.rollout.verify_pool import VerifierPool
@@ -117,10 +118,13 @@ class RolloutActor(Actor):
         follow_learner: bool = True,
         send_episodes: bool = False,
         episode_log: bool = False,
+        remote_verifier: str = "",
     ) -> None:
         """`send_episodes` sends each group's episodes to the driver (its readable dumps);
-        `episode_log` appends every episode to RUN_DIR/episodes_log/<name>.kiln (rollout-only mode)."""
+        `episode_log` appends every episode to RUN_DIR/episodes_log/<name>.kiln (rollout-only mode);
+        `remote_verifier`: the URL of a verifier service that verifies the attempts (verifier.remote)."""
         super().__init__(ctx)
+        self.remote_verifier = remote_verifier
         self.cfg, self.model_cfg, self.eval_cfg, self.ctx = rollout, model, evaluation, ctx
         self.actor_id, self.index = ctx.name or f"rollout-{ctx.rank}", ctx.rank
         self.incarnation = uuid.uuid4().hex[:12]  # this process: its replacement asks under the same actor id
@@ -331,7 +335,14 @@ class RolloutActor(Actor):
             decode_forced=self.cfg.bench.decode_forced,
         )
 
-    def _verifier_pool(self) -> VerifierPool:
+    def _verifier_pool(self) -> VerifierPool | RemoteVerifier:
+        if self.remote_verifier:  # verifier.remote: a verifier service answers instead of the run's actors
+            return RemoteVerifier(
+                self.remote_verifier,
+                timeout_s=self.cfg.verify_reply_timeout_s,
+                retries=self.cfg.verify_retries,
+                stats=self.verify_stats,
+            )
         return VerifierPool(
             self.ctx.registry.pool_resolver("verifier", "verifier"),
             timeout_s=self.cfg.verify_reply_timeout_s,

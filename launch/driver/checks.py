@@ -196,6 +196,36 @@ def check_reward_actor(verifier: VerifierConfig, *, dry_run: bool = False) -> li
     return []
 
 
+def check_remote_verifier(verifier: VerifierConfig, *, dry_run: bool = False) -> list[Finding]:
+    """The verifier service of `verifier.remote` answers its health check with a verifier serving,
+    and verifies for the run's backend (a run's cuda tasks judged on a cpu service would be wrong)."""
+    from protocols.verifier_client import ServiceError, VerifierClient
+
+    try:
+        health = VerifierClient(verifier.remote, timeout_s=10.0).health()
+    except ServiceError as err:
+        level = "warning" if dry_run else "error"
+        return [Finding(level, f"verifier.remote={verifier.remote}: {err.message}")]
+    if health.get("status") != "healthy":
+        return [Finding("error", f"verifier.remote={verifier.remote}: the service has no verifier serving")]
+    if health.get("backend") != verifier.backend:
+        return [
+            Finding(
+                "error",
+                f"verifier.remote={verifier.remote} verifies on {health.get('backend')!r}, the run's "
+                f"verifier.backend is {verifier.backend!r}",
+            )
+        ]
+    return []
+
+
+def check_verifier(verifier: VerifierConfig, *, dry_run: bool = False) -> list[Finding]:
+    """The run's verifier: the remote service, or the reward actor its own verifier actors build."""
+    if verifier.remote:
+        return check_remote_verifier(verifier, dry_run=dry_run)
+    return check_reward_actor(verifier, dry_run=dry_run)
+
+
 def check_run_root(logging_cfg: LoggingConfig) -> list[Finding]:
     """Run directories can be created under `logging.root` (probed with a temporary directory in the
     root, or in its nearest existing parent; nothing is left behind)."""
@@ -240,7 +270,7 @@ Component = tuple[str, str, Callable[..., list[Finding]], tuple]
 def components(cfg: KilnConfig) -> list[Component]:
     return [
         ("replay", "replay", check_tasks, (cfg.replay, cfg.verifier.backend, cfg.model, cfg.rollout)),
-        ("verifier-0", "verifier", check_reward_actor, (cfg.verifier,)),
+        ("verifier-0", "verifier", check_verifier, (cfg.verifier,)),
         ("learner", "learner", check_model, (cfg.model,)),
         ("rollout-0", "rollout", check_model, (cfg.model,)),
     ]
@@ -255,7 +285,7 @@ def local_checks(cfg: KilnConfig, *, dry_run: bool, with_components: bool = True
         findings += check_tasks(
             cfg.replay, cfg.verifier.backend, cfg.model if not errors(findings) else None, cfg.rollout
         )
-        findings += check_reward_actor(cfg.verifier, dry_run=dry_run)
+        findings += check_verifier(cfg.verifier, dry_run=dry_run)
     return findings
 
 

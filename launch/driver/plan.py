@@ -271,6 +271,13 @@ def _check_engines(cfg: KilnConfig, shape: ModelShape) -> int:
 
 def _check_verifier(cfg: KilnConfig) -> None:
     c = cfg.cluster
+    if cfg.verifier.remote:  # a verifier service verifies: the run places no verifier of its own
+        if c.verifier_gpus:
+            raise PlanError(
+                f"verifier.remote={cfg.verifier.remote}: the run starts no verifier actor; set "
+                f"cluster.verifier_gpus=0 (it is {c.verifier_gpus})"
+            )
+        return
     if cfg.verifier.backend == "cpu":
         if c.verifier_gpus:
             raise PlanError(
@@ -324,7 +331,7 @@ def _assign_gpus(cfg: KilnConfig, layout: str, engine_gpus: int, external: bool)
 def _verifier_gpus(cfg, layout, learner_ids, engine_ids, verifier_ids) -> list[int | None]:
     """The GPU of each verifier actor: round-robin over dedicated GPUs, else over the engines' GPUs,
     else over the learner's."""
-    n = cfg.verifier.num_actors
+    n = 0 if cfg.verifier.remote else cfg.verifier.num_actors
     if cfg.verifier.backend == "cpu" or layout == "cpu":
         return [None] * n
     pool = verifier_ids or sorted({g for ids in engine_ids for g in ids}) or learner_ids

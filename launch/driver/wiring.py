@@ -43,6 +43,9 @@ def offline_replay_spec(cfg: KilnConfig, episodes: Path) -> ActorSpec:
 
 
 def verifier_specs(cfg: KilnConfig, placement: PlacementPlan) -> list[ActorSpec]:
+    """The run's verifier actors: none when a verifier service verifies its attempts (verifier.remote)."""
+    if cfg.verifier.remote:
+        return []
     return [
         ActorSpec(
             name=f"verifier-{i}",
@@ -96,6 +99,7 @@ def rollout_specs(
         "follow_learner": follow_learner,
         "send_episodes": cfg.logging.episodes_per_step > 0,
         "episode_log": episode_log,
+        "remote_verifier": cfg.verifier.remote,
     }
     slots = [actor_slot(placement, "rollout", i) for i in range(cfg.rollout.num_actors)]
     return [

@@ -264,6 +264,7 @@ async def health(request: web.Request) -> web.Response:
     return web.json_response(
         {
             "status": "healthy" if live else "unhealthy",
+            "backend": service.backend,
             "verifiers": live,
             "queued": snap["queued"],
             "running": snap["running"],

@@ -86,6 +86,12 @@ def start(cfg: KilnConfig, verifiers_factory: Callable | None = None) -> Running
 
     tokens = Tokens(cfg.serve.host, cfg.serve.token_file)  # the token rule, before anything starts
     tasks = _task_set(cfg)
+    if verifiers_factory is None and cfg.serve.pool == "ray":
+        from launch.driver.cluster import start_ray
+        from launch.serve.verifiers import RayVerifiers
+
+        start_ray(cfg.cluster)
+        verifiers_factory = RayVerifiers
     verifiers = (verifiers_factory or InProcessVerifiers)(cfg.verifier, cfg.serve.verifiers)
     dispatcher = Dispatcher(
         FairQueue(cfg.serve.queue_capacity, cfg.serve.client_share), verifiers, keep_s=cfg.serve.keep_results_s
@@ -118,7 +124,7 @@ def start(cfg: KilnConfig, verifiers_factory: Callable | None = None) -> Running
         raise OSError(f"cannot listen on {cfg.serve.host}:{cfg.serve.port}: {err}")
     host = f"[{cfg.serve.host}]" if ":" in cfg.serve.host else cfg.serve.host
     summary = (
-        f"{cfg.serve.verifiers} verifier(s) on {cfg.verifier.backend}, {len(tasks)} task(s) by id, "
+        f"{cfg.serve.verifiers} verifier(s) on {cfg.verifier.backend} ({cfg.serve.pool}), {len(tasks)} task(s) by id, "
         f"{'tokens from ' + cfg.serve.token_file if cfg.serve.token_file else 'no token: loopback only'}"
     )
     return Running(service, verifiers, f"http://{host}:{ready['port']}", loop, runner, thread, summary)

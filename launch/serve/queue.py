@@ -132,7 +132,7 @@ class FairQueue:
                     del self._fifos[job.client]
                     self._turn.remove(job.client)
             job.state, job.finished = JobState.EXPIRED, now
-            job.why = f"the deadline passed ({job.deadline - job.submitted:.0f} s) before a verdict"
+            job.why = f"the deadline passed ({job.deadline - job.submitted:.3g} s) before a verdict"
         return late
 
     def forget(self, now: float, keep_s: float) -> None:

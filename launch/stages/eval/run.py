@@ -27,7 +27,7 @@ from launch.stages.eval.environment import device_name, toolchain, verifier_sett
 from launch.stages.eval.metrics import summarize
 from launch.stages.eval.progress import Progress
 from launch.stages.eval.sources import TaskSet
-from launch.stages.eval.verifiers import VerifierSet, verify_batch
+from launch.stages.eval.verifiers import RemoteVerifierSet, VerifierSet, verify_batch
 from protocols import Task
 
 log = logging.getLogger(__name__)
@@ -78,12 +78,16 @@ def run_evaluation(plan: EvalPlan, *, progress_stream=None) -> dict:
         progress = Progress(len(_evaluated(plan)), total, resumed, stream=progress_stream)
         verified = 0
         if pending:
-            verifiers = VerifierSet(
-                plan.cfg.verifier,
-                plan.cfg.rollout,
-                plan.out / "actors",
-                use_ray=plan.use_ray,
-                gpu_share=0.5 if _engine_on_ray_gpu(plan) else 1.0,
+            verifiers = (
+                RemoteVerifierSet(plan.cfg.verifier, plan.cfg.rollout)
+                if plan.cfg.verifier.remote
+                else VerifierSet(
+                    plan.cfg.verifier,
+                    plan.cfg.rollout,
+                    plan.out / "actors",
+                    use_ray=plan.use_ray,
+                    gpu_share=0.5 if _engine_on_ray_gpu(plan) else 1.0,
+                )
             )
             try:
                 verified = _produce(plan, pending, attempt_log, verifiers, progress)

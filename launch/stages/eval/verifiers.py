@@ -6,6 +6,9 @@ or as Ray actors like training's, registered in the evaluation directory's regis
 sends a batch of attempts to every registered verifier through the rollout actors' verify client,
 which marks an attempt `infra` when no verifier answers it in time.
 
+`RemoteVerifierSet` stands in for it when a verifier service verifies instead (`verifier.remote`,
+`kiln serve`): the same attempts, the same verdicts, over HTTP, and no verifier of its own starts.
+
 `verify_batch` is the only place an evaluation touches verification: when the rollout pipeline's
 verifier pool lands, it replaces this function's body and nothing else changes.
 """
@@ -69,7 +72,50 @@ class VerifierSet:
         self.supervisor.stop_all(["verifier-"])
 
 
-def verify_batch(verifiers: VerifierSet, requests: list[VerifyRequest]) -> list[VerifyResult]:
+class RemoteVerifierSet:
+    """The evaluation's attempts verified by a verifier service (`verifier.remote`), through the rollout
+    actors' own front to it (actors/rollout/remote_verifier.py): each resent `rollout.verify_retries`
+    times, then `infra`; at most `parallel` at once."""
+
+    def __init__(self, cfg: VerifierConfig, rollout: RolloutConfig, parallel: int = 16) -> None:
+        self.url, self.rollout, self.parallel = cfg.remote, rollout, parallel
+        self.stats: dict[str, int] = {}
+        self.client = self  # verify_batch's seam: `client.verify_all`
+
+    @property
+    def sent(self) -> int:
+        return self.stats.get("sent", 0)
+
+    def verify_all(self, requests: list[VerifyRequest]) -> list[VerifyResult]:
+        import asyncio
+
+        from actors.rollout.remote_verifier import RemoteVerifier
+
+        async def run() -> list[VerifyResult]:
+            front = RemoteVerifier(
+                self.url,
+                timeout_s=self.rollout.verify_reply_timeout_s,
+                retries=self.rollout.verify_retries,
+                stats=self.stats,
+            )
+            gate = asyncio.Semaphore(self.parallel)
+
+            async def one(request: VerifyRequest) -> VerifyResult:
+                async with gate:
+                    return await front.verify(request)
+
+            try:
+                return list(await asyncio.gather(*(one(r) for r in requests)))
+            finally:
+                await front.close()
+
+        return asyncio.run(run())
+
+    def close(self) -> None:
+        pass
+
+
+def verify_batch(verifiers: VerifierSet | RemoteVerifierSet, requests: list[VerifyRequest]) -> list[VerifyResult]:
     """Verdicts for `requests`, in order, from the set's verifiers."""
     return verifiers.client.verify_all(requests)
 

@@ -7,6 +7,7 @@ verifier behind the same server is test_cli.py's."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import threading
 import time
@@ -16,6 +17,7 @@ import pytest
 
 from configs import load_config
 from launch.serve.cli import start
+from protocols import VerifyRequest, VerifyResult
 from protocols.verifier_client import AsyncVerifierClient, ServiceError, ServiceTimeout, VerifierClient
 
 TOKENS = {"alice": "alice-token-0123456789", "bob": "bob-token-9876543210xx"}
@@ -239,22 +241,110 @@ def test_the_asyncio_client(server):
     assert [r.passed for r in got] == [True] * 3 and late.error_class == "correctness"
 
 
+def kill_the_holder_mid_request(running, kill, sleep_s: float) -> VerifyResult:
+    """A job that takes `sleep_s`, its verifier killed (`kill(index)`) while it holds it; its verdict."""
+    client = VerifierClient(running.url, TOKENS["alice"])
+    out = {}
+    waiter = threading.Thread(target=lambda: out.update(r=client.verify(f"sleep {sleep_s} pass", reference=REFERENCE)))
+    waiter.start()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not any(running.verifiers.turns.holding()):
+        time.sleep(0.02)
+    time.sleep(0.3)  # the call is in the verifier now
+    kill(running.verifiers.turns.holding().index(1))
+    waiter.join(timeout=30)
+    return out["r"]
+
+
 def test_a_verifier_stopped_mid_request_loses_nothing(tmp_path):
     # Its own server: it stops one of its two verifiers. The job it held is retried once, on the other.
     running = start(_config(tmp_path))
     try:
-        client = VerifierClient(running.url, TOKENS["alice"])
-        out = {}
-        waiter = threading.Thread(target=lambda: out.update(r=client.verify("sleep 2 pass", reference=REFERENCE)))
-        waiter.start()
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and not any(running.verifiers._held):
-            time.sleep(0.02)
-        holder = running.verifiers._held.index(1)
-        running.verifiers.stop(holder)
-        waiter.join(timeout=15)
-        assert out["r"].passed  # answered by the other verifier
+        r = kill_the_holder_mid_request(running, running.verifiers.stop, 2)
+        assert r.passed  # answered by the other verifier
         assert "kiln_serve_retried_total 1" in raw(running, "GET", "/metrics")[2]
         assert raw(running, "GET", "/health")[2]["verifiers"] == 1
     finally:
         running.stop()
+
+
+def test_a_ray_verifier_killed_mid_request_loses_nothing_and_is_replaced(tmp_path, ray_session):
+    # serve.pool: ray. The actor holding the job is killed (ray.kill): the job is retried once on the
+    # other, answered in full, and the dead one is replaced. Mutation: re-raise RayActorError in
+    # RayVerifiers.verify instead of WorkerDied -> the job is answered infra, not retried.
+    running = start(_config(tmp_path, "serve.pool=ray"))
+    try:
+        r = kill_the_holder_mid_request(running, running.verifiers.kill, 3)
+        assert r.passed and r.score == 1.0
+        assert "kiln_serve_retried_total 1" in raw(running, "GET", "/metrics")[2]
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and running.verifiers.live() < 2:
+            time.sleep(0.2)
+        assert running.verifiers.live() == 2  # the fleet kept its size
+        assert VerifierClient(running.url, TOKENS["alice"]).verify("pass", reference=REFERENCE).passed
+    finally:
+        running.stop()
+
+
+def test_the_verl_and_trl_adapters_called_as_those_trainers_call_them(server, monkeypatch):
+    # TRL and verl are not installed here (each pulls a large stack): the adapters are driven through
+    # the calls those trainers document. verl's reward manager calls
+    # compute_score(data_source=, solution_str=, ground_truth=, extra_info=) and reads "score"; TRL's
+    # GRPOTrainer calls each reward function with prompts=, completions= and the dataset's columns.
+    from protocols import verifier_adapters
+
+    monkeypatch.setenv("KILN_SERVE_URL", server.url)
+    monkeypatch.setenv("KILN_SERVE_TOKEN", TOKENS["bob"])
+    got = verifier_adapters.compute_score(
+        data_source="kernelbench", solution_str="pass", ground_truth=REFERENCE, extra_info={"index": 0}
+    )
+    assert got["score"] == 1.0 and got["passed"] == 1.0
+    named = verifier_adapters.compute_score("kernelbench", "wrong", None, {"task_id": "level1/01_relu"})
+    assert named["score"] == -1.0 and named["error_class"] == "correctness"
+    reward = verifier_adapters.TrlReward()
+    scores = reward(
+        prompts=[[{"role": "user", "content": "write it"}]] * 3,
+        completions=[
+            [{"role": "assistant", "content": "pass"}],
+            [{"role": "assistant", "content": "nope"}],
+            [{"role": "assistant", "content": "sleep 0.2 pass"}],
+        ],
+        reference=[REFERENCE] * 3,
+        task_id=[None, None, None],
+    )
+    assert scores[:2] == [1.0, -1.0] and scores[2] == 1.0 and reward.__name__ == "kiln_verifier"
+    monkeypatch.delenv("KILN_SERVE_URL")
+    with pytest.raises(RuntimeError, match="set KILN_SERVE_URL"):
+        verifier_adapters.TrlReward()
+
+
+def test_the_rollout_actors_front_to_a_service(server, monkeypatch):
+    # verifier.remote: the verdict under the attempt's own ids; a service that does not answer in time,
+    # or at all, is resent rollout.verify_retries times and then infra (the system's fault, never -1).
+    from actors.rollout.remote_verifier import RemoteVerifier
+    from launch.serve.app import inline_task
+
+    monkeypatch.setenv("KILN_SERVE_TOKEN", TOKENS["bob"])
+    task = dataclasses.replace(inline_task(REFERENCE, "cpu"), task_id="level9/mine")
+
+    async def main():
+        fronts = [
+            RemoteVerifier(server.url, timeout_s=10, retries=1),
+            RemoteVerifier(server.url, timeout_s=0.3, retries=1),
+            RemoteVerifier("http://127.0.0.1:9", timeout_s=5, retries=2),
+        ]
+        try:
+            return [
+                await front.verify(VerifyRequest(request_id=f"ep/t{i}", task=task, candidate=text))
+                for i, (front, text) in enumerate(zip(fronts, ["pass", "sleep 1 pass", "pass"], strict=True))
+            ], [f.stats for f in fronts]
+        finally:
+            for f in fronts:
+                await f.close()
+
+    (ok, late, away), stats = asyncio.run(main())
+    assert (ok.request_id, ok.task_id, ok.passed, ok.score) == ("ep/t0", "level9/mine", True, 1.0)
+    assert late.error_class == "infra" and late.score == 0.0 and "deadline passed" in late.feedback
+    assert away.error_class == "infra" and "cannot reach" in away.feedback
+    assert stats[1] == {"sent": 1, "infra": 1, "resent": 1} and stats[2]["resent"] == 2
+    time.sleep(1.0)  # the late job's verdicts end before the next test counts workers
