@@ -111,6 +111,18 @@ DEMO_CI = [
 ]
 
 
+def demo_run_overrides(root, name: str, model) -> list[str]:
+    """A demo-preset run of the tests: in-process, quiet, under `root`, on the test-sized `model`."""
+    return [
+        f"logging.root={root}",
+        f"logging.run_name={name}",
+        "logging.live=false",
+        "logging.tensorboard=false",
+        "cluster.use_ray=false",
+        f"model.path={model}",
+    ]
+
+
 @pytest.fixture(scope="session")
 def demo_run(tmp_path_factory, tiny_chat_model, verifier_cache_dir):
     """`make demo`'s configuration (configs/default.yaml) through `kiln train`, in-process, in its CI-sized
@@ -135,13 +147,8 @@ def demo_run(tmp_path_factory, tiny_chat_model, verifier_cache_dir):
             cfg = load_config(
                 ROOT / "configs" / "default.yaml",
                 [
-                    f"logging.root={tmp_path_factory.mktemp('demo')}",
-                    "logging.run_name=demo",
-                    "logging.live=false",
-                    "logging.tensorboard=false",
-                    "cluster.use_ray=false",
+                    *demo_run_overrides(tmp_path_factory.mktemp("demo"), "demo", tiny_chat_model),
                     f"verifier.cache_dir={verifier_cache_dir}",
-                    f"model.path={tiny_chat_model}",
                     *DEMO_CI,
                     "learner.checkpoint_every=1",
                     "learner.export_every=2",

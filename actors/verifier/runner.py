@@ -32,6 +32,7 @@ from actors.verifier.arena import Arena
 from actors.verifier.baselines import Baselines
 from actors.verifier.compare import CHUNK, compare_outputs
 from actors.verifier.cubins import device_code
+from actors.verifier.device_verdicts import DeviceVerdicts
 from actors.verifier.devmem import DeviceMemory
 from actors.verifier.executor import ChildSession, SandboxFailure, SandboxPool
 from actors.verifier.families import NORMAL, SENSITIVITY
@@ -161,6 +162,7 @@ class CandidateRun:
         self.fingerprint_key = secrets.randbits(62)
         self.device_reserved = 0  # the device memory this run reserved (devmem.py): its sandbox's share
         self.watched: gpumem.Watched | None = None  # its sandbox under the GPU's device watch (cuda)
+        self.device: DeviceVerdicts | None = None  # where device memory decides the verdict (device_verdicts.py)
 
     def run(self, source: str, source_hash: str, artifacts: dict | None, toolchain: str) -> RunOutcome:
         started = time.perf_counter()
@@ -199,7 +201,8 @@ class CandidateRun:
             )
         except ReferenceError as err:
             self.out.stage, self.out.error_class, self.out.message = "run", "infra", str(err)
-        self._judge_device_watch()
+        if self.device is not None:  # the device's word on memory, over whatever else the run ended with
+            self.device.watch_word(self.out, self.watched)
         if child is not None:
             self.out.exit = child.exit_status()
             self.out.absorb_evidence(child)
@@ -211,41 +214,25 @@ class CandidateRun:
     def _run_in(self, child: ChildSession, plan: Plan, source: str, source_hash: str, artifacts, toolchain) -> None:
         self.out.sandbox = dict(child.jail)
         self.out.timings["sandbox_wait"] = child.waited_s
+        params = sum(nbytes(list(s.inst.state_dict.values())) for s in plan.configs)
+        self.device = DeviceVerdicts(self.ref.device, self.pool.gpu_uuid, gpumem.share(self.device_reserved, params))
         watch = gpumem.device_watch(self.pool.gpu_uuid) if self.device_type == "cuda" else None
-        self.watched = watch.watch(child, self._device_share(plan)) if watch is not None else None
+        self.watched = watch.watch(child, self.device.share) if watch is not None else None
         try:
             self._execute(child, plan, source, source_hash, artifacts, toolchain)
             self.out.timings["arena_pin"] = child.arena.pin_s  # the verifier's side, beside the sandbox's start
         except (DeviceFull, torch.OutOfMemoryError) as err:  # the verifier's own work, the sandbox alive
-            self._device_full(child, plan, err)
+            if self.device_type != "cuda":
+                raise ReferenceError(str(err)) from None
+            self.device.verifier_oom(self.out, child, err, self.current_op)
         else:
-            self._own_oom(child, plan)
+            if self.device_type == "cuda":
+                self.device.candidate_oom(self.out, child)
         finally:
             if watch is not None:
                 watch.unwatch(self.watched)
         self.out.inspect(child)
         self._judge_provenance(child)
-
-    def _judge_device_watch(self) -> None:
-        """The device watch's word, over whatever else the run ended with: a sandbox it stopped filled
-        the device (`runtime`); an out-of-memory while another run's sandbox overran is the machine's
-        (`infra`), however this run's own figures read afterwards (gpumem's docstring)."""
-        watched = self.watched
-        if watched is None:
-            return
-        if watched.overrun is not None:
-            self.out.violations = [v for v in self.out.violations if v.kind != "exit"]  # the watch's kill, not an exit
-            self.out.limits["device_memory"] = watched.overrun.to_json()
-            self.out.stage, self.out.error_class = "run", "runtime"
-            self.out.message = gpumem.overrun_message(watched.overrun)
-            return
-        if self.out.error_class not in ("runtime", "infra") or "out of memory" not in (self.out.message or "").lower():
-            return
-        watch = gpumem.device_watch(self.pool.gpu_uuid)
-        others = watch.overruns_since(watched.since, exclude=watched) if watch is not None else []
-        if others:
-            self.out.error_class = "infra"
-            self.out.message = f"{gpumem.crowded_out(others)} ({self.out.message[:300]})"
 
     def _baselines_first(self, plan: Plan) -> None:
         """The task's baselines, measured (once per task and shapes) before this run's sandbox exists:
@@ -280,39 +267,6 @@ class CandidateRun:
         # Plumbing alone is a finding only for outputs that were right: a wrong one is judged wrong.
         judged = [v for v in record.findings if v.kind != "plumbing_only" or (self.out.q == 1.0 and self.out.trials)]
         self.out.violations += [v for v in judged if (v.kind, v.what) not in known]
-
-    def _device_share(self, plan: Plan) -> int:
-        params = sum(nbytes(list(s.inst.state_dict.values())) for s in plan.configs)
-        return gpumem.share(self.device_reserved, params)
-
-    def _device_full(self, child: ChildSession, plan: Plan, err: Exception) -> None:
-        """The verifier's own work on the device ran out of memory while this candidate's sandbox was
-        alive: the candidate's fault when its sandbox held more than its share (driver's figure, or
-        what killing it gave back), else the machine's (gpumem.trusted_oom)."""
-        if self.device_type != "cuda":
-            raise ReferenceError(str(err)) from None
-        evidence = gpumem.take(child, self.ref.device, self.pool.gpu_uuid, self._device_share(plan), may_kill=True)
-        self.out.limits["device_memory"] = evidence.to_json()
-        error_class, message = gpumem.trusted_oom(evidence)
-        self.out.stage, self.out.error_class = "run", error_class
-        self.out.message = f"{message} (while {self.current_op}: {str(err).splitlines()[0][:200]})"
-
-    def _own_oom(self, child: ChildSession, plan: Plan) -> None:
-        """The candidate's own code reported a CUDA out-of-memory: the machine's fault only on the
-        driver's word that the device could not give the sandbox its share (gpumem.sandbox_oom); the
-        text alone never decides."""
-        said = self.out.message
-        if self.device_type != "cuda" or self.out.error_class != "runtime" or not child.alive:
-            return
-        if "out of memory" not in said.lower() and "OutOfMemoryError" not in said:
-            return
-        # The run ends here either way (its error stopped it): the sandbox may be killed to measure it.
-        evidence = gpumem.take(child, self.ref.device, self.pool.gpu_uuid, self._device_share(plan), may_kill=True)
-        self.out.limits["device_memory"] = evidence.to_json()
-        error_class, note = gpumem.sandbox_oom(evidence)
-        if error_class == "infra":
-            self.out.error_class = "infra"
-            self.out.message = f"{note} ({self.out.message[:300]})"
 
     # ------------------------------------------------------------------------- trusted work
 

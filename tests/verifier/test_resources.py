@@ -280,16 +280,12 @@ def test_a_sandboxs_own_oom_is_the_machines_only_on_the_drivers_word():
     assert gpumem.sandbox_oom(gpumem.Evidence(held=None, share=share, how="d", **crowded))[0] == "runtime"
 
 
-def _run(monkeypatch, held: int | None, message: str = "", error_class: str | None = None):
-    """A CandidateRun on cuda (no device touched): its rules fed with evidence `held`."""
-    from actors.verifier import gpumem, runner
+def _verdicts(monkeypatch, held: int | None, message: str = "", error_class: str | None = None):
+    """A run's outcome and its DeviceVerdicts on cuda (no device touched), fed with evidence `held`."""
+    from actors.verifier import gpumem
+    from actors.verifier.device_verdicts import DeviceVerdicts
 
-    run = runner.CandidateRun.__new__(runner.CandidateRun)
-    run.out = RunOutcome(stage="correctness", error_class=error_class, message=message)
-    run.device_type, run.device_reserved, run.current_op = "cuda", GiB, "trial 2 (the task's default shapes)"
-    run.ref = SimpleNamespace(device="cuda:0")
-    run.pool = SimpleNamespace(gpu_uuid="GPU-test")
-    plan = SimpleNamespace(configs=[])
+    out = RunOutcome(stage="correctness", error_class=error_class, message=message)
     seen = {}
 
     def take(child, device, uuid_, share, *, may_kill):
@@ -297,31 +293,33 @@ def _run(monkeypatch, held: int | None, message: str = "", error_class: str | No
         return gpumem.Evidence(held=held, share=share, how="the driver's per-process figure", free=0, total=140 * GiB)
 
     monkeypatch.setattr(gpumem, "take", take)
-    return run, plan, seen
+    return out, DeviceVerdicts("cuda:0", "GPU-test", gpumem.share(GiB, 0)), seen
 
 
 def test_the_run_decides_a_device_oom_by_evidence(monkeypatch):
-    """runner.CandidateRun turns the verifier's own OOM (reference.DeviceFull) into runtime or infra
-    by the evidence, taken while the sandbox is alive (it may be killed to measure what it held: the
-    run ends there); and the sandbox's own reported OOM into infra only on that evidence. Reopened by: removing the DeviceFull handler
-    in runner._run_in (the error then reaches the run's `except ReferenceError`: infra)."""
+    """The verifier's own OOM (reference.DeviceFull) becomes runtime or infra by the evidence, taken
+    while the sandbox is alive (it may be killed to measure what it held: the run ends there); and the
+    sandbox's own reported OOM becomes infra only on that evidence (device_verdicts.py). Reopened by:
+    removing the DeviceFull handler in runner._run_in (the error then reaches the run's `except
+    ReferenceError`: infra)."""
     from actors.verifier.reference import DeviceFull
 
     child = SimpleNamespace(alive=True)
-    run, plan, seen = _run(monkeypatch, held=100 * GiB)
-    run._device_full(child, plan, DeviceFull("the inputs of t do not fit in device memory"))
-    assert run.out.error_class == "runtime" and seen["may_kill"] is True
-    assert run.out.limits["device_memory"]["held_mb"] == 100 * 1024
-    run, plan, _ = _run(monkeypatch, held=GiB)
-    run._device_full(child, plan, DeviceFull("x"))
-    assert run.out.error_class == "infra"
+    doing = "trial 2 (the task's default shapes)"
+    out, device, seen = _verdicts(monkeypatch, held=100 * GiB)
+    device.verifier_oom(out, child, DeviceFull("the inputs of t do not fit in device memory"), doing)
+    assert out.error_class == "runtime" and seen["may_kill"] is True
+    assert out.limits["device_memory"]["held_mb"] == 100 * 1024
+    out, device, _ = _verdicts(monkeypatch, held=GiB)
+    device.verifier_oom(out, child, DeviceFull("x"), doing)
+    assert out.error_class == "infra" and f"while {doing}" in out.message
     said = "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB while forward on trial 1"
-    run, plan, seen = _run(monkeypatch, held=GiB, message=said, error_class="runtime")
-    run._own_oom(child, plan)
-    assert run.out.error_class == "infra" and seen["may_kill"] is True
-    run, plan, _ = _run(monkeypatch, held=100 * GiB, message=said, error_class="runtime")
-    run._own_oom(child, plan)
-    assert run.out.error_class == "runtime"
+    out, device, seen = _verdicts(monkeypatch, held=GiB, message=said, error_class="runtime")
+    device.candidate_oom(out, child)
+    assert out.error_class == "infra" and seen["may_kill"] is True
+    out, device, _ = _verdicts(monkeypatch, held=100 * GiB, message=said, error_class="runtime")
+    device.candidate_oom(out, child)
+    assert out.error_class == "runtime"
 
 
 class _DriverStandIn:
@@ -421,19 +419,18 @@ def test_an_oom_during_another_sandboxs_overrun_is_the_machines_and_the_filler_g
     """The run's verdict after the device watch: the stopped filler gets runtime with the driver's
     figures (not the crash its kill caused); an innocent run whose own out-of-memory fell in the
     filler's window gets infra; an innocent run's wrong answer stays its own. Reopened by: dropping
-    the out-of-memory condition in runner._judge_device_watch (a wrong answer in another's window
+    the out-of-memory condition in DeviceVerdicts.watch_word (a wrong answer in another's window
     would get 0, not its -1), or its overrun branch (the filler's kill would read as a crash)."""
-    from actors.verifier import gpumem, runner
+    from actors.verifier import gpumem
+    from actors.verifier.device_verdicts import DeviceVerdicts
 
     driver = _DriverStandIn()
     watch = gpumem.DeviceWatch(gpumem.Nvml(driver), "GPU-judge", poll_s=3600)
 
     def run_for(session, error_class, message):
-        run = runner.CandidateRun.__new__(runner.CandidateRun)
-        run.out = RunOutcome(stage="run", error_class=error_class, message=message)
-        run.pool = SimpleNamespace(gpu_uuid="GPU-judge")
-        run.watched = watch.watch(session, share_bytes=3 * GiB)
-        return run
+        return RunOutcome(stage="run", error_class=error_class, message=message), watch.watch(
+            session, share_bytes=3 * GiB
+        )
 
     filler = SimpleNamespace(sandbox_pid=os.getpid(), kill=lambda: None)
     innocent = SimpleNamespace(sandbox_pid=os.getppid(), kill=lambda: None)
@@ -445,12 +442,13 @@ def test_an_oom_during_another_sandboxs_overrun_is_the_machines_and_the_filler_g
     watch.look()
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(gpumem, "device_watch", lambda uuid_: watch)
-        for run in (hog, oom, wrong):
-            run._judge_device_watch()
-    assert hog.out.error_class == "runtime" and "stopped for filling the device" in hog.out.message
-    assert hog.out.limits["device_memory"]["held_mb"] == 120 * 1024
-    assert oom.out.error_class == "infra" and "crowded this run out" in oom.out.message
-    assert wrong.out.error_class == "correctness"
+        for out, watched in (hog, oom, wrong):
+            DeviceVerdicts("cuda:0", "GPU-judge", 3 * GiB).watch_word(out, watched)
+    hog, oom, wrong = hog[0], oom[0], wrong[0]
+    assert hog.error_class == "runtime" and "stopped for filling the device" in hog.message
+    assert hog.limits["device_memory"]["held_mb"] == 120 * 1024
+    assert oom.error_class == "infra" and "crowded this run out" in oom.message
+    assert wrong.error_class == "correctness"
 
 
 def test_the_drivers_per_process_figure_counts_only_the_sandboxs_processes():

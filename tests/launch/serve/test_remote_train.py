@@ -14,6 +14,7 @@ from launch.driver.checks import check_remote_verifier
 from launch.driver.run_dir import RunDirectory
 from launch.driver.train import train
 from launch.serve.cli import start
+from tests.conftest import demo_run_overrides
 
 ROOT = Path(__file__).resolve().parents[3]
 VERIFIER = ["verifier.compile_baseline=never"]  # the demo's verifier section, as DEMO_CI sizes it
@@ -35,12 +36,7 @@ def test_the_demo_trains_with_a_remote_verifier(tmp_path, tiny_chat_model, servi
     cfg = load_config(
         ROOT / "configs" / "default.yaml",
         [
-            f"logging.root={tmp_path}",
-            "logging.run_name=remote",
-            "logging.live=false",
-            "logging.tensorboard=false",
-            "cluster.use_ray=false",
-            f"model.path={tiny_chat_model}",
+            *demo_run_overrides(tmp_path, "remote", tiny_chat_model),
             "model.max_seq_len=8192",
             "replay.tasks=tasks/level2",
             "algo.total_steps=2",
