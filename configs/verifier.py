@@ -120,6 +120,15 @@ class VerifierConfig:
         "Also time torch.compile(reference) for speedup_compile: 'auto' = on cuda only (inductor's C++ build costs ~10-30 s per task on cpu), 'always', 'never'; always measured when reward.baseline is 'compile'",
         choices=["auto", "always", "never"],
     )
+    sandbox_references: bool = F(
+        False,
+        "Run every task's reference (its module, inputs, forward and baselines) in a jailed process of its own, as a reference a client of `kiln serve` sent always runs; false = the operator's own task set runs in the verifier's process (faster). For operators who do not trust their task set, and for the timing fidelity benchmark (docs/verifier.md, threat model)",
+    )
+    reference_timeout_s: float = F(
+        60.0,
+        "Seconds a jailed reference may take to answer one request (load, build, draw, forward), plus the time to move the task's data at 1 GiB/s; past it its process is killed and the request is the reference's failure (infra, never the candidate's). Its baselines get as long as the baseline process does (10 min)",
+        gt=0.0,
+    )
     atol: float | None = F(
         None,
         "Absolute tolerance of the correctness check, in units of the reference output's scale (its root mean square); "

@@ -11,13 +11,22 @@ A thread must not hold a shared lease while it asks for the exclusive one (flock
 
 This is a coordination protocol between actors, like the records and channels of this package;
 it needs torch only to name a CUDA device by its UUID (so CUDA_VISIBLE_DEVICES cannot alias two).
+
+With KILN_LEASE_TRACE=FILE in the environment, every hold of every lease in the process (and in the
+processes it starts, which inherit the variable) is appended to FILE as one JSON line: who held it
+(the calling function), when it was asked for, granted and released, and for an exclusive hold when
+it won the turnstile (from then on it waits for the shared holders to drain, and every new shared
+holder waits for it). `python -m launch.bench.lease_report FILE` says where the device's time went.
 """
 
 from __future__ import annotations
 
 import fcntl
+import json
 import os
+import sys
 import tempfile
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -32,6 +41,37 @@ def device_key(device: str) -> str:
     props = torch.cuda.get_device_properties(torch.device(device))
     uuid = getattr(props, "uuid", None)
     return f"cuda-{uuid}" if uuid is not None else f"cuda-{props.pci_bus_id if hasattr(props, 'pci_bus_id') else 0}"
+
+
+TRACE_ENV = "KILN_LEASE_TRACE"
+_TRACE_LOCK = threading.Lock()
+
+
+def _trace(kind: str, asked: float, granted: float, turnstile: float | None = None) -> None:
+    """Append one hold, released now, to the trace file named by KILN_LEASE_TRACE (one write a line,
+    under a lock: whole lines whatever the threads; O_APPEND keeps processes' lines whole too)."""
+    record = {"kind": kind, "pid": os.getpid(), "holder": _holder(), "asked": asked, "granted": granted}
+    if turnstile is not None:
+        record["turnstile"] = turnstile
+    record["released"] = time.monotonic()
+    line = (json.dumps(record) + "\n").encode()
+    with _TRACE_LOCK:
+        fd = os.open(os.environ[TRACE_ENV], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            os.write(fd, line)
+        finally:
+            os.close(fd)
+
+
+def _holder() -> str:
+    """`module.function:line` of the code that holds the lease: the first frame outside this module
+    and contextlib (an ExitStack's frames included)."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_globals.get("__name__", "") in (__name__, "contextlib"):
+        frame = frame.f_back
+    if frame is None:
+        return "?"
+    return f"{frame.f_globals.get('__name__', '?')}.{frame.f_code.co_name}:{frame.f_lineno}"
 
 
 class DeviceLease:
@@ -54,6 +94,8 @@ class DeviceLease:
 
     @contextmanager
     def shared(self):
+        traced = TRACE_ENV in os.environ
+        asked = granted = time.monotonic()
         gate = self._open(self.turnstile)
         try:
             fcntl.flock(gate, fcntl.LOCK_SH)  # waits while an exclusive holder is queued or running
@@ -62,23 +104,32 @@ class DeviceLease:
         fd = self._open(self.path)
         try:
             fcntl.flock(fd, fcntl.LOCK_SH)
+            granted = time.monotonic()
             yield
         finally:
             os.close(fd)  # closing the descriptor releases the lock
+            if traced:
+                _trace("shared", asked, granted)
 
     @contextmanager
     def exclusive(self):
+        traced = TRACE_ENV in os.environ
+        asked = time.monotonic()
         gate = self._open(self.turnstile)
         fd = -1
         try:
             fcntl.flock(gate, fcntl.LOCK_EX)
+            turnstile = time.monotonic()
             fd = self._open(self.path)
             fcntl.flock(fd, fcntl.LOCK_EX)
             started = time.perf_counter()
+            granted = time.monotonic()
             try:
                 yield
             finally:
                 self.exclusive_s += time.perf_counter() - started
+                if traced:
+                    _trace("exclusive", asked, granted, turnstile)
         finally:
             if fd >= 0:
                 os.close(fd)

@@ -33,6 +33,10 @@ class KernelSpec(Record):
     backend: Backend
     level: int
     source_path: str = ""  # where the reference was loaded from, for humans and reports
+    # Who wrote the reference: the operator's task set (trusted: it runs in the verifier's process) or a
+    # client of the verifier service (untrusted code, like a candidate: it runs jailed). Set by the
+    # service for every reference a request carries, never by the client.
+    reference_origin: Literal["task_set", "client"] = "task_set"
 
     def check(self) -> None:
         if not self.reference.strip():

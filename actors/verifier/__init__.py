@@ -27,6 +27,10 @@ process. Where things are:
                  device lease shared with engines and learners); families.py, the input families
                  the correctness trials are drawn from; baseline_worker.py, the lane's process that
                  times the references and runs nothing else
+  reference_program.py, jailed_reference.py, reference_child.py   where a reference's own code runs:
+                 reference.py's logic over a program, in this process (the operator's task set) or in
+                 a jailed process of its own (a reference a client sent: its module, draws, forward
+                 and baselines), which the verifier treats as untrusted data
   provenance.py  whose code did the work: the rules, over sampling.py (perf samples of a cpu sandbox,
                  taken from outside it), attribution.py (the table that names a sample's owner by
                  symbol) and cubins.py (the kernels a CUDA build defines), and the device's record of

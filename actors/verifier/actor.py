@@ -112,6 +112,19 @@ class VerifierActor(Actor):
             except Exception:
                 log.exception("verifier: reward actor close() failed")
 
+    def cancel(self, request_id: str) -> bool:
+        """End the reward actor's call on `request_id` early, through its `cancel` hook where it has
+        one (a service whose deadline for the call passed); callable directly and through Ray. A hook
+        that raises cancels nothing: the call runs to its end."""
+        hook = getattr(self.impl, "cancel", None)
+        if hook is None:
+            return False
+        try:
+            return bool(hook(request_id))
+        except Exception:
+            log.exception("verifier: reward actor cancel() failed")
+            return False
+
     def health(self) -> VerifierHealth:
         with self._stats_lock:
             stats = dict(self.stats)

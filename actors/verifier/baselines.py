@@ -29,6 +29,17 @@ core's. Where a forward is device-bound the core does not matter (eager rmsnorm 
 every core). The candidate's sandbox is not moved: its process is a fresh fork per candidate, on
 whichever core the scheduler gives it, one draw as KernelBench's is (docs/verifier.md).
 
+A reference a client sent (a jailed one: jailed_reference.py) is timed in its own jailed process
+instead, by the same `measure_reference` under the same lease (held by the verifier on its behalf)
+and, on cpu, sampled as the baseline process is. Why there and not in a baseline process started
+through the zygote: that process would load several clients' references one after another, and one
+reference's code could then reach another's module and timings (a patched torch function in the
+shared interpreter); a reference's own process holds only its own code, and does nothing else while
+it times. There is no fallback for it: timing it here would run a client's code unconfined, so a
+failure is the reference's (ReferenceError, infra for its request). torch.compile is not timed for it
+(its compilers run programs, which that process may not): speedup_compile is absent, and a reward on
+the compile baseline falls back to eager (reward.chosen_speedup).
+
 Up to PROCESSES_PER_LANE such processes per lane, so torch.compile's untimed compilations of several
 tasks overlap. A measurement whose per-call figures were disturbed (their mean more than DISTURBED x their median:
 a stall of milliseconds inside one call) is taken again, once; the figure cached is the better one. torch.compile's compilation is background
@@ -282,7 +293,7 @@ class Baselines:
         return wants_compile(self.cfg, self.device_type)
 
     def _key(self, ref: Reference, config: ShapeConfig) -> tuple:
-        return ref.task_id, ref.hash, tuple(sorted(config.overrides.items())), self.device
+        return ref.task_id, ref.hash, tuple(sorted(config.overrides.items())), self.device, ref.jailed
 
     def measure(
         self, ref: Reference, instance: Instance, pairs: int
@@ -322,6 +333,11 @@ class Baselines:
 
     def _measure(self, key: tuple, ref: Reference, instance: Instance, pairs: int):
         with_compile = self.wants_compile()
+        if ref.jailed:
+            eager, compiled, note = self._measure_jailed(ref, instance, pairs, with_compile)
+            if note:
+                self.notes[key] = note
+            return eager, compiled
         try:
             with self._process() as process:
                 reply = process.measure(ref, instance.config, pairs, self.cfg.warmup, with_compile)
@@ -348,6 +364,15 @@ class Baselines:
             self.notes[key] = note
             log.warning("verifier: %s", note)
         return eager, compiled
+
+    def _measure_jailed(self, ref: Reference, instance: Instance, pairs: int, with_compile: bool):
+        """A jailed reference's eager baseline, timed in its own process (the module docstring says
+        why); its failures are its own (ReferenceError, DeviceFull), with no fallback here."""
+        eager, note = ref.program.baselines(instance.config.overrides, pairs, self.cfg.warmup, self.lease)
+        if with_compile:
+            skipped = "torch.compile baseline not measured for a sandboxed reference (its compilers would run programs)"
+            note = "; ".join(x for x in (note, skipped) if x)
+        return eager, None, note
 
     @contextmanager
     def _process(self):

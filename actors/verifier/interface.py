@@ -6,6 +6,7 @@ A reward actor is a plain class named by dotted path in `verifier.reward_actor`:
         def __init__(self, cfg: configs.VerifierConfig, **args) -> None: ...   # args: verifier.reward_actor_args
         def verify(self, request: protocols.VerifyRequest) -> protocols.VerifyResult: ...
         def warm(self) -> None: ...           # optional: slow preparation, on a background thread
+        def cancel(self, request_id) -> bool: ...  # optional: end a call nobody waits for any more
         def close(self) -> None: ...          # optional: release processes, files, devices
 
 Optional hooks get a default by subclassing `RewardActor`; `actors.base.load_plugin` checks the class.
@@ -34,7 +35,7 @@ DEFAULT_REWARD_ACTOR = "actors.verifier.verifier.KernelVerifier"
 
 
 class RewardActor(Protocol):
-    """The reward-actor interface. `verify` is required; `warm` and `close` are optional hooks with
+    """The reward-actor interface. `verify` is required; `warm`, `cancel` and `close` are optional hooks with
     default bodies, which a plug-in inherits by subclassing this class (the shipped ones do)."""
 
     takes_slot: bool = False  # True: constructed with slot= too (its actor's placement, above)
@@ -48,6 +49,12 @@ class RewardActor(Protocol):
     def warm(self) -> None:
         """Slow one-off preparation (precompiled headers, a process pool), run on a background thread
         once the actor serves, so start-up is not held up by it."""
+
+    def cancel(self, request_id: str) -> bool:
+        """End the call verifying `request_id` early: its caller no longer waits (a service's deadline
+        passed). The call then returns whatever it returns (the service has answered already); True
+        when such a call was found. By default nothing is cancelled: the call runs to its end."""
+        return False
 
     def close(self) -> None:
         """Release processes, files and devices when the actor stops."""

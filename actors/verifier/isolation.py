@@ -11,6 +11,10 @@ Three kinds of process run outside the verifier's trust boundary (see jail.py fo
 * capture  runs the candidate's module-level code at compile time: the same view.
 * build    runs the compilers on the candidate's C++/CUDA: additionally the toolchain, the
            precompiled headers and the binding-object cache, read-only; it may run programs.
+* reference  runs a reference a client sent (jailed_reference.py): the Python installation as the
+           verifier's own process has it (a reference may import what it could import there), and on
+           cuda the driver; nothing of Kiln's tree, caches or run directories, homes or /tmp; it can
+           write no file and run no program.
 Memory is not limited with RLIMIT_AS, which breaks CUDA contexts (they reserve huge virtual ranges):
 `RssWatchdog` polls the resident set of the sandbox's whole process tree from the verifier and kills
 it past the limit instead.
@@ -112,6 +116,31 @@ def run_jail(
         file_size_mb=LOG_LIMIT_MB,
         workdir=WORKDIR,
         mounts=((libs, LIBDIR),) if libs else (),
+        env=_env(
+            _RUN_ENV,
+            {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"},
+            pin={"CUDA_VISIBLE_DEVICES": gpu} if gpu else {},
+        ),
+    )
+
+
+def reference_jail(scratch: str, *, cuda: bool, uid: int, hidden: tuple[str, ...] = (), gpu: str = "") -> JailSpec:
+    """The view of a process that runs a reference's own code (kind "reference"): a candidate
+    sandbox's layers, but the whole Python installation (no module is refused: the process is never
+    sealed, so the jail, not the interpreter, is what confines it). Its scratch is read-only at
+    jail.WORKDIR and empty; `gpu` pins it to the lane's GPU as run_jail does."""
+    hide = kiln_hidden(hidden)
+    return JailSpec(
+        scratch=scratch,
+        hidden=hide,
+        visible=python_paths(hide) + (library_path() if cuda else ()),
+        cuda=cuda,
+        exec_allowed=False,
+        writable=False,
+        uid=uid,
+        nproc=256,
+        file_size_mb=LOG_LIMIT_MB,
+        workdir=WORKDIR,
         env=_env(
             _RUN_ENV,
             {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"},

@@ -2,11 +2,11 @@
 
 A lane holds what is tied to its device: the sandbox workers pinned to that GPU (a `SandboxPool`
 whose sandboxes see only it), its device lease (exclusive timing windows are per GPU), its memory
-as the runs reserve it (devmem.py), the references and the baselines computed on it, and its
-bandwidth bound. A candidate runs on the lane
-with the fewest runs under way, with the lane's GPU as its thread's current CUDA device, so the
-trusted side's work for it (reference outputs, baselines, the clock) happens on the GPU that the
-candidate's sandbox uses. The cpu backend has one lane and goes through the same code.
+as the runs reserve it (devmem.py), the references and the baselines computed on it (a client's
+references in jailed processes pinned to its GPU: jailed_reference.py), and its bandwidth bound. A
+candidate runs on the lane with the fewest runs under way, with the lane's GPU as its thread's
+current CUDA device, so the trusted side's work for it (reference outputs, baselines, the clock)
+happens on the GPU that the candidate's sandbox uses. The cpu backend has one lane and goes through the same code.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from actors.verifier import timing
 from actors.verifier.baselines import Baselines
 from actors.verifier.devmem import DeviceMemory
 from actors.verifier.executor import SandboxPool
+from actors.verifier.jailed_reference import ReferenceJail
 from actors.verifier.reference import ReferenceCache
 from actors.verifier.workers import RunWorkers, VerifierGpu
 from actors.verifier.zygote import Zygote
@@ -75,7 +76,9 @@ def build_lanes(
         lease = DeviceLease(device)
         with nullcontext() if gpu is None else torch.cuda.device(gpu.device), lease.exclusive():
             bandwidth = timing.Bandwidth("cuda" if gpu is not None else "cpu")
-        references, baselines = ReferenceCache(device), Baselines(cfg, device, lease)
+        jail = ReferenceJail(cfg, zygote, device, hidden=hidden, gpu=gpu.visible if gpu is not None else "")
+        references = ReferenceCache(device, jail, sandbox_all=cfg.sandbox_references)
+        baselines = Baselines(cfg, device, lease)
         lanes.append(
             Lane(device, gpu, workers, pool, lease, references, baselines, bandwidth, DeviceMemory.for_device(device))
         )
@@ -104,5 +107,6 @@ class Lanes:
 
     def close(self) -> None:
         for lane in self.all:
+            lane.references.close()
             lane.pool.close()
             lane.baselines.close()

@@ -55,8 +55,8 @@ class TimedStage:
     @contextlib.contextmanager
     def _phase(self, name: str) -> Iterator[None]:
         """Seconds spent in one part of the stage, summed into the outcome's `timings["timed_<name>"]`
-        (draw, stage, trips, check, audit; an audit trip's own staging is also in stage): where a
-        verification's time goes, in every verdict."""
+        (draw, stage, trips, check, audit; an audit trip's own drawing and staging are also in draw and
+        stage): where a verification's time goes, in every verdict."""
         t0 = time.perf_counter()
         try:
             yield
@@ -94,9 +94,7 @@ class TimedStage:
         )
         self.run.current_op = "the timed runs"
         budget_s = min(max(self.run.budget.left * 0.5, 1.0), 20.0)
-        with self._phase("draw"), self.run.lease.shared():  # the warm-up pairs' inputs: fresh, as timed calls' are
-            warm = [self.run.ref.fresh_inputs(primary) for _ in range(max(1, min(4, most)))]
-        if not self._stage(child, warm):
+        if self._staged(child, max(1, min(4, most))) is None:  # the warm-up trips' inputs: fresh, as timed calls' are
             return
         trip, replies = self._trips(child, expect)
         with self._phase("trips"), self.run.lease.exclusive():
@@ -115,9 +113,10 @@ class TimedStage:
                 with self._phase("audit"):
                     if not self._audit(child, k, expect, i):
                         return
-            with self._phase("draw"), self.run.lease.shared():
-                calls = [self.run.ref.fresh_inputs(primary) for _ in range(k)]
-            run_s, null_s, spans, run_first = self._pair(child, calls, expect, i)
+            calls = self._staged(child, k)
+            if calls is None:
+                return
+            run_s, null_s, spans, run_first = self._pair(child, k, expect, i)
             if run_s is None:
                 return
             timing.record(times, run_s, null_s, spans, run_first)
@@ -143,14 +142,24 @@ class TimedStage:
         }
         self._plausibility(times.paid_s)
 
+    def _staged(self, child: ChildSession, count: int) -> list[list] | None:
+        """`count` fresh draws, staged as the next trip's calls (None: the sandbox failed). Drawn and
+        staged in one shared hold of the device: while an exclusive holder (a timed window) is queued,
+        a run waits for it once a trip, not once for the draw and again for the staging."""
+        with contextlib.ExitStack() as hold:
+            with self._phase("draw"):  # the wait for the device included, as in every phase
+                hold.enter_context(self.run.lease.shared())
+                calls = [self.run.ref.fresh_inputs(self.run.primary) for _ in range(count)]
+            return calls if self._stage(child, calls) else None
+
     def _stage(self, child: ChildSession, calls: list[list]) -> bool:
-        """The next trip's inputs into the arena and from there onto the sandbox's device (untimed)."""
+        """The next trip's inputs into the arena and from there onto the sandbox's device (untimed); the
+        caller holds the device's shared lease."""
         arena = child.arena
         with self._phase("stage"):
             arena.reset()
             descs = [[arena.put(x) for x in inputs] for inputs in calls]
-            with self.run.lease.shared():
-                reply = self.run.budget.ask(child, "stage", {"instance": self.run.primary_index, "calls": descs})
+            reply = self.run.budget.ask(child, "stage", {"instance": self.run.primary_index, "calls": descs})
         return self._replies_ok([reply])
 
     def _trips(self, child: ChildSession, expect: list, *, trace: bool = False):
@@ -196,14 +205,12 @@ class TimedStage:
                 return False
         return True
 
-    def _pair(self, child: ChildSession, calls: list[list], expect: list, index: int):
+    def _pair(self, child: ChildSession, k: int, expect: list, index: int):
         """(trip seconds, null trip seconds, the trip's per-call figures, whether the run trip went
-        first) of one pair, the first two timed here around the requests; or Nones."""
-        if not self._stage(child, calls):
-            return None, None, None, None
+        first) of one pair of the k staged calls, the first two timed here around the requests; or Nones."""
         trip, replies = self._trips(child, expect)
         with self._phase("trips"), self.run.lease.exclusive(), timing.responsive_gil():
-            pair = timing.time_pair(trip, len(calls), index)
+            pair = timing.time_pair(trip, k, index)
         if not self._replies_ok(replies):
             return None, None, None, None
         return pair
@@ -213,9 +220,8 @@ class TimedStage:
         kernels ran: provenance.py) and timed by nobody; every call checked as a timed one is. The
         sandbox cannot tell it from a timed trip: it sees the same requests, in an order it cannot
         predict (`audit_plan`)."""
-        with self.run.lease.shared():
-            calls = [self.run.ref.fresh_inputs(self.run.primary) for _ in range(k)]
-        if not self._stage(child, calls):
+        calls = self._staged(child, k)
+        if calls is None:
             return False
         trip, replies = self._trips(child, expect, trace=True)
         with self.run.lease.shared():

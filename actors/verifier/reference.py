@@ -1,10 +1,13 @@
 """The trusted side of a kernel task: its reference module, shapes, inputs and expected outputs.
 
-References run only in the verifier's own (trusted) process, never in the process that imports a
-candidate. Inputs come from the reference's `get_inputs()` under a fresh seed from `secrets`, so a
-candidate can neither predict nor replay them; a trial of an input family (families.py) transforms
-such a draw under parameters drawn from `secrets` too, and the sensitivity trial mixes one into an
-earlier trial's inputs until the reference's output moves.
+Every decision about a reference is made here, in the verifier's own process; the reference's own
+code (its module, `get_inputs`, `get_init_inputs`, `Model`, `forward`) runs behind a program
+(reference_program.py): in this process for the operator's own task set, in a jailed process of its
+own for a reference a client sent (jailed_reference.py). Either way it never runs in the process that
+imports a candidate. Inputs come from the reference's `get_inputs()` under a fresh seed from
+`secrets`, so a candidate can neither predict nor replay them; a trial of an input family
+(families.py) transforms such a draw under parameters drawn from `secrets` too, and the sensitivity
+trial mixes one into an earlier trial's inputs until the reference's output moves.
 
 Shapes follow KernelBench plus two module-level extensions (tasks/README.md):
 * `KILN_CPU_SHAPES = {"batch_size": 16, ...}` replaces module constants on the cpu backend;
@@ -16,12 +19,11 @@ An optional `KILN_TOLERANCE` (a number, or {"atol": ..., "rtol": ...}) overrides
 
 from __future__ import annotations
 
-import copy
 import hashlib
-import linecache
 import secrets
 import threading
-import types
+import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -32,16 +34,21 @@ from actors.verifier.compare import (
     ALLOWANCE_FACTOR,
     ALLOWANCE_LIMIT,
     allowances,
-    declared_tolerance,
     degeneracy,
     move_ratio,
     scale_of,
 )
 from actors.verifier.families import NORMAL, SENSITIVITY, Drawn
+from actors.verifier.reference_program import (  # noqa: F401 - DeviceFull: its importers take it from here
+    DeviceFull,
+    InProcessProgram,
+    ReferenceDied,
+    ReferenceError,
+    ReferenceProgram,
+    held_bytes,
+)
 from protocols import Task
 
-# Global RNG state is process-wide: seeding and drawing happen under this lock.
-_RNG_LOCK = threading.RLock()
 # A trial that waits (it is drawn while planning, before the sandbox is ready) and is larger than this
 # waits on the host once its expected outputs exist. A trial drawn just before it is used never waits.
 KEEP_ON_DEVICE_BYTES = 256 << 20
@@ -51,16 +58,6 @@ KEEP_ON_DEVICE_BYTES = 256 << 20
 FLOAT64_MAX_BYTES = 2 << 30
 # Family parameters are drawn from the operating system's randomness, fresh for every trial.
 _FAMILY_RNG = secrets.SystemRandom()
-
-
-class ReferenceError(RuntimeError):
-    """The reference itself failed (a broken task): the system's fault, reported as infra."""
-
-
-class DeviceFull(ReferenceError):
-    """The verifier's own work on the device (a reference draw or run, the baselines) ran out of
-    device memory. Whose fault that is, is decided by evidence (gpumem.py, runner.py): a run whose
-    sandbox held more than its share is the candidate's; otherwise the machine's (infra)."""
 
 
 class BrokenTask(ReferenceError):
@@ -124,53 +121,39 @@ class Instance:
     init_args: list
     init_seed: int
     state_dict: dict[str, torch.Tensor]  # the reference Model's parameters and buffers (CPU)
-    model: torch.nn.Module = field(repr=False)
+    model: object = field(repr=False)  # its program's handle: the nn.Module in process, an id when jailed
 
 
 class Reference:
-    """A task's reference module, loaded from its source once per verifier process."""
+    """A task's reference, loaded from its source once per lane: the verifier's logic over its program
+    (in process, or jailed: `program`)."""
 
-    def __init__(self, task: Task, device: str):
+    def __init__(self, task: Task, device: str, program: ReferenceProgram | None = None):
         spec = task.kernel
         self.task_id = task.task_id
         self.device = device
         self.source = spec.reference
         self.hash = hashlib.sha256(spec.reference.encode()).hexdigest()
         self.source_path = spec.source_path
-        self.lock = threading.RLock()
-        self.module = self._load(spec.reference, spec.source_path or f"<reference {task.task_id}>")
-        for name in ("Model", "get_inputs", "get_init_inputs"):
-            if not hasattr(self.module, name):
-                raise ReferenceError(f"reference of {task.task_id} defines no {name}")
-        self.defaults = {k: getattr(self.module, k) for k in self._constant_names()}
+        filename = spec.source_path or f"<reference {task.task_id}>"
+        self.program = program or InProcessProgram(spec.reference, filename, task.task_id, device)
+        self.declared = self.program.declared
+        self.defaults = self.declared.defaults
         self._footprints: dict[tuple, int | None] = {}  # by shape overrides: see footprint()
 
-    def _load(self, source: str, filename: str) -> types.ModuleType:
-        module = types.ModuleType(f"kiln_reference_{self.hash[:16]}")
-        module.__file__ = filename
-        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-        try:
-            # by design: the task's reference module is run to produce expected outputs
-            exec(compile(source, filename, "exec"), module.__dict__)  # noqa: S102
-        except Exception as err:
-            raise ReferenceError(f"reference of {self.task_id} failed to load: {type(err).__name__}: {err}") from err
-        return module
-
-    def _constant_names(self) -> set[str]:
-        names = set(getattr(self.module, "KILN_CPU_SHAPES", {}) or {})
-        for alt in getattr(self.module, "KILN_ALT_SHAPES", []) or []:
-            names |= set(alt)
-        names.add("batch_size")
-        return {n for n in names if hasattr(self.module, n)}
+    @property
+    def jailed(self) -> bool:
+        """Whether the reference's code runs in a jailed process (a client's reference)."""
+        return self.program.jailed
 
     # ---------------------------------------------------------------------------------- shapes
 
     def primary_overrides(self, backend: str) -> dict:
-        return dict(getattr(self.module, "KILN_CPU_SHAPES", {}) or {}) if backend == "cpu" else {}
+        return dict(self.declared.cpu_shapes or {}) if backend == "cpu" else {}
 
     def alt_overrides(self, backend: str) -> list[dict]:
         primary = self.primary_overrides(backend)
-        alts = getattr(self.module, "KILN_ALT_SHAPES", None)
+        alts = self.declared.alt_shapes
         if alts is not None:  # declared, possibly empty ("no other shape is valid")
             return [{**primary, **alt} for alt in alts]
         batch = primary.get("batch_size", self.defaults.get("batch_size"))
@@ -187,25 +170,11 @@ class Reference:
         configs += [ShapeConfig(f"alt{i}", alts[i], 1) for i in range(n_alts)]
         return configs
 
-    @contextmanager
-    def shapes(self, overrides: dict):
-        """Apply module-constant overrides for the duration of the block (under the task lock)."""
-        with self.lock:
-            for k, v in self.defaults.items():
-                setattr(self.module, k, v)
-            for k, v in overrides.items():
-                setattr(self.module, k, v)
-            try:
-                yield
-            finally:
-                for k, v in self.defaults.items():
-                    setattr(self.module, k, v)
-
     # -------------------------------------------------------------------------------- tolerance
 
     def tolerance(self) -> tuple[float, float] | None:
         """(atol, rtol) declared by the task with KILN_TOLERANCE, or None."""
-        return declared_tolerance(self.module)
+        return self.declared.tolerance
 
     # ---------------------------------------------------------------------------- trusted runs
 
@@ -216,30 +185,14 @@ class Reference:
         tensors cannot run); the caller then assumes the worst."""
         key = tuple(sorted(config.overrides.items()))
         if key not in self._footprints:
-            self._footprints[key] = self._meta_footprint(config)
+            self._footprints[key] = self.program.footprint(config.overrides)
         return self._footprints[key]
-
-    def _meta_footprint(self, config: ShapeConfig) -> int | None:
-        try:
-            with self.shapes(config.overrides), _RNG_LOCK, torch.device("meta"), torch.no_grad():
-                model = self.module.Model(*self.module.get_init_inputs())
-                inputs = list(self.module.get_inputs())
-                outputs = as_output_list(model(*inputs), "the reference")
-        except Exception:  # noqa: BLE001 - a reference meta tensors cannot run: size unknown until drawn
-            return None
-        return _held_bytes(inputs, outputs)
 
     def instance(self, config: ShapeConfig) -> Instance:
         """Build the reference Model for a shape config under a fresh seed."""
         seed = secrets.randbits(62)
-        with self.shapes(config.overrides):
-            init_args = list(self.module.get_init_inputs())
-            with _RNG_LOCK, torch.random.fork_rng(devices=self._rng_devices()):
-                torch.manual_seed(seed)
-                model = self.module.Model(*init_args)
-        model = model.to(self.device)
-        state = {k: v.detach().to("cpu").clone() for k, v in model.state_dict().items()}
-        return Instance(config, init_args, seed, state, model)
+        built = self.program.build(config.overrides, seed)
+        return Instance(config, built.init_args, seed, built.state_dict, built.model)
 
     def trial(
         self,
@@ -259,18 +212,17 @@ class Reference:
         held while others are drawn (a large one is parked on the host); one drawn just before it is
         used stays where it was made (no copy to the host and back: at KernelBench's sizes that is
         gigabytes a trial)."""
-        with self.shapes(instance.config.overrides):
-            base = self._draw()
-            if family == NORMAL:
-                made = Trial(instance.config, index, base, self.run(instance.model, base))
-                made.degenerate = degeneracy(made.expected, tolerance, self.device)
-            else:
-                made = self._family_trial(instance, index, family, base, infinite_ok, tolerance)
-                if isinstance(made, Skipped):
-                    return made
+        base = self._draw(instance.config.overrides)
+        if family == NORMAL:
+            made = Trial(instance.config, index, base, self._forward(instance, base))
+            made.degenerate = degeneracy(made.expected, tolerance, self.device)
+        else:
+            made = self._family_trial(instance, index, family, base, infinite_ok, tolerance)
+            if isinstance(made, Skipped):
+                return made
         self.check_outputs(made.inputs, made.expected)
         if family == NORMAL:
-            self._footprints[tuple(sorted(instance.config.overrides.items()))] = _held_bytes(made.inputs, made.expected)
+            self._footprints[tuple(sorted(instance.config.overrides.items()))] = held_bytes(made.inputs, made.expected)
         if waits:
             made.inputs, made.expected = self._parked(made.inputs, made.expected)
         return made
@@ -301,7 +253,7 @@ class Reference:
             last, inputs, expected = drawn, families.apply(drawn, base), None
             why = "" if all_finite(inputs) else "its inputs are not finite"
             if not why:
-                expected = self.run(instance.model, inputs)
+                expected = self._forward(instance, inputs)
                 why = _not_finite(expected, infinite_ok)
             weak = "" if why else degeneracy(expected, tolerance, self.device)
             if not why and not weak:
@@ -339,15 +291,16 @@ class Reference:
     def float64_allowance(self, instance: Instance, inputs: list, expected: list[torch.Tensor]) -> list[float] | str:
         """The tolerance allowance at these inputs (compare.allowances: twice the reference's distance
         from a float64 run of itself), or why it was not measured (then none is given)."""
-        params = sum(p.numel() for p in instance.model.parameters()) + sum(b.numel() for b in instance.model.buffers())
+        params = self.program.elements(instance.model)
         elements = params + sum(x.numel() for x in inputs if isinstance(x, torch.Tensor))
         elements += sum(e.numel() for e in expected)
         if 8 * elements > FLOAT64_MAX_BYTES:
             return f"no float64 check of the reference (it would take {8 * elements >> 20} MB): plain tolerance"
         try:
-            model = copy.deepcopy(instance.model).double()
             wide = [x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs]
-            exact = self.run(model, wide)
+            exact = self.run(instance.model, wide, overrides=instance.config.overrides, wide=True)
+        except ReferenceDied:  # its process is gone: no other run of it will answer either
+            raise
         except Exception as err:  # noqa: BLE001 - a reference that mixes dtypes inside: no allowance
             return f"the reference does not run in float64 ({type(err).__name__}): plain tolerance"
         if len(exact) != len(expected) or any(x.shape != e.shape for x, e in zip(exact, expected, strict=False)):
@@ -366,27 +319,26 @@ class Reference:
         """`base`'s inputs with a share t of a fresh draw mixed in (families.mix), t grown from
         FIRST_MIX until the reference's output moves at least MOVE tolerance bounds from base's; a
         reference that no mix (a whole fresh draw included) moves that far is insensitive there."""
-        with self.shapes(instance.config.overrides):
-            fresh = self._draw()
-            if [_size(x) for x in fresh] != [_size(x) for x in base.inputs]:
-                raise ReferenceError(
-                    f"the reference's get_inputs() drew inputs of other sizes at {instance.config.describe()} "
-                    "than its first draw: a task's sizes must not change between draws"
-                )
-            before = [e.to(self.device) for e in base.expected]
-            start = self.to_device(base.inputs)
-            t, attempts, moved = families.FIRST_MIX, 0, 0.0
-            while True:
-                attempts += 1
-                inputs = families.mix(start, fresh, t)
-                expected = self.run(instance.model, inputs)
-                if _not_finite(expected, infinite_ok):
-                    return Skipped(Drawn(SENSITIVITY, {"mix": t}), "the reference's outputs are not finite there")
-                moved = move_ratio(before, expected, tolerance, self.device)
-                following = families.next_mix(t, moved)
-                if following is None:
-                    break
-                t = following if attempts < families.MIX_ATTEMPTS - 1 else 1.0
+        fresh = self._draw(instance.config.overrides)
+        if [_size(x) for x in fresh] != [_size(x) for x in base.inputs]:
+            raise ReferenceError(
+                f"the reference's get_inputs() drew inputs of other sizes at {instance.config.describe()} "
+                "than its first draw: a task's sizes must not change between draws"
+            )
+        before = [e.to(self.device) for e in base.expected]
+        start = self.to_device(base.inputs)
+        t, attempts, moved = families.FIRST_MIX, 0, 0.0
+        while True:
+            attempts += 1
+            inputs = families.mix(start, fresh, t)
+            expected = self._forward(instance, inputs)
+            if _not_finite(expected, infinite_ok):
+                return Skipped(Drawn(SENSITIVITY, {"mix": t}), "the reference's outputs are not finite there")
+            moved = move_ratio(before, expected, tolerance, self.device)
+            following = families.next_mix(t, moved)
+            if following is None:
+                break
+            t = following if attempts < families.MIX_ATTEMPTS - 1 else 1.0
         drawn = Drawn(SENSITIVITY, {"mix": t, "moved": round(moved, 1) if moved != float("inf") else "exact"})
         if moved < families.MOVE:
             return Skipped(
@@ -402,7 +354,7 @@ class Reference:
         and outputs wait on the host, not in device memory that the sandbox, the baseline process and
         other runs need; and the blocks they leave go back to the device, not to this process's
         caching allocator, where the sandbox (another process) could not have them."""
-        if _held_bytes(inputs, expected) <= KEEP_ON_DEVICE_BYTES:
+        if held_bytes(inputs, expected) <= KEEP_ON_DEVICE_BYTES:
             return inputs, expected
         inputs = [x.to("cpu") if isinstance(x, torch.Tensor) else x for x in inputs]
         expected = [e.to("cpu") for e in expected]
@@ -423,31 +375,12 @@ class Reference:
 
     def fresh_inputs(self, instance: Instance) -> list:
         """A fresh draw of `get_inputs()` at the instance's shapes, never used before."""
-        with self.shapes(instance.config.overrides):
-            return self._draw()
+        return self._draw(instance.config.overrides)
 
-    def _draw(self) -> list:
-        """`get_inputs()` under a fresh seed, drawn where the reference runs: on cuda the task's
-        factory calls (torch.randn and the like) make their tensors on the device, so inputs of
-        gigabytes cost milliseconds rather than the host's seconds. A task whose get_inputs cannot
-        run there (it mixes devices) is drawn on the host and moved."""
-        seed = secrets.randbits(62)
-        with _RNG_LOCK, torch.random.fork_rng(devices=self._rng_devices()):
-            torch.manual_seed(seed)
-            if self.device.startswith("cuda"):
-                try:
-                    with torch.device(self.device):
-                        inputs = list(self.module.get_inputs())
-                    return [x.detach().to(self.device) if isinstance(x, torch.Tensor) else x for x in inputs]
-                except torch.OutOfMemoryError as err:  # not a task that mixes devices: no host detour
-                    raise DeviceFull(
-                        f"the inputs of {self.task_id} do not fit in device memory "
-                        f"({str(err).splitlines()[0][:160]}): the verifier's device is too small or too busy"
-                    ) from None
-                except (RuntimeError, TypeError, ValueError):
-                    torch.manual_seed(seed)
-            inputs = list(self.module.get_inputs())
-        return [x.detach().to(self.device) if isinstance(x, torch.Tensor) else x for x in inputs]
+    def _draw(self, overrides: dict) -> list:
+        """`get_inputs()` at `overrides` under a fresh seed from `secrets`, drawn where the reference
+        runs (on its device: InProcessProgram.draw). Every draw of a trial's inputs comes through here."""
+        return self.program.draw(overrides, secrets.randbits(62))
 
     def mosaic(self, trial: Trial, instance: Instance, changed: int = 3) -> Trial:
         """A canary: `trial`'s inputs with `changed` random elements of each tensor taken from a fresh
@@ -472,32 +405,25 @@ class Reference:
             else:
                 inputs.append(a)
         fresh = b = None  # only a few of its elements were needed: not held while the reference runs
-        with self.shapes(instance.config.overrides):
-            expected = self.run(instance.model, inputs)
+        expected = self._forward(instance, inputs)
         self.check_outputs(inputs, expected)
         return Trial(instance.config, -1, inputs, expected)  # used at once: it never waits
 
-    def run(self, model: torch.nn.Module, inputs: list, *, wait: bool = True) -> list[torch.Tensor]:
-        """The reference's outputs as a list of tensors on the reference device; `wait=False` leaves
-        them queued on the device's stream (the caller reads them in stream order, or waits itself)."""
-        on_device = self.to_device(inputs)
-        try:
-            with torch.no_grad():
-                out = model(*on_device)
-        except torch.OutOfMemoryError as err:
-            raise DeviceFull(
-                f"the reference of {self.task_id} ran out of device memory at these sizes "
-                f"({str(err).splitlines()[0][:160]}): the verifier's device is too small or too busy for this task"
-            ) from None
-        if wait and self.device.startswith("cuda"):
-            torch.cuda.synchronize()
-        return as_output_list(out, "the reference")
+    def run(
+        self, model, inputs: list, *, wait: bool = True, overrides: dict | None = None, wide: bool = False
+    ) -> list[torch.Tensor]:
+        """The reference's outputs (of `model`, an instance's handle) as a list of tensors on the
+        reference device; `wait=False` leaves them queued on the device's stream (the caller reads
+        them in stream order, or waits itself). `overrides`: the module constants it runs under (its
+        instance's shapes; None: the module's defaults). `wide`: its float64 copy runs."""
+        return self.program.forward(model, self.to_device(inputs), overrides=overrides, wide=wide, wait=wait)
+
+    def _forward(self, instance: Instance, inputs: list) -> list[torch.Tensor]:
+        """The instance's model on `inputs`, under its shapes' module constants."""
+        return self.run(instance.model, inputs, overrides=instance.config.overrides)
 
     def to_device(self, inputs: list) -> list:
         return [x.to(self.device) if isinstance(x, torch.Tensor) else x for x in inputs]
-
-    def _rng_devices(self) -> list[int]:
-        return [torch.cuda.current_device()] if self.device.startswith("cuda") else []
 
 
 def _size(x) -> tuple | None:
@@ -525,32 +451,93 @@ def _all(test, x: torch.Tensor, chunk: int = 1 << 28) -> bool:
     return all(bool(test(flat[a : a + chunk]).all()) for a in range(0, flat.numel(), chunk))
 
 
-def _held_bytes(inputs: list, outputs: list[torch.Tensor]) -> int:
-    tensors = [x for x in inputs if isinstance(x, torch.Tensor)] + list(outputs)
-    return sum(x.numel() * x.element_size() for x in tensors)
+# Jailed references a lane keeps loaded (least recently used first out, once no run uses it): each is a
+# process with torch loaded, and on cuda a CUDA context (some hundreds of MB of device memory).
+JAILED_PER_LANE = 4
 
 
-def as_output_list(out, who: str) -> list[torch.Tensor]:
-    """Normalise a forward() result to a list of tensors; anything else is an error naming `who`."""
-    items = list(out) if isinstance(out, (tuple, list)) else [out]
-    for i, t in enumerate(items):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{who} returned {type(t).__name__} as output {i}, not a tensor")
-    return items
+@dataclass
+class _Slot:
+    """One cached reference: made under its own lock (a slow load blocks no other task), counted while
+    runs use it (never closed under them)."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    ref: Reference | None = None
+    users: int = 0
+    used: float = 0.0  # time.monotonic() of its last use: the eviction order
 
 
 class ReferenceCache:
-    """Loaded references by (task id, reference hash); a task's module is executed once."""
+    """A lane's loaded references, by (task id, reference hash, jailed): a module is executed once,
+    in this process for the operator's own task set, or in a jailed process of its own
+    (`jail.open`, jailed_reference.py) for a reference a client sent (`KernelSpec.reference_origin`),
+    or for every reference with `sandbox_all` (verifier.sandbox_references). Jailed ones are bounded
+    (JAILED_PER_LANE), replaced when their process died, and closed with the cache. Whether one runs
+    jailed is in the key, so a client's reference and the operator's never share a program; the
+    verdict and baseline caches need nothing new: one (task id, reference source) is one program,
+    wherever it runs, and a client cannot name a task of the operator's set with its own source."""
 
-    def __init__(self, device: str):
+    def __init__(self, device: str, jail=None, *, sandbox_all: bool = False):
         self.device = device
-        self._refs: dict[tuple[str, str], Reference] = {}
+        self.jail = jail  # jailed_reference.ReferenceJail, or None where references are not sandboxed
+        self.sandbox_all = sandbox_all
+        self._slots: dict[tuple[str, str, bool], _Slot] = {}
         self._lock = threading.Lock()
 
-    def get(self, task: Task) -> Reference:
-        key = (task.task_id, hashlib.sha256(task.kernel.reference.encode()).hexdigest())
+    def jailed(self, task: Task) -> bool:
+        return self.sandbox_all or task.kernel.reference_origin == "client"
+
+    @contextmanager
+    def use(self, task: Task) -> Iterator[Reference]:
+        """The task's reference, loaded (or its dead process replaced) on first use, held for the block."""
+        jailed = self.jailed(task)
+        if jailed and self.jail is None:
+            raise ReferenceError(f"the reference of {task.task_id} must run sandboxed, and this verifier cannot")
+        key = (task.task_id, hashlib.sha256(task.kernel.reference.encode()).hexdigest(), jailed)
         with self._lock:
-            ref = self._refs.get(key)
-            if ref is None:
-                ref = self._refs[key] = Reference(task, self.device)
-            return ref
+            slot = self._slots.setdefault(key, _Slot())
+            slot.users += 1
+            slot.used = time.monotonic()
+        try:
+            with slot.lock:
+                if slot.ref is None or not slot.ref.program.alive:
+                    dead, slot.ref = slot.ref, None
+                    if dead is not None:
+                        dead.program.close()
+                    slot.ref = Reference(task, self.device, self.jail.open(task) if jailed else None)
+                ref = slot.ref
+            yield ref
+        finally:
+            with self._lock:
+                slot.users -= 1
+                retired = self._over(JAILED_PER_LANE)
+            for old in retired:
+                old.program.close()
+
+    def _over(self, keep: int) -> list[Reference]:
+        """Unused jailed references beyond the newest `keep`, taken out of the cache (to be closed),
+        and the slots of loads that failed. Called under the cache's lock."""
+        for key in [k for k, s in self._slots.items() if s.ref is None and s.users == 0]:
+            del self._slots[key]
+        jailed = sorted(((s.used, k) for k, s in self._slots.items() if k[2]), reverse=True)
+        out = []
+        for _, key in jailed[keep:]:
+            slot = self._slots[key]
+            if slot.users == 0:
+                out.append(self._slots.pop(key).ref)
+        return out
+
+    def renew(self) -> None:
+        """Close every jailed reference no run uses, so that its next use is a fresh process (a
+        benchmark that repeats baselines across processes: KernelVerifier.forget_baselines)."""
+        with self._lock:
+            retired = self._over(0)
+        for old in retired:
+            old.program.close()
+
+    def close(self) -> None:
+        with self._lock:
+            refs = [s.ref for s in self._slots.values() if s.ref is not None]
+            self._slots.clear()
+        for ref in refs:
+            ref.program.close()

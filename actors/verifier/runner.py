@@ -22,6 +22,7 @@ the primary shapes' trials have passed; the byte-level facts both use are tensor
 from __future__ import annotations
 
 import secrets
+import threading
 import time
 from dataclasses import dataclass
 
@@ -36,6 +37,7 @@ from actors.verifier.device_verdicts import DeviceVerdicts
 from actors.verifier.devmem import DeviceMemory
 from actors.verifier.executor import ChildSession, SandboxFailure, SandboxPool
 from actors.verifier.families import NORMAL, SENSITIVITY
+from actors.verifier.jailed_reference import ReferenceRaised
 from actors.verifier.legality import Violation
 from actors.verifier.outcome import RunOutcome, TrialRecord, aliasing, precompute_finding
 from actors.verifier.performance import TIMING_INPUT_BUDGET, TimedStage
@@ -72,6 +74,10 @@ PRECOMPUTE_FLOOR = 8192
 # its first draw to its verdict: a draw on the trusted side (a trial and its forward's temporaries),
 # the sandbox's trial and the candidate's own workspace, and the baseline process's inputs.
 RUN_COPIES = 4
+
+
+class Cancelled(Exception):
+    """The run was cancelled before its sandbox started (CandidateRun.cancel)."""
 
 
 @dataclass(frozen=True)
@@ -163,6 +169,17 @@ class CandidateRun:
         self.device_reserved = 0  # the device memory this run reserved (devmem.py): its sandbox's share
         self.watched: gpumem.Watched | None = None  # its sandbox under the GPU's device watch (cuda)
         self.device: DeviceVerdicts | None = None  # where device memory decides the verdict (device_verdicts.py)
+        self.cancelled = threading.Event()  # cancel(): nobody waits for this verdict any more
+        self.child: ChildSession | None = None  # its sandbox, while it has one (cancel kills it)
+
+    def cancel(self) -> None:
+        """End this run now, its verdict no longer wanted (a service's deadline passed): its sandbox
+        is killed, or, if it has none yet, none is started. What the run then reports says nothing of
+        the candidate; the verifier answers it as cancelled and keeps nothing of it."""
+        self.cancelled.set()
+        child = self.child
+        if child is not None:
+            child.kill()
 
     def run(self, source: str, source_hash: str, artifacts: dict | None, toolchain: str) -> RunOutcome:
         started = time.perf_counter()
@@ -182,7 +199,12 @@ class CandidateRun:
                 self.out.timings["reference"] = time.perf_counter() - started - self.out.timings["memory_wait"]
                 task_limits = self._limits(plan)
                 self._baselines_first(plan)
+                if self.cancelled.is_set():
+                    raise Cancelled
                 with self.pool.session(plan.arena_bytes, task_limits.private_bytes, task_limits.starved) as child:
+                    self.child = child
+                    if self.cancelled.is_set():  # cancel() came before the sandbox was known to it
+                        child.kill()
                     waited = time.perf_counter()
                     with self.memory.reserve(RUN_COPIES * plan.footprint if known is None else 0) as late:
                         self.device_reserved = held or late
@@ -201,6 +223,9 @@ class CandidateRun:
             )
         except ReferenceError as err:
             self.out.stage, self.out.error_class, self.out.message = "run", "infra", str(err)
+        except Cancelled:
+            pass  # the verifier answers a cancelled run itself (KernelVerifier.cancel)
+        self.child = None
         if self.device is not None:  # the device's word on memory, over whatever else the run ended with
             self.device.watch_word(self.out, self.watched)
         if child is not None:
@@ -317,11 +342,13 @@ class CandidateRun:
             with self.memory.reserve(self.memory.budget if drawn_alone else 0), self.lease.shared():
                 try:
                     inst = self.ref.instance(config)
+                except ReferenceError:  # a jailed reference's process that failed: no other shape would do
+                    raise
                 except Exception as err:
                     if config.label != "primary":  # a derived alternative shape the reference rejects
                         notes.append(f"skipped shapes {config.describe()}: the reference fails there ({err})")
                         continue
-                    raise ReferenceError(f"the reference fails at its own shapes: {type(err).__name__}: {err}") from err
+                    raise _fails_at_own_shapes(err) from err
                 base = len(configs) * 100
                 try:
                     first = self.ref.trial(inst, base, tolerance=self.tol_override)
@@ -331,7 +358,7 @@ class CandidateRun:
                     if config.label != "primary":  # a derived alternative its forward rejects (broadcasts)
                         notes.append(f"skipped shapes {config.describe()}: the reference fails there ({err})")
                         continue
-                    raise
+                    raise _fails_at_own_shapes(err) from err
             if config.label == "primary":
                 kinds = families.schedule(config.trials, _SCHEDULE_RNG)
             else:
@@ -618,6 +645,13 @@ class CandidateRun:
                 return None, _describe_mismatch(name, entry, exp, self.device_type)
             got.append(t)
         return got, ""
+
+
+def _fails_at_own_shapes(err: Exception) -> ReferenceError:
+    """A reference that fails at its primary shapes: a broken task (infra), in one line. A jailed
+    reference's own exception already names its type (ReferenceRaised)."""
+    why = str(err) if isinstance(err, ReferenceRaised) else f"{type(err).__name__}: {err}"
+    return ReferenceError(f"the reference fails at its own shapes: {why}")
 
 
 def _carried(trial: Trial) -> None:

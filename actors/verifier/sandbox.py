@@ -158,17 +158,21 @@ def _send(sock: socket.socket, body: dict) -> None:
 
 
 def _hello(report, device: str, check_cuda: bool) -> dict:
-    """The jail's report, before any candidate code exists. With `check_cuda` (the verifier's start-up
-    probe on cuda), also whether a CUDA context can be created inside the jail, and which GPUs it sees."""
+    """The jail's report, before any candidate code exists. On cuda the sandbox's CUDA context is
+    created here, as the sandbox starts: that is driver work, no kernel runs, so it need not wait for
+    the device's shared lease, under which the verifier sends `prepare` (and a timed window queued
+    behind a long shared hold holds up every other run's device work with it). With `check_cuda` (the
+    verifier's start-up probe), also whether that worked, and which GPUs it sees."""
     reply = {"ok": True, "jail": report.to_json(), "pid": os.getpid()}
-    if check_cuda:
+    if check_cuda or device == "cuda":
         try:
             torch.cuda.set_device(0)
             torch.empty(1, device="cuda")
-            torch.cuda.synchronize()
             reply["cuda"] = ""
-            # The GPUs this process sees (by UUID): the verifier checks the one it was pinned to.
-            reply["gpus"] = [str(torch.cuda.get_device_properties(i).uuid) for i in range(torch.cuda.device_count())]
+            if check_cuda:  # the GPUs this process sees (by UUID): the verifier checks the one it was pinned to
+                reply["gpus"] = [
+                    str(torch.cuda.get_device_properties(i).uuid) for i in range(torch.cuda.device_count())
+                ]
         except Exception as err:  # noqa: BLE001 - reported to the verifier, which refuses to start
             reply["cuda"] = f"{type(err).__name__}: {err}"[:600]
     return reply

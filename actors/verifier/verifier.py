@@ -102,10 +102,20 @@ class KernelVerifier(RewardActor):
         self._roots = {str(self.cache_dir.resolve()): "<cache>", str(self.cache_dir): "<cache>"}
         self.counts = {"verified": 0, "cached": 0, "broken_tasks": 0}
         self._lock = threading.Lock()
+        # Set by close(): a run it cuts short (its sandbox gone with the zygote) says nothing about the
+        # candidate, so it is answered infra and never cached (the cache is shared by every verifier
+        # of a service: a cached -1 would be every client's answer to that candidate).
+        self.closing = False
+        # Requests in verification here (by request id): their run once it exists, for cancel(); and
+        # those cancelled, answered as such whatever their run reports.
+        self._inflight: dict[str, CandidateRun | None] = {}
+        self._cancelled: set[str] = set()
         # Which confinement layers hold here, said now and in every verdict; on cuda, every lane's
         # probe also proves that its sandboxes see exactly its GPU.
         reports = [lane.pool.probe() for lane in self.lanes.all]
         self.sandbox = reports[0]
+        for lane in self.lanes.all:  # a jailed reference's process must hold every layer this machine has
+            lane.references.jail.machine_missing = frozenset(self.sandbox.get("missing") or {})
         native.ensure_loaded(self.zygote.native_library)  # the timing protocol's CallClock, here too
         missing = self.sandbox.get("missing") or {}
         if missing:
@@ -185,10 +195,39 @@ class KernelVerifier(RewardActor):
             cached.request_id, cached.cached = request.request_id, True
             cached.timings = {"cache": time.perf_counter() - started}
             return cached
-        result = self._verify_source(request, ext.source, ext.source_hash, timings)
+        with self._lock:
+            self._inflight[request.request_id] = None
+        try:
+            result = self._verify_source(request, ext.source, ext.source_hash, timings)
+        finally:
+            with self._lock:
+                self._inflight.pop(request.request_id, None)
+                cancelled = request.request_id in self._cancelled
+                self._cancelled.discard(request.request_id)
         result.timings["total"] = time.perf_counter() - started
+        if self.closing or cancelled:
+            why = (
+                "the verifier was stopped during this verification"
+                if self.closing
+                else "this verification was cancelled: its caller's deadline passed"
+            )
+            return self._infra(request, why, timings, ext.source_hash)
         self.verdicts.put(key, result)
         return result
+
+    def cancel(self, request_id: str) -> bool:
+        """End the verification of `request_id` now: nobody waits for it any more (a service's deadline
+        passed). Its sandbox is killed, or none is started; the call answers infra and nothing of it is
+        cached. A build under way finishes (its libraries are cached for the next request). False when
+        no such request is being verified here."""
+        with self._lock:
+            if request_id not in self._inflight:
+                return False
+            self._cancelled.add(request_id)
+            run = self._inflight[request_id]
+        if run is not None:
+            run.cancel()
+        return True
 
     def _verify_source(self, request: VerifyRequest, source: str, digest: str, timings: dict) -> VerifyResult:
         diagnostics: dict = {
@@ -239,12 +278,18 @@ class KernelVerifier(RewardActor):
             ]
             return self._cheating(request, digest, found, vendors, diagnostics, timings, stage="legality")
         with self.lanes.take() as lane:  # a GPU's sandboxes, and the reference and clock on that GPU
-            try:
-                ref = lane.references.get(request.task)
+            try:  # a client's reference runs jailed (reference.ReferenceCache); its failures are infra
+                with lane.references.use(request.task) as ref:
+                    run = CandidateRun(
+                        self.cfg, ref, lane.pool, lane.lease, lane.baselines, lane.bandwidth, lane.memory
+                    )
+                    with self._lock:
+                        if request.request_id in self._cancelled:
+                            run.cancelled.set()
+                        self._inflight[request.request_id] = run
+                    outcome = run.run(source, digest, dict(build.artifacts), build.toolchain or self.toolchain)
             except ReferenceError as err:
                 return self._infra(request, str(err), timings, digest)
-            run = CandidateRun(self.cfg, ref, lane.pool, lane.lease, lane.baselines, lane.bandwidth, lane.memory)
-            outcome = run.run(source, digest, dict(build.artifacts), build.toolchain or self.toolchain)
         diagnostics["device"] = lane.device
         timings.update({k: round(v, 6) for k, v in outcome.timings.items()})
         return self._from_outcome(request, digest, outcome, vendors, diagnostics, timings)
@@ -450,8 +495,11 @@ class KernelVerifier(RewardActor):
         ones, and repeats them across processes; timing_fidelity.py)."""
         for lane in self.lanes.all:
             lane.baselines.forget(new_processes)
+            if new_processes:
+                lane.references.renew()  # a jailed reference's baselines are timed in its own process
 
     def close(self) -> None:
+        self.closing = True
         self.lanes.close()
         self.builds.close()
         self.zygote.close()

@@ -9,6 +9,9 @@ and never runs candidate code, then forks one fresh, jailed process per job (`ja
     capture   actors.verifier.build.capture        the candidate's module-level code (compile stage)
     build     actors.verifier.build.worker         the compilers for one extension (trusted code,
                                                    untrusted input: jailed, may run programs)
+    reference actors.verifier.reference_child      a reference a client sent: its module, draws,
+                                                   forward and baselines (untrusted code, unsealed:
+                                                   it computes with ATen; jailed_reference.py)
 
 Control protocol (SOCK_SEQPACKET, one JSON message per packet; `fork` carries the job's socket and,
 for `run`, the write end of its evidence pipe):
@@ -43,7 +46,7 @@ from pathlib import Path
 
 PR_SET_CHILD_SUBREAPER = 36
 _MAX_MSG = 256 * 1024
-KINDS = ("run", "capture", "build")
+KINDS = ("run", "capture", "build", "reference")
 # Kinds whose processes never run a timed window: background work (background.py), so compilers and
 # a candidate's module-level code do not take the CPU a sandbox or a baseline is timed on.
 BACKGROUND_KINDS = ("capture", "build")
@@ -84,6 +87,7 @@ def _child(kind: str, fds: list[int], req: dict, zygote: int) -> None:
         os.close(log)
         report_fd = fds[-1]
         keep = set(fds[:-1])
+        _BEFORE_JAIL.get(kind, _nothing)()
 
         def report_pid(pid: int) -> None:
             os.write(report_fd, f"{pid}\n".encode())
@@ -131,7 +135,30 @@ def _build_entry(fds, spec, report, args) -> int:
     return child_main(fds, spec, report, args)
 
 
-_ENTRIES = {"run": _run_entry, "capture": _capture_entry, "build": _build_entry}
+def _reference_entry(fds, spec, report, args) -> int:
+    from actors.verifier.reference_child import child_main  # imported before the jail (_BEFORE_JAIL)
+
+    return child_main(fds, spec, report, args)
+
+
+def _reference_imports() -> None:
+    """A reference's process imports what it serves while Kiln's tree is still visible (the jail hides
+    it). It runs no candidate code and is never sealed, so it gets back the ordinary ctypes and numpy
+    that the zygote keeps out of every sandbox (native/shim.py): a reference may use them, as it may in
+    the verifier's own process."""
+    from actors.verifier.native import shim
+
+    shim.lift()
+    import actors.verifier.reference_child  # noqa: F401
+
+
+def _nothing() -> None:
+    return None
+
+
+_ENTRIES = {"run": _run_entry, "capture": _capture_entry, "build": _build_entry, "reference": _reference_entry}
+# Work a kind does in its forked child before the jail is entered (still single-threaded).
+_BEFORE_JAIL = {"reference": _reference_imports}
 
 
 def _fork(req: dict, fds: list[int], ctrl: socket.socket) -> dict:
@@ -369,11 +396,14 @@ class Zygote:
         self._proc: subprocess.Popen | None = None
         self._ctrl: socket.socket | None = None
         self.starts = 0
+        self._closed = False  # close() is final: a call still in flight then (a reap) starts no new zygote
 
     def _ensure(self) -> socket.socket:
         if self._proc is not None and self._proc.poll() is None and self._ctrl is not None:
             return self._ctrl
         self._shutdown()
+        if self._closed:
+            raise ZygoteError("the sandbox zygote was closed (its verifier stopped)")
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         root = str(Path(__file__).resolve().parents[2])
         env = dict(os.environ)
@@ -460,6 +490,7 @@ class Zygote:
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             self._shutdown()
 
 

@@ -1,4 +1,5 @@
-"""Timing fidelity: `python -m launch.bench.timing_fidelity [--backend cuda|cpu] [--kernels a,b]`.
+"""Timing fidelity: `python -m launch.bench.timing_fidelity [--backend cuda|cpu] [--kernels a,b]
+[--sandbox-references]`.
 
 For each kernel it prints Kiln's speedup over eager PyTorch (`kiln verify`'s figure: the verifier's
 timing protocol, actors/verifier/timing.py), the speedup by KernelBench's own method
@@ -23,6 +24,10 @@ Kiln's eager baseline is measured in the first pass too, while the other kernels
 (what a training run's baselines meet); the table's speedup uses the quiet pass (the protocol against
 KernelBench's method, both on a quiet host) and prints the loaded one beside it (`eager loaded /
 quiet`): how much a busy host moves a baseline.
+
+With `--sandbox-references` every reference runs, and has its baselines timed, in a jailed process of
+its own (verifier.sandbox_references), as one a client of `kiln serve` sends does: the same tolerance
+must hold for it (docs/verifier.md, the service's threat model).
 
 Kernels: the shipped solutions (tasks/solutions/<backend>: elementwise, reductions, matmuls,
 convolutions, fusions) at their tasks' sizes, plus two of them resized so the set spans about 5 µs
@@ -83,6 +88,12 @@ def parse_args(argv):
         help="K/N: only the K-th of N equal slices of the kernels (runs too long for one sitting)",
     )
     p.add_argument("--json", type=Path, help="also write the rows here")
+    p.add_argument(
+        "--sandbox-references",
+        action="store_true",
+        help="run every reference, its baselines included, in a jailed process of its own, as a reference a "
+        "client of kiln serve sent runs (verifier.sandbox_references=true)",
+    )
     return p.parse_args(argv)
 
 
@@ -144,6 +155,7 @@ def kiln_figures(args, todo: list[Kernel], scratch: Path) -> dict[str, dict]:
             # the speedup compared is over eager; torch.compile's baseline (tens of seconds a task, in
             # every fresh baseline process) is not part of it
             "verifier.compile_baseline=never",
+            f"verifier.sandbox_references={'true' if args.sandbox_references else 'false'}",
         ],
     ).verifier
     verifier = KernelVerifier(cfg)

@@ -143,11 +143,13 @@ def _task(service: Service, body: dict) -> Task:
 
 def inline_task(reference: str, backend: str, name: str = "inline") -> Task:
     """A task of a reference sent by the client (its id: the source's digest, so one reference is one
-    task to the verdict cache and the baselines)."""
+    task to the verdict cache and the baselines). The client's code: it runs jailed, as a candidate
+    does (`reference_origin`, actors/verifier/jailed_reference.py), and its id is in a namespace of its
+    own, so no client's source ever stands for a task of the operator's set."""
     import hashlib
 
     digest = hashlib.sha256(reference.encode()).hexdigest()[:16]
-    spec = KernelSpec(name=name, reference=reference, backend=backend, level=0)
+    spec = KernelSpec(name=name, reference=reference, backend=backend, level=0, reference_origin="client")
     return Task(task_id=f"inline/{digest}", kind="kernel", kernel=spec)
 
 

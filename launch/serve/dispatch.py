@@ -36,6 +36,7 @@ class Verifiers(Protocol):
     workers: int  # jobs it runs at once
 
     def verify(self, request: VerifyRequest, timeout_s: float) -> VerifyResult: ...  # WorkerDied
+    def cancel(self, request_id: str) -> None: ...  # end that call's work: nobody waits for it any more
     def close(self) -> None: ...
 
 
@@ -68,6 +69,7 @@ class Dispatcher:
         self.latency = [0] * (len(LATENCY_BOUNDS) + 1)
         self.latency_sum = 0.0
         self.retried = 0
+        self.cancelled = 0  # running jobs whose work was cancelled at their deadline
         self._threads = [
             threading.Thread(target=self._work, name=f"serve-worker{i}", daemon=True) for i in range(verifiers.workers)
         ]
@@ -134,17 +136,34 @@ class Dispatcher:
                 self.lock.notify_all()
 
     def _watch(self) -> None:
-        """Deadlines, answered as they pass (a queued job or a running one), and old results dropped."""
+        """Deadlines, answered as they pass (a queued job or a running one, whose verifier is then told
+        to cancel its work), and old results dropped."""
         while True:
             with self.lock:
                 if self.stopping:
                     return
                 now = self.clock()
-                for job in self.queue.expire(now):
+                running = {job.job_id for job in self.queue.running()}
+                late = self.queue.expire(now)
+                for job in late:
                     self._count(job, "timeout", now)
                 self.queue.forget(now, self.keep_s)
                 self.lock.notify_all()
-                self.lock.wait(0.2)
+            for job in late:  # outside the lock: a Ray actor's call, a sandbox killed
+                if job.job_id in running:
+                    self._cancel(job)
+            with self.lock:
+                if not self.stopping:
+                    self.lock.wait(0.2)
+
+    def _cancel(self, job: Job) -> None:
+        try:
+            self.verifiers.cancel(job.request.request_id)
+        except Exception:  # a verifier that cannot cancel finishes the work; nobody waits for it
+            log.exception("serve: cancelling job %s failed", job.job_id)
+            return
+        with self.lock:
+            self.cancelled += 1
 
     def _count(self, job: Job, verdict: str, now: float) -> None:
         self.verdicts[verdict] = self.verdicts.get(verdict, 0) + 1
@@ -164,5 +183,6 @@ class Dispatcher:
                 "latency": list(self.latency),
                 "latency_sum": self.latency_sum,
                 "retried": self.retried,
+                "cancelled": self.cancelled,
                 "state_counts": {s.value: sum(j.state is s for j in self.queue.jobs.values()) for s in JobState},
             }

@@ -25,6 +25,9 @@ def render(snap: dict, live_verifiers: int) -> str:
         "# HELP kiln_serve_retried_total Jobs retried once after their verifier died.",
         "# TYPE kiln_serve_retried_total counter",
         f"kiln_serve_retried_total {snap['retried']}",
+        "# HELP kiln_serve_cancelled_total Running jobs whose work was cancelled when their deadline passed.",
+        "# TYPE kiln_serve_cancelled_total counter",
+        f"kiln_serve_cancelled_total {snap['cancelled']}",
         "# HELP kiln_serve_verdicts_total Answered jobs by verdict: pass, an error class, or timeout.",
         "# TYPE kiln_serve_verdicts_total counter",
     ]

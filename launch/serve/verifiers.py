@@ -30,6 +30,7 @@ class _Turns:
         self._held = [0] * count
         self._next = 0
         self._lock = threading.Lock()
+        self._holder: dict[str, int] = {}  # request id -> the verifier its job is on (cancel)
 
     def hold(self, live: list[int]) -> int:
         with self._lock:
@@ -41,9 +42,20 @@ class _Turns:
             self._held[i] += 1
             return i
 
-    def release(self, i: int) -> None:
+    def holds(self, request_id: str, i: int) -> None:
+        """Note that verifier `i` runs `request_id` (after `hold`)."""
+        with self._lock:
+            self._holder[request_id] = i
+
+    def holder(self, request_id: str) -> int | None:
+        with self._lock:
+            return self._holder.get(request_id)
+
+    def release(self, i: int, request_id: str | None = None) -> None:
         with self._lock:
             self._held[i] -= 1
+            if request_id is not None and self._holder.get(request_id) == i:
+                del self._holder[request_id]
 
     def holding(self) -> list[int]:
         """Jobs in hand per verifier."""
@@ -61,17 +73,24 @@ class InProcessVerifiers:
 
     def verify(self, request: VerifyRequest, timeout_s: float) -> VerifyResult:
         """One verdict; WorkerDied when the verifier stopped before answering, or none is running. The
-        deadline is the dispatcher's to keep (it answers the client when it passes); the actor's own
-        guard (`verifier.reward_timeout_s`) bounds the call."""
+        deadline is the dispatcher's to keep (it answers the client when it passes, and cancels the
+        work: `cancel`); the actor's own guard (`verifier.reward_timeout_s`) bounds the call."""
         i = self.turns.hold([k for k, a in enumerate(self.actors) if not a.stopping])
         actor = self.actors[i]
+        self.turns.holds(request.request_id, i)
         try:
             result = actor.verify(request)
         finally:
-            self.turns.release(i)
+            self.turns.release(i, request.request_id)
         if actor.stopping:  # its answer came from a verifier being torn down: not one to trust
             raise WorkerDied(f"verifier {i} stopped while it held the request")
         return result
+
+    def cancel(self, request_id: str) -> None:
+        """Cancel the work on `request_id` in the verifier that holds it (its reward actor's hook)."""
+        i = self.turns.holder(request_id)
+        if i is not None:
+            self.actors[i].cancel(request_id)
 
     def stop(self, i: int) -> None:
         """Stop verifier `i` (an operator's drain; what the tests kill)."""
@@ -115,15 +134,23 @@ class RayVerifiers:
             live = [k for k in range(len(self.handles)) if not self._dead[k]]
         i = self.turns.hold(live)
         handle = self.handles[i]
+        self.turns.holds(request.request_id, i)
         try:
             return ray.get(handle.verify.remote(request), timeout=timeout_s)
         except RayActorError as err:
             self._replace(i, handle)
             raise WorkerDied(f"verifier {i} died: {str(err).splitlines()[0][:200]}") from None
-        except GetTimeoutError:  # the dispatcher has answered the deadline; the actor's work runs out
+        except GetTimeoutError:  # the dispatcher has answered the deadline and cancelled the work
             raise WorkerDied(f"verifier {i} did not answer within the deadline") from None
         finally:
-            self.turns.release(i)
+            self.turns.release(i, request.request_id)
+
+    def cancel(self, request_id: str) -> None:
+        """Cancel the work on `request_id` in the actor that holds it; not waited for (an actor that
+        died meanwhile has nothing left to cancel)."""
+        i = self.turns.holder(request_id)
+        if i is not None:
+            self.handles[i].cancel.remote(request_id)
 
     def _replace(self, i: int, dead) -> None:
         """Start a new actor in slot `i` (once per death), off the job's thread."""

@@ -112,7 +112,7 @@ def test_example_reward_actor_scores_the_example_task_source():
         ("actors.verifier.examples.Missing", "has no attribute 'Missing'"),
         ("actors.verifier.examples.KIND", "not a class"),
         ("Reward", "not a dotted path"),
-        ("actors.base.Actor", r"lacks verify\(\), warm\(\), close\(\) of RewardActor"),
+        ("actors.base.Actor", r"lacks verify\(\), warm\(\), cancel\(\), close\(\) of RewardActor"),
     ],
 )
 def test_bad_dotted_path_fails_at_start_up(path, message):

@@ -7,11 +7,15 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import threading
+import time
 import uuid
 
 import pytest
 
+from actors.verifier.extract import extract
 from actors.verifier.suite import load_suite
+from actors.verifier.verdicts import verdict_key
 from actors.verifier.verifier import KernelVerifier
 from configs import load_config
 from protocols import VerifyRequest
@@ -19,17 +23,24 @@ from protocols import VerifyRequest
 SUITE = {c.name: c for c in load_suite("cpu")}
 
 
+# The module's verifier settings; each verifier here adds its cache directory.
+ITEMS = {
+    "verifier.trials": 4,
+    "verifier.run_timeout_s": 6,
+    "verifier.memory_limit_mb": 1536,
+    "verifier.compile_baseline": "never",
+    "verifier.repeats": 5,
+}
+
+
+def make_verifier(cache_dir) -> KernelVerifier:
+    items = {**ITEMS, "verifier.cache_dir": cache_dir}
+    return KernelVerifier(load_config(None, [f"{k}={val}" for k, val in items.items()]).verifier)
+
+
 @pytest.fixture(scope="module")
 def verifier(verifier_cache_dir):
-    items = {
-        "verifier.cache_dir": verifier_cache_dir,
-        "verifier.trials": 4,
-        "verifier.run_timeout_s": 6,
-        "verifier.memory_limit_mb": 1536,
-        "verifier.compile_baseline": "never",
-        "verifier.repeats": 5,
-    }
-    v = KernelVerifier(load_config(None, [f"{k}={val}" for k, val in items.items()]).verifier)
+    v = make_verifier(verifier_cache_dir)
     yield v
     v.close()
 
@@ -107,3 +118,55 @@ def test_verdicts_are_cached_by_source_and_task(verifier, relu_task):
     assert first.passed and not first.cached
     assert again.cached and again.request_id == "again" and again.score == first.score
     assert again.source_hash == first.source_hash and set(again.timings) == {"cache"}
+
+
+def test_a_verifier_closed_mid_run_answers_infra_caches_nothing_and_starts_no_zygote(verifier_cache_dir, relu_task):
+    # A service's verifiers share one verdict cache. One stopped mid-run kills its sandboxes with its
+    # zygote; that run's crash says nothing about the candidate, yet it used to be answered `runtime`
+    # (-1) and cached, so the job's retry on another verifier got the cached -1; and the run's reap
+    # started a new zygote after close. Mutations: drop `if self.closing` in KernelVerifier._verify ->
+    # runtime and a cache entry; drop `_closed` in Zygote._ensure -> zygote.starts == 2.
+    v = make_verifier(verifier_cache_dir)
+    source = SUITE["infinite_loop"].source() + f"\n# {uuid.uuid4().hex}\n"
+    out = {}
+    call = threading.Thread(
+        target=lambda: out.update(r=v.verify(VerifyRequest(request_id="closed", task=relu_task, candidate=source)))
+    )
+    call.start()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not v.lanes.all[0].pool.children:  # its sandbox started
+        time.sleep(0.05)
+    time.sleep(1.0)  # in forward's endless loop (the limit is 6 s)
+    v.close()
+    call.join(timeout=30)
+    r = out["r"]
+    assert r.error_class == "infra" and r.score == 0.0 and "stopped" in r.feedback, r.feedback
+    key = verdict_key(extract(source).source_hash, relu_task, v.toolchain, v.cfg)
+    assert v.verdicts.get(key, extract(source).source_hash, relu_task.task_id) is None
+    assert v.zygote.starts == 1 and v.zygote.pid is None
+
+
+def test_a_cancelled_verification_ends_at_once_answers_infra_and_caches_nothing(verifier, relu_task):
+    # A service whose deadline passed cancels the work (KernelVerifier.cancel): the sandbox is killed
+    # at once, the call answers infra and nothing is cached. Mutation: make CandidateRun.cancel not
+    # kill its child -> the call runs into its 6 s limit (timeout) and is cached.
+    source = SUITE["infinite_loop"].source() + f"\n# {uuid.uuid4().hex}\n"
+    children = verifier.lanes.all[0].pool.children
+    out = {}
+    request = VerifyRequest(request_id=uuid.uuid4().hex, task=relu_task, candidate=source)
+    call = threading.Thread(target=lambda: out.update(r=verifier.verify(request)))
+    call.start()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and verifier.lanes.all[0].pool.children == children:
+        time.sleep(0.05)
+    time.sleep(0.5)
+    asked = time.monotonic()
+    assert verifier.cancel(request.request_id)
+    call.join(timeout=30)
+    assert time.monotonic() - asked < 3.0  # the run's limit is 6 s
+    r = out["r"]
+    assert r.error_class == "infra" and "cancelled" in r.feedback, r.feedback
+    assert not verifier.cancel(request.request_id)  # no longer in flight
+    key = verdict_key(extract(source).source_hash, relu_task, verifier.toolchain, verifier.cfg)
+    assert verifier.verdicts.get(key, extract(source).source_hash, relu_task.task_id) is None
+    assert fresh_control(verifier, relu_task).passed

@@ -170,7 +170,7 @@ def test_reference_shapes_trials_and_fresh_inputs():
     a, b = ref.trial(inst, 0), ref.trial(inst, 1)
     assert a.inputs[0].shape == (5, 5) and not torch.equal(a.inputs[0], b.inputs[0])  # fresh seeds
     assert torch.equal(a.expected[0], torch.relu(a.inputs[0]))
-    assert ref.module.batch_size == 8  # overrides are undone after use
+    assert ref.program.module.batch_size == 8  # overrides are undone after use
     declared_none = Reference(_task(PLAIN_KERNELBENCH + "KILN_ALT_SHAPES = []\nKILN_TOLERANCE = 1e-5\n"), "cpu")
     assert [c.label for c in declared_none.shape_configs("cpu", 4)] == ["primary"]
     assert declared_none.tolerance() == (1e-5, 1e-5)

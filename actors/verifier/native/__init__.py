@@ -56,6 +56,9 @@ DENIED_IMPORTS = (
     "xxsubtype",
     # NVML's binding over ctypes: torch imports it when installed; without ctypes it cannot work
     "pynvml",
+    # a pickler that reaches into the interpreter through ctypes.pythonapi: torch's data pipes import
+    # it when installed (TRL's `datasets`, a test dependency, brings it); torch works without it
+    "dill",
 )
 # Kiln's own packages: never the candidate's business (imports refused once armed).
 KILN_PACKAGES = ("actors", "protocols", "configs", "launch", "tasks", "tests")

@@ -186,3 +186,13 @@ def install(native) -> None:
     sys.modules["ctypes"] = module
     sys.modules["ctypes.util"] = util
     sys.meta_path[:] = [_WithoutDenied(f) if f is importlib.machinery.PathFinder else f for f in sys.meta_path]
+
+
+def lift() -> None:
+    """In a forked child that will run no candidate code and is never sealed (a jailed reference's
+    process): ctypes and the refused modules importable again, the real ones. Whatever imported the
+    stand-in keeps it; later imports get the real module."""
+    sys.meta_path[:] = [f.finder if isinstance(f, _WithoutDenied) else f for f in sys.meta_path]
+    if "_ctypes" not in sys.modules:  # what sys.modules holds under these names is the stand-in
+        sys.modules.pop("ctypes", None)
+        sys.modules.pop("ctypes.util", None)

@@ -133,17 +133,24 @@ def test_submit_then_poll_and_another_clients_job_is_unknown(server):
     assert r is not None and r.passed
 
 
-def test_a_deadline_answers_in_one_line_and_cancels_the_wait(server):
+def test_a_deadline_answers_in_one_line_and_cancels_the_work(server):
+    # The client gets its one line at the deadline, and the verifier's work on it is cancelled (the
+    # reward actor's cancel hook): the verifier is free again long before the 30 s the call asked for.
+    # Mutation: drop the `_cancel` calls in Dispatcher._watch -> no call is cancelled, both verifiers
+    # stay busy for 30 s and the next request waits past its own deadline.
     client = VerifierClient(server.url, TOKENS["bob"])
     started = time.monotonic()
-    with pytest.raises(ServiceTimeout, match="deadline passed"):
-        client.verify("sleep 3 pass", reference=REFERENCE, deadline_s=0.5)
-    assert time.monotonic() - started < 2.5
+    for _ in range(2):  # both verifiers take one (serve.verifiers=2, one call each)
+        with pytest.raises(ServiceTimeout, match="deadline passed"):
+            client.verify("sleep 30 pass", reference=REFERENCE, deadline_s=0.5)
+    assert time.monotonic() - started < 4.0
+    assert client.verify("pass", reference=REFERENCE, deadline_s=5).passed
+    assert "kiln_serve_cancelled_total 2" in raw(server, "GET", "/metrics")[2]
+    assert sum(len(a.impl.cancelled) for a in server.verifiers.actors) == 2
     status, _, body = post(
         server, "/v1/verify", {"candidate": "pass", "reference": REFERENCE, "deadline_s": -1}, token=TOKENS["bob"]
     )
     assert status == 400 and "deadline_s must be a number" in body["error"]
-    time.sleep(2.6)  # the slow verdict ends before the next test counts workers
 
 
 def test_backpressure_is_a_429_with_retry_after(server):
@@ -281,16 +288,24 @@ def test_a_ray_verifier_killed_mid_request_loses_nothing_and_is_replaced(tmp_pat
         while time.monotonic() < deadline and running.verifiers.live() < 2:
             time.sleep(0.2)
         assert running.verifiers.live() == 2  # the fleet kept its size
-        assert VerifierClient(running.url, TOKENS["alice"]).verify("pass", reference=REFERENCE).passed
+        client = VerifierClient(running.url, TOKENS["alice"])
+        assert client.verify("pass", reference=REFERENCE).passed
+        # A deadline cancels a Ray actor's work too (its cancel, called through Ray): both actors busy
+        # for 30 s would leave the last call waiting past its own deadline.
+        for _ in range(2):
+            with pytest.raises(ServiceTimeout):
+                client.verify("sleep 30 pass", reference=REFERENCE, deadline_s=0.5)
+        assert client.verify("pass", reference=REFERENCE, deadline_s=10).passed
     finally:
         running.stop()
 
 
 def test_the_verl_and_trl_adapters_called_as_those_trainers_call_them(server, monkeypatch):
-    # TRL and verl are not installed here (each pulls a large stack): the adapters are driven through
-    # the calls those trainers document. verl's reward manager calls
-    # compute_score(data_source=, solution_str=, ground_truth=, extra_info=) and reads "score"; TRL's
-    # GRPOTrainer calls each reward function with prompts=, completions= and the dataset's columns.
+    # verl is not installed here (it pulls a large stack): its adapter is driven through the call verl
+    # documents; its reward manager calls compute_score(data_source=, solution_str=, ground_truth=,
+    # extra_info=) and reads "score". TRL's GRPOTrainer calls each reward function with prompts=,
+    # completions= and the dataset's columns (test_trl.py drives it with TRL's own trainer); here its
+    # error policy: a deadline scores on_error, a refusal of the caller's mistake raises.
     from protocols import verifier_adapters
 
     monkeypatch.setenv("KILN_SERVE_URL", server.url)
@@ -313,6 +328,10 @@ def test_the_verl_and_trl_adapters_called_as_those_trainers_call_them(server, mo
         task_id=[None, None, None],
     )
     assert scores[:2] == [1.0, -1.0] and scores[2] == 1.0 and reward.__name__ == "kiln_verifier"
+    reward.deadline_s = 0.3  # the call's deadline passes: the sample is not judged
+    assert reward(completions=["sleep 2 pass"], reference=[REFERENCE]) == [0.0]
+    with pytest.raises(ServiceError, match="unknown task_id"):  # a task the service does not serve: a mistake
+        reward(completions=["pass"], task_id=["level9/none"])
     monkeypatch.delenv("KILN_SERVE_URL")
     with pytest.raises(RuntimeError, match="set KILN_SERVE_URL"):
         verifier_adapters.TrlReward()
