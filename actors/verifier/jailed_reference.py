@@ -115,6 +115,7 @@ class JailedProgram(ReferenceProgram):
 
     def __init__(self, jail: ReferenceJail, task_id: str, source: str, filename: str) -> None:
         self.jail, self.task_id = jail, task_id
+        self.source, self.filename = source, filename  # a timer process loads the same (baselines)
         self.device = jail.device
         self.device_type = "cuda" if self.device.startswith("cuda") else "cpu"
         self.cfg = jail.cfg
@@ -247,9 +248,23 @@ class JailedProgram(ReferenceProgram):
         return model.elements
 
     def baselines(self, overrides: dict, pairs: int, warmup: int, lease) -> tuple[timing.TripTimes, str]:
-        """The eager baseline at `overrides`, timed in this reference's own process by
-        baselines.measure_reference (a fresh instance and fresh draws, as the baseline process
-        times one), the device lease held here on its behalf. (eager, a note)."""
+        """The eager baseline at `overrides`, timed by baselines.measure_reference (a fresh instance
+        and fresh draws, as the baseline process times one) in a jailed process of this reference's
+        own, started for the measurement and ended after it, the device lease held here on its
+        behalf. (eager, a note).
+
+        Never in this program's process: other runs of the task draw and run forward there, each
+        holding the shared lease while it waits for this program's lock, and a measurement holding
+        that lock while it waits for the exclusive lease would wait for them: a deadlock (a
+        two-step demo against `kiln serve` hung so, session 33). A fresh process a measurement is
+        also what `forget_baselines(new_processes=True)` asks of the baseline process."""
+        timer = JailedProgram(self.jail, self.task_id, self.source, self.filename)
+        try:
+            return timer._time_baselines(overrides, pairs, warmup, lease)
+        finally:
+            timer.close()
+
+    def _time_baselines(self, overrides: dict, pairs: int, warmup: int, lease) -> tuple[timing.TripTimes, str]:
         with self.lock:
             body = {"op": "baselines", "overrides": overrides, "pairs": pairs, "warmup": warmup}
             reply = self._exchange(body, WORKER_TIMEOUT_S, lease=lease)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
+import threading
 import urllib.request
 from pathlib import Path
 
@@ -227,3 +228,26 @@ def test_a_reference_that_crashes_hangs_or_replies_garbage_is_one_line_and_the_n
     # no verdict-cache hit, the same build).
     after = client.verify(RELU_SOLUTION + "\n# after the faults\n", reference=RELU_TASK)
     assert after.passed, after.feedback
+
+
+def test_concurrent_runs_of_one_clients_reference_all_finish(service):
+    # Several runs of one client's reference at once: while one has its baselines timed (the
+    # exclusive lease held on the child's behalf), the others draw and run forward under the shared
+    # lease. Mutation: time the baselines in the program's own process again (JailedProgram.baselines
+    # calling _time_baselines on self) -> the measurement holds the program's lock while it waits for
+    # the exclusive lease, the others hold the shared lease while they wait for that lock: every call
+    # hangs until the service's deadline (a two-step demo against `kiln serve` hung so).
+    running, _, _ = service
+    client = VerifierClient(running.url, TOKEN)
+    reference = small_reference(at_import="# concurrent runs")  # a source no other test sent: fresh baselines
+    results = [None] * 3
+
+    def one(i: int) -> None:
+        results[i] = client.verify(RELU_SOLUTION + f"\n# run {i}\n", reference=reference, deadline_s=90)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert all(r is not None and r.passed for r in results), [r and r.feedback for r in results]
