@@ -106,10 +106,11 @@ def test_task_source_by_dotted_path_feeds_the_split():
 
 
 def test_optional_hooks_come_from_the_interface_not_from_getattr():
-    with pytest.raises(PluginError, match=r"lacks warm\(\), close\(\) of RewardActor \(subclass "):
+    with pytest.raises(PluginError, match=r"lacks warm\(\), cancel\(\), close\(\) of RewardActor \(subclass "):
         load_plugin(f"{__name__}.VerifyOnly", RewardActor, key="verifier.reward_actor")
     cls = load_plugin(f"{__name__}.VerifyOnlySubclass", RewardActor, key="verifier.reward_actor")
     cls(None).warm()  # inherited no-op hooks
+    assert cls(None).cancel("a request") is False
     cls(None).close()
 
 
