@@ -9,11 +9,18 @@ Read top to bottom, this is a group's life:
 1. Admission. A group may start while the admission capacity is above zero. Capacity is counted in
    one unit, attempts (a group is G attempts), and is the tightest of the rooms that bound it:
    * staleness room (replay): (η + v + 1)·B groups may be accepted or running at learner version v,
-     so every sample can still be trained on (`staleness_bound`);
+     so every sample can still be trained on (`staleness_bound`). The bound is about trained data, so a
+     running group counts as the share of complete groups that their verdicts keep (`keep_rate`): where
+     most groups tie, more run at once, and the batch-time filter (3.) still holds every trained
+     sample within η (`running_window`);
    * share room (replay): one rollout actor holds at most ceil(window / active actors) running groups,
      so the step's groups spread over the engines (`share_room`);
-   * engine room (rollout actor): attempts generating or being verified stay under the actor's budget,
-     so the engine's batch stays full while others wait on verifiers (`engine_room`);
+   * engine room (rollout actor): attempts at the actor's engine (queued or generating) stay under its
+     budget, a full batch and a queue behind it; attempts being verified do not count, so slow
+     verifications never starve the engine (`engine_room`);
+   * verifier room (rollout actor): attempts sent to verifiers and not answered stay under their own
+     budget, so a verifier slower than the engine holds the actor back instead of piling up requests
+     that would outlast their reply timeout or η (`verifier_room`);
    * token room (rollout actor): the engine tokens the actor's attempts at its engine reserve (each its
      prompt plus max_new_tokens) stay under the actor's token budget, so the engine holds a full batch
      and a queue behind it however many attempts wait on verifiers (`engine_token_room`).
@@ -57,9 +64,25 @@ def staleness_bound(
     return min(max_staleness + learner_version + 1, total_steps) * batch_groups
 
 
-def staleness_room(admitted_groups: int, bound_groups: int, group_size: int) -> int:
-    """Attempts the staleness bound leaves room for: (bound − accepted − running)·G."""
-    return (bound_groups - admitted_groups) * group_size
+def keep_rate(kept: Sequence[bool], floor: float) -> float:
+    """The share of the recent complete groups that their verdicts kept (not tied, not infra), at least
+    `floor`; 1 before any group completed, so a run opens with the plain bound."""
+    if not kept:
+        return 1.0
+    return max(sum(kept) / len(kept), floor)
+
+
+def running_window(bound_groups: int, complete_groups: int, keep: float) -> int:
+    """Groups that may be running at once: the places of the staleness bound that complete groups
+    (waiting for a batch, or trained) do not take, over the share of running groups expected to be kept.
+    At `keep` 1 this is the plain (η + v + 1)·B less the complete groups. A group admitted beyond what
+    the learner takes within η steps is filtered as stale at batch time, never trained stale."""
+    return int((bound_groups - complete_groups) / keep)
+
+
+def staleness_room(running_groups: int, window_groups: int, group_size: int) -> int:
+    """Attempts the staleness bound leaves room for: (window − running)·G."""
+    return (window_groups - running_groups) * group_size
 
 
 def share_room(held_groups: int, window_groups: int, active_actors: int, group_size: int) -> int:
@@ -70,17 +93,27 @@ def share_room(held_groups: int, window_groups: int, active_actors: int, group_s
     return (share - held_groups) * group_size
 
 
-def attempt_budget(max_attempts_in_flight: int, max_batch: int) -> int:
-    """A rollout actor's attempts in flight: `rollout.max_attempts_in_flight`, or 2 × the engine's batch
-    when 0, so the batch stays full while about half the attempts wait on verifiers. (4 × decoded more
-    on a verifier-bound CPU loop but trained no faster and filtered more stale groups: docs/BENCHMARKS.md.
-    Where verifications wait long, raise it; the token room keeps what waits at the engine bounded.)"""
-    return max_attempts_in_flight or 2 * max_batch
+def attempt_budget(max_attempts_at_engine: int, max_batch: int) -> int:
+    """A rollout actor's attempts at its engine, queued or generating: `rollout.max_attempts_at_engine`,
+    or 2 × the engine's batch when 0, a full batch and as many queued behind it to take a finished row's
+    place at once. Attempts being verified are not counted: replay's window bounds those."""
+    return max_attempts_at_engine or 2 * max_batch
 
 
-def engine_room(attempts_in_flight: int, budget: int) -> int:
-    """Attempts a rollout actor's budget leaves room for."""
-    return budget - attempts_in_flight
+def engine_room(attempts_at_engine: int, budget: int) -> int:
+    """Attempts a rollout actor's engine budget leaves room for."""
+    return budget - attempts_at_engine
+
+
+def verifier_budget(max_attempts_at_verifiers: int, max_batch: int) -> int:
+    """A rollout actor's attempts waiting on verifiers: `rollout.max_attempts_at_verifiers`, or 2 × the
+    engine's batch when 0: a batch's worth of answers being verified while the next batch's arrive."""
+    return max_attempts_at_verifiers or 2 * max_batch
+
+
+def verifier_room(attempts_at_verifiers: int, budget: int) -> int:
+    """Attempts a rollout actor's verification budget leaves room for."""
+    return budget - attempts_at_verifiers
 
 
 def token_budget(max_tokens_in_flight: int, max_batch: int, max_seq_len: int) -> int:

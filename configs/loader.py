@@ -35,6 +35,7 @@ class ConfigError(ValueError):
 RENAMES = {
     "rollout.concurrent_groups": "rollout.max_inflight",  # a budget of attempts in flight, not of groups
     "rollout.max_inflight": "rollout.max_attempts_in_flight",  # its unit in its name (verifiers count requests)
+    "rollout.max_attempts_in_flight": "rollout.max_attempts_at_engine",  # attempts being verified no longer count
     "verifier.max_inflight": "verifier.max_concurrent_requests",  # requests one verifier works on at once
     "replay.max_staleness": "algo.max_staleness",  # η: read by replay and learner alike, from the section both get
     "rollout.sglang_urls": "rollout.sglang.urls",

@@ -85,9 +85,14 @@ class RolloutConfig:
         1.0, "Nucleus sampling; 1.0 keeps the logprob convention exact (no renormalisation)", gt=0.0, le=1.0
     )
     top_k: int = F(0, "Top-k sampling; 0 disables it", ge=0)
-    max_attempts_in_flight: int = F(
+    max_attempts_at_engine: int = F(
         0,
-        "In-flight budget of a rollout actor, in attempts (generating, or being verified): a new task group starts whenever fewer are in flight, the token budget has room and replay's admission allows it (a group may overshoot by up to G-1 attempts); 0 = 2 × max_batch, so the engine's batch stays full while about half the attempts wait on verifiers (where verifications wait long, raise it: the token budget keeps what waits at the engine bounded)",
+        "Engine budget of a rollout actor, in attempts at its engine (queued or generating): a new task group starts whenever fewer are there, the token budget has room and replay's admission allows it (a group may overshoot by up to G-1 attempts); 0 = 2 × max_batch, a full batch and as many queued behind it. Attempts being verified do not count (max_attempts_at_verifiers bounds them), so slow verifications never starve the engine",
+        ge=0,
+    )
+    max_attempts_at_verifiers: int = F(
+        0,
+        "Verification budget of a rollout actor, in attempts sent to verifiers and not answered: a new task group starts only while fewer wait there, so a verifier slower than the engine builds no backlog that would outlast verify_reply_timeout_s or η (the engine waits instead); 0 = 2 × max_batch",
         ge=0,
     )
     max_tokens_in_flight: int = F(

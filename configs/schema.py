@@ -126,6 +126,17 @@ class ReplayConfig:
         "How many groups the task feed hands out: 'staleness' = at most (η + v + 1)·B at learner version v, so every sample can still be trained; 'whole_run' = all total_steps·B at once (rollout-only runs, where no learner advances v)",
         choices=["staleness", "whole_run"],
     )
+    keep_rate_window: int = F(
+        64,
+        "Complete groups over which replay measures the share that their verdicts keep (not tied, not infra). Under 'staleness' admission a running group counts against the bound as that share of a group, so groups that will be filtered do not hold back the ones that will train (the batch-time filter still trains nothing staler than η); 0 = every running group counts whole",
+        ge=0,
+    )
+    min_keep_rate: float = F(
+        0.125,
+        "The least share the admission bound assumes, so a run whose groups almost all tie runs at most 1 / min_keep_rate times the plain bound's groups at once",
+        gt=0.0,
+        le=1.0,
+    )
     retry_after_s: float = F(
         0.2,
         "Seconds replay holds a request that must wait (admission bound reached, no batch yet): answered the moment it can be served, else told to ask again when the hold ends",

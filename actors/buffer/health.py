@@ -40,6 +40,14 @@ class Admission:
     admitted: int = 0  # accepted + running, in groups
     limit: int = 0  # the admission bound at the current learner version
     waits: int = 0  # task requests told to wait by the bound
+    running: int = 0  # groups running now
+    window: int = 0  # groups that may be running at once now: the bound's free places over keep_rate
+    keep_rate: float = 1.0  # the share of recent complete groups kept by their verdicts, as admission assumes it
+
+    @property
+    def full(self) -> bool:
+        """No new group may start: as many run as the window allows."""
+        return self.running >= self.window and self.limit > 0
 
 
 @dataclass(frozen=True)
@@ -151,7 +159,14 @@ def replay_health(state: ReplayState, store: ReplayStore, **actor) -> ReplayHeal
             retry_trained=c.retry_groups_trained,
             filtered=dict(c.groups_filtered),
         ),
-        admission=Admission(admitted=state.admitted, limit=state.admission_bound, waits=c.admission_waits),
+        admission=Admission(
+            admitted=state.admitted,
+            limit=state.admission_bound,
+            waits=c.admission_waits,
+            running=len(state.running),
+            window=state.running_window,
+            keep_rate=state.keep_rate,
+        ),
         batches=c.batches,
         batch_waits=c.batch_waits,
         trained_lag=TrainedLag(max=max(lags) if lags else None, histogram=dict(sorted(lags.items()))),

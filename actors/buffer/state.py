@@ -112,6 +112,9 @@ class ReplayState:
         # Version ranges (lo, hi), exclusive, whose weights a learner restore threw away: never trained on.
         self.discarded: list[tuple[int, int]] = []
         self.infra_streak: dict[str, int] = {}  # task id -> its groups filtered as infra in a row
+        # Whether each of the last replay.keep_rate_window complete groups was kept by its verdict (the
+        # admission bound counts a running group as the share kept); filters at batch time do not count.
+        self.kept_recently: collections.deque[bool] = collections.deque(maxlen=replay.keep_rate_window or 1)
 
     # ------------------------------------------------------------------------------- task feed
 
@@ -128,6 +131,14 @@ class ReplayState:
         return len(self.running) + len(self.ready) + self.consumed_groups
 
     @property
+    def keep_rate(self) -> float:
+        """The share of recent complete groups that their verdicts kept, as admission assumes it (1 with
+        `replay.keep_rate_window` 0, and under whole-run admission)."""
+        if not self.replay.keep_rate_window or self.replay.admission == "whole_run":
+            return 1.0
+        return decisions.keep_rate(self.kept_recently, self.replay.min_keep_rate)
+
+    @property
     def admission_bound(self) -> int:
         """Groups that may be accepted or running now: (η + v + 1)·B, or the whole run's total_steps·B
         with `replay.admission=whole_run` (rollout-only runs: no learner advances v)."""
@@ -141,8 +152,9 @@ class ReplayState:
 
     @property
     def running_window(self) -> int:
-        """Groups that may be running at once now: the admission bound less the complete ones."""
-        return self.admission_bound - len(self.ready) - self.consumed_groups
+        """Groups that may be running at once now: the admission bound less the complete ones, over the
+        keep rate (`decisions.running_window`)."""
+        return decisions.running_window(self.admission_bound, len(self.ready) + self.consumed_groups, self.keep_rate)
 
     def running_by_actor(self) -> collections.Counter[str]:
         return collections.Counter(g.actor_id for g in self.running.values())
@@ -158,7 +170,7 @@ class ReplayState:
         if self.learner_step >= self.algo.total_steps:
             return TaskReply(status="stop"), False
         capacity = decisions.admission_capacity(
-            decisions.staleness_room(self.admitted, self.admission_bound, self.algo.group_size)
+            decisions.staleness_room(len(self.running), self.running_window, self.algo.group_size)
         )
         if not decisions.may_start_group(capacity):
             self.counters.admission_waits += 1
@@ -274,6 +286,8 @@ class ReplayState:
             self.retry.admit(group.task, verdict.best_failed, group.group_id)
         elif fate.retry == "forget":
             self.retry.forget(task_id)
+        if not fate.leave_feed:  # a task that cannot be posed says nothing of how groups fare
+            self.kept_recently.append(fate.trained)
         if fate.trained:
             # A kept repair group resolves its entry when it is trained (`_resolve_trained_repairs`): until
             # then it may be filtered at batch time and re-issued with its repair context, and its entry
@@ -438,6 +452,7 @@ class ReplayState:
             "highest_version_seen": self.highest_version_seen,
             "discarded": [list(r) for r in self.discarded],
             "infra_streak": dict(self.infra_streak),
+            "kept_recently": list(self.kept_recently),
             "running": [g.dump() for g in self.running.values()],
             "ready": [g.dump() for g in self.ready.values()],
             "served": None
@@ -463,6 +478,8 @@ class ReplayState:
         self.highest_version_seen = data["highest_version_seen"]
         self.discarded = [tuple(r) for r in data.get("discarded", [])]
         self.infra_streak = dict(data["infra_streak"])
+        self.kept_recently.clear()
+        self.kept_recently.extend(data.get("kept_recently", []))  # snapshots before it: the plain bound at first
         # a restart gives every running group a fresh timeout: nobody could deliver while replay was down
         self.running = {g.group_id: g for g in (Group.load(d, now) for d in data["running"])}
         self.ready = {g.group_id: g for g in (Group.load(d, now) for d in data["ready"])}

@@ -2,8 +2,9 @@
 group through the per-attempt pipeline (actors/rollout/episodes.py) on one event loop, and sends
 each group's `Episode` records to replay when its last attempt is done, keeping each until replay
 acknowledges it. Admission (actors/decisions.py, in attempts): a new group whenever fewer than
-`rollout.max_attempts_in_flight` attempts are in flight (0 = 2 × `rollout.max_batch`), the attempts at
-the engine leave room in `rollout.max_tokens_in_flight` for one more (each reserves its prompt plus
+`rollout.max_attempts_at_engine` attempts are at the engine, queued or generating (0 = 2 ×
+`rollout.max_batch`; attempts being verified do not count), fewer than `rollout.max_attempts_at_verifiers`
+wait on verifiers (0 = 2 × `rollout.max_batch`), the attempts at the engine leave room in `rollout.max_tokens_in_flight` for one more (each reserves its prompt plus
 max_new_tokens; 0 = 2 × max_batch × model.max_seq_len), and replay's admission control gives one. Verification goes
 through the actor's front to the verifier pool (actors/rollout/verify_pool.py).
 
@@ -151,7 +152,8 @@ class RolloutActor(Actor):
         )
         # The in-flight budgets: attempts generating or being verified, and the engine tokens the ones at
         # the engine reserve (admission stops at either).
-        self.attempt_budget = decisions.attempt_budget(rollout.max_attempts_in_flight, rollout.max_batch)
+        self.attempt_budget = decisions.attempt_budget(rollout.max_attempts_at_engine, rollout.max_batch)
+        self.verify_budget = decisions.verifier_budget(rollout.max_attempts_at_verifiers, rollout.max_batch)
         self.token_budget = decisions.token_budget(rollout.max_tokens_in_flight, rollout.max_batch, model.max_seq_len)
         self.verify_stats: dict[str, int] = {}  # the verifier pool front's counters (sent, moved, infra, ...)
         replay = registry.resolver("replay", "replay")
@@ -231,6 +233,7 @@ class RolloutActor(Actor):
             verify_infra=self.verify_stats.get("infra", 0),
             inflight=self._pipeline_now.inflight if self._pipeline_now else 0,
             at_engine=self._pipeline_now.at_engine if self._pipeline_now else 0,
+            at_verifiers=self._pipeline_now.at_verifiers if self._pipeline_now else 0,
             engine_tokens_reserved=self._pipeline_now.engine_tokens if self._pipeline_now else 0,
             engine_alive=engine is not None and engine.alive,
             decoded_tokens=engine.tokens if engine is not None else 0,
@@ -405,9 +408,10 @@ class RolloutActor(Actor):
             self._io.shutdown(wait=True)
 
     async def _serve(self) -> None:
-        """Admit task groups while the engine's room leaves admission capacity (fewer attempts in flight
-        than the budget) and replay's admission control says yes; run each group's attempts through the
-        pipeline; send each group's episodes to replay when its last attempt is done."""
+        """Admit task groups while the actor's rooms leave admission capacity (fewer attempts at the engine
+        and at the verifiers than their budgets, engine tokens to spare) and replay's admission control
+        says yes; run each group's attempts through the pipeline; send each group's episodes to replay
+        when its last attempt is done."""
         loop = asyncio.get_running_loop()
         io = lambda fn, *args: loop.run_in_executor(self._io, fn, *args)  # sender/reporter thread
         verifier = self._verifier_pool()
@@ -417,7 +421,8 @@ class RolloutActor(Actor):
         try:
             while not self.stopping:
                 capacity = decisions.admission_capacity(
-                    decisions.engine_room(pipeline.inflight, self.attempt_budget),
+                    decisions.engine_room(pipeline.at_engine, self.attempt_budget),
+                    decisions.verifier_room(pipeline.at_verifiers, self.verify_budget),
                     decisions.engine_token_room(pipeline.engine_tokens, self.token_budget, pipeline.attempt_tokens),
                 )
                 if not decisions.may_start_group(capacity):

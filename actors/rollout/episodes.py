@@ -5,10 +5,10 @@ group is complete when its last attempt is.
 Everything runs on one asyncio event loop. An attempt awaits its engine request (the engine batches
 it with every other attempt in flight) and then its verification (sent the moment its generation
 ends, through the verifier pool's front); no attempt waits for a sibling, and no group waits for
-another. `Pipeline.inflight` counts the attempts in flight and `Pipeline.engine_tokens` the engine
-tokens the attempts at the engine reserve (each its prompt plus max_new_tokens): the two things the
-rollout actor's admission (`rollout.max_attempts_in_flight`, `rollout.max_tokens_in_flight`,
-actors/decisions.py) weighs.
+another. `Pipeline.at_engine` counts the attempts at the engine, `Pipeline.at_verifiers` those waiting
+on verifiers and `Pipeline.engine_tokens` the engine tokens the attempts at the engine reserve (each its
+prompt plus max_new_tokens): what the rollout actor's admission (`rollout.max_attempts_at_engine`,
+`rollout.max_attempts_at_verifiers`, `rollout.max_tokens_in_flight`, actors/decisions.py) weighs.
 
 `Pipeline.run_group(reply)` returns the group's `Episode` records, one per attempt, each turn carrying
 the prompt ids, response ids, behaviour logprobs, per-token weight versions and its VerifyResult.
@@ -111,12 +111,14 @@ class Pipeline:
         self.tokenizer, self.params, self.policy = tokenizer, params, policy
         self.inflight = 0  # attempts admitted and not finished
         self.at_engine = 0  # attempts whose generate request is at the engine
+        self.at_verifiers = 0  # attempts sent to verifiers and not answered
         self.engine_tokens = 0  # the tokens those reserve: prompt plus max_new_tokens each
         # What an attempt is expected to reserve before any has (the actor passes model.max_seq_len, the
         # most a prompt sized by the turn policy plus its response can take); then the mean so far.
         self._first_attempt_tokens = first_attempt_tokens or params.max_new_tokens
         self._reserved = [0, 0]  # generate requests sent, tokens they reserved
-        self.room = asyncio.Event()  # set whenever an attempt leaves the engine or finishes (admission may go on)
+        # set whenever an attempt leaves the engine or a verifier, or finishes (admission may go on)
+        self.room = asyncio.Event()
 
     @property
     def attempt_tokens(self) -> float:
@@ -179,15 +181,20 @@ class Pipeline:
                     self.room.set()
                 # The verifier sees the answer only: code inside a thinking block is never extracted.
                 response = self.tokenizer.split_response(np.asarray(forced) if decoded else gen.output_ids)
-                result = await self.verify(
-                    VerifyRequest(
-                        request_id=f"{episode_id}/t{turn}",
-                        task=task,
-                        candidate=response.answer,
-                        episode_id=episode_id,
-                        turn=turn,
+                self.at_verifiers += 1
+                try:
+                    result = await self.verify(
+                        VerifyRequest(
+                            request_id=f"{episode_id}/t{turn}",
+                            task=task,
+                            candidate=response.answer,
+                            episode_id=episode_id,
+                            turn=turn,
+                        )
                     )
-                )
+                finally:
+                    self.at_verifiers -= 1
+                    self.room.set()
                 turns.append(
                     Turn(
                         prompt_ids=np.asarray(prompt.ids, dtype=np.int64),
@@ -244,10 +251,14 @@ class Pipeline:
         )
 
     def _forced(self, task: Task) -> list[int] | None:
+        """The drawn candidate's ids. Scored as the response, it is cut at max_new_tokens as a sampled
+        response would be; decoded (`decode_forced`), it is the answer of a response whose tokens the
+        engine decodes apart, so it stays whole: a real policy's tokenizer writes a kernel in a third of
+        the byte tokenizer's tokens, and a cut one has no code to extract."""
         text = self.force(task) if self.force is not None else None
         if text is None:
             return None
-        return _forced_ids(self.tokenizer, text, self.params.max_new_tokens)
+        return _forced_ids(self.tokenizer, text, None if self.decode_forced else self.params.max_new_tokens)
 
 
 class GroupRunner:
@@ -288,11 +299,12 @@ class GroupRunner:
         return asyncio.run(pipeline.run_group(reply))
 
 
-def _forced_ids(tokenizer, text: str, max_new_tokens: int) -> list[int]:
-    """A forced answer ends its turn as a sampled one would: with the end-of-turn token."""
+def _forced_ids(tokenizer, text: str, max_new_tokens: int | None) -> list[int]:
+    """A forced answer ends its turn as a sampled one would: with the end-of-turn token (cut at
+    `max_new_tokens` when given)."""
     end = tokenizer.end_of_turn_id
     ids = tokenizer.encode(text) + ([int(end)] if end is not None else [])
-    return ids[: max(1, max_new_tokens)]
+    return ids if max_new_tokens is None else ids[: max(1, max_new_tokens)]
 
 
 def _empty(request_id: str) -> Generation:

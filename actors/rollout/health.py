@@ -32,8 +32,9 @@ class RolloutHealth(ActorHealth):
     engine_restarts: int = 0
     waits: int = 0  # task requests answered "wait" (or not answered)
     feed_timeouts: int = 0
-    inflight: int = 0  # attempts in flight (generating or being verified), bounded by rollout.max_attempts_in_flight
-    at_engine: int = 0  # of those, attempts whose generate request is at the engine
+    inflight: int = 0  # attempts in flight (at the engine or being verified)
+    at_engine: int = 0  # of those, attempts whose generate request is at the engine (rollout.max_attempts_at_engine)
+    at_verifiers: int = 0  # of those, attempts sent to verifiers and not answered (rollout.max_attempts_at_verifiers)
     engine_tokens_reserved: int = 0  # their prompts plus max_new_tokens, bounded by rollout.max_tokens_in_flight
     group_errors: int = 0  # groups cut short by an exception (their tasks are re-issued)
     unacked: int = 0  # episodes held until replay acknowledges them

@@ -67,7 +67,7 @@ class ReplayCounts:
             trainable=g.trained + g.ready,
             filtered=dict(g.filtered),
             retry_buffer=h.retry.size,
-            held_back=h.admission.admitted >= h.admission.limit > 0,
+            held_back=h.admission.full,
         )
 
 

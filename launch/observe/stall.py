@@ -9,7 +9,7 @@ work flows backwards from the learner:
 1. the learner does not answer, or has not asked for a batch since its last step (it is stepping,
    pushing weights, or waiting for the engines' confirmations);
 2. it waits for a batch, and replay has fewer trainable groups than a batch takes, because
-   - replay admits no new group (the staleness bound is full) while its running groups are held by
+   - replay admits no new group (the staleness window is full) while its running groups are held by
      rollout actors with nothing in flight (an earlier session's, or a dead actor's), or
    - the rollout side is waiting: for verdicts (attempts at the verifiers), for weights, or for tasks.
 The session logs the line and writes every record to RUN_DIR/logs/stall-NNN.json.
@@ -91,9 +91,12 @@ def diagnose(r: Readings, stalled_s: float) -> str:
     silent = [n for n, h in r.rollouts.items() if h is None]
     idle = sorted(n for n, h in r.rollouts.items() if h is not None and h.inflight == 0)
     admission = replay.admission
-    if admission.admitted >= admission.limit:
+    if admission.full:
         held = replay.groups.running
-        why = f"replay admits no new group (the staleness bound is full: {admission.admitted} of {admission.limit})"
+        why = (
+            f"replay admits no new group (the staleness window is full: {admission.running} of {admission.window} "
+            f"running, {admission.admitted} groups of the bound's {admission.limit} admitted)"
+        )
         if held and len(idle) == len(r.rollouts):
             return head + (
                 f"{waiting}; {why}, and its {held} running group(s) are held while no rollout actor has an "

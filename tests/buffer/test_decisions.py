@@ -20,13 +20,17 @@ from actors.decisions import (
     fate_of_complete_group,
     is_overdue,
     is_stale,
+    keep_rate,
     made_by_discarded,
     may_start_group,
+    running_window,
     served_batch_finished,
     share_room,
     staleness_bound,
     staleness_room,
     token_budget,
+    verifier_budget,
+    verifier_room,
     waits_for_engines,
 )
 
@@ -43,14 +47,16 @@ def test_staleness_bound_is_eta_plus_v_plus_one_batches_capped_at_the_run():
 
 def test_rooms_are_counted_in_attempts():
     G = 4
-    assert staleness_room(admitted_groups=7, bound_groups=8, group_size=G) == 4  # one whole group
-    assert staleness_room(admitted_groups=8, bound_groups=8, group_size=G) == 0
+    assert staleness_room(running_groups=7, window_groups=8, group_size=G) == 4  # one whole group
+    assert staleness_room(running_groups=8, window_groups=8, group_size=G) == 0
     # a window of 5 groups over 2 active actors: a share of ceil(5 / 2) = 3 groups each
     assert share_room(held_groups=1, window_groups=5, active_actors=2, group_size=G) == 8
     assert share_room(held_groups=3, window_groups=5, active_actors=2, group_size=G) == 0
     assert share_room(held_groups=0, window_groups=5, active_actors=0, group_size=G) == 20  # alone
     assert attempt_budget(0, max_batch=8) == 16 and attempt_budget(12, max_batch=8) == 12
-    assert engine_room(attempts_in_flight=13, budget=16) == 3
+    assert engine_room(attempts_at_engine=13, budget=16) == 3
+    assert verifier_budget(0, max_batch=8) == 16 and verifier_budget(40, max_batch=8) == 40
+    assert verifier_room(attempts_at_verifiers=17, budget=16) == -1
     # the token budget: 2 x max_batch x max_seq_len by default, a full batch of the longest rows queued twice
     assert token_budget(0, max_batch=8, max_seq_len=1024) == 16_384 and token_budget(5000, 8, 1024) == 5000
     # 16,384 - 10,000 reserved leaves 6,384 tokens: 4 more attempts of 1,500 expected each
@@ -60,6 +66,16 @@ def test_rooms_are_counted_in_attempts():
     # an idle engine takes one, however small the budget: a group at a time, never a stall
     assert engine_token_room(tokens_reserved=0, budget=100, attempt_tokens=1500.0) == 1
     assert engine_token_room(tokens_reserved=1, budget=100, attempt_tokens=1500.0) == 0
+
+
+def test_the_window_counts_a_running_group_as_the_share_that_verdicts_keep():
+    assert keep_rate([], floor=0.125) == 1.0  # before any group completes: the plain bound
+    assert keep_rate([True, False, False, False], floor=0.125) == 0.25
+    assert keep_rate([False] * 10, floor=0.125) == 0.125  # all tied: at most 8x the plain window
+    # (η + v + 1)·B = 16 places, 6 taken by complete groups: 10 running at a keep rate of 1, 40 at 1/4
+    assert running_window(bound_groups=16, complete_groups=6, keep=1.0) == 10
+    assert running_window(bound_groups=16, complete_groups=6, keep=0.25) == 40
+    assert running_window(bound_groups=16, complete_groups=6, keep=0.3) == 33  # rounded down
 
 
 def test_capacity_is_the_tightest_room_and_a_group_starts_while_it_is_above_zero():

@@ -185,7 +185,7 @@ def test_admission_bound_counts_groups_and_opens_with_the_learner_version(make_a
     replies = [a.handle(TaskRequest(actor_id="r")) for _ in range(5)]
     assert [r.status for r in replies] == ["task"] * 4 + ["wait"]
     assert replies[4].retry_after_s == 0.3
-    assert a.health().admission == Admission(admitted=4, limit=4, waits=1)
+    assert a.health().admission == Admission(admitted=4, limit=4, waits=1, running=4, window=4)
     for r in replies[:2]:
         fill(a, r)
     assert a.handle(BatchRequest(learner_id="l", version=0)).status == "batch"
@@ -194,11 +194,23 @@ def test_admission_bound_counts_groups_and_opens_with_the_learner_version(make_a
     assert [a.handle(TaskRequest(actor_id="r")).status for _ in range(3)] == ["task", "task", "wait"]
 
 
+def test_groups_filtered_by_their_verdict_widen_the_running_window(make_actor):
+    # B = 2 at η = 0: a plain window of 2 groups. Both tie: the share kept falls to its floor (1/8), and
+    # the window's 2 places count the running groups at 1/8 each.
+    a = make_actor(max_staleness=0, min_keep_rate=0.125)
+    first = [a.handle(TaskRequest(actor_id="r")) for _ in range(3)]
+    assert [r.status for r in first] == ["task", "task", "wait"]
+    for r in first[:2]:
+        fill(a, r, scores=(-1.0, -1.0))
+    assert a.health().admission == Admission(admitted=0, limit=2, waits=1, running=0, window=16, keep_rate=0.125)
+    assert [a.handle(TaskRequest(actor_id="r")).status for _ in range(17)] == ["task"] * 16 + ["wait"]
+
+
 def test_whole_run_admission_hands_out_the_run_without_a_learner(make_actor):
     # rollout-only runs: no learner advances v, so the bound is the run's total_steps·B groups, not η
     a = make_actor(max_staleness=0, admission="whole_run", algo={"total_steps": 3, "batch_groups": 2})
     assert [a.handle(TaskRequest(actor_id="r")).status for _ in range(7)] == ["task"] * 6 + ["wait"]
-    assert a.health().admission == Admission(admitted=6, limit=6, waits=1)
+    assert a.health().admission == Admission(admitted=6, limit=6, waits=1, running=6, window=6)
 
 
 def test_task_lists_and_versions_seen_answer_without_changing_the_state(make_actor):

@@ -42,3 +42,19 @@ def test_simulation_is_reproducible(results):
         results[1].filtered,
         results[1].end_time,
     )
+
+
+def test_groups_that_tie_do_not_hold_back_the_ones_that_train():
+    """Three groups in four tie (filtered: no signal) and 24 producers could fill any window. Counted
+    whole, the running groups that will tie keep the window full of waste and the learner waits; counted
+    as the share that verdicts keep (replay.keep_rate_window), more run at once and the learner trains
+    as fast as with no ties, while the batch-time filter still trains nothing staler than η."""
+    plain, kept = (
+        simulate(SimConfig(eta=1, seed=0, steps=12, workers=24, tie_rate=0.75, keep_rate_window=window))
+        for window in (0, 64)
+    )
+    for r in (plain, kept):
+        assert r.steps == 12 and r.max_lag <= 1 and r.invariant_ok
+    assert kept.samples_per_time >= 1.3 * plain.samples_per_time
+    assert kept.learner_busy > plain.learner_busy
+    assert kept.health.admission.keep_rate < 0.5 and plain.health.admission.keep_rate == 1.0

@@ -189,9 +189,9 @@ def test_a_key_renamed_twice_names_its_name_now():
     assert final_names({"a": "b", "b": "c", "x": "y"}) == {"a": "c", "b": "c", "x": "y"}
     with pytest.raises(ValueError, match="circle"):
         final_names({"a": "b", "b": "a"})
-    # rollout.concurrent_groups became rollout.max_inflight, which became rollout.max_attempts_in_flight
+    # rollout.concurrent_groups became rollout.max_inflight, which became rollout.max_attempts_at_engine
     with pytest.raises(
-        ConfigError, match="^command line: rollout.concurrent_groups was renamed to rollout.max_attempts_in_flight$"
+        ConfigError, match="^command line: rollout.concurrent_groups was renamed to rollout.max_attempts_at_engine$"
     ):
         load_config(None, ["rollout.concurrent_groups=4"])
 
@@ -204,8 +204,8 @@ def test_in_flight_budgets_and_eta_carry_their_unit_and_section_in_their_names(t
     old.write_text("replay:\n  max_staleness: 0\n")
     with pytest.raises(ConfigError, match="replay.max_staleness was renamed to algo.max_staleness$"):
         load_config(old)
-    cfg = load_config(None, ["algo.max_staleness=0", "rollout.max_attempts_in_flight=6"])
-    assert (cfg.algo.max_staleness, cfg.rollout.max_attempts_in_flight) == (0, 6)
+    cfg = load_config(None, ["algo.max_staleness=0", "rollout.max_attempts_at_engine=6"])
+    assert (cfg.algo.max_staleness, cfg.rollout.max_attempts_at_engine) == (0, 6)
 
 
 def test_performance_turns_are_on_by_default_until_a_speedup(tmp_path):

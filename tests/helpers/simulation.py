@@ -53,6 +53,8 @@ class SimConfig:
     sample_time: float = 1.0  # median seconds per episode (lognormal, sigma 0.6)
     sync_delay: tuple[float, float] = (0.2, 2.0)  # an engine loads a new version this long after it is published
     retry_after_s: float = 0.2
+    tie_rate: float = 0.0  # share of groups whose every attempt fails alike (score -1): tied, filtered
+    keep_rate_window: int = 64  # replay.keep_rate_window (0: a running group counts whole against the bound)
 
 
 @dataclass
@@ -86,6 +88,7 @@ class Simulation:
         replay = ReplayConfig(
             task_source=TEXT_TASKS,
             retry_after_s=cfg.retry_after_s,
+            keep_rate_window=cfg.keep_rate_window,
             retry=RetryConfig(capacity=16, probability=0.25, max_retries=2),
         )
         algo = AlgoConfig(
@@ -157,13 +160,20 @@ class Simulation:
             return
         start, start_version = self.now, self.engine_version(w, self.now)
         ends = start + self.rng.lognormal(np.log(self.cfg.sample_time), 0.6, size=reply.group_size)
+        tied = self.cfg.tie_rate > 0 and self.rng.random() < self.cfg.tie_rate
         for i, end in enumerate(ends):
-            self.at(end, lambda i=i, end=end: self.finish_sample(w, reply, i, start_version, end))
+            self.at(end, lambda i=i, end=end: self.finish_sample(w, reply, i, start_version, end, tied))
         self.at(float(ends.max()) + 1e-9, lambda: self.worker_ask(w))
 
-    def finish_sample(self, w: int, reply: TaskReply, index: int, start_version: int, end: float) -> None:
+    def finish_sample(
+        self, w: int, reply: TaskReply, index: int, start_version: int, end: float, tied: bool = False
+    ) -> None:
         end_version = self.engine_version(w, end)
-        turns = self.sample_turns(reply.task, start_version, end_version)
+        if tied:  # every attempt of the group fails alike: no signal, the group is filtered as tied
+            versions = [start_version] * 3 + [end_version] * 3
+            turns = [TurnSpec(passed=False, score=-1.0, versions=versions)] * 2
+        else:
+            turns = self.sample_turns(reply.task, start_version, end_version)
         ack = self.actor.handle(make_episode(reply.task, reply.group_id, index, turns, rng=self.rng))
         assert ack.status == "stored", ack
 
@@ -243,8 +253,22 @@ def main() -> None:
     p.add_argument("--eta", type=int, nargs="+", default=[0, 1, 2, 4])
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--workers", type=int, default=8)
+    p.add_argument("--tie-rate", type=float, default=0.0, help="share of groups whose attempts all fail alike")
+    p.add_argument("--keep-rate-window", type=int, default=64, help="replay.keep_rate_window (0: the plain bound)")
     args = p.parse_args()
-    print(table([simulate(SimConfig(eta=e, seed=args.seed, steps=args.steps)) for e in args.eta]))
+    runs = [
+        SimConfig(
+            eta=e,
+            seed=args.seed,
+            steps=args.steps,
+            workers=args.workers,
+            tie_rate=args.tie_rate,
+            keep_rate_window=args.keep_rate_window,
+        )
+        for e in args.eta
+    ]
+    print(table([simulate(cfg) for cfg in runs]))
 
 
 if __name__ == "__main__":

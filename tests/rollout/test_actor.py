@@ -168,9 +168,10 @@ def test_a_task_without_a_prompt_becomes_infra_episodes_not_a_crash():
 def test_decode_forced_decodes_each_attempt_and_verifies_the_drawn_candidate(decode_forced):
     """rollout.bench.decode_forced (the realistic GPU workload): the engine gets a sampled request (no
     forced response) and decodes it, while the verifier and the next turn's dialogue get the drawn
-    candidate. Off, the candidate is the forced response the engine scores. Mutation: verifying the
-    decoded text instead of the candidate fails the first case's verifier check."""
-    candidate = "```python\nprint('kernel')\n```"
+    candidate, whole, though it is longer than max_new_tokens. Off, the candidate is the forced
+    response the engine scores, cut there. Mutation: verifying the decoded text instead of the
+    candidate fails the first case's verifier check."""
+    candidate = "```python\nprint('kernel')  # " + "x" * 60 + "\n```"  # 85 bytes, max_new_tokens 64
     seen, asked = [], []
 
     async def generate(request):
@@ -204,7 +205,9 @@ def test_decode_forced_decodes_each_attempt_and_verifies_the_drawn_candidate(dec
     (episode,) = asyncio.run(pipeline.run_group(TaskReply(status="task", task=task, group_id="g", group_size=1)))
     assert len(episode.turns) == 2 and len(seen) == 2
     assert all((r.forced_response is None) == decode_forced for r in seen)
-    assert [r.candidate for r in asked] == [tok.split_response(tok.encode(candidate)).answer] * 2
+    expected = tok.encode(candidate) if decode_forced else tok.encode(candidate)[:64]  # a cut one: no code
+    assert [r.candidate for r in asked] == [tok.split_response(expected).answer] * 2
+    assert asked[0].candidate.endswith("```") == decode_forced  # its fence closed: code to extract
     first = episode.turns[0]
     assert first.response_ids.tolist() == ([65] * 5 if decode_forced else seen[0].forced_response)
     assert "kernel" in tok.decode(list(seen[1].prompt_ids))  # the dialogue carries the candidate

@@ -79,7 +79,7 @@ def test_one_slow_verification_delays_neither_its_siblings_nor_other_groups(tmp_
     verifier = HoldingVerifier(hold)
     Registry(tmp_path).register("verifier-0", "verifier", {"verifier": verifier.address})
     replay = start_replay(tmp_path, G=2, B=2)
-    actor = actor_for(tmp_path, rollout_cfg(max_turns=3, max_new_tokens=4, max_attempts_in_flight=8))
+    actor = actor_for(tmp_path, rollout_cfg(max_turns=3, max_new_tokens=4, max_attempts_at_engine=8))
     seen = []
     actor.sender.submit = lambda ep, submit=actor.sender.submit: (seen.append(ep), submit(ep))[1]
     try:
@@ -118,7 +118,7 @@ def test_a_dead_verifiers_requests_go_to_a_live_one_at_once(tmp_path):
     registry.register("verifier-0", "verifier", {"verifier": first.address})
     replay = start_replay(tmp_path, G=2, B=2)
     actor = actor_for(
-        tmp_path, rollout_cfg(max_turns=1, max_new_tokens=4, verify_reply_timeout_s=300.0, max_attempts_in_flight=4)
+        tmp_path, rollout_cfg(max_turns=1, max_new_tokens=4, verify_reply_timeout_s=300.0, max_attempts_at_engine=4)
     )
     seen = []
     actor.sender.submit = lambda ep, submit=actor.sender.submit: (seen.append(ep), submit(ep))[1]
@@ -149,23 +149,49 @@ def test_a_dead_verifiers_requests_go_to_a_live_one_at_once(tmp_path):
 # ------------------------------------------------------------------------------- admission budgets
 
 
-def test_with_every_verification_held_admission_stops_at_the_attempt_budget(tmp_path):
-    """Attempts waiting on verifiers count against the attempt budget: with every verification held,
-    the actor starts and generates groups until the budget is reached, past the engine's batch
-    (the token budget has room for all of them), and overshoots it by at most G - 1 attempts."""
+def test_with_every_verification_held_admission_stops_at_the_verification_budget(tmp_path):
+    """Attempts waiting on verifiers count against their own budget: with every verification held, the
+    actor starts and generates groups until that budget is reached, past the engine's batch and its
+    engine budget. No group starts after that; the attempts the engine still held arrive at the verifier
+    too, so it overshoots by at most the engine's budget plus G - 1."""
     verifier = HoldingVerifier(lambda request: True)
     Registry(tmp_path).register("verifier-0", "verifier", {"verifier": verifier.address})
     replay = start_replay(tmp_path, G=2, B=10)  # a window of (1 + 0 + 1) x 10 groups: the actor's budgets bind
-    actor = actor_for(tmp_path, rollout_cfg(max_turns=1, max_new_tokens=4, max_batch=4, max_attempts_in_flight=15))
+    actor = actor_for(tmp_path, rollout_cfg(max_turns=1, max_new_tokens=4, max_batch=4, max_attempts_at_verifiers=15))
     try:
         actor.start()
-        budget = actor.attempt_budget
-        assert budget == 15  # odd, so the last group of G = 2 overshoots it
+        budget = actor.verify_budget
+        assert budget == 15 and actor.attempt_budget == 8  # odd, so the last group of G = 2 overshoots it
         wait_for(lambda: len(verifier.arrived) >= budget, what="a budget's worth of held verifications", actor=actor)
         time.sleep(1.0)  # admission would go on here if the budget did not hold it
         h = actor.health()
-        assert h.inflight == budget + 1  # the last group overshot by G - 1, and no group came after it
-        assert h.at_engine == 0 and h.engine_tokens_reserved == 0 and len(verifier.arrived) == h.inflight
+        assert budget < h.inflight <= budget + actor.attempt_budget + 1
+        time.sleep(0.5)
+        assert actor.health().inflight == h.inflight  # no group came after it
+        assert (
+            h.at_engine == 0 and h.engine_tokens_reserved == 0 and len(verifier.arrived) == h.at_verifiers == h.inflight
+        )
+    finally:
+        verifier.release.set()
+        actor.stop()
+        replay.stop()
+        verifier.close()
+
+
+def test_attempts_waiting_on_verifiers_leave_the_engine_its_whole_budget(tmp_path):
+    """The engine's budget counts only the attempts at the engine: with every verification held, the
+    engine goes on taking new groups, a full batch and a queue behind it, long after as many attempts as
+    its budget wait on the verifier (an engine room that counted them would stop at 8)."""
+    verifier = HoldingVerifier(lambda request: True)
+    Registry(tmp_path).register("verifier-0", "verifier", {"verifier": verifier.address})
+    replay = start_replay(tmp_path, G=2, B=20)
+    actor = actor_for(tmp_path, rollout_cfg(max_turns=1, max_new_tokens=4, max_batch=4, max_attempts_at_verifiers=40))
+    try:
+        actor.start()
+        assert actor.attempt_budget == 8
+        wait_for(lambda: len(verifier.arrived) >= 24, what="three engine budgets' worth at the verifier", actor=actor)
+        h = actor.health()
+        assert h.at_verifiers >= 24 and h.inflight == h.at_engine + h.at_verifiers
     finally:
         verifier.release.set()
         actor.stop()
@@ -183,7 +209,7 @@ def test_attempts_at_the_engine_stop_admission_at_the_token_budget(tmp_path):
     tokens = 128  # a few of this workload's attempts (prompts of about 15 tokens, 4 new)
     actor = actor_for(
         tmp_path,
-        rollout_cfg(max_turns=1, max_new_tokens=4, max_batch=4, max_attempts_in_flight=16, max_tokens_in_flight=tokens),
+        rollout_cfg(max_turns=1, max_new_tokens=4, max_batch=4, max_attempts_at_engine=16, max_tokens_in_flight=tokens),
     )
     try:
         actor.start()

@@ -354,7 +354,7 @@ def test_a_small_bench_reports_every_figure_and_async_beats_sync(tmp_path, capsy
                 "verifier.modelled_latency.max_s=3",
                 "algo.group_size=4",
                 "algo.batch_groups=2",
-                "rollout.max_attempts_in_flight=16",
+                "rollout.max_attempts_at_engine=16",
                 "verifier.max_concurrent_requests=32",
                 "rollout.torch_threads=1",
                 "learner.torch_threads=1",

@@ -33,7 +33,7 @@ def test_it_fires_once_per_stall_after_factor_times_the_median_step_interval():
 
 
 def readings(
-    *, ready=0, running=0, admitted=4, limit=8, inflight=(0,), at_verifier=0, asking=True, engine_version=3
+    *, ready=0, running=0, admitted=4, limit=8, window=8, inflight=(0,), at_verifier=0, asking=True, engine_version=3
 ) -> Readings:
     return Readings(
         learner=LearnerHealth(role="learner", alive=True, version=3, step=3, batch_waits=40),
@@ -42,7 +42,7 @@ def readings(
             alive=True,
             learner_version=3,
             groups=GroupCounts(ready=ready, running=running),
-            admission=Admission(admitted=admitted, limit=limit),
+            admission=Admission(admitted=admitted, limit=limit, running=running, window=window),
         ),
         rollouts={
             f"rollout-{i}": RolloutHealth(
@@ -60,9 +60,9 @@ def test_each_stuck_stage_is_named():
     say = diagnose
     assert "has not asked for a batch since its last step" in say(readings(asking=False), 60)
     # the measured hang: the bound full of groups no live actor works on
-    held = say(readings(running=4, admitted=8, limit=8), 1200)
+    held = say(readings(running=4, admitted=8, limit=8, window=4), 1200)
     assert held.startswith("no learner step for 1200 s: the learner waits for a batch at version 3: replay has 0 of")
-    assert "admits no new group (the staleness bound is full: 8 of 8)" in held
+    assert "admits no new group (the staleness window is full: 4 of 4 running, 8 groups of the bound's 8" in held
     assert "its 4 running group(s) are held while no rollout actor has an attempt in flight" in held
     assert "wait for verdicts: 5 of their 6 attempts in flight are at the verifiers" in say(
         readings(running=2, inflight=(6,), at_verifier=5), 60
