@@ -18,39 +18,15 @@ def pytest_xdist_make_scheduler(config, log):
     """`make test` runs two pytest-xdist workers, each taking whole modules, so a module-scoped
     fixture is built once; the modules that read the session's demo run (`demo_run`) go to one
     worker together, so that run is made once. (xdist's own `loadgroup` marks do not reach the test
-    ids under pytest 9.2, hence a scheduler.) The modules go out in collection order, which
-    `pytest_collection_modifyitems` makes costliest first, not xdist's most-tests-first."""
+    ids under pytest 9.2, hence a scheduler.)"""
     from xdist.scheduler import LoadScopeScheduling
 
     class ByModule(LoadScopeScheduling):
-        def __init__(self, config, log=None) -> None:
-            super().__init__(config, log)
-            config.option.loadscopereorder = False
-
         def _split_scope(self, nodeid: str) -> str:
-            return scope_of(nodeid.split("::", 1)[0])
+            module = nodeid.split("::", 1)[0]
+            return "demo_run" if reads_the_demo_run(module) else module
 
     return ByModule(config, log)
-
-
-def pytest_collection_modifyitems(config, items):
-    """The costliest scheduling scopes first (tests/durations.json, tests/helpers/durations.py), each
-    scope's tests in their own order: a long module never starts last while the other worker idles."""
-    path = ROOT / "tests" / "durations.json"
-    known = json.loads(path.read_text()) if path.is_file() else {}
-    counts: dict[str, int] = {}
-    for item in items:
-        scope = scope_of(item.nodeid.split("::", 1)[0])
-        counts[scope] = counts.get(scope, 0) + 1
-    per_test = sum(known.values()) / max(sum(counts.get(s, 0) for s in known), 1)
-    cost = {scope: known.get(scope, per_test * n) for scope, n in counts.items()}
-    first_seen = {scope: i for i, scope in enumerate(counts)}
-    items.sort(key=lambda item: (-cost[s := scope_of(item.nodeid.split("::", 1)[0])], first_seen[s]))
-
-
-def scope_of(module: str) -> str:
-    """The unit a worker takes whole: a module, or every module that reads the demo run."""
-    return "demo_run" if reads_the_demo_run(module) else module
 
 
 @functools.cache
