@@ -66,7 +66,7 @@ def solution_file(task: Task, solutions: Path) -> Path | None:
     return None
 
 
-def _in_kernel_code(solution: str, edit) -> str | None:
+def in_kernel_code(solution: str, edit) -> str | None:
     """Apply `edit` to the first embedded C++/CUDA source string; None when there is none or no change."""
     m = _CPP_BLOCK.search(solution)
     if m is None:
@@ -119,7 +119,7 @@ def variants(task: Task, solutions: Path) -> dict[str, str]:
         ("crash", _crash_first),
     )
     for name, edit in edits:
-        varied = _in_kernel_code(solution, edit)
+        varied = in_kernel_code(solution, edit)
         if varied is not None:
             out[name] = fenced(varied)
     out["fallback"] = fenced(re.sub(r"\bclass Model\(", "class ModelNew(", task.kernel.reference, count=1))
@@ -182,5 +182,5 @@ class CandidatePool:
             return None
         text = self.rng.choices(texts, weights)[0]
         if self.unique:
-            text = _in_kernel_code(text, lambda code: f"{code.rstrip()}\n// kiln bench {uuid.uuid4().hex}\n") or text
+            text = in_kernel_code(text, lambda code: f"{code.rstrip()}\n// kiln bench {uuid.uuid4().hex}\n") or text
         return text

@@ -70,6 +70,11 @@ def add_bench_parser(sub) -> None:
         help="η (algo.max_staleness) of the asynchronous runs (default: 1 2)",
     )
     p.add_argument("--no-sync", action="store_true", help="skip the η = 0 run")
+    p.add_argument(
+        "--no-async",
+        action="store_true",
+        help="skip the asynchronous runs (only η = 0: the sync baseline alone, where one run is what fits a budget)",
+    )
     p.add_argument("--no-stages", action="store_true", help="skip the measurements of each stage alone")
     p.add_argument("--no-loops", action="store_true", help="measure each stage alone only")
     p.add_argument("--warmup", type=int, default=2, metavar="W", help="learner steps before the window (default 2)")
@@ -135,9 +140,11 @@ def parse(args: argparse.Namespace) -> Plan | str:
         if not actor or not step.isdigit():
             return f"--kill wants ACTOR@STEP, got {args.kill!r}"
         kill = (actor, int(step))
-    etas = [] if args.no_loops else ([] if args.no_sync else [0]) + sorted(set(args.eta))
+    etas = [] if args.no_loops else ([] if args.no_sync else [0]) + ([] if args.no_async else sorted(set(args.eta)))
     if args.no_loops and args.no_stages:
         return "--no-loops and --no-stages leave nothing to measure"
+    if not args.no_loops and not etas:
+        return "--no-sync and --no-async leave no loop run (--no-loops measures the stages alone)"
     return Plan(config=config, overrides=overrides, etas=etas, kill=kill)
 
 
@@ -308,7 +315,10 @@ def _load_average() -> tuple[float, float, float] | None:
 def _command(plan: Plan, args: argparse.Namespace) -> str:
     """The invocation, spelled out with every setting that shapes the figures."""
     words = ["kiln", "bench"] + ([plan.config] if plan.config else []) + plan.overrides
-    words += ["--eta", *map(str, [e for e in plan.etas if e > 0])] + (["--no-sync"] if 0 not in plan.etas else [])
+    asynchronous = [str(e) for e in plan.etas if e > 0]
+    words += (["--eta", *asynchronous] if asynchronous else ["--no-async"]) + (
+        ["--no-sync"] if 0 not in plan.etas else []
+    )
     words += ["--warmup", str(args.warmup), "--steps", str(args.steps)]
     for flag, value in (
         ("--kill", args.kill),

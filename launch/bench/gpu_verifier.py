@@ -10,7 +10,9 @@ It prints expected vs got per case, then the benchmark figures for docs/BENCHMAR
 p50/p90 and where it goes, correctness-check time, timing time, and verifications per minute on the
 cold mix. Exit status 0 when every verdict is as expected. Run it from the repository root on the
 GPU host (about 5-8 minutes on one H100 with 16 cores); `--json FILE` also writes the figures;
-`--mix solutions` verifies the shipped solutions alone (a throughput run).
+`--mix solutions` verifies the shipped solutions alone (a throughput run), `--copies K` each of them K
+times as distinct candidates (a run long enough to reach the verifier's steady state). Workers follow
+the verifier's own sizing (`verifier.compile_workers` and `verifier.run_workers` at 0) unless set.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from actors.rollout.forced import in_kernel_code
 from actors.verifier.suite import REPO, SuiteCase, as_expected, load_suite, suite_tasks, verdict
 from configs import VerifierConfig
 from protocols import VerifyRequest, VerifyResult
@@ -43,7 +46,12 @@ def parse_args(argv):
     p.add_argument("--tasks", default="tasks" if Path("tasks").is_dir() else str(REPO / "tasks"))
     p.add_argument("--solutions", help="default: tasks/solutions/<backend>")
     p.add_argument("--cache-dir", help="verifier cache (default: a fresh temporary directory = cold)")
-    p.add_argument("--compile-workers", type=int, default=max(2, min(14, (os.cpu_count() or 4) - 2)))
+    p.add_argument(
+        "--compile-workers",
+        type=int,
+        default=0,
+        help="compile processes (0 = the verifier's sizing, verifier.compile_workers: the cores this process may use)",
+    )
     p.add_argument(
         "--run-workers",
         type=int,
@@ -63,8 +71,19 @@ def parse_args(argv):
         help="solutions: the shipped solutions only (a throughput run without the adversarial "
         "cases, whose hangs and timeouts dominate the wall clock)",
     )
+    p.add_argument(
+        "--copies",
+        type=int,
+        default=1,
+        help="each shipped solution this many times, every copy made distinct in its kernel source (a unique "
+        "comment, so each one compiles): a throughput run long enough for the verifier to reach its steady "
+        "state, rather than one wave of compiles",
+    )
     p.add_argument("--json", metavar="FILE", help="write the per-case results and figures as JSON")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.copies < 1:
+        p.error(f"--copies must be at least 1, got {args.copies}")
+    return args
 
 
 def build_config(args) -> VerifierConfig:
@@ -86,16 +105,26 @@ def jobs(args) -> list[tuple[str, str, VerifyRequest]]:
     tasks = suite_tasks(args.backend, args.tasks)
     solutions = args.solutions or str(Path(args.tasks) / "solutions" / args.backend)
     out = []
-    for tf in discover(args.tasks):
-        sol = solution_for(tf, solutions)
-        if sol is None:
-            raise SystemExit(f"gpu_verifier: no {args.backend} solution for {tf.task_id} in {solutions}")
-        out.append((f"solution {tf.task_id}", "pass", _request(tasks[tf.task_id], sol.read_text())))
+    for copy in range(args.copies):
+        for tf in discover(args.tasks):
+            sol = solution_for(tf, solutions)
+            if sol is None:
+                raise SystemExit(f"gpu_verifier: no {args.backend} solution for {tf.task_id} in {solutions}")
+            name = f"solution {tf.task_id}" + (f" #{copy + 1}" if args.copies > 1 else "")
+            out.append((name, "pass", _request(tasks[tf.task_id], _copy(sol.read_text(), copy))))
     cases: list[SuiteCase] = load_suite(args.backend) if args.mix == "all" else []
     for case in cases:
         if not case.config:  # the ones that hold under other settings run on a verifier of their own
             out.append((f"adversarial {case.name}", case.expect, _request(tasks[case.task_id], case.source())))
     return out
+
+
+def _copy(source: str, copy: int) -> str:
+    """The solution as its `copy`-th distinct candidate: the first as shipped, the others with a unique
+    comment in their kernel source, so no copy hits the build cache another one filled."""
+    if copy == 0:
+        return source
+    return in_kernel_code(source, lambda code: f"{code.rstrip()}\n// gpu_verifier copy {uuid.uuid4().hex}\n") or source
 
 
 def configured(args) -> list[tuple[str, str, VerifyResult]]:
@@ -154,7 +183,9 @@ def run(args) -> int:
     actor = VerifierActor(cfg)
     address = actor.start()["verifier"]
     print(
-        f"verifier on {device}, cache {cfg.cache_dir}, {cfg.compile_workers} compile workers, {len(work)} candidates",
+        f"verifier on {device}, cache {cfg.cache_dir}, {actor.impl.compile_workers.count} compile workers"
+        f"{' (0 = the cores here)' if not args.compile_workers else ''}, {actor.impl.run_workers.count} run workers "
+        f"({actor.impl.run_workers.why}), {len(work)} candidates",
         flush=True,
     )
     actor.impl.warm()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 import numpy as np
@@ -298,10 +299,23 @@ def test_backend_refuses_what_it_cannot_train():
 # (`device=torch.cuda.current_device()`), the p2p `torch.cuda.synchronize()`, and the tied
 # embedding's `weight.data.cuda()` before its first all-reduce across stages. Each worker is a
 # separate process (this file run as a script), so the gloo group and those redirections never touch
-# the pytest process.
+# the pytest process. The cases of one world size run one after another in the same workers (one per
+# rank), each under model-parallel groups of its own: a worker's start-up (torch, transformers,
+# megatron-core) costs several times its cases' work.
+
+PARITY_CASES = [  # (arch, tied, tp, pp)
+    ("qwen3", True, 1, 1),
+    ("qwen3", True, 2, 1),
+    ("qwen2", True, 2, 1),
+    ("llama", False, 2, 1),
+    ("qwen3", True, 1, 2),
+    ("llama", False, 1, 2),
+    ("qwen2", True, 2, 2),
+    ("qwen3", True, 4, 1),
+]
 
 
-def _parity_worker(rank: int, world: int, tp: int, pp: int, port: int, arch: str, tied: bool) -> None:
+def _parity_worker(rank: int, world: int, port: int, cases: list[tuple[str, bool, int, int]]) -> None:
     import json
     import os
     import warnings
@@ -310,6 +324,19 @@ def _parity_worker(rank: int, world: int, tp: int, pp: int, port: int, arch: str
 
     warnings.filterwarnings("ignore")
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    from megatron.core import parallel_state
+
+    for arch, tied, tp, pp in cases:
+        result = _parity_case(rank, tp, pp, arch, tied)
+        print(json.dumps({"case": [arch, tied, tp, pp], **result}), flush=True)
+        parallel_state.destroy_model_parallel()
+    dist.destroy_process_group()
+    os._exit(0)
+
+
+def _parity_case(rank: int, tp: int, pp: int, arch: str, tied: bool) -> dict:
+    """One case on this rank, under model-parallel groups of TP = tp and PP = pp: what it measured."""
+    import torch.distributed as dist
     from megatron.core import parallel_state
 
     from actors.learner.losses import token_entropy
@@ -405,36 +432,33 @@ def _parity_worker(rank: int, world: int, tp: int, pp: int, port: int, arch: str
         bool(getattr(p, "tensor_model_parallel", False)) == (hm.parallel_kind(n) != "replicated")
         for n, p in local_parameters(gpt, shape).items()
     )  # megatron's grad norm counts untagged weights once
-    print(
-        json.dumps(
-            {
-                "rank": rank,
-                "max_diff": float((ours - ref).abs().max()),
-                "round_trip_exact": exact,
-                "entropy_diff": float((entropy - ref_entropy).abs().max()),
-                "grad_rel_err": grad_err,
-                "tp_tags": tp_tags,
-                "chunked_vs_plain": chunked_vs_plain,
-                "stage": pp_rank,
-            }
-        )
-    )
-    dist.destroy_process_group()
-    os._exit(0)
+    return {
+        "rank": rank,
+        "max_diff": float((ours - ref).abs().max()),
+        "round_trip_exact": exact,
+        "entropy_diff": float((entropy - ref_entropy).abs().max()),
+        "grad_rel_err": grad_err,
+        "tp_tags": tp_tags,
+        "chunked_vs_plain": chunked_vs_plain,
+        "stage": pp_rank,
+    }
 
 
-def _run_workers(world: int, tp: int, pp: int, arch: str, tied: bool) -> list[dict]:
+@functools.cache
+def parity_results(world: int) -> dict[tuple, list[dict]]:
+    """Every parity case of `world` ranks, run in one set of workers: case -> each rank's result."""
     import json
     import socket
     import subprocess
     import sys
     from pathlib import Path
 
+    cases = [c for c in PARITY_CASES if c[2] * c[3] == world]
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     root = Path(__file__).resolve().parents[2]
-    args = [str(world), str(tp), str(pp), str(port), arch, str(int(tied))]
+    args = [str(world), str(port), *(f"{arch},{int(tied)},{tp},{pp}" for arch, tied, tp, pp in cases)]
     procs = [
         subprocess.Popen(
             [sys.executable, __file__, str(r), *args],
@@ -446,25 +470,19 @@ def _run_workers(world: int, tp: int, pp: int, arch: str, tied: bool) -> list[di
         )
         for r in range(world)
     ]
-    outs = [p.communicate(timeout=240) for p in procs]
+    outs = [p.communicate(timeout=240 * len(cases)) for p in procs]
     for p, (_, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, err[-3000:]
-    return [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
+    results: dict[tuple, list[dict]] = {case: [] for case in cases}
+    for out, _ in outs:
+        for line in out.splitlines():
+            if line.startswith('{"case": '):
+                record = json.loads(line)
+                results[tuple(record.pop("case"))].append(record)
+    return results
 
 
-@pytest.mark.parametrize(
-    "arch,tied,tp,pp",
-    [
-        ("qwen3", True, 1, 1),
-        ("qwen3", True, 2, 1),
-        ("qwen2", True, 2, 1),
-        ("llama", False, 2, 1),
-        ("qwen3", True, 1, 2),
-        ("llama", False, 1, 2),
-        ("qwen2", True, 2, 2),
-        ("qwen3", True, 4, 1),
-    ],
-)
+@pytest.mark.parametrize("arch,tied,tp,pp", PARITY_CASES)
 def test_megatron_gpt_matches_hf_under_tp_and_pp(arch, tied, tp, pp):
     """The real megatron-core GPTModel (local spec + SDPAAttention, packed sequences, vocab-parallel
     logprobs and entropies with padded vocabulary), split over TP ranks and PP stages and built from HF
@@ -474,7 +492,8 @@ def test_megatron_gpt_matches_hf_under_tp_and_pp(arch, tied, tp, pp):
     rank (the last stage's reports reach the others), the chunked logprobs equal the plain fp32 ones,
     and every rank holds its shard of HF's gradients; gathering the TP shards of every stage gives back
     HF's tensors bit-exactly on every rank."""
-    results = _run_workers(tp * pp, tp, pp, arch, tied)
+    results = parity_results(tp * pp)[(arch, tied, tp, pp)]
+    assert len(results) == tp * pp, results  # one report from every rank
     assert sorted(r["stage"] for r in results) == sorted(s for s in range(pp) for _ in range(tp))
     for result in results:
         assert result["round_trip_exact"], result
@@ -487,12 +506,6 @@ def test_megatron_gpt_matches_hf_under_tp_and_pp(arch, tied, tp, pp):
 if __name__ == "__main__":
     import sys
 
-    _parity_worker(
-        int(sys.argv[1]),
-        int(sys.argv[2]),
-        int(sys.argv[3]),
-        int(sys.argv[4]),
-        int(sys.argv[5]),
-        sys.argv[6],
-        bool(int(sys.argv[7])),
-    )
+    rank, world, port, *specs = sys.argv[1:]
+    cases = [(arch, bool(int(tied)), int(tp), int(pp)) for arch, tied, tp, pp in (c.split(",") for c in specs)]
+    _parity_worker(int(rank), int(world), int(port), cases)

@@ -324,6 +324,8 @@ def test_bench_refuses_bad_arguments_in_one_line(capsys):
     assert err.count("\n") == 1 and "no such actor" in err and "rollout-0" in err
     assert main(["bench", str(TEXT_MATCH), "--eta", "0"]) == 2
     assert "η >= 1" in capsys.readouterr().err
+    assert main(["bench", str(TEXT_MATCH), "--no-sync", "--no-async"]) == 2
+    assert "leave no loop run" in capsys.readouterr().err
     assert main(["bench", str(TEXT_MATCH), "rollout.nope=1"]) == 2
     assert "unknown config key" in capsys.readouterr().err
 

@@ -67,6 +67,12 @@ def test_raw_model_output_and_text_mode(verifier_cache_dir, tmp_path):
     assert "FAIL (cheating)" in p.stdout and "aten::relu" in p.stdout
 
 
+def test_a_usage_error_exits_2_with_one_line_and_nothing_on_stdout(tmp_path):
+    p = kiln("--reference", "nope.py", "--candidate", RELU, cache_dir=tmp_path, timeout=120)
+    assert p.returncode == 2 and p.stdout == ""
+    assert p.stderr == "kiln verify: file not found: nope.py\n", p.stderr
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
@@ -77,10 +83,15 @@ def test_raw_model_output_and_text_mode(verifier_cache_dir, tmp_path):
         (["--reference", "tasks/loader.py", "--candidate", RELU], "no KernelBench-format reference"),
     ],
 )
-def test_usage_errors_exit_nonzero_with_one_line(args, message, tmp_path):
-    p = kiln(*args, cache_dir=tmp_path, timeout=120)
-    assert p.returncode == 2 and p.stdout == ""
-    assert p.stderr.count("\n") == 1 and message in p.stderr, p.stderr
+def test_usage_errors_exit_nonzero_with_one_line(args, message, tmp_path, capfd, monkeypatch):
+    """In-process (the command's process around it is the test above): what reaches descriptors 1 and 2."""
+    from launch.cli.main import main
+
+    monkeypatch.chdir(REPO)
+    code = main(["verify", *args, f"verifier.cache_dir={tmp_path}", "verifier.compile_baseline=never"])
+    out, err = capfd.readouterr()
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and message in err, err
 
 
 @pytest.mark.slow
