@@ -6,7 +6,7 @@ submitted at once as a training run would:
   * every CUDA adversarial candidate (tests/adversarial/{cuda,common}) -- each must get its expected verdict,
     including an illegal memory access, a hung kernel, a segfault and a GPU OOM;
 then one more fresh control candidate, which must pass: the verifier still serves after all that.
-It prints expected vs got per case, then the benchmark figures for docs/BENCHMARKS.md: compile time
+It prints expected vs got per case (a verdict that differs also with its whole feedback), then the benchmark figures for docs/BENCHMARKS.md: compile time
 p50/p90 and where it goes, correctness-check time, timing time, and verifications per minute on the
 cold mix. Exit status 0 when every verdict is as expected. Run it from the repository root on the
 GPU host (about 5-8 minutes on one H100 with 16 cores); `--json FILE` also writes the figures;
@@ -23,6 +23,7 @@ import os
 import statistics
 import sys
 import tempfile
+import textwrap
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -260,6 +261,9 @@ def _print_table(rows) -> bool:
         ok &= as_expected(got, expect)
         head = r.feedback.strip().splitlines()[0][:70] if r.feedback.strip() else ""
         print(f"{name:<48} {expect:<12} {got:<12} {r.stage:<12} {r.timings.get('total', 0):8.1f}  {head}{mark}")
+    differ = [(name, r) for name, expect, r in rows if not as_expected(verdict(r), expect)]
+    for name, r in differ:  # all of it: a differing verdict is read in the log, often the only thing kept
+        print(f"\n--- {name}: {verdict(r)} at {r.stage}\n{textwrap.indent(r.feedback.strip(), '    ')}")
     print(f"\n{'ALL AS EXPECTED' if ok else 'SOME VERDICTS DIFFER'}")
     return ok
 

@@ -29,3 +29,29 @@ def test_copies_below_one_is_a_usage_error(capsys):
     with pytest.raises(SystemExit) as exit_:
         gpu_verifier.parse_args(["--copies", "0"])
     assert exit_.value.code == 2 and "--copies must be at least 1" in capsys.readouterr().err
+
+
+def test_a_differing_verdict_is_printed_with_its_whole_feedback(capsys):
+    # Mutation: only the table's first feedback line printed -> the finding's detail is lost.
+    from protocols import VerifyResult
+
+    feedback = "Rejected by the legality check (score -1):\n  line 12: the kernel read the L2 flush buffer\n  (detail)"
+    common = {"task_id": "level1/01_relu", "q": 0.0}
+    wrong = VerifyResult(
+        request_id="a", passed=False, stage="legality", error_class="cheating", score=-1.0, feedback=feedback, **common
+    )
+    right = VerifyResult(
+        request_id="b",
+        passed=True,
+        stage="done",
+        error_class=None,
+        score=1.0,
+        feedback="Correct.\nTime: 1 ms",
+        **common,
+    )
+    rows = [("solution level1/01_relu #2", "pass", wrong), ("solution level1/02_gelu_tanh", "pass", right)]
+    assert gpu_verifier._print_table(rows) is False
+    out = capsys.readouterr().out
+    assert "--- solution level1/01_relu #2: cheating at legality" in out
+    assert "    line 12: the kernel read the L2 flush buffer" in out and "    (detail)" in out
+    assert "--- solution level1/02_gelu_tanh" not in out and "Time: 1 ms" not in out  # as expected: the table's line
