@@ -10,7 +10,10 @@ So every run reserves, before it touches the device, what it will hold there (`r
 while the lane's budget is spoken for. Requests are served in arrival order (a large one is not
 starved by a stream of small ones); one larger than the whole budget waits until the lane is empty
 and then runs alone. A reservation is never taken while the same thread holds another, so no
-thread waits on itself. The budget is most of the device's free memory when the lane starts (on
+thread waits on itself, and never while its run holds one of the lane's sandbox slots: runs that hold
+memory wait for slots, so a slot's holder waiting for memory could wait on itself through them (the
+order is memory first, then the sandbox, on every path of runner.py). A run whose verdict is no longer
+wanted stops waiting (`wake`). The budget is most of the device's free memory when the lane starts (on
 cpu, half the machine's memory: the same code, so the cpu backend exercises it).
 """
 
@@ -27,6 +30,10 @@ from contextlib import contextmanager
 # is headroom for what the counts do not see (CUDA contexts, the caching allocator's fragments).
 DEVICE_SHARE = 0.85
 HOST_SHARE = 0.5  # cpu backend: the share of the machine's memory
+
+
+class GaveUp(Exception):
+    """A reservation's wait ended by its `give_up` event: the run is no longer wanted."""
 
 
 class DeviceMemory:
@@ -57,9 +64,9 @@ class DeviceMemory:
         return min(max(int(nbytes), 0), self.budget)
 
     @contextmanager
-    def reserve(self, nbytes: int) -> Iterator[int]:
+    def reserve(self, nbytes: int, give_up: threading.Event | None = None) -> Iterator[int]:
         """Hold `nbytes` of the lane's memory for the block (waiting, in arrival order, until they are
-        free); yields the bytes granted."""
+        free); yields the bytes granted. GaveUp when `give_up` is set before they are (see `wake`)."""
         granted = self.grant(nbytes)
         if granted == 0:
             yield 0
@@ -69,7 +76,14 @@ class DeviceMemory:
             ticket = next(self._tickets)
             self._queue.append(ticket)
             try:
-                self._cond.wait_for(lambda: self._queue[0] == ticket and self.used + granted <= self.budget)
+                self._cond.wait_for(
+                    lambda: (
+                        (give_up is not None and give_up.is_set())
+                        or (self._queue[0] == ticket and self.used + granted <= self.budget)
+                    )
+                )
+                if give_up is not None and give_up.is_set():
+                    raise GaveUp
             finally:
                 self._queue.remove(ticket)
                 self._cond.notify_all()
@@ -82,3 +96,8 @@ class DeviceMemory:
             with self._cond:
                 self.used -= granted
                 self._cond.notify_all()
+
+    def wake(self) -> None:
+        """Have the waiting reservations look at their `give_up` events again (one was just set)."""
+        with self._cond:
+            self._cond.notify_all()

@@ -34,7 +34,7 @@ from actors.verifier.baselines import Baselines
 from actors.verifier.compare import CHUNK, compare_outputs
 from actors.verifier.cubins import device_code
 from actors.verifier.device_verdicts import DeviceVerdicts
-from actors.verifier.devmem import DeviceMemory
+from actors.verifier.devmem import DeviceMemory, GaveUp
 from actors.verifier.executor import ChildSession, SandboxFailure, SandboxPool
 from actors.verifier.families import NORMAL, SENSITIVITY
 from actors.verifier.jailed_reference import ReferenceRaised
@@ -177,6 +177,7 @@ class CandidateRun:
         is killed, or, if it has none yet, none is started. What the run then reports says nothing of
         the candidate; the verifier answers it as cancelled and keeps nothing of it."""
         self.cancelled.set()
+        self.memory.wake()  # a run still waiting for device memory stops waiting
         child = self.child
         if child is not None:
             child.kill()
@@ -192,24 +193,27 @@ class CandidateRun:
             # unknown size draws alone first (_plan) and reserves when its size is known.
             known = self._known_footprint()
             waited = time.perf_counter()
-            with self.memory.reserve(RUN_COPIES * known if known is not None else 0) as held:
+            with self.memory.reserve(RUN_COPIES * known if known is not None else 0, self.cancelled) as held:
                 self.out.timings["memory_wait"] = time.perf_counter() - waited
                 plan = self._plan(drawn_alone=known is None)
                 self.out.notes += plan.notes
                 self.out.timings["reference"] = time.perf_counter() - started - self.out.timings["memory_wait"]
-                task_limits = self._limits(plan)
-                self._baselines_first(plan)
-                if self.cancelled.is_set():
-                    raise Cancelled
-                with self.pool.session(plan.arena_bytes, task_limits.private_bytes, task_limits.starved) as child:
-                    self.child = child
-                    if self.cancelled.is_set():  # cancel() came before the sandbox was known to it
-                        child.kill()
-                    waited = time.perf_counter()
-                    with self.memory.reserve(RUN_COPIES * plan.footprint if known is None else 0) as late:
-                        self.device_reserved = held or late
-                        self.out.limits["device_reserved_mb"] = self.device_reserved >> 20
-                        self.out.timings["memory_wait"] += time.perf_counter() - waited
+                # One of unknown size reserves here, before its sandbox: a run never waits for memory
+                # while it holds one of the lane's sandbox slots, because the runs holding memory may
+                # be waiting for a slot (devmem.py: memory first, then the sandbox, on every path).
+                waited = time.perf_counter()
+                with self.memory.reserve(RUN_COPIES * plan.footprint if known is None else 0, self.cancelled) as late:
+                    self.out.timings["memory_wait"] += time.perf_counter() - waited
+                    self.device_reserved = held or late
+                    task_limits = self._limits(plan)
+                    self.out.limits["device_reserved_mb"] = self.device_reserved >> 20
+                    self._baselines_first(plan)
+                    if self.cancelled.is_set():
+                        raise Cancelled
+                    with self.pool.session(plan.arena_bytes, task_limits.private_bytes, task_limits.starved) as child:
+                        self.child = child
+                        if self.cancelled.is_set():  # cancel() came before the sandbox was known to it
+                            child.kill()
                         self._run_in(child, plan, source, source_hash, artifacts, toolchain)
         except SandboxFailure as err:
             limit_s = self.limits.run_timeout_s if self.limits else self.cfg.run_timeout_s
@@ -223,7 +227,7 @@ class CandidateRun:
             )
         except ReferenceError as err:
             self.out.stage, self.out.error_class, self.out.message = "run", "infra", str(err)
-        except Cancelled:
+        except (Cancelled, GaveUp):
             pass  # the verifier answers a cancelled run itself (KernelVerifier.cancel)
         self.child = None
         if self.device is not None:  # the device's word on memory, over whatever else the run ended with
@@ -339,7 +343,7 @@ class CandidateRun:
         largest_trial, largest_inputs = 0, 1
         shape_configs = self.ref.shape_configs(self.cfg.backend, self.cfg.trials)
         for config in shape_configs[1:] + shape_configs[:1]:
-            with self.memory.reserve(self.memory.budget if drawn_alone else 0), self.lease.shared():
+            with self.memory.reserve(self.memory.budget if drawn_alone else 0, self.cancelled), self.lease.shared():
                 try:
                     inst = self.ref.instance(config)
                 except ReferenceError:  # a jailed reference's process that failed: no other shape would do

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from actors.verifier.devmem import DeviceMemory
+from actors.verifier.devmem import DeviceMemory, GaveUp
 from actors.verifier.reference import Reference
 from protocols import KernelSpec, Task
 
@@ -62,6 +62,43 @@ def test_a_reservation_is_returned_when_its_block_raises():
     assert memory.used == 0
     with memory.reserve(100) as granted:
         assert granted == 100
+
+
+def test_a_run_no_longer_wanted_stops_waiting_and_leaves_the_queue():
+    """A service's deadline cancels a run that may still be queued for memory: it stops waiting then,
+    instead of drawing its trials once memory frees, and the run behind it is served in its place."""
+    memory = DeviceMemory(100)
+    log: list[str] = []
+    go_a = threading.Event()
+    a = _hold(memory, 90, log, "a", go_a)
+    _until(lambda: log == ["a+"])
+    unwanted, outcome = threading.Event(), []
+
+    def queued():
+        try:
+            with memory.reserve(50, unwanted):
+                outcome.append("reserved")
+        except GaveUp:
+            outcome.append("gave up")
+
+    waiting = threading.Thread(target=queued)
+    waiting.start()
+    _until(lambda: len(memory._queue) == 1)
+    go_c = threading.Event()
+    c = _hold(memory, 10, log, "c", go_c)  # fits beside a, but queued behind the waiting one
+    _until(lambda: len(memory._queue) == 2)
+    assert "c+" not in log
+    unwanted.set()
+    memory.wake()
+    waiting.join(5)
+    assert outcome == ["gave up"]
+    _until(lambda: "c+" in log)  # served in the unwanted one's place, beside a
+    assert memory.used == 100 and list(memory._queue) == []
+    go_a.set()
+    go_c.set()
+    a.join(5)
+    c.join(5)
+    assert memory.used == 0
 
 
 RELU = """

@@ -211,3 +211,76 @@ def test_a_run_waiting_for_device_memory_holds_nothing_meanwhile(relu_task, veri
     assert len(order) == 2 * each and len(set(order)) == 2
     # each run's draws are contiguous: the second began when the first had finished
     assert order[:each] == [order[0]] * each and order[each:] == [order[each]] * each, order
+
+
+SIZED_WHEN_DRAWN = (
+    Path("tasks/level1/01_relu.py")
+    .read_text()
+    .replace(
+        "        return torch.relu(x)",
+        "        if x.abs().sum().item() < 0:  # never true, but data-dependent: meta tensors cannot size it\n"
+        "            return x\n"
+        "        return torch.relu(x)",
+    )
+)
+
+
+def test_no_run_waits_for_device_memory_while_it_holds_a_sandbox(relu_task, verifier_cache_dir, monkeypatch):
+    """Runs that hold device memory wait for the lane's sandbox slots, so a run that holds a slot must
+    never wait for memory. CI hung on that cycle: a task of unknown size reserved after its sandbox
+    started, queued behind another such task's whole-budget draw, which waited for a known-size run's
+    memory, which waited for the one slot. Memory comes first on every path, for both kinds of task."""
+    import threading
+    from contextlib import contextmanager
+
+    from actors.verifier.devmem import DeviceMemory
+    from actors.verifier.executor import SandboxPool
+
+    holding = threading.local()
+    inside: list[int] = []
+    session, reserve = SandboxPool.session, DeviceMemory.reserve
+
+    @contextmanager
+    def watched_session(self, *args, **kw):
+        with session(self, *args, **kw) as child:
+            holding.slot = True
+            try:
+                yield child
+            finally:
+                holding.slot = False
+
+    def watched_reserve(self, nbytes, *args, **kw):
+        if nbytes and getattr(holding, "slot", False):
+            inside.append(nbytes)
+        return reserve(self, nbytes, *args, **kw)
+
+    monkeypatch.setattr(SandboxPool, "session", watched_session)
+    monkeypatch.setattr(DeviceMemory, "reserve", watched_reserve)
+    unknown = Task(
+        task_id="mem/sized-when-drawn",
+        kind="kernel",
+        kernel=KernelSpec(name="sized-when-drawn", reference=SIZED_WHEN_DRAWN, backend="cpu", level=1),
+    )
+    assert Reference(unknown, "cpu").footprint(Reference(unknown, "cpu").shape_configs("cpu", 1)[0]) is None
+    verifier = KernelVerifier(config(verifier_cache_dir, **{"verifier.run_workers": 1}))
+    results: dict[int, object] = {}
+    try:
+        runs = [
+            threading.Thread(
+                target=lambda k=k, task=task: results.update(
+                    {k: verify(verifier, task, _distinct(RELU_SOLUTION.read_text()))}
+                )
+            )
+            for k, task in enumerate([unknown, relu_task, unknown])
+        ]
+        for run in runs:
+            run.start()
+        for run in runs:
+            run.join(120)
+        assert not any(run.is_alive() for run in runs), "the runs deadlocked"
+    finally:
+        verifier.close()
+    assert all(r.passed for r in results.values()), [r.feedback for r in results.values()]
+    one_run_mb = (RUN_COPIES * 2 * 16 * 4096 * 4) >> 20  # each reserved its primary trial's copies
+    assert [r.diagnostics["sandbox"]["limits"]["device_reserved_mb"] for r in results.values()] == [one_run_mb] * 3
+    assert inside == [], f"reservations of {inside} bytes waited inside a sandbox"
