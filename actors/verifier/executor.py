@@ -158,7 +158,6 @@ class ChildSession:
         # cuda: the device's record of the kernels each traced request ran (sealed._tracing).
         self.traced: list[Traced] = []
         self.traces = pool.device_type == "cuda"
-        self._staged = 0  # calls the last `stage` request staged (a trip's K)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         ev_r, ev_w = os.pipe()
         fcntl.fcntl(ev_r, fcntl.F_SETFL, os.O_NONBLOCK)
@@ -276,8 +275,6 @@ class ChildSession:
         self.requests += 1
         if self.traces and op in TRACED_OPS and "trace" not in body:
             body = {**body, "trace": True}
-        if op == "stage":
-            self._staged = len(body.get("calls") or [])
         started_ns = time.monotonic_ns()
         try:
             payload = msgpack.packb({"op": op, "nonce": nonce, **body}, use_bin_type=True)
@@ -304,7 +301,7 @@ class ChildSession:
             self.addresses.observe(self.sandbox_pid)
         kernels = reply.pop("kernels", None) if signed else None
         if type(kernels) is list and len(self.traced) < MAX_TRACED:
-            calls = 1 if op == "call" else self._staged if op == "trip" and not body.get("null") else 0
+            calls = 1 if op == "call" else body.get("count", 0) if op == "trip" and not body.get("null") else 0
             lost = reply.pop("trace_lost", 0)
             lost = lost if type(lost) is int and lost >= 0 else 1  # a forged count is a lost record
             self.traced.append(Traced(kind, calls, kernels[:MAX_TRACED_NAMES], lost))

@@ -1,10 +1,14 @@
 """Stage 5 of a run, the timed calls: the baselines, then paired trips of K fresh calls, each call
 timed in the sandbox as KernelBench times one (flush, events, forward, idle device), that figure
 bounded by this process's clock around the requests (trip minus null trip over K; timing.py). After
-each pair every call of the trip has its snapshot fetched and compared with the reference on exactly
-its inputs, and its inputs compared bit for bit with those staged: a timed call is held to the
-standard of a checked one, every one of them. A time below the device's physical bound
-(`timing.Bandwidth`) earns no speed bonus.
+each hold of the device every call of its trips has its snapshot fetched and compared with the
+reference on exactly its inputs, and its inputs compared bit for bit with those staged: a timed call
+is held to the standard of a checked one, every one of them. A time below the device's physical
+bound (`timing.Bandwidth`) earns no speed bonus.
+
+Several pairs share one exclusive hold of the device: their calls are staged together before it and
+checked together after it. Every exclusive hold first waits for the lane's shared work in progress
+to end (the drain); on one H200 those waits took twice the windows' own time, one hold per pair.
 
 `TimedStage(run, child).measure()` fills the run's outcome (`candidate_s`, `eager_s`, `timing`, ...); the
 run (runner.py) has established the primary shapes and passed their correctness trials before.
@@ -35,10 +39,13 @@ if TYPE_CHECKING:
 # Fresh inputs of all timed calls together stay under this many bytes (fewer calls per trip, or fewer
 # pairs, for tasks with large inputs).
 TIMING_INPUT_BUDGET = 1 << 30
-# A trip's inputs and outputs and their snapshots (the trip's and the null trip's) live on the device at
-# once, and on cpu also the last trip's inputs and outputs (sealed.py, op_stage and op_trip): K stays
-# under this many bytes.
+# A stage's inputs and outputs and their snapshots (the trips' and the null trip's) live on the device
+# at once, and on cpu also the last trip's inputs and outputs (sealed.py, op_stage and op_trip): the
+# calls of one stage stay under this many bytes.
 TRIP_DEVICE_BUDGET = 2 << 30
+# The calls of the trips timed in one exclusive hold (staged together, so the arena holds them: runner.py's
+# plan sizes it): four trips of the most calls a trip has.
+MAX_CALLS_PER_STAGE = 4 * timing.MAX_CALLS_PER_TRIP
 # cuda: audit trips (traced, untimed) among the first timed pairs, and the chance of one before each
 # pair after those (audit_plan).
 AUDITS = 2
@@ -51,12 +58,13 @@ class TimedStage:
     def __init__(self, run: CandidateRun, child: ChildSession) -> None:
         self.run = run
         self.child = child
+        self.expect: list = []  # [dtype name, shape] of each output, as measure() finds them
 
     @contextlib.contextmanager
     def _phase(self, name: str) -> Iterator[None]:
         """Seconds spent in one part of the stage, summed into the outcome's `timings["timed_<name>"]`
-        (draw, stage, trips, check, audit; an audit trip's own drawing and staging are also in draw and
-        stage): where a verification's time goes, in every verdict."""
+        (draw, stage, trips, check; audit trips are in all four, beside the timed ones): where a
+        verification's time goes, in every verdict."""
         t0 = time.perf_counter()
         try:
             yield
@@ -80,6 +88,7 @@ class TimedStage:
         if note:
             self.run.out.notes.append(note)
         expect = [[dtype_name(t.dtype), list(t.shape)] for t in self.run.primary_trial.expected]
+        self.expect = expect  # the outputs' dtypes and shapes: each staged call gets snapshots of them
         output_bytes = max(nbytes(self.run.primary_trial.expected), 1)
         # Every timed call gets a fresh draw, and all of them together stay within the input budget:
         # K from the warm-up (within the device budget), then as many pairs as the budget allows.
@@ -104,26 +113,24 @@ class TimedStage:
         pairs = min(pairs, max(timing.MIN_RUNS, calls // k))
         times = timing.TripTimes(k, self.run.device_type)
         checked = []
-        audits = audit_plan(self.run.device_type, pairs)
+        per_stage = stage_trips(self.run.device_type, input_bytes, output_bytes, k)
+        holds = Holds(audit_plan(self.run.device_type, pairs), per_stage)
         started = time.perf_counter()
-        i = -1
         while timing.want_more(times, pairs, time.perf_counter() - started, budget_s):
-            i += 1
-            if audits(i):
-                with self._phase("audit"):
-                    if not self._audit(child, k, expect, i):
-                        return
-            calls = self._staged(child, k)
-            if calls is None:
+            trips = holds.next(max(1, max(pairs, timing.MIN_RUNS) - len(times.per_call)))
+            staged = self._staged(child, k * len(trips))
+            if staged is None:
                 return
-            run_s, null_s, spans, run_first = self._pair(child, k, expect, i)
-            if run_s is None:
+            timed = self._hold(child, k, expect, trips)
+            if timed is None:
                 return
-            timing.record(times, run_s, null_s, spans, run_first)
-            checked.append([i, k])
+            for pair, (run_s, null_s, spans, run_first) in timed:
+                timing.record(times, run_s, null_s, spans, run_first)
+                checked.append([pair, k])
             with self._phase("check"):
-                if not self._check_trip(child, i, calls):
-                    return
+                for at, (_audit, pair) in enumerate(trips):
+                    if not self._check_trip(child, pair, staged, at * k, k):
+                        return
         self.run.out.candidate_s = times.paid_s
         self.run.out.timing_runs = len(times.per_call) * k
         self.run.out.timing = {
@@ -159,20 +166,23 @@ class TimedStage:
         with self._phase("stage"):
             arena.reset()
             descs = [[arena.put(x) for x in inputs] for inputs in calls]
-            reply = self.run.budget.ask(child, "stage", {"instance": self.run.primary_index, "calls": descs})
+            body = {"instance": self.run.primary_index, "calls": descs, "expect": self.expect}
+            reply = self.run.budget.ask(child, "stage", body)
         return self._replies_ok([reply])
 
     def _trips(self, child: ChildSession, expect: list, *, trace: bool = False):
-        """(trip, replies): `trip(k, null)` runs one trip of the k staged calls in the sandbox; each
-        reply is kept for `_replies_ok`. `trace`: the device records the trip's kernels (an audit trip;
-        a timed one is never traced: the trace's own cost would be in its figures)."""
+        """(trip, replies): `trip(k, null, first)` runs one trip of the k staged calls from `first` on
+        in the sandbox; each reply is kept for `_replies_ok`. `trace`: the device records the trip's
+        kernels (an audit trip; a timed one is never traced: the trace's own cost would be in its figures)."""
         flush = self.run.device_type == "cuda"
         preroll, head_start = timing.preroll_s(self.run.device_type), timing.head_start_s(self.run.device_type)
         replies: list[dict] = []
 
-        def trip(k: int, null: bool) -> list[float]:
+        def trip(k: int, null: bool, first: int = 0) -> list[float]:
             body = {
                 "null": null,
+                "first": first,
+                "count": k,
                 "expect": expect,
                 "flush": flush,
                 "preroll": preroll,
@@ -205,43 +215,43 @@ class TimedStage:
                 return False
         return True
 
-    def _pair(self, child: ChildSession, k: int, expect: list, index: int):
-        """(trip seconds, null trip seconds, the trip's per-call figures, whether the run trip went
-        first) of one pair of the k staged calls, the first two timed here around the requests; or Nones."""
+    def _hold(self, child: ChildSession, k: int, expect: list, trips: list[tuple[bool, int]]):
+        """The staged trips of k calls each, in order, in one exclusive hold of the device: a timed
+        pair, or an audit trip (run as a timed trip is, but traced: whose kernels ran, provenance.py;
+        timed by nobody). The sandbox cannot tell the two apart: it sees the same requests, in an
+        order it cannot predict (`audit_plan`). [(pair index, (trip seconds, null trip seconds, the
+        trip's per-call figures, whether the run trip went first))] of the timed pairs; None when a
+        trip failed (the run's outcome says how), the hold ending there."""
         trip, replies = self._trips(child, expect)
+        traced, traced_replies = self._trips(child, expect, trace=True)
+        timed = []
         with self._phase("trips"), self.run.lease.exclusive(), timing.responsive_gil():
-            pair = timing.time_pair(trip, k, index)
-        if not self._replies_ok(replies):
-            return None, None, None, None
-        return pair
+            for at, (audit, pair) in enumerate(trips):
+                first = at * k
+                if audit:
+                    traced(k, False, first)
+                else:
+                    figures = timing.time_pair(lambda n, null, first=first: trip(n, null, first), k, pair)
+                    timed.append((pair, figures))
+                if any(r.get("failure") or not r.get("ok", True) for r in (*replies, *traced_replies)):
+                    break
+        if not self._replies_ok(traced_replies) or not self._replies_ok(replies):
+            return None
+        return timed
 
-    def _audit(self, child: ChildSession, k: int, expect: list, pair: int) -> bool:
-        """An audit trip before pair `pair`: K fresh calls, run as a timed trip is but traced (whose
-        kernels ran: provenance.py) and timed by nobody; every call checked as a timed one is. The
-        sandbox cannot tell it from a timed trip: it sees the same requests, in an order it cannot
-        predict (`audit_plan`)."""
-        calls = self._staged(child, k)
-        if calls is None:
-            return False
-        trip, replies = self._trips(child, expect, trace=True)
-        with self.run.lease.shared():
-            trip(k, False)
-        if not self._replies_ok(replies):
-            return False
-        return self._check_trip(child, pair, calls)
-
-    def _check_trip(self, child: ChildSession, pair: int, calls: list[list]) -> bool:
-        """Every call of the last trip against the reference on exactly its inputs, and its inputs
-        as the trip left them against those staged; fetched as many calls a request as the arena holds.
-        The reference runs and the fast comparisons of a batch queue on the device and are read once
-        (compare.surely_passes); a call they do not clear is judged by compare_outputs, one by one."""
+    def _check_trip(self, child: ChildSession, pair: int, calls: list[list], first: int, count: int) -> bool:
+        """Every call of a trip (the `count` staged `calls` from `first` on) against the reference on
+        exactly its inputs, and its inputs as the trip left them against those staged; fetched as many
+        calls a request as the arena holds. The reference runs and the fast comparisons of a batch
+        queue on the device and are read once (compare.surely_passes); a call they do not clear is
+        judged by compare_outputs, one by one."""
         arena = child.arena
-        k = 0
-        while k < len(calls):
+        k, end = first, first + count
+        while k < end:
             arena.reset()
             batch, expected = [], []
             with self.run.lease.shared():
-                while k < len(calls):
+                while k < end:
                     want = self.run.ref.run(self.run.primary.model, calls[k], wait=False)
                     tensors = [x for x in calls[k] if isinstance(x, torch.Tensor)]
                     need = nbytes(want) + 64 * len(want) + nbytes(tensors) + 64 * len(tensors) + arena.ALIGN * 2
@@ -270,7 +280,7 @@ class TimedStage:
             for (call, _out, _kept), (want, tensors), (outputs, inputs), fast in zip(
                 batch, expected, entries, cleared, strict=True
             ):
-                if not fast and not self._check_call(child, pair, call, outputs, want):
+                if not fast and not self._check_call(child, pair, call - first, outputs, want):
                     return False
                 if not self._inputs_kept(child, inputs, tensors, pair):
                     return False
@@ -351,7 +361,7 @@ class TimedStage:
 
 
 def audit_plan(device_type: str, pairs: int):
-    """`audits(i)`: whether an audit trip (`TimedStage._audit`) goes before timed pair i. On cuda, at
+    """`audits(i)`: whether an audit trip (`TimedStage._hold`) goes before timed pair i. On cuda, at
     AUDITS of the first `pairs` pairs, chosen at random here, and after those (while the trusted
     figure wants more pairs) with probability AUDIT_P; on cpu never (the samples cover every timed
     call: provenance.py). A candidate that changes what runs in a share f of its trips is seen with
@@ -361,6 +371,52 @@ def audit_plan(device_type: str, pairs: int):
     rng = random.Random(secrets.randbits(64))
     chosen = set(rng.sample(range(pairs), min(AUDITS, pairs)))
     return lambda i: i in chosen if i < pairs else rng.random() < AUDIT_P
+
+
+class Holds:
+    """The trips of each exclusive hold, in order: (audit, pair index) for each, a pair's audit trip
+    (if `audits` wants one) right before it, at most `per_stage` trips a hold. A pair and its audit
+    stay in one hold; a pair that would not fit waits, its audit decided, for the next."""
+
+    def __init__(self, audits, per_stage: int) -> None:
+        self.audits = audits
+        self.per_stage = max(1, per_stage)
+        self.placed = -1  # the last pair given out
+        self._decided: dict[int, bool] = {}
+
+    def _audit(self, pair: int) -> bool:
+        if pair not in self._decided:
+            self._decided[pair] = bool(self.audits(pair))
+        return self._decided[pair]
+
+    def next(self, wanted: int) -> list[tuple[bool, int]]:
+        """The next hold's trips: up to `wanted` pairs (at least one) and their audits."""
+        trips: list[tuple[bool, int]] = []
+        pairs = 0
+        while pairs < max(1, wanted):
+            pair = self.placed + 1
+            audit = self._audit(pair)
+            if trips and len(trips) + 1 + audit > self.per_stage:
+                break
+            if 1 + audit > self.per_stage:  # a stage holds one trip: the audit now, alone; its pair next
+                self._decided[pair] = False
+                return [(True, pair)]
+            if audit:
+                trips.append((True, pair))
+            trips.append((False, pair))
+            self.placed, pairs = pair, pairs + 1
+        return trips
+
+
+def stage_trips(device_type: str, input_bytes: int, output_bytes: int, k: int) -> int:
+    """How many trips of k calls one stage holds: within MAX_CALLS_PER_STAGE, the timed calls' input
+    budget (the arena holds that much: runner.py's plan) and the device budget of a stage."""
+    calls = min(
+        MAX_CALLS_PER_STAGE,
+        TIMING_INPUT_BUDGET // max(input_bytes, 1),
+        TRIP_DEVICE_BUDGET // trip_bytes(device_type, input_bytes, output_bytes),
+    )
+    return max(1, calls // max(k, 1))
 
 
 def trip_bytes(device_type: str, input_bytes: int, output_bytes: int) -> int:

@@ -40,7 +40,7 @@ from actors.verifier.families import NORMAL, SENSITIVITY
 from actors.verifier.jailed_reference import ReferenceRaised
 from actors.verifier.legality import Violation
 from actors.verifier.outcome import RunOutcome, TrialRecord, aliasing, precompute_finding
-from actors.verifier.performance import TIMING_INPUT_BUDGET, TimedStage
+from actors.verifier.performance import MAX_CALLS_PER_STAGE, TIMING_INPUT_BUDGET, TimedStage
 from actors.verifier.reference import (
     BrokenTask,
     DeviceFull,
@@ -374,7 +374,8 @@ class CandidateRun:
             largest_trial = max(largest_trial, _arena_bytes(first))
             largest_inputs = max(largest_inputs, nbytes(first.inputs))
         params = sum(nbytes(list(s.inst.state_dict.values())) + 64 * len(s.inst.state_dict) for s in configs)
-        timed = min(timing.MAX_CALLS_PER_TRIP, max(1, TIMING_INPUT_BUDGET // largest_inputs)) * largest_inputs
+        # the timed calls of one stage (performance.py), each with room for its tensors' alignment
+        timed = min(MAX_CALLS_PER_STAGE, max(1, TIMING_INPUT_BUDGET // largest_inputs)) * (largest_inputs + 1024)
         primary_out = nbytes(configs[-1].first.expected) if configs else 0
         arena = max(largest_trial, params, timed + primary_out) + 64 * 1024
         footprint = max((nbytes(s.first.inputs) + nbytes(s.first.expected) for s in configs), default=0)

@@ -508,13 +508,15 @@ def _op_call(c: Captured, state: dict, delayed, outputs_of, lay_out, shared_with
 
 
 def _op_stage(c: Captured, state: dict, staged):
-    sync = c.sync
+    sync, len_, append, empty, poison, dtypes, device = c.sync, c.len_, c.append, c.empty, c.poison, c.dtypes, c.device
     hold = c.device == "cpu"  # op_trip's docstring says why only there
 
     def op_stage(req):
-        """The next trip's inputs onto the device, one set per call (outside any timed request). On
-        cpu the last trip's inputs stay allocated until the stage after this one, as its outputs do
-        until the next trip (op_trip): late work that reads them reads memory this process still owns."""
+        """The next trips' inputs onto the device, one set per call (outside any timed request), and a
+        snapshot for each call's outputs (`expect`), the trip's and the null trip's, written once here:
+        a trip that met fresh buffers would page them in (cpu) inside its own wall time. On cpu the
+        last stage's inputs stay allocated until the stage after this one, as the outputs do until the
+        next trip (op_trip): late work that reads them reads memory this process still owns."""
         if state["model"] is not state["models"][req["instance"]]:
             state["model"], state["snaps"], state["null_snaps"], state["last"], state["held"] = (
                 state["models"][req["instance"]],
@@ -523,9 +525,15 @@ def _op_stage(c: Captured, state: dict, staged):
                 None,
                 [],
             )
-        state["previous_sets"] = None  # freed first: no more than two trips' inputs at once
+        state["previous_sets"] = None  # freed first: no more than two stages' inputs at once
         fresh = [staged(items) for items in req["calls"]]
         state["previous_sets"], state["sets"] = state["sets"] if hold else None, fresh
+        for snaps in (state["snaps"], state["null_snaps"]):
+            while len_(snaps) < len_(fresh):
+                buffers = [empty(e[1], dtypes[e[0]], device) for e in req["expect"]]
+                for b in buffers:
+                    poison(b)
+                append(snaps, buffers)
         sync()
         return {"ok": True}
 
@@ -542,9 +550,12 @@ def _op_trip(c: Captured, state: dict, outputs_of, shared_with):
     hold = c.device == "cpu"
 
     def op_trip(req):
-        """The staged calls, each as KernelBench times one (timing.py): the flush, a mark, forward, a
-        mark, wait until the device is idle; then its outputs copied to a snapshot. `null` does the
-        same work without forward, on the last outputs. The reply carries the per-call figures.
+        """The `count` staged calls from `first` on, each as KernelBench times one (timing.py): the
+        flush, a mark, forward, a mark, wait until the device is idle; then its outputs copied to a
+        snapshot. `null` does the same work without forward, on the last outputs. The reply carries
+        the per-call figures. One stage holds the calls of several trips (timed back to back in one
+        exclusive hold of the device: performance.py): every staged call has a snapshot of its own,
+        kept until the next stage, for `fetch` to read.
 
         On cpu, call k's outputs stay allocated until call k of the next run trip replaces them: work
         the candidate left running (a worker thread, a timer) that finishes them late writes memory
@@ -565,19 +576,22 @@ def _op_trip(c: Captured, state: dict, outputs_of, shared_with):
         not cancel work the output still needed)."""
         no_grad(False)
         null, expect, sets, held = req["null"], req["expect"], state["sets"], state["held"]
-        # The null trip's snapshots have buffers of their own: the run trip's are what `fetch` reads.
+        first, count = req["first"], req["count"]
+        # The null trip's snapshots have buffers of their own (one trip's): the run trips' are what
+        # `fetch` reads, one per staged call.
         snaps = state["null_snaps"] if null else state["snaps"]
-        while len_(snaps) < len_(sets):
+        while len_(snaps) < (count if null else first + count):
             append(snaps, [empty(e[1], dtypes[e[0]], device) for e in expect])
         model = state["model"]
         # The device and host as a call in KernelBench's loop finds them (timing.py).
         preroll(req["preroll"], req["head_start"])
-        for k in range_(len_(sets)):
+        for k in range_(count):
+            at = first + k
             flush()
-            warm(sets[k])
+            warm(sets[at])
             set_stream()
             mark(2 * k)
-            result = state["last"] if null else model(*sets[k])
+            result = state["last"] if null else model(*sets[at])
             set_stream()
             items, why, subclass = outputs_of(result)
             raw = items
@@ -588,7 +602,7 @@ def _op_trip(c: Captured, state: dict, outputs_of, shared_with):
             if items is None:
                 sync()
                 return {"ok": True, "failure": why, "subclass": subclass}
-            aliased = -1 if null else shared_with(raw, sets[k])
+            aliased = -1 if null else shared_with(raw, sets[at])
             if aliased >= 0:
                 sync()
                 return {"ok": True, "failure": f"output {aliased} shares memory with an input", "aliased": aliased}
@@ -600,7 +614,7 @@ def _op_trip(c: Captured, state: dict, outputs_of, shared_with):
                 if dict_get(dtype_names, dtype) != expect[i][0] or list_(shape) != expect[i][1] or where != device:
                     sync()
                     return {"ok": True, "failure": f"output {i} changed its dtype, shape or device in a timed call"}
-                copy(snaps[k][i], items[i])
+                copy(snaps[k if null else at][i], items[i])
             state["last"] = items
             if hold and not null:  # kept until call k of the next trip (the docstring says why on cpu only)
                 if k < len_(held):
@@ -608,7 +622,7 @@ def _op_trip(c: Captured, state: dict, outputs_of, shared_with):
                 else:
                     append(held, raw)
         sync()
-        return {"ok": True, "calls_s": [] if null else spans(len_(sets))}
+        return {"ok": True, "calls_s": [] if null else spans(count)}
 
     return op_trip
 

@@ -462,3 +462,67 @@ def test_a_baseline_out_of_device_memory_is_infra_not_retimed_in_the_verifier(re
     failure[0] = "the baseline process ended without an answer"
     lanes.measure(ref, instance, 2)
     assert here == [1] and "verifier's process" in lanes.note(ref, instance.config)
+
+
+def test_pairs_share_an_exclusive_hold_and_every_call_of_each_is_checked(verifier, relu_task, monkeypatch):
+    """The timed pairs go to the device several at a time: one stage of their calls, one exclusive hold
+    (each hold first drains the lane's shared work: on one H200 those waits took twice the windows'
+    own time, one hold per pair), then every call of every trip fetched and checked against the
+    reference, not only the last trip's."""
+    from actors.verifier import performance
+    from protocols.lease import DeviceLease
+
+    requests: list[tuple[str, dict]] = []
+    real_request = ChildSession.request
+
+    def recorded(self, op, body, budget_s, **kw):
+        requests.append((op, body))
+        return real_request(self, op, body, budget_s, **kw)
+
+    holds = []
+    real_exclusive = DeviceLease.exclusive
+
+    def counted(self, *args, **kw):
+        holds.append(len(requests))
+        return real_exclusive(self, *args, **kw)
+
+    monkeypatch.setattr(ChildSession, "request", recorded)
+    monkeypatch.setattr(DeviceLease, "exclusive", counted)
+    r = verify(verifier, relu_task, fresh("control_correct"))
+    assert r.passed, r.feedback
+    k = r.diagnostics["timing"]["candidate"]["calls_per_trip"]
+    pairs = len(r.diagnostics["timing"]["checked"])
+    stages = [body for op, body in requests if op == "stage"][1:]  # after choose_k's warm-up stage
+    assert pairs >= 3 and len(holds) - 1 < pairs, (len(holds), pairs)  # choose_k's hold, then fewer than one a pair
+    staged = [len(body["calls"]) for body in stages]
+    per_stage = performance.stage_trips("cpu", 16 * 4096 * 4, 16 * 4096 * 4, k)
+    assert max(staged) == k * min(per_stage, pairs) and sum(staged) == k * pairs, (staged, k, per_stage)
+    # Between consecutive stages: the run trips cover every staged call, and every one is fetched.
+    segments: list[list[tuple[str, dict]]] = []
+    for op, body in requests:
+        if op == "stage":
+            segments.append([])
+        elif segments:
+            segments[-1].append((op, body))
+    for body, seg in zip(stages, segments[1:], strict=True):
+        run_trips = [b for op, b in seg if op == "trip" and not b["null"]]
+        timed = sorted(i for b in run_trips for i in range(b["first"], b["first"] + b["count"]))
+        fetched = sorted(call[0] for op, b in seg if op == "fetch" for call in b["calls"])
+        assert timed == fetched == list(range(len(body["calls"]))), (timed, fetched)
+
+
+def test_a_hold_takes_the_pairs_that_fit_with_their_audits():
+    """performance.Holds: up to the stage's trips a hold, a pair's audit trip right before it and in
+    the same hold; with room for one trip only, the audit goes alone and its pair follows."""
+    from actors.verifier.performance import Holds
+
+    audited = {1, 4}
+    holds = Holds(lambda i: i in audited, 4)
+    assert holds.next(10) == [(False, 0), (True, 1), (False, 1), (False, 2)]
+    assert holds.next(10) == [(False, 3), (True, 4), (False, 4), (False, 5)]
+    assert holds.next(2) == [(False, 6), (False, 7)]  # no more pairs than wanted
+    assert holds.next(0) == [(False, 8)]  # at least one
+    single = Holds(lambda i: i == 0, 1)
+    assert [single.next(3), single.next(3), single.next(3)] == [[(True, 0)], [(False, 0)], [(False, 1)]]
+    calls = Holds(lambda i: False, 3)
+    assert calls.next(5) == [(False, 0), (False, 1), (False, 2)]
