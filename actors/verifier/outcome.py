@@ -56,7 +56,7 @@ class RunOutcome:
     error_class: str | None = None
     message: str = ""  # runtime/timeout/infra explanation
     trials: list[TrialRecord] = field(default_factory=list)
-    planned: int = 0  # trials the run set out to judge (runner.py's plan, less family trials it skipped)
+    planned: int = 0  # trials the run set out to judge (plan.py, less family trials it skipped)
     violations: list[Violation] = field(default_factory=list)
     candidate_s: float | None = None
     eager_s: float | None = None

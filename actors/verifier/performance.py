@@ -43,9 +43,12 @@ TIMING_INPUT_BUDGET = 1 << 30
 # at once, and on cpu also the last trip's inputs and outputs (sealed.py, op_stage and op_trip): the
 # calls of one stage stay under this many bytes.
 TRIP_DEVICE_BUDGET = 2 << 30
-# The calls of the trips timed in one exclusive hold (staged together, so the arena holds them: runner.py's
-# plan sizes it): four trips of the most calls a trip has.
+# The calls of the trips timed in one exclusive hold (staged together, so the arena holds them: plan.py
+# sizes it): up to four trips of the most calls a trip has, and beyond one trip's calls only while
+# their inputs stay under STAGE_INPUT_BUDGET. The arena is page-locked at the sandbox's start, under
+# the device's shared lease, so a larger arena would cost every run's start what it saves in holds.
 MAX_CALLS_PER_STAGE = 4 * timing.MAX_CALLS_PER_TRIP
+STAGE_INPUT_BUDGET = 256 << 20
 # cuda: audit trips (traced, untimed) among the first timed pairs, and the chance of one before each
 # pair after those (audit_plan).
 AUDITS = 2
@@ -291,7 +294,7 @@ class TimedStage:
         the device, then read in one wait."""
         flags = []
         for (outputs, _inputs), (want, _tensors) in zip(entries, expected, strict=True):
-            got, _ = self.run.outputs(child, outputs, want)
+            got, _ = self.run.judge.outputs(child, outputs, want)
             flag = surely_passes(got, want, self.run.tol_override, self.run.ref.device) if got is not None else None
             flags.append(flag)
         queued = [f for f in flags if f is not None]
@@ -300,11 +303,15 @@ class TimedStage:
 
     def _check_call(self, child: ChildSession, pair: int, call: int, entries, expected: list) -> bool:
         """One timed call's snapshot against the reference's outputs on its inputs."""
-        got, why = self.run.outputs(child, entries, expected)
+        got, why = self.run.judge.outputs(child, entries, expected)
         check = compare_outputs(got, expected, self.run.tol_override, self.run.ref.device) if got is not None else None
         if check is not None and check.ok:
             return True
-        earlier = self.run.seen_outputs.get(fingerprint(got, self.run.fingerprint_key)) if got is not None else None
+        earlier = (
+            self.run.judge.seen_outputs.get(fingerprint(got, self.run.judge.fingerprint_key))
+            if got is not None
+            else None
+        )
         if earlier is not None:
             self.run.out.violations.append(
                 Violation(
@@ -328,7 +335,7 @@ class TimedStage:
 
     def _inputs_kept(self, child: ChildSession, entries, staged: list, pair: int) -> bool:
         """A timed call's inputs, as the trip left them, bit for bit against those staged."""
-        kept, _ = self.run.outputs(child, entries, staged, snapshot=False)
+        kept, _ = self.run.judge.outputs(child, entries, staged, snapshot=False)
         if kept is None:
             return True  # nothing placed to compare (no tensor inputs)
         for i, (before, after) in enumerate(zip(staged, kept, strict=True)):
@@ -408,14 +415,17 @@ class Holds:
         return trips
 
 
+def stage_calls(input_bytes: int) -> int:
+    """The most calls one stage may hold, by their inputs (the arena's part for the timed calls)."""
+    inputs = max(input_bytes, 1)
+    wanted = min(MAX_CALLS_PER_STAGE, max(timing.MAX_CALLS_PER_TRIP, STAGE_INPUT_BUDGET // inputs))
+    return max(1, min(wanted, TIMING_INPUT_BUDGET // inputs))
+
+
 def stage_trips(device_type: str, input_bytes: int, output_bytes: int, k: int) -> int:
-    """How many trips of k calls one stage holds: within MAX_CALLS_PER_STAGE, the timed calls' input
-    budget (the arena holds that much: runner.py's plan) and the device budget of a stage."""
-    calls = min(
-        MAX_CALLS_PER_STAGE,
-        TIMING_INPUT_BUDGET // max(input_bytes, 1),
-        TRIP_DEVICE_BUDGET // trip_bytes(device_type, input_bytes, output_bytes),
-    )
+    """How many trips of k calls one stage holds: within `stage_calls` (the arena holds that many:
+    plan.py) and the device budget of a stage."""
+    calls = min(stage_calls(input_bytes), TRIP_DEVICE_BUDGET // trip_bytes(device_type, input_bytes, output_bytes))
     return max(1, calls // max(k, 1))
 
 

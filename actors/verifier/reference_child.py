@@ -52,7 +52,7 @@ MAX_DEPTH = 32  # nesting of a plain value (init arguments, inputs that are not 
 
 class Uncarried(ReferenceError):
     """A value the verifier cannot carry (a dtype the arena has no name for, an object that is not a
-    plain value): the task is unsupported, as in process (runner._carried)."""
+    plain value): the task is unsupported, as in process (plan.carried)."""
 
 
 def child_main(fds: list[int], spec, report, args: dict) -> int:

@@ -557,12 +557,15 @@ def _op_trip(c: Captured, state: dict, outputs_of, shared_with):
         exclusive hold of the device: performance.py): every staged call has a snapshot of its own,
         kept until the next stage, for `fetch` to read.
 
-        On cpu, call k's outputs stay allocated until call k of the next run trip replaces them: work
-        the candidate left running (a worker thread, a timer) that finishes them late writes memory
-        this process still owns, so the snapshot taken at return shows them unfinished (a finding, not
-        a heap corrupted into a crash). One output is freed per call, as in KernelBench's loop, so the
-        allocator hands the next call a block it already touched (holding the whole trip and freeing
-        it at once let malloc trim the heap: page faults in every call of the next trip).
+        On cpu, each staged call's outputs stay allocated until the same call of the next stage
+        replaces them (the trips of a stage run back to back, so a trip's are still held while the
+        later trips run and until every call is checked): work the candidate left running (a worker
+        thread, a timer) that finishes them late writes memory this process still owns, so the
+        snapshot taken at return shows them unfinished (a finding, not a heap corrupted into a crash;
+        a worker thread left behind by more than a trip corrupted it in CI when the next trip of a
+        hold freed them). One output is freed per call, as in KernelBench's loop, so the allocator
+        hands the next call a block it already touched (holding the whole trip and freeing it at once
+        let malloc trim the heap: page faults in every call of the next trip).
 
         On cuda outputs are device memory, and a freed block stays in this process's caching allocator
         (nothing here empties it): late work writes memory the process owns without holding, not a heap
@@ -616,11 +619,10 @@ def _op_trip(c: Captured, state: dict, outputs_of, shared_with):
                     return {"ok": True, "failure": f"output {i} changed its dtype, shape or device in a timed call"}
                 copy(snaps[k if null else at][i], items[i])
             state["last"] = items
-            if hold and not null:  # kept until call k of the next trip (the docstring says why on cpu only)
-                if k < len_(held):
-                    held[k] = raw
-                else:
-                    append(held, raw)
+            if hold and not null:  # kept until this call of the next stage (the docstring says why on cpu only)
+                while len_(held) <= at:
+                    append(held, None)
+                held[at] = raw
         sync()
         return {"ok": True, "calls_s": [] if null else spans(count)}
 

@@ -496,7 +496,11 @@ def test_pairs_share_an_exclusive_hold_and_every_call_of_each_is_checked(verifie
     assert pairs >= 3 and len(holds) - 1 < pairs, (len(holds), pairs)  # choose_k's hold, then fewer than one a pair
     staged = [len(body["calls"]) for body in stages]
     per_stage = performance.stage_trips("cpu", 16 * 4096 * 4, 16 * 4096 * 4, k)
-    assert max(staged) == k * min(per_stage, pairs) and sum(staged) == k * pairs, (staged, k, per_stage)
+    # the first hold takes the pairs the run plans (repeats), as many as a stage holds; a pair beyond
+    # them (the trusted figure still unresolved) goes alone
+    planned = min(verifier.cfg.repeats, pairs)
+    assert staged[0] == k * min(per_stage, planned) and sum(staged) == k * pairs, (staged, k, per_stage)
+    assert all(n % k == 0 and n <= k * per_stage for n in staged), staged
     # Between consecutive stages: the run trips cover every staged call, and every one is fetched.
     segments: list[list[tuple[str, dict]]] = []
     for op, body in requests:
@@ -526,3 +530,22 @@ def test_a_hold_takes_the_pairs_that_fit_with_their_audits():
     assert [single.next(3), single.next(3), single.next(3)] == [[(True, 0)], [(False, 0)], [(False, 1)]]
     calls = Holds(lambda i: False, 3)
     assert calls.next(5) == [(False, 0), (False, 1), (False, 2)]
+
+
+def test_a_stage_holds_more_than_a_trip_only_within_its_input_budget():
+    """The arena holds a stage's timed calls and is page-locked at every sandbox's start (under the
+    device's shared lease): a stage holds up to four trips of calls, but beyond one trip's only while
+    their inputs stay within STAGE_INPUT_BUDGET, and never past the timed inputs' budget."""
+    from actors.verifier.performance import STAGE_INPUT_BUDGET, TIMING_INPUT_BUDGET, stage_calls, stage_trips
+
+    trip = timing.MAX_CALLS_PER_TRIP
+    assert stage_calls(64 << 10) == 4 * trip  # small inputs: four trips' calls in 16 MB
+    assert stage_calls(2 << 20) == STAGE_INPUT_BUDGET // (2 << 20)  # 128 calls: the stage budget binds
+    assert stage_calls(16 << 20) == trip  # as one trip could before: 1 GB of inputs
+    assert stage_calls(512 << 20) == TIMING_INPUT_BUDGET // (512 << 20) == 2
+    for size in (1, 64 << 10, 1 << 20, 3 << 20, 4 << 20, 8 << 20, 1 << 30, 4 << 30):
+        one_trip = min(trip, max(1, TIMING_INPUT_BUDGET // size)) * size
+        assert stage_calls(size) * size <= max(one_trip, STAGE_INPUT_BUDGET), size
+    # the device's budget: each call keeps its inputs, its outputs and two snapshots there
+    assert stage_trips("cuda", 128 << 20, 128 << 20, 2) == 2  # 5 calls of 384 MB in 2 GB, two trips of 2
+    assert stage_trips("cpu", 64 << 10, 64 << 10, 64) == 4
