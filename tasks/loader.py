@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from protocols import KernelSpec, Task
+from protocols.pyparse import parse_python
 
 SHIPPED = Path(__file__).resolve().parent
 _LEVEL = re.compile(r"level[_-]?(\d+)$", re.IGNORECASE)
@@ -61,7 +62,7 @@ def reference_problem(path: Path) -> tuple[str, bool]:
         return f"cannot be read: {err.strerror}", in_level
     looks_like_task = in_level or "get_inputs" in text or "class Model" in text
     try:
-        tree = ast.parse(text, filename=str(path))
+        tree = parse_python(text, str(path))
     except SyntaxError as err:
         return f"does not parse: {err.msg} (line {err.lineno})", looks_like_task
     except ValueError as err:  # null bytes

@@ -17,6 +17,7 @@ import re
 
 from actors.policy.tokenizer import Message
 from protocols import Task, VerifyResult
+from protocols.pyparse import parse_python
 
 BACKEND_TEXT = {
     "cuda": "CUDA C++ kernels compiled with torch.utils.cpp_extension.load_inline (nvcc)",
@@ -39,7 +40,7 @@ _DTYPE = re.compile(r"\btorch\.(float16|bfloat16|float32|float64|half|float|int8
 def shape_summary(reference: str, backend: str) -> str:
     """Module-level size constants (with KILN_CPU_SHAPES applied on cpu) and the dtypes mentioned."""
     try:
-        tree = ast.parse(reference)
+        tree = parse_python(reference)
     except SyntaxError:
         return "constants: see the reference"
     sizes: dict[str, object] = {}

@@ -20,7 +20,6 @@ process. Where things are:
   executor.py, sandbox.py, sealed.py, wire.py   the execution sandbox (sandbox.py until it seals,
                  sealed.py's request loop after: signed replies, the I/O arena) and its channel
   workers.py, lanes.py   how many compile and sandbox workers, and the per-GPU lanes they run in
-  pyparse.py     every verifier-side ast.parse, behind one lock (CPython gh-106905)
   reference.py, compare.py, runner.py, performance.py, outcome.py, baselines.py, timing.py,
                  tensors.py   the trusted side (runner.py drives a run and performance.py its timed
                  calls, outcome.py is what it established; protocols/lease.py: the

@@ -13,7 +13,7 @@ import hashlib
 import re
 from dataclasses import dataclass
 
-from actors.verifier.pyparse import parse_python
+from protocols.pyparse import parse_python
 
 MAX_SOURCE_BYTES = 512 * 1024
 _FENCE = re.compile(r"^[ \t]*(`{3,}|~{3,})[ \t]*([\w+#.-]*)[^\n]*$", re.MULTILINE)

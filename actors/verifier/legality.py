@@ -235,7 +235,7 @@ _TORCH_ROOTS = ("torch", "time", "sys", "os", "builtins", "math")
 
 def static_scan(source: str, *, allow_vendor_libs: bool = True) -> tuple[list[Violation], list[str]]:
     """(violations, vendor libraries used) for a candidate's source. Never raises on valid Python."""
-    from actors.verifier.pyparse import parse_python  # here: the sandbox imports this module, not the scan
+    from protocols.pyparse import parse_python  # here: the sandbox imports this module, not the scan
 
     tree = parse_python(source)
     lines = source.splitlines()

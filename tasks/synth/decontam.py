@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 import torch.fx
 
+from protocols.pyparse import parse_python
 from tasks.loader import TaskLoadError, discover
 from tasks.synth.checks import LoadError, load_source
 
@@ -158,7 +159,7 @@ def source_signature(source: str, filename: str) -> str:
 def normalised_source_hash(source: str) -> str | None:
     """Hash of the syntax tree without docstrings, KILN_* assignments and module-level number values."""
     try:
-        tree = ast.parse(source)
+        tree = parse_python(source)
     except SyntaxError:
         return None
     body = []

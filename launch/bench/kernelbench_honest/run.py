@@ -27,6 +27,8 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from protocols.pyparse import parse_python
+
 HERE = Path(__file__).resolve().parent
 PROBLEM = re.compile(r"KernelBench (level\d)/(\S+?)[\s,;:()]")
 
@@ -41,7 +43,7 @@ def candidate_files() -> list[Path]:
 
 def problem_of(path: Path) -> tuple[str, str]:
     """(level, problem file stem) named by the candidate's module docstring."""
-    doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+    doc = ast.get_docstring(parse_python(path.read_text(encoding="utf-8"))) or ""
     m = PROBLEM.search(doc + " ")
     if not m:
         raise UsageError(f"{path.name}: its docstring names no KernelBench problem")

@@ -26,6 +26,8 @@ import ast
 import hashlib
 import re
 
+from protocols.pyparse import parse_python
+
 CONTRACT = frozenset(
     {"Model", "ModelNew", "forward", "__init__", "get_inputs", "get_init_inputs", "self", "cls", "super"}
 )
@@ -289,7 +291,7 @@ def normalised_source(source: str) -> str:
     """The normal form of a candidate file (module docstring); a file that does not parse is its text
     with whitespace collapsed."""
     try:
-        tree = ast.parse(source)
+        tree = parse_python(source)
     except (SyntaxError, ValueError):
         return " ".join(source.split())
     _drop_docstring(tree)
